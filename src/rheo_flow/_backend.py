@@ -1,0 +1,230 @@
+"""The backend contract: semantic, batch-oriented operations over durable state.
+
+A backend owns consumer-group correctness (leases, fencing, the frontier); the
+:class:`~rheo_flow.Rheo` facade validates input and routes events before it
+calls a backend, so implementations receive well-formed arguments only. Every
+operation takes and returns batches: one round trip per call.
+
+The conformance kit (:mod:`rheo_flow.testing`) checks an implementation.
+
+Semantics every backend MUST follow (beyond DESIGN section 1):
+
+* ``fetch`` returns each event at most once per call, in sequence order within a
+  partition. A delivery is eligible when it is available (and its nack delay has
+  passed) or when its lease has expired; an expired one is re-leased with
+  ``attempt + 1``, unless that exceeds the group's ``max_attempts``: it is then
+  rejected (dead-lettered) with reason ``"max_attempts"`` instead.
+* A settle or renew is fenced on ``lease_id`` (and ``receipt``): once the
+  delivery has been leased again, replayed or reset, the old lease gets
+  ``stale_lease``. A lease that expired but was not yet re-leased may still
+  settle. Repeating the settle that already took effect with the same lease
+  succeeds with ``repeated=True``. A lease that names no delivery of this
+  backend (unknown stream, group or sequence) gets ``invalid``.
+* ``nack`` of a delivery at ``attempt >= max_attempts`` rejects it with reason
+  ``"max_attempts"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ._capabilities import Capabilities
+from ._event import JSON, Event
+from ._lease import Lease
+from ._query import Query
+from ._settle import SettleKind, SettleResult
+from ._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+
+__all__ = ["AppendRecord", "Backend"]
+
+DEFAULT_MAX_ATTEMPTS = 5
+MAX_ATTEMPTS_REASON = "max_attempts"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRecord:
+    """One validated, routed event for :meth:`Backend.append`.
+
+    ``data_json`` is the compact JSON text of ``data``; backends that store text
+    store it, backends that store documents may use ``data``.
+    """
+
+    partition: int
+    id: str
+    type: str
+    key: str | None
+    data: JSON
+    data_json: str
+    headers: Mapping[str, str]
+
+
+class Backend(ABC):
+    """Base class of every backend. Subclasses set :attr:`capabilities` and :attr:`name`."""
+
+    name: str = "backend"
+    """Short name used in logs and telemetry (``messaging.system``)."""
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """The validated capability declaration."""
+
+    async def open(self) -> None:  # noqa: B027 - optional hook
+        """Prepare the backend (connect, create schema). Idempotent."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what :meth:`open` acquired (never a host-owned pool or client)."""
+
+    def classify_error(self, exc: BaseException) -> SettleKind | None:
+        """Map a driver exception to a settle kind; ``None`` leaves it to the generic rules."""
+        return None
+
+    # Streams -----------------------------------------------------------------
+
+    @abstractmethod
+    async def create_stream(self, name: str, partitions: int) -> StreamInfo:
+        """Create a stream, or return it when it exists with that partition count.
+
+        Raises :class:`~rheo_flow.ConflictError` when it exists with another count.
+        """
+
+    @abstractmethod
+    async def stream_info(self, name: str) -> StreamInfo:
+        """Metadata of a stream; :class:`~rheo_flow.UnknownStream` when missing."""
+
+    @abstractmethod
+    async def list_streams(self) -> list[str]:
+        """Names of every stream, sorted."""
+
+    @abstractmethod
+    async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
+        """Append records atomically, one stored event per record, in order.
+
+        A record whose id is already in the stream yields the stored event (no new
+        sequence). Sequences are gapless per partition, starting at 1.
+        """
+
+    # Groups ------------------------------------------------------------------
+
+    @abstractmethod
+    async def create_group(
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+    ) -> GroupInfo:
+        """Create a group starting at ``start``, or return the existing one.
+
+        ``max_attempts`` (when given) updates an existing group's setting;
+        ``start`` only applies at creation.
+        """
+
+    @abstractmethod
+    async def group_info(self, stream: str, group: str) -> GroupInfo:
+        """A group's settings; :class:`~rheo_flow.UnknownGroup` when missing."""
+
+    @abstractmethod
+    async def list_groups(self, stream: str) -> list[GroupInfo]:
+        """Every group of a stream, sorted by name."""
+
+    # Leases ------------------------------------------------------------------
+
+    @abstractmethod
+    async def fetch(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> list[Lease]:
+        """Claim up to ``limit`` eligible deliveries (``partitions=None``: all).
+
+        The group exists (the facade creates it on first use).
+        """
+
+    @abstractmethod
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        """Mark deliveries acked; one result per lease, in order."""
+
+    @abstractmethod
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
+        """Make deliveries available again after ``delay_ms``; one result per lease."""
+
+    @abstractmethod
+    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
+        """Dead-letter deliveries for their group; one result per lease."""
+
+    @abstractmethod
+    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
+        """Extend leases to now + ``lease_ms``; results carry the new ``deadline_ms``."""
+
+    # Progress ----------------------------------------------------------------
+
+    @abstractmethod
+    async def frontier(self, stream: str, group: str) -> dict[int, int]:
+        """Contiguous frontier per partition: highest S with 1..S all acked or rejected."""
+
+    @abstractmethod
+    async def dead_letters(
+        self, stream: str, group: str, limit: int, after: tuple[int, int] | None
+    ) -> list[DeadLetter]:
+        """Rejected deliveries ordered by (partition, sequence), after a position."""
+
+    @abstractmethod
+    async def redrive(
+        self, stream: str, group: str, positions: Sequence[tuple[int, int]] | None
+    ) -> int:
+        """Make rejected deliveries available again with attempt 0 (``None``: all).
+
+        Returns how many were re-driven.
+        """
+
+    @abstractmethod
+    async def replay(
+        self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
+    ) -> None:
+        """Make every delivery with sequence >= ``from_sequence`` available again (attempt 0).
+
+        Leases on them become stale; the frontier moves back to ``from_sequence - 1``
+        (or stays lower). Events are not copied.
+        """
+
+    @abstractmethod
+    async def reset(
+        self, stream: str, group: str, to: StartPosition, partitions: Sequence[int]
+    ) -> None:
+        """Move the group so that exactly the events after ``to`` are still to deliver.
+
+        Events up to ``to`` count as settled (the frontier becomes ``to``, capped at
+        the high water); later ones become available with attempt 0; leases on the
+        affected deliveries become stale.
+        """
+
+    # Reads and retention -----------------------------------------------------
+
+    @abstractmethod
+    async def query(self, query: Query, limit: int, after: tuple[int, int] | None) -> list[Event]:
+        """Up to ``limit`` matching events ordered by (partition, sequence), after a position."""
+
+    @abstractmethod
+    async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
+        """Remove events with sequence <= ``up_to[p]`` per partition; returns counts removed.
+
+        The facade has already capped ``up_to`` at every group's frontier unless forced.
+        Sequences are never reused after a trim. Deliveries of removed events are
+        dropped and count as settled: a group's frontier is at least ``up_to[p]``
+        afterwards, and their leases become stale.
+        """
+
+    # Wake-ups ----------------------------------------------------------------
+
+    async def wait_for_append(self, stream: str, timeout: float) -> bool:
+        """Wait until something is appended to ``stream`` or ``timeout`` seconds pass.
+
+        Returns True when woken by an append. Backends without push wake-ups
+        (``capabilities.push_wakeups`` false) keep this default: it sleeps.
+        """
+        await asyncio.sleep(timeout)
+        return False

@@ -1,0 +1,559 @@
+"""The in-memory backend: ephemeral, single-process, the reference semantics.
+
+All state lives in dicts; every operation runs without awaiting, so it is atomic
+with respect to other tasks on the event loop. Time comes from an injectable
+clock so lease expiry is deterministic in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON, AppendRecord, Backend
+from .._capabilities import Capabilities
+from .._clock import Clock, system_clock
+from .._errors import ConflictError, UnknownGroup, UnknownStream
+from .._event import Event
+from .._lease import Lease
+from .._query import Query
+from .._settle import SettleKind, SettleResult
+from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+
+__all__ = ["MemoryBackend"]
+
+State = Literal["available", "leased", "acked", "rejected"]
+Op = Literal["ack", "nack", "reject"]
+
+
+@dataclass(slots=True)
+class _Delivery:
+    sequence: int
+    state: State = "available"
+    attempt: int = 0
+    lease_id: str | None = None
+    receipt: str | None = None
+    consumer_id: str | None = None
+    deadline_ms: int = 0
+    available_at_ms: int = 0
+    settled_by: Op | None = None
+    reason: str = ""
+    rejected_at_ms: int = 0
+
+
+@dataclass(slots=True)
+class _Partition:
+    events: dict[int, Event] = field(default_factory=dict)
+    high_water: int = 0
+    low_water: int = 1
+
+
+@dataclass(slots=True)
+class _Stream:
+    name: str
+    partitions: list[_Partition]
+    created_at_ms: int
+    ids: dict[str, Event] = field(default_factory=dict)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _GroupPartition:
+    cursor: int = 0
+    """Highest sequence whose delivery exists (materialised)."""
+    frontier: int = 0
+    active: dict[int, _Delivery] = field(default_factory=dict)
+    """Deliveries that are available or leased."""
+    done: dict[int, _Delivery] = field(default_factory=dict)
+    """Terminal deliveries (acked or rejected)."""
+
+
+@dataclass(slots=True)
+class _Group:
+    info: GroupInfo
+    partitions: list[_GroupPartition]
+    rotation: int = 0
+
+
+class MemoryBackend(Backend):
+    """Ephemeral in-process backend; ``clock`` returns epoch milliseconds."""
+
+    name = "memory"
+    _CAPABILITIES = Capabilities(durable=False, distributed=False, push_wakeups=True)
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock or system_clock
+        self._streams: dict[str, _Stream] = {}
+        self._groups: dict[tuple[str, str], _Group] = {}
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryBackend:
+        """``memory://`` (nothing after the scheme is used)."""
+        return cls()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Ephemeral, single-process, with in-process push wake-ups."""
+        return self._CAPABILITIES
+
+    # Streams -----------------------------------------------------------------
+
+    def _stream(self, name: str) -> _Stream:
+        try:
+            return self._streams[name]
+        except KeyError:
+            raise UnknownStream(name) from None
+
+    def _info(self, s: _Stream) -> StreamInfo:
+        return StreamInfo(
+            name=s.name,
+            partitions=len(s.partitions),
+            created_at_ms=s.created_at_ms,
+            high_water={i: p.high_water for i, p in enumerate(s.partitions)},
+            low_water={i: p.low_water for i, p in enumerate(s.partitions)},
+        )
+
+    async def create_stream(self, name: str, partitions: int) -> StreamInfo:
+        existing = self._streams.get(name)
+        if existing is not None:
+            if len(existing.partitions) != partitions:
+                raise ConflictError(
+                    f"stream {name!r} exists with {len(existing.partitions)} partitions, "
+                    f"not {partitions}"
+                )
+            return self._info(existing)
+        s = _Stream(name, [_Partition() for _ in range(partitions)], self._clock())
+        self._streams[name] = s
+        return self._info(s)
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        return self._info(self._stream(name))
+
+    async def list_streams(self) -> list[str]:
+        return sorted(self._streams)
+
+    async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
+        s = self._stream(stream)
+        now = self._clock()
+        out: list[Event] = []
+        for r in records:
+            existing = s.ids.get(r.id)
+            if existing is not None:
+                out.append(existing)
+                continue
+            part = s.partitions[r.partition]
+            part.high_water += 1
+            event = Event(
+                stream=stream,
+                partition=r.partition,
+                sequence=part.high_water,
+                id=r.id,
+                type=r.type,
+                data=json.loads(r.data_json),
+                key=r.key,
+                headers=dict(r.headers),
+                appended_at_ms=now,
+            )
+            part.events[event.sequence] = event
+            s.ids[r.id] = event
+            out.append(event)
+        if records:
+            waiters, s.waiters = s.waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+        return out
+
+    # Groups ------------------------------------------------------------------
+
+    async def create_group(
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+    ) -> GroupInfo:
+        s = self._stream(stream)
+        g = self._groups.get((stream, group))
+        if g is not None:
+            if max_attempts is not None and max_attempts != g.info.max_attempts:
+                g.info = GroupInfo(stream, group, max_attempts, g.info.created_at_ms)
+            return g.info
+        info = GroupInfo(stream, group, max_attempts or DEFAULT_MAX_ATTEMPTS, self._clock())
+        g = _Group(info, [_GroupPartition() for _ in s.partitions])
+        self._groups[(stream, group)] = g
+        for i, part in enumerate(s.partitions):
+            self._move_to(g.partitions[i], part, _start_sequence(start, part))
+        return info
+
+    def _group(self, stream: str, group: str) -> _Group:
+        self._stream(stream)
+        try:
+            return self._groups[(stream, group)]
+        except KeyError:
+            raise UnknownGroup(stream, group) from None
+
+    async def group_info(self, stream: str, group: str) -> GroupInfo:
+        return self._group(stream, group).info
+
+    async def list_groups(self, stream: str) -> list[GroupInfo]:
+        self._stream(stream)
+        return [g.info for (s, name), g in sorted(self._groups.items()) if s == stream]
+
+    # Leases ------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> list[Lease]:
+        s = self._stream(stream)
+        g = self._group(stream, group)
+        now = self._clock()
+        ids = list(range(len(s.partitions))) if partitions is None else list(partitions)
+        if not ids:
+            return []
+        g.rotation = (g.rotation + 1) % len(ids)
+        ids = ids[g.rotation :] + ids[: g.rotation]
+        per_partition = [self._eligible(g, gp_id, s, now, limit) for gp_id in ids]
+        leases: list[Lease] = []
+        # Round-robin across partitions so one deep partition does not starve the others.
+        depth = 0
+        while len(leases) < limit and any(depth < len(c) for c in per_partition):
+            for pid, candidates in zip(ids, per_partition, strict=True):
+                if depth < len(candidates) and len(leases) < limit:
+                    d = candidates[depth]
+                    leases.append(self._lease(s, g, pid, d, consumer_id, lease_ms, now))
+            depth += 1
+        return leases
+
+    def _eligible(
+        self, g: _Group, pid: int, s: _Stream, now: int, limit: int
+    ) -> list[_Delivery]:
+        gp = g.partitions[pid]
+        part = s.partitions[pid]
+        out: list[_Delivery] = []
+        for seq in sorted(gp.active):
+            if len(out) >= limit:
+                return out
+            d = gp.active[seq]
+            if d.state == "available" and d.available_at_ms <= now:
+                ready = True
+            elif d.state == "leased" and d.deadline_ms <= now:
+                ready = True
+            else:
+                ready = False
+            if not ready:
+                continue
+            if d.attempt >= g.info.max_attempts:
+                self._settle_terminal(gp, d, "rejected", MAX_ATTEMPTS_REASON, now, None)
+                continue
+            out.append(d)
+        while len(out) < limit and gp.cursor < part.high_water:
+            gp.cursor += 1
+            d = _Delivery(gp.cursor)
+            gp.active[gp.cursor] = d
+            out.append(d)
+        return out
+
+    def _lease(
+        self,
+        s: _Stream,
+        g: _Group,
+        pid: int,
+        d: _Delivery,
+        consumer_id: str,
+        lease_ms: int,
+        now: int,
+    ) -> Lease:
+        d.state = "leased"
+        d.attempt += 1
+        d.lease_id = uuid.uuid4().hex
+        d.receipt = f"{pid}-{d.sequence}-{d.attempt}"
+        d.consumer_id = consumer_id
+        d.deadline_ms = now + lease_ms
+        d.settled_by = None
+        return Lease(
+            lease_id=d.lease_id,
+            receipt=d.receipt,
+            group=g.info.group,
+            consumer_id=consumer_id,
+            event=s.partitions[pid].events[d.sequence],
+            attempt=d.attempt,
+            deadline_ms=d.deadline_ms,
+        )
+
+    def _find(self, lease: Lease) -> tuple[_Group, _GroupPartition, _Delivery] | SettleResult:
+        g = self._groups.get((lease.stream, lease.group))
+        s = self._streams.get(lease.stream)
+        if g is None or s is None or not 0 <= lease.partition < len(g.partitions):
+            return SettleResult.failure(
+                lease.lease_id, SettleKind.INVALID, "lease names no group of this backend"
+            )
+        gp = g.partitions[lease.partition]
+        d = gp.active.get(lease.sequence) or gp.done.get(lease.sequence)
+        if d is None:
+            if 0 < lease.sequence <= s.partitions[lease.partition].high_water:
+                return SettleResult.failure(
+                    lease.lease_id, SettleKind.STALE_LEASE, "the delivery was replayed, reset or trimmed"
+                )
+            return SettleResult.failure(
+                lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend"
+            )
+        if d.lease_id != lease.lease_id:
+            return SettleResult.failure(
+                lease.lease_id, SettleKind.STALE_LEASE, "the delivery was leased again"
+            )
+        if d.receipt != lease.receipt:
+            return SettleResult.failure(
+                lease.lease_id, SettleKind.RECEIPT_MISMATCH, "receipt does not match the lease"
+            )
+        return g, gp, d
+
+    def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int
+                ) -> list[SettleResult]:
+        now = self._clock()
+        results: list[SettleResult] = []
+        for lease in leases:
+            found = self._find(lease)
+            if isinstance(found, SettleResult):
+                results.append(found)
+                continue
+            g, gp, d = found
+            if d.state != "leased":
+                if d.settled_by == op:
+                    results.append(SettleResult.success(lease.lease_id, repeated=True))
+                else:
+                    results.append(SettleResult.failure(
+                        lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
+                    ))
+                continue
+            if op == "ack":
+                self._settle_terminal(gp, d, "acked", "", now, op)
+            elif op == "reject":
+                self._settle_terminal(gp, d, "rejected", reason, now, op)
+            elif d.attempt >= g.info.max_attempts:
+                self._settle_terminal(gp, d, "rejected", MAX_ATTEMPTS_REASON, now, op)
+            else:
+                d.state = "available"
+                d.available_at_ms = now + delay_ms
+                d.reason = reason
+                d.settled_by = op
+            results.append(SettleResult.success(lease.lease_id))
+        return results
+
+    def _settle_terminal(
+        self, gp: _GroupPartition, d: _Delivery, state: State, reason: str, now: int, op: Op | None
+    ) -> None:
+        d.state = state
+        d.reason = reason
+        d.settled_by = op
+        if state == "rejected":
+            d.rejected_at_ms = now
+        gp.active.pop(d.sequence, None)
+        gp.done[d.sequence] = d
+        while gp.frontier + 1 in gp.done:
+            gp.frontier += 1
+
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        return self._settle(leases, "ack", "", 0)
+
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
+        return self._settle(leases, "nack", reason, delay_ms)
+
+    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
+        return self._settle(leases, "reject", reason, 0)
+
+    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
+        now = self._clock()
+        results: list[SettleResult] = []
+        for lease in leases:
+            found = self._find(lease)
+            if isinstance(found, SettleResult):
+                results.append(found)
+                continue
+            _, _, d = found
+            if d.state != "leased":
+                results.append(SettleResult.failure(
+                    lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
+                ))
+                continue
+            d.deadline_ms = now + lease_ms
+            results.append(SettleResult.success(lease.lease_id, deadline_ms=d.deadline_ms))
+        return results
+
+    # Progress ----------------------------------------------------------------
+
+    async def frontier(self, stream: str, group: str) -> dict[int, int]:
+        g = self._group(stream, group)
+        return {i: gp.frontier for i, gp in enumerate(g.partitions)}
+
+    async def dead_letters(
+        self, stream: str, group: str, limit: int, after: tuple[int, int] | None
+    ) -> list[DeadLetter]:
+        s = self._stream(stream)
+        g = self._group(stream, group)
+        out: list[DeadLetter] = []
+        for pid, gp in enumerate(g.partitions):
+            for seq in sorted(gp.done):
+                d = gp.done[seq]
+                if d.state != "rejected" or (after is not None and (pid, seq) <= after):
+                    continue
+                event = s.partitions[pid].events.get(seq)
+                if event is None:
+                    continue
+                out.append(DeadLetter(stream, group, pid, seq, event.id, d.attempt, d.reason,
+                                      d.rejected_at_ms))
+                if len(out) >= limit:
+                    return out
+        return out
+
+    async def redrive(
+        self, stream: str, group: str, positions: Sequence[tuple[int, int]] | None
+    ) -> int:
+        s = self._stream(stream)
+        g = self._group(stream, group)
+        wanted = None if positions is None else set(positions)
+        now = self._clock()
+        count = 0
+        for pid, gp in enumerate(g.partitions):
+            for seq in sorted(gp.done):
+                d = gp.done[seq]
+                if d.state != "rejected" or (wanted is not None and (pid, seq) not in wanted):
+                    continue
+                if seq not in s.partitions[pid].events:
+                    continue
+                self._make_available(gp, d, now)
+                count += 1
+            gp.frontier = min(gp.frontier, min(gp.active, default=gp.frontier + 1) - 1)
+        return count
+
+    def _make_available(self, gp: _GroupPartition, d: _Delivery, now: int) -> None:
+        gp.done.pop(d.sequence, None)
+        d.state = "available"
+        d.attempt = 0
+        d.lease_id = None
+        d.receipt = None
+        d.settled_by = None
+        d.available_at_ms = now
+        d.reason = ""
+        gp.active[d.sequence] = d
+
+    async def replay(
+        self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
+    ) -> None:
+        self._stream(stream)
+        g = self._group(stream, group)
+        for pid in partitions:
+            gp = g.partitions[pid]
+            # Forgetting a delivery fences its lease; it is materialised again, attempt 1.
+            for seq in [q for q in gp.active if q >= from_sequence]:
+                del gp.active[seq]
+            for seq in [q for q in gp.done if q >= from_sequence]:
+                del gp.done[seq]
+            gp.cursor = min(gp.cursor, from_sequence - 1)
+            gp.frontier = min(gp.frontier, from_sequence - 1)
+
+    async def reset(
+        self, stream: str, group: str, to: StartPosition, partitions: Sequence[int]
+    ) -> None:
+        s = self._stream(stream)
+        g = self._group(stream, group)
+        for pid in partitions:
+            part = s.partitions[pid]
+            self._move_to(g.partitions[pid], part, _start_sequence(to, part))
+
+    def _move_to(self, gp: _GroupPartition, part: _Partition, position: int) -> None:
+        """Forget every delivery: 1..position count as settled, the rest is to deliver."""
+        position = max(part.low_water - 1, min(position, part.high_water))
+        gp.active.clear()
+        gp.done.clear()
+        gp.cursor = position
+        gp.frontier = position
+
+    # Reads and retention -----------------------------------------------------
+
+    async def query(self, query: Query, limit: int, after: tuple[int, int] | None) -> list[Event]:
+        s = self._stream(query.stream)
+        pids = range(len(s.partitions)) if query.partitions is None else sorted(query.partitions)
+        out: list[Event] = []
+        for pid in pids:
+            if after is not None and pid < after[0]:
+                continue
+            part = s.partitions[pid]
+            lo = max(part.low_water, query.from_sequence or 1)
+            if after is not None and pid == after[0]:
+                lo = max(lo, after[1] + 1)
+            hi = part.high_water if query.to_sequence is None else min(
+                part.high_water, query.to_sequence)
+            for seq in range(lo, hi + 1):
+                e = part.events.get(seq)
+                if e is None or not _matches(query, e):
+                    continue
+                out.append(e)
+                if len(out) >= limit:
+                    return out
+        return out
+
+    async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
+        s = self._stream(stream)
+        removed: dict[int, int] = {}
+        for pid, bound in up_to.items():
+            part = s.partitions[pid]
+            bound = min(bound, part.high_water)
+            count = 0
+            for seq in range(part.low_water, bound + 1):
+                e = part.events.pop(seq, None)
+                if e is not None:
+                    s.ids.pop(e.id, None)
+                    count += 1
+            part.low_water = max(part.low_water, bound + 1)
+            removed[pid] = count
+            for (gs, _), g in self._groups.items():
+                if gs != stream:
+                    continue
+                gp = g.partitions[pid]
+                for seq in [q for q in gp.active if q <= bound]:
+                    del gp.active[seq]
+                for seq in [q for q in gp.done if q <= bound]:
+                    del gp.done[seq]
+                gp.cursor = max(gp.cursor, bound)
+                gp.frontier = max(gp.frontier, bound)
+                while gp.frontier + 1 in gp.done:
+                    gp.frontier += 1
+        return removed
+
+    async def wait_for_append(self, stream: str, timeout: float) -> bool:
+        s = self._stream(stream)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        s.waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if waiter in s.waiters:
+                s.waiters.remove(waiter)
+
+
+def _start_sequence(start: StartPosition, part: _Partition) -> int:
+    if start == "earliest":
+        return 0
+    if start == "latest":
+        return part.high_water
+    return int(start)
+
+
+def _matches(q: Query, e: Event) -> bool:
+    if q.key is not None and e.key != q.key:
+        return False
+    if q.type is not None and e.type != q.type:
+        return False
+    if q.since_ms is not None and e.appended_at_ms < q.since_ms:
+        return False
+    return not (q.until_ms is not None and e.appended_at_ms >= q.until_ms)

@@ -1,0 +1,65 @@
+"""Validated capability declarations of a backend (DESIGN section 4).
+
+Guarantees (what a user may rely on) are declared separately from mechanisms
+(how the backend achieves them); a declaration that contradicts itself or the
+contract fails at construction with :class:`InvalidCapabilities`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ._errors import InvalidCapabilities
+
+__all__ = ["Capabilities"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """What a backend guarantees and which mechanisms it uses."""
+
+    # Guarantees.
+    durable: bool
+    """Acknowledged writes survive a restart of the process (and of the server)."""
+    distributed: bool
+    """Several processes or machines may compete for one group's work."""
+    fenced_settle: bool = True
+    """A stale lease can never settle or renew a newer one. Required by the contract."""
+    ordered_partitions: bool = True
+    """Events are delivered in sequence order within a partition."""
+
+    # Mechanisms.
+    push_wakeups: bool = False
+    """The backend can wake idle consumers on append (NOTIFY, blocking reads, ...)."""
+    skip_locked: bool = False
+    """Claims use ``FOR UPDATE SKIP LOCKED`` (or an equivalent non-blocking claim)."""
+    server_clock: bool = False
+    """Lease deadlines are computed with the backend's clock, not the client's."""
+    delayed_nack: bool = True
+    """``nack(delay_ms=...)`` postpones redelivery."""
+    time_range_query: bool = True
+    """Queries may filter on the append time."""
+    trim: bool = True
+    """``trim`` removes events."""
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, bool):
+                raise InvalidCapabilities(
+                    f"capability {field.name!r} must be a bool, got {type(value).__name__}"
+                )
+        if not self.fenced_settle:
+            raise InvalidCapabilities(
+                "fenced_settle=False breaks the contract: a stale consumer could settle a newer lease"
+            )
+        if not self.ordered_partitions:
+            raise InvalidCapabilities("ordered_partitions=False breaks the ordering invariant")
+        if self.distributed and not self.durable:
+            raise InvalidCapabilities("a distributed backend must be durable (shared store)")
+        if self.skip_locked and not self.distributed:
+            raise InvalidCapabilities("skip_locked is a mechanism of a distributed backend")
+
+    def as_dict(self) -> dict[str, bool]:
+        """The declaration as a plain mapping (for docs, logs and telemetry)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}

@@ -1,0 +1,99 @@
+"""The typed exception hierarchy of rheo_flow.
+
+Every error the library raises on purpose is a :class:`RheoError`. Errors that
+describe bad input are :class:`InvalidArgument` (also a :class:`ValueError`), so
+callers that already catch ``ValueError`` keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyStarted",
+    "BackendError",
+    "BackendUnavailable",
+    "ConflictError",
+    "InvalidArgument",
+    "InvalidCapabilities",
+    "MissingExtra",
+    "NotStarted",
+    "RheoError",
+    "SetupRefused",
+    "UnknownGroup",
+    "UnknownStream",
+]
+
+
+class RheoError(Exception):
+    """Base class of every error raised by rheo_flow."""
+
+
+class InvalidArgument(RheoError, ValueError):
+    """Bad input: a malformed name, a negative limit, data that is not JSON, ...
+
+    Raised before anything is written: an operation that raises it changed nothing.
+    """
+
+
+class UnknownStream(InvalidArgument, LookupError):
+    """The named stream does not exist (create it with ``create_stream`` first)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(f"unknown stream {stream!r}: create it with create_stream() first")
+        self.stream = stream
+
+
+class UnknownGroup(InvalidArgument, LookupError):
+    """The named consumer group does not exist on that stream."""
+
+    def __init__(self, stream: str, group: str) -> None:
+        super().__init__(f"unknown group {group!r} on stream {stream!r}")
+        self.stream = stream
+        self.group = group
+
+
+class ConflictError(RheoError):
+    """A declaration conflicts with what already exists (e.g. another partition count)."""
+
+
+class InvalidCapabilities(RheoError, ValueError):
+    """A backend declared capabilities that contradict each other or the contract."""
+
+
+class MissingExtra(RheoError, ImportError):
+    """A backend's optional driver is not installed; the message names the extra."""
+
+    def __init__(self, backend: str, extra: str, module: str) -> None:
+        super().__init__(
+            f"the {backend} backend needs the {module!r} package: "
+            f"install it with  pip install 'rheo-flow[{extra}]'"
+        )
+        self.backend = backend
+        self.extra = extra
+        self.module = module
+
+
+class BackendError(RheoError):
+    """A backend operation failed; ``kind`` is its classified settle kind."""
+
+    def __init__(self, message: str, kind: str = "failed") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class BackendUnavailable(BackendError):
+    """The backend could not be reached; nothing was written."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind="backend_unavailable")
+
+
+class AlreadyStarted(RheoError):
+    """A runtime for this (instance, stream, group) already runs in this process."""
+
+
+class NotStarted(RheoError):
+    """The operation needs a started runtime or an opened instance."""
+
+
+class SetupRefused(RheoError):
+    """A consumer's ``setup`` refused to start, or returned a context that is not a mapping."""

@@ -1,0 +1,52 @@
+"""Leases: a consumer's fenced, time-limited claim on one delivery of an event."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from ._event import Event
+
+__all__ = ["Lease"]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A claim on one event for one group, returned by ``fetch``.
+
+    Settle it with ``ack``, ``nack`` or ``reject`` before ``deadline_ms``, or
+    ``renew`` it. Once it has expired and the event was leased again, this lease
+    can no longer settle anything (``stale_lease``).
+    """
+
+    lease_id: str
+    """Unique token of this claim; settles are fenced on it."""
+    receipt: str
+    """Opaque backend token (e.g. the Redis entry id), checked together with the lease id."""
+    group: str
+    consumer_id: str
+    event: Event
+    attempt: int
+    """1 on the first delivery, +1 on each redelivery."""
+    deadline_ms: int
+    """When the lease expires, milliseconds since the Unix epoch (backend clock)."""
+
+    @property
+    def stream(self) -> str:
+        """The stream of the leased event."""
+        return self.event.stream
+
+    @property
+    def partition(self) -> int:
+        """The partition of the leased event."""
+        return self.event.partition
+
+    @property
+    def sequence(self) -> int:
+        """The sequence of the leased event."""
+        return self.event.sequence
+
+    @property
+    def deadline(self) -> datetime:
+        """The deadline as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.deadline_ms / 1000, tz=UTC)

@@ -1,0 +1,467 @@
+"""The :class:`Rheo` facade: one instance over one backend."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal, Self
+
+from ._backend import AppendRecord, Backend
+from ._capabilities import Capabilities
+from ._errors import InvalidArgument
+from ._event import Event, NewEvent
+from ._lease import Lease
+from ._query import Page, Query, decode_cursor, encode_cursor
+from ._routing import partition_for
+from ._settle import SettleResult, classify
+from ._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ._urls import backend_from_url
+from ._validation import (
+    MAX_PARTITIONS,
+    check_event_id,
+    check_headers,
+    check_key,
+    check_lease_ms,
+    check_name,
+    check_non_negative_int,
+    check_partition,
+    check_positive_int,
+    check_reason,
+    check_type,
+    encode_json,
+)
+
+__all__ = ["Partitions", "Rheo"]
+
+Partitions = Literal["all"] | Sequence[int]
+"""``"all"`` or a list of partition ids."""
+
+MAX_FETCH = 10_000
+MAX_APPEND = 100_000
+DEFAULT_LEASE_MS = 30_000
+
+
+class Rheo:
+    """One rheo_flow instance over one backend; use it as an async context manager.
+
+    ``backend`` is a URL (``memory://``, ``sqlite:///events.db``,
+    ``postgresql://...``, ``redis://...``, ``mongodb://...``) or a backend object
+    the host built around its own connection pool or client. A backend built by
+    the host is not closed by :meth:`close` beyond what the backend itself owns.
+
+    Every operation validates its input first: bad input raises
+    :class:`~rheo_flow.InvalidArgument` and changes nothing.
+    """
+
+    def __init__(self, backend: Backend | str = "memory://") -> None:
+        if isinstance(backend, str):
+            backend = backend_from_url(backend)
+        if not isinstance(backend, Backend):
+            raise InvalidArgument(
+                f"backend must be a URL or a Backend, got {type(backend).__name__}"
+            )
+        self._backend = backend
+        self._opened = False
+        self._instance_id = uuid.uuid4().hex[:8]
+        self._partitions_cache: dict[str, int] = {}
+        self._known_groups: set[tuple[str, str]] = set()
+
+    # Lifecycle ---------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this instance talks to."""
+        return self._backend
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The backend's validated capabilities."""
+        return self._backend.capabilities
+
+    @property
+    def instance_id(self) -> str:
+        """A short random id of this instance (part of generated consumer ids)."""
+        return self._instance_id
+
+    async def open(self) -> Self:
+        """Open the backend (idempotent)."""
+        if not self._opened:
+            await self._backend.open()
+            self._opened = True
+        return self
+
+    async def close(self) -> None:
+        """Close what the backend owns (idempotent)."""
+        if self._opened:
+            self._opened = False
+            await self._backend.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def new_consumer_id(self) -> str:
+        """A consumer id unique to this process and instance."""
+        host = socket.gethostname().split(".")[0] or "host"
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in host)[:40]
+        return f"{safe}-{os.getpid()}-{self._instance_id}-{uuid.uuid4().hex[:6]}"
+
+    # Streams -----------------------------------------------------------------
+
+    async def create_stream(self, name: str, *, partitions: int = 1) -> StreamInfo:
+        """Create a stream (idempotent); another partition count is a ConflictError."""
+        check_name("stream", name)
+        check_positive_int("partitions", partitions, maximum=MAX_PARTITIONS)
+        info = await self._backend.create_stream(name, partitions)
+        self._partitions_cache[name] = info.partitions
+        return info
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        """A stream's metadata (partitions, high and low water marks)."""
+        check_name("stream", name)
+        info = await self._backend.stream_info(name)
+        self._partitions_cache[name] = info.partitions
+        return info
+
+    async def streams(self) -> list[str]:
+        """Every stream's name."""
+        return await self._backend.list_streams()
+
+    async def _partition_count(self, stream: str) -> int:
+        check_name("stream", stream)
+        count = self._partitions_cache.get(stream)
+        if count is None:
+            count = (await self.stream_info(stream)).partitions
+        return count
+
+    async def append(
+        self,
+        stream: str,
+        events: NewEvent | Mapping[str, Any] | Iterable[NewEvent | Mapping[str, Any]],
+        *,
+        key: str | None = None,
+        partition: int | None = None,
+    ) -> list[Event]:
+        """Append one or many events atomically; returns the stored events in order.
+
+        ``key`` and ``partition`` apply to every event that sets neither. An event
+        whose id is already in the stream is returned as stored (no new sequence).
+        Events may be :class:`NewEvent` objects or mappings with the same fields.
+        """
+        count = await self._partition_count(stream)
+        items = [events] if isinstance(events, NewEvent | Mapping) else list(events)
+        if not items:
+            return []
+        if len(items) > MAX_APPEND:
+            raise InvalidArgument(f"at most {MAX_APPEND} events per append, got {len(items)}")
+        check_key(key)
+        if partition is not None:
+            check_partition(partition, count)
+        records = [self._record(item, count, key, partition) for item in items]
+        return await self._backend.append(stream, records)
+
+    def _record(
+        self, item: NewEvent | Mapping[str, Any], count: int, key: str | None, partition: int | None
+    ) -> AppendRecord:
+        if isinstance(item, Mapping):
+            unknown = set(item) - {"type", "data", "id", "key", "partition", "headers"}
+            if unknown:
+                raise InvalidArgument(f"unknown event fields: {', '.join(sorted(unknown))}")
+            if "type" not in item:
+                raise InvalidArgument("an event needs a 'type'")
+            item = NewEvent(**item)
+        elif not isinstance(item, NewEvent):
+            raise InvalidArgument(f"events must be NewEvent or mappings, got {type(item).__name__}")
+        event_key = check_key(item.key if item.key is not None else key)
+        target = item.partition if item.partition is not None else partition
+        if target is not None:
+            target = check_partition(target, count)
+        elif event_key is not None:
+            target = partition_for(event_key, count)
+        else:
+            target = 0 if count == 1 else partition_for(uuid.uuid4().hex, count)
+        event_id = check_event_id(item.id) if item.id is not None else str(uuid.uuid4())
+        return AppendRecord(
+            partition=target,
+            id=event_id,
+            type=check_type(item.type),
+            key=event_key,
+            data=item.data,
+            data_json=encode_json(item.data),
+            headers=check_headers(item.headers),
+        )
+
+    # Groups ------------------------------------------------------------------
+
+    async def create_group(
+        self,
+        stream: str,
+        group: str,
+        *,
+        start: StartPosition = "earliest",
+        max_attempts: int | None = None,
+    ) -> GroupInfo:
+        """Create a consumer group (idempotent).
+
+        ``start`` (``"earliest"``, ``"latest"`` or a sequence) applies at creation
+        only; ``max_attempts`` updates an existing group.
+        """
+        check_name("stream", stream)
+        check_name("group", group)
+        _check_start(start)
+        if max_attempts is not None:
+            check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
+        info = await self._backend.create_group(stream, group, start, max_attempts)
+        self._known_groups.add((stream, group))
+        return info
+
+    async def groups(self, stream: str) -> list[GroupInfo]:
+        """Every group of a stream."""
+        check_name("stream", stream)
+        return await self._backend.list_groups(stream)
+
+    async def group_info(self, stream: str, group: str) -> GroupInfo:
+        """A group's settings."""
+        check_name("stream", stream)
+        check_name("group", group)
+        return await self._backend.group_info(stream, group)
+
+    # Leases ------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        stream: str,
+        group: str,
+        *,
+        consumer_id: str | None = None,
+        limit: int = 10,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        partitions: Partitions = "all",
+    ) -> list[Lease]:
+        """Claim up to ``limit`` deliveries for ``group``; creates the group on first use."""
+        count = await self._partition_count(stream)
+        check_name("group", group)
+        consumer = check_name("consumer", consumer_id) if consumer_id is not None else (
+            self.new_consumer_id())
+        check_positive_int("limit", limit, maximum=MAX_FETCH)
+        check_lease_ms(lease_ms)
+        selected = self._partitions(partitions, count)
+        if (stream, group) not in self._known_groups:
+            await self.create_group(stream, group)
+        return await self._backend.fetch(stream, group, consumer, limit, lease_ms, selected)
+
+    def _partitions(self, partitions: Partitions, count: int) -> list[int] | None:
+        if partitions == "all":
+            return None
+        if isinstance(partitions, str) or not isinstance(partitions, Sequence):
+            raise InvalidArgument(f'partitions must be "all" or a list of ids, got {partitions!r}')
+        return sorted({check_partition(p, count) for p in partitions})
+
+    def _all_or(self, partitions: Partitions, count: int) -> list[int]:
+        selected = self._partitions(partitions, count)
+        return list(range(count)) if selected is None else selected
+
+    @staticmethod
+    def _leases(leases: Lease | Iterable[Lease]) -> list[Lease]:
+        items = [leases] if isinstance(leases, Lease) else list(leases)
+        for lease in items:
+            if not isinstance(lease, Lease):
+                raise InvalidArgument(f"expected Lease objects, got {type(lease).__name__}")
+        return items
+
+    async def _settle_call(self, leases: list[Lease], call: Any) -> list[SettleResult]:
+        if not leases:
+            return []
+        try:
+            results: list[SettleResult] = await call
+        except Exception as exc:  # classified, never leaked: DESIGN section 2
+            error = classify(exc, self._backend.classify_error)
+            return [SettleResult(lease.lease_id, error) for lease in leases]
+        return results
+
+    async def ack(self, leases: Lease | Iterable[Lease]) -> list[SettleResult]:
+        """Acknowledge leases; one classified result per lease, in order."""
+        items = self._leases(leases)
+        return await self._settle_call(items, self._backend.ack(items) if items else None)
+
+    async def nack(
+        self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0
+    ) -> list[SettleResult]:
+        """Return leases for redelivery (after ``delay_ms``); one result per lease."""
+        items = self._leases(leases)
+        check_reason(reason)
+        check_non_negative_int("delay_ms", delay_ms)
+        return await self._settle_call(
+            items, self._backend.nack(items, reason, delay_ms) if items else None)
+
+    async def reject(self, leases: Lease | Iterable[Lease], reason: str) -> list[SettleResult]:
+        """Dead-letter leases for their group; one result per lease."""
+        items = self._leases(leases)
+        check_reason(reason)
+        return await self._settle_call(
+            items, self._backend.reject(items, reason) if items else None)
+
+    async def renew(
+        self, leases: Lease | Iterable[Lease], *, lease_ms: int = DEFAULT_LEASE_MS
+    ) -> list[SettleResult]:
+        """Extend leases to now + ``lease_ms``; results carry the new deadline."""
+        items = self._leases(leases)
+        check_lease_ms(lease_ms)
+        return await self._settle_call(
+            items, self._backend.renew(items, lease_ms) if items else None)
+
+    # Progress ----------------------------------------------------------------
+
+    async def frontier(self, stream: str, group: str) -> dict[int, int]:
+        """Contiguous frontier per partition (every delivery up to it is settled)."""
+        check_name("stream", stream)
+        check_name("group", group)
+        return await self._backend.frontier(stream, group)
+
+    async def high_water(self, stream: str) -> dict[int, int]:
+        """Highest appended sequence per partition."""
+        return dict((await self.stream_info(stream)).high_water)
+
+    async def lag(self, stream: str, group: str) -> dict[int, int]:
+        """``high_water - frontier`` per partition."""
+        frontier = await self.frontier(stream, group)
+        high = await self.high_water(stream)
+        return {p: max(0, high[p] - frontier.get(p, 0)) for p in high}
+
+    async def dead_letters(
+        self, stream: str, group: str, *, limit: int = 100, after: DeadLetter | None = None
+    ) -> list[DeadLetter]:
+        """Rejected deliveries of a group, by (partition, sequence), after ``after``."""
+        check_name("stream", stream)
+        check_name("group", group)
+        check_positive_int("limit", limit, maximum=MAX_FETCH)
+        position = None if after is None else (after.partition, after.sequence)
+        return await self._backend.dead_letters(stream, group, limit, position)
+
+    async def redrive(
+        self, stream: str, group: str, dead_letters: Iterable[DeadLetter] | None = None
+    ) -> int:
+        """Make dead letters deliverable again (all when none are given); returns the count."""
+        check_name("stream", stream)
+        check_name("group", group)
+        positions = None
+        if dead_letters is not None:
+            positions = []
+            for d in dead_letters:
+                if not isinstance(d, DeadLetter) or (d.stream, d.group) != (stream, group):
+                    raise InvalidArgument(f"not a dead letter of {stream}/{group}: {d!r}")
+                positions.append((d.partition, d.sequence))
+        return await self._backend.redrive(stream, group, positions)
+
+    async def replay(
+        self, stream: str, group: str, *, from_sequence: int = 1, partitions: Partitions = "all"
+    ) -> None:
+        """Re-deliver every event from ``from_sequence`` on, without copying events."""
+        count = await self._partition_count(stream)
+        check_name("group", group)
+        check_positive_int("from_sequence", from_sequence)
+        selected = self._all_or(partitions, count)
+        await self._backend.group_info(stream, group)
+        await self._backend.replay(stream, group, from_sequence, selected)
+
+    async def reset(
+        self, stream: str, group: str, *, to: StartPosition = "earliest",
+        partitions: Partitions = "all",
+    ) -> None:
+        """Move a group to the earliest event, past the latest, or past a sequence."""
+        count = await self._partition_count(stream)
+        check_name("group", group)
+        _check_start(to)
+        selected = self._all_or(partitions, count)
+        await self._backend.group_info(stream, group)
+        await self._backend.reset(stream, group, to, selected)
+
+    # Reads and retention -----------------------------------------------------
+
+    async def query_page(self, query: Query, *, limit: int = 100, cursor: str | None = None
+                         ) -> Page:
+        """One page of events matching ``query``; pass ``page.cursor`` for the next."""
+        if not isinstance(query, Query):
+            raise InvalidArgument(f"expected a Query, got {type(query).__name__}")
+        count = await self._partition_count(query.stream)
+        check_positive_int("limit", limit, maximum=MAX_FETCH)
+        if query.partitions is not None:
+            self._partitions(query.partitions, count)
+        for name in ("from_sequence", "to_sequence", "since_ms", "until_ms"):
+            value = getattr(query, name)
+            if value is not None:
+                check_non_negative_int(name, value)
+        check_key(query.key)
+        if query.type is not None:
+            check_type(query.type)
+        after = None if cursor is None else decode_cursor(cursor)
+        events = await self._backend.query(query, limit + 1, after)
+        if len(events) > limit:
+            events = events[:limit]
+            last = events[-1]
+            return Page(events, encode_cursor(last.partition, last.sequence))
+        return Page(events, None)
+
+    async def stream_query(self, query: Query, *, page_size: int = 500) -> AsyncIterator[Event]:
+        """Every event matching ``query``, fetched page by page."""
+        cursor: str | None = None
+        while True:
+            page = await self.query_page(query, limit=page_size, cursor=cursor)
+            for event in page.events:
+                yield event
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    async def trim(
+        self, stream: str, *, up_to: int | Mapping[int, int] | None = None, force: bool = False
+    ) -> dict[int, int]:
+        """Remove old events; returns how many were removed per partition.
+
+        ``up_to`` is an inclusive sequence (for every partition, or per partition);
+        ``None`` means as far as every group has settled. Unless ``force`` is true,
+        the bound is capped at the lowest frontier of the stream's groups, so no
+        event a group has not settled is removed.
+        """
+        count = await self._partition_count(stream)
+        if up_to is None:
+            bounds: dict[int, int] | None = None
+        elif isinstance(up_to, Mapping):
+            bounds = {check_partition(p, count): check_non_negative_int("up_to", s)
+                      for p, s in up_to.items()}
+        else:
+            seq = check_non_negative_int("up_to", up_to)
+            bounds = dict.fromkeys(range(count), seq)
+        groups = await self._backend.list_groups(stream)
+        if bounds is None:
+            if not groups:
+                raise InvalidArgument("the stream has no group: give up_to to trim it")
+            bounds = dict.fromkeys(range(count), 2**62)
+        if not force:
+            for g in groups:
+                frontier = await self._backend.frontier(stream, g.group)
+                bounds = {p: min(s, frontier.get(p, 0)) for p, s in bounds.items()}
+        return await self._backend.trim(stream, bounds)
+
+    async def wait_for_append(self, stream: str, timeout: float) -> bool:
+        """Wait for an append (push wake-ups) or ``timeout`` seconds; True when woken."""
+        return await self._backend.wait_for_append(stream, timeout)
+
+
+def _check_start(start: object) -> None:
+    if start in ("earliest", "latest"):
+        return
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise InvalidArgument(
+            f'start must be "earliest", "latest" or a sequence >= 0, got {start!r}'
+        )

@@ -1,0 +1,128 @@
+"""Input validation shared by the facade and the backends.
+
+Every check raises :class:`InvalidArgument` with a message naming the problem,
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import InvalidArgument
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+MAX_PARTITIONS = 4096
+MAX_REASON = 2000
+MAX_ID = 200
+MAX_TYPE = 256
+
+
+def check_name(kind: str, value: object) -> str:
+    """A stream, group or consumer name: 1-128 of ``A-Z a-z 0-9 _ . -``, starting alphanumeric."""
+    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+        raise InvalidArgument(
+            f"invalid {kind} name {value!r}: use 1-128 characters of A-Z a-z 0-9 _ . - "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def check_positive_int(name: str, value: object, *, maximum: int | None = None) -> int:
+    """An int >= 1 (and <= maximum)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{name} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InvalidArgument(f"{name} must be at most {maximum}, got {value!r}")
+    return value
+
+
+def check_non_negative_int(name: str, value: object) -> int:
+    """An int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def check_partition(value: object, partitions: int) -> int:
+    """A partition id of a stream with ``partitions`` partitions."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < partitions:
+        raise InvalidArgument(
+            f"partition {value!r} is out of range: the stream has partitions 0..{partitions - 1}"
+        )
+    return value
+
+
+def check_reason(value: object) -> str:
+    """A settle reason: a non-empty string of bounded length."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidArgument(f"reason must be a non-empty string, got {value!r}")
+    if len(value) > MAX_REASON:
+        raise InvalidArgument(f"reason is longer than {MAX_REASON} characters")
+    return value
+
+
+def check_event_id(value: object) -> str:
+    """A caller-supplied event id."""
+    if not isinstance(value, str) or not value or len(value) > MAX_ID:
+        raise InvalidArgument(f"event id must be a string of 1-{MAX_ID} characters, got {value!r}")
+    return value
+
+
+def check_type(value: object) -> str:
+    """An event type."""
+    if not isinstance(value, str) or not value or len(value) > MAX_TYPE:
+        raise InvalidArgument(
+            f"event type must be a string of 1-{MAX_TYPE} characters, got {value!r}"
+        )
+    return value
+
+
+def check_key(value: object) -> str | None:
+    """A routing key (or None)."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidArgument(f"key must be a string or None, got {type(value).__name__}")
+    return value
+
+
+def check_headers(value: object) -> dict[str, str]:
+    """Headers: a mapping of strings to strings."""
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"headers must be a mapping of str to str, got {type(value).__name__}")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgument(f"headers must map str to str, got {k!r}: {v!r}")
+        out[k] = v
+    return out
+
+
+def encode_json(data: Any, *, what: str = "event data") -> str:
+    """Serialise ``data`` to compact JSON, refusing anything JSON cannot carry exactly."""
+    try:
+        return json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False,
+                          default=_refuse)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def _refuse(value: object) -> Any:
+    raise TypeError(f"object of type {type(value).__name__} is not JSON")
+
+
+def check_lease_ms(value: object) -> int:
+    """A lease duration in milliseconds (10 ms .. 1 day)."""
+    v = check_positive_int("lease_ms", value, maximum=86_400_000)
+    if v < 10:
+        raise InvalidArgument(f"lease_ms must be at least 10, got {v}")
+    return v
+
+
+def check_finite(name: str, value: float) -> float:
+    """A finite float."""
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be finite")
+    return value
