@@ -10,8 +10,10 @@ Start with :class:`Rheo`::
 """
 
 from ._backend import Backend
+from ._backoff import Backoff
 from ._capabilities import Capabilities
 from ._clock import ManualClock
+from ._consumer import ACK, Ack, Consumer, Outcome, Reject, Retry, consumer, current_lease
 from ._errors import (
     AlreadyStarted,
     BackendError,
@@ -27,26 +29,34 @@ from ._errors import (
     UnknownStream,
 )
 from ._event import Event, NewEvent
+from ._group import Group, GroupStats
 from ._lease import Lease
 from ._query import Page, Query
 from ._rheo import Rheo
 from ._routing import partition_for
 from ._settle import Decision, SettleError, SettleKind, SettleResult, classify
+from ._settlement import SettleOutcome
 from ._stream import DeadLetter, GroupInfo, StreamInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ACK",
+    "Ack",
     "AlreadyStarted",
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "Backoff",
     "Capabilities",
     "ConflictError",
+    "Consumer",
     "DeadLetter",
     "Decision",
     "Event",
+    "Group",
     "GroupInfo",
+    "GroupStats",
     "InvalidArgument",
     "InvalidCapabilities",
     "Lease",
@@ -54,12 +64,16 @@ __all__ = [
     "MissingExtra",
     "NewEvent",
     "NotStarted",
+    "Outcome",
     "Page",
     "Query",
+    "Reject",
+    "Retry",
     "Rheo",
     "RheoError",
     "SettleError",
     "SettleKind",
+    "SettleOutcome",
     "SettleResult",
     "SetupRefused",
     "StreamInfo",
@@ -67,5 +81,7 @@ __all__ = [
     "UnknownStream",
     "__version__",
     "classify",
+    "consumer",
+    "current_lease",
     "partition_for",
 ]

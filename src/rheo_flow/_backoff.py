@@ -23,9 +23,12 @@ class Backoff:
             raise ValueError("backoff needs 0 < initial_ms <= max_ms and jitter_ms >= 0")
         self.initial_ms = initial_ms
         self.max_ms = max_ms
-        self._wait = tenacity.wait_exponential_jitter(
-            initial=initial_ms / 1000, max=max_ms / 1000, exp_base=2, jitter=jitter_ms / 1000
-        )
+        # wait_exponential + wait_random rather than wait_exponential_jitter, whose
+        # ``initial`` argument is deprecated in recent tenacity and ``multiplier``
+        # missing in older ones.
+        self._wait = tenacity.wait_exponential(
+            multiplier=initial_ms / 1000, max=max_ms / 1000, exp_base=2
+        ) + tenacity.wait_random(0, jitter_ms / 1000)
         self._state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
         self._failures = 0
 

@@ -51,7 +51,8 @@ class Capabilities:
                 )
         if not self.fenced_settle:
             raise InvalidCapabilities(
-                "fenced_settle=False breaks the contract: a stale consumer could settle a newer lease"
+                "fenced_settle=False breaks the contract: "
+                "a stale consumer could settle a newer lease"
             )
         if not self.ordered_partitions:
             raise InvalidCapabilities("ordered_partitions=False breaks the ordering invariant")

@@ -7,6 +7,7 @@ of them in a single backend call, and lets a drain wait until it is empty.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -106,10 +107,8 @@ class Inflight:
     async def wait_changed(self, timeout: float | None = None) -> None:
         """Wait until a lease is added or released (or the timeout passes)."""
         self._changed.clear()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
-        except TimeoutError:
-            pass
 
     async def wait_empty(self, timeout: float | None = None) -> bool:
         """Wait until nothing is inflight; returns False on timeout."""

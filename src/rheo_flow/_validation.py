@@ -91,7 +91,9 @@ def check_key(value: object) -> str | None:
 def check_headers(value: object) -> dict[str, str]:
     """Headers: a mapping of strings to strings."""
     if not isinstance(value, Mapping):
-        raise InvalidArgument(f"headers must be a mapping of str to str, got {type(value).__name__}")
+        raise InvalidArgument(
+            f"headers must be a mapping of str to str, got {type(value).__name__}"
+        )
     out: dict[str, str] = {}
     for k, v in value.items():
         if not isinstance(k, str) or not isinstance(v, str):

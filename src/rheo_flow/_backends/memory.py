@@ -241,12 +241,9 @@ class MemoryBackend(Backend):
             if len(out) >= limit:
                 return out
             d = gp.active[seq]
-            if d.state == "available" and d.available_at_ms <= now:
-                ready = True
-            elif d.state == "leased" and d.deadline_ms <= now:
-                ready = True
-            else:
-                ready = False
+            ready = (d.state == "available" and d.available_at_ms <= now) or (
+                d.state == "leased" and d.deadline_ms <= now
+            )
             if not ready:
                 continue
             if d.attempt >= g.info.max_attempts:
@@ -299,7 +296,9 @@ class MemoryBackend(Backend):
         if d is None:
             if 0 < lease.sequence <= s.partitions[lease.partition].high_water:
                 return SettleResult.failure(
-                    lease.lease_id, SettleKind.STALE_LEASE, "the delivery was replayed, reset or trimmed"
+                    lease.lease_id,
+                    SettleKind.STALE_LEASE,
+                    "the delivery was replayed, reset or trimmed",
                 )
             return SettleResult.failure(
                 lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend"
@@ -446,17 +445,19 @@ class MemoryBackend(Backend):
     async def replay(
         self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
     ) -> None:
-        self._stream(stream)
+        s = self._stream(stream)
         g = self._group(stream, group)
         for pid in partitions:
             gp = g.partitions[pid]
+            # Trimmed events are gone and count as settled: replay starts at the low water.
+            start = max(from_sequence, s.partitions[pid].low_water)
             # Forgetting a delivery fences its lease; it is materialised again, attempt 1.
-            for seq in [q for q in gp.active if q >= from_sequence]:
+            for seq in [q for q in gp.active if q >= start]:
                 del gp.active[seq]
-            for seq in [q for q in gp.done if q >= from_sequence]:
+            for seq in [q for q in gp.done if q >= start]:
                 del gp.done[seq]
-            gp.cursor = min(gp.cursor, from_sequence - 1)
-            gp.frontier = min(gp.frontier, from_sequence - 1)
+            gp.cursor = min(gp.cursor, start - 1)
+            gp.frontier = min(gp.frontier, start - 1)
 
     async def reset(
         self, stream: str, group: str, to: StartPosition, partitions: Sequence[int]

@@ -1,0 +1,1 @@
+"""Benchmarks of rheo_flow: ``python benchmarks/run.py SUITE [--quick] [--json]``."""

@@ -1,0 +1,90 @@
+"""Run a benchmark suite: ``python benchmarks/run.py SUITE [--quick] [--json]``.
+
+A suite is a module ``benchmarks/<suite>.py`` exposing
+``async def run(quick: bool) -> list[Result]`` (:class:`benchmarks._common.Result`);
+:data:`SUITES` maps a suite name to its module when they differ. ``--json`` prints
+one JSON object per result line (``name``, ``backend``, ``value``, ``unit``,
+``baseline``, ``ratio``); otherwise a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import Result  # noqa: E402
+
+SUITES: dict[str, str] = {
+    "pipeline": "pipeline",
+    "memory": "memory_bound",
+}
+"""Suite name -> module in ``benchmarks/`` (any other ``benchmarks/<name>.py`` also works)."""
+
+
+def available() -> list[str]:
+    """Every suite name: the registry plus modules found next to this file."""
+    names = set(SUITES)
+    for path in Path(__file__).parent.glob("*.py"):
+        if not path.stem.startswith("_") and path.stem not in ("run", *SUITES.values()):
+            names.add(path.stem)
+    return sorted(names)
+
+
+def load(suite: str):  # type: ignore[no-untyped-def]
+    """The ``run`` coroutine function of a suite."""
+    module_name = SUITES.get(suite, suite)
+    if module_name == "run" or not (Path(__file__).parent / f"{module_name}.py").exists():
+        raise SystemExit(f"unknown suite {suite!r}; available: {', '.join(available())}")
+    module = importlib.import_module(f"benchmarks.{module_name}")
+    run = getattr(module, "run", None)
+    if run is None:
+        raise SystemExit(f"benchmarks/{module_name}.py has no run(quick) coroutine")
+    return run
+
+
+def print_table(suite: str, results: list[Result]) -> None:
+    """Print results as a rich table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"benchmark suite: {suite}")
+    for column in ("name", "backend", "value", "unit", "baseline", "ratio", "note"):
+        table.add_column(column, justify="right" if column in ("value", "baseline", "ratio")
+                         else "left")
+    for r in results:
+        table.add_row(
+            r.name, r.backend, f"{r.value:,.1f}", r.unit,
+            "" if r.baseline is None else f"{r.baseline:,.1f}",
+            "" if r.ratio is None else f"{r.ratio:.2f}",
+            r.note,
+        )
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run the suite, print its results."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("suite", help=f"one of: {', '.join(available())}")
+    parser.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per result line")
+    args = parser.parse_args(argv)
+    run = load(args.suite)
+    results: list[Result] = asyncio.run(run(args.quick))
+    if args.json:
+        for r in results:
+            print(json.dumps(r.as_json()))
+    else:
+        print_table(args.suite, results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,5 @@
+"""``python -m rheo_flow``: the ``rheo-flow`` command line."""
+
+from ._cli import main
+
+main()

@@ -1,0 +1,1280 @@
+"""The SQLite backend: single-node durable storage in one file, on the stdlib ``sqlite3``.
+
+Semantics are those of the in-memory reference backend, kept in tables:
+
+* ``events`` — one row per event, keyed by (stream, partition, sequence), with a
+  unique (stream, event id) for idempotent appends;
+* ``partitions`` — high and low water per stream partition;
+* ``group_partitions`` — per (group, partition): the *cursor* (highest sequence
+  whose delivery row exists) and the stored contiguous *frontier*;
+* ``deliveries`` — materialised deliveries. Rows are created lazily when fetch
+  leases a sequence past the cursor, so an event nobody fetched costs no row.
+
+Terminal (acked, rejected) rows stay until replay, reset or trim, exactly like the
+reference: they answer a repeated settle with ``repeated=True``. Fetch never reads
+them: it walks a partial index holding only available and leased rows, so its
+cost does not grow with the number of acked events. The frontier is advanced
+from its stored value by walking forward from it, never by counting acked rows.
+
+Concurrency: every write (fetch included) is one ``BEGIN IMMEDIATE``
+transaction, which takes SQLite's single writer lock before reading anything,
+so processes sharing the file serialise their claims and can never lease one
+delivery twice. WAL mode lets readers proceed while a writer works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
+from urllib.parse import parse_qsl, unquote
+
+from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON, AppendRecord, Backend
+from .._capabilities import Capabilities
+from .._clock import Clock, system_clock
+from .._errors import (
+    BackendError,
+    BackendUnavailable,
+    ConflictError,
+    InvalidArgument,
+    UnknownGroup,
+    UnknownStream,
+)
+from .._event import Event
+from .._lease import Lease
+from .._query import Query
+from .._settle import SettleKind, SettleResult
+from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from .._urls import redact_url
+
+__all__ = ["SQLiteBackend"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Op = Literal["ack", "nack", "reject"]
+
+SCHEMA_VERSION: Final = 1
+"""Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change."""
+
+DEFAULT_BUSY_TIMEOUT_MS: Final = 5_000
+_SYNCHRONOUS: Final = ("NORMAL", "FULL", "EXTRA")
+_URL_OPTIONS: Final = ("busy_timeout_ms", "synchronous")
+_TERMINAL: Final = ("acked", "rejected")
+
+# SQLite's default variable limit was 999 before 3.32; stay below it. IN lists are
+# padded to a few fixed sizes so the statement cache keeps hitting.
+_IN_SIZES: Final = (1, 8, 64, 256, 900)
+
+_SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS streams (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        partitions INTEGER NOT NULL,
+        created_at_ms INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS partitions (
+        stream_id INTEGER NOT NULL,
+        part INTEGER NOT NULL,
+        high_water INTEGER NOT NULL DEFAULT 0,
+        low_water INTEGER NOT NULL DEFAULT 1,
+        PRIMARY KEY (stream_id, part)
+    ) WITHOUT ROWID""",
+    # A rowid table (not WITHOUT ROWID): payloads can be large, and SQLite keeps
+    # large rows out of the key b-tree only in rowid tables.
+    """CREATE TABLE IF NOT EXISTS events (
+        stream_id INTEGER NOT NULL,
+        part INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        event_id TEXT NOT NULL,
+        type TEXT NOT NULL,
+        key TEXT,
+        data TEXT NOT NULL,
+        headers TEXT,
+        appended_at_ms INTEGER NOT NULL,
+        PRIMARY KEY (stream_id, part, seq),
+        UNIQUE (stream_id, event_id)
+    )""",
+    """CREATE TABLE IF NOT EXISTS groups (
+        id INTEGER PRIMARY KEY,
+        stream_id INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        rotation INTEGER NOT NULL DEFAULT 0,
+        UNIQUE (stream_id, name)
+    )""",
+    """CREATE TABLE IF NOT EXISTS group_partitions (
+        group_id INTEGER NOT NULL,
+        part INTEGER NOT NULL,
+        cursor INTEGER NOT NULL,
+        frontier INTEGER NOT NULL,
+        PRIMARY KEY (group_id, part)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS deliveries (
+        group_id INTEGER NOT NULL,
+        part INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('available', 'leased', 'acked', 'rejected')),
+        attempt INTEGER NOT NULL,
+        lease_id TEXT,
+        receipt TEXT,
+        consumer_id TEXT,
+        deadline_ms INTEGER NOT NULL DEFAULT 0,
+        available_at_ms INTEGER NOT NULL DEFAULT 0,
+        settled_by TEXT,
+        reason TEXT NOT NULL DEFAULT '',
+        rejected_at_ms INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (group_id, part, seq)
+    ) WITHOUT ROWID""",
+    # Only non-terminal rows, and every column fetch reads (covering): fetch cost
+    # follows the inflight and redeliverable rows, never the acked ones.
+    """CREATE INDEX IF NOT EXISTS deliveries_active
+        ON deliveries (group_id, part, seq, state, available_at_ms, deadline_ms, attempt)
+        WHERE state IN ('available', 'leased')""",
+    """CREATE INDEX IF NOT EXISTS deliveries_rejected
+        ON deliveries (group_id, part, seq) WHERE state = 'rejected'""",
+)
+
+# The per-partition scan of fetch: eligible existing deliveries in sequence order.
+# INDEXED BY makes a missing or unusable partial index an error instead of a
+# silent fall back to the primary key (which also walks acked rows).
+_ELIGIBLE_SQL: Final = """
+    SELECT seq, attempt FROM deliveries INDEXED BY deliveries_active
+    WHERE group_id = ? AND part = ? AND state IN ('available', 'leased')
+      AND ((state = 'available' AND available_at_ms <= ?)
+           OR (state = 'leased' AND deadline_ms <= ?))
+    ORDER BY seq"""
+
+_EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data, headers, appended_at_ms"
+_DELIVERY_COLUMNS: Final = (
+    "seq, state, attempt, lease_id, receipt, settled_by, reason, "
+    "available_at_ms, rejected_at_ms, deadline_ms"
+)
+
+
+@dataclass(slots=True)
+class _Stream:
+    id: int
+    name: str
+    partitions: int
+    created_at_ms: int
+
+
+@dataclass(slots=True)
+class _Group:
+    id: int
+    stream: _Stream
+    name: str
+    max_attempts: int
+    created_at_ms: int
+    rotation: int
+
+    def info(self) -> GroupInfo:
+        return GroupInfo(self.stream.name, self.name, self.max_attempts, self.created_at_ms)
+
+
+@dataclass(slots=True)
+class _Row:
+    """A delivery row loaded for a settle or renew, changed in Python, written back once."""
+
+    seq: int
+    state: str
+    attempt: int
+    lease_id: str | None
+    receipt: str | None
+    settled_by: str | None
+    reason: str
+    available_at_ms: int
+    rejected_at_ms: int
+    deadline_ms: int
+    dirty: bool = False
+
+
+class SQLiteBackend(Backend):
+    """Durable single-node backend in one SQLite file (``sqlite:///events.db``).
+
+    Several processes on one machine may share the file: claims and settles run in
+    ``BEGIN IMMEDIATE`` transactions, so no delivery is ever leased twice. It is
+    still ``distributed=False``: SQLite is not a network store, so competing
+    consumers on several machines need PostgreSQL, Redis or MongoDB.
+
+    ``synchronous`` is SQLite's durability setting. ``"FULL"`` (the default, and
+    SQLite's own) syncs the write-ahead log on every commit, so an acknowledged
+    write survives a power loss; ``"NORMAL"`` skips that sync and is much faster,
+    still surviving a crash of the process but possibly losing the last commits
+    on a crash of the machine. ``busy_timeout_ms`` bounds how long a write waits for
+    another process's transaction. ``clock`` returns epoch milliseconds (lease
+    deadlines use it); tests pass a :class:`~rheo_flow.ManualClock`.
+
+    The connection lives in one dedicated thread; operations open the backend on
+    first use when :meth:`open` was not called.
+    """
+
+    name = "sqlite"
+    _CAPABILITIES = Capabilities(
+        durable=True, distributed=False, push_wakeups=False, server_clock=False
+    )
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        synchronous: str = "FULL",
+    ) -> None:
+        if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+            raise InvalidArgument(f"SQLite database path must be a non-empty path, got {path!r}")
+        if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or (
+            busy_timeout_ms < 0
+        ):
+            raise InvalidArgument(
+                f"busy_timeout_ms must be a non-negative integer, got {busy_timeout_ms!r}"
+            )
+        mode = synchronous.upper() if isinstance(synchronous, str) else synchronous
+        if mode not in _SYNCHRONOUS:
+            raise InvalidArgument(
+                f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}"
+            )
+        self._path = os.fspath(path)
+        self._clock: Clock = clock or system_clock
+        self._busy_timeout_ms = busy_timeout_ms
+        self._synchronous = mode
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._open_lock = asyncio.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock | None = None) -> SQLiteBackend:
+        """Build from ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` or
+        ``sqlite:///:memory:`` (one private in-memory database, gone on close).
+
+        Options go in the query string: ``?synchronous=normal&busy_timeout_ms=10000``.
+        """
+        prefix = "sqlite://"
+        if not isinstance(url, str) or not url.lower().startswith(prefix):
+            raise InvalidArgument(f"not an SQLite URL: {url!r} (expected sqlite:///path.db)")
+        rest, _, query = url[len(prefix):].partition("?")
+        if not rest.startswith("/"):
+            raise InvalidArgument(
+                f"SQLite URL {redact_url(url)!r} names a host; use sqlite:///relative.db "
+                "or sqlite:////absolute/path.db"
+            )
+        path = unquote(rest[1:])
+        if not path:
+            raise InvalidArgument(f"SQLite URL {redact_url(url)!r} has no database path")
+        options: dict[str, Any] = {}
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            if name not in _URL_OPTIONS:
+                raise InvalidArgument(
+                    f"unknown SQLite URL option {name!r}; known: {', '.join(_URL_OPTIONS)}"
+                )
+            if name == "busy_timeout_ms":
+                if not value.isdigit():
+                    raise InvalidArgument(
+                        f"busy_timeout_ms must be a non-negative integer, got {value!r}"
+                    )
+                options[name] = int(value)
+            else:
+                options[name] = value
+        return cls(path, clock=clock, **options)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Durable, single-node, polled (no push wake-ups), client clock."""
+        return self._CAPABILITIES
+
+    @property
+    def path(self) -> str:
+        """The database file (``":memory:"`` for a private in-memory database)."""
+        return self._path
+
+    # Lifecycle ---------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self._open()
+
+    async def _open(self) -> ThreadPoolExecutor:
+        async with self._open_lock:
+            if self._executor is not None:
+                return self._executor
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rheo-sqlite")
+            try:
+                await asyncio.get_running_loop().run_in_executor(executor, self._connect)
+            except BaseException:
+                executor.shutdown(wait=False)
+                raise
+            self._executor = executor
+            return executor
+
+    async def close(self) -> None:
+        async with self._open_lock:
+            executor, self._executor = self._executor, None
+            if executor is None:
+                return
+            try:
+                await asyncio.get_running_loop().run_in_executor(executor, self._disconnect)
+            finally:
+                executor.shutdown(wait=True)
+
+    def _connect(self) -> None:
+        """Runs in the backend thread: connect, configure, create or check the schema."""
+        try:
+            conn = sqlite3.connect(
+                self._path,
+                timeout=self._busy_timeout_ms / 1000,
+                isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE / COMMIT
+            )
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"cannot open SQLite database {self._path!r}: {exc}") from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            if self._path != ":memory:":
+                # Persistent in the file; WAL lets readers run beside the one writer.
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            # IMMEDIATE: two processes opening a new file at once create the schema once.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise BackendError(
+                        f"SQLite database {self._path!r} has schema version {version}, newer "
+                        f"than this rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
+                    )
+                if version < SCHEMA_VERSION:
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            conn.close()
+            raise BackendUnavailable(f"cannot open SQLite database {self._path!r}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    # Every operation is ONE hop to the backend thread running a whole transaction.
+    # aiosqlite instead hops to its thread and back for every execute and every
+    # fetch: a fetch of ten statements would cost ten queue round trips and
+    # event-loop wake-ups, and the write lock would stay held across event-loop
+    # turns while unrelated coroutines run, stretching the time other processes
+    # wait on it. Here the transaction runs start to finish in the thread at C
+    # speed, the lock is held only for the work itself, and the event loop sees a
+    # single future per operation.
+
+    async def _read(
+        self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        return await self._run("BEGIN", lambda conn: fn(conn, *args, **kw))
+
+    async def _write(
+        self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        return await self._run("BEGIN IMMEDIATE", lambda conn: fn(conn, *args, **kw))
+
+    async def _run(self, begin: str, call: Callable[[sqlite3.Connection], T]) -> T:
+        executor = self._executor
+        if executor is None:
+            executor = await self._open()
+        return await asyncio.get_running_loop().run_in_executor(
+            executor, self._transaction, begin, call
+        )
+
+    def _transaction(self, begin: str, call: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        if conn is None:
+            raise BackendUnavailable(f"SQLite database {self._path!r} is closed")
+        conn.execute(begin)
+        try:
+            result = call(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                # The original error says more; SQLite rolls back on its own anyway.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        return result
+
+    def classify_error(self, exc: BaseException) -> SettleKind | None:
+        """Map ``sqlite3`` errors by their primary result code.
+
+        * busy / locked (another process held the lock past ``busy_timeout_ms``),
+          disk full, read-only file, constraint: the transaction was rolled back,
+          nothing committed → ``failed``.
+        * cannot open, corrupt or not a database, closed connection: the store
+          cannot be used → ``backend_unavailable``.
+        * I/O error: SQLite may have written part of the commit to the log before
+          the error, so whether it committed is unknown → ``ambiguous``.
+        """
+        if isinstance(exc, sqlite3.ProgrammingError):
+            return SettleKind.BACKEND_UNAVAILABLE if "closed" in str(exc) else None
+        if not isinstance(exc, sqlite3.Error):
+            return None
+        code = getattr(exc, "sqlite_errorcode", None)
+        primary = code & 0xFF if isinstance(code, int) else None
+        if primary is None:
+            text = str(exc).lower()
+            if "locked" in text or "busy" in text:
+                return SettleKind.FAILED
+            if "disk i/o" in text:
+                return SettleKind.AMBIGUOUS
+            if "unable to open" in text or "not a database" in text or "malformed" in text:
+                return SettleKind.BACKEND_UNAVAILABLE
+            return SettleKind.FAILED
+        return _CODE_KINDS.get(primary, SettleKind.FAILED)
+
+    # Streams -----------------------------------------------------------------
+
+    async def create_stream(self, name: str, partitions: int) -> StreamInfo:
+        return await self._write(self._create_stream, name, partitions)
+
+    def _create_stream(self, conn: sqlite3.Connection, name: str, partitions: int) -> StreamInfo:
+        existing = _find_stream(conn, name)
+        if existing is not None:
+            if existing.partitions != partitions:
+                raise ConflictError(
+                    f"stream {name!r} exists with {existing.partitions} partitions, "
+                    f"not {partitions}"
+                )
+            return _stream_info(conn, existing)
+        now = self._clock()
+        cur = conn.execute(
+            "INSERT INTO streams (name, partitions, created_at_ms) VALUES (?, ?, ?)",
+            (name, partitions, now),
+        )
+        stream_id = cur.lastrowid
+        assert stream_id is not None
+        conn.executemany(
+            "INSERT INTO partitions (stream_id, part) VALUES (?, ?)",
+            [(stream_id, p) for p in range(partitions)],
+        )
+        return _stream_info(conn, _Stream(stream_id, name, partitions, now))
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        return await self._read(lambda conn: _stream_info(conn, _stream(conn, name)))
+
+    async def list_streams(self) -> list[str]:
+        return await self._read(
+            lambda conn: [r[0] for r in conn.execute("SELECT name FROM streams ORDER BY name")]
+        )
+
+    async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
+        return await self._write(self._append, stream, list(records))
+
+    def _append(
+        self, conn: sqlite3.Connection, stream: str, records: list[AppendRecord]
+    ) -> list[Event]:
+        s = _stream(conn, stream)
+        if not records:
+            return []
+        now = self._clock()
+        known: dict[str, Event] = {}
+        for sql, params in _in_lists(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? AND event_id IN ",
+            (s.id,), list({r.id for r in records}),
+        ):
+            for row in conn.execute(sql, params):
+                event = _event(stream, row)
+                known[event.id] = event
+        high = dict(
+            conn.execute("SELECT part, high_water FROM partitions WHERE stream_id = ?", (s.id,))
+            .fetchall()
+        )
+        out: list[Event] = []
+        rows: list[tuple[Any, ...]] = []
+        for r in records:
+            existing = known.get(r.id)
+            if existing is not None:
+                out.append(existing)
+                continue
+            high[r.partition] += 1
+            headers = dict(r.headers)
+            event = Event(
+                stream=stream,
+                partition=r.partition,
+                sequence=high[r.partition],
+                id=r.id,
+                type=r.type,
+                data=json.loads(r.data_json),
+                key=r.key,
+                headers=headers,
+                appended_at_ms=now,
+            )
+            known[r.id] = event
+            out.append(event)
+            rows.append((
+                s.id, r.partition, event.sequence, r.id, r.type, r.key, r.data_json,
+                json.dumps(headers, separators=(",", ":")) if headers else None, now,
+            ))
+        if rows:
+            conn.executemany(
+                "INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, "
+                "appended_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            touched = {row[1] for row in rows}
+            conn.executemany(
+                "UPDATE partitions SET high_water = ? WHERE stream_id = ? AND part = ?",
+                [(high[p], s.id, p) for p in sorted(touched)],
+            )
+        return out
+
+    # Groups ------------------------------------------------------------------
+
+    async def create_group(
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+    ) -> GroupInfo:
+        return await self._write(self._create_group, stream, group, start, max_attempts)
+
+    def _create_group(
+        self,
+        conn: sqlite3.Connection,
+        stream: str,
+        group: str,
+        start: StartPosition,
+        max_attempts: int | None,
+    ) -> GroupInfo:
+        s = _stream(conn, stream)
+        g = _find_group(conn, s, group)
+        if g is not None:
+            if max_attempts is not None and max_attempts != g.max_attempts:
+                conn.execute(
+                    "UPDATE groups SET max_attempts = ? WHERE id = ?", (max_attempts, g.id)
+                )
+                g.max_attempts = max_attempts
+            return g.info()
+        now = self._clock()
+        cur = conn.execute(
+            "INSERT INTO groups (stream_id, name, max_attempts, created_at_ms) "
+            "VALUES (?, ?, ?, ?)",
+            (s.id, group, max_attempts or DEFAULT_MAX_ATTEMPTS, now),
+        )
+        group_id = cur.lastrowid
+        assert group_id is not None
+        rows = []
+        for part, high, low in conn.execute(
+            "SELECT part, high_water, low_water FROM partitions WHERE stream_id = ?", (s.id,)
+        ).fetchall():
+            position = _position(start, high, low)
+            rows.append((group_id, part, position, position))
+        conn.executemany(
+            "INSERT INTO group_partitions (group_id, part, cursor, frontier) VALUES (?, ?, ?, ?)",
+            rows,
+        )
+        return GroupInfo(stream, group, max_attempts or DEFAULT_MAX_ATTEMPTS, now)
+
+    async def group_info(self, stream: str, group: str) -> GroupInfo:
+        return await self._read(lambda conn: _group(conn, stream, group).info())
+
+    async def list_groups(self, stream: str) -> list[GroupInfo]:
+        def run(conn: sqlite3.Connection) -> list[GroupInfo]:
+            s = _stream(conn, stream)
+            return [
+                GroupInfo(stream, name, max_attempts, created)
+                for name, max_attempts, created in conn.execute(
+                    "SELECT name, max_attempts, created_at_ms FROM groups WHERE stream_id = ? "
+                    "ORDER BY name",
+                    (s.id,),
+                )
+            ]
+
+        return await self._read(run)
+
+    # Leases ------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> list[Lease]:
+        ids = None if partitions is None else list(partitions)
+        return await self._write(self._fetch, stream, group, consumer_id, limit, lease_ms, ids)
+
+    def _fetch(
+        self,
+        conn: sqlite3.Connection,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: list[int] | None,
+    ) -> list[Lease]:
+        g = _group(conn, stream, group)
+        now = self._clock()
+        ids = list(range(g.stream.partitions)) if partitions is None else partitions
+        if not ids:
+            return []
+        rotation = (g.rotation + 1) % len(ids)
+        conn.execute("UPDATE groups SET rotation = ? WHERE id = ?", (rotation, g.id))
+        ids = ids[rotation:] + ids[:rotation]
+        progress = {
+            part: (cursor, high)
+            for part, cursor, high in conn.execute(
+                "SELECT gp.part, gp.cursor, p.high_water FROM group_partitions AS gp "
+                "JOIN partitions AS p ON p.stream_id = ? AND p.part = gp.part "
+                "WHERE gp.group_id = ?",
+                (g.stream.id, g.id),
+            )
+        }
+
+        # Per partition, the candidates in order: eligible existing deliveries, then
+        # new sequences past the cursor (materialised only if actually leased).
+        existing: list[list[tuple[int, int]]] = []
+        fresh: list[int] = []
+        expired: list[tuple[int, int]] = []
+        for part in ids:
+            found: list[tuple[int, int]] = []
+            cur = conn.execute(_ELIGIBLE_SQL, (g.id, part, now, now))
+            try:
+                for seq, attempt in cur:
+                    if len(found) >= limit:
+                        break
+                    if attempt >= g.max_attempts:
+                        expired.append((part, seq))
+                        continue
+                    found.append((seq, attempt))
+            finally:
+                cur.close()
+            cursor, high = progress[part]
+            existing.append(found)
+            fresh.append(max(0, min(limit - len(found), high - cursor)))
+
+        # Round-robin across partitions so one deep partition does not starve the others.
+        order: list[tuple[int, int]] = []  # (index into ids, depth)
+        active = [i for i in range(len(ids)) if existing[i] or fresh[i]]
+        depth = 0
+        while active and len(order) < limit:
+            still = []
+            for i in active:
+                if len(order) >= limit:
+                    break
+                order.append((i, depth))
+                if depth + 1 < len(existing[i]) + fresh[i]:
+                    still.append(i)
+            active = still
+            depth += 1
+
+        leases_rows: list[tuple[int, int, int, str, str]] = []  # part, seq, attempt, id, receipt
+        updates: list[tuple[Any, ...]] = []
+        inserts: list[tuple[Any, ...]] = []
+        cursors: dict[int, int] = {}
+        deadline = now + lease_ms
+        for i, d in order:
+            part = ids[i]
+            if d < len(existing[i]):
+                seq, attempt = existing[i][d]
+                attempt += 1
+                lease_id, receipt = uuid.uuid4().hex, f"{part}-{seq}-{attempt}"
+                updates.append((attempt, lease_id, receipt, consumer_id, deadline, g.id, part, seq))
+            else:
+                seq = progress[part][0] + d - len(existing[i]) + 1
+                attempt = 1
+                lease_id, receipt = uuid.uuid4().hex, f"{part}-{seq}-{attempt}"
+                inserts.append((g.id, part, seq, lease_id, receipt, consumer_id, deadline))
+                cursors[part] = seq
+            leases_rows.append((part, seq, attempt, lease_id, receipt))
+
+        if expired:
+            conn.executemany(
+                "UPDATE deliveries SET state = 'rejected', reason = ?, settled_by = NULL, "
+                "rejected_at_ms = ? WHERE group_id = ? AND part = ? AND seq = ?",
+                [(MAX_ATTEMPTS_REASON, now, g.id, part, seq) for part, seq in expired],
+            )
+            for part in sorted({part for part, _ in expired}):
+                _advance_frontier(conn, g.id, part)
+        if updates:
+            conn.executemany(
+                "UPDATE deliveries SET state = 'leased', attempt = ?, lease_id = ?, receipt = ?, "
+                "consumer_id = ?, deadline_ms = ?, settled_by = NULL "
+                "WHERE group_id = ? AND part = ? AND seq = ?",
+                updates,
+            )
+        if inserts:
+            conn.executemany(
+                "INSERT INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt, "
+                "consumer_id, deadline_ms) VALUES (?, ?, ?, 'leased', 1, ?, ?, ?, ?)",
+                inserts,
+            )
+            conn.executemany(
+                "UPDATE group_partitions SET cursor = ? WHERE group_id = ? AND part = ?",
+                [(seq, g.id, part) for part, seq in cursors.items()],
+            )
+        if not leases_rows:
+            return []
+        events = _load_events(conn, g.stream, [(part, seq) for part, seq, *_ in leases_rows])
+        return [
+            Lease(
+                lease_id=lease_id,
+                receipt=receipt,
+                group=group,
+                consumer_id=consumer_id,
+                event=events[(part, seq)],
+                attempt=attempt,
+                deadline_ms=deadline,
+            )
+            for part, seq, attempt, lease_id, receipt in leases_rows
+        ]
+
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        return await self._write(self._settle, list(leases), "ack", "", 0)
+
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
+        return await self._write(self._settle, list(leases), "nack", reason, delay_ms)
+
+    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
+        return await self._write(self._settle, list(leases), "reject", reason, 0)
+
+    def _settle(
+        self, conn: sqlite3.Connection, leases: list[Lease], op: Op, reason: str, delay_ms: int
+    ) -> list[SettleResult]:
+        now = self._clock()
+        found = _Deliveries(conn, leases)
+        terminal: set[tuple[int, int]] = set()
+        results: list[SettleResult] = []
+        for lease in leases:
+            hit = found.find(lease)
+            if isinstance(hit, SettleResult):
+                results.append(hit)
+                continue
+            g, d = hit
+            if d.state != "leased":
+                if d.settled_by == op:
+                    results.append(SettleResult.success(lease.lease_id, repeated=True))
+                else:
+                    results.append(SettleResult.failure(
+                        lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
+                    ))
+                continue
+            d.dirty = True
+            d.settled_by = op
+            if op == "ack":
+                d.state, d.reason = "acked", ""
+            elif op == "reject" or d.attempt >= g.max_attempts:
+                d.state, d.rejected_at_ms = "rejected", now
+                d.reason = reason if op == "reject" else MAX_ATTEMPTS_REASON
+            else:
+                d.state, d.reason, d.available_at_ms = "available", reason, now + delay_ms
+            if d.state in _TERMINAL:
+                terminal.add((g.id, lease.partition))
+            results.append(SettleResult.success(lease.lease_id))
+        found.write_back()
+        for group_id, part in sorted(terminal):
+            _advance_frontier(conn, group_id, part)
+        return results
+
+    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
+        return await self._write(self._renew, list(leases), lease_ms)
+
+    def _renew(
+        self, conn: sqlite3.Connection, leases: list[Lease], lease_ms: int
+    ) -> list[SettleResult]:
+        now = self._clock()
+        found = _Deliveries(conn, leases)
+        results: list[SettleResult] = []
+        for lease in leases:
+            hit = found.find(lease)
+            if isinstance(hit, SettleResult):
+                results.append(hit)
+                continue
+            _, d = hit
+            if d.state != "leased":
+                results.append(SettleResult.failure(
+                    lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
+                ))
+                continue
+            d.deadline_ms = now + lease_ms
+            d.dirty = True
+            results.append(SettleResult.success(lease.lease_id, deadline_ms=d.deadline_ms))
+        found.write_back()
+        return results
+
+    # Progress ----------------------------------------------------------------
+
+    async def frontier(self, stream: str, group: str) -> dict[int, int]:
+        def run(conn: sqlite3.Connection) -> dict[int, int]:
+            g = _group(conn, stream, group)
+            return dict(conn.execute(
+                "SELECT part, frontier FROM group_partitions WHERE group_id = ? ORDER BY part",
+                (g.id,),
+            ).fetchall())
+
+        return await self._read(run)
+
+    async def dead_letters(
+        self, stream: str, group: str, limit: int, after: tuple[int, int] | None
+    ) -> list[DeadLetter]:
+        def run(conn: sqlite3.Connection) -> list[DeadLetter]:
+            g = _group(conn, stream, group)
+            part, seq = after if after is not None else (-1, -1)
+            return [
+                DeadLetter(stream, group, *row)
+                for row in conn.execute(
+                    "SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms "
+                    "FROM deliveries AS d INDEXED BY deliveries_rejected "
+                    "JOIN events AS e ON e.stream_id = ? AND e.part = d.part AND e.seq = d.seq "
+                    "WHERE d.group_id = ? AND d.state = 'rejected' AND (d.part, d.seq) > (?, ?) "
+                    "ORDER BY d.part, d.seq LIMIT ?",
+                    (g.stream.id, g.id, part, seq, limit),
+                )
+            ]
+
+        return await self._read(run)
+
+    async def redrive(
+        self, stream: str, group: str, positions: Sequence[tuple[int, int]] | None
+    ) -> int:
+        wanted = None if positions is None else sorted(set(positions))
+        return await self._write(self._redrive, stream, group, wanted)
+
+    def _redrive(
+        self,
+        conn: sqlite3.Connection,
+        stream: str,
+        group: str,
+        positions: list[tuple[int, int]] | None,
+    ) -> int:
+        g = _group(conn, stream, group)
+        now = self._clock()
+        update = (
+            "UPDATE deliveries SET state = 'available', attempt = 0, lease_id = NULL, "
+            "receipt = NULL, settled_by = NULL, available_at_ms = ?, reason = '' "
+            "WHERE group_id = ? AND state = 'rejected' AND EXISTS (SELECT 1 FROM events AS e "
+            "WHERE e.stream_id = ? AND e.part = deliveries.part AND e.seq = deliveries.seq)"
+        )
+        if positions is None:
+            count = conn.execute(update, (now, g.id, g.stream.id)).rowcount
+        else:
+            count = conn.executemany(
+                update + " AND part = ? AND seq = ?",
+                [(now, g.id, g.stream.id, part, seq) for part, seq in positions],
+            ).rowcount
+        if count:
+            # Redriven deliveries are pending again: the frontier cannot stay past them.
+            conn.execute(
+                "UPDATE group_partitions SET frontier = MIN(frontier, COALESCE(("
+                "SELECT MIN(d.seq) - 1 FROM deliveries AS d INDEXED BY deliveries_active "
+                "WHERE d.group_id = group_partitions.group_id AND d.part = group_partitions.part "
+                "AND d.state IN ('available', 'leased')), frontier)) WHERE group_id = ?",
+                (g.id,),
+            )
+        return count
+
+    async def replay(
+        self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
+    ) -> None:
+        await self._write(self._replay, stream, group, from_sequence, list(partitions))
+
+    def _replay(
+        self,
+        conn: sqlite3.Connection,
+        stream: str,
+        group: str,
+        from_sequence: int,
+        partitions: list[int],
+    ) -> None:
+        g = _group(conn, stream, group)
+        low = dict(conn.execute(
+            "SELECT part, low_water FROM partitions WHERE stream_id = ?", (g.stream.id,)
+        ).fetchall())
+        # Trimmed events are gone and count as settled: replay starts at the low water.
+        starts = [(part, max(from_sequence, low[part])) for part in partitions]
+        # Deleting a delivery fences its lease; it is materialised again, attempt 1.
+        conn.executemany(
+            "DELETE FROM deliveries WHERE group_id = ? AND part = ? AND seq >= ?",
+            [(g.id, part, start) for part, start in starts],
+        )
+        conn.executemany(
+            "UPDATE group_partitions SET cursor = MIN(cursor, ?), frontier = MIN(frontier, ?) "
+            "WHERE group_id = ? AND part = ?",
+            [(start - 1, start - 1, g.id, part) for part, start in starts],
+        )
+
+    async def reset(
+        self, stream: str, group: str, to: StartPosition, partitions: Sequence[int]
+    ) -> None:
+        await self._write(self._reset, stream, group, to, list(partitions))
+
+    def _reset(
+        self,
+        conn: sqlite3.Connection,
+        stream: str,
+        group: str,
+        to: StartPosition,
+        partitions: list[int],
+    ) -> None:
+        g = _group(conn, stream, group)
+        waters = {
+            part: (high, low)
+            for part, high, low in conn.execute(
+                "SELECT part, high_water, low_water FROM partitions WHERE stream_id = ?",
+                (g.stream.id,),
+            )
+        }
+        conn.executemany(
+            "DELETE FROM deliveries WHERE group_id = ? AND part = ?",
+            [(g.id, part) for part in partitions],
+        )
+        moves = []
+        for part in partitions:
+            position = _position(to, *waters[part])
+            moves.append((position, position, g.id, part))
+        conn.executemany(
+            "UPDATE group_partitions SET cursor = ?, frontier = ? WHERE group_id = ? AND part = ?",
+            moves,
+        )
+
+    # Reads and retention -----------------------------------------------------
+
+    async def query(self, query: Query, limit: int, after: tuple[int, int] | None) -> list[Event]:
+        return await self._read(self._query, query, limit, after)
+
+    def _query(
+        self, conn: sqlite3.Connection, query: Query, limit: int, after: tuple[int, int] | None
+    ) -> list[Event]:
+        s = _stream(conn, query.stream)
+        waters = {
+            part: (high, low)
+            for part, high, low in conn.execute(
+                "SELECT part, high_water, low_water FROM partitions WHERE stream_id = ?", (s.id,)
+            )
+        }
+        filters = ""
+        extra: list[Any] = []
+        for clause, value in (
+            ("key = ?", query.key),
+            ("type = ?", query.type),
+            ("appended_at_ms >= ?", query.since_ms),
+            ("appended_at_ms < ?", query.until_ms),
+        ):
+            if value is not None:
+                filters += f" AND {clause}"
+                extra.append(value)
+        sql = (
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? AND part = ? "
+            f"AND seq BETWEEN ? AND ?{filters} ORDER BY seq LIMIT ?"
+        )
+        parts = range(s.partitions) if query.partitions is None else sorted(query.partitions)
+        out: list[Event] = []
+        for part in parts:
+            if after is not None and part < after[0]:
+                continue
+            high, low = waters[part]
+            lo = max(low, query.from_sequence or 1)
+            if after is not None and part == after[0]:
+                lo = max(lo, after[1] + 1)
+            hi = high if query.to_sequence is None else min(high, query.to_sequence)
+            if lo > hi:
+                continue
+            out.extend(
+                _event(s.name, row)
+                for row in conn.execute(sql, (s.id, part, lo, hi, *extra, limit - len(out)))
+            )
+            if len(out) >= limit:
+                break
+        return out
+
+    async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
+        return await self._write(self._trim, stream, dict(up_to))
+
+    def _trim(
+        self, conn: sqlite3.Connection, stream: str, up_to: dict[int, int]
+    ) -> dict[int, int]:
+        s = _stream(conn, stream)
+        waters = {
+            part: (high, low)
+            for part, high, low in conn.execute(
+                "SELECT part, high_water, low_water FROM partitions WHERE stream_id = ?", (s.id,)
+            )
+        }
+        group_ids = [
+            r[0] for r in conn.execute("SELECT id FROM groups WHERE stream_id = ?", (s.id,))
+        ]
+        removed: dict[int, int] = {}
+        for part, wanted in up_to.items():
+            high, low = waters[part]
+            bound = min(wanted, high)
+            removed[part] = conn.execute(
+                "DELETE FROM events WHERE stream_id = ? AND part = ? AND seq <= ?",
+                (s.id, part, bound),
+            ).rowcount
+            if bound + 1 > low:
+                conn.execute(
+                    "UPDATE partitions SET low_water = ? WHERE stream_id = ? AND part = ?",
+                    (bound + 1, s.id, part),
+                )
+            # Deliveries of removed events are dropped (fencing their leases) and count
+            # as settled.
+            for group_id in group_ids:
+                conn.execute(
+                    "DELETE FROM deliveries WHERE group_id = ? AND part = ? AND seq <= ?",
+                    (group_id, part, bound),
+                )
+                conn.execute(
+                    "UPDATE group_partitions SET cursor = MAX(cursor, ?), "
+                    "frontier = MAX(frontier, ?) WHERE group_id = ? AND part = ?",
+                    (bound, bound, group_id, part),
+                )
+                _advance_frontier(conn, group_id, part)
+        return removed
+
+
+_CODE_KINDS: Final[dict[int, SettleKind]] = {
+    5: SettleKind.FAILED,  # SQLITE_BUSY
+    6: SettleKind.FAILED,  # SQLITE_LOCKED
+    8: SettleKind.FAILED,  # SQLITE_READONLY
+    9: SettleKind.FAILED,  # SQLITE_INTERRUPT
+    13: SettleKind.FAILED,  # SQLITE_FULL
+    19: SettleKind.FAILED,  # SQLITE_CONSTRAINT
+    10: SettleKind.AMBIGUOUS,  # SQLITE_IOERR
+    11: SettleKind.BACKEND_UNAVAILABLE,  # SQLITE_CORRUPT
+    14: SettleKind.BACKEND_UNAVAILABLE,  # SQLITE_CANTOPEN
+    15: SettleKind.BACKEND_UNAVAILABLE,  # SQLITE_PROTOCOL
+    26: SettleKind.BACKEND_UNAVAILABLE,  # SQLITE_NOTADB
+}
+
+
+class _Deliveries:
+    """The delivery rows a batch of leases names, loaded in a few IN queries.
+
+    Settling happens on these Python copies (so two leases on one delivery in one
+    batch behave as if settled one after the other) and changed rows are written
+    back with one ``executemany``.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, leases: list[Lease]) -> None:
+        self._conn = conn
+        self._groups: dict[tuple[str, str], _Group | None] = {}
+        self._rows: dict[tuple[int, int, int], _Row] = {}
+        self._high: dict[int, dict[int, int]] = {}
+        wanted: dict[tuple[int, int], set[int]] = {}
+        for lease in leases:
+            g = self._group(lease.stream, lease.group)
+            if g is not None and 0 <= lease.partition < g.stream.partitions:
+                wanted.setdefault((g.id, lease.partition), set()).add(lease.sequence)
+        for (group_id, part), seqs in wanted.items():
+            for sql, params in _in_lists(
+                f"SELECT {_DELIVERY_COLUMNS} FROM deliveries "
+                "WHERE group_id = ? AND part = ? AND seq IN ",
+                (group_id, part), sorted(seqs),
+            ):
+                for row in conn.execute(sql, params):
+                    self._rows[(group_id, part, row[0])] = _Row(*row)
+
+    def _group(self, stream: str, group: str) -> _Group | None:
+        key = (stream, group)
+        if key not in self._groups:
+            s = _find_stream(self._conn, stream)
+            self._groups[key] = None if s is None else _find_group(self._conn, s, group)
+        return self._groups[key]
+
+    def find(self, lease: Lease) -> tuple[_Group, _Row] | SettleResult:
+        g = self._group(lease.stream, lease.group)
+        if g is None or not 0 <= lease.partition < g.stream.partitions:
+            return SettleResult.failure(
+                lease.lease_id, SettleKind.INVALID, "lease names no group of this backend"
+            )
+        d = self._rows.get((g.id, lease.partition, lease.sequence))
+        if d is None:
+            if 0 < lease.sequence <= self._high_water(g.stream, lease.partition):
+                return SettleResult.failure(
+                    lease.lease_id, SettleKind.STALE_LEASE,
+                    "the delivery was replayed, reset or trimmed",
+                )
+            return SettleResult.failure(
+                lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend"
+            )
+        if d.lease_id != lease.lease_id:
+            return SettleResult.failure(
+                lease.lease_id, SettleKind.STALE_LEASE, "the delivery was leased again"
+            )
+        if d.receipt != lease.receipt:
+            return SettleResult.failure(
+                lease.lease_id, SettleKind.RECEIPT_MISMATCH, "receipt does not match the lease"
+            )
+        return g, d
+
+    def _high_water(self, s: _Stream, part: int) -> int:
+        if s.id not in self._high:
+            self._high[s.id] = dict(self._conn.execute(
+                "SELECT part, high_water FROM partitions WHERE stream_id = ?", (s.id,)
+            ).fetchall())
+        return self._high[s.id].get(part, 0)
+
+    def write_back(self) -> None:
+        changed = [
+            (d.state, d.reason, d.settled_by, d.available_at_ms, d.rejected_at_ms, d.deadline_ms,
+             group_id, part, seq)
+            for (group_id, part, seq), d in self._rows.items()
+            if d.dirty
+        ]
+        if changed:
+            self._conn.executemany(
+                "UPDATE deliveries SET state = ?, reason = ?, settled_by = ?, "
+                "available_at_ms = ?, rejected_at_ms = ?, deadline_ms = ? "
+                "WHERE group_id = ? AND part = ? AND seq = ?",
+                changed,
+            )
+
+
+def _find_stream(conn: sqlite3.Connection, name: str) -> _Stream | None:
+    row = conn.execute(
+        "SELECT id, name, partitions, created_at_ms FROM streams WHERE name = ?", (name,)
+    ).fetchone()
+    return None if row is None else _Stream(*row)
+
+
+def _stream(conn: sqlite3.Connection, name: str) -> _Stream:
+    s = _find_stream(conn, name)
+    if s is None:
+        raise UnknownStream(name)
+    return s
+
+
+def _find_group(conn: sqlite3.Connection, s: _Stream, name: str) -> _Group | None:
+    row = conn.execute(
+        "SELECT id, max_attempts, created_at_ms, rotation FROM groups "
+        "WHERE stream_id = ? AND name = ?",
+        (s.id, name),
+    ).fetchone()
+    if row is None:
+        return None
+    group_id, max_attempts, created, rotation = row
+    return _Group(group_id, s, name, max_attempts, created, rotation)
+
+
+def _group(conn: sqlite3.Connection, stream: str, name: str) -> _Group:
+    g = _find_group(conn, _stream(conn, stream), name)
+    if g is None:
+        raise UnknownGroup(stream, name)
+    return g
+
+
+def _stream_info(conn: sqlite3.Connection, s: _Stream) -> StreamInfo:
+    high: dict[int, int] = {}
+    low: dict[int, int] = {}
+    for part, h, lw in conn.execute(
+        "SELECT part, high_water, low_water FROM partitions WHERE stream_id = ? ORDER BY part",
+        (s.id,),
+    ):
+        high[part] = h
+        low[part] = lw
+    return StreamInfo(s.name, s.partitions, s.created_at_ms, high, low)
+
+
+def _event(stream: str, row: tuple[Any, ...]) -> Event:
+    part, seq, event_id, type_, key, data, headers, appended_at_ms = row
+    return Event(
+        stream=stream,
+        partition=part,
+        sequence=seq,
+        id=event_id,
+        type=type_,
+        data=json.loads(data),
+        key=key,
+        headers=json.loads(headers) if headers else {},
+        appended_at_ms=appended_at_ms,
+    )
+
+
+def _load_events(
+    conn: sqlite3.Connection, s: _Stream, positions: list[tuple[int, int]]
+) -> dict[tuple[int, int], Event]:
+    by_part: dict[int, list[int]] = {}
+    for part, seq in positions:
+        by_part.setdefault(part, []).append(seq)
+    events: dict[tuple[int, int], Event] = {}
+    for part, seqs in by_part.items():
+        seqs.sort()
+        if seqs[-1] - seqs[0] + 1 == len(seqs):
+            # The common case (new deliveries): one contiguous range.
+            rows = conn.execute(
+                f"SELECT {_EVENT_COLUMNS} FROM events "
+                "WHERE stream_id = ? AND part = ? AND seq BETWEEN ? AND ?",
+                (s.id, part, seqs[0], seqs[-1]),
+            ).fetchall()
+        else:
+            rows = []
+            for sql, params in _in_lists(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? AND part = ? AND seq IN ",
+                (s.id, part), seqs,
+            ):
+                rows.extend(conn.execute(sql, params))
+        for row in rows:
+            events[(row[0], row[1])] = _event(s.name, row)
+    return events
+
+
+def _advance_frontier(conn: sqlite3.Connection, group_id: int, part: int) -> None:
+    """Move the stored frontier over the settled deliveries right after it.
+
+    Walks the primary key from the frontier and stops at the first gap or pending
+    delivery, so each settled row is passed over once in its lifetime.
+    """
+    (frontier,) = conn.execute(
+        "SELECT frontier FROM group_partitions WHERE group_id = ? AND part = ?", (group_id, part)
+    ).fetchone()
+    moved = frontier
+    cur = conn.execute(
+        "SELECT seq, state FROM deliveries WHERE group_id = ? AND part = ? AND seq > ? "
+        "ORDER BY seq",
+        (group_id, part, frontier),
+    )
+    try:
+        for seq, state in cur:
+            if seq != moved + 1 or state not in _TERMINAL:
+                break
+            moved = seq
+    finally:
+        cur.close()
+    if moved != frontier:
+        conn.execute(
+            "UPDATE group_partitions SET frontier = ? WHERE group_id = ? AND part = ?",
+            (moved, group_id, part),
+        )
+
+
+def _in_lists(
+    prefix: str, params: tuple[Any, ...], values: list[Any]
+) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """``prefix + "(?, ?, ...)"`` statements covering ``values``, padded to fixed sizes."""
+    for start in range(0, len(values), _IN_SIZES[-1]):
+        chunk = values[start:start + _IN_SIZES[-1]]
+        size = next(n for n in _IN_SIZES if n >= len(chunk))
+        padded = chunk + [chunk[-1]] * (size - len(chunk))
+        yield prefix + "(" + ", ".join("?" * size) + ")", (*params, *padded)
+
+
+def _position(start: StartPosition, high: int, low: int) -> int:
+    """Where a group starts (or is reset to) in a partition, within the retained range."""
+    if start == "earliest":
+        position = 0
+    elif start == "latest":
+        position = high
+    else:
+        position = int(start)
+    return max(low - 1, min(position, high))
+

@@ -1,0 +1,682 @@
+"""The consumer-group runtime: fetch leases, run handlers, renew, settle in batches.
+
+One :class:`Group` runs one :class:`~rheo_flow.Consumer` for one
+(instance, stream, group) in this process. Its tasks:
+
+* the fetch loop claims at most ``max_demand - inflight`` leases, and only when
+  a handler can take work soon; idle, it waits for a push wake-up (or sleeps
+  ``poll_ms``); failed fetches back off on the shared :class:`Backoff` schedule;
+* ``concurrency`` workers run the handler on queued leases;
+* the renewer extends every inflight lease in one backend call per tick
+  (about every ``lease_ms / 2``);
+* the acknowledger settles whatever handlers finished since it last woke, one
+  backend call per (operation, reason), through the shared decision table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import Any, Literal, Self
+
+from ._backoff import Backoff
+from ._consumer import _CURRENT_LEASE, Ack, Consumer, Context, FunctionConsumer, Reject, Retry
+from ._errors import AlreadyStarted, InvalidArgument, NotStarted, RheoError, SetupRefused
+from ._inflight import Inflight
+from ._lease import Lease
+from ._rheo import MAX_FETCH, Rheo
+from ._settle import classify
+from ._settlement import SettleObserver, SettleOp, SettleOutcome, settle
+from ._validation import (
+    MAX_REASON,
+    check_lease_ms,
+    check_name,
+    check_partition,
+    check_positive_int,
+)
+
+__all__ = ["Group", "GroupStats"]
+
+log = logging.getLogger("rheo_flow.group")
+
+_OPTIONS = (
+    "stream", "group", "max_demand", "concurrency", "lease_ms", "poll_ms",
+    "consumer_id", "partitions", "max_attempts",
+)
+_MAX_POLL_MS = 3_600_000
+
+_REGISTRY: dict[tuple[str, str, str], Group] = {}
+"""Running groups of this process, by (instance id, stream, group)."""
+
+_Category = Literal["ack", "retry", "reject", "handler_error", "invalid_outcome", "shutdown"]
+_OPS: dict[_Category, SettleOp] = {
+    "ack": "ack", "retry": "nack", "reject": "reject",
+    "handler_error": "nack", "invalid_outcome": "nack", "shutdown": "nack",
+}
+_State = Literal["new", "starting", "running", "stopping", "stopped"]
+
+
+@dataclass(slots=True)
+class GroupStats:
+    """Counters of one :class:`Group` (updated by the runtime; read them freely).
+
+    ``acked``, ``retried``, ``rejected`` and ``nacked`` count settles that took
+    effect; failure counters are keyed by the classified
+    :class:`~rheo_flow.SettleKind` value (``"stale_lease"``, ...).
+    """
+
+    fetched: int = 0
+    """Leases received from fetch."""
+    acked: int = 0
+    """Acks that took effect."""
+    retried: int = 0
+    """Nacks of :class:`~rheo_flow.Retry` outcomes that took effect."""
+    rejected: int = 0
+    """Rejects of :class:`~rheo_flow.Reject` outcomes that took effect."""
+    nacked: int = 0
+    """Other nacks that took effect: handler failures, shutdown, failed settles."""
+    handler_errors: int = 0
+    """Handlers that raised."""
+    invalid_outcomes: int = 0
+    """Handlers that returned something other than ACK, Retry or Reject."""
+    skipped: int = 0
+    """Leases lost (found stale on renew) before their handler started."""
+    settle_failures: Counter[str] = field(default_factory=Counter)
+    """Settle results that did not take effect, by kind."""
+    fetch_failures: Counter[str] = field(default_factory=Counter)
+    """Failed fetches, by kind."""
+    renew_failures: Counter[str] = field(default_factory=Counter)
+    """Renew results that did not take effect, by kind."""
+
+
+@dataclass(slots=True)
+class _Finished:
+    """A handled lease waiting for the acknowledger."""
+
+    lease: Lease
+    category: _Category
+    reason: str = ""
+    delay_ms: int = 0
+
+
+class Group:
+    """The runtime of one consumer group in this process.
+
+    Build it with :meth:`Consumer.start` (or ``Group(rheo, consumer, **options)``)
+    and use it as an async context manager, or call :meth:`run`::
+
+        async with RiskConsumer().start(rheo, counter=counter) as group:
+            ...                        # the group consumes in the background
+            await group.drain(timeout=10)
+
+    ``observer`` is called with a :class:`~rheo_flow.SettleOutcome` for every
+    settled lease (its result carries the classified kind of a failure);
+    ``backoff`` replaces the default fetch-failure schedule. Only one group per
+    (Rheo instance, stream, group) may run in a process: starting a second one
+    raises :class:`~rheo_flow.AlreadyStarted`.
+
+    Leases arrive in sequence order per partition, but with ``concurrency > 1``
+    handlers of one partition overlap; use ``concurrency=1`` (or the pipeline's
+    ``partition_by``) when a handler needs strict per-partition order.
+    """
+
+    def __init__(
+        self,
+        rheo: Rheo,
+        consumer: Consumer,
+        *,
+        observer: SettleObserver | None = None,
+        backoff: Backoff | None = None,
+        **options: Any,
+    ) -> None:
+        if not isinstance(rheo, Rheo):
+            raise InvalidArgument(f"expected a Rheo instance, got {type(rheo).__name__}")
+        if not isinstance(consumer, Consumer):
+            raise InvalidArgument(f"expected a Consumer, got {type(consumer).__name__}")
+        if observer is not None and not callable(observer):
+            raise InvalidArgument(f"observer must be callable, got {observer!r}")
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise InvalidArgument(f"backoff must be a Backoff, got {type(backoff).__name__}")
+        merged = {**consumer.options, **options}
+        if "rheo" in merged:
+            raise InvalidArgument("pass the Rheo instance to start() or Group(), not as an option")
+        chosen = {name: merged.pop(name, getattr(consumer, name, None)) for name in _OPTIONS}
+        self._rheo = rheo
+        self._consumer = consumer
+        self._stream = _required_name(consumer, "stream", chosen["stream"])
+        self._group = _required_name(consumer, "group", chosen["group"])
+        self._max_demand = check_positive_int("max_demand", chosen["max_demand"],
+                                              maximum=MAX_FETCH)
+        self._concurrency = check_positive_int("concurrency", chosen["concurrency"])
+        if self._concurrency > self._max_demand:
+            raise InvalidArgument(
+                f"concurrency ({self._concurrency}) cannot exceed max_demand "
+                f"({self._max_demand}): a handler needs a lease to work on"
+            )
+        self._lease_ms = check_lease_ms(chosen["lease_ms"])
+        self._poll_ms = check_positive_int("poll_ms", chosen["poll_ms"], maximum=_MAX_POLL_MS)
+        consumer_id = chosen["consumer_id"]
+        self._consumer_id = (rheo.new_consumer_id() if consumer_id is None
+                             else check_name("consumer", consumer_id))
+        self._partitions = _check_partitions_shape(chosen["partitions"])
+        max_attempts = chosen["max_attempts"]
+        if max_attempts is not None:
+            check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
+        self._max_attempts: int | None = max_attempts
+        resolved = {
+            **merged,
+            "stream": self._stream,
+            "group": self._group,
+            "rheo": rheo,
+            "max_demand": self._max_demand,
+            "concurrency": self._concurrency,
+            "lease_ms": self._lease_ms,
+            "poll_ms": self._poll_ms,
+            "consumer_id": self._consumer_id,
+            "partitions": self._partitions,
+            "max_attempts": self._max_attempts,
+        }
+        self._options: Mapping[str, Any] = MappingProxyType(resolved)
+        self._observer = observer
+        self._backoff = backoff if backoff is not None else Backoff()
+        self.stats = GroupStats()
+        """Counters of this group."""
+
+        self._state: _State = "new"
+        self._context: Context = MappingProxyType({})
+        self._inflight = Inflight(self._max_demand)
+        self._queue: asyncio.Queue[Lease] = asyncio.Queue()
+        self._handling: dict[str, Lease] = {}
+        self._pending: list[_Finished] = []
+        self._room = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._flush = asyncio.Event()
+        self._done = asyncio.Event()
+        self._draining = False
+        self._closing = False
+        self._in_fetch = False
+        self._fetch_task: asyncio.Task[None] | None = None
+        self._acker_task: asyncio.Task[None] | None = None
+        self._renew_task: asyncio.Task[None] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._stop_task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+
+    # Introspection -------------------------------------------------------------
+
+    @property
+    def stream(self) -> str:
+        """The consumed stream."""
+        return self._stream
+
+    @property
+    def group(self) -> str:
+        """The consumer group's name."""
+        return self._group
+
+    @property
+    def consumer_id(self) -> str:
+        """This worker's identity (given or generated)."""
+        return self._consumer_id
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """Every resolved option and application key (what :meth:`Consumer.setup` receives)."""
+        return self._options
+
+    @property
+    def context(self) -> Context:
+        """The read-only handler context built by :meth:`Consumer.setup`."""
+        return self._context
+
+    @property
+    def running(self) -> bool:
+        """Whether the group has started and is not stopping."""
+        return self._state == "running"
+
+    @property
+    def inflight(self) -> int:
+        """How many leases are outstanding (fetched and not yet settled)."""
+        return len(self._inflight)
+
+    def __repr__(self) -> str:
+        return (f"<Group {self._stream}/{self._group} consumer={self._consumer_id} "
+                f"{self._state} inflight={len(self._inflight)}>")
+
+    # Lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> Self:
+        """Claim the (instance, stream, group) slot, run ``setup`` and start consuming.
+
+        Raises :class:`~rheo_flow.AlreadyStarted` when a group for the same
+        identity runs in this process (or this object was started before),
+        :class:`~rheo_flow.SetupRefused` when ``setup`` refuses or fails, and
+        :class:`~rheo_flow.UnknownStream` / :class:`~rheo_flow.InvalidArgument`
+        for a missing stream or a partition it does not have.
+        """
+        if self._state != "new":
+            raise AlreadyStarted(f"{self!r} was already started; build a new Group to run again")
+        key = self._key()
+        other = _REGISTRY.get(key)
+        if other is not None:
+            raise AlreadyStarted(
+                f"a group for stream {self._stream!r}, group {self._group!r} already runs on "
+                f"this Rheo instance ({self._rheo.instance_id}) in this process: {other!r}; "
+                "scale with concurrency, or stop it first"
+            )
+        _REGISTRY[key] = self
+        self._state = "starting"
+        try:
+            info = await self._rheo.stream_info(self._stream)
+            if self._partitions != "all":
+                for partition in self._partitions:
+                    check_partition(partition, info.partitions)
+            await self._rheo.create_group(self._stream, self._group,
+                                          max_attempts=self._max_attempts)
+            self._context = await self._setup()
+        except BaseException:
+            self._state = "stopped"
+            self._release_slot()
+            self._done.set()
+            raise
+        self._fetch_task = self._spawn(self._fetch_loop(), "fetch")
+        self._renew_task = self._spawn(self._renew_loop(), "renew")
+        self._acker_task = self._spawn(self._acker_loop(), "ack")
+        self._workers = [self._spawn(self._worker(), f"worker-{i}")
+                         for i in range(self._concurrency)]
+        self._state = "running"
+        log.info("group %s/%s started (consumer %s, max_demand %d, concurrency %d)",
+                 self._stream, self._group, self._consumer_id, self._max_demand,
+                 self._concurrency)
+        return self
+
+    async def run(self) -> None:
+        """Start (unless started) and consume until cancelled or stopped.
+
+        Cancelling the task running it stops the group cleanly: handlers are
+        cancelled, finished work is settled and no task is left behind. Raises
+        :class:`~rheo_flow.RheoError` when an internal task of the group crashed.
+        """
+        if self._state == "new":
+            await self.start()
+        try:
+            await self._done.wait()
+        finally:
+            await self.stop()
+        if self._failure is not None:
+            raise RheoError(f"group {self._stream}/{self._group} crashed: "
+                             f"{type(self._failure).__name__}: {self._failure}"
+                             ) from self._failure
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Stop fetching and wait until every inflight lease has settled.
+
+        Renewal keeps running meanwhile. Returns True once nothing is inflight,
+        False when ``timeout`` seconds pass first (the group keeps its leases and
+        keeps renewing them; call :meth:`stop` to end it). The group does not
+        fetch again after a drain.
+        """
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout) or timeout < 0
+        ):
+            raise InvalidArgument(f"timeout must be None or seconds >= 0, got {timeout!r}")
+        if self._state != "running":
+            raise NotStarted(f"cannot drain {self!r}: it is not running")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        self._draining = True
+        fetch = self._fetch_task
+        if fetch is not None and not fetch.done():
+            # A fetch in progress may already have claimed leases: let it return them.
+            if not self._in_fetch:
+                fetch.cancel()
+            done, _ = await asyncio.wait([fetch], timeout=_remaining(loop, deadline))
+            if not done:
+                return False
+        return await self._inflight.wait_empty(_remaining(loop, deadline))
+
+    async def stop(self) -> None:
+        """Stop now: cancel fetching and running handlers, settle what finished, release.
+
+        Leases whose handler was cancelled or had not started are nacked with
+        reason ``"shutdown"`` (one call) so that another consumer gets them without
+        waiting for expiry. For a graceful stop call :meth:`drain` first.
+        Idempotent; cancelling the caller does not interrupt the shutdown.
+        """
+        if self._state == "new":
+            self._state = "stopped"
+            self._done.set()
+            return
+        if self._state == "stopped" and self._stop_task is None:
+            return  # start() failed: nothing runs
+        if self._state == "starting":
+            raise NotStarted(f"cannot stop {self!r} while it is starting")
+        await asyncio.shield(self._begin_stop())
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def _key(self) -> tuple[str, str, str]:
+        return (self._rheo.instance_id, self._stream, self._group)
+
+    def _release_slot(self) -> None:
+        key = self._key()
+        if _REGISTRY.get(key) is self:
+            del _REGISTRY[key]
+
+    async def _setup(self) -> Context:
+        name = (self._consumer.name if isinstance(self._consumer, FunctionConsumer)
+                else type(self._consumer).__name__)
+        try:
+            context = await self._consumer.setup(self._options)
+        except SetupRefused:
+            raise
+        except Exception as exc:
+            raise SetupRefused(f"{name}.setup() failed: {_describe(exc)}") from exc
+        if not isinstance(context, Mapping):
+            raise SetupRefused(
+                f"invalid_context: {name}.setup() must return a mapping, "
+                f"got {type(context).__name__}: {_short_repr(context)}"
+            )
+        return MappingProxyType(dict(context))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], role: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=f"rheo-group {self._stream}/{self._group} {role}")
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None or self._state in ("stopping", "stopped"):
+            return
+        log.error("group %s/%s: task %s crashed; stopping the group", self._stream,
+                  self._group, task.get_name(), exc_info=exc)
+        self._failure = exc
+        self._begin_stop()
+
+    def _begin_stop(self) -> asyncio.Task[None]:
+        if self._stop_task is None:
+            self._state = "stopping"
+            self._stop_task = asyncio.ensure_future(self._shutdown())
+        return self._stop_task
+
+    async def _shutdown(self) -> None:
+        self._draining = True
+        try:
+            await _cancel_and_wait([self._fetch_task])
+            await _cancel_and_wait(self._workers)
+            leftovers = list(self._handling.values())
+            self._handling.clear()
+            while not self._queue.empty():
+                leftovers.append(self._queue.get_nowait())
+            self._pending.extend(_Finished(lease, "shutdown", "shutdown") for lease in leftovers)
+            self._closing = True
+            self._flush.set()
+            if self._acker_task is not None:
+                await asyncio.wait([self._acker_task])
+        finally:
+            await _cancel_and_wait([self._fetch_task, self._acker_task, self._renew_task,
+                                    *self._workers])
+            self._release_slot()
+            self._state = "stopped"
+            self._done.set()
+            log.info("group %s/%s stopped (consumer %s)", self._stream, self._group,
+                     self._consumer_id)
+
+    # Fetching ------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        while not self._draining:
+            room = self._inflight.free
+            if room == 0 or self._queue.qsize() >= self._concurrency:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            self._in_fetch = True
+            try:
+                leases = await self._rheo.fetch(
+                    self._stream, self._group, consumer_id=self._consumer_id, limit=room,
+                    lease_ms=self._lease_ms, partitions=self._partitions,
+                )
+            except Exception as exc:
+                self._in_fetch = False
+                await self._fetch_failed(exc)
+                continue
+            finally:
+                self._in_fetch = False
+            self._backoff.reset()
+            if not leases:
+                await self._idle()
+                continue
+            self.stats.fetched += len(leases)
+            self._inflight.add(leases, self._lease_ms)
+            for lease in leases:
+                self._queue.put_nowait(lease)
+
+    async def _fetch_failed(self, exc: Exception) -> None:
+        error = classify(exc, self._rheo.backend.classify_error)
+        self.stats.fetch_failures[error.kind.value] += 1
+        delay = self._backoff.next_delay()
+        log.warning("fetch for %s/%s failed (%s: %s); retrying in %.2fs (%d in a row)",
+                    self._stream, self._group, error.kind.value, error.reason, delay,
+                    self._backoff.failures)
+        await asyncio.sleep(delay)
+
+    async def _idle(self) -> None:
+        """Wait for an append, a nack that made work available, or ``poll_ms``."""
+        timeout = self._poll_ms / 1000
+        self._kick.clear()
+        waiter: asyncio.Future[Any]
+        if self._rheo.capabilities.push_wakeups:
+            waiter = asyncio.ensure_future(self._rheo.wait_for_append(self._stream, timeout))
+        else:
+            waiter = asyncio.ensure_future(asyncio.sleep(timeout))
+        kicked = asyncio.ensure_future(self._kick.wait())
+        try:
+            await asyncio.wait([waiter, kicked], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            kicked.cancel()
+            await asyncio.wait([waiter, kicked])
+        if not waiter.cancelled() and waiter.exception() is not None:
+            # A wake-up channel that fails at once must not turn idling into spinning.
+            log.debug("wait_for_append on %s failed: %s", self._stream, waiter.exception())
+            await asyncio.sleep(timeout)
+
+    # Handling ------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            lease = await self._queue.get()
+            self._room.set()
+            entry = self._inflight.get(lease.lease_id)
+            if entry is None or entry.lost:
+                self._inflight.release([lease])
+                self.stats.skipped += 1
+                log.info("skipping %s/%s p%d s%d: its lease was lost before handling",
+                         self._stream, self._group, lease.partition, lease.sequence)
+                continue
+            self._handling[lease.lease_id] = lease
+            finished = await self._handle(lease)
+            del self._handling[lease.lease_id]
+            self._pending.append(finished)
+            self._flush.set()
+
+    async def _handle(self, lease: Lease) -> _Finished:
+        token = _CURRENT_LEASE.set(lease)
+        try:
+            outcome = await self._consumer.handle_event(lease.event, self._context)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            return self._handler_failed(lease, exc)
+        except Exception as exc:
+            return self._handler_failed(lease, exc)
+        finally:
+            _CURRENT_LEASE.reset(token)
+        if isinstance(outcome, Ack):
+            return _Finished(lease, "ack")
+        if isinstance(outcome, Retry):
+            return _Finished(lease, "retry", _reason(outcome.reason), outcome.delay_ms)
+        if isinstance(outcome, Reject):
+            return _Finished(lease, "reject", _reason(outcome.reason))
+        self.stats.invalid_outcomes += 1
+        text = _short_repr(outcome)
+        log.error("handler of %s/%s returned an invalid outcome for p%d s%d: %s "
+                  "(expected ACK, Retry or Reject); nacking", self._stream, self._group,
+                  lease.partition, lease.sequence, text)
+        return _Finished(lease, "invalid_outcome", _reason(f"invalid_outcome: {text}"))
+
+    def _handler_failed(self, lease: Lease, exc: BaseException) -> _Finished:
+        self.stats.handler_errors += 1
+        log.error("handler of %s/%s failed on p%d s%d (attempt %d); nacking",
+                  self._stream, self._group, lease.partition, lease.sequence, lease.attempt,
+                  exc_info=exc)
+        return _Finished(lease, "handler_error", _reason(f"handler_error: {_describe(exc)}"))
+
+    # Renewing ------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._lease_ms / 2000
+        next_at = loop.time() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            next_at = max(next_at + interval, loop.time())
+            try:
+                results = await self._inflight.renew_all(self._rheo, self._lease_ms)
+            except Exception as exc:
+                error = classify(exc, self._rheo.backend.classify_error)
+                self.stats.renew_failures[error.kind.value] += 1
+                log.warning("renew for %s/%s failed: %s (%s)", self._stream, self._group,
+                            error.kind.value, error.reason)
+                continue
+            failed = Counter(r.error.kind.value for r in results if r.error is not None)
+            if failed:
+                self.stats.renew_failures.update(failed)
+                log.warning("renew for %s/%s: %d of %d leases not renewed (%s)", self._stream,
+                            self._group, failed.total(), len(results), dict(failed))
+
+    # Settling ------------------------------------------------------------------
+
+    async def _acker_loop(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._flush.clear()
+                await self._flush.wait()
+                continue
+            # Everything that finished since the last wake-up goes out together.
+            batch, self._pending = self._pending, []
+            await self._settle_batch(batch)
+
+    async def _settle_batch(self, batch: Iterable[_Finished]) -> None:
+        calls: dict[tuple[_Category, str, int], list[Lease]] = {}
+        for item in batch:
+            calls.setdefault((item.category, item.reason, item.delay_ms), []).append(item.lease)
+        for (category, reason, delay_ms), leases in calls.items():
+            try:
+                await settle(self._rheo, _OPS[category], leases, reason=reason,
+                             delay_ms=delay_ms, inflight=self._inflight,
+                             observer=self._observer_for(category))
+            except Exception as exc:
+                # Not expected (the facade classifies backend errors); never lose the leases.
+                error = classify(exc, self._rheo.backend.classify_error)
+                self.stats.settle_failures[error.kind.value] += len(leases)
+                self._inflight.release(leases)
+                log.error("settling %d leases of %s/%s failed: %s; leaving them to expire",
+                          len(leases), self._stream, self._group, error.reason, exc_info=exc)
+            self._room.set()
+
+    def _observer_for(self, category: _Category) -> Callable[[SettleOutcome], None]:
+        stats = self.stats
+
+        def observe(outcome: SettleOutcome) -> None:
+            result = outcome.result
+            if result.error is not None:
+                stats.settle_failures[result.error.kind.value] += 1
+            elif outcome.op == "ack":
+                stats.acked += 1
+            elif outcome.op == "reject":
+                stats.rejected += 1
+            else:
+                if category == "retry":
+                    stats.retried += 1
+                else:
+                    stats.nacked += 1
+                self._kick.set()
+            if self._observer is not None:
+                try:
+                    self._observer(outcome)
+                except Exception:
+                    log.exception("settle observer of %s/%s failed", self._stream, self._group)
+
+        return observe
+
+
+def _required_name(consumer: Consumer, kind: str, value: object) -> str:
+    if value is None:
+        raise InvalidArgument(
+            f"{type(consumer).__name__} has no {kind}: set the {kind!r} class attribute "
+            f"or pass {kind}=..."
+        )
+    return check_name(kind, value)
+
+
+def _check_partitions_shape(value: object) -> Literal["all"] | list[int]:
+    if value == "all":
+        return "all"
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise InvalidArgument(f'partitions must be "all" or a list of ids, got {value!r}')
+    ids = list(value)
+    if not ids:
+        raise InvalidArgument('partitions must not be empty (use "all" for every partition)')
+    for p in ids:
+        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            raise InvalidArgument(f"partition ids must be integers >= 0, got {p!r}")
+    return sorted(set(ids))
+
+
+def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - loop.time())
+
+
+async def _cancel_and_wait(tasks: Iterable[asyncio.Task[None] | None]) -> None:
+    live = [t for t in tasks if t is not None]
+    for task in live:
+        task.cancel()
+    if live:
+        await asyncio.wait(live)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _short_repr(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _reason(text: str) -> str:
+    """A settle reason the facade accepts: bounded length."""
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."

@@ -1,0 +1,410 @@
+"""The demand-driven producer: fetches leases on demand, renews them, frees demand on settle.
+
+A :class:`Producer` is the pipeline's source (and can drive any hand-written
+consumer): a caller asks for ``n`` leases with :meth:`Producer.demand` and gets
+at most ``min(n, max_demand - inflight)`` of them. Every lease stays inflight,
+renewed in one backend call about every ``lease_ms / 2``, until it is settled
+through :meth:`~Producer.ack`, :meth:`~Producer.nack`, :meth:`~Producer.reject`
+or released with :meth:`~Producer.confirm`; that frees demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal, Self
+
+from ._backoff import Backoff
+from ._errors import AlreadyStarted, InvalidArgument, NotStarted
+from ._inflight import Inflight
+from ._lease import Lease
+from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
+from ._settle import SettleResult, classify
+from ._settlement import SettleOp, settle
+from ._validation import check_lease_ms, check_name, check_partition, check_positive_int
+
+__all__ = ["Producer", "ProducerStats"]
+
+log = logging.getLogger("rheo_flow.producer")
+
+State = Literal["new", "running", "draining", "stopped"]
+
+
+@dataclass(slots=True)
+class ProducerStats:
+    """Counters of one producer since it started (a snapshot from :meth:`Producer.stats`)."""
+
+    fetched: int = 0
+    acked: int = 0
+    nacked: int = 0
+    rejected: int = 0
+    confirmed: int = 0
+    fetch_failures: int = 0
+    renewals: int = 0
+    """Renew calls made (one per tick with something inflight)."""
+    settle_failures: dict[str, int] = field(default_factory=dict)
+    """Leases whose settle did not take effect, by classified kind."""
+    peak_inflight: int = 0
+
+    def copy(self) -> ProducerStats:
+        """A detached copy."""
+        return ProducerStats(
+            self.fetched, self.acked, self.nacked, self.rejected, self.confirmed,
+            self.fetch_failures, self.renewals, dict(self.settle_failures), self.peak_inflight,
+        )
+
+
+class Producer:
+    """Demand-driven source of leases for one (stream, group).
+
+    ``max_demand`` bounds the leases inflight at once: memory stays bounded by it
+    whatever the backlog. ``lease_ms`` is each lease's time to live (renewed
+    every ``lease_ms / 2`` while inflight); ``poll_ms`` is how long an idle
+    producer waits before fetching again when the backend cannot push
+    wake-ups (with push wake-ups it is the upper bound of the wait).
+    ``max_attempts`` (when given) updates the group's setting on start.
+
+    Use it as ``async with Producer(...) as producer:`` (start, then drain on
+    exit), or call :meth:`start` and :meth:`drain` / :meth:`stop` yourself.
+    """
+
+    def __init__(
+        self,
+        rheo: Rheo,
+        stream: str,
+        group: str,
+        *,
+        max_demand: int = 100,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        poll_ms: int = 200,
+        consumer_id: str | None = None,
+        partitions: Partitions = "all",
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if not isinstance(rheo, Rheo):
+            raise InvalidArgument(f"rheo must be a Rheo instance, got {type(rheo).__name__}")
+        self._rheo = rheo
+        self._stream = check_name("stream", stream)
+        self._group = check_name("group", group)
+        self._max_demand = check_positive_int("max_demand", max_demand, maximum=1_000_000)
+        self._lease_ms = check_lease_ms(lease_ms)
+        self._poll_ms = check_positive_int("poll_ms", poll_ms, maximum=3_600_000)
+        self._consumer_id = (
+            check_name("consumer_id", consumer_id) if consumer_id is not None
+            else rheo.new_consumer_id()
+        )
+        if partitions != "all" and (
+            isinstance(partitions, str) or not isinstance(partitions, Sequence) or not partitions
+        ):
+            raise InvalidArgument(
+                f'partitions must be "all" or a non-empty list of ids, got {partitions!r}'
+            )
+        self._partitions: Partitions = partitions
+        if max_attempts is not None:
+            check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
+        self._max_attempts = max_attempts
+        self._backoff = backoff or Backoff()
+        self._inflight = Inflight(self._max_demand)
+        self._state: State = "new"
+        self._fetch_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        """Set on every release and on drain/stop: wakes a demand waiting for capacity."""
+        self._halt = asyncio.Event()
+        """Set when fetching must stop (drain or stop)."""
+        self._renewer: asyncio.Task[None] | None = None
+        self._stats = ProducerStats()
+
+    # Properties --------------------------------------------------------------
+
+    @property
+    def rheo(self) -> Rheo:
+        """The instance this producer fetches from."""
+        return self._rheo
+
+    @property
+    def stream(self) -> str:
+        """The stream consumed."""
+        return self._stream
+
+    @property
+    def group(self) -> str:
+        """The consumer group."""
+        return self._group
+
+    @property
+    def consumer_id(self) -> str:
+        """The consumer id leases are taken under."""
+        return self._consumer_id
+
+    @property
+    def max_demand(self) -> int:
+        """The bound on inflight leases."""
+        return self._max_demand
+
+    @property
+    def lease_ms(self) -> int:
+        """The lease time to live, in milliseconds."""
+        return self._lease_ms
+
+    @property
+    def poll_ms(self) -> int:
+        """The idle poll interval, in milliseconds."""
+        return self._poll_ms
+
+    @property
+    def partitions(self) -> Partitions:
+        """The partitions fetched from (``"all"`` or a list)."""
+        return self._partitions
+
+    @property
+    def inflight(self) -> Inflight:
+        """The inflight set (leases fetched and not yet settled or confirmed)."""
+        return self._inflight
+
+    @property
+    def state(self) -> State:
+        """``new``, ``running``, ``draining`` or ``stopped``."""
+        return self._state
+
+    def stats(self) -> ProducerStats:
+        """A snapshot of the counters."""
+        return self._stats.copy()
+
+    # Lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> Self:
+        """Check the stream, create (or update) the group and start renewing.
+
+        Raises :class:`~rheo_flow.AlreadyStarted` when called twice and
+        :class:`~rheo_flow.UnknownStream` when the stream does not exist.
+        """
+        if self._state != "new":
+            raise AlreadyStarted(f"producer {self._consumer_id} was already started")
+        info = await self._rheo.stream_info(self._stream)
+        if self._partitions != "all":
+            self._partitions = sorted({check_partition(p, info.partitions)
+                                       for p in self._partitions})
+        await self._rheo.create_group(self._stream, self._group, max_attempts=self._max_attempts)
+        self._state = "running"
+        self._renewer = asyncio.create_task(
+            self._renew_loop(), name=f"rheo-producer-renew-{self._consumer_id}"
+        )
+        return self
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Stop fetching and wait until every inflight lease is settled or released.
+
+        Renewal keeps running while waiting. Returns True when nothing is left
+        inflight (renewal then stops and the producer is stopped); False when
+        ``timeout`` seconds passed first (it keeps renewing: call :meth:`stop`).
+        """
+        if self._state == "new":
+            self._state = "stopped"
+            return True
+        if self._state == "stopped":
+            return not self._inflight
+        self._state = "draining"
+        self._halt.set()
+        self._wake.set()
+        if not await self._inflight.wait_empty(timeout):
+            return False
+        await self._stop_renewing()
+        self._state = "stopped"
+        return True
+
+    async def stop(self) -> None:
+        """Stop fetching and renewing now; leases still inflight are left to expire."""
+        self._halt.set()
+        self._wake.set()
+        self._state = "stopped"
+        await self._stop_renewing()
+        if self._inflight:
+            log.info("producer %s stopped with %d leases inflight: left to expire",
+                     self._consumer_id, len(self._inflight))
+
+    async def _stop_renewing(self) -> None:
+        task, self._renewer = self._renewer, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            await self.drain(self._lease_ms / 1000)
+        await self.stop()
+
+    # Demand ------------------------------------------------------------------
+
+    async def demand(self, n: int) -> list[Lease]:
+        """Fetch at most ``min(n, max_demand - inflight)`` leases and track them inflight.
+
+        Waits while nothing can be fetched (no capacity, nothing available, or
+        the backend failing, with backoff) and returns at least one lease; an
+        empty list means the producer is draining or stopped.
+        """
+        check_positive_int("n", n)
+        if self._state == "new":
+            raise NotStarted("start the producer before asking it for leases")
+        async with self._fetch_lock:
+            while not self._halt.is_set():
+                free = self._inflight.free
+                if free == 0:
+                    await self._wait_for_capacity()
+                    continue
+                leases = await self._fetch(min(n, free, MAX_FETCH))
+                if leases is None:
+                    continue
+                if leases:
+                    return leases
+                await self._idle()
+            return []
+
+    async def batches(self, size: int) -> AsyncIterator[list[Lease]]:
+        """Leases in lists of at most ``size``, as demand allows, until drained or stopped."""
+        check_positive_int("size", size)
+        while True:
+            leases = await self.demand(size)
+            if not leases:
+                return
+            yield leases
+
+    async def _fetch(self, limit: int) -> list[Lease] | None:
+        """One fetch; ``None`` after a failure (already waited out its backoff)."""
+        try:
+            leases = await self._rheo.fetch(
+                self._stream, self._group, consumer_id=self._consumer_id, limit=limit,
+                lease_ms=self._lease_ms, partitions=self._partitions,
+            )
+        except InvalidArgument:
+            raise
+        except Exception as exc:
+            error = classify(exc, self._rheo.backend.classify_error)
+            self._stats.fetch_failures += 1
+            delay = self._backoff.next_delay()
+            log.warning("fetch from %s/%s failed (%s: %s); retrying in %.2fs",
+                        self._stream, self._group, error.kind, error.reason, delay)
+            await self._wait_halt(delay)
+            return None
+        self._backoff.reset()
+        if self._halt.is_set() and self._state == "stopped":
+            # Stopped while fetching: nobody will settle these; let them expire.
+            return []
+        if leases:
+            self._inflight.add(leases, self._lease_ms)
+            stats = self._stats
+            stats.fetched += len(leases)
+            if len(self._inflight) > stats.peak_inflight:
+                stats.peak_inflight = len(self._inflight)
+        return leases
+
+    async def _wait_for_capacity(self) -> None:
+        self._wake.clear()
+        if self._inflight.free or self._halt.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self._poll_ms / 1000)
+
+    async def _idle(self) -> None:
+        """Wait for an append (push wake-ups), the poll interval, or a halt."""
+        timeout = self._poll_ms / 1000
+        if not self._rheo.capabilities.push_wakeups:
+            await self._wait_halt(timeout)
+            return
+        woken = asyncio.ensure_future(self._rheo.wait_for_append(self._stream, timeout))
+        halted = asyncio.ensure_future(self._halt.wait())
+        try:
+            await asyncio.wait((woken, halted), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (woken, halted):
+                task.cancel()
+            await asyncio.gather(woken, halted, return_exceptions=True)
+
+    async def _wait_halt(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._halt.wait(), timeout)
+
+    # Renewal -----------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        interval = self._lease_ms / 2000
+        while True:
+            await asyncio.sleep(interval)
+            if not self._inflight:
+                continue
+            try:
+                results = await self._inflight.renew_all(self._rheo, self._lease_ms)
+            except Exception:  # never let one bad tick end renewal
+                log.exception("renewing %d leases failed", len(self._inflight))
+                continue
+            self._stats.renewals += 1
+            failed = sum(1 for r in results if not r.ok)
+            if failed:
+                log.warning("renew of %d/%d leases did not take effect", failed, len(results))
+
+    # Settling ----------------------------------------------------------------
+
+    async def ack(self, leases: Iterable[Lease]) -> list[SettleResult]:
+        """Acknowledge leases in one call, release them and free demand."""
+        return await self._settle("ack", leases)
+
+    async def nack(
+        self, leases: Iterable[Lease], reason: str, delay_ms: int = 0
+    ) -> list[SettleResult]:
+        """Return leases for redelivery after ``delay_ms``, release them, free demand."""
+        return await self._settle("nack", leases, reason, delay_ms)
+
+    async def reject(self, leases: Iterable[Lease], reason: str) -> list[SettleResult]:
+        """Dead-letter leases for the group, release them and free demand."""
+        return await self._settle("reject", leases, reason)
+
+    def confirm(self, leases: Iterable[Lease]) -> int:
+        """Release leases without settling them (they were settled elsewhere).
+
+        For example when a sink committed the ack in its own transaction.
+        Returns how many were inflight.
+        """
+        released = self._inflight.release(leases)
+        self._stats.confirmed += released
+        self._wake.set()
+        return released
+
+    async def _settle(
+        self, op: SettleOp, leases: Iterable[Lease], reason: str = "", delay_ms: int = 0
+    ) -> list[SettleResult]:
+        items = leases if isinstance(leases, list) else list(leases)
+        if not items:
+            return []
+        try:
+            results = await settle(self._rheo, op, items, reason=reason, delay_ms=delay_ms,
+                                   inflight=self._inflight)
+        finally:
+            self._wake.set()
+        stats = self._stats
+        failures = 0
+        for result in results:
+            if result.error is not None:
+                failures += 1
+                kind = result.error.kind.value
+                stats.settle_failures[kind] = stats.settle_failures.get(kind, 0) + 1
+        done = len(results) - failures
+        if op == "ack":
+            stats.acked += done
+        elif op == "nack":
+            stats.nacked += done
+        else:
+            stats.rejected += done
+        return results

@@ -1,0 +1,114 @@
+"""Settling messages in batches: one ack call per batch, one nack / reject call per group."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable
+
+from .._errors import InvalidArgument
+from .._producer import Producer
+from ._message import Message, OnFailure, Outcome
+
+__all__ = ["Acknowledger", "ProducerAcknowledger"]
+
+log = logging.getLogger("rheo_flow.pipeline")
+
+_GroupKey = tuple[Outcome, str, int]
+
+
+class Acknowledger(ABC):
+    """Turns finished messages into settle calls.
+
+    Successful messages are acked together; failed ones are grouped by
+    (``nack`` or ``reject``, reason, delay) so each group is one call. Messages
+    already settled (:meth:`Message.ack_immediately`) are skipped.
+    """
+
+    def __init__(self, *, on_failure: OnFailure = "retry", retry_delay_ms: int = 0) -> None:
+        if on_failure not in ("retry", "reject"):
+            raise InvalidArgument(f'on_failure must be "retry" or "reject", got {on_failure!r}')
+        if isinstance(retry_delay_ms, bool) or not isinstance(retry_delay_ms, int) or (
+                retry_delay_ms < 0):
+            raise InvalidArgument(
+                f"retry_delay_ms must be a non-negative integer, got {retry_delay_ms!r}")
+        self.on_failure: OnFailure = on_failure
+        self.retry_delay_ms = retry_delay_ms
+
+    async def settle(self, successful: Iterable[Message], failed: Iterable[Message]) -> None:
+        """Settle ``successful`` (status ``ok``) and ``failed`` messages."""
+        acks: list[Message] = []
+        for m in successful:
+            if m.outcome is None:
+                m.outcome = "ack"
+                acks.append(m)
+        groups: dict[_GroupKey, list[Message]] = {}
+        for m in failed:
+            if m.outcome is not None:
+                continue
+            reason = m.reason or "failed"
+            if (m.on_failure or self.on_failure) == "reject":
+                key: _GroupKey = ("reject", reason, 0)
+            else:
+                delay = self.retry_delay_ms if m.retry_delay_ms is None else m.retry_delay_ms
+                key = ("nack", reason, delay)
+            m.outcome = key[0]
+            groups.setdefault(key, []).append(m)
+        if acks:
+            await self._guarded(self._ack, acks)
+        for (op, reason, delay), messages in groups.items():
+            if op == "reject":
+                await self._guarded(self._reject, messages, reason)
+            else:
+                await self._guarded(self._nack, messages, reason, delay)
+
+    async def _guarded(
+        self, call: Callable[..., Awaitable[None]], messages: list[Message], *args: object
+    ) -> None:
+        try:
+            await call(messages, *args)
+        except Exception:
+            # A settle path that raises must not keep leases inflight forever:
+            # release them and let them expire (at-least-once redelivers).
+            log.exception("settling %d messages failed; leaving their leases to expire",
+                          len(messages))
+            self._abandon(messages)
+
+    @abstractmethod
+    async def _ack(self, messages: list[Message]) -> None: ...
+
+    @abstractmethod
+    async def _nack(self, messages: list[Message], reason: str, delay_ms: int) -> None: ...
+
+    @abstractmethod
+    async def _reject(self, messages: list[Message], reason: str) -> None: ...
+
+    def _abandon(self, messages: list[Message]) -> None:  # noqa: B027 - optional hook
+        """Stop tracking messages whose settle raised."""
+
+    def abandon(self, messages: Iterable[Message]) -> None:
+        """Give up on messages that will never be settled (a stage crashed or was cancelled):
+        their leases are released and left to expire."""
+        self._abandon([m for m in messages if m.outcome is None])
+
+
+class ProducerAcknowledger(Acknowledger):
+    """Settles through a :class:`~rheo_flow.Producer`, which frees its demand."""
+
+    def __init__(
+        self, producer: Producer, *, on_failure: OnFailure = "retry", retry_delay_ms: int = 0
+    ) -> None:
+        super().__init__(on_failure=on_failure, retry_delay_ms=retry_delay_ms)
+        self.producer = producer
+
+    async def _ack(self, messages: list[Message]) -> None:
+        await self.producer.ack([m.lease for m in messages])
+
+    async def _nack(self, messages: list[Message], reason: str, delay_ms: int) -> None:
+        await self.producer.nack([m.lease for m in messages], reason, delay_ms)
+
+    async def _reject(self, messages: list[Message], reason: str) -> None:
+        await self.producer.reject([m.lease for m in messages], reason)
+
+    def _abandon(self, messages: list[Message]) -> None:
+        self.producer.confirm([m.lease for m in messages])

@@ -1,0 +1,328 @@
+"""The batcher stage: groups messages per batch key and runs ``handle_batch`` on each batch."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import InvalidArgument
+from .._inflight import Inflight
+from ._acknowledger import Acknowledger
+from ._handler import Callbacks, run_handle_failed
+from ._message import BatchInfo, BatchTrigger, Message, describe_error
+from ._partition import PartitionBy, Router, router
+
+__all__ = ["BatchSize", "Batcher", "BatcherStage"]
+
+log = logging.getLogger("rheo_flow.pipeline")
+
+DEADLINE_MARGIN = 1 / 3
+"""A batch is flushed early once its oldest lease has less than this share of
+``lease_ms`` left (renewal normally keeps every lease far from it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSize:
+    """A batch size measured by a function of each message, e.g. bytes::
+
+        BatchSize(max=1_000_000, size_of=lambda m: len(m.data["body"]))
+
+    A batch is emitted when adding the next message would pass ``max`` (that
+    message opens the next batch) or once it reaches ``max``; a single message
+    larger than ``max`` makes a batch of its own.
+    """
+
+    max: int
+    size_of: Callable[[Message], int]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1:
+            raise InvalidArgument(f"BatchSize max must be a positive integer, got {self.max!r}")
+        if not callable(self.size_of):
+            raise InvalidArgument("BatchSize size_of must be a function of the message")
+
+
+@dataclass(frozen=True, slots=True)
+class Batcher:
+    """Settings of one batcher.
+
+    Messages are grouped per batch key (:meth:`Message.put_batch_key`); a batch
+    is emitted when it reaches ``batch_size`` (a count, or a :class:`BatchSize`),
+    when ``batch_timeout`` seconds passed since its first message, when a
+    message in ``flush`` mode joins it, when its oldest lease nears its
+    deadline, or when the pipeline drains. ``concurrency`` tasks run
+    ``handle_batch``. Without ``partition_by`` any idle task takes the next
+    batch; with it, messages are split by the hash of their value over
+    ``concurrency`` partitions, each with its own batches and its own task, so
+    equal values are batched and handled in order.
+    """
+
+    batch_size: int | BatchSize = 100
+    batch_timeout: float = 1.0
+    concurrency: int = 1
+    partition_by: PartitionBy | None = None
+
+    def __post_init__(self) -> None:
+        size = self.batch_size
+        if not isinstance(size, BatchSize) and (
+                isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 100_000):
+            raise InvalidArgument(
+                f"batch_size must be an integer in 1..100000 or a BatchSize, got {size!r}")
+        timeout = self.batch_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+                math.isfinite(timeout) and 0 < timeout <= 86_400):
+            raise InvalidArgument(
+                f"batch_timeout must be a number of seconds in (0, 86400], got {timeout!r}")
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or not (
+                1 <= self.concurrency <= 10_000):
+            raise InvalidArgument(
+                f"batcher concurrency must be an integer in 1..10000, got {self.concurrency!r}")
+        if self.partition_by is not None:
+            router(self.partition_by, 1, "batcher")
+
+    @property
+    def max_messages(self) -> int | None:
+        """The batch size when it is a count."""
+        return self.batch_size if isinstance(self.batch_size, int) else None
+
+
+class _Open:
+    """A batch being filled."""
+
+    __slots__ = ("batch_key", "handle", "messages", "partition", "size", "timeout_at")
+
+    def __init__(self, partition: int | None, batch_key: Hashable, timeout_at: float) -> None:
+        self.partition = partition
+        self.batch_key = batch_key
+        self.timeout_at = timeout_at
+        self.messages: list[Message] = []
+        self.size = 0
+        self.handle: asyncio.TimerHandle | None = None
+
+
+_Item = tuple[list[Message], BatchInfo] | None
+
+
+class BatcherStage:
+    """One named batcher: its open batches and its batch processor tasks."""
+
+    def __init__(
+        self,
+        name: str,
+        config: Batcher,
+        callbacks: Callbacks,
+        context: Any,
+        acknowledger: Acknowledger,
+        *,
+        inflight: Inflight | None = None,
+        lease_ms: int | None = None,
+        on_batch: Callable[[BatchInfo, list[Message]], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self._callbacks = callbacks
+        self._context = context
+        self._acknowledger = acknowledger
+        self._inflight = inflight
+        self._margin = None if lease_ms is None else lease_ms / 1000 * DEADLINE_MARGIN
+        self._on_batch = on_batch
+        n = config.concurrency
+        self._route: Router | None = (
+            None if config.partition_by is None else router(config.partition_by, n, "batcher")
+        )
+        self._queues: list[asyncio.Queue[_Item]] = [
+            asyncio.Queue() for _ in range(n if self._route is not None else 1)
+        ]
+        self._count = config.max_messages
+        self._measure = None if isinstance(config.batch_size, int) else config.batch_size
+        self._open: dict[tuple[int, Hashable], _Open] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.pending = 0
+        """Messages in open batches or in batches not yet settled."""
+        self.peak = 0
+        self.emitted = 0
+
+    def start(self) -> None:
+        """Start the batch processor tasks."""
+        self._loop = asyncio.get_running_loop()
+        for i in range(self.config.concurrency):
+            queue = self._queues[i] if self._route is not None else self._queues[0]
+            self._tasks.append(asyncio.create_task(
+                self._run(queue), name=f"rheo-batcher-{self.name}-{i}"))
+
+    # Filling -----------------------------------------------------------------
+
+    def add(self, m: Message) -> bool:
+        """Put a successful message into its open batch (emitting full batches)."""
+        part = 0 if self._route is None else self._route(m)
+        key = (part, m.batch_key)
+        measure = self._measure
+        weight = 0 if measure is None else int(measure.size_of(m))
+        batch = self._open.get(key)
+        if batch is None:
+            batch = self._new(key, part, m)
+        elif measure is not None and batch.size + weight > measure.max:
+            self._emit(key, batch, "size")
+            batch = self._new(key, part, m)
+        batch.messages.append(m)
+        self.pending += 1
+        if self.pending > self.peak:
+            self.peak = self.pending
+        if measure is None:
+            if len(batch.messages) >= self._count:  # type: ignore[operator]
+                self._emit(key, batch, "size")
+                return True
+        else:
+            batch.size += weight
+            if batch.size >= measure.max:
+                self._emit(key, batch, "size")
+                return True
+        if m.batch_mode == "flush":
+            self._emit(key, batch, "flush")
+        return True
+
+    def _new(self, key: tuple[int, Hashable], part: int, first: Message) -> _Open:
+        loop = self._loop
+        assert loop is not None, "batcher not started"
+        now = loop.time()
+        batch = _Open(None if self._route is None else part, key[1],
+                      now + self.config.batch_timeout)
+        self._open[key] = batch
+        self._schedule(key, batch, now, self._expiry(first))
+        return batch
+
+    def _expiry(self, m: Message) -> float | None:
+        if self._inflight is None:
+            return None
+        entry = self._inflight.get(m.lease.lease_id)
+        return None if entry is None else entry.expires_at
+
+    def _schedule(self, key: tuple[int, Hashable], batch: _Open, now: float,
+                  oldest: float | None) -> None:
+        when = batch.timeout_at
+        margin = self._margin
+        if oldest is not None and margin is not None:
+            # Re-check at least every margin/2: later messages may hold older leases.
+            when = min(when, oldest - margin, now + margin / 2)
+        loop = self._loop
+        assert loop is not None
+        batch.handle = loop.call_at(max(when, now), self._on_timer, key, batch)
+
+    def _on_timer(self, key: tuple[int, Hashable], batch: _Open) -> None:
+        if self._open.get(key) is not batch:
+            return
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        batch.handle = None
+        if now >= batch.timeout_at:
+            self._emit(key, batch, "timeout")
+            return
+        oldest = None
+        if self._inflight is not None:
+            oldest = self._inflight.oldest_expiry(m.lease.lease_id for m in batch.messages)
+        if oldest is not None and self._margin is not None and oldest - now <= self._margin:
+            log.warning("batcher %s: flushing a batch of %d early, its oldest lease expires "
+                        "in %.3fs", self.name, len(batch.messages), oldest - now)
+            self._emit(key, batch, "deadline")
+            return
+        self._schedule(key, batch, now, oldest)
+
+    def _emit(self, key: tuple[int, Hashable], batch: _Open, trigger: BatchTrigger) -> None:
+        del self._open[key]
+        if batch.handle is not None:
+            batch.handle.cancel()
+            batch.handle = None
+        info = BatchInfo(self.name, batch.batch_key, batch.partition, len(batch.messages),
+                         trigger)
+        self.emitted += 1
+        queue = self._queues[0 if batch.partition is None else batch.partition]
+        queue.put_nowait((batch.messages, info))
+
+    def flush_all(self, trigger: BatchTrigger = "drain") -> int:
+        """Emit every open batch now; returns how many."""
+        items = list(self._open.items())
+        for key, batch in items:
+            self._emit(key, batch, trigger)
+        return len(items)
+
+    @property
+    def open_batches(self) -> int:
+        """How many batches are being filled."""
+        return len(self._open)
+
+    # Batch processors ----------------------------------------------------------
+
+    async def close(self) -> None:
+        """Flush open batches (trigger ``drain``), let the tasks finish, then end them."""
+        self.flush_all("drain")
+        if self._route is None:
+            for _ in self._tasks:
+                self._queues[0].put_nowait(None)
+        else:
+            for queue in self._queues:
+                queue.put_nowait(None)
+        await asyncio.gather(*self._tasks)
+        self._tasks.clear()
+
+    def cancel(self) -> None:
+        """Cancel the tasks and timers (what they hold is left to expire)."""
+        for batch in self._open.values():
+            if batch.handle is not None:
+                batch.handle.cancel()
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+
+    async def _run(self, queue: asyncio.Queue[_Item]) -> None:
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            messages, info = item
+            try:
+                if self._on_batch is not None:
+                    self._on_batch(info, messages)
+                await self._process(messages, info)
+            except Exception:
+                log.exception("batcher %s failed on a batch of %d; leaving their leases "
+                              "to expire", self.name, len(messages))
+                self._acknowledger.abandon(messages)
+            finally:
+                self.pending -= len(messages)
+
+    async def _process(self, messages: list[Message], info: BatchInfo) -> None:
+        handle_batch = self._callbacks.handle_batch
+        if handle_batch is None:
+            await self._acknowledger.settle(messages, ())
+            return
+        try:
+            returned = await handle_batch(self.name, messages, info, self._context)
+            if returned is not messages:
+                if not isinstance(returned, list) or not all(
+                        isinstance(m, Message) for m in returned):
+                    raise TypeError("handle_batch must return the list of messages, got "
+                                    f"{type(returned).__name__}")
+                seen = {id(m) for m in returned}
+                missing = [m for m in messages if id(m) not in seen]
+                if missing:
+                    log.error("batcher %s: handle_batch did not return %d of its messages; "
+                              "settling them by their status", self.name, len(missing))
+                    returned = returned + missing
+        except Exception as exc:
+            reason = describe_error("batch_error", exc)
+            for m in messages:
+                m.failed(reason)
+            returned = messages
+        successful: list[Message] = []
+        failed: list[Message] = []
+        for m in returned:
+            (successful if m.status == "ok" else failed).append(m)
+        if failed:
+            failed = await run_handle_failed(self._callbacks, failed, self._context, log)
+        await self._acknowledger.settle(successful, failed)

@@ -1,0 +1,271 @@
+"""The message that travels through a pipeline, and the batch information handlers receive."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .._errors import InvalidArgument
+from .._lease import Lease
+from .._validation import MAX_REASON
+
+if TYPE_CHECKING:
+    from ._acknowledger import Acknowledger
+
+__all__ = [
+    "BatchInfo",
+    "BatchMode",
+    "BatchTrigger",
+    "Message",
+    "OnFailure",
+    "Outcome",
+    "Status",
+    "ack_immediately",
+]
+
+Status = Literal["ok", "failed"]
+BatchMode = Literal["bulk", "flush"]
+OnFailure = Literal["retry", "reject"]
+Outcome = Literal["ack", "nack", "reject"]
+BatchTrigger = Literal["size", "timeout", "flush", "drain", "deadline"]
+
+DEFAULT_BATCHER = "default"
+DEFAULT_BATCH_KEY = "default"
+
+
+class Message:
+    """One leased event on its way through a pipeline.
+
+    ``data`` starts as the event's data; handlers transform it with
+    :meth:`update_data` / :meth:`put_data`, route the message with
+    :meth:`put_batcher` and :meth:`put_batch_key`, and mark it
+    :meth:`failed`. Every mutator changes the message in place and returns it,
+    so calls chain. The pipeline settles the lease from :attr:`status` once the
+    message leaves the last stage (or right away with :meth:`ack_immediately`).
+    """
+
+    __slots__ = (
+        "_acknowledger",
+        "_metadata",
+        "batch_key",
+        "batch_mode",
+        "batcher",
+        "data",
+        "lease",
+        "on_failure",
+        "outcome",
+        "reason",
+        "retry_delay_ms",
+        "status",
+    )
+
+    data: Any
+    lease: Lease
+    """The lease this message settles."""
+    batcher: str
+    """The batcher the message goes to (``"default"`` unless :meth:`put_batcher`)."""
+    batch_key: Hashable
+    """Messages with the same key are batched together (within a batcher)."""
+    batch_mode: BatchMode
+    status: Status
+    reason: str | None
+    """Why the message failed (``None`` while it is ok)."""
+    on_failure: OnFailure | None
+    """What a failure does: ``retry`` (nack) or ``reject``; ``None``: the pipeline default."""
+    retry_delay_ms: int | None
+    """Delay before a retried message is redelivered; ``None``: the pipeline default."""
+    outcome: Outcome | None
+    """How the pipeline settled the lease: ``ack``, ``nack`` or ``reject`` (``None`` before)."""
+
+    def __init__(self, lease: Lease, acknowledger: Acknowledger | None = None) -> None:
+        self.lease = lease
+        self.data = lease.event.data
+        self.batcher = DEFAULT_BATCHER
+        self.batch_key = DEFAULT_BATCH_KEY
+        self.batch_mode = "bulk"
+        self.status = "ok"
+        self.reason = None
+        self.on_failure = None
+        self.retry_delay_ms = None
+        self.outcome = None
+        self._acknowledger = acknowledger
+        self._metadata: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        lease = self.lease
+        return (
+            f"Message({lease.stream} p{lease.partition} s{lease.sequence} "
+            f"attempt={lease.attempt} status={self.status!r}"
+            + (f" reason={self.reason!r}" if self.reason else "")
+            + (f" outcome={self.outcome!r}" if self.outcome else "")
+            + ")"
+        )
+
+    # Event fields -------------------------------------------------------------
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The event's fields: stream, partition, sequence, id, type, key, headers,
+        appended_at (a datetime), appended_at_ms and attempt.
+
+        It is a plain dict built on first access; handlers may add their own keys.
+        """
+        if self._metadata is None:
+            lease = self.lease
+            event = lease.event
+            self._metadata = {
+                "stream": event.stream,
+                "partition": event.partition,
+                "sequence": event.sequence,
+                "id": event.id,
+                "type": event.type,
+                "key": event.key,
+                "headers": dict(event.headers),
+                "appended_at": event.appended_at,
+                "appended_at_ms": event.appended_at_ms,
+                "attempt": lease.attempt,
+            }
+        return self._metadata
+
+    @property
+    def partition(self) -> int:
+        """The event's partition."""
+        return self.lease.event.partition
+
+    @property
+    def sequence(self) -> int:
+        """The event's sequence within its partition."""
+        return self.lease.event.sequence
+
+    @property
+    def key(self) -> str | None:
+        """The event's routing key."""
+        return self.lease.event.key
+
+    @property
+    def attempt(self) -> int:
+        """The delivery attempt (1 on the first delivery)."""
+        return self.lease.attempt
+
+    @property
+    def settled(self) -> bool:
+        """Whether the lease was already settled (e.g. by :meth:`ack_immediately`)."""
+        return self.outcome is not None
+
+    # Mutators ------------------------------------------------------------------
+
+    def update_data(self, fn: Callable[[Any], Any]) -> Message:
+        """Replace ``data`` with ``fn(data)``."""
+        self.data = fn(self.data)
+        return self
+
+    def put_data(self, data: Any) -> Message:
+        """Replace ``data``."""
+        self.data = data
+        return self
+
+    def put_batcher(self, batcher: str) -> Message:
+        """Send the message to the named batcher."""
+        if not isinstance(batcher, str) or not batcher:
+            raise InvalidArgument(f"batcher must be a non-empty string, got {batcher!r}")
+        self.batcher = batcher
+        return self
+
+    def put_batch_key(self, batch_key: Hashable) -> Message:
+        """Batch the message with others of the same key (within its batcher)."""
+        try:
+            hash(batch_key)
+        except TypeError:
+            raise InvalidArgument(
+                f"batch_key must be hashable, got {type(batch_key).__name__}"
+            ) from None
+        self.batch_key = batch_key
+        return self
+
+    def put_batch_mode(self, mode: BatchMode) -> Message:
+        """``"flush"`` emits the message's batch right after it joins; ``"bulk"`` (default)
+        waits for the batch size or timeout."""
+        if mode not in ("bulk", "flush"):
+            raise InvalidArgument(f'batch mode must be "bulk" or "flush", got {mode!r}')
+        self.batch_mode = mode
+        return self
+
+    def configure_ack(
+        self, *, on_failure: OnFailure | None = None, retry_delay_ms: int | None = None
+    ) -> Message:
+        """Choose what a failure does: ``retry`` (nack, after ``retry_delay_ms``) or
+        ``reject`` (dead-letter now)."""
+        if on_failure is not None:
+            if on_failure not in ("retry", "reject"):
+                raise InvalidArgument(
+                    f'on_failure must be "retry" or "reject", got {on_failure!r}'
+                )
+            self.on_failure = on_failure
+        if retry_delay_ms is not None:
+            if (isinstance(retry_delay_ms, bool) or not isinstance(retry_delay_ms, int)
+                    or retry_delay_ms < 0):
+                raise InvalidArgument(
+                    f"retry_delay_ms must be a non-negative integer, got {retry_delay_ms!r}"
+                )
+            self.retry_delay_ms = retry_delay_ms
+        return self
+
+    def failed(self, reason: object) -> Message:
+        """Mark the message failed: it skips later stages and is settled as a failure."""
+        self.status = "failed"
+        self.reason = failure_reason(reason)
+        return self
+
+    async def ack_immediately(self) -> Message:
+        """Settle the lease now, according to :attr:`status`; later stages keep the
+        message but no longer settle it."""
+        await ack_immediately([self])
+        return self
+
+
+async def ack_immediately(messages: Iterable[Message]) -> list[Message]:
+    """Settle several messages now, in batched calls (see :meth:`Message.ack_immediately`)."""
+    pending = [m for m in messages if m.outcome is None]
+    by_acker: dict[int, tuple[Acknowledger, list[Message]]] = {}
+    for m in pending:
+        acker = m._acknowledger
+        if acker is None:
+            raise InvalidArgument("this message has no acknowledger: it is not in a pipeline")
+        by_acker.setdefault(id(acker), (acker, []))[1].append(m)
+    for acker, items in by_acker.values():
+        await acker.settle([m for m in items if m.status == "ok"],
+                           [m for m in items if m.status != "ok"])
+    return pending
+
+
+def failure_reason(reason: object) -> str:
+    """A non-empty settle reason of bounded length."""
+    text = reason if isinstance(reason, str) else repr(reason)
+    text = text.strip() or "failed"
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def describe_error(prefix: str, exc: BaseException) -> str:
+    """``prefix: ExceptionType: message`` as a failure reason."""
+    text = str(exc)
+    name = type(exc).__name__
+    return failure_reason(f"{prefix}: {name}: {text}" if text else f"{prefix}: {name}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """What :meth:`PipelineHandler.handle_batch` learns about the batch it receives."""
+
+    batcher: str
+    """The batcher's name."""
+    batch_key: Hashable
+    """The batch key shared by every message of the batch."""
+    partition: int | None
+    """The batch processor partition when the batcher has ``partition_by``, else ``None``."""
+    size: int
+    """How many messages the batch holds."""
+    trigger: BatchTrigger
+    """Why it was emitted: ``size`` (full), ``timeout`` (``batch_timeout`` passed),
+    ``flush`` (a message in ``flush`` mode), ``drain`` (the pipeline is draining) or
+    ``deadline`` (its oldest lease neared its deadline)."""

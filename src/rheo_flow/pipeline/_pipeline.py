@@ -1,0 +1,435 @@
+"""The pipeline: a producer feeding processors, batchers and the acknowledger."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Self
+
+from .._errors import AlreadyStarted, InvalidArgument
+from .._inflight import Inflight
+from .._producer import Producer
+from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
+from ._acknowledger import Acknowledger, ProducerAcknowledger
+from ._batcher import Batcher, BatcherStage
+from ._handler import Callbacks, HandlerLike, callbacks_of
+from ._message import BatchInfo, Message, OnFailure
+from ._processor import Processors, ProcessorStage
+from ._rate_limiter import RateLimit, RateLimiter
+from ._topology import ProducerTopology, Topology, batcher_topology, processor_topology
+
+__all__ = ["Pipeline", "PipelineStats", "Stages"]
+
+log = logging.getLogger("rheo_flow.pipeline")
+
+State = Literal["new", "running", "draining", "stopped"]
+
+DEFAULT_BATCH_GUESS = 100
+"""Messages assumed per batch when sizing ``max_inflight`` for a :class:`BatchSize` batcher."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStats:
+    """A snapshot of a pipeline's counters."""
+
+    inflight: int
+    """Leases fetched and not yet settled."""
+    max_inflight: int
+    in_processors: int
+    """Messages queued for or inside processors."""
+    in_batchers: int
+    """Messages in open batches or in batches being handled."""
+    peak_inflight: int
+    peak_in_processors: int
+    peak_in_batchers: int
+    fetched: int
+    acked: int
+    nacked: int
+    rejected: int
+    batches: int
+    settle_failures: dict[str, int]
+
+
+class Stages:
+    """Processors and batchers wired to an acknowledger (the pipeline minus the producer).
+
+    The test helpers run it without a backend.
+    """
+
+    def __init__(
+        self,
+        processors: Processors,
+        batchers: Mapping[str, Batcher],
+        callbacks: Callbacks,
+        context: Any,
+        acknowledger: Acknowledger,
+        *,
+        inflight: Inflight | None = None,
+        lease_ms: int | None = None,
+        on_batch: Callable[[BatchInfo, list[Message]], None] | None = None,
+    ) -> None:
+        self.batchers = {
+            name: BatcherStage(name, config, callbacks, context, acknowledger,
+                               inflight=inflight, lease_ms=lease_ms, on_batch=on_batch)
+            for name, config in batchers.items()
+        }
+        self.processors = ProcessorStage(
+            processors, callbacks, context, acknowledger,
+            self._forward if self.batchers else None,
+        )
+
+    def _forward(self, m: Message) -> bool:
+        stage = self.batchers.get(m.batcher)
+        if stage is None:
+            return False
+        stage.add(m)
+        return True
+
+    def start(self) -> None:
+        """Start every task."""
+        for stage in self.batchers.values():
+            stage.start()
+        self.processors.start()
+
+    def submit(self, messages: list[Message]) -> None:
+        """Hand fetched messages to the processors."""
+        self.processors.submit(messages)
+
+    @property
+    def in_processors(self) -> int:
+        """Messages queued for or inside processors."""
+        return self.processors.pending
+
+    @property
+    def peak_in_batchers(self) -> int:
+        """The sum of every batcher's peak (an upper bound of their joint peak)."""
+        return sum(stage.peak for stage in self.batchers.values())
+
+    @property
+    def in_batchers(self) -> int:
+        """Messages in open batches or batches being handled."""
+        return sum(stage.pending for stage in self.batchers.values())
+
+    async def drain(self) -> None:
+        """Finish the processors, flush every open batch (trigger ``drain``), settle."""
+        await self.processors.close()
+        await asyncio.gather(*(stage.close() for stage in self.batchers.values()))
+
+    def cancel(self) -> None:
+        """Cancel every task (what they hold is left to expire)."""
+        self.processors.cancel()
+        for stage in self.batchers.values():
+            stage.cancel()
+
+
+class Pipeline:
+    """A Broadway-like pipeline over one consumer group, composed in code::
+
+        pipeline = Pipeline(
+            rheo, stream="orders", group="billing", handler=Billing(),
+            processors=Processors(concurrency=8, partition_by="key"),
+            batchers={"default": Batcher(batch_size=100, batch_timeout=1.0),
+                      "s3": Batcher(batch_size=BatchSize(1_000_000, size_of=body_len))},
+        )
+        async with pipeline:
+            ...  # runs until the block exits, then drains
+
+    A :class:`~rheo_flow.Producer` fetches leases as the stages free demand
+    (``max_inflight`` bounds every message in the pipeline, hence its memory)
+    and renews them while they are processed or batched; messages flow through
+    ``handler.handle_message`` in the processors, are batched per batcher and
+    batch key, go through ``handler.handle_batch`` and are settled in batches:
+    successes acked, failures nacked (``on_failure="retry"``, after
+    ``retry_delay_ms``) or rejected, per message (:meth:`Message.configure_ack`).
+    Without batchers, processors ack successful messages themselves.
+
+    ``max_inflight`` defaults to room for every processor's demand twice over
+    plus ``concurrency + 1`` batches per batcher.
+    """
+
+    def __init__(
+        self,
+        rheo: Rheo,
+        *,
+        stream: str,
+        group: str,
+        handler: HandlerLike,
+        processors: Processors | None = None,
+        batchers: Mapping[str, Batcher] | None = None,
+        context: Any = None,
+        rate_limit: RateLimit | RateLimiter | None = None,
+        max_inflight: int | None = None,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        poll_ms: int = 200,
+        consumer_id: str | None = None,
+        partitions: Partitions = "all",
+        max_attempts: int | None = None,
+        on_failure: OnFailure = "retry",
+        retry_delay_ms: int = 0,
+        shutdown_timeout: float = 30.0,
+    ) -> None:
+        self._callbacks = callbacks_of(handler)
+        self._handler = handler
+        processors = Processors() if processors is None else processors
+        if not isinstance(processors, Processors):
+            raise InvalidArgument(f"processors must be a Processors, got "
+                                  f"{type(processors).__name__}")
+        self._processors = processors
+        self._batchers = _check_batchers(batchers)
+        if max_inflight is None:
+            max_inflight = default_max_inflight(processors, self._batchers)
+        self._producer = Producer(
+            rheo, stream, group, max_demand=max_inflight, lease_ms=lease_ms, poll_ms=poll_ms,
+            consumer_id=consumer_id, partitions=partitions, max_attempts=max_attempts,
+        )
+        self._acknowledger = ProducerAcknowledger(
+            self._producer, on_failure=on_failure, retry_delay_ms=retry_delay_ms)
+        self._context = context
+        self._rate_limiter = _limiter(rate_limit)
+        if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, int | float) \
+                or shutdown_timeout <= 0:
+            raise InvalidArgument(f"shutdown_timeout must be a positive number of seconds, "
+                                  f"got {shutdown_timeout!r}")
+        self._shutdown_timeout = float(shutdown_timeout)
+        self._stages: Stages | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._state: State = "new"
+
+    # Introspection -------------------------------------------------------------
+
+    @property
+    def producer(self) -> Producer:
+        """The producer feeding the pipeline."""
+        return self._producer
+
+    @property
+    def handler(self) -> HandlerLike:
+        """The handler object."""
+        return self._handler
+
+    @property
+    def context(self) -> Any:
+        """The context passed to every callback."""
+        return self._context
+
+    @property
+    def processors(self) -> Processors:
+        """The processor settings."""
+        return self._processors
+
+    @property
+    def batchers(self) -> dict[str, Batcher]:
+        """The batcher settings by name."""
+        return dict(self._batchers)
+
+    @property
+    def acknowledger(self) -> Acknowledger:
+        """The acknowledger (its ``on_failure`` and ``retry_delay_ms`` are the defaults)."""
+        return self._acknowledger
+
+    @property
+    def callbacks(self) -> Callbacks:
+        """The handler's resolved callbacks."""
+        return self._callbacks
+
+    @property
+    def state(self) -> State:
+        """``new``, ``running``, ``draining`` or ``stopped``."""
+        return self._state
+
+    @property
+    def rate_limit(self) -> RateLimit | None:
+        """The current rate limit (``None``: unlimited)."""
+        return None if self._rate_limiter is None else self._rate_limiter.limit
+
+    def update_rate_limit(
+        self, allowed_messages: int | None = None, interval_ms: int | None = None
+    ) -> RateLimit:
+        """Change the rate limit while running (or set one): it applies from the next fetch."""
+        if self._rate_limiter is None:
+            if allowed_messages is None:
+                raise InvalidArgument("allowed_messages is needed to set a first rate limit")
+            self._rate_limiter = RateLimiter(RateLimit(allowed_messages, interval_ms or 1000))
+            return self._rate_limiter.limit
+        return self._rate_limiter.update(allowed_messages, interval_ms)
+
+    def topology(self) -> Topology:
+        """The producer, processors and batchers with their settings."""
+        p = self._producer
+        partitions = p.partitions
+        return Topology(
+            producer=ProducerTopology(
+                p.stream, p.group, p.consumer_id, p.max_demand, p.lease_ms, p.poll_ms,
+                partitions if isinstance(partitions, str) else list(partitions),
+                self.rate_limit,
+            ),
+            processors=[processor_topology(self._processors)],
+            batchers=[batcher_topology(name, b) for name, b in self._batchers.items()],
+        )
+
+    def stats(self) -> PipelineStats:
+        """A snapshot of the counters."""
+        p = self._producer.stats()
+        stages = self._stages
+        return PipelineStats(
+            inflight=len(self._producer.inflight),
+            max_inflight=self._producer.max_demand,
+            in_processors=0 if stages is None else stages.in_processors,
+            in_batchers=0 if stages is None else stages.in_batchers,
+            peak_inflight=p.peak_inflight,
+            peak_in_processors=0 if stages is None else stages.processors.peak,
+            peak_in_batchers=0 if stages is None else stages.peak_in_batchers,
+            fetched=p.fetched,
+            acked=p.acked,
+            nacked=p.nacked,
+            rejected=p.rejected,
+            batches=0 if stages is None else sum(s.emitted for s in stages.batchers.values()),
+            settle_failures=p.settle_failures,
+        )
+
+    # Lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> Self:
+        """Start the producer, the stages and the fetch loop."""
+        if self._state != "new":
+            raise AlreadyStarted("this pipeline was already started; build a new one")
+        self._state = "running"
+        try:
+            await self._producer.start()
+        except BaseException:
+            self._state = "stopped"
+            raise
+        self._stages = Stages(
+            self._processors, self._batchers, self._callbacks, self._context,
+            self._acknowledger, inflight=self._producer.inflight,
+            lease_ms=self._producer.lease_ms,
+        )
+        self._stages.start()
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="rheo-pipeline-producer")
+        return self
+
+    async def _dispatch(self) -> None:
+        producer = self._producer
+        stages = self._stages
+        assert stages is not None
+        acknowledger = self._acknowledger
+        want = producer.max_demand
+        try:
+            while True:
+                limiter = self._rate_limiter
+                n = want if limiter is None else min(want, await limiter.available())
+                leases = await producer.demand(n)
+                if not leases:
+                    return
+                if limiter is not None:
+                    limiter.consume(len(leases))
+                stages.submit([Message(lease, acknowledger) for lease in leases])
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the pipeline on %s/%s stopped fetching", producer.stream,
+                          producer.group)
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Stop fetching, finish the processors, flush every open batch (trigger
+        ``drain``), settle everything and stop renewing, within ``timeout`` seconds
+        (default ``shutdown_timeout``).
+
+        Returns True after a clean drain: nothing is left inflight. On timeout the
+        stages are cancelled and what they held is left to expire (False).
+        """
+        if self._state == "new":
+            self._state = "stopped"
+            return True
+        if self._state in ("draining", "stopped"):
+            return not self._producer.inflight
+        self._state = "draining"
+        budget = self._shutdown_timeout if timeout is None else timeout
+        producer_drained = asyncio.ensure_future(self._producer.drain(budget))
+        try:
+            async with asyncio.timeout(budget):
+                if self._dispatcher is not None:
+                    await self._dispatcher
+                assert self._stages is not None
+                await self._stages.drain()
+                clean = await producer_drained
+        except TimeoutError:
+            clean = False
+        if not clean:
+            log.warning("pipeline drain timed out after %.1fs with %d leases inflight: "
+                        "left to expire", budget, len(self._producer.inflight))
+            await self._halt()
+            producer_drained.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer_drained
+        self._state = "stopped"
+        return clean
+
+    async def stop(self) -> None:
+        """Stop now: cancel the stages and renewal; leases inflight are left to expire."""
+        if self._state == "stopped":
+            await self._producer.stop()
+            return
+        self._state = "stopped"
+        await self._halt()
+
+    async def _halt(self) -> None:
+        if self._dispatcher is not None and not self._dispatcher.done():
+            self._dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher
+        if self._stages is not None:
+            self._stages.cancel()
+        await self._producer.stop()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or isinstance(exc, Exception):
+            await self.drain()
+        await self.stop()
+
+
+def default_max_inflight(processors: Processors, batchers: Mapping[str, Batcher]) -> int:
+    """Room for every processor's demand twice over plus ``concurrency + 1`` batches per
+    batcher (so batch processors stay busy while the next batch fills)."""
+    total = processors.concurrency * processors.max_demand * 2
+    for b in batchers.values():
+        per_batch = b.max_messages or DEFAULT_BATCH_GUESS
+        total += per_batch * (b.concurrency + 1)
+    return total
+
+
+def _check_batchers(batchers: Mapping[str, Batcher] | None) -> dict[str, Batcher]:
+    if batchers is None:
+        return {}
+    if not isinstance(batchers, Mapping):
+        raise InvalidArgument(f"batchers must be a mapping of name to Batcher, got "
+                              f"{type(batchers).__name__}")
+    out: dict[str, Batcher] = {}
+    for name, config in batchers.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"batcher names must be non-empty strings, got {name!r}")
+        if not isinstance(config, Batcher):
+            raise InvalidArgument(f"batcher {name!r} must be a Batcher, got "
+                                  f"{type(config).__name__}")
+        out[name] = config
+    return out
+
+
+def _limiter(rate_limit: RateLimit | RateLimiter | None) -> RateLimiter | None:
+    if rate_limit is None or isinstance(rate_limit, RateLimiter):
+        return rate_limit
+    if isinstance(rate_limit, RateLimit):
+        return RateLimiter(rate_limit)
+    raise InvalidArgument(f"rate_limit must be a RateLimit, got {type(rate_limit).__name__}")

@@ -1,0 +1,217 @@
+"""The processor stage: ``concurrency`` tasks running ``handle_message`` on every message."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import InvalidArgument
+from ._acknowledger import Acknowledger
+from ._handler import Callbacks, run_handle_failed
+from ._message import Message, describe_error, failure_reason
+from ._partition import PartitionBy, Router, router
+
+__all__ = ["ProcessorStage", "Processors"]
+
+log = logging.getLogger("rheo_flow.pipeline")
+
+MAX_CONCURRENCY = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Processors:
+    """Settings of the processor stage.
+
+    ``concurrency`` tasks run ``handle_message``; each takes up to
+    ``max_demand`` messages at a time (also the list ``prepare_messages``
+    receives). Without ``partition_by`` any idle task takes the next messages;
+    with it, every message goes to the task its value hashes to, so messages
+    with an equal value are handled one after the other, in the order fetched
+    (``partition_by="key"`` keeps each key in sequence order).
+    """
+
+    concurrency: int = 4
+    max_demand: int = 10
+    partition_by: PartitionBy | None = None
+    name: str = "default"
+    """The name handlers receive as ``processor``."""
+
+    def __post_init__(self) -> None:
+        _check_count("processors concurrency", self.concurrency, MAX_CONCURRENCY)
+        _check_count("processors max_demand", self.max_demand, 100_000)
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidArgument(f"processors name must be a non-empty string, got {self.name!r}")
+        if self.partition_by is not None:
+            router(self.partition_by, 1, "processors")
+
+
+def _check_count(what: str, value: object, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise InvalidArgument(f"{what} must be an integer in 1..{maximum}, got {value!r}")
+
+
+class ProcessorStage:
+    """The running processor tasks and their inboxes."""
+
+    def __init__(
+        self,
+        config: Processors,
+        callbacks: Callbacks,
+        context: Any,
+        acknowledger: Acknowledger,
+        forward: Callable[[Message], bool] | None,
+    ) -> None:
+        self.config = config
+        self._callbacks = callbacks
+        self._context = context
+        self._acknowledger = acknowledger
+        self._forward = forward
+        """Hands a successful message to its batcher; False when there is no such batcher.
+        ``None``: no batchers, successful messages are acked by the processor."""
+        n = config.concurrency
+        self._route: Router | None = (
+            None if config.partition_by is None else router(config.partition_by, n, "processors")
+        )
+        count = n if self._route is not None else 1
+        self._queues: list[asyncio.Queue[list[Message] | None]] = [
+            asyncio.Queue() for _ in range(count)
+        ]
+        self._tasks: list[asyncio.Task[None]] = []
+        self.pending = 0
+        """Messages submitted and not yet passed on or settled."""
+        self.peak = 0
+
+    def start(self) -> None:
+        """Start the tasks."""
+        n = self.config.concurrency
+        for i in range(n):
+            queue = self._queues[i] if self._route is not None else self._queues[0]
+            self._tasks.append(asyncio.create_task(
+                self._run(queue), name=f"rheo-processor-{self.config.name}-{i}"))
+
+    def submit(self, messages: list[Message]) -> None:
+        """Queue fetched messages for the processors (never blocks: the producer's
+        ``max_demand`` already bounds how many exist)."""
+        size = len(messages)
+        if not size:
+            return
+        self.pending += size
+        if self.pending > self.peak:
+            self.peak = self.pending
+        demand = self.config.max_demand
+        route = self._route
+        if route is None:
+            # Spread small fetches over idle tasks; cap each share at max_demand.
+            step = min(demand, -(-size // self.config.concurrency))
+            put = self._queues[0].put_nowait
+            if step >= size:
+                put(messages)
+                return
+            for i in range(0, size, step):
+                put(messages[i:i + step])
+            return
+        parts: dict[int, list[Message]] = {}
+        for m in messages:
+            index = route(m)
+            bucket = parts.get(index)
+            if bucket is None:
+                parts[index] = [m]
+            else:
+                bucket.append(m)
+        for index, bucket in parts.items():
+            put = self._queues[index].put_nowait
+            for i in range(0, len(bucket), demand):
+                put(bucket[i:i + demand])
+
+    async def close(self) -> None:
+        """Let the tasks finish what is queued, then end them."""
+        if self._route is None:
+            for _ in self._tasks:
+                self._queues[0].put_nowait(None)
+        else:
+            for queue in self._queues:
+                queue.put_nowait(None)
+        await asyncio.gather(*self._tasks)
+        self._tasks.clear()
+
+    def cancel(self) -> None:
+        """Cancel the tasks (what they hold is left to expire)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+
+    async def _run(self, queue: asyncio.Queue[list[Message] | None]) -> None:
+        while True:
+            chunk = await queue.get()
+            if chunk is None:
+                return
+            try:
+                await self._process(chunk)
+            except Exception:
+                log.exception("processor %s failed on %d messages; leaving their leases "
+                              "to expire", self.config.name, len(chunk))
+                self._acknowledger.abandon(chunk)
+            finally:
+                self.pending -= len(chunk)
+
+    async def _process(self, chunk: list[Message]) -> None:
+        callbacks = self._callbacks
+        context = self._context
+        messages = chunk
+        if callbacks.prepare_messages is not None:
+            try:
+                messages = await callbacks.prepare_messages(chunk, context)
+                if not isinstance(messages, list) or not all(
+                        isinstance(m, Message) for m in messages):
+                    raise TypeError(f"prepare_messages must return a list of messages, "
+                                    f"got {type(messages).__name__}")
+            except Exception as exc:
+                reason = describe_error("handler_error", exc)
+                for m in chunk:
+                    m.failed(reason)
+                await self._fail(chunk)
+                return
+            if len(messages) != len(chunk):
+                seen = {id(m) for m in messages}
+                dropped = [m for m in chunk if id(m) not in seen]
+                for m in dropped:
+                    m.failed("handler_error: prepare_messages dropped the message")
+                if dropped:
+                    await self._fail(dropped)
+        handle = callbacks.handle_message
+        name = self.config.name
+        forward = self._forward
+        failed: list[Message] = []
+        done: list[Message] | None = [] if forward is None else None
+        for m in messages:
+            try:
+                out = await handle(name, m, context)
+                if out is not m:
+                    if not isinstance(out, Message):
+                        m.failed(failure_reason(
+                            f"handler_error: handle_message returned {type(out).__name__}, "
+                            "not a Message"))
+                        failed.append(m)
+                        continue
+                    m = out
+                if m.status != "ok":
+                    failed.append(m)
+                elif done is not None:
+                    done.append(m)
+                elif not forward(m):  # type: ignore[misc]
+                    m.failed(f"handler_error: no batcher named {m.batcher!r}")
+                    failed.append(m)
+            except Exception as exc:
+                m.failed(describe_error("handler_error", exc))
+                failed.append(m)
+        if failed:
+            await self._fail(failed)
+        if done:
+            await self._acknowledger.settle(done, ())
+
+    async def _fail(self, messages: list[Message]) -> None:
+        messages = await run_handle_failed(self._callbacks, messages, self._context, log)
+        await self._acknowledger.settle((), messages)

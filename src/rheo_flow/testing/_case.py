@@ -1,0 +1,240 @@
+"""Conformance cases: the registry, the environment a case runs in, and its checks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .._backend import Backend
+from .._event import Event, NewEvent
+from .._lease import Lease
+from .._rheo import Rheo
+from .._settle import SettleKind, SettleResult
+from ._harness import BackendHarness
+
+__all__ = [
+    "CASES",
+    "Case",
+    "CaseEnv",
+    "ConformanceFailure",
+    "case",
+    "check",
+    "check_equal",
+    "check_results",
+    "expect_error",
+]
+
+LONG_MS = 60_000
+"""A lease or delay no test lets expire."""
+
+CaseFunc = Callable[["CaseEnv"], Awaitable[None]]
+
+
+class ConformanceFailure(AssertionError):
+    """A backend broke a rule of the contract; the message names the rule."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One conformance case: an async function of a :class:`CaseEnv`."""
+
+    name: str
+    func: CaseFunc
+    doc: str
+    """First line of the case's docstring: the rule it checks."""
+    requires: tuple[str, ...] = ()
+    """Capability flags that must be true; otherwise the case is skipped, visibly."""
+    needs_peer: bool = False
+    """The case needs a second backend over the same store (``harness.peer``)."""
+
+    def skip_reason(self, backend: Backend, harness: BackendHarness) -> str | None:
+        """Why this case does not apply to ``backend``, or ``None`` when it does."""
+        declared = backend.capabilities.as_dict()
+        for flag in self.requires:
+            if not declared.get(flag, False):
+                return f"capability {flag!r} is not declared by backend {harness.name!r}"
+        if self.needs_peer and harness.peer is None:
+            return f"harness {harness.name!r} provides no peer (a second backend on the same store)"
+        return None
+
+
+CASES: list[Case] = []
+"""Every registered case, in registration order (the order of the matrix)."""
+
+
+def case(*, requires: Sequence[str] = (), needs_peer: bool = False) -> Callable[[CaseFunc], CaseFunc]:
+    """Register an async function ``case_<name>(env)`` as a conformance case."""
+
+    def register(func: CaseFunc) -> CaseFunc:
+        name = func.__name__.removeprefix("case_")
+        if any(c.name == name for c in CASES):
+            raise ValueError(f"duplicate conformance case {name!r}")
+        doc = (func.__doc__ or name).strip().splitlines()[0]
+        CASES.append(Case(name, func, doc, tuple(requires), needs_peer))
+        return func
+
+    return register
+
+
+class CaseEnv:
+    """What a case works with: the facade over a fresh backend, time control, unique names."""
+
+    def __init__(self, harness: BackendHarness, backend: Backend, rheo: Rheo) -> None:
+        self.harness = harness
+        self.backend = backend
+        self.rheo = rheo
+        self._counter = 0
+
+    @property
+    def short_ms(self) -> int:
+        """A lease or delay that the case lets expire with :meth:`expire`."""
+        return self.harness.short_ms
+
+    @property
+    def long_ms(self) -> int:
+        """A lease or delay that never expires during a case."""
+        return LONG_MS
+
+    @property
+    def exact_time(self) -> bool:
+        """True when time only moves through :meth:`advance` (exact timing checks apply)."""
+        return self.harness.exact_time
+
+    @property
+    def margin_ms(self) -> int:
+        """Tolerated skew between :meth:`now` and the backend's stamps."""
+        return self.harness.clock_margin_ms
+
+    async def now(self) -> int:
+        """The backend's time, epoch milliseconds."""
+        return await self.harness.current_time(self.backend)
+
+    async def advance(self, ms: int) -> None:
+        """Make ``ms`` milliseconds of backend time pass."""
+        await self.harness.advance_time(self.backend, ms)
+
+    async def expire(self) -> None:
+        """Let every lease or delay of :attr:`short_ms` run out."""
+        await self.advance(self.short_ms + self.margin_ms + 1)
+
+    def name(self, prefix: str = "t") -> str:
+        """A name unique to this run (servers may be shared between runs)."""
+        self._counter += 1
+        return f"{prefix}-{uuid.uuid4().hex[:10]}-{self._counter}"
+
+    async def stream(self, partitions: int = 1) -> str:
+        """Create a stream with a unique name."""
+        name = self.name("s")
+        await self.rheo.create_stream(name, partitions=partitions)
+        return name
+
+    async def append(
+        self, stream: str, count: int, *, key: str | None = None, partition: int | None = None,
+        type: str = "test.event",
+    ) -> list[Event]:
+        """Append ``count`` events ``{"n": i}`` in one call."""
+        events = [NewEvent(type, {"n": i}) for i in range(count)]
+        return await self.rheo.append(stream, events, key=key, partition=partition)
+
+    async def fetch(
+        self, stream: str, group: str, limit: int = 100, *, lease_ms: int | None = None,
+        **kwargs: Any,
+    ) -> list[Lease]:
+        """One fetch with a long lease unless told otherwise."""
+        return await self.rheo.fetch(
+            stream, group, limit=limit, lease_ms=lease_ms or self.long_ms, **kwargs
+        )
+
+    async def drain(
+        self, stream: str, group: str, *, limit: int = 50, max_rounds: int = 200, **kwargs: Any
+    ) -> list[Lease]:
+        """Fetch until a fetch returns nothing; every lease is returned (none settled)."""
+        leases: list[Lease] = []
+        for _ in range(max_rounds):
+            batch = await self.fetch(stream, group, limit, **kwargs)
+            if not batch:
+                return leases
+            leases.extend(batch)
+        raise ConformanceFailure(f"fetch kept returning leases after {max_rounds} rounds")
+
+    async def ack_ok(self, leases: Sequence[Lease]) -> None:
+        """Ack and require every result to be a first, successful ack."""
+        check_results(await self.rheo.ack(leases), leases, [None] * len(leases), "ack")
+
+    @asynccontextmanager
+    async def peer(self) -> AsyncIterator[Rheo]:
+        """A second instance over the same store, as another process would open it."""
+        if self.harness.peer is None:
+            raise ConformanceFailure("this case needs harness.peer")
+        async with self.harness.peer(self.backend) as other, Rheo(other) as rheo:
+            yield rheo
+
+
+def check(condition: object, message: str) -> None:
+    """Fail the case with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise ConformanceFailure(message)
+
+
+T = TypeVar("T")
+
+
+def check_equal(actual: T, expected: T, what: str) -> None:
+    """Fail unless ``actual == expected``; the message shows both."""
+    if actual != expected:
+        raise ConformanceFailure(f"{what}: expected {expected!r}, got {actual!r}")
+
+
+def check_results(
+    results: Sequence[SettleResult],
+    leases: Sequence[Lease],
+    kinds: Iterable[SettleKind | None],
+    what: str,
+    *,
+    repeated: Iterable[bool] | None = None,
+) -> None:
+    """One result per lease, in order, each with the expected kind (``None``: ok)."""
+    expected = list(kinds)
+    check_equal(len(results), len(leases), f"{what}: number of results")
+    check_equal(
+        [r.lease_id for r in results], [lease.lease_id for lease in leases],
+        f"{what}: results must follow the order of the leases",
+    )
+    for i, (result, kind) in enumerate(zip(results, expected, strict=True)):
+        got = result.kind
+        if got != kind:
+            reason = f" ({result.error.reason})" if result.error is not None else ""
+            raise ConformanceFailure(
+                f"{what}: result {i} (sequence {leases[i].sequence}): expected "
+                f"{'ok' if kind is None else kind.value}, got "
+                f"{'ok' if got is None else got.value}{reason}"
+            )
+    if repeated is not None:
+        for i, (result, flag) in enumerate(zip(results, repeated, strict=True)):
+            check_equal(result.repeated, flag, f"{what}: result {i} repeated flag")
+
+
+async def expect_error(
+    error: type[BaseException], call: Awaitable[object], what: str
+) -> BaseException:
+    """Await ``call`` and require it to raise ``error``."""
+    try:
+        await call
+    except error as exc:
+        return exc
+    except Exception as exc:
+        raise ConformanceFailure(
+            f"{what}: expected {error.__name__}, got {type(exc).__name__}: {exc}"
+        ) from exc
+    raise ConformanceFailure(f"{what}: expected {error.__name__}, nothing was raised")
+
+
+def positions(items: Iterable[Lease | Event]) -> list[tuple[int, int]]:
+    """``(partition, sequence)`` of leases or events, in the given order."""
+    out: list[tuple[int, int]] = []
+    for item in items:
+        out.append((item.partition, item.sequence))
+    return out

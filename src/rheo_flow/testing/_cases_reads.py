@@ -1,0 +1,227 @@
+"""Cases about reads, retention, wake-ups and the capability declaration."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .._capabilities import Capabilities
+from .._errors import InvalidArgument, InvalidCapabilities
+from .._event import Event, NewEvent
+from .._query import Query
+from .._settle import SettleKind
+from ._case import (
+    CaseEnv,
+    ConformanceFailure,
+    case,
+    check,     check_equal,
+    check_results,
+    expect_error,
+    positions,
+)
+
+
+async def _query_all(env: CaseEnv, query: Query, page_size: int) -> list[Event]:
+    events: list[Event] = []
+    cursor: str | None = None
+    for _ in range(1000):
+        page = await env.rheo.query_page(query, limit=page_size, cursor=cursor)
+        check(len(page.events) <= page_size, f"a page holds at most {page_size} events")
+        events.extend(page.events)
+        if page.cursor is None:
+            return events
+        check(page.events, "a page with a cursor is not empty")
+        cursor = page.cursor
+    raise ConformanceFailure("query_page never returned a last page")
+
+
+async def _mixed_stream(env: CaseEnv) -> tuple[str, list[Event]]:
+    stream = await env.stream(partitions=3)
+    events = await env.rheo.append(stream, [
+        NewEvent("x" if i % 3 else "y", {"i": i}, key=("a", "b", "c", "d")[i % 4])
+        for i in range(25)
+    ])
+    events += await env.rheo.append(stream, [NewEvent("x", {"i": 99}, partition=1)])
+    return stream, sorted(events, key=lambda e: (e.partition, e.sequence))
+
+
+@case()
+async def case_query_pagination_complete(env: CaseEnv) -> None:
+    """Query pages follow (partition, sequence) with no duplicate and no gap at any page size."""
+    stream, expected = await _mixed_stream(env)
+    for size in (1, 4, 7, 26, 100):
+        got = await _query_all(env, Query(stream=stream), size)
+        check_equal(positions(got), positions(expected), f"events paged by {size}")
+    check_equal([e async for e in env.rheo.stream_query(Query(stream=stream), page_size=3)],
+                expected, "stream_query returns every stored event")
+    last = await env.rheo.query_page(Query(stream=stream), limit=26)
+    check_equal(last.cursor, None, "a page that holds everything is the last page")
+
+
+@case()
+async def case_query_filters(env: CaseEnv) -> None:
+    """Query filters on key, type, partitions and sequence bounds combine with AND."""
+    stream, everything = await _mixed_stream(env)
+    filters: list[dict[str, Any]] = [
+        {"key": "a"},
+        {"type": "y"},
+        {"partitions": [0, 2]},
+        {"from_sequence": 2, "to_sequence": 4},
+        {"key": "b", "type": "x"},
+        {"partitions": [1], "from_sequence": 3, "type": "x"},
+        {"key": "missing"},
+        {"to_sequence": 0},
+    ]
+    for spec in filters:
+        expected = [e for e in everything if _matches(e, spec)]
+        got = await _query_all(env, Query(stream=stream, **spec), 4)
+        check_equal(positions(got), positions(expected), f"query with {spec}")
+
+
+def _matches(event: Event, spec: dict[str, Any]) -> bool:
+    return all([
+        spec.get("key") in (None, event.key),
+        spec.get("type") in (None, event.type),
+        spec.get("partitions") is None or event.partition in spec["partitions"],
+        event.sequence >= spec.get("from_sequence", 0),
+        event.sequence <= spec.get("to_sequence", 2**62),
+    ])
+
+
+@case(requires=["time_range_query"])
+async def case_query_time_range(env: CaseEnv) -> None:
+    """Query time bounds select since <= appended_at_ms < until."""
+    stream = await env.stream(partitions=2)
+    early = await env.rheo.append(stream, [NewEvent("t", key=f"k{i}") for i in range(4)])
+    await env.advance(env.short_ms)
+    late = await env.rheo.append(stream, [NewEvent("t", key=f"k{i}") for i in range(4)])
+    split = min(e.appended_at_ms for e in late)
+    check(max(e.appended_at_ms for e in early) < split, "later appends have later timestamps")
+    got_late = await _query_all(env, Query(stream=stream, since_ms=split), 3)
+    check_equal(sorted(e.id for e in got_late), sorted(e.id for e in late), "since_ms")
+    got_early = await _query_all(env, Query(stream=stream, until_ms=split), 3)
+    check_equal(sorted(e.id for e in got_early), sorted(e.id for e in early), "until_ms")
+    start = min(e.appended_at_ms for e in early)
+    window = await _query_all(env, Query(stream=stream, since_ms=start, until_ms=start), 3)
+    check_equal(window, [], "an empty time window")
+
+
+@case(requires=["trim"])
+async def case_trim_never_removes_unsettled(env: CaseEnv) -> None:
+    """Without force, trim stops at the lowest frontier of the stream's groups."""
+    stream = await env.stream()
+    await env.append(stream, 6)
+    await expect_error(InvalidArgument, env.rheo.trim(stream),
+                       "trim without a bound on a stream without groups")
+    fast = await env.fetch(stream, "fast", 4)
+    slow = await env.fetch(stream, "slow", 4)
+    await env.ack_ok(fast)
+    await env.ack_ok(slow[:2])
+    check_equal(await env.rheo.trim(stream, up_to=5), {0: 2}, "removed, capped at frontier 2")
+    info = await env.rheo.stream_info(stream)
+    check_equal((info.low_water[0], info.high_water[0]), (3, 6), "water marks after trim")
+    check_equal([e.sequence async for e in env.rheo.stream_query(Query(stream=stream))],
+                [3, 4, 5, 6], "retained events")
+    await env.ack_ok(slow[2:])
+    check_equal([lease.sequence for lease in await env.drain(stream, "slow")], [5, 6],
+                "the slow group keeps its unsettled events")
+    check_equal([lease.sequence for lease in await env.drain(stream, "fast")], [5, 6],
+                "the fast group keeps its unsettled events")
+    check_equal(await env.rheo.trim(stream), {0: 2}, "trim up to every group's frontier")
+
+
+@case(requires=["trim"])
+async def case_trim_force_fences_and_skips(env: CaseEnv) -> None:
+    """A forced trim removes events: never fetched again, their leases stale, frontier moved."""
+    stream = await env.stream()
+    await env.append(stream, 5)
+    held = await env.fetch(stream, "g", 2)
+    check_equal(await env.rheo.trim(stream, up_to={0: 3}, force=True), {0: 3}, "removed")
+    check_results(await env.rheo.ack(held), held, [SettleKind.STALE_LEASE] * 2,
+                  "leases on trimmed events")
+    check(min((await env.rheo.frontier(stream, "g")).values()) >= 3,
+          "trimmed deliveries count as settled")
+    check_equal([lease.sequence for lease in await env.drain(stream, "g")], [4, 5],
+                "only retained events are delivered")
+    check_equal([lease.sequence for lease in await env.drain(stream, "new")], [4, 5],
+                "a group created after the trim starts at the low water")
+    await env.rheo.reset(stream, "g", to="earliest")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "reset earliest after a trim")
+    page = await env.rheo.query_page(Query(stream=stream, from_sequence=1))
+    check_equal([e.sequence for e in page.events], [4, 5], "query skips trimmed events")
+
+
+@case(requires=["trim"])
+async def case_trim_sequences_not_reused(env: CaseEnv) -> None:
+    """After trimming everything, new events continue the sequence."""
+    stream = await env.stream(partitions=2)
+    await env.append(stream, 3, partition=0)
+    await env.append(stream, 2, partition=1)
+    check_equal(await env.rheo.trim(stream, up_to=10, force=True), {0: 3, 1: 2}, "removed")
+    info = await env.rheo.stream_info(stream)
+    check_equal(dict(info.high_water), {0: 3, 1: 2}, "high water survives the trim")
+    check_equal(dict(info.low_water), {0: 4, 1: 3}, "low water is high water + 1")
+    events = await env.append(stream, 2, partition=0)
+    check_equal([e.sequence for e in events], [4, 5], "sequences after a trim")
+    check_equal([lease.sequence for lease in await env.drain(stream, "g")], [4, 5],
+                "a new group sees only the new events")
+
+
+@case(requires=["trim"])
+async def case_replay_after_trim(env: CaseEnv) -> None:
+    """Replay from before the low water re-delivers only the retained events."""
+    stream = await env.stream()
+    await env.append(stream, 5)
+    await env.ack_ok(await env.drain(stream, "g"))
+    check_equal(await env.rheo.trim(stream, up_to=2), {0: 2}, "removed")
+    await env.rheo.replay(stream, "g", from_sequence=1)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "frontier after replay from 1")
+    check_equal([lease.sequence for lease in await env.drain(stream, "g")], [3, 4, 5],
+                "replayed retained events")
+
+
+@case()
+async def case_capabilities_declaration(env: CaseEnv) -> None:
+    """The backend declares valid capabilities; contradictory declarations are refused."""
+    caps = env.backend.capabilities
+    check(isinstance(caps, Capabilities), "capabilities is a Capabilities instance")
+    check_equal(Capabilities(**caps.as_dict()), caps, "the declaration validates again")
+    check_equal(env.rheo.capabilities, caps, "the facade reports the backend's capabilities")
+    check(isinstance(env.backend.name, str) and env.backend.name, "backend.name is set")
+    invalid: list[dict[str, Any]] = [
+        {"durable": True, "distributed": True, "fenced_settle": False},
+        {"durable": True, "distributed": False, "ordered_partitions": False},
+        {"durable": False, "distributed": True},
+        {"durable": False, "distributed": False, "skip_locked": True},
+        {"durable": "yes", "distributed": False},
+    ]
+    for declaration in invalid:
+        try:
+            Capabilities(**declaration)
+        except InvalidCapabilities:
+            continue
+        raise ConformanceFailure(f"Capabilities({declaration}) should raise InvalidCapabilities")
+
+
+@case(requires=["push_wakeups"])
+async def case_wakeup_on_append(env: CaseEnv) -> None:
+    """A backend with push wake-ups wakes a waiter when its stream gets an append."""
+    stream = await env.stream()
+    waiter = asyncio.create_task(env.rheo.wait_for_append(stream, 10.0))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10.0
+    try:
+        while not waiter.done():
+            check(loop.time() < deadline, "no wake-up within 10 s of appending")
+            await env.append(stream, 1)
+            await asyncio.wait({waiter}, timeout=0.05)
+        check_equal(waiter.result(), True, "wait_for_append woken by an append")
+    finally:
+        waiter.cancel()
+
+
+@case()
+async def case_wait_for_append_times_out(env: CaseEnv) -> None:
+    """wait_for_append on a quiet stream returns False after its timeout."""
+    stream = await env.stream()
+    check_equal(await env.rheo.wait_for_append(stream, 0.05), False, "wait on a quiet stream")

@@ -1,0 +1,217 @@
+"""Harnesses: how the conformance kit builds a fresh backend and makes its time pass."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._backend import Backend
+from .._clock import ManualClock, system_clock
+
+__all__ = [
+    "BackendFactory",
+    "BackendHarness",
+    "memory_harness",
+    "sqlite_harness",
+    "url_harness",
+]
+
+BackendFactory = Callable[[], AbstractAsyncContextManager[Backend]]
+"""Builds a fresh backend for one test (opened or not: the kit opens and closes it)."""
+
+PeerFactory = Callable[[Backend], AbstractAsyncContextManager[Backend]]
+"""Builds a second backend object over the same store as the given one."""
+
+Advance = Callable[[Backend, int], Awaitable[None]]
+"""Makes ``ms`` milliseconds of the backend's time pass."""
+
+Now = Callable[[Backend], Awaitable[int]]
+"""The backend's current time, epoch milliseconds."""
+
+
+async def _system_now(backend: Backend) -> int:
+    return system_clock()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendHarness:
+    """How the kit gets a fresh backend for each test and how it makes time pass.
+
+    ``factory`` is called once per test (and once per stateful example); it
+    returns an async context manager yielding a backend over an empty or
+    shared store (every test uses unique stream names, so a shared server is
+    fine). The kit opens the backend through :class:`~rheo_flow.Rheo` and
+    closes it before leaving the context manager.
+
+    ``advance`` makes backend time pass; leave it ``None`` for a backend on a
+    real clock (the kit then waits until ``now`` has moved). ``now`` reads the
+    backend's clock (default: the system clock; a server-clock backend may
+    query its server). ``exact_time`` says that time only moves through
+    ``advance`` (a :class:`~rheo_flow.ManualClock`), which lets the kit check
+    timing to the millisecond. ``short_ms`` is the lease or delay the kit lets
+    expire; ``clock_margin_ms`` the skew tolerated between ``now`` and the clock
+    the backend stamps leases with.
+
+    ``peer`` (optional) builds a second backend object over the same store as
+    a given one, as another process would; cases about competing instances
+    skip visibly without it.
+    """
+
+    name: str
+    factory: BackendFactory
+    advance: Advance | None = None
+    now: Now | None = None
+    peer: PeerFactory | None = None
+    exact_time: bool = False
+    short_ms: int = 150
+    clock_margin_ms: int = 50
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError("a harness needs a non-empty name")
+        if self.short_ms < 10:
+            raise ValueError("short_ms must be at least 10 (the smallest lease)")
+
+    async def current_time(self, backend: Backend) -> int:
+        """The backend's time in epoch milliseconds."""
+        return await (self.now or _system_now)(backend)
+
+    async def advance_time(self, backend: Backend, ms: int) -> None:
+        """Make at least ``ms`` milliseconds of backend time pass."""
+        if ms <= 0:
+            return
+        if self.advance is not None:
+            await self.advance(backend, ms)
+            return
+        now = self.now or _system_now
+        target = await now(backend) + ms
+        while True:
+            current = await now(backend)
+            if current >= target:
+                return
+            # Waiting for a clock to reach a value is the condition itself.
+            await asyncio.sleep(min(0.05, (target - current) / 1000))
+
+    @classmethod
+    def with_manual_clock(
+        cls,
+        name: str,
+        build: Callable[[ManualClock], Backend],
+        *,
+        peer: Callable[[Backend, ManualClock], Backend] | None = None,
+        short_ms: int = 1_000,
+    ) -> BackendHarness:
+        """A harness for a backend that takes an injectable clock.
+
+        ``build(clock)`` returns a new backend using ``clock``; ``peer(backend,
+        clock)`` (optional) a second backend over the same store. Time then
+        only moves when the kit advances the :class:`~rheo_flow.ManualClock`, so
+        expiry tests are instant and exact.
+        """
+        clocks: weakref.WeakKeyDictionary[Backend, ManualClock] = weakref.WeakKeyDictionary()
+
+        def clock_of(backend: Backend) -> ManualClock:
+            try:
+                return clocks[backend]
+            except KeyError:
+                raise ValueError(f"backend {backend!r} was not built by harness {name!r}") from None
+
+        @asynccontextmanager
+        async def factory() -> AsyncIterator[Backend]:
+            clock = ManualClock()
+            backend = build(clock)
+            clocks[backend] = clock
+            yield backend
+
+        async def advance(backend: Backend, ms: int) -> None:
+            clock_of(backend).advance(ms)
+
+        async def now(backend: Backend) -> int:
+            return clock_of(backend)()
+
+        peer_factory: PeerFactory | None = None
+        if peer is not None:
+            make_peer = peer
+
+            @asynccontextmanager
+            async def peer_factory_impl(backend: Backend) -> AsyncIterator[Backend]:
+                clock = clock_of(backend)
+                other = make_peer(backend, clock)
+                clocks[other] = clock
+                yield other
+
+            peer_factory = peer_factory_impl
+
+        return cls(
+            name=name,
+            factory=factory,
+            advance=advance,
+            now=now,
+            peer=peer_factory,
+            exact_time=True,
+            short_ms=short_ms,
+            clock_margin_ms=0,
+        )
+
+
+def memory_harness() -> BackendHarness:
+    """The in-memory backend on a :class:`~rheo_flow.ManualClock`.
+
+    Its peer is the same backend object: one process, one store.
+    """
+    from .._backends.memory import MemoryBackend
+
+    return BackendHarness.with_manual_clock(
+        "memory",
+        lambda clock: MemoryBackend(clock=clock),
+        peer=lambda backend, clock: backend,
+    )
+
+
+def sqlite_harness(directory: str | Path) -> BackendHarness:
+    """The SQLite backend on a :class:`~rheo_flow.ManualClock`, one new file per test.
+
+    ``directory`` holds the database files (pytest's ``tmp_path`` is ideal);
+    a peer opens a second backend on the same file.
+    """
+    from .._backends.sqlite import SQLiteBackend
+
+    base = Path(directory)
+    paths: weakref.WeakKeyDictionary[Backend, str] = weakref.WeakKeyDictionary()
+
+    def build(clock: ManualClock) -> Backend:
+        path = str(base / f"rheo-{uuid.uuid4().hex[:12]}.db")
+        backend = SQLiteBackend(path, clock=clock)
+        paths[backend] = path
+        return backend
+
+    def peer(backend: Backend, clock: ManualClock) -> Backend:
+        other = SQLiteBackend(paths[backend], clock=clock)
+        paths[other] = paths[backend]
+        return other
+
+    return BackendHarness.with_manual_clock("sqlite", build, peer=peer)
+
+
+def url_harness(name: str, url: str, *, short_ms: int = 150) -> BackendHarness:
+    """A backend built from a URL (``postgresql://``, ``redis://``, ...) on its real clock.
+
+    Every test builds a new backend object on the same server; the kit's unique
+    stream names keep tests apart. A peer is another backend from the same URL.
+    """
+    from .._urls import backend_from_url
+
+    @asynccontextmanager
+    async def factory() -> AsyncIterator[Backend]:
+        yield backend_from_url(url)
+
+    @asynccontextmanager
+    async def peer(backend: Backend) -> AsyncIterator[Backend]:
+        yield backend_from_url(url)
+
+    return BackendHarness(name=name, factory=factory, peer=peer, short_ms=short_ms)

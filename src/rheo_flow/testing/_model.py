@@ -1,0 +1,284 @@
+"""A reference model of one consumer group, for the stateful conformance test.
+
+The model follows the contract, not an implementation. Where the contract
+leaves a backend free (whether an expired lease past ``max_attempts`` has
+already been dead-lettered, whether a delivery whose delay ends during a call
+was eligible), the model accepts either outcome and learns from what the
+backend answered. Times are backend epoch milliseconds; a call is bracketed by
+the times read just before and just after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .._backend import MAX_ATTEMPTS_REASON
+from .._event import Event
+from .._lease import Lease
+from .._settle import SettleResult
+from ._case import ConformanceFailure, check, check_equal
+
+__all__ = ["GroupModel", "Outcome", "outcome_of"]
+
+Position = tuple[int, int]
+State = Literal["available", "leased", "acked", "rejected"]
+Op = Literal["ack", "nack", "reject", "renew"]
+Outcome = Literal["ok", "repeated", "stale_lease", "receipt_mismatch", "invalid", "other"]
+
+_IMMEDIATE = -(2**62)
+"""``ready`` time of a delivery that is eligible at once."""
+
+
+def outcome_of(result: SettleResult) -> Outcome:
+    """The model's name for a settle result."""
+    if result.ok:
+        return "repeated" if result.repeated else "ok"
+    kind = result.kind.value if result.kind is not None else "other"
+    if kind in ("stale_lease", "receipt_mismatch", "invalid"):
+        return kind  # type: ignore[return-value]
+    return "other"
+
+
+@dataclass(slots=True)
+class _Delivery:
+    event: Event
+    state: State = "available"
+    attempt: int = 0
+    lease_id: str | None = None
+    """The newest lease of this delivery (current while leased)."""
+    deadline_ms: int = 0
+    ready_lo: int = _IMMEDIATE
+    ready_hi: int = _IMMEDIATE
+    """A nacked delivery may be eligible from ``ready_lo`` and surely is after ``ready_hi``."""
+    settled_by: Op | None = None
+    reason: str = ""
+
+
+class GroupModel:
+    """What one group of one stream must look like after each operation."""
+
+    def __init__(self, stream: str, group: str, partitions: int, max_attempts: int,
+                 margin_ms: int) -> None:
+        self.stream = stream
+        self.group = group
+        self.partitions = partitions
+        self.max_attempts = max_attempts
+        self.margin = margin_ms
+        self.deliveries: dict[Position, _Delivery] = {}
+        self.events_by_id: dict[str, Event] = {}
+        self.high_water = [0] * partitions
+
+    # Appends ---------------------------------------------------------------
+
+    def appended(self, new_id: str, event: Event) -> None:
+        """Record what an append returned for an event with id ``new_id``."""
+        known = self.events_by_id.get(new_id)
+        if known is not None:
+            check_equal(event, known, f"re-appending id {new_id!r} returns the stored event")
+            return
+        check_equal(event.id, new_id, "stored event id")
+        expected = self.high_water[event.partition] + 1
+        check_equal(event.sequence, expected, f"next sequence of partition {event.partition}")
+        self.high_water[event.partition] = expected
+        self.events_by_id[new_id] = event
+        self.deliveries[(event.partition, event.sequence)] = _Delivery(event)
+
+    # Eligibility -----------------------------------------------------------
+
+    def _may_be_expired(self, d: _Delivery, t1: int) -> bool:
+        return d.state == "leased" and d.deadline_ms <= t1 + self.margin
+
+    def doomed(self, d: _Delivery, t1: int) -> bool:
+        """Expired (maybe) at the last attempt: the backend may have dead-lettered it."""
+        return self._may_be_expired(d, t1) and d.attempt >= self.max_attempts
+
+    def may_be_eligible(self, d: _Delivery, t1: int) -> bool:
+        """Could a fetch ending at ``t1`` lease it?"""
+        if d.state == "available":
+            return d.ready_lo <= t1 + self.margin
+        return self._may_be_expired(d, t1) and d.attempt < self.max_attempts
+
+    def surely_eligible(self, d: _Delivery, t0: int) -> bool:
+        """Must a fetch starting at ``t0`` consider it?"""
+        if d.state == "available":
+            return d.ready_hi == _IMMEDIATE or d.ready_hi < t0 - self.margin
+        return (d.state == "leased" and d.deadline_ms < t0 - self.margin
+                and d.attempt < self.max_attempts)
+
+    def delivery(self, position: Position) -> _Delivery:
+        """The model of one delivery."""
+        try:
+            return self.deliveries[position]
+        except KeyError:
+            raise ConformanceFailure(f"{position} was never appended") from None
+
+    # Fetch -----------------------------------------------------------------
+
+    def check_fetch(
+        self, leases: list[Lease], *, limit: int, partitions: list[int] | None,
+        consumer_id: str, lease_ms: int, t0: int, t1: int,
+    ) -> None:
+        """Check one fetch's leases against the model, then record them."""
+        selected = set(range(self.partitions) if partitions is None else partitions)
+        check(len(leases) <= limit, f"fetch(limit={limit}) returned {len(leases)} leases")
+        seen: set[Position] = set()
+        last: dict[int, int] = {}
+        for lease in leases:
+            pos = (lease.partition, lease.sequence)
+            check(pos not in seen, f"fetch returned {pos} twice")
+            seen.add(pos)
+            check(lease.partition in selected, f"fetch returned {pos} outside {sorted(selected)}")
+            check(last.get(lease.partition, 0) < lease.sequence,
+                  f"fetch returned partition {lease.partition} out of sequence order")
+            last[lease.partition] = lease.sequence
+            d = self.delivery(pos)
+            check(self.may_be_eligible(d, t1),
+                  f"fetch leased {pos} which is {d.state} (attempt {d.attempt}, "
+                  f"deadline {d.deadline_ms}, ready {d.ready_lo}, now {t0}..{t1})")
+            check_equal(lease.attempt, d.attempt + 1, f"attempt of {pos}")
+            check_equal(lease.event, d.event, f"event of {pos}")
+            check_equal((lease.group, lease.consumer_id), (self.group, consumer_id),
+                        "lease group and consumer")
+            check(t0 + lease_ms - self.margin <= lease.deadline_ms <= t1 + lease_ms + self.margin,
+                  f"deadline of {pos} is not now + lease_ms")
+        surely = [p for p, d in self.deliveries.items()
+                  if p[0] in selected and self.surely_eligible(d, t0)]
+        check(leases or not surely, f"fetch returned nothing although {surely[:5]} are eligible")
+        for lease in leases:
+            d = self.deliveries[(lease.partition, lease.sequence)]
+            d.state = "leased"
+            d.attempt = lease.attempt
+            d.lease_id = lease.lease_id
+            d.deadline_ms = lease.deadline_ms
+            d.settled_by = None
+            d.ready_lo = d.ready_hi = _IMMEDIATE
+
+    # Settle ----------------------------------------------------------------
+
+    def expect(self, lease: Lease, op: Op, t1: int) -> set[Outcome]:
+        """The outcomes the contract allows for ``op`` with ``lease`` now."""
+        d = self.delivery((lease.partition, lease.sequence))
+        if d.lease_id != lease.lease_id:
+            return {"stale_lease"}
+        if d.state == "leased":
+            return {"ok", "stale_lease"} if self.doomed(d, t1) else {"ok"}
+        if op != "renew" and d.settled_by == op:
+            return {"repeated"}
+        return {"stale_lease"}
+
+    def apply(self, lease: Lease, op: Op, result: SettleResult, *, reason: str, delay_ms: int,
+              lease_ms: int, t0: int, t1: int) -> None:
+        """Record a settle or renew result (already checked against :meth:`expect`)."""
+        d = self.deliveries[(lease.partition, lease.sequence)]
+        outcome = outcome_of(result)
+        if outcome == "stale_lease" and d.state == "leased" and d.lease_id == lease.lease_id:
+            # A doomed delivery: the backend dead-lettered it when its lease expired.
+            self._reject(d, MAX_ATTEMPTS_REASON, None)
+            return
+        if outcome != "ok":
+            return
+        if op == "ack":
+            d.state, d.settled_by = "acked", "ack"
+        elif op == "reject":
+            self._reject(d, reason, "reject")
+        elif op == "nack":
+            if d.attempt >= self.max_attempts:
+                self._reject(d, MAX_ATTEMPTS_REASON, "nack")
+            else:
+                d.state, d.settled_by, d.reason = "available", "nack", reason
+                d.ready_lo = _IMMEDIATE if delay_ms == 0 else t0 + delay_ms
+                d.ready_hi = _IMMEDIATE if delay_ms == 0 else t1 + delay_ms
+        else:
+            deadline = result.deadline_ms
+            check(deadline is not None, "a successful renew reports the new deadline")
+            assert deadline is not None
+            check(t0 + lease_ms - self.margin <= deadline <= t1 + lease_ms + self.margin,
+                  f"renewed deadline {deadline} is not now + {lease_ms}")
+            d.deadline_ms = deadline
+
+    @staticmethod
+    def _reject(d: _Delivery, reason: str, by: Op | None) -> None:
+        d.state, d.reason, d.settled_by = "rejected", reason, by
+
+    # Re-drives -------------------------------------------------------------
+
+    def _restart(self, d: _Delivery) -> None:
+        d.state, d.attempt, d.lease_id, d.settled_by, d.reason = "available", 0, None, None, ""
+        d.ready_lo = d.ready_hi = _IMMEDIATE
+
+    def replayed(self, partition: int, from_sequence: int) -> None:
+        """Every delivery of ``partition`` from ``from_sequence`` on starts over."""
+        for (p, s), d in self.deliveries.items():
+            if p == partition and s >= from_sequence:
+                self._restart(d)
+
+    def redriven(self, positions: list[Position]) -> None:
+        """Re-driven dead letters start over."""
+        for pos in positions:
+            d = self.delivery(pos)
+            check_equal(d.state, "rejected", f"state of redriven {pos}")
+            self._restart(d)
+
+    # Observations ----------------------------------------------------------
+
+    def check_dead_letters(self, listed: dict[Position, tuple[int, str]], t1: int) -> None:
+        """Compare listed dead letters ``{position: (attempts, reason)}`` with the model."""
+        for pos, d in self.deliveries.items():
+            if d.state == "rejected":
+                check(pos in listed, f"rejected {pos} is missing from dead_letters")
+                check_equal(listed[pos], (d.attempt, d.reason), f"dead letter {pos}")
+        for pos, (attempts, reason) in listed.items():
+            d = self.delivery(pos)
+            if d.state == "rejected":
+                continue
+            check(self.doomed(d, t1), f"dead_letters lists {pos} which is {d.state}")
+            check_equal((attempts, reason), (d.attempt, MAX_ATTEMPTS_REASON), f"dead letter {pos}")
+            self._reject(d, MAX_ATTEMPTS_REASON, None)
+
+    def frontier_bounds(self, t1: int) -> list[tuple[int, int]]:
+        """Per partition, the lowest and highest frontier the contract allows now."""
+        bounds = []
+        for p in range(self.partitions):
+            low = high = 0
+            low_open = True
+            for s in range(1, self.high_water[p] + 1):
+                d = self.deliveries[(p, s)]
+                terminal = d.state in ("acked", "rejected")
+                if low_open and terminal:
+                    low = s
+                else:
+                    low_open = False
+                if terminal or self.doomed(d, t1):
+                    high = s
+                else:
+                    break
+            bounds.append((low, high))
+        return bounds
+
+    def check_frontier(self, frontier: dict[int, int], t1: int) -> None:
+        """The backend's frontier lies within the allowed bounds."""
+        check_equal(sorted(frontier), list(range(self.partitions)), "frontier partitions")
+        for p, (low, high) in enumerate(self.frontier_bounds(t1)):
+            check(low <= frontier[p] <= high,
+                  f"frontier of partition {p} is {frontier[p]}, expected "
+                  f"{low if low == high else f'{low}..{high}'}")
+
+    def current_lease_ids(self) -> list[str]:
+        """Ids of the leases that are still current (their delivery is leased under them)."""
+        return [d.lease_id for d in self.deliveries.values()
+                if d.state == "leased" and d.lease_id is not None]
+
+    def unsettled(self) -> list[Position]:
+        """Deliveries that are neither acked nor rejected."""
+        return [p for p, d in self.deliveries.items() if d.state not in ("acked", "rejected")]
+
+    def latest_ready(self) -> int:
+        """When every nack delay has surely passed."""
+        return max((d.ready_hi for d in self.deliveries.values() if d.state == "available"),
+                   default=_IMMEDIATE)
+
+    def rejected(self) -> dict[Position, tuple[int, str]]:
+        """Dead letters the model knows of."""
+        return {p: (d.attempt, d.reason) for p, d in self.deliveries.items()
+                if d.state == "rejected"}

@@ -1,0 +1,141 @@
+"""Shared fixtures: test servers, an in-memory instance, and waiting on conditions.
+
+Servers are named by environment variables (with local defaults):
+
+* ``RHEO_POSTGRES_URL`` (``postgresql://postgres@127.0.0.1:5432/test``)
+* ``RHEO_REDIS_URL`` (``redis://127.0.0.1:6379/0``)
+* ``RHEO_MONGO_URL`` (``mongodb://127.0.0.1:27017/rheo_test``)
+
+A test that needs a server it cannot reach is skipped with a message naming the
+variable, except under ``CI=true``, where it fails: CI starts every server.
+Setting a variable to the empty string disables those tests explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from urllib.parse import urlsplit
+
+import pytest
+
+from rheo_flow import ManualClock, Rheo
+from rheo_flow.backends import MemoryBackend
+
+SERVERS: dict[str, tuple[str, str, int]] = {
+    # kind: (variable, default URL, default port)
+    "postgres": ("RHEO_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test", 5432),
+    "redis": ("RHEO_REDIS_URL", "redis://127.0.0.1:6379/0", 6379),
+    "mongo": ("RHEO_MONGO_URL", "mongodb://127.0.0.1:27017/rheo_test", 27017),
+}
+
+_reachable: dict[str, str | None] = {}
+
+
+def in_ci() -> bool:
+    """Whether the suite runs under CI (where every server must be up)."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def server_url(kind: str) -> str:
+    """The URL of a test server (``postgres``, ``redis`` or ``mongo``), or skip / fail.
+
+    Skips with a message naming the variable when the server cannot be reached;
+    fails instead under ``CI=true``.
+    """
+    variable, default, port = SERVERS[kind]
+    url = os.environ.get(variable, default)
+    if not url:
+        pytest.skip(f"{variable} is set empty: {kind} tests are disabled")
+    if kind not in _reachable:
+        _reachable[kind] = _probe(url, port)
+    problem = _reachable[kind]
+    if problem is not None:
+        message = f"{kind} test server unreachable ({problem}); set {variable} to its URL"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return url
+
+
+def _probe(url: str, default_port: int) -> str | None:
+    """A TCP connect to the URL's host: None when it answers, else what went wrong."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    try:
+        port = parts.port or default_port
+    except ValueError:
+        return "the URL has an invalid port"
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return None
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+
+
+@pytest.fixture(scope="session")
+def ci() -> bool:
+    """Whether the suite runs under ``CI=true``."""
+    return in_ci()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """URL of the PostgreSQL test server (``RHEO_POSTGRES_URL``)."""
+    return server_url("postgres")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """URL of the Redis test server (``RHEO_REDIS_URL``)."""
+    return server_url("redis")
+
+
+@pytest.fixture(scope="session")
+def mongo_url() -> str:
+    """URL of the MongoDB test server (``RHEO_MONGO_URL``)."""
+    return server_url("mongo")
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock that moves only when told to."""
+    return ManualClock()
+
+
+@pytest.fixture
+async def rheo(clock: ManualClock) -> AsyncIterator[Rheo]:
+    """An opened instance over an in-memory backend driven by ``clock``."""
+    async with Rheo(MemoryBackend(clock=clock)) as instance:
+        yield instance
+
+
+WaitUntil = Callable[..., Awaitable[None]]
+
+
+async def _wait_until(
+    predicate: Callable[[], bool | Awaitable[bool]],
+    *,
+    timeout: float = 5.0,
+    interval: float = 0.01,
+    message: str = "condition",
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = predicate()
+        if not isinstance(value, bool):
+            value = await value
+        if value:
+            return
+        if loop.time() >= deadline:
+            raise AssertionError(f"{message} not reached within {timeout} s")
+        await asyncio.sleep(interval)  # polling a predicate against a deadline
+
+
+@pytest.fixture
+def wait_until() -> WaitUntil:
+    """``await wait_until(predicate, timeout=5.0)``: poll until true or fail at the deadline."""
+    return _wait_until

@@ -1,0 +1,131 @@
+"""Packaging: the package installs and imports with no extras, and names the extra it lacks.
+
+One virtualenv per session gets a plain ``pip install`` of the project (its
+core dependencies only, no driver); every check then runs inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVERS = ("asyncpg", "redis", "pymongo", "motor")
+
+
+def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)  # type: ignore[call-overload,no-any-return]
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory, ci: bool) -> Path:
+    """The interpreter of a fresh virtualenv holding the project without any extra."""
+    home = tmp_path_factory.mktemp("bare-venv")
+    venv.EnvBuilder(with_pip=True, clear=True).create(home)
+    python = home / "bin" / "python"
+    install = _run([str(python), "-m", "pip", "install", "--quiet", str(ROOT)])
+    if install.returncode != 0:
+        message = f"pip could not install the project in a fresh venv:\n{install.stderr[-3000:]}"
+        if ci:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return python
+
+
+def test_no_driver_is_installed(bare_python: Path) -> None:
+    code = f"import importlib.util; print([m for m in {DRIVERS!r} if importlib.util.find_spec(m)])"
+    out = _run([str(bare_python), "-c", code])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_public_module_imports_without_extras(bare_python: Path) -> None:
+    code = textwrap.dedent("""
+        import importlib, pkgutil, rheo_flow
+        names = ["rheo_flow"] + [
+            m.name for m in pkgutil.walk_packages(rheo_flow.__path__, "rheo_flow.")
+            if not any(p.startswith("_") for p in m.name.split("."))
+        ]
+        for name in names:
+            importlib.import_module(name)
+        import rheo_flow.backends as b
+        for name in b.__all__:
+            getattr(b, name)
+        print(len(names))
+    """)
+    out = _run([str(bare_python), "-c", code])
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) >= 2
+
+
+@pytest.mark.parametrize(
+    ("url", "extra", "driver"),
+    [
+        ("postgresql://app:s3cret@db.example/orders", "postgres", "asyncpg"),
+        ("postgres://db.example/orders", "postgres", "asyncpg"),
+        ("redis://:s3cret@cache.example:6379/0", "redis", "redis"),
+        ("mongodb://app:s3cret@mongo.example/orders", "mongo", "pymongo"),
+        ("mongodb+srv://cluster.example/orders", "mongo", "pymongo"),
+    ],
+)
+def test_missing_extra_is_named(bare_python: Path, url: str, extra: str, driver: str) -> None:
+    code = textwrap.dedent(f"""
+        import json, sys, rheo_flow
+        try:
+            rheo_flow.Rheo({url!r})
+        except rheo_flow.MissingExtra as exc:
+            print(json.dumps({{"message": str(exc), "extra": exc.extra, "module": exc.module,
+                              "import_error": isinstance(exc, ImportError)}}))
+        else:
+            sys.exit("no MissingExtra")
+    """)
+    out = _run([str(bare_python), "-c", code])
+    assert out.returncode == 0, out.stderr + out.stdout
+    report = json.loads(out.stdout)
+    assert report["extra"] == extra
+    assert report["module"] == driver
+    assert report["import_error"]
+    assert f"rheo-flow[{extra}]" in report["message"]
+    assert "s3cret" not in report["message"]
+
+
+def test_cli_and_sqlite_demo_work_without_extras(bare_python: Path) -> None:
+    script = bare_python.parent / "rheo-flow"
+    help_out = _run([str(script), "--help"])
+    assert help_out.returncode == 0, help_out.stderr
+    assert "demo" in help_out.stdout
+    demo = _run([str(script), "demo", "--events", "60", "--partitions", "2", "--rate", "0",
+                 "--quiet"], env={**os.environ, "COLUMNS": "120"})
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "✓ billing: all 60 events settled" in demo.stdout
+
+
+def test_importing_rheo_flow_imports_no_driver() -> None:
+    # A fresh interpreter of the development venv, where every driver is installed.
+    code = textwrap.dedent(f"""
+        import sys, tempfile, asyncio
+        import rheo_flow, rheo_flow.backends
+        from rheo_flow import Rheo
+
+        async def use():
+            async with Rheo("memory://") as r:
+                await r.create_stream("s")
+            with tempfile.TemporaryDirectory() as tmp:
+                async with Rheo(f"sqlite:///{{tmp}}/x.db") as r:
+                    await r.create_stream("s")
+
+        asyncio.run(use())
+        print(sorted(m for m in sys.modules if m.split(".")[0] in {DRIVERS!r}))
+    """)
+    out = _run([sys.executable, "-c", code])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,231 @@
+"""Input validation: bad input raises InvalidArgument naming the problem and changes nothing."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from rheo_flow import InvalidArgument, NewEvent, Query, Rheo, RheoError, UnknownStream
+from rheo_flow._validation import (
+    MAX_REASON,
+    check_event_id,
+    check_headers,
+    check_key,
+    check_lease_ms,
+    check_name,
+    check_non_negative_int,
+    check_partition,
+    check_positive_int,
+    check_reason,
+    check_type,
+    encode_json,
+)
+
+
+def test_invalid_argument_is_a_value_error_and_a_rheo_error() -> None:
+    assert issubclass(InvalidArgument, ValueError)
+    assert issubclass(InvalidArgument, RheoError)
+    assert issubclass(UnknownStream, InvalidArgument)
+
+
+@pytest.mark.parametrize("name", ["orders", "a", "A1", "orders.v2", "billing-eu_1", "x" * 128])
+def test_valid_names(name: str) -> None:
+    assert check_name("stream", name) == name
+
+
+@pytest.mark.parametrize(
+    "name", ["", "-orders", ".hidden", "_x", "x" * 129, "has space", "émile", "a/b", "a:b", None, 7]
+)
+def test_invalid_names(name: object) -> None:
+    with pytest.raises(InvalidArgument, match=r"invalid group name .*1-128 characters"):
+        check_name("group", name)
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.0, "3", None])
+def test_positive_int_refuses(value: object) -> None:
+    with pytest.raises(InvalidArgument, match="limit must be a positive integer"):
+        check_positive_int("limit", value)
+
+
+def test_positive_int_maximum() -> None:
+    assert check_positive_int("limit", 10, maximum=10) == 10
+    with pytest.raises(InvalidArgument, match="limit must be at most 10, got 11"):
+        check_positive_int("limit", 11, maximum=10)
+
+
+def test_non_negative_int() -> None:
+    assert check_non_negative_int("delay_ms", 0) == 0
+    for bad in (-1, False, 0.5):
+        with pytest.raises(InvalidArgument, match="delay_ms must be a non-negative integer"):
+            check_non_negative_int("delay_ms", bad)
+
+
+@pytest.mark.parametrize("value", [-1, 4, True, "1", None])
+def test_partition_out_of_range(value: object) -> None:
+    with pytest.raises(InvalidArgument, match=r"partitions 0\.\.3"):
+        check_partition(value, 4)
+
+
+def test_lease_ms_bounds() -> None:
+    assert check_lease_ms(10) == 10
+    assert check_lease_ms(86_400_000) == 86_400_000
+    with pytest.raises(InvalidArgument, match="at least 10"):
+        check_lease_ms(9)
+    with pytest.raises(InvalidArgument, match="at most 86400000"):
+        check_lease_ms(86_400_001)
+
+
+@pytest.mark.parametrize("reason", ["", "   ", None, 3, "x" * (MAX_REASON + 1)])
+def test_invalid_reasons(reason: object) -> None:
+    with pytest.raises(InvalidArgument, match="reason"):
+        check_reason(reason)
+
+
+def test_valid_reason() -> None:
+    assert check_reason("x" * MAX_REASON) == "x" * MAX_REASON
+
+
+@pytest.mark.parametrize("value", ["", None, 5, "x" * 201])
+def test_invalid_event_ids(value: object) -> None:
+    with pytest.raises(InvalidArgument, match="event id"):
+        check_event_id(value)
+
+
+@pytest.mark.parametrize("value", ["", None, b"t", "t" * 257])
+def test_invalid_types(value: object) -> None:
+    with pytest.raises(InvalidArgument, match="event type"):
+        check_type(value)
+
+
+def test_keys() -> None:
+    assert check_key(None) is None
+    assert check_key("") == ""
+    with pytest.raises(InvalidArgument, match="key must be a string or None, got int"):
+        check_key(5)
+
+
+@pytest.mark.parametrize("headers", [None, [("a", "b")], {"a": 1}, {1: "a"}, {"a": None}])
+def test_invalid_headers(headers: object) -> None:
+    with pytest.raises(InvalidArgument, match="headers"):
+        check_headers(headers)
+
+
+def test_headers_are_copied() -> None:
+    source = {"trace": "abc"}
+    out = check_headers(source)
+    assert out == source
+    assert out is not source
+
+
+@pytest.mark.parametrize(
+    "data",
+    [math.nan, math.inf, {"x": -math.inf}, {1, 2}, b"bytes", object(), {"nested": [complex(1, 2)]}],
+    ids=["nan", "inf", "neg-inf", "set", "bytes", "object", "complex"],
+)
+def test_data_that_json_cannot_carry(data: Any) -> None:
+    with pytest.raises(InvalidArgument, match="event data is not JSON-serialisable"):
+        encode_json(data)
+
+
+def test_json_encoding_is_compact_and_unicode() -> None:
+    assert encode_json({"a": [1, 2.5, None, True], "b": "ü"}) == '{"a":[1,2.5,null,true],"b":"ü"}'
+
+
+# Through the facade: nothing is written when any event of a batch is invalid. ---
+
+
+async def _high_water(rheo: Rheo) -> int:
+    return sum((await rheo.high_water("s")).values())
+
+
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        ({"type": "t", "colour": "red"}, "unknown event fields: colour"),
+        ({"data": 1}, "an event needs a 'type'"),
+        (NewEvent("t", partition=2), "out of range"),
+        (NewEvent("t", data={"when": object()}), "not JSON"),
+        (NewEvent("t", headers={"h": 1}), "headers"),  # type: ignore[dict-item]
+        (NewEvent("", data=1), "event type"),
+        (NewEvent("t", key=3), "key must be"),  # type: ignore[arg-type]
+        (NewEvent("t", id=""), "event id"),
+        ("not an event", "events must be NewEvent or mappings"),
+    ],
+)
+async def test_bad_append_writes_nothing(rheo: Rheo, events: Any, message: str) -> None:
+    await rheo.create_stream("s", partitions=2)
+    batch = [NewEvent("fine", {"n": 1}), events]
+    with pytest.raises(InvalidArgument, match=message):
+        await rheo.append("s", batch)
+    assert await _high_water(rheo) == 0
+
+
+async def test_facade_limits(rheo: Rheo) -> None:
+    with pytest.raises(InvalidArgument, match="partitions must be at most 4096"):
+        await rheo.create_stream("s", partitions=4097)
+    with pytest.raises(InvalidArgument, match="partitions must be a positive integer"):
+        await rheo.create_stream("s", partitions=0)
+    await rheo.create_stream("s", partitions=2)
+    with pytest.raises(InvalidArgument, match="limit must be at most 10000"):
+        await rheo.fetch("s", "g", limit=10_001)
+    with pytest.raises(InvalidArgument, match="limit must be a positive integer"):
+        await rheo.fetch("s", "g", limit=0)
+    with pytest.raises(InvalidArgument, match="lease_ms"):
+        await rheo.fetch("s", "g", lease_ms=5)
+    with pytest.raises(InvalidArgument, match="partitions must be"):
+        await rheo.fetch("s", "g", partitions="0")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="out of range"):
+        await rheo.fetch("s", "g", partitions=[2])
+    with pytest.raises(InvalidArgument, match="max_attempts"):
+        await rheo.create_group("s", "g", max_attempts=0)
+    with pytest.raises(InvalidArgument, match="start must be"):
+        await rheo.create_group("s", "g", start="newest")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="invalid consumer name"):
+        await rheo.fetch("s", "g", consumer_id="bad id")
+    with pytest.raises(InvalidArgument, match="malformed query cursor"):
+        await rheo.query_page(Query(stream="s"), cursor="v2.0.0")
+
+
+async def test_settle_input_is_checked_before_the_backend(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", {"type": "t"})
+    leases = await rheo.fetch("s", "g")
+    with pytest.raises(InvalidArgument, match="reason must be a non-empty string"):
+        await rheo.nack(leases, "")
+    with pytest.raises(InvalidArgument, match="reason must be a non-empty string"):
+        await rheo.reject(leases, "  ")
+    with pytest.raises(InvalidArgument, match="delay_ms"):
+        await rheo.nack(leases, "later", delay_ms=-1)
+    with pytest.raises(InvalidArgument, match="expected Lease objects, got str"):
+        await rheo.ack(["lease-1"])  # type: ignore[list-item]
+    # The lease is untouched by the refused calls.
+    [result] = await rheo.ack(leases)
+    assert result.ok
+    assert not result.repeated
+
+
+async def test_unknown_stream(rheo: Rheo) -> None:
+    with pytest.raises(UnknownStream, match="unknown stream 'missing'"):
+        await rheo.append("missing", {"type": "t"})
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("", "not a backend URL"),
+        ("events.db", "not a backend URL"),
+        ("ftp://user:hunter2@host/x", "unknown backend scheme 'ftp'"),
+        ("ftp://user:hunter2@host/x", r"ftp://user:\*\*\*@host/x"),
+    ],
+)
+def test_bad_urls_and_no_secrets_in_messages(url: str, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message) as info:
+        Rheo(url)
+    assert "hunter2" not in str(info.value)
+
+
+def test_backend_must_be_url_or_backend() -> None:
+    with pytest.raises(InvalidArgument, match="backend must be a URL or a Backend, got int"):
+        Rheo(42)  # type: ignore[arg-type]
