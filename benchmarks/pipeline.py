@@ -44,20 +44,30 @@ async def backlog(events: int) -> Rheo:
 
 
 class NoOp(PipelineHandler):
-    """Passes every message and batch through."""
+    """Passes every message and batch through; ``done`` is set once ``expected`` messages
+    went through ``handle_batch``."""
+
+    def __init__(self, expected: int = 0) -> None:
+        self.expected = expected
+        self.batched = 0
+        self.done = asyncio.Event()
 
     async def handle_message(self, processor: str, message: Message, context: Any) -> Message:
         return message
 
     async def handle_batch(self, batcher: str, messages: list[Message], batch_info: BatchInfo,
                            context: Any) -> list[Message]:
+        self.batched += len(messages)
+        if self.batched >= self.expected:
+            self.done.set()
         return messages
 
 
 async def run_pipeline(rheo: Rheo, events: int, **processor_options: Any) -> float:
     """Events per second through a :class:`Pipeline`."""
+    handler = NoOp(events)
     pipeline = Pipeline(
-        rheo, stream="bench", group="pipeline", handler=NoOp(),
+        rheo, stream="bench", group="pipeline", handler=handler,
         processors=Processors(concurrency=PROCESSORS, max_demand=MAX_DEMAND,
                               **processor_options),
         batchers={"default": Batcher(batch_size=BATCH_SIZE, batch_timeout=BATCH_TIMEOUT,
@@ -66,12 +76,12 @@ async def run_pipeline(rheo: Rheo, events: int, **processor_options: Any) -> flo
     )
     started = time.perf_counter()
     await pipeline.start()
-    producer = pipeline.producer
-    while producer.stats().acked < events:
-        await asyncio.sleep(0.002)
-    elapsed = time.perf_counter() - started
-    if not await pipeline.drain(10):
+    await handler.done.wait()
+    if not await pipeline.drain(10):  # settles the last batches
         raise RuntimeError("pipeline did not drain")
+    elapsed = time.perf_counter() - started
+    if pipeline.producer.stats().acked != events:
+        raise RuntimeError("not every event was acked")
     return events / elapsed
 
 

@@ -9,6 +9,7 @@ import random
 import sqlite3
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +38,20 @@ WORKER = Path(__file__).with_name("_sqlite_worker.py")
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 def db(tmp_path: Path) -> Path:
+    """A database file in the test's directory (created on open)."""
     return tmp_path / "events.db"
 
 
 @pytest.fixture
 async def rheo(db: Path, clock: ManualClock) -> AsyncIterator[Rheo]:
+    """An opened instance over an SQLite file driven by ``clock`` (overrides conftest's)."""
     async with Rheo(SQLiteBackend(db, clock=clock, synchronous="NORMAL")) as r:
         yield r
+
+
+def _with(obj: Any, **changes: Any) -> Any:
+    return replace(obj, **changes)
 
 
 async def _worker(*args: str) -> Any:
@@ -102,8 +104,8 @@ def test_bad_arguments() -> None:
 
 def test_capabilities() -> None:
     caps = SQLiteBackend(":memory:").capabilities
-    assert caps.durable and not caps.distributed
-    assert not caps.push_wakeups and not caps.server_clock and caps.fenced_settle
+    assert (caps.durable, caps.distributed) == (True, False)
+    assert (caps.push_wakeups, caps.server_clock, caps.fenced_settle) == (False, False, True)
 
 
 # Basic operations --------------------------------------------------------------
@@ -147,7 +149,7 @@ async def test_lease_lifecycle(rheo: Rheo, clock: ManualClock) -> None:
     assert (await rheo.nack(one, "late"))[0].kind is SettleKind.STALE_LEASE
 
     renewed = await rheo.renew([two], lease_ms=5_000)
-    assert renewed[0].ok and renewed[0].deadline_ms == clock() + 5_000
+    assert (renewed[0].ok, renewed[0].deadline_ms) == (True, clock() + 5_000)
 
     # Nack makes 4 available again; reject dead-letters nothing else yet.
     assert (await rheo.nack(four, "retry"))[0].ok
@@ -281,12 +283,6 @@ async def test_groups_and_errors(rheo: Rheo, clock: ManualClock) -> None:
 # Semantics match the in-memory reference ----------------------------------------
 
 
-def _with(event: Any, **changes: Any) -> Any:
-    from dataclasses import replace
-
-    return replace(event, **changes)
-
-
 def _lease_view(lease: Lease) -> tuple[Any, ...]:
     return (lease.event, lease.receipt, lease.group, lease.consumer_id, lease.attempt,
             lease.deadline_ms)
@@ -333,15 +329,16 @@ async def test_random_operations_match_memory(tmp_path: Path, seed: int) -> None
                                    key=rng.choice(["a", "b", "c", "d", None]))
                           for _ in range(rng.randint(1, 6))]
                 # Generated ids and key-less routing are random: fix them for both sides.
+                count = 3 if stream == "s" else 1
                 events = [_with(e, id=e.id or f"{step}-{i}",
-                                partition=None if e.key else rng.randrange(3 if stream == "s" else 1))
+                                partition=None if e.key else rng.randrange(count))
                           for i, e in enumerate(events)]
                 await same("append", stream, events)
             elif choice < 0.40:
                 partitions: Any = "all" if stream == "t" or rng.random() < 0.6 else sorted(
                     rng.sample(range(3), rng.randint(1, 2)))
-                kwargs = dict(consumer_id=f"c{rng.randrange(2)}", limit=rng.randint(1, 7),
-                              lease_ms=rng.choice([100, 1_000, 3_000]), partitions=partitions)
+                kwargs = {"consumer_id": f"c{rng.randrange(2)}", "limit": rng.randint(1, 7),
+                          "lease_ms": rng.choice([100, 1_000, 3_000]), "partitions": partitions}
                 a, b = await mem.fetch(stream, group, **kwargs), await sql.fetch(
                     stream, group, **kwargs)
                 assert [_lease_view(x) for x in a] == [_lease_view(x) for x in b], where
@@ -456,7 +453,6 @@ async def test_competing_processes_never_double_lease(tmp_path: Path) -> None:
     assert len(set(lease_ids)) == total
     acks = [(p, s) for rep in reports for p, s, ok, repeated in rep["acked"] if ok and not repeated]
     assert sorted(acks) == sorted(leased)
-    print("DIST", [len(rep["leased"]) for rep in reports])
     assert sum(1 for rep in reports if rep["leased"]) >= 2  # they really competed
     async with Rheo(SQLiteBackend(db)) as r:
         assert await r.frontier("jobs", "workers") == high
@@ -538,12 +534,15 @@ async def test_close_and_reopen_on_use(db: Path) -> None:
     await backend.close()
 
 
-async def test_memory_database(tmp_path: Path) -> None:
-    async with Rheo("sqlite:///:memory:") as r:
+async def test_memory_database() -> None:
+    backend = SQLiteBackend.from_url("sqlite:///:memory:")
+    async with Rheo(backend) as r:
         await r.create_stream("s")
         await r.append("s", NewEvent("t", 1))
         assert len(await r.fetch("s", "g")) == 1
-    assert not list(tmp_path.iterdir())
+    # A private database per connection: reopened, it is empty.
+    assert await backend.list_streams() == []
+    await backend.close()
 
 
 async def test_locked_database_classifies_as_failed(db: Path) -> None:

@@ -31,6 +31,7 @@ from ._errors import (
 from ._event import Event, NewEvent
 from ._group import Group, GroupStats
 from ._lease import Lease
+from ._producer import Producer, ProducerStats
 from ._query import Page, Query
 from ._rheo import Rheo
 from ._routing import partition_for
@@ -66,6 +67,8 @@ __all__ = [
     "NotStarted",
     "Outcome",
     "Page",
+    "Producer",
+    "ProducerStats",
     "Query",
     "Reject",
     "Retry",

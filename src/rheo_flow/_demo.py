@@ -121,7 +121,7 @@ class GroupStats:
                 return (latest - count) / (now - t) if now > t else 0.0
         return 0.0
 
-    def record(self, leases: Sequence[Lease], results: Sequence[SettleResult]) -> None:
+    def record(self, results: Sequence[SettleResult]) -> None:
         """Count the outcome of one settle call."""
         for result in results:
             if result.ok:
@@ -313,7 +313,7 @@ async def run_worker(
 
     Acks, retries (nack) and rejects are each settled in one batched call. A
     settle that fails with the ``nack`` decision is nacked; ``drop`` and
-    ``expire`` are left to the backend, which redelivers (DESIGN section 2).
+    ``expire`` are left to the backend, which redelivers (docs/concepts.md).
     """
     consumer_id = rheo.new_consumer_id()
     while not stop.is_set():
@@ -338,7 +338,7 @@ async def run_worker(
             else:
                 acks.append(lease)
         results = await rheo.ack(acks)
-        stats.record(acks, results)
+        stats.record(results)
         stats.acked += sum(1 for r in results if r.ok and not r.repeated)
         stats.settled_ids.update(lease.event.id for lease, r in zip(acks, results, strict=True)
                                  if r.ok)
@@ -348,11 +348,11 @@ async def run_worker(
             retries.setdefault(("settle_failed", 0), []).extend(renack)
         for (reason, delay_ms), items in retries.items():
             results = await rheo.nack(items, reason, delay_ms=delay_ms)
-            stats.record(items, results)
+            stats.record(results)
             stats.retried += sum(1 for lease, r in zip(items, results, strict=True)
                                  if r.ok and lease.attempt < MAX_ATTEMPTS)
         for reason, items in rejects.items():
-            stats.record(items, await rheo.reject(items, reason))
+            stats.record(await rheo.reject(items, reason))
 
 
 # Running it ------------------------------------------------------------------

@@ -108,7 +108,6 @@ _SCHEMA: Final = (
         name TEXT NOT NULL,
         max_attempts INTEGER NOT NULL,
         created_at_ms INTEGER NOT NULL,
-        rotation INTEGER NOT NULL DEFAULT 0,
         UNIQUE (stream_id, name)
     )""",
     """CREATE TABLE IF NOT EXISTS group_partitions (
@@ -175,7 +174,6 @@ class _Group:
     name: str
     max_attempts: int
     created_at_ms: int
-    rotation: int
 
     def info(self) -> GroupInfo:
         return GroupInfo(self.stream.name, self.name, self.max_attempts, self.created_at_ms)
@@ -251,6 +249,7 @@ class SQLiteBackend(Backend):
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
         self._open_lock = asyncio.Lock()
+        self._rotation: dict[int, int] = {}
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SQLiteBackend:
@@ -308,10 +307,12 @@ class SQLiteBackend(Backend):
                 return self._executor
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rheo-sqlite")
             try:
-                await asyncio.get_running_loop().run_in_executor(executor, self._connect)
+                conn = await asyncio.get_running_loop().run_in_executor(executor, self._connect)
             except BaseException:
                 executor.shutdown(wait=False)
                 raise
+            # Set before any operation is queued: the executor's queue orders the two.
+            self._conn = conn
             self._executor = executor
             return executor
 
@@ -325,7 +326,7 @@ class SQLiteBackend(Backend):
             finally:
                 executor.shutdown(wait=True)
 
-    def _connect(self) -> None:
+    def _connect(self) -> sqlite3.Connection:
         """Runs in the backend thread: connect, configure, create or check the schema."""
         try:
             conn = sqlite3.connect(
@@ -356,7 +357,8 @@ class SQLiteBackend(Backend):
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
             conn.close()
@@ -364,7 +366,7 @@ class SQLiteBackend(Backend):
         except BaseException:
             conn.close()
             raise
-        self._conn = conn
+        return conn
 
     def _disconnect(self) -> None:
         conn, self._conn = self._conn, None
@@ -628,8 +630,10 @@ class SQLiteBackend(Backend):
         ids = list(range(g.stream.partitions)) if partitions is None else partitions
         if not ids:
             return []
-        rotation = (g.rotation + 1) % len(ids)
-        conn.execute("UPDATE groups SET rotation = ? WHERE id = ?", (rotation, g.id))
+        # Where the round-robin starts rotates per call, as in the reference. It is kept
+        # per backend object, not stored: a fetch that finds nothing then writes nothing.
+        rotation = (self._rotation.get(g.id, 0) + 1) % len(ids)
+        self._rotation[g.id] = rotation
         ids = ids[rotation:] + ids[:rotation]
         progress = {
             part: (cursor, high)
@@ -1156,21 +1160,25 @@ def _stream(conn: sqlite3.Connection, name: str) -> _Stream:
 
 def _find_group(conn: sqlite3.Connection, s: _Stream, name: str) -> _Group | None:
     row = conn.execute(
-        "SELECT id, max_attempts, created_at_ms, rotation FROM groups "
-        "WHERE stream_id = ? AND name = ?",
+        "SELECT id, max_attempts, created_at_ms FROM groups WHERE stream_id = ? AND name = ?",
         (s.id, name),
     ).fetchone()
-    if row is None:
-        return None
-    group_id, max_attempts, created, rotation = row
-    return _Group(group_id, s, name, max_attempts, created, rotation)
+    return None if row is None else _Group(row[0], s, name, row[1], row[2])
 
 
 def _group(conn: sqlite3.Connection, stream: str, name: str) -> _Group:
-    g = _find_group(conn, _stream(conn, stream), name)
-    if g is None:
+    """The group, in one statement; UnknownStream or UnknownGroup names what is missing."""
+    row = conn.execute(
+        "SELECT s.id, s.partitions, s.created_at_ms, g.id, g.max_attempts, g.created_at_ms "
+        "FROM streams AS s LEFT JOIN groups AS g ON g.stream_id = s.id AND g.name = ? "
+        "WHERE s.name = ?",
+        (name, stream),
+    ).fetchone()
+    if row is None:
+        raise UnknownStream(stream)
+    if row[3] is None:
         raise UnknownGroup(stream, name)
-    return g
+    return _Group(row[3], _Stream(row[0], stream, row[1], row[2]), name, row[4], row[5])
 
 
 def _stream_info(conn: sqlite3.Connection, s: _Stream) -> StreamInfo:

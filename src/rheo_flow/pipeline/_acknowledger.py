@@ -8,13 +8,13 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from .._errors import InvalidArgument
 from .._producer import Producer
-from ._message import Message, OnFailure, Outcome
+from ._message import Message, MessageOutcome, OnFailure
 
 __all__ = ["Acknowledger", "ProducerAcknowledger"]
 
 log = logging.getLogger("rheo_flow.pipeline")
 
-_GroupKey = tuple[Outcome, str, int]
+_GroupKey = tuple[MessageOutcome, str, int]
 
 
 class Acknowledger(ABC):

@@ -18,8 +18,8 @@ __all__ = [
     "BatchMode",
     "BatchTrigger",
     "Message",
+    "MessageOutcome",
     "OnFailure",
-    "Outcome",
     "Status",
     "ack_immediately",
 ]
@@ -27,7 +27,7 @@ __all__ = [
 Status = Literal["ok", "failed"]
 BatchMode = Literal["bulk", "flush"]
 OnFailure = Literal["retry", "reject"]
-Outcome = Literal["ack", "nack", "reject"]
+MessageOutcome = Literal["ack", "nack", "reject"]
 BatchTrigger = Literal["size", "timeout", "flush", "drain", "deadline"]
 
 DEFAULT_BATCHER = "default"
@@ -75,7 +75,7 @@ class Message:
     """What a failure does: ``retry`` (nack) or ``reject``; ``None``: the pipeline default."""
     retry_delay_ms: int | None
     """Delay before a retried message is redelivered; ``None``: the pipeline default."""
-    outcome: Outcome | None
+    outcome: MessageOutcome | None
     """How the pipeline settled the lease: ``ack``, ``nack`` or ``reject`` (``None`` before)."""
 
     def __init__(self, lease: Lease, acknowledger: Acknowledger | None = None) -> None:

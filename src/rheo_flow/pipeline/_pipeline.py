@@ -182,6 +182,8 @@ class Pipeline:
         self._batchers = _check_batchers(batchers)
         if max_inflight is None:
             max_inflight = default_max_inflight(processors, self._batchers)
+        else:
+            _warn_if_batches_cannot_fill(max_inflight, self._batchers)
         self._producer = Producer(
             rheo, stream, group, max_demand=max_inflight, lease_ms=lease_ms, poll_ms=poll_ms,
             consumer_id=consumer_id, partitions=partitions, max_attempts=max_attempts,
@@ -408,6 +410,14 @@ def default_max_inflight(processors: Processors, batchers: Mapping[str, Batcher]
         per_batch = b.max_messages or DEFAULT_BATCH_GUESS
         total += per_batch * (b.concurrency + 1)
     return total
+
+
+def _warn_if_batches_cannot_fill(max_inflight: object, batchers: Mapping[str, Batcher]) -> None:
+    for name, b in batchers.items():
+        size = b.max_messages
+        if isinstance(max_inflight, int) and size is not None and size > max_inflight:
+            log.warning("batcher %s: batch_size %d exceeds max_inflight %d, so its batches "
+                        "are only emitted by batch_timeout", name, size, max_inflight)
 
 
 def _check_batchers(batchers: Mapping[str, Batcher] | None) -> dict[str, Batcher]:

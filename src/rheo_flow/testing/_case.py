@@ -65,7 +65,9 @@ CASES: list[Case] = []
 """Every registered case, in registration order (the order of the matrix)."""
 
 
-def case(*, requires: Sequence[str] = (), needs_peer: bool = False) -> Callable[[CaseFunc], CaseFunc]:
+def case(
+    *, requires: Sequence[str] = (), needs_peer: bool = False
+) -> Callable[[CaseFunc], CaseFunc]:
     """Register an async function ``case_<name>(env)`` as a conformance case."""
 
     def register(func: CaseFunc) -> CaseFunc:

@@ -221,7 +221,7 @@ async def case_replay_selected_partitions(env: CaseEnv) -> None:
 
 @case()
 async def case_reset_positions(env: CaseEnv) -> None:
-    """reset to a sequence, "earliest" or "latest" sets what is left to deliver and fences leases."""
+    """reset to a sequence, "earliest" or "latest" sets what is left to deliver; fences leases."""
     stream = await env.stream()
     await env.append(stream, 6)
     leases = await env.fetch(stream, "g", 4)

@@ -12,7 +12,7 @@ from .._errors import ConflictError, InvalidArgument, UnknownGroup, UnknownStrea
 from .._event import Event, NewEvent
 from .._query import Query
 from .._routing import partition_for
-from ._case import CaseEnv, case, check, check_equal, expect_error, positions
+from ._case import CaseEnv, case, check, check_equal, expect_error
 
 # Golden routing values: the hash must never change between versions, processes or
 # backends, or events of one key would split across partitions after an upgrade.
@@ -162,7 +162,8 @@ async def case_append_explicit_partition(env: CaseEnv) -> None:
 
 
 ROUND_TRIP_DATA: list[object] = [
-    {"nested": {"list": [1, 2.5, None, True, False, "x"], "empty": {}}, "unicode": "\u00e9\u6f22\U0001f600"},
+    {"nested": {"list": [1, 2.5, None, True, False, "x"], "empty": {}},
+     "unicode": "\u00e9\u6f22\U0001f600"},
     [1, "two", {"three": 3}],
     "just a string",
     2**53 + 1,

@@ -28,7 +28,8 @@ class BackendConformance:
         class TestMyBackend(BackendConformance):
             @pytest.fixture
             def rheo_harness(self) -> BackendHarness:
-                return BackendHarness.with_manual_clock("mine", lambda clock: MyBackend(clock=clock))
+                return BackendHarness.with_manual_clock(
+                    "mine", lambda clock: MyBackend(clock=clock))
 
     Each test runs in its own event loop on a fresh backend from the harness, so
     the class works whatever the pytest-asyncio mode. A case whose capability the

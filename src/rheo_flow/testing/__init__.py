@@ -1,0 +1,66 @@
+"""The rheo_flow backend conformance kit.
+
+Every backend, shipped or third-party, must pass the same cases: routing,
+gapless sequences, idempotent appends, lease exclusivity and fencing, the
+settle vocabulary, renew and expiry, max attempts and dead letters, the
+contiguous frontier, replay and reset, queries, trimming, and a stateful test
+that runs random operation sequences against a reference model. It needs the
+``test`` extra (pytest and Hypothesis).
+
+How to test your own backend: describe how to build a fresh one (a
+*harness*), then subclass :class:`BackendConformance`::
+
+    # tests/test_my_backend_conformance.py
+    import pytest
+    from rheo_flow.testing import BackendConformance, BackendHarness
+
+    from my_package import MyBackend
+
+
+    class TestMyBackend(BackendConformance):
+        @pytest.fixture
+        def rheo_harness(self) -> BackendHarness:
+            # A backend that accepts an injectable clock gets exact, instant expiry tests:
+            return BackendHarness.with_manual_clock("mine", lambda clock: MyBackend(clock=clock))
+
+A backend on a real (or server) clock uses
+``url_harness("mine", "mydb://localhost/test")`` or builds a
+:class:`BackendHarness` with its own ``factory`` (an async context manager
+yielding a backend); the kit then waits for real time to pass. Capabilities the
+backend does not declare (``push_wakeups``, ``delayed_nack``, ``trim``, ...)
+skip their cases with a reason naming the capability. Without pytest::
+
+    from rheo_flow.testing import memory_harness, run_cases
+
+    failed = [r for r in run_cases(memory_harness()) if r.status == "fail"]
+
+``pytest -p rheo_flow.testing.plugin --rheo-matrix=matrix.md`` also writes a
+case-by-backend matrix.
+"""
+
+from ._case import CASES, Case, CaseEnv, ConformanceFailure, case
+from ._harness import BackendFactory, BackendHarness, memory_harness, sqlite_harness, url_harness
+from ._runner import CaseResult, all_cases, run_case, run_cases
+from ._stateful import conformance_state_machine, run_stateful
+from ._suite import BackendConformance
+
+__all__ = [
+    "CASES",
+    "BackendConformance",
+    "BackendFactory",
+    "BackendHarness",
+    "Case",
+    "CaseEnv",
+    "CaseResult",
+    "ConformanceFailure",
+    "all_cases",
+    "case",
+    "conformance_state_machine",
+    "memory_harness",
+    "run_case",
+    "run_cases",
+    "run_stateful",
+    "sqlite_harness",
+    "url_harness",
+]
+

@@ -1,0 +1,368 @@
+"""The stateful conformance test: random operation sequences against the reference model.
+
+Hypothesis drives appends, fetches (alone and concurrent), acks, nacks,
+rejects, renews, expiries, clock advances, replays and redrives against a
+fresh backend from a harness, checking every answer against
+:class:`~rheo_flow.testing._model.GroupModel` and, after each step, the high
+water, the dead letters and the frontier. Each example ends by draining the
+group and comparing what is left with the model: nothing lost, nothing
+unexpected.
+
+Hypothesis calls the machine synchronously, so the machine owns an event loop
+and runs each step to completion on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Awaitable, Coroutine, Sequence
+from contextlib import AsyncExitStack
+from typing import Any, TypeVar
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from .._backend import Backend
+from .._event import NewEvent
+from .._lease import Lease
+from .._rheo import Rheo
+from ._case import LONG_MS, check, check_equal
+from ._harness import BackendHarness
+from ._model import GroupModel, Op, outcome_of
+
+__all__ = ["conformance_state_machine", "run_stateful", "stateful_settings"]
+
+T = TypeVar("T")
+
+PARTITIONS = 2
+MAX_ATTEMPTS = 2
+KEYS = ["a", "b", "c", "d", "e"]
+CONSUMERS = ["c1", "c2"]
+STEP_TIMEOUT_S = 60.0
+
+
+def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMachine]:
+    """A Hypothesis state machine checking the backend of ``harness`` against the model."""
+    exact = harness.exact_time
+    lease_times = [LONG_MS, harness.short_ms]
+    if exact:
+        advances = st.one_of(st.integers(1, 2_000),
+                             st.sampled_from([LONG_MS - 1, LONG_MS, LONG_MS + 1, 2 * LONG_MS]))
+    else:
+        advances = st.integers(1, 30)
+    picks = st.lists(st.integers(0, 99), max_size=4)
+    stale_picks = st.lists(st.integers(0, 99), max_size=2)
+
+    class ConformanceMachine(RuleBasedStateMachine):
+        """Random operations on one group of one stream, checked against the model."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.loop = asyncio.new_event_loop()
+            self.stack = AsyncExitStack()
+            self.in_step = False
+            self.leases: dict[str, Lease] = {}
+            self.counter = 0
+            self.stream = f"sm-{uuid.uuid4().hex[:12]}"
+            self.group = "g"
+            self.backend: Backend | None = None
+            self._rheo: Rheo | None = None
+            self.model = GroupModel(self.stream, self.group, PARTITIONS, MAX_ATTEMPTS,
+                                    harness.clock_margin_ms)
+            self.nack_delays = [0]
+
+        # Plumbing ----------------------------------------------------------
+
+        @property
+        def rheo(self) -> Rheo:
+            assert self._rheo is not None, "the machine is not open"
+            return self._rheo
+
+        def run(self, coro: Coroutine[Any, Any, T]) -> T:
+            self.in_step = True
+            result = self.loop.run_until_complete(asyncio.wait_for(coro, STEP_TIMEOUT_S))
+            self.in_step = False
+            return result
+
+        async def now(self) -> int:
+            assert self.backend is not None
+            return await harness.current_time(self.backend)
+
+        async def timed(self, call: Awaitable[T]) -> tuple[T, int, int]:
+            t0 = await self.now()
+            result = await call
+            return result, t0, await self.now()
+
+        def current(self) -> list[Lease]:
+            return [self.leases[i] for i in self.model.current_lease_ids()]
+
+        def choose(self, indexes: Sequence[int], stale_indexes: Sequence[int]) -> list[Lease]:
+            current = self.current()
+            current_ids = {lease.lease_id for lease in current}
+            stale = [lease for lease in self.leases.values() if lease.lease_id not in current_ids]
+            chosen: dict[str, Lease] = {}
+            for i in indexes:
+                if current:
+                    lease = current[i % len(current)]
+                    chosen[lease.lease_id] = lease
+            for i in stale_indexes:
+                if stale:
+                    lease = stale[i % len(stale)]
+                    chosen[lease.lease_id] = lease
+            return list(chosen.values())
+
+        @initialize(keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=10))
+        def open(self, keys: list[str]) -> None:
+            self.run(self._open())
+            # Start with work to do, so that early steps have leases to fight over.
+            self.append([(key, None) for key in keys], duplicate=1)
+
+        async def _open(self) -> None:
+            backend = await self.stack.enter_async_context(harness.factory())
+            self.backend = backend
+            self._rheo = await self.stack.enter_async_context(Rheo(backend))
+            await self.rheo.create_stream(self.stream, partitions=PARTITIONS)
+            await self.rheo.create_group(self.stream, self.group, max_attempts=MAX_ATTEMPTS)
+            if backend.capabilities.delayed_nack:
+                self.nack_delays = [0, 0, 1, 1_000, LONG_MS] if exact else [0, 0, 20]
+
+        def teardown(self) -> None:
+            try:
+                if self.backend is not None and not self.in_step:
+                    self.run(self._drain_and_compare())
+            finally:
+                try:
+                    self.loop.run_until_complete(self.stack.aclose())
+                finally:
+                    self.loop.close()
+
+        # Steps -------------------------------------------------------------
+
+        # Every event has a key or a partition: keyless events route at random, and
+        # Hypothesis needs a step sequence to replay identically.
+        @rule(specs=st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from([None, None, 0, 1])),
+                             min_size=1, max_size=6),
+              duplicate=st.integers(0, 99))
+        def append(self, specs: list[tuple[str, int | None]], duplicate: int) -> None:
+            events: list[NewEvent] = []
+            for key, partition in specs:
+                self.counter += 1
+                events.append(NewEvent("sm.event", {"n": self.counter}, id=f"e{self.counter}",
+                                       key=key, partition=partition))
+            known = list(self.model.events_by_id)
+            if known and duplicate % 3 == 0:
+                events.append(NewEvent("sm.again", {"dup": True}, id=known[duplicate % len(known)],
+                                       key=KEYS[0]))
+            stored = self.run(self.rheo.append(self.stream, events))
+            check_equal(len(stored), len(events), "one stored event per appended event")
+            for new, event in zip(events, stored, strict=True):
+                assert new.id is not None
+                self.model.appended(new.id, event)
+
+        @rule(limit=st.integers(1, 8),
+              partitions=st.sampled_from([None, [0], [1], [0, 1]]),
+              consumer=st.sampled_from(CONSUMERS),
+              lease_ms=st.sampled_from(lease_times))
+        def fetch(self, limit: int, partitions: list[int] | None, consumer: str,
+                  lease_ms: int) -> None:
+            call = self.rheo.fetch(self.stream, self.group, consumer_id=consumer, limit=limit,
+                                   lease_ms=lease_ms,
+                                   partitions="all" if partitions is None else partitions)
+            leases, t0, t1 = self.run(self.timed(call))
+            self.model.check_fetch(leases, limit=limit, partitions=partitions,
+                                   consumer_id=consumer, lease_ms=lease_ms, t0=t0, t1=t1)
+            self.leases.update((lease.lease_id, lease) for lease in leases)
+
+        @rule(limits=st.lists(st.integers(1, 4), min_size=2, max_size=4))
+        def fetch_concurrently(self, limits: list[int]) -> None:
+            async def fetch_all() -> list[list[Lease]]:
+                return list(await asyncio.gather(*(
+                    self.rheo.fetch(self.stream, self.group, consumer_id=CONSUMERS[0],
+                                    limit=limit, lease_ms=LONG_MS)
+                    for limit in limits
+                )))
+
+            batches, t0, t1 = self.run(self.timed(fetch_all()))
+            leases = [lease for batch in batches for lease in batch]
+            for batch, limit in zip(batches, limits, strict=True):
+                check(len(batch) <= limit, f"fetch(limit={limit}) returned {len(batch)}")
+            check_equal(len({(x.partition, x.sequence) for x in leases}), len(leases),
+                        "concurrent fetches never lease an event twice")
+            # As one fetch of their total limit: partition order holds per call only.
+            self.model.check_fetch(sorted(leases, key=lambda x: (x.partition, x.sequence)),
+                                   limit=sum(limits), partitions=None, consumer_id=CONSUMERS[0],
+                                   lease_ms=LONG_MS, t0=t0, t1=t1)
+            self.leases.update((lease.lease_id, lease) for lease in leases)
+
+        @rule(indexes=picks, stale_indexes=stale_picks)
+        def ack(self, indexes: list[int], stale_indexes: list[int]) -> None:
+            self.run(self._settle("ack", self.choose(indexes, stale_indexes)))
+
+        @rule(indexes=picks, stale_indexes=stale_picks, delay=st.integers(0, 99))
+        def nack(self, indexes: list[int], stale_indexes: list[int], delay: int) -> None:
+            delay_ms = self.nack_delays[delay % len(self.nack_delays)]
+            self.run(self._settle("nack", self.choose(indexes, stale_indexes), delay_ms=delay_ms))
+
+        @rule(indexes=picks, stale_indexes=stale_picks)
+        def reject(self, indexes: list[int], stale_indexes: list[int]) -> None:
+            self.run(self._settle("reject", self.choose(indexes, stale_indexes)))
+
+        @rule(indexes=picks, stale_indexes=stale_picks)
+        def renew(self, indexes: list[int], stale_indexes: list[int]) -> None:
+            self.run(self._settle("renew", self.choose(indexes, stale_indexes), lease_ms=LONG_MS))
+
+        @rule(indexes=st.lists(st.integers(0, 99), min_size=1, max_size=3))
+        def expire(self, indexes: list[int]) -> None:
+            """Shorten some leases to the minimum, then let them run out."""
+            self.run(self._expire(self.choose(indexes, [])))
+
+        async def _expire(self, leases: list[Lease]) -> None:
+            if not leases:
+                return
+            results = await self._settle("renew", leases, lease_ms=10)
+            deadlines = [r.deadline_ms for r in results if r.ok and r.deadline_ms is not None]
+            if deadlines:
+                await self._advance_past(max(deadlines))
+
+        async def _advance_past(self, moment: int) -> None:
+            assert self.backend is not None
+            wait = moment + harness.clock_margin_ms + 1 - await self.now()
+            await harness.advance_time(self.backend, wait)
+
+        @rule(ms=advances)
+        def advance(self, ms: int) -> None:
+            assert self.backend is not None
+            self.run(harness.advance_time(self.backend, ms))
+
+        @precondition(lambda self: any(self.model.high_water))
+        @rule(partition=st.integers(0, PARTITIONS - 1), back=st.integers(0, 4))
+        def replay(self, partition: int, back: int) -> None:
+            from_sequence = max(1, self.model.high_water[partition] - back)
+            self.run(self.rheo.replay(self.stream, self.group, from_sequence=from_sequence,
+                                      partitions=[partition]))
+            self.model.replayed(partition, from_sequence)
+
+        @rule(every=st.integers(1, 3))
+        def redrive(self, every: int) -> None:
+            self.run(self._redrive(every))
+
+        async def _redrive(self, every: int) -> None:
+            await self._check_dead_letters()
+            dead = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
+            chosen = dead[::every]
+            count = await self.rheo.redrive(self.stream, self.group, chosen)
+            check_equal(count, len(chosen), "redrive count")
+            self.model.redriven([(d.partition, d.sequence) for d in chosen])
+
+        async def _settle(self, op: Op, leases: list[Lease], *, delay_ms: int = 0,
+                          lease_ms: int = LONG_MS) -> list[Any]:
+            if not leases:
+                return []
+            reason = f"{op} by the model"
+            t0 = await self.now()
+            if op == "ack":
+                call = self.rheo.ack(leases)
+            elif op == "nack":
+                call = self.rheo.nack(leases, reason, delay_ms=delay_ms)
+            elif op == "reject":
+                call = self.rheo.reject(leases, reason)
+            else:
+                call = self.rheo.renew(leases, lease_ms=lease_ms)
+            results = await call
+            t1 = await self.now()
+            check_equal([r.lease_id for r in results], [x.lease_id for x in leases],
+                        f"{op}: one result per lease, in order")
+            for lease, result in zip(leases, results, strict=True):
+                allowed = self.model.expect(lease, op, t1)
+                got = outcome_of(result)
+                detail = f" ({result.error.reason})" if result.error is not None else ""
+                check(got in allowed, f"{op} of {(lease.partition, lease.sequence)} "
+                      f"(attempt {lease.attempt}): expected {sorted(allowed)}, got {got}{detail}")
+                self.model.apply(lease, op, result, reason=reason, delay_ms=delay_ms,
+                                 lease_ms=lease_ms, t0=t0, t1=t1)
+            return results
+
+        # Checks ------------------------------------------------------------
+
+        async def _check_dead_letters(self) -> None:
+            dead = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
+            listed = {(d.partition, d.sequence): (d.attempts, d.reason) for d in dead}
+            check_equal(len(listed), len(dead), "dead letters are listed once each")
+            check_equal([(d.partition, d.sequence) for d in dead], sorted(listed),
+                        "dead letters in (partition, sequence) order")
+            self.model.check_dead_letters(listed, await self.now())
+
+        async def _check_progress(self) -> None:
+            info = await self.rheo.stream_info(self.stream)
+            check_equal([info.high_water[p] for p in range(PARTITIONS)], self.model.high_water,
+                        "high water")
+            await self._check_dead_letters()
+            frontier = await self.rheo.frontier(self.stream, self.group)
+            self.model.check_frontier(frontier, await self.now())
+
+        @invariant()
+        def progress_matches_model(self) -> None:
+            if self.backend is not None:
+                self.run(self._check_progress())
+
+        async def _drain_and_compare(self) -> None:
+            """Settle what is held, let delays pass, drain the group, compare with the model."""
+            await self._settle("ack", self.current())
+            await self._advance_past(self.model.latest_ready())
+            expected = set(self.model.unsettled())
+            drained: list[tuple[int, int]] = []
+            for _ in range(len(self.model.deliveries) + 5):
+                leases, t0, t1 = await self.timed(self.rheo.fetch(
+                    self.stream, self.group, consumer_id="drain", limit=20, lease_ms=LONG_MS))
+                self.model.check_fetch(leases, limit=20, partitions=None, consumer_id="drain",
+                                       lease_ms=LONG_MS, t0=t0, t1=t1)
+                if not leases:
+                    break
+                self.leases.update((lease.lease_id, lease) for lease in leases)
+                drained += [(x.partition, x.sequence) for x in leases]
+                await self._settle("ack", leases)
+            check_equal(sorted(drained), sorted(expected),
+                        "draining delivers exactly the unsettled events")
+            check_equal(self.model.unsettled(), [], "everything settled after the drain")
+            frontier = await self.rheo.frontier(self.stream, self.group)
+            check_equal([frontier[p] for p in range(PARTITIONS)], self.model.high_water,
+                        "frontier equals the high water after the drain")
+            lag = await self.rheo.lag(self.stream, self.group)
+            check_equal(sum(lag.values()), 0, "lag after the drain")
+            dead = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
+            check_equal({(d.partition, d.sequence): (d.attempts, d.reason) for d in dead},
+                        self.model.rejected(), "dead letters after the drain")
+
+    ConformanceMachine.__name__ = ConformanceMachine.__qualname__ = (
+        f"ConformanceMachine_{''.join(c if c.isalnum() else '_' for c in harness.name)}"
+    )
+    return ConformanceMachine
+
+
+def stateful_settings() -> settings:
+    """Example and step counts, from ``RHEO_STATEFUL_EXAMPLES`` / ``RHEO_STATEFUL_STEPS``."""
+    return settings(
+        max_examples=int(os.environ.get("RHEO_STATEFUL_EXAMPLES", "25")),
+        stateful_step_count=int(os.environ.get("RHEO_STATEFUL_STEPS", "30")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+def run_stateful(harness: BackendHarness, *, config: settings | None = None) -> None:
+    """Run the stateful test against ``harness``; raises on the first (shrunk) failure.
+
+    ``config`` overrides :func:`stateful_settings` (e.g. ``settings(max_examples=200)``).
+    """
+    run_state_machine_as_test(conformance_state_machine(harness),
+                              settings=config or stateful_settings())

@@ -1,0 +1,111 @@
+"""pytest plugin of the conformance kit: writes a case-by-backend matrix.
+
+Load it with ``-p rheo_flow.testing.plugin`` and name the file::
+
+    pytest -p rheo_flow.testing.plugin --rheo-matrix=conformance-matrix.md tests/test_mybackend.py
+
+Every test of a :class:`~rheo_flow.testing.BackendConformance` subclass becomes a
+cell (``pass``, ``fail`` or ``skip``) in the row of its case and the column of
+its harness; the columns of backends that did not run are kept from the
+existing file. A ``conftest.py`` can also register :class:`MatrixRecorder`
+itself (see the repository's ``conformance/conftest.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+from ._case import CASES
+from ._matrix import Cell, update_matrix
+from ._suite import HARNESS_NAME, BackendConformance
+
+__all__ = ["STATEFUL_CASE", "MatrixRecorder", "case_order"]
+
+_RANK = {"pass": 0, "skip": 1, "fail": 2}
+
+STATEFUL_CASE = "stateful_model"
+"""The matrix row of :meth:`BackendConformance.test_stateful_model`."""
+
+
+def case_order() -> list[str]:
+    """Every row of the matrix, in kit order."""
+    return [c.name for c in CASES] + [STATEFUL_CASE]
+
+
+def _identify(item: pytest.Item) -> tuple[str, str] | None:
+    cls = getattr(item, "cls", None)
+    if cls is None or not issubclass(cls, BackendConformance):
+        return None
+    name = getattr(item, "originalname", item.name).removeprefix("test_")
+    backend = item.stash.get(HARNESS_NAME, None)
+    if backend is None:
+        callspec = getattr(item, "callspec", None)
+        param = callspec.params.get("rheo_harness") if callspec is not None else None
+        backend = param if isinstance(param, str) else (
+            callspec.id if callspec is not None else "backend")
+    return name, backend
+
+
+def _detail(report: pytest.TestReport) -> str:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    text = report.longreprtext.strip().splitlines()
+    # The last lines of a failure hold the exception and its message.
+    errors = [line for line in text if line.startswith("E ")]
+    return " ".join(line[1:].strip() for line in errors[:3]) or (text[-1] if text else "")
+
+
+class MatrixRecorder:
+    """Collects conformance results and writes them to ``path`` at the end of the session."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.results: dict[tuple[str, str], Cell] = {}
+        self.docs: dict[str, str] = {}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """Record the outcome of each phase of a conformance test."""
+        report = yield
+        identity = _identify(item)
+        if identity is None:
+            return report
+        function = getattr(item, "function", None)
+        doc = (getattr(function, "__doc__", None) or "").strip().splitlines()
+        self.docs[identity[0]] = doc[0] if doc else ""
+        previous = self.results.get(identity)
+        if report.failed:
+            cell: Cell = ("fail", _detail(report))
+        elif report.skipped:
+            cell = ("skip", _detail(report))
+        elif report.when == "call":
+            cell = ("pass", "")
+        else:
+            return report
+        # A test's worst phase decides its cell: fail over skip over pass.
+        if previous is None or _RANK[cell[0]] > _RANK[previous[0]]:
+            self.results[identity] = cell
+        return report
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Merge this run's cells into the matrix file."""
+        if self.results:
+            update_matrix(self.path, self.results, self.docs, case_order())
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--rheo-matrix=PATH``: write the conformance matrix there."""
+    parser.addoption("--rheo-matrix", default=None, metavar="PATH",
+                     help="write the rheo_flow conformance matrix (markdown) to PATH")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the recorder when ``--rheo-matrix`` is given."""
+    path = config.getoption("--rheo-matrix", None)
+    if path:
+        config.pluginmanager.register(MatrixRecorder(Path(path)), "rheo-matrix-recorder")

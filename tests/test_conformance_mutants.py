@@ -1,0 +1,203 @@
+"""The conformance kit can fail: deliberately broken backends must each fail some case.
+
+Each mutant is the in-memory backend with one rule of the contract broken. The
+unmodified memory backend passes every case and the stateful test; every
+mutant fails at least the cases named for it, and the stateful model catches
+the ones that break what it drives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+from hypothesis import Phase, settings
+
+from rheo_flow import Lease, SettleKind, SettleResult
+from rheo_flow._backend import AppendRecord
+from rheo_flow._backends.memory import MemoryBackend
+from rheo_flow._event import Event
+from rheo_flow.testing import (
+    CASES,
+    BackendHarness,
+    memory_harness,
+    run_cases,
+    run_stateful,
+)
+
+
+class NoFencing(MemoryBackend):
+    """Settles and renews whatever delivery a lease names, ignoring lease id and receipt."""
+
+    def _find(self, lease: Lease):  # type: ignore[no-untyped-def]
+        g = self._groups.get((lease.stream, lease.group))
+        if g is not None and 0 <= lease.partition < len(g.partitions):
+            gp = g.partitions[lease.partition]
+            d = gp.active.get(lease.sequence) or gp.done.get(lease.sequence)
+            if d is not None:
+                return g, gp, d
+        return super()._find(lease)
+
+
+class ReceiptIgnored(MemoryBackend):
+    """Checks the lease id but not the receipt."""
+
+    def _find(self, lease: Lease):  # type: ignore[no-untyped-def]
+        g = self._groups.get((lease.stream, lease.group))
+        if g is not None and 0 <= lease.partition < len(g.partitions):
+            gp = g.partitions[lease.partition]
+            d = gp.active.get(lease.sequence) or gp.done.get(lease.sequence)
+            if d is not None and d.lease_id == lease.lease_id:
+                return g, gp, d
+        return super()._find(lease)
+
+
+class FetchIgnoresLimit(MemoryBackend):
+    """Leases everything that is eligible, whatever the limit."""
+
+    async def fetch(self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+                    partitions: Sequence[int] | None) -> list[Lease]:
+        return await super().fetch(stream, group, consumer_id, 10_000, lease_ms, partitions)
+
+
+class FrontierSkipsHoles(MemoryBackend):
+    """Reports the highest settled sequence instead of the contiguous frontier."""
+
+    async def frontier(self, stream: str, group: str) -> dict[int, int]:
+        g = self._group(stream, group)
+        return {i: max([gp.frontier, *gp.done]) for i, gp in enumerate(g.partitions)}
+
+
+class AppendNotIdempotent(MemoryBackend):
+    """Stores an event again when its id is already in the stream."""
+
+    async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
+        s = self._stream(stream)
+        for record in records:
+            s.ids.pop(record.id, None)
+        return await super().append(stream, records)
+
+
+class RenewDoesNotExtend(MemoryBackend):
+    """Answers renew with a new deadline but keeps the old one."""
+
+    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
+        before = {}
+        for lease in leases:
+            found = self._find(lease)
+            if not isinstance(found, SettleResult):
+                before[lease.lease_id] = (found[2], found[2].deadline_ms)
+        results = await super().renew(leases, lease_ms)
+        for delivery, deadline in before.values():
+            delivery.deadline_ms = deadline
+        return results
+
+
+class RepeatedSettleIsStale(MemoryBackend):
+    """Answers a repeated settle with stale_lease instead of ok/repeated."""
+
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        return [
+            SettleResult.failure(r.lease_id, SettleKind.STALE_LEASE) if r.repeated else r
+            for r in await super().ack(leases)
+        ]
+
+
+class MaxAttemptsIgnored(MemoryBackend):
+    """Redelivers forever: the group's max_attempts is never enforced."""
+
+    async def create_group(self, stream: str, group: str, start: object,
+                           max_attempts: int | None):  # type: ignore[no-untyped-def]
+        info = await super().create_group(stream, group, start, max_attempts)  # type: ignore[arg-type]
+        g = self._groups[(stream, group)]
+        g.info = type(info)(info.stream, info.group, 1_000_000, info.created_at_ms)
+        return info
+
+
+class ReplayForgetsNothing(MemoryBackend):
+    """replay does nothing."""
+
+    async def replay(self, stream: str, group: str, from_sequence: int,
+                     partitions: Sequence[int]) -> None:
+        self._group(stream, group)
+
+
+class TrimReusesSequences(MemoryBackend):
+    """A partition trimmed empty starts numbering at 1 again."""
+
+    async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
+        removed = await super().trim(stream, up_to)
+        for part in self._stream(stream).partitions:
+            if part.low_water > part.high_water:
+                part.high_water, part.low_water = 0, 1
+        return removed
+
+
+class RejectAcks(MemoryBackend):
+    """reject acknowledges instead of dead-lettering."""
+
+    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
+        return await self.ack(leases)
+
+
+class NackIgnoresDelay(MemoryBackend):
+    """nack makes deliveries available at once, whatever the delay."""
+
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int
+                   ) -> list[SettleResult]:
+        return await super().nack(leases, reason, 0)
+
+
+# mutant -> cases it must fail (it may fail more)
+MUTANTS: dict[type[MemoryBackend], set[str]] = {
+    NoFencing: {"fencing_after_expiry_and_release", "nack_redelivers_immediately"},
+    ReceiptIgnored: {"receipt_mismatch"},
+    FetchIgnoresLimit: {"fetch_respects_limit"},
+    FrontierSkipsHoles: {"frontier_contiguous_with_holes", "lag_is_high_water_minus_frontier"},
+    AppendNotIdempotent: {"append_idempotent_event_id"},
+    RenewDoesNotExtend: {"renew_extends_deadline"},
+    RepeatedSettleIsStale: {"repeated_settle_is_ok_repeated"},
+    MaxAttemptsIgnored: {"max_attempts_via_nack", "max_attempts_via_expiry"},
+    ReplayForgetsNothing: {"replay_from_sequence", "replay_selected_partitions"},
+    TrimReusesSequences: {"trim_sequences_not_reused"},
+    RejectAcks: {"reject_dead_letters"},
+    NackIgnoresDelay: {"nack_with_delay"},
+}
+
+# Mutants that break what the stateful machine drives: the model must catch them.
+STATEFUL_MUTANTS = [NoFencing, FetchIgnoresLimit, FrontierSkipsHoles, AppendNotIdempotent,
+                    RenewDoesNotExtend, RepeatedSettleIsStale, MaxAttemptsIgnored,
+                    ReplayForgetsNothing, RejectAcks, NackIgnoresDelay]
+
+
+def harness_for(backend: type[MemoryBackend]) -> BackendHarness:
+    """The memory harness, building the mutant instead."""
+    return BackendHarness.with_manual_clock(
+        backend.__name__, lambda clock: backend(clock=clock), peer=lambda b, clock: b
+    )
+
+
+def test_memory_backend_passes_every_case() -> None:
+    results = run_cases(memory_harness())
+    assert len(results) == len(CASES) >= 40
+    assert [(r.case, r.detail) for r in results if r.status != "pass"] == []
+
+
+def test_memory_backend_passes_the_stateful_model() -> None:
+    run_stateful(memory_harness())
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS), ids=lambda m: m.__name__)
+def test_mutant_fails_its_cases(mutant: type[MemoryBackend]) -> None:
+    results = run_cases(harness_for(mutant))
+    failed = {r.case for r in results if r.status == "fail"}
+    assert failed, f"{mutant.__name__} passed every case: the kit cannot see its bug"
+    assert MUTANTS[mutant] <= failed, f"{mutant.__name__} failed only {sorted(failed)}"
+
+
+@pytest.mark.parametrize("mutant", STATEFUL_MUTANTS, ids=lambda m: m.__name__)
+def test_stateful_model_catches_mutant(mutant: type[MemoryBackend]) -> None:
+    config = settings(max_examples=200, stateful_step_count=30, deadline=None, database=None,
+                      derandomize=True, phases=[Phase.generate], report_multiple_bugs=False)
+    with pytest.raises(AssertionError):
+        run_stateful(harness_for(mutant), config=config)

@@ -1,0 +1,278 @@
+"""The demand-driven Producer: demand bound, renewal, settling, drain, wake-ups, back-off."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import pytest
+
+from rheo_flow import (
+    AlreadyStarted,
+    Capabilities,
+    InvalidArgument,
+    Lease,
+    ManualClock,
+    NewEvent,
+    NotStarted,
+    Producer,
+    Rheo,
+    SettleResult,
+    UnknownStream,
+)
+from rheo_flow._backoff import Backoff
+from rheo_flow.backends import MemoryBackend
+
+WaitUntil = Callable[..., Awaitable[None]]
+
+
+class CountingBackend(MemoryBackend):
+    """The memory backend counting calls, with injectable fetch / ack failures."""
+
+    def __init__(self, *, clock: ManualClock | None = None, push: bool = True) -> None:
+        super().__init__(clock=clock)
+        self.calls: Counter[str] = Counter()
+        self.fetch_failures = 0
+        self.ack_error: BaseException | None = None
+        self._caps = dataclasses.replace(MemoryBackend._CAPABILITIES, push_wakeups=push)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    async def fetch(self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+                    partitions: Sequence[int] | None) -> list[Lease]:
+        self.calls["fetch"] += 1
+        if self.fetch_failures:
+            self.fetch_failures -= 1
+            raise ConnectionRefusedError("connection refused")
+        return await super().fetch(stream, group, consumer_id, limit, lease_ms, partitions)
+
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        self.calls["ack"] += 1
+        if self.ack_error is not None:
+            raise self.ack_error
+        return await super().ack(leases)
+
+    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
+        self.calls["renew"] += 1
+        return await super().renew(leases, lease_ms)
+
+
+@pytest.fixture
+def backend(clock: ManualClock) -> CountingBackend:
+    return CountingBackend(clock=clock)
+
+
+@pytest.fixture
+async def db(backend: CountingBackend) -> AsyncIterator[Rheo]:
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("orders", partitions=4)
+        yield rheo
+
+
+async def append(rheo: Rheo, count: int, start: int = 0) -> None:
+    await rheo.append("orders", [NewEvent("order", {"n": i}, key=f"k{i % 7}")
+                                 for i in range(start, start + count)])
+
+
+async def test_demand_is_bounded_by_max_demand_and_freed_by_settles(db: Rheo) -> None:
+    await append(db, 50)
+    async with Producer(db, "orders", "billing", max_demand=10) as producer:
+        first = await producer.demand(100)
+        assert len(first) == 10
+        assert len(producer.inflight) == 10
+        waiting = asyncio.create_task(producer.demand(5))
+        for _ in range(20):  # give the task every chance to (wrongly) fetch
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        await producer.ack(first[:3])
+        freed = await asyncio.wait_for(waiting, 5)
+        assert len(freed) == 3  # min(n=5, max_demand - inflight = 3)
+        await producer.ack(first[3:] + freed)
+        assert not producer.inflight
+    stats = producer.stats()
+    assert (stats.fetched, stats.acked, stats.peak_inflight) == (13, 13, 10)
+
+
+async def test_nack_reject_and_confirm_release_demand(db: Rheo, clock: ManualClock) -> None:
+    await append(db, 4)
+    async with Producer(db, "orders", "billing", max_demand=4, lease_ms=1_000) as producer:
+        leases = sorted(await producer.demand(4), key=lambda lease: lease.event.data["n"])
+        assert [r.ok for r in await producer.nack(leases[:1], "later", delay_ms=5_000)] == [True]
+        assert [r.ok for r in await producer.reject(leases[1:2], "poison")] == [True]
+        assert producer.confirm(leases[2:3]) == 1
+        await producer.ack(leases[3:])
+        assert not producer.inflight
+
+        # The confirmed lease was not settled: it is still leased until it expires.
+        other = await db.fetch("orders", "billing", consumer_id="other", limit=10)
+        assert other == []
+        clock.advance(5_000)
+        redelivered = await db.fetch("orders", "billing", consumer_id="other", limit=10)
+        assert sorted(lease.event.data["n"] for lease in redelivered) == [0, 2]
+        assert {lease.attempt for lease in redelivered} == {2}
+        await db.ack(redelivered)
+    dead = await db.dead_letters("orders", "billing")
+    assert [(d.reason, d.event_id) for d in dead] == [("poison", leases[1].event.id)]
+    stats = producer.stats()
+    assert (stats.acked, stats.nacked, stats.rejected, stats.confirmed) == (1, 1, 1, 1)
+
+
+async def test_renews_every_inflight_lease_in_one_call(
+    db: Rheo, backend: CountingBackend, clock: ManualClock, wait_until: WaitUntil
+) -> None:
+    await append(db, 6)
+    async with Producer(db, "orders", "billing", max_demand=10, lease_ms=100) as producer:
+        leases = await producer.demand(10)
+        assert len(leases) == 6
+        clock.advance(80)
+        renewals = producer.stats().renewals
+        await wait_until(lambda: producer.stats().renewals > renewals)
+        # Renewed at t+80 to t+180: at t+160 nothing is eligible for another consumer,
+        # although the original lease (t+100) has run out.
+        clock.advance(80)
+        assert await db.fetch("orders", "billing", consumer_id="thief", limit=10) == []
+        calls_per_tick = backend.calls["renew"] / producer.stats().renewals
+        assert calls_per_tick == 1
+        results = await producer.ack(leases)
+        assert all(r.ok for r in results)
+
+
+async def test_drain_stops_fetching_keeps_renewing_and_waits_for_settles(db: Rheo) -> None:
+    await append(db, 8)
+    producer = await Producer(db, "orders", "billing", max_demand=4, lease_ms=100).start()
+    leases = await producer.demand(4)
+    assert not await producer.drain(timeout=0.15)  # leases still inflight
+    assert producer.state == "draining"
+    assert await producer.demand(4) == []  # no more fetching once draining
+    renewals = producer.stats().renewals
+    assert renewals >= 1  # kept renewing while draining
+    finishing = asyncio.create_task(producer.drain(timeout=5))
+    await producer.ack(leases)
+    assert await finishing
+    assert producer.state == "stopped"
+    assert (await db.lag("orders", "billing")) != {0: 0, 1: 0, 2: 0, 3: 0}  # 4 left
+
+
+async def test_drain_wakes_a_demand_waiting_for_events(db: Rheo) -> None:
+    producer = await Producer(db, "orders", "billing", poll_ms=60_000).start()
+    waiting = asyncio.create_task(producer.demand(5))
+    await asyncio.sleep(0)
+    assert await producer.drain(timeout=1)
+    assert await asyncio.wait_for(waiting, 1) == []
+
+
+async def test_push_wakeup_ends_an_idle_wait(db: Rheo) -> None:
+    async with Producer(db, "orders", "billing", poll_ms=60_000) as producer:
+        waiting = asyncio.create_task(producer.demand(5))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        await append(db, 2)
+        leases = await asyncio.wait_for(waiting, 5)
+        assert len(leases) in (1, 2)  # a wake-up may race the second append row
+        await producer.ack(leases)
+        rest = await producer.demand(5) if len(leases) == 1 else []
+        await producer.ack(rest)
+
+
+async def test_polls_when_the_backend_cannot_push(clock: ManualClock) -> None:
+    backend = CountingBackend(clock=clock, push=False)
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("orders")
+        async with Producer(rheo, "orders", "g", poll_ms=10) as producer:
+            waiting = asyncio.create_task(producer.demand(5))
+            await rheo.append("orders", NewEvent("x"))
+            leases = await asyncio.wait_for(waiting, 5)
+            assert len(leases) == 1
+            await producer.ack(leases)
+
+
+async def test_fetch_failures_back_off_then_recover(db: Rheo, backend: CountingBackend) -> None:
+    await append(db, 3)
+    backend.fetch_failures = 2
+    backoff = Backoff(initial_ms=1, max_ms=2, jitter_ms=0)
+    async with Producer(db, "orders", "billing", backoff=backoff) as producer:
+        leases = await asyncio.wait_for(producer.demand(10), 5)
+        assert len(leases) == 3
+        assert producer.stats().fetch_failures == 2
+        assert backoff.failures == 0  # reset after the successful fetch
+        await producer.ack(leases)
+
+
+async def test_unavailable_backend_on_ack_leaves_leases_to_expire(
+    db: Rheo, backend: CountingBackend, clock: ManualClock
+) -> None:
+    await append(db, 2)
+    async with Producer(db, "orders", "billing", lease_ms=1_000) as producer:
+        leases = await producer.demand(10)
+        backend.ack_error = ConnectionRefusedError("down")
+        results = await producer.ack(leases)
+        assert {r.kind for r in results} == {"backend_unavailable"}
+        assert not producer.inflight  # released: no longer renewed
+        assert producer.stats().settle_failures == {"backend_unavailable": 2}
+        assert backend.calls["nack"] == 0
+        backend.ack_error = None
+        assert await db.fetch("orders", "billing", consumer_id="x", limit=10) == []
+        clock.advance(1_000)
+        again = await db.fetch("orders", "billing", consumer_id="x", limit=10)
+        assert sorted(lease.attempt for lease in again) == [2, 2]
+        await db.ack(again)
+
+
+async def test_batches_iterate_until_drained(db: Rheo) -> None:
+    await append(db, 7)
+    producer = await Producer(db, "orders", "billing", max_demand=3).start()
+    seen = []
+    async for leases in producer.batches(2):
+        assert len(leases) <= 2
+        seen.extend(leases)
+        await producer.ack(leases)
+        if len(seen) == 7:
+            drained = asyncio.create_task(producer.drain(1))
+    assert await drained
+    assert len({lease.event.id for lease in seen}) == 7
+
+
+async def test_partitions_restrict_fetching(db: Rheo) -> None:
+    await append(db, 40)
+    async with Producer(db, "orders", "billing", partitions=[1, 3], max_demand=100) as p:
+        leases = await p.demand(100)
+        assert leases
+        assert {lease.partition for lease in leases} <= {1, 3}
+        await p.ack(leases)
+
+
+async def test_max_attempts_updates_the_group(db: Rheo) -> None:
+    async with Producer(db, "orders", "billing", max_attempts=2):
+        assert (await db.group_info("orders", "billing")).max_attempts == 2
+
+
+async def test_bad_input_and_lifecycle_errors(db: Rheo) -> None:
+    with pytest.raises(InvalidArgument, match="max_demand"):
+        Producer(db, "orders", "g", max_demand=0)
+    with pytest.raises(InvalidArgument, match="lease_ms"):
+        Producer(db, "orders", "g", lease_ms=1)
+    with pytest.raises(InvalidArgument, match="stream"):
+        Producer(db, "bad name!", "g")
+    with pytest.raises(InvalidArgument, match="partitions"):
+        Producer(db, "orders", "g", partitions="some")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="rheo"):
+        Producer("memory://", "orders", "g")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="partition 9"):
+        await Producer(db, "orders", "g", partitions=[9]).start()
+    with pytest.raises(UnknownStream):
+        await Producer(db, "missing", "g").start()
+    producer = Producer(db, "orders", "g")
+    with pytest.raises(NotStarted):
+        await producer.demand(1)
+    await producer.start()
+    with pytest.raises(AlreadyStarted):
+        await producer.start()
+    with pytest.raises(InvalidArgument, match="n must be"):
+        await producer.demand(0)
+    await producer.stop()
+    assert await producer.demand(1) == []
