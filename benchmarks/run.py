@@ -59,13 +59,17 @@ def print_table(suite: str, results: list[Result]) -> None:
     for column in ("name", "backend", "value", "unit", "baseline", "ratio", "note"):
         table.add_column(column, justify="right" if column in ("value", "baseline", "ratio")
                          else "left")
+    notes: list[str] = []
     for r in results:
+        if r.note and r.note not in notes:
+            notes.append(r.note)
         table.add_row(
             r.name, r.backend, f"{r.value:,.1f}", r.unit,
             "" if r.baseline is None else f"{r.baseline:,.1f}",
             "" if r.ratio is None else f"{r.ratio:.2f}",
-            r.note,
+            f"[{notes.index(r.note) + 1}]" if r.note else "",
         )
+    table.caption = "  ".join(f"[{i}] {note}" for i, note in enumerate(notes, start=1))
     Console().print(table)
 
 

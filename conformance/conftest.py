@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -113,6 +114,13 @@ async def _probe(harness: BackendHarness) -> None:
         await asyncio.wait_for(rheo.streams(), PROBE_TIMEOUT_S)
 
 
+def _redact(text: str, url: str) -> str:
+    """``text`` without the URL's password (drivers may echo the DSN in errors)."""
+    password = urlsplit(url).password
+    text = text.replace(url, redact_url(url))
+    return text.replace(password, "***") if password else text
+
+
 def _reachable(name: str, harness: BackendHarness, entry: BackendEntry, url: str) -> str | None:
     """None when the server answers, else why not (cached per backend for the session)."""
     if name not in _probes:
@@ -120,9 +128,10 @@ def _reachable(name: str, harness: BackendHarness, entry: BackendEntry, url: str
             asyncio.run(asyncio.wait_for(_probe(harness), PROBE_TIMEOUT_S))
             _probes[name] = None
         except Exception as exc:
+            error = _redact(f"{type(exc).__name__}: {exc}", url)
             _probes[name] = (
-                f"{name} server at {redact_url(url)} is unreachable "
-                f"({type(exc).__name__}: {exc}); set {entry.url_env} to a reachable server"
+                f"{name} server at {redact_url(url)} is unreachable ({error}); "
+                f"set {entry.url_env} to a reachable server"
             )
     return _probes[name]
 

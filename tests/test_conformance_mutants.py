@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 import pytest
 from hypothesis import Phase, settings
 
-from rheo_flow import Lease, SettleKind, SettleResult
+from rheo_flow import GroupInfo, Lease, SettleKind, SettleResult
 from rheo_flow._backend import AppendRecord
-from rheo_flow._backends.memory import MemoryBackend
+from rheo_flow._backends.memory import MemoryBackend, _Delivery, _Group, _GroupPartition
 from rheo_flow._event import Event
+from rheo_flow._stream import StartPosition
 from rheo_flow.testing import (
     CASES,
     BackendHarness,
@@ -25,11 +26,13 @@ from rheo_flow.testing import (
     run_stateful,
 )
 
+Found = tuple[_Group, _GroupPartition, _Delivery] | SettleResult
+
 
 class NoFencing(MemoryBackend):
     """Settles and renews whatever delivery a lease names, ignoring lease id and receipt."""
 
-    def _find(self, lease: Lease):  # type: ignore[no-untyped-def]
+    def _find(self, lease: Lease) -> Found:
         g = self._groups.get((lease.stream, lease.group))
         if g is not None and 0 <= lease.partition < len(g.partitions):
             gp = g.partitions[lease.partition]
@@ -42,7 +45,7 @@ class NoFencing(MemoryBackend):
 class ReceiptIgnored(MemoryBackend):
     """Checks the lease id but not the receipt."""
 
-    def _find(self, lease: Lease):  # type: ignore[no-untyped-def]
+    def _find(self, lease: Lease) -> Found:
         g = self._groups.get((lease.stream, lease.group))
         if g is not None and 0 <= lease.partition < len(g.partitions):
             gp = g.partitions[lease.partition]
@@ -82,7 +85,7 @@ class RenewDoesNotExtend(MemoryBackend):
     """Answers renew with a new deadline but keeps the old one."""
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
-        before = {}
+        before: dict[str, tuple[_Delivery, int]] = {}
         for lease in leases:
             found = self._find(lease)
             if not isinstance(found, SettleResult):
@@ -106,11 +109,11 @@ class RepeatedSettleIsStale(MemoryBackend):
 class MaxAttemptsIgnored(MemoryBackend):
     """Redelivers forever: the group's max_attempts is never enforced."""
 
-    async def create_group(self, stream: str, group: str, start: object,
-                           max_attempts: int | None):  # type: ignore[no-untyped-def]
-        info = await super().create_group(stream, group, start, max_attempts)  # type: ignore[arg-type]
+    async def create_group(self, stream: str, group: str, start: StartPosition,
+                           max_attempts: int | None) -> GroupInfo:
+        info = await super().create_group(stream, group, start, max_attempts)
         g = self._groups[(stream, group)]
-        g.info = type(info)(info.stream, info.group, 1_000_000, info.created_at_ms)
+        g.info = GroupInfo(info.stream, info.group, 1_000_000, info.created_at_ms)
         return info
 
 

@@ -161,7 +161,7 @@ async def test_every_event_reaches_exactly_one_batch_in_key_order(
 
 
 async def test_drain_flushes_open_batches_and_leaves_nothing_leased(
-    rheo: Rheo, clock: ManualClock
+    rheo: Rheo, clock: ManualClock, wait_until: WaitUntil
 ) -> None:
     await fill(rheo, 250, partitions=2)
     handler = Recorder()
@@ -172,7 +172,7 @@ async def test_drain_flushes_open_batches_and_leaves_nothing_leased(
                   "s3": Batcher(batch_size=1_000, batch_timeout=3_600)},
     )
     await pipeline.start()
-    await _until_batched(pipeline, 250)
+    await wait_until(lambda: pipeline.stats().in_batchers == 250)
     assert handler.batches == []  # open: neither full nor timed out
     assert await pipeline.drain(timeout=10)
     assert {info.trigger for _, info, _ in handler.batches} == {"drain"}
@@ -181,16 +181,6 @@ async def test_drain_flushes_open_batches_and_leaves_nothing_leased(
     assert not pipeline.producer.inflight
     clock.advance(LEASE_MS + 1)
     assert await rheo.fetch("orders", "billing", consumer_id="late", limit=10) == []
-
-
-async def _until_batched(pipeline: Pipeline, count: int) -> None:
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while pipeline.stats().in_batchers < count:
-        assert loop.time() < deadline, "messages did not reach the batchers"
-        await asyncio.sleep(0.005)  # polling a predicate against a deadline
 
 
 async def test_processors_ack_directly_without_batchers(rheo: Rheo, wait_until: WaitUntil

@@ -369,7 +369,8 @@ async def test_ack_immediately_settles_once(db: Rheo, backend: ScriptedBackend,
     async def early(message: Message) -> None:
         if n(message) < 3:
             await message.ack_immediately()
-            assert message.settled and message.outcome == "ack"
+            assert message.settled
+            assert message.outcome == "ack"
 
     handler = Scripted(on_message=early)
     async with pipeline_for(db, handler) as pipeline:

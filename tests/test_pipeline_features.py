@@ -63,7 +63,8 @@ async def test_message_api_chains_and_validates() -> None:
     [m] = result.successful
     assert m.data == 4
     assert m.outcome == "ack"
-    assert m.status == "ok" and m.reason is None
+    assert m.status == "ok"
+    assert m.reason is None
     meta = m.metadata
     assert (meta["stream"], meta["partition"], meta["sequence"], meta["key"]) == (
         "test", 3, 1, "k1")
@@ -247,14 +248,15 @@ async def test_pipeline_respects_the_rate_limit_and_its_updates(
         async def handle_message(self, processor: str, message: Message, context: Any
                                  ) -> Message:
             self.handled += 1
-            if self.handled == 20:
-                context.update_rate_limit(allowed_messages=12)
+            if self.handled == 20:  # raise the limit from inside the running pipeline
+                context["pipeline"].update_rate_limit(allowed_messages=12)
             return message
 
     handler = Counting()
-    pipeline = Pipeline(rheo, stream="numbers", group="g", handler=handler,
+    context: dict[str, Pipeline] = {}
+    pipeline = Pipeline(rheo, stream="numbers", group="g", handler=handler, context=context,
                         rate_limit=limiter, max_inflight=5)
-    pipeline._context = pipeline  # the handler raises the limit from inside the pipeline
+    context["pipeline"] = pipeline
     async with pipeline:
         await wait_until(lambda: handler.handled == 60)
     assert sum(limiter.per_window.values()) == 60
@@ -262,6 +264,26 @@ async def test_pipeline_respects_the_rate_limit_and_its_updates(
     assert limiter.per_window[0] == 5
     assert max(limiter.per_window.values()) > 5  # the raised limit was used
     assert pipeline.rate_limit == RateLimit(12, 1_000)
+
+
+async def test_drain_does_not_wait_for_the_next_rate_window(rheo: Rheo, wait_until: WaitUntil
+                                                            ) -> None:
+    await rheo.create_stream("numbers")
+    await rheo.append("numbers", [NewEvent("n", i) for i in range(5)])
+    seen: list[int] = []
+
+    class Recording(PipelineHandler):
+        async def handle_message(self, processor: str, message: Message, context: Any
+                                 ) -> Message:
+            seen.append(message.data)
+            return message
+
+    pipeline = Pipeline(rheo, stream="numbers", group="g", handler=Recording(),
+                        rate_limit=RateLimit(2, interval_ms=3_600_000))
+    await pipeline.start()
+    await wait_until(lambda: len(seen) == 2)
+    assert await pipeline.drain(timeout=5)  # the hour-long window is not waited for
+    assert len(seen) == 2
 
 
 async def test_update_rate_limit_sets_a_first_limit(rheo: Rheo) -> None:

@@ -276,3 +276,18 @@ async def test_bad_input_and_lifecycle_errors(db: Rheo) -> None:
         await producer.demand(0)
     await producer.stop()
     assert await producer.demand(1) == []
+
+
+async def test_observer_sees_every_settle_with_its_kind(db: Rheo, backend: CountingBackend
+                                                        ) -> None:
+    from rheo_flow import SettleOutcome
+
+    await append(db, 3)
+    seen: list[SettleOutcome] = []
+    async with Producer(db, "orders", "billing", observer=seen.append) as producer:
+        leases = await producer.demand(3)
+        await producer.ack(leases[:2])
+        backend.ack_error = ConnectionRefusedError("down")
+        await producer.ack(leases[2:])
+    assert [(o.op, o.result.kind) for o in seen] == [
+        ("ack", None), ("ack", None), ("ack", "backend_unavailable")]

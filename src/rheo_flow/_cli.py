@@ -7,10 +7,11 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
@@ -39,13 +40,33 @@ def _console() -> Console:
     return Console(highlight=False)
 
 
-def _run(console: Console, make: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine; a rheo_flow error becomes a message and exit status 1."""
+def _run(console: Console, make: Callable[[], Awaitable[T]], url: str | None = None) -> T:
+    """Run a coroutine; an error becomes a one-line message and exit status 1.
+
+    A driver's own error (a refused connection, bad credentials) is shown too,
+    with the URL's password masked should the driver have quoted it.
+    """
     try:
         return asyncio.run(make())  # type: ignore[arg-type]
     except RheoError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {escape(_mask(str(exc), url))}")
         raise typer.Exit(1) from None
+    except Exception as exc:
+        where = f" ({redact_url(url)})" if url else ""
+        message = _mask(f"{type(exc).__name__}: {exc}", url)
+        console.print(f"[bold red]error{escape(where)}:[/] {escape(message)}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        raise typer.Exit(130) from None
+
+
+def _mask(text: str, url: str | None) -> str:
+    try:
+        password = urlsplit(url).password if url else None
+    except ValueError:
+        return text
+    return text.replace(password, "***") if password else text
 
 
 def _version(value: bool) -> None:
@@ -109,7 +130,8 @@ def demo(
         config = DemoConfig(url=url, events=events, partitions=partitions, workers=workers,
                             rate=rate, timeout_s=timeout)
         live = console.is_terminal and not quiet
-        result = _run(console, lambda: run_demo(config, console, live=live, quiet=quiet))
+        result = _run(console, lambda: run_demo(config, console, live=live, quiet=quiet),
+                      url)
     if not result.ok:
         raise typer.Exit(1)
 
@@ -134,7 +156,7 @@ def streams(url: Annotated[str, typer.Argument(help=URL_HELP)]) -> None:
                               ", ".join(g.group for g in groups) or "-")
         return table
 
-    console.print(_run(console, go))
+    console.print(_run(console, go, url))
 
 
 @app.command()
@@ -166,7 +188,7 @@ def lag(
                                   f"{max(0, high - done):,}")
         return table
 
-    console.print(_run(console, go))
+    console.print(_run(console, go, url))
 
 
 @app.command("dead-letters")
@@ -190,7 +212,7 @@ def dead_letters(
             table.add_row(str(d.partition), str(d.sequence), d.event_id, str(d.attempts), d.reason)
         return table
 
-    console.print(_run(console, go))
+    console.print(_run(console, go, url))
 
 
 def main() -> None:

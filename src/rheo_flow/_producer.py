@@ -24,7 +24,7 @@ from ._inflight import Inflight
 from ._lease import Lease
 from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
 from ._settle import SettleResult, classify
-from ._settlement import SettleOp, settle
+from ._settlement import SettleObserver, SettleOp, settle
 from ._validation import check_lease_ms, check_name, check_partition, check_positive_int
 
 __all__ = ["Producer", "ProducerStats"]
@@ -67,9 +67,12 @@ class Producer:
     producer waits before fetching again when the backend cannot push
     wake-ups (with push wake-ups it is the upper bound of the wait).
     ``max_attempts`` (when given) updates the group's setting on start.
+    ``observer`` is called with every settle outcome (its classified kind
+    included), e.g. to feed telemetry.
 
-    Use it as ``async with Producer(...) as producer:`` (start, then drain on
-    exit), or call :meth:`start` and :meth:`drain` / :meth:`stop` yourself.
+    Use it as ``async with Producer(...) as producer:`` (start, then drain for
+    up to ``shutdown_timeout`` seconds on exit), or call :meth:`start` and
+    :meth:`drain` / :meth:`stop` yourself.
     """
 
     def __init__(
@@ -85,6 +88,8 @@ class Producer:
         partitions: Partitions = "all",
         max_attempts: int | None = None,
         backoff: Backoff | None = None,
+        observer: SettleObserver | None = None,
+        shutdown_timeout: float = 30.0,
     ) -> None:
         if not isinstance(rheo, Rheo):
             raise InvalidArgument(f"rheo must be a Rheo instance, got {type(rheo).__name__}")
@@ -109,6 +114,12 @@ class Producer:
             check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
         self._max_attempts = max_attempts
         self._backoff = backoff or Backoff()
+        self._observer = observer
+        if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, int | float) \
+                or shutdown_timeout < 0:
+            raise InvalidArgument(f"shutdown_timeout must be a non-negative number of seconds, "
+                                  f"got {shutdown_timeout!r}")
+        self._shutdown_timeout = float(shutdown_timeout)
         self._inflight = Inflight(self._max_demand)
         self._state: State = "new"
         self._fetch_lock = asyncio.Lock()
@@ -244,7 +255,7 @@ class Producer:
         tb: TracebackType | None,
     ) -> None:
         if exc is None:
-            await self.drain(self._lease_ms / 1000)
+            await self.drain(self._shutdown_timeout)
         await self.stop()
 
     # Demand ------------------------------------------------------------------
@@ -390,7 +401,7 @@ class Producer:
             return []
         try:
             results = await settle(self._rheo, op, items, reason=reason, delay_ms=delay_ms,
-                                   inflight=self._inflight)
+                                   inflight=self._inflight, observer=self._observer)
         finally:
             self._wake.set()
         stats = self._stats

@@ -18,7 +18,7 @@ from ._lease import Lease
 from ._rheo import Rheo
 from ._settle import Decision, SettleResult
 
-__all__ = ["SettleOp", "SettleOutcome", "SettleObserver", "settle"]
+__all__ = ["SettleObserver", "SettleOp", "SettleOutcome", "settle"]
 
 log = logging.getLogger("rheo_flow.settle")
 

@@ -199,6 +199,7 @@ class Pipeline:
         self._shutdown_timeout = float(shutdown_timeout)
         self._stages: Stages | None = None
         self._dispatcher: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self._state: State = "new"
 
     # Introspection -------------------------------------------------------------
@@ -323,7 +324,12 @@ class Pipeline:
         try:
             while True:
                 limiter = self._rate_limiter
-                n = want if limiter is None else min(want, await limiter.available())
+                n = want
+                if limiter is not None:
+                    allowed = limiter.remaining() or await self._wait_for_rate(limiter)
+                    if not allowed:
+                        return
+                    n = min(want, allowed)
                 leases = await producer.demand(n)
                 if not leases:
                     return
@@ -335,6 +341,18 @@ class Pipeline:
         except Exception:
             log.exception("the pipeline on %s/%s stopped fetching", producer.stream,
                           producer.group)
+
+    async def _wait_for_rate(self, limiter: RateLimiter) -> int:
+        """The next window's allowance, or 0 when the pipeline stops meanwhile."""
+        allowed = asyncio.ensure_future(limiter.available())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((allowed, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            allowed.cancel()
+            stopping.cancel()
+            await asyncio.gather(allowed, stopping, return_exceptions=True)
+        return 0 if self._stopping.is_set() or allowed.cancelled() else allowed.result()
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Stop fetching, finish the processors, flush every open batch (trigger
@@ -350,6 +368,7 @@ class Pipeline:
         if self._state in ("draining", "stopped"):
             return not self._producer.inflight
         self._state = "draining"
+        self._stopping.set()
         budget = self._shutdown_timeout if timeout is None else timeout
         producer_drained = asyncio.ensure_future(self._producer.drain(budget))
         try:
@@ -377,6 +396,7 @@ class Pipeline:
             await self._producer.stop()
             return
         self._state = "stopped"
+        self._stopping.set()
         await self._halt()
 
     async def _halt(self) -> None:

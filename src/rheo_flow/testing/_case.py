@@ -25,6 +25,7 @@ __all__ = [
     "check_equal",
     "check_results",
     "expect_error",
+    "positions",
 ]
 
 LONG_MS = 60_000
@@ -61,6 +62,14 @@ class Case:
         return None
 
 
+_AREAS = ["streams", "leases", "progress", "reads"]
+
+
+def _area_rank(module: str) -> int:
+    area = module.rsplit("_cases_", 1)[-1]
+    return _AREAS.index(area) if area in _AREAS else len(_AREAS)
+
+
 CASES: list[Case] = []
 """Every registered case, in registration order (the order of the matrix)."""
 
@@ -75,7 +84,10 @@ def case(
         if any(c.name == name for c in CASES):
             raise ValueError(f"duplicate conformance case {name!r}")
         doc = (func.__doc__ or name).strip().splitlines()[0]
-        CASES.append(Case(name, func, doc, tuple(requires), needs_peer))
+        rank = _area_rank(func.__module__)
+        # Keep CASES grouped by area whatever order the case modules are imported in.
+        index = sum(1 for c in CASES if _area_rank(c.func.__module__) <= rank)
+        CASES.insert(index, Case(name, func, doc, tuple(requires), needs_peer))
         return func
 
     return register

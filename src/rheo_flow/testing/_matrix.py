@@ -23,6 +23,18 @@ Cell = tuple[str, str]
 """``(status, detail)``: status is ``pass``, ``fail`` or ``skip``."""
 
 
+def _encode(cell: Cell) -> str:
+    status, detail = cell
+    return f"{status}: {detail}" if detail else status
+
+
+def _decode(text: object) -> Cell:
+    if not isinstance(text, str):
+        return ("", "")
+    status, _, detail = text.partition(": ")
+    return status, detail
+
+
 def load_matrix(path: Path) -> dict[str, Any]:
     """The data of an existing matrix file (empty when missing or unreadable)."""
     empty: dict[str, Any] = {"cases": {}, "results": {}}
@@ -57,7 +69,7 @@ def _escape(text: str) -> str:
 def render_matrix(data: Mapping[str, Any], order: list[str]) -> str:
     """Markdown for ``data``: rows in ``order`` (then any other case), one column per backend."""
     docs: Mapping[str, str] = data["cases"]
-    results: Mapping[str, Mapping[str, list[str]]] = data["results"]
+    results: Mapping[str, Mapping[str, str]] = data["results"]
     backends = _backends(results)
     rows = [c for c in order if c in docs] + sorted(set(docs) - set(order))
     lines = [
@@ -75,7 +87,7 @@ def render_matrix(data: Mapping[str, Any], order: list[str]) -> str:
     for name in rows:
         cells = []
         for backend in backends:
-            status, detail = results[backend].get(name, ["", ""])
+            status, detail = _decode(results[backend].get(name))
             if status == "fail":
                 cells.append("**FAIL**")
                 notes.append(f"- {backend} / `{name}` failed: {_escape(detail)[:300]}")
@@ -87,7 +99,7 @@ def render_matrix(data: Mapping[str, Any], order: list[str]) -> str:
         lines.append(f"| `{name}` | {_escape(docs.get(name, ''))} | " + " | ".join(cells) + " |")
     totals = []
     for backend in backends:
-        statuses = [results[backend].get(name, ["", ""])[0] for name in rows]
+        statuses = [_decode(results[backend].get(name))[0] for name in rows]
         totals.append(", ".join(f"{statuses.count(s)} {s}" for s in ("pass", "fail", "skip")
                                 if statuses.count(s)) or "-")
     lines.append("| **total** | | " + " | ".join(totals) + " |")
@@ -107,12 +119,12 @@ def update_matrix(path: Path, results: Mapping[tuple[str, str], Cell],
     data = load_matrix(path)
     merged_docs = {k: v for k, v in data["cases"].items() if k in order}
     merged_docs.update(docs)
-    merged: dict[str, dict[str, list[str]]] = {
-        backend: {k: list(v) for k, v in cells.items() if k in merged_docs}
-        for backend, cells in data["results"].items()
+    merged: dict[str, dict[str, str]] = {
+        backend: {k: v for k, v in cells.items() if k in merged_docs}
+        for backend, cells in data["results"].items() if isinstance(cells, dict)
     }
-    for (name, backend), (status, detail) in results.items():
-        merged.setdefault(backend, {})[name] = [status, detail]
+    for (name, backend), cell in results.items():
+        merged.setdefault(backend, {})[name] = _encode(cell)
     text = render_matrix({"cases": merged_docs, "results": merged}, order)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
