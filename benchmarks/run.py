@@ -14,13 +14,18 @@ import asyncio
 import importlib
 import json
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import Result  # noqa: E402
+
+Suite = Callable[[bool], Coroutine[Any, Any, list[Result]]]
+"""A suite's ``run(quick)`` coroutine function."""
 
 SUITES: dict[str, str] = {
     "pipeline": "pipeline",
@@ -38,13 +43,13 @@ def available() -> list[str]:
     return sorted(names)
 
 
-def load(suite: str):  # type: ignore[no-untyped-def]
+def load(suite: str) -> Suite:
     """The ``run`` coroutine function of a suite."""
     module_name = SUITES.get(suite, suite)
     if module_name == "run" or not (Path(__file__).parent / f"{module_name}.py").exists():
         raise SystemExit(f"unknown suite {suite!r}; available: {', '.join(available())}")
     module = importlib.import_module(f"benchmarks.{module_name}")
-    run = getattr(module, "run", None)
+    run: Suite | None = getattr(module, "run", None)
     if run is None:
         raise SystemExit(f"benchmarks/{module_name}.py has no run(quick) coroutine")
     return run
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per result line")
     args = parser.parse_args(argv)
     run = load(args.suite)
-    results: list[Result] = asyncio.run(run(args.quick))
+    results = asyncio.run(run(args.quick))
     if args.json:
         for r in results:
             print(json.dumps(r.as_json()))

@@ -22,7 +22,6 @@
 :mod:`rheo_flow.pipeline.testing` runs messages through a handler without a backend.
 """
 
-from ._acknowledger import Acknowledger
 from ._batcher import Batcher, BatchSize
 from ._handler import HandlerLike, PipelineHandler
 from ._message import (
@@ -42,7 +41,6 @@ from ._rate_limiter import RateLimit, RateLimiter
 from ._topology import BatcherTopology, ProcessorTopology, ProducerTopology, Topology
 
 __all__ = [
-    "Acknowledger",
     "BatchInfo",
     "BatchMode",
     "BatchSize",

@@ -270,14 +270,16 @@ class BatcherStage:
         await asyncio.gather(*self._tasks)
         self._tasks.clear()
 
-    def cancel(self) -> None:
-        """Cancel the tasks and timers (what they hold is left to expire)."""
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel the tasks and timers (what they hold is left to expire); returns the tasks."""
         for batch in self._open.values():
             if batch.handle is not None:
                 batch.handle.cancel()
-        for task in self._tasks:
+                batch.handle = None
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        self._tasks.clear()
+        return tasks
 
     async def _run(self, queue: asyncio.Queue[_Item]) -> None:
         while True:

@@ -119,11 +119,14 @@ class Stages:
         await self.processors.close()
         await asyncio.gather(*(stage.close() for stage in self.batchers.values()))
 
-    def cancel(self) -> None:
-        """Cancel every task (what they hold is left to expire)."""
-        self.processors.cancel()
+    async def cancel(self, grace: float = 1.0) -> None:
+        """Cancel every task (what they hold is left to expire) and wait up to ``grace``
+        seconds for them to end."""
+        tasks = self.processors.cancel()
         for stage in self.batchers.values():
-            stage.cancel()
+            tasks += stage.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
 
 
 class Pipeline:
@@ -230,14 +233,14 @@ class Pipeline:
         return dict(self._batchers)
 
     @property
-    def acknowledger(self) -> Acknowledger:
-        """The acknowledger (its ``on_failure`` and ``retry_delay_ms`` are the defaults)."""
-        return self._acknowledger
+    def on_failure(self) -> OnFailure:
+        """What a failed message does unless it says otherwise: ``retry`` or ``reject``."""
+        return self._acknowledger.on_failure
 
     @property
-    def callbacks(self) -> Callbacks:
-        """The handler's resolved callbacks."""
-        return self._callbacks
+    def retry_delay_ms(self) -> int:
+        """The delay before a retried message is redelivered, unless it says otherwise."""
+        return self._acknowledger.retry_delay_ms
 
     @property
     def state(self) -> State:
@@ -405,7 +408,7 @@ class Pipeline:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dispatcher
         if self._stages is not None:
-            self._stages.cancel()
+            await self._stages.cancel()
         await self._producer.stop()
 
     async def __aenter__(self) -> Self:

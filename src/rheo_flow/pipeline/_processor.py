@@ -137,11 +137,12 @@ class ProcessorStage:
         await asyncio.gather(*self._tasks)
         self._tasks.clear()
 
-    def cancel(self) -> None:
-        """Cancel the tasks (what they hold is left to expire)."""
-        for task in self._tasks:
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel the tasks (what they hold is left to expire); returns them."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        self._tasks.clear()
+        return tasks
 
     async def _run(self, queue: asyncio.Queue[list[Message] | None]) -> None:
         while True:
@@ -185,7 +186,7 @@ class ProcessorStage:
         name = self.config.name
         forward = self._forward
         failed: list[Message] = []
-        done: list[Message] | None = [] if forward is None else None
+        done: list[Message] = []
         for m in messages:
             try:
                 out = await handle(name, m, context)
@@ -199,9 +200,9 @@ class ProcessorStage:
                     m = out
                 if m.status != "ok":
                     failed.append(m)
-                elif done is not None:
+                elif forward is None:
                     done.append(m)
-                elif not forward(m):  # type: ignore[misc]
+                elif not forward(m):
                     m.failed(f"handler_error: no batcher named {m.batcher!r}")
                     failed.append(m)
             except Exception as exc:

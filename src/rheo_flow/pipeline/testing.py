@@ -149,13 +149,13 @@ async def test_batch(
     if not items:
         raise InvalidArgument("test_batch needs at least one item of data")
     if isinstance(target, Pipeline):
-        callbacks = target.callbacks
+        callbacks = target._callbacks
         context = target.context if context is None else context
         processors = target.processors if processors is None else processors
         batchers = target.batchers if batchers is None else batchers
-        on_failure = on_failure or target.acknowledger.on_failure
+        on_failure = on_failure or target.on_failure
         if retry_delay_ms is None:
-            retry_delay_ms = target.acknowledger.retry_delay_ms
+            retry_delay_ms = target.retry_delay_ms
     else:
         callbacks = callbacks_of(target)
         processors = processors or Processors(concurrency=1)
@@ -183,7 +183,7 @@ async def test_batch(
         stages.submit(messages)
         await stages.drain()
     finally:
-        stages.cancel()
+        await stages.cancel()
     return result
 
 

@@ -1,0 +1,434 @@
+"""SQL of the PostgreSQL backend: versioned migrations, server-side functions, statements.
+
+Everything is a template over one schema: ``{s}`` stands for the quoted schema
+name (validated by :func:`quote_schema` before it is ever formatted in), so
+stream, group and consumer names only ever travel as bind parameters.
+
+Tables (migration 1):
+
+* ``streams``, ``partitions`` — stream metadata; ``partitions`` holds the high
+  and low water per partition and is the row an append locks;
+* ``events`` — one row per event, keyed by (stream, partition, sequence), with a
+  unique (stream, event id) for idempotent appends;
+* ``groups``; ``cursors`` (per group and partition: the highest materialised
+  sequence) and ``frontiers`` (the stored contiguous frontier). They are two
+  tables so that a fetch moving a cursor and a settle moving a frontier never
+  wait on one another's row lock;
+* ``deliveries`` — a row per (group, partition, sequence) once fetch first
+  leases it. ``state``: 0 available, 1 leased, 2 acked, 3 rejected;
+  ``settled_by``: 1 ack, 2 nack, 3 reject.
+
+Partial indexes keep fetch cost independent of the acked history and of the
+backlog: ``deliveries_available`` holds only available rows (by sequence),
+``deliveries_leased`` only leased rows (by deadline, so expired leases are a
+range scan), ``deliveries_rejected`` only dead letters. Acked rows live in the
+primary key alone. Events nobody fetched yet have no delivery row at all.
+
+Lock order, followed by every function and statement so that none can deadlock:
+``partitions`` → ``cursors`` → ``deliveries`` → ``frontiers``, rows of one table
+in key order. Fetch only ever *skips* locked deliveries and blocks on a cursor
+only while it holds no delivery lock.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Migration",
+    "quote_schema",
+    "render",
+]
+
+SCHEMA_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
+"""A schema name: an identifier short enough to build the NOTIFY channel from."""
+
+NOW_MS: Final = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+"""The database clock in epoch milliseconds (not the transaction start: leases need now)."""
+
+
+def quote_schema(name: str) -> str:
+    """The schema name as a quoted identifier; the caller has validated it."""
+    if not SCHEMA_NAME.match(name):
+        raise ValueError(f"invalid schema name {name!r}")
+    return '"' + name + '"'
+
+
+def render(sql: str, schema: str) -> str:
+    """``sql`` with ``{s}`` replaced by the quoted schema (no other templating)."""
+    return sql.replace("{s}", quote_schema(schema))
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema version: statements applied in one transaction, in order."""
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+_TABLES: Final = (
+    """CREATE TABLE {s}.streams (
+        id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        name text NOT NULL UNIQUE,
+        partitions integer NOT NULL CHECK (partitions > 0),
+        created_at_ms bigint NOT NULL
+    )""",
+    """CREATE TABLE {s}.partitions (
+        stream_id integer NOT NULL REFERENCES {s}.streams (id),
+        part integer NOT NULL,
+        high_water bigint NOT NULL DEFAULT 0,
+        low_water bigint NOT NULL DEFAULT 1,
+        PRIMARY KEY (stream_id, part)
+    )""",
+    """CREATE TABLE {s}.events (
+        stream_id integer NOT NULL,
+        part integer NOT NULL,
+        seq bigint NOT NULL,
+        appended_at_ms bigint NOT NULL,
+        event_id text NOT NULL,
+        type text NOT NULL,
+        key text,
+        data json NOT NULL,
+        headers json,
+        PRIMARY KEY (stream_id, part, seq)
+    )""",
+    "CREATE UNIQUE INDEX events_event_id ON {s}.events (stream_id, event_id)",
+    """CREATE TABLE {s}.groups (
+        id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        stream_id integer NOT NULL REFERENCES {s}.streams (id),
+        name text NOT NULL,
+        max_attempts integer NOT NULL CHECK (max_attempts > 0),
+        created_at_ms bigint NOT NULL,
+        UNIQUE (stream_id, name)
+    )""",
+    """CREATE TABLE {s}.cursors (
+        group_id integer NOT NULL REFERENCES {s}.groups (id),
+        part integer NOT NULL,
+        cursor bigint NOT NULL,
+        PRIMARY KEY (group_id, part)
+    )""",
+    """CREATE TABLE {s}.frontiers (
+        group_id integer NOT NULL REFERENCES {s}.groups (id),
+        part integer NOT NULL,
+        frontier bigint NOT NULL,
+        PRIMARY KEY (group_id, part)
+    )""",
+    """CREATE TABLE {s}.deliveries (
+        group_id integer NOT NULL,
+        part integer NOT NULL,
+        seq bigint NOT NULL,
+        deadline_ms bigint NOT NULL DEFAULT 0,
+        available_at_ms bigint NOT NULL DEFAULT 0,
+        rejected_at_ms bigint NOT NULL DEFAULT 0,
+        attempt integer NOT NULL,
+        state smallint NOT NULL CHECK (state BETWEEN 0 AND 3),
+        settled_by smallint CHECK (settled_by BETWEEN 1 AND 3),
+        lease_id uuid,
+        consumer_id text,
+        reason text NOT NULL DEFAULT '',
+        PRIMARY KEY (group_id, part, seq)
+    )""",
+    "CREATE INDEX deliveries_available ON {s}.deliveries (group_id, part, seq) WHERE state = 0",
+    """CREATE INDEX deliveries_leased ON {s}.deliveries (group_id, part, deadline_ms)
+        WHERE state = 1""",
+    "CREATE INDEX deliveries_rejected ON {s}.deliveries (group_id, part, seq) WHERE state = 3",
+)
+
+# Moves the stored frontiers of (group, partition) pairs over the settled
+# deliveries right after them. The row locks come first, in key order, in their
+# own statement: the UPDATE then runs on a snapshot taken after every concurrent
+# settle that held them has committed, so no acked delivery is ever missed.
+# The walk reads the primary key from the frontier on and stops at the first
+# pending delivery, so each settled row is passed once in its lifetime; rows
+# (frontier, cursor] always exist, so the cursor bounds it.
+_ADVANCE: Final = """
+CREATE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM 1 FROM {s}.frontiers f
+        JOIN (SELECT DISTINCT g, p FROM unnest(p_groups, p_parts) AS u(g, p)) u
+          ON f.group_id = u.g AND f.part = u.p
+        ORDER BY f.group_id, f.part
+        FOR UPDATE OF f;
+    UPDATE {s}.frontiers f SET frontier = n.top
+    FROM (
+        SELECT f2.group_id, f2.part, LEAST(
+            COALESCE((SELECT d.seq FROM {s}.deliveries d
+                      WHERE d.group_id = f2.group_id AND d.part = f2.part
+                        AND d.seq > f2.frontier AND d.state < 2
+                      ORDER BY d.seq LIMIT 1), 9223372036854775807),
+            (SELECT c.cursor + 1 FROM {s}.cursors c
+             WHERE c.group_id = f2.group_id AND c.part = f2.part)) - 1 AS top
+        FROM {s}.frontiers f2
+        JOIN (SELECT DISTINCT g, p FROM unnest(p_groups, p_parts) AS u(g, p)) u
+          ON f2.group_id = u.g AND f2.part = u.p
+    ) n
+    WHERE f.group_id = n.group_id AND f.part = n.part AND n.top > f.frontier;
+END
+$fn$"""
+
+# One round trip claims up to p_limit deliveries. p_parts is already rotated:
+# its order is the round-robin order of this call.
+#  1. Eligible existing deliveries (available and due, or leased and expired) of
+#     each partition, in sequence order, up to p_limit per partition, locked with
+#     SKIP LOCKED so competing consumers never wait on one another. Expired ones
+#     at max_attempts are dead-lettered instead of leased.
+#  2. Cursors of partitions with unmaterialised events, SKIP LOCKED too; only when
+#     that leaves the call empty-handed does it wait for one cursor.
+#  3. One statement picks the round-robin winners (depth within its partition,
+#     then rotation position), re-leases existing rows, inserts new ones, moves
+#     the cursors, and returns the leases joined with their events.
+_FETCH: Final = """
+CREATE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
+                          p_lease_ms bigint, p_consumer text)
+RETURNS TABLE (o_part integer, o_seq bigint, o_attempt integer, o_lease uuid,
+               o_deadline bigint, o_event_id text, o_type text, o_key text,
+               o_data text, o_headers text, o_appended bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_stream integer;
+    v_max integer;
+    v_now bigint := """ + NOW_MS + """;
+    c_part integer[];
+    c_seq bigint[];
+    c_att integer[];
+    k_part integer[];
+    k_cur bigint[];
+    k_top bigint[];
+    v_doomed integer;
+BEGIN
+    SELECT g.stream_id, g.max_attempts INTO v_stream, v_max
+    FROM {s}.groups g WHERE g.id = p_group;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
+    END IF;
+
+    SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt)
+    INTO c_part, c_seq, c_att
+    FROM unnest(p_parts) AS p(part)
+    CROSS JOIN LATERAL (
+        SELECT a.* FROM (
+            SELECT d.part, d.seq, d.attempt FROM {s}.deliveries d
+            WHERE d.group_id = p_group AND d.part = p.part AND d.state = 0
+              AND d.available_at_ms <= v_now
+            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
+        UNION ALL
+        SELECT b.* FROM (
+            SELECT d.part, d.seq, d.attempt FROM {s}.deliveries d
+            WHERE d.group_id = p_group AND d.part = p.part AND d.state = 1
+              AND d.deadline_ms <= v_now
+            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
+    ) x;
+
+    SELECT array_agg(k.part), array_agg(k.cursor), array_agg(LEAST(k.high, k.cursor + p_limit))
+    INTO k_part, k_cur, k_top
+    FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
+          JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+          WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
+          FOR UPDATE OF c SKIP LOCKED) k;
+
+    IF c_part IS NULL AND k_part IS NULL THEN
+        -- Everything was locked by competing fetches: wait for the first cursor
+        -- with work (this call holds no delivery lock, so it cannot deadlock).
+        SELECT array_agg(c.part), array_agg(c.cursor),
+               array_agg(LEAST(pt.high_water, c.cursor + p_limit))
+        INTO k_part, k_cur, k_top
+        FROM (SELECT c.part, c.cursor FROM {s}.cursors c
+              JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+              WHERE c.group_id = p_group AND c.part = ANY (p_parts)
+                AND c.cursor < pt.high_water
+              ORDER BY array_position(p_parts, c.part)
+              LIMIT 1
+              FOR UPDATE OF c) c
+        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part;
+    END IF;
+
+    IF c_part IS NOT NULL THEN
+        UPDATE {s}.deliveries d
+        SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = v_now
+        FROM unnest(c_part, c_seq, c_att) AS x(part, seq, attempt)
+        WHERE x.attempt >= v_max
+          AND d.group_id = p_group AND d.part = x.part AND d.seq = x.seq;
+        GET DIAGNOSTICS v_doomed = ROW_COUNT;
+        IF v_doomed > 0 THEN
+            PERFORM {s}.advance_frontiers(array_agg(p_group), array_agg(x.part))
+            FROM (SELECT DISTINCT x.part FROM unnest(c_part, c_att) AS x(part, attempt)
+                  WHERE x.attempt >= v_max) x;
+        END IF;
+    END IF;
+
+    RETURN QUERY
+    WITH cand AS (
+        SELECT x.part, x.seq, false AS fresh,
+               row_number() OVER (PARTITION BY x.part ORDER BY x.seq) AS depth
+        FROM unnest(c_part, c_seq, c_att) AS x(part, seq, attempt)
+        WHERE x.attempt < v_max
+    ), counted AS (
+        SELECT cand.part, count(*) AS n FROM cand GROUP BY cand.part
+    ), fresh AS (
+        SELECT k.part, s.seq, true AS fresh, COALESCE(n.n, 0) + (s.seq - k.cur) AS depth
+        FROM unnest(k_part, k_cur, k_top) AS k(part, cur, top)
+        LEFT JOIN counted n ON n.part = k.part
+        CROSS JOIN LATERAL generate_series(k.cur + 1, k.top) AS s(seq)
+    ), chosen AS (
+        SELECT a.part, a.seq, a.fresh, a.depth, array_position(p_parts, a.part) AS pos
+        FROM (SELECT * FROM cand UNION ALL SELECT * FROM fresh) a
+        ORDER BY a.depth, array_position(p_parts, a.part)
+        LIMIT p_limit
+    ), releases AS (
+        UPDATE {s}.deliveries d
+        SET state = 1, attempt = d.attempt + 1, lease_id = gen_random_uuid(),
+            consumer_id = p_consumer, deadline_ms = v_now + p_lease_ms, settled_by = NULL
+        FROM chosen c
+        WHERE NOT c.fresh AND d.group_id = p_group AND d.part = c.part AND d.seq = c.seq
+        RETURNING d.part, d.seq, d.attempt, d.lease_id
+    ), created AS (
+        INSERT INTO {s}.deliveries
+            (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
+        SELECT p_group, c.part, c.seq, 1, 1, gen_random_uuid(), p_consumer, v_now + p_lease_ms
+        FROM chosen c WHERE c.fresh
+        RETURNING part, seq, attempt, lease_id
+    ), moved AS (
+        UPDATE {s}.cursors cu SET cursor = m.top
+        FROM (SELECT c.part, max(c.seq) AS top FROM chosen c WHERE c.fresh GROUP BY c.part) m
+        WHERE cu.group_id = p_group AND cu.part = m.part
+    )
+    SELECT l.part, l.seq, l.attempt, l.lease_id, v_now + p_lease_ms,
+           e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
+    FROM (SELECT * FROM releases UNION ALL SELECT * FROM created) l
+    JOIN chosen c ON c.part = l.part AND c.seq = l.seq
+    JOIN {s}.events e ON e.stream_id = v_stream AND e.part = l.part AND e.seq = l.seq
+    ORDER BY c.depth, c.pos;
+END
+$fn$"""
+
+# Result codes of settle and renew for the leases that did not take effect:
+# 1 repeated (the same settle already took effect with this lease), 2 stale
+# (leased again), 3 receipt mismatch, 4 stale (settled by another operation;
+# bad_by says which), 5 stale (replayed, reset or trimmed), 6 invalid (no such
+# delivery), 7 failed (changed concurrently in an unexpected way).
+_CLASSIFY: Final = """
+    SELECT array_agg(u.idx ORDER BY u.idx),
+           array_agg(CASE
+               WHEN d.seq IS NULL THEN
+                   CASE WHEN u.seq >= 1 AND u.seq <= pt.high_water THEN 5 ELSE 6 END
+               WHEN d.lease_id IS DISTINCT FROM u.lease THEN 2
+               WHEN d.attempt <> u.att THEN 3
+               WHEN d.state = 1 THEN 7
+               WHEN p_op <> 0 AND d.settled_by = p_op THEN 1
+               ELSE 4 END::smallint ORDER BY u.idx),
+           array_agg(d.settled_by ORDER BY u.idx)
+    INTO bad_idx, bad_code, bad_by
+    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+         AS u(g, part, seq, lease, att, idx)
+    LEFT JOIN {s}.deliveries d ON d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
+    LEFT JOIN {s}.groups gr ON gr.id = u.g
+    LEFT JOIN {s}.partitions pt ON pt.stream_id = gr.stream_id AND pt.part = u.part
+    WHERE u.idx <> ALL (COALESCE(v_done, '{}'::bigint[]))"""
+
+# Fenced settle of a batch (p_op: 1 ack, 2 nack, 3 reject). The UPDATE takes
+# effect only where the delivery is still leased under this very lease (and
+# receipt, carried as the attempt); a racing settle of the same lease waits on
+# the row lock and then finds it settled. The leftovers are classified by a
+# second statement, whose fresh snapshot sees what the racers committed.
+_SETTLE: Final = """
+CREATE FUNCTION {s}.settle(p_op smallint, p_groups integer[], p_parts integer[],
+                           p_seqs bigint[], p_leases uuid[], p_atts integer[],
+                           p_reason text, p_delay_ms bigint,
+                           OUT bad_idx bigint[], OUT bad_code smallint[], OUT bad_by smallint[])
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_now bigint := """ + NOW_MS + """;
+    v_done bigint[];
+    v_tg integer[];
+    v_tp integer[];
+BEGIN
+    WITH u AS (
+        SELECT * FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+            AS u(g, part, seq, lease, att, idx)
+    ), hit AS (
+        UPDATE {s}.deliveries d SET
+            state = CASE WHEN p_op = 1 THEN 2
+                         WHEN p_op = 3 OR d.attempt >= gr.max_attempts THEN 3
+                         ELSE 0 END,
+            settled_by = p_op,
+            reason = CASE WHEN p_op = 1 THEN ''
+                          WHEN p_op = 2 AND d.attempt >= gr.max_attempts THEN 'max_attempts'
+                          ELSE p_reason END,
+            available_at_ms = CASE WHEN p_op = 2 THEN v_now + p_delay_ms
+                                   ELSE d.available_at_ms END,
+            rejected_at_ms = CASE WHEN p_op = 3 OR (p_op = 2 AND d.attempt >= gr.max_attempts)
+                                  THEN v_now ELSE d.rejected_at_ms END
+        FROM u JOIN {s}.groups gr ON gr.id = u.g
+        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
+          AND d.state = 1 AND d.lease_id = u.lease AND d.attempt = u.att
+        RETURNING u.idx, d.group_id, d.part, d.state
+    )
+    SELECT array_agg(hit.idx),
+           array_agg(hit.group_id) FILTER (WHERE hit.state >= 2),
+           array_agg(hit.part) FILTER (WHERE hit.state >= 2)
+    INTO v_done, v_tg, v_tp
+    FROM hit;
+
+    IF v_tg IS NOT NULL THEN
+        PERFORM {s}.advance_frontiers(v_tg, v_tp);
+    END IF;
+    IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
+""" + _CLASSIFY + """;
+    END IF;
+END
+$fn$"""
+
+_RENEW: Final = """
+CREATE FUNCTION {s}.renew(p_groups integer[], p_parts integer[], p_seqs bigint[],
+                          p_leases uuid[], p_atts integer[], p_lease_ms bigint,
+                          OUT deadline_ms bigint,
+                          OUT bad_idx bigint[], OUT bad_code smallint[], OUT bad_by smallint[])
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    p_op smallint := 0;
+    v_done bigint[];
+BEGIN
+    deadline_ms := """ + NOW_MS + """ + p_lease_ms;
+    WITH u AS (
+        SELECT * FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+            AS u(g, part, seq, lease, att, idx)
+    ), hit AS (
+        UPDATE {s}.deliveries d SET deadline_ms = renew.deadline_ms
+        FROM u
+        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
+          AND d.state = 1 AND d.lease_id = u.lease AND d.attempt = u.att
+        RETURNING u.idx
+    )
+    SELECT array_agg(hit.idx) INTO v_done FROM hit;
+    IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
+""" + _CLASSIFY + """;
+    END IF;
+END
+$fn$"""
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(1, "streams, events, groups, deliveries and the fetch/settle/renew functions",
+              (*_TABLES, _ADVANCE, _FETCH, _SETTLE, _RENEW)),
+)
+
+SCHEMA_VERSION: Final = MIGRATIONS[-1].version
+"""The schema version this code needs; a database at a newer one is refused."""
+
+VERSION_TABLE: Final = "rheo_schema_version"
+
+BOOTSTRAP: Final = (
+    "CREATE SCHEMA IF NOT EXISTS {s}",
+    """CREATE TABLE IF NOT EXISTS {s}.""" + VERSION_TABLE + """ (
+        version integer PRIMARY KEY,
+        description text NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now()
+    )""",
+)
+"""Run under the advisory lock before migrations: where the version is recorded."""
