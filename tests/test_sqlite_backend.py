@@ -105,7 +105,7 @@ def test_bad_arguments() -> None:
 def test_capabilities() -> None:
     caps = SQLiteBackend(":memory:").capabilities
     assert (caps.durable, caps.distributed) == (True, False)
-    assert (caps.push_wakeups, caps.server_clock, caps.fenced_settle) == (False, False, True)
+    assert (caps.push_wakeups, caps.server_clock, caps.fenced_settle) == (True, False, True)
 
 
 # Basic operations --------------------------------------------------------------

@@ -67,6 +67,42 @@ SCHEMA_VERSION: Final = 1
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5_000
 _SYNCHRONOUS: Final = ("NORMAL", "FULL", "EXTRA")
 _URL_OPTIONS: Final = ("busy_timeout_ms", "synchronous")
+
+
+class _AppendWaiters:
+    """In-process wake-ups: an append through any backend on a file wakes the
+    waiters of every backend on that file in this process (whatever their loop).
+
+    Appends by other processes are not seen here; callers wait with a timeout
+    (``poll_ms``), which is the cross-process fallback.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
+
+    def add(self, key: tuple[str, str], waiter: asyncio.Future[None]) -> None:
+        self._waiters.setdefault(key, set()).add(waiter)
+
+    def discard(self, key: tuple[str, str], waiter: asyncio.Future[None]) -> None:
+        waiters = self._waiters.get(key)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self._waiters[key]
+
+    def wake(self, key: tuple[str, str]) -> None:
+        for waiter in list(self._waiters.pop(key, ())):
+            loop = waiter.get_loop()
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_resolve, waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+_APPEND_WAITERS: Final = _AppendWaiters()
 _TERMINAL: Final = ("acked", "rejected")
 
 # SQLite's default variable limit was 999 before 3.32; stay below it. IN lists are
@@ -218,7 +254,7 @@ class SQLiteBackend(Backend):
 
     name = "sqlite"
     _CAPABILITIES = Capabilities(
-        durable=True, distributed=False, push_wakeups=False, server_clock=False
+        durable=True, distributed=False, push_wakeups=True, server_clock=False
     )
 
     def __init__(
@@ -288,7 +324,11 @@ class SQLiteBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        """Durable, single-node, polled (no push wake-ups), client clock."""
+        """Durable, single-node, client clock; in-process push wake-ups.
+
+        Appends made in this process wake its idle consumers at once; appends by
+        other processes on the same file are seen at the consumers' next poll.
+        """
         return self._CAPABILITIES
 
     @property
@@ -480,7 +520,30 @@ class SQLiteBackend(Backend):
         )
 
     async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
-        return await self._write(self._append, stream, list(records))
+        events = await self._write(self._append, stream, list(records))
+        if events:
+            _APPEND_WAITERS.wake((self._wake_key, stream))
+        return events
+
+    @property
+    def _wake_key(self) -> str:
+        # A private :memory: database is only visible to this backend object.
+        if self._path == ":memory:":
+            return f":memory:{id(self)}"
+        return os.path.realpath(self._path)
+
+    async def wait_for_append(self, stream: str, timeout: float) -> bool:
+        """Wait for an append made in this process, or ``timeout`` seconds."""
+        key = (self._wake_key, stream)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        _APPEND_WAITERS.add(key, waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            _APPEND_WAITERS.discard(key, waiter)
 
     def _append(
         self, conn: sqlite3.Connection, stream: str, records: list[AppendRecord]
