@@ -62,15 +62,18 @@ def test_every_public_module_imports_without_extras(bare_python: Path) -> None:
         for name in names:
             try:
                 importlib.import_module(name)
-            except ModuleNotFoundError as exc:
-                if not name.startswith("rheo_flow.testing") or exc.name not in {TEST_TOOLS!r}:
+            except rheo_flow.MissingExtra as exc:
+                if not name.startswith("rheo_flow.testing") or exc.extra != "test":
                     raise
                 needs_tools.append(name)
             else:
                 imported.append(name)
         import rheo_flow.backends as b
         for name in b.__all__:
-            getattr(b, name)
+            try:
+                getattr(b, name)
+            except rheo_flow.MissingExtra as exc:
+                assert name in b._DRIVERS and exc.extra == b._DRIVERS[name][1], name
         print(json.dumps(imported))
     """)
     out = _run([str(bare_python), "-c", code])

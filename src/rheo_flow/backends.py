@@ -13,12 +13,22 @@ from ._backend import AppendRecord, Backend
 from ._backends.memory import MemoryBackend
 
 if TYPE_CHECKING:
+    from ._backends.postgres import PostgresBackend
     from ._backends.sqlite import SQLiteBackend
 
-__all__ = ["AppendRecord", "Backend", "MemoryBackend", "SQLiteBackend"]
+__all__ = ["AppendRecord", "Backend", "MemoryBackend", "PostgresBackend", "SQLiteBackend"]
 
 _LAZY = {
+    "PostgresBackend": "rheo_flow._backends.postgres",
     "SQLiteBackend": "rheo_flow._backends.sqlite",
+}
+
+
+# backend class -> (backend name, extra, driver module), checked before importing it.
+_DRIVERS = {
+    "PostgresBackend": ("PostgreSQL", "postgres", "asyncpg"),
+    "RedisBackend": ("Redis", "redis", "redis"),
+    "MongoBackend": ("MongoDB", "mongo", "pymongo"),
 }
 
 
@@ -27,5 +37,10 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'rheo_flow.backends' has no attribute {name!r}")
     import importlib
+
+    if name in _DRIVERS:
+        from ._urls import require_driver
+
+        require_driver(*_DRIVERS[name])
 
     return getattr(importlib.import_module(module), name)

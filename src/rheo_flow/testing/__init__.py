@@ -38,6 +38,14 @@ skip their cases with a reason naming the capability. Without pytest::
 case-by-backend matrix.
 """
 
+try:
+    import hypothesis  # noqa: F401
+    import pytest  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised by the packaging test
+    from .._errors import MissingExtra
+
+    raise MissingExtra("conformance kit", "test", exc.name or "pytest") from None
+
 from ._case import CASES, Case, CaseEnv, ConformanceFailure, case
 from ._harness import BackendFactory, BackendHarness, memory_harness, sqlite_harness, url_harness
 from ._runner import CaseResult, all_cases, run_case, run_cases
