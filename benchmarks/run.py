@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# `python benchmarks/run.py` puts benchmarks/ first on sys.path, where a suite named
+# after a driver (redis.py) would shadow the driver itself: import suites as a package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

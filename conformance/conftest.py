@@ -20,11 +20,13 @@ a dedicated schema, plugs that in instead).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -64,18 +66,150 @@ BACKENDS: dict[str, BackendEntry] = {
     "memory": BackendEntry("rheo_flow._backends.memory", lambda ctx: memory_harness()),
     "sqlite": BackendEntry("rheo_flow._backends.sqlite", lambda ctx: sqlite_harness(ctx.tmp_path)),
     "postgres": BackendEntry(
-        "rheo_flow._backends.postgres", lambda ctx: url_harness("postgres", ctx.url),
-        "RHEO_POSTGRES_URL", "postgresql://127.0.0.1:5432/test",
+        "rheo_flow._backends.postgres", lambda ctx: _postgres_harness(ctx.url),
+        "RHEO_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test",
     ),
     "redis": BackendEntry(
-        "rheo_flow._backends.redis", lambda ctx: url_harness("redis", ctx.url),
+        "rheo_flow._backends.redis", lambda ctx: _redis_harness(ctx.url),
         "RHEO_REDIS_URL", "redis://127.0.0.1:6379/0",
     ),
+    # The same MongoBackend around the two client types it accepts: PyMongo's
+    # AsyncMongoClient (built from the URL) and a host's Motor client.
     "mongo": BackendEntry(
-        "rheo_flow._backends.mongo", lambda ctx: url_harness("mongo", ctx.url),
-        "RHEO_MONGO_URL", "mongodb://127.0.0.1:27017/rheo_test?serverSelectionTimeoutMS=3000",
+        "rheo_flow._backends.mongo", lambda ctx: _mongo_harness("mongo", ctx.url),
+        "RHEO_MONGO_URL", "mongodb://127.0.0.1:37017/rheo_test?serverSelectionTimeoutMS=3000",
+    ),
+    "mongo-motor": BackendEntry(
+        "rheo_flow._backends.mongo", lambda ctx: _mongo_harness("mongo-motor", ctx.url),
+        "RHEO_MONGO_URL", "mongodb://127.0.0.1:37017/rheo_test?serverSelectionTimeoutMS=3000",
     ),
 }
+
+
+def _mongo_harness(name: str, url: str) -> BackendHarness:
+    """MongoDB on a manual clock (its leases use the client's clock), one prefix per test.
+
+    Every test gets its own collections (dropped afterwards), which keeps them small.
+    ``mongo-motor`` passes a Motor client as a host-owned client.
+    """
+    import dataclasses
+    import uuid
+    import weakref
+    from collections.abc import AsyncIterator
+
+    from rheo_flow import ManualClock
+    from rheo_flow.backends import Backend, MongoBackend
+
+    clients: weakref.WeakKeyDictionary[Backend, Any] = weakref.WeakKeyDictionary()
+
+    def build(clock: ManualClock, prefix: str | None = None) -> Backend:
+        prefix = prefix or f"c{uuid.uuid4().hex[:10]}_"
+        if name != "mongo-motor":
+            return MongoBackend.from_url(f"{url}{'&' if '?' in url else '?'}"
+                                         f"collection_prefix={prefix}", clock=clock)
+        from motor.motor_asyncio import AsyncIOMotorClient
+
+        client = AsyncIOMotorClient(url)
+        backend = MongoBackend(client=client, collection_prefix=prefix, clock=clock)
+        clients[backend] = client
+        return backend
+
+    def peer(backend: Backend, clock: ManualClock) -> Backend:
+        assert isinstance(backend, MongoBackend)
+        return build(clock, backend.collection_prefix)
+
+    base = BackendHarness.with_manual_clock(name, build, peer=peer)
+    assert base.peer is not None
+    base_peer = base.peer
+
+    async def release(backend: Backend) -> None:
+        await backend.close()
+        client = clients.pop(backend, None)
+        if client is not None:
+            client.close()
+
+    @contextlib.asynccontextmanager
+    async def factory() -> AsyncIterator[Backend]:
+        async with base.factory() as backend:
+            assert isinstance(backend, MongoBackend)
+            # Capabilities (push wake-ups) are known from open() on.
+            await backend.open()
+            try:
+                yield backend
+            finally:
+                with contextlib.suppress(Exception):  # unreachable server: nothing to drop
+                    await backend.drop_all()
+                await release(backend)
+
+    @contextlib.asynccontextmanager
+    async def peer_factory(backend: Backend) -> AsyncIterator[Backend]:
+        async with base_peer(backend) as other:
+            try:
+                yield other
+            finally:
+                await release(other)
+
+    return dataclasses.replace(base, factory=factory, peer=peer_factory)
+
+
+_PG_SCHEMA = f"rheo_conformance_{os.getpid()}"
+"""The PostgreSQL run's own schema, dropped when the session ends."""
+
+
+def _postgres_harness(url: str) -> BackendHarness:
+    separator = "&" if "?" in url else "?"
+    return url_harness("postgres", f"{url}{separator}schema={_PG_SCHEMA}")
+
+
+def _redis_harness(url: str) -> BackendHarness:
+    """Redis on its server clock, each test under a fresh key prefix deleted afterwards."""
+    import uuid
+    from collections.abc import AsyncIterator
+
+    from rheo_flow.backends import RedisBackend
+
+    @contextlib.asynccontextmanager
+    async def factory() -> AsyncIterator[RedisBackend]:
+        prefix = f"rheo-conformance-{uuid.uuid4().hex[:12]}"
+        try:
+            yield RedisBackend.from_url(url, prefix=prefix)
+        finally:
+            cleaner = RedisBackend.from_url(url, prefix=prefix)
+            with contextlib.suppress(Exception):  # unreachable server: nothing was written
+                await cleaner.drop_all()
+            await cleaner.close()
+
+    @contextlib.asynccontextmanager
+    async def peer(backend: object) -> AsyncIterator[RedisBackend]:
+        assert isinstance(backend, RedisBackend)
+        yield RedisBackend.from_url(url, prefix=backend.prefix)
+
+    async def now(backend: object) -> int:
+        assert isinstance(backend, RedisBackend)
+        return await backend.server_time_ms()
+
+    return BackendHarness(name="redis", factory=factory, peer=peer, now=now)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_postgres_schema() -> Iterator[None]:
+    """Remove the PostgreSQL run's schema (if the run made one) after the session."""
+    yield
+    if "postgres" not in SELECTED or not _shipped("postgres"):
+        return
+
+    async def drop() -> None:
+        import asyncpg
+
+        url = os.environ.get("RHEO_POSTGRES_URL") or BACKENDS["postgres"].default_url
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{_PG_SCHEMA}" CASCADE')
+        finally:
+            await conn.close()
+
+    with contextlib.suppress(Exception):  # unreachable server: nothing was created
+        asyncio.run(asyncio.wait_for(drop(), PROBE_TIMEOUT_S))
 
 
 def _shipped(name: str) -> bool:

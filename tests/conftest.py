@@ -4,7 +4,8 @@ Servers are named by environment variables (with local defaults):
 
 * ``RHEO_POSTGRES_URL`` (``postgresql://postgres@127.0.0.1:5432/test``)
 * ``RHEO_REDIS_URL`` (``redis://127.0.0.1:6379/0``)
-* ``RHEO_MONGO_URL`` (``mongodb://127.0.0.1:27017/rheo_test``)
+* ``RHEO_MONGO_URL`` (``mongodb://127.0.0.1:37017/rheo_test``: the emulator that
+  ``.ci/mongo-emulator.sh`` starts)
 
 A test that needs a server it cannot reach is skipped with a message naming the
 variable, except under ``CI=true``, where it fails: CI starts every server.
@@ -28,7 +29,7 @@ SERVERS: dict[str, tuple[str, str, int]] = {
     # kind: (variable, default URL, default port)
     "postgres": ("RHEO_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test", 5432),
     "redis": ("RHEO_REDIS_URL", "redis://127.0.0.1:6379/0", 6379),
-    "mongo": ("RHEO_MONGO_URL", "mongodb://127.0.0.1:27017/rheo_test", 27017),
+    "mongo": ("RHEO_MONGO_URL", "mongodb://127.0.0.1:37017/rheo_test", 37017),
 }
 
 _reachable: dict[str, str | None] = {}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Self
 
+from . import _telemetry
 from ._backoff import Backoff
 from ._consumer import _CURRENT_LEASE, Ack, Consumer, Context, FunctionConsumer, Reject, Retry
 from ._errors import AlreadyStarted, InvalidArgument, NotStarted, RheoError, SetupRefused
@@ -102,6 +103,8 @@ class _Finished:
     category: _Category
     reason: str = ""
     delay_ms: int = 0
+    error: BaseException | None = None
+    """What the handler raised (``handler_error``), for telemetry."""
 
 
 class Group:
@@ -206,6 +209,7 @@ class Group:
         self._workers: list[asyncio.Task[None]] = []
         self._stop_task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._lag: _telemetry.LagTracker | None = None
 
     # Introspection -------------------------------------------------------------
 
@@ -284,11 +288,14 @@ class Group:
             self._release_slot()
             self._done.set()
             raise
-        self._fetch_task = self._spawn(self._fetch_loop(), "fetch")
-        self._renew_task = self._spawn(self._renew_loop(), "renew")
-        self._acker_task = self._spawn(self._acker_loop(), "ack")
-        self._workers = [self._spawn(self._worker(), f"worker-{i}")
-                         for i in range(self._concurrency)]
+        with _telemetry.detached():  # the tasks must not inherit the caller's span
+            self._fetch_task = self._spawn(self._fetch_loop(), "fetch")
+            self._renew_task = self._spawn(self._renew_loop(), "renew")
+            self._acker_task = self._spawn(self._acker_loop(), "ack")
+            self._workers = [self._spawn(self._worker(), f"worker-{i}")
+                             for i in range(self._concurrency)]
+        self._lag = _telemetry.track_lag(self._rheo, self._stream, self._group,
+                                         self._partitions)
         self._state = "running"
         log.info("group %s/%s started (consumer %s, max_demand %d, concurrency %d)",
                  self._stream, self._group, self._consumer_id, self._max_demand,
@@ -433,6 +440,8 @@ class Group:
         finally:
             await _cancel_and_wait([self._fetch_task, self._acker_task, self._renew_task,
                                     *self._workers])
+            if self._lag is not None:
+                await self._lag.aclose()
             self._release_slot()
             self._state = "stopped"
             self._done.set()
@@ -513,7 +522,10 @@ class Group:
                          self._stream, self._group, lease.partition, lease.sequence)
                 continue
             self._handling[lease.lease_id] = lease
-            finished = await self._handle(lease)
+            with _telemetry.process_event(lease, self._consumer_id) as processing:
+                finished = await self._handle(lease)
+                if processing is not None:
+                    processing.outcome(finished.category, finished.error)
             del self._handling[lease.lease_id]
             self._pending.append(finished)
             self._flush.set()
@@ -549,7 +561,8 @@ class Group:
         log.error("handler of %s/%s failed on p%d s%d (attempt %d); nacking",
                   self._stream, self._group, lease.partition, lease.sequence, lease.attempt,
                   exc_info=exc)
-        return _Finished(lease, "handler_error", _reason(f"handler_error: {_describe(exc)}"))
+        return _Finished(lease, "handler_error", _reason(f"handler_error: {_describe(exc)}"),
+                         error=exc)
 
     # Renewing ------------------------------------------------------------------
 

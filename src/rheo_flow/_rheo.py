@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self
 
+from . import _telemetry
 from ._backend import AppendRecord, Backend
 from ._capabilities import Capabilities
 from ._errors import InvalidArgument
@@ -68,6 +69,8 @@ class Rheo:
         self._instance_id = uuid.uuid4().hex[:8]
         self._partitions_cache: dict[str, int] = {}
         self._known_groups: set[tuple[str, str]] = set()
+        self._max_attempts: dict[tuple[str, str], int] = {}
+        """Each known group's last seen max_attempts (telemetry tells dead letters by it)."""
 
     # Lifecycle ---------------------------------------------------------------
 
@@ -168,7 +171,7 @@ class Rheo:
         if partition is not None:
             check_partition(partition, count)
         records = [self._record(item, count, key, partition) for item in items]
-        return await self._backend.append(stream, records)
+        return await _telemetry.send(self._backend, stream, records)
 
     def _record(
         self, item: NewEvent | Mapping[str, Any], count: int, key: str | None, partition: int | None
@@ -223,6 +226,7 @@ class Rheo:
             check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
         info = await self._backend.create_group(stream, group, start, max_attempts)
         self._known_groups.add((stream, group))
+        self._max_attempts[(stream, group)] = info.max_attempts
         return info
 
     async def groups(self, stream: str) -> list[GroupInfo]:
@@ -234,7 +238,9 @@ class Rheo:
         """A group's settings."""
         check_name("stream", stream)
         check_name("group", group)
-        return await self._backend.group_info(stream, group)
+        info = await self._backend.group_info(stream, group)
+        self._max_attempts[(stream, group)] = info.max_attempts
+        return info
 
     # Leases ------------------------------------------------------------------
 
@@ -258,7 +264,8 @@ class Rheo:
         selected = self._partitions(partitions, count)
         if (stream, group) not in self._known_groups:
             await self.create_group(stream, group)
-        return await self._backend.fetch(stream, group, consumer, limit, lease_ms, selected)
+        return await _telemetry.receive(self._backend, stream, group, consumer, limit, lease_ms,
+                                        selected, count)
 
     def _partitions(self, partitions: Partitions, count: int) -> list[int] | None:
         if partitions == "all":
@@ -279,20 +286,24 @@ class Rheo:
                 raise InvalidArgument(f"expected Lease objects, got {type(lease).__name__}")
         return items
 
-    async def _settle_call(self, leases: list[Lease], call: Any) -> list[SettleResult]:
+    async def _settle_call(self, op: str, leases: list[Lease], call: Any) -> list[SettleResult]:
         if not leases:
             return []
-        try:
-            results: list[SettleResult] = await call
-        except Exception as exc:  # classified, never leaked: DESIGN section 2
-            error = classify(exc, self._backend.classify_error)
-            return [SettleResult(lease.lease_id, error) for lease in leases]
+        with _telemetry.settling(op, leases, self._backend, self._max_attempts) as telemetry:
+            try:
+                results: list[SettleResult] = await call
+            except Exception as exc:  # classified, never leaked: DESIGN section 2
+                error = classify(exc, self._backend.classify_error)
+                results = [SettleResult(lease.lease_id, error) for lease in leases]
+            if telemetry is not None:
+                telemetry.done(results)
         return results
 
     async def ack(self, leases: Lease | Iterable[Lease]) -> list[SettleResult]:
         """Acknowledge leases; one classified result per lease, in order."""
         items = self._leases(leases)
-        return await self._settle_call(items, self._backend.ack(items) if items else None)
+        return await self._settle_call("ack", items,
+                                       self._backend.ack(items) if items else None)
 
     async def nack(
         self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0
@@ -302,14 +313,14 @@ class Rheo:
         check_reason(reason)
         check_non_negative_int("delay_ms", delay_ms)
         return await self._settle_call(
-            items, self._backend.nack(items, reason, delay_ms) if items else None)
+            "nack", items, self._backend.nack(items, reason, delay_ms) if items else None)
 
     async def reject(self, leases: Lease | Iterable[Lease], reason: str) -> list[SettleResult]:
         """Dead-letter leases for their group; one result per lease."""
         items = self._leases(leases)
         check_reason(reason)
         return await self._settle_call(
-            items, self._backend.reject(items, reason) if items else None)
+            "reject", items, self._backend.reject(items, reason) if items else None)
 
     async def renew(
         self, leases: Lease | Iterable[Lease], *, lease_ms: int = DEFAULT_LEASE_MS
@@ -318,7 +329,7 @@ class Rheo:
         items = self._leases(leases)
         check_lease_ms(lease_ms)
         return await self._settle_call(
-            items, self._backend.renew(items, lease_ms) if items else None)
+            "renew", items, self._backend.renew(items, lease_ms) if items else None)
 
     # Progress ----------------------------------------------------------------
 

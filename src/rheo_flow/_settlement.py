@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from . import _telemetry
 from ._inflight import Inflight
 from ._lease import Lease
 from ._rheo import Rheo
@@ -74,7 +75,8 @@ async def settle(
     if to_nack:
         kind = {r.lease_id: r.kind for r in results}
         first = kind[to_nack[0].lease_id]
-        retry = await rheo.nack(to_nack, f"settle_failed: {first}")
+        with _telemetry.follow_up(op):  # the nack span says which failed settle it follows
+            retry = await rheo.nack(to_nack, f"settle_failed: {first}")
         for lease, result in zip(to_nack, retry, strict=True):
             if observer is not None:
                 observer(SettleOutcome("nack", lease, result))

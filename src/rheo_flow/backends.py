@@ -13,13 +13,18 @@ from ._backend import AppendRecord, Backend
 from ._backends.memory import MemoryBackend
 
 if TYPE_CHECKING:
+    from ._backends.mongo import MongoBackend
     from ._backends.postgres import PostgresBackend
+    from ._backends.redis import RedisBackend
     from ._backends.sqlite import SQLiteBackend
 
-__all__ = ["AppendRecord", "Backend", "MemoryBackend", "PostgresBackend", "SQLiteBackend"]
+__all__ = ["AppendRecord", "Backend", "MemoryBackend", "MongoBackend", "PostgresBackend",
+           "RedisBackend", "SQLiteBackend"]
 
 _LAZY = {
+    "MongoBackend": "rheo_flow._backends.mongo",
     "PostgresBackend": "rheo_flow._backends.postgres",
+    "RedisBackend": "rheo_flow._backends.redis",
     "SQLiteBackend": "rheo_flow._backends.sqlite",
 }
 

@@ -26,8 +26,8 @@ primary key alone. Events nobody fetched yet have no delivery row at all.
 
 Lock order, followed by every function and statement so that none can deadlock:
 ``partitions`` → ``cursors`` → ``deliveries`` → ``frontiers``, rows of one table
-in key order. Fetch only ever *skips* locked deliveries and blocks on a cursor
-only while it holds no delivery lock.
+in key order. Fetch takes deliveries and cursors with ``SKIP LOCKED`` (which never
+waits), and blocks on one cursor only while it holds no lock at all.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ _TABLES: Final = (
 # (frontier, cursor] always exist, so the cursor bounds it.
 _ADVANCE: Final = """
 CREATE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
-RETURNS void LANGUAGE plpgsql AS $fn$
+RETURNS void LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
 BEGIN
     PERFORM 1 FROM {s}.frontiers f
         JOIN (SELECT DISTINCT g, p FROM unnest(p_groups, p_parts) AS u(g, p)) u
@@ -190,7 +190,7 @@ CREATE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
 RETURNS TABLE (o_part integer, o_seq bigint, o_attempt integer, o_lease uuid,
                o_deadline bigint, o_event_id text, o_type text, o_key text,
                o_data text, o_headers text, o_appended bigint)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
     v_stream integer;
     v_max integer;
@@ -201,6 +201,7 @@ DECLARE
     k_part integer[];
     k_cur bigint[];
     k_top bigint[];
+    v_wait integer;
     v_doomed integer;
 BEGIN
     SELECT g.stream_id, g.max_attempts INTO v_stream, v_max
@@ -234,19 +235,25 @@ BEGIN
           FOR UPDATE OF c SKIP LOCKED) k;
 
     IF c_part IS NULL AND k_part IS NULL THEN
-        -- Everything was locked by competing fetches: wait for the first cursor
-        -- with work (this call holds no delivery lock, so it cannot deadlock).
-        SELECT array_agg(c.part), array_agg(c.cursor),
-               array_agg(LEAST(pt.high_water, c.cursor + p_limit))
-        INTO k_part, k_cur, k_top
-        FROM (SELECT c.part, c.cursor FROM {s}.cursors c
-              JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-              WHERE c.group_id = p_group AND c.part = ANY (p_parts)
-                AND c.cursor < pt.high_water
-              ORDER BY array_position(p_parts, c.part)
-              LIMIT 1
-              FOR UPDATE OF c) c
-        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part;
+        -- Competing fetches hold every cursor with work: wait for ONE of them
+        -- (chosen first, then locked alone), holding no other lock meanwhile, so
+        -- waiting fetches can never deadlock one another.
+        SELECT c.part INTO v_wait
+        FROM {s}.cursors c
+        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+        WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
+        ORDER BY array_position(p_parts, c.part)
+        LIMIT 1;
+        IF FOUND THEN
+            SELECT array_agg(k.part), array_agg(k.cursor),
+                   array_agg(LEAST(k.high, k.cursor + p_limit))
+            INTO k_part, k_cur, k_top
+            FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
+                  JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+                  WHERE c.group_id = p_group AND c.part = v_wait
+                    AND c.cursor < pt.high_water
+                  FOR UPDATE OF c) k;
+        END IF;
     END IF;
 
     IF c_part IS NOT NULL THEN
@@ -342,7 +349,7 @@ CREATE FUNCTION {s}.settle(p_op smallint, p_groups integer[], p_parts integer[],
                            p_seqs bigint[], p_leases uuid[], p_atts integer[],
                            p_reason text, p_delay_ms bigint,
                            OUT bad_idx bigint[], OUT bad_code smallint[], OUT bad_by smallint[])
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
     v_now bigint := """ + NOW_MS + """;
     v_done bigint[];
@@ -350,24 +357,24 @@ DECLARE
     v_tp integer[];
 BEGIN
     WITH u AS (
-        SELECT * FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+        -- spent: a nack of this attempt dead-letters (only nack needs max_attempts).
+        SELECT u.*, p_op = 2 AND u.att >= (SELECT gr.max_attempts FROM {s}.groups gr
+                                            WHERE gr.id = u.g) AS spent
+        FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
             AS u(g, part, seq, lease, att, idx)
     ), hit AS (
         UPDATE {s}.deliveries d SET
-            state = CASE WHEN p_op = 1 THEN 2
-                         WHEN p_op = 3 OR d.attempt >= gr.max_attempts THEN 3
-                         ELSE 0 END,
+            state = CASE WHEN p_op = 1 THEN 2 WHEN p_op = 3 OR u.spent THEN 3 ELSE 0 END,
             settled_by = p_op,
-            reason = CASE WHEN p_op = 1 THEN ''
-                          WHEN p_op = 2 AND d.attempt >= gr.max_attempts THEN 'max_attempts'
+            reason = CASE WHEN p_op = 1 THEN '' WHEN p_op = 2 AND u.spent THEN 'max_attempts'
                           ELSE p_reason END,
             available_at_ms = CASE WHEN p_op = 2 THEN v_now + p_delay_ms
                                    ELSE d.available_at_ms END,
-            rejected_at_ms = CASE WHEN p_op = 3 OR (p_op = 2 AND d.attempt >= gr.max_attempts)
-                                  THEN v_now ELSE d.rejected_at_ms END
-        FROM u JOIN {s}.groups gr ON gr.id = u.g
+            rejected_at_ms = CASE WHEN p_op = 3 OR (p_op = 2 AND u.spent) THEN v_now
+                                  ELSE d.rejected_at_ms END
+        FROM u
         WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
-          AND d.state = 1 AND d.lease_id = u.lease AND d.attempt = u.att
+          AND d.state + 0 = 1 AND d.lease_id = u.lease AND d.attempt = u.att
         RETURNING u.idx, d.group_id, d.part, d.state
     )
     SELECT array_agg(hit.idx),
@@ -390,7 +397,7 @@ CREATE FUNCTION {s}.renew(p_groups integer[], p_parts integer[], p_seqs bigint[]
                           p_leases uuid[], p_atts integer[], p_lease_ms bigint,
                           OUT deadline_ms bigint,
                           OUT bad_idx bigint[], OUT bad_code smallint[], OUT bad_by smallint[])
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
     p_op smallint := 0;
     v_done bigint[];
@@ -403,7 +410,7 @@ BEGIN
         UPDATE {s}.deliveries d SET deadline_ms = renew.deadline_ms
         FROM u
         WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
-          AND d.state = 1 AND d.lease_id = u.lease AND d.attempt = u.att
+          AND d.state + 0 = 1 AND d.lease_id = u.lease AND d.attempt = u.att
         RETURNING u.idx
     )
     SELECT array_agg(hit.idx) INTO v_done FROM hit;

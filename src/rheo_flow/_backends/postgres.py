@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -67,7 +67,8 @@ log = logging.getLogger("rheo_flow.postgres")
 
 DEFAULT_SCHEMA: Final = "rheo_flow"
 _URL_OPTIONS: Final = ("schema", "pool_min_size", "pool_max_size", "listen", "migrate")
-_NIL_UUID: Final = uuid.UUID(int=0)
+_NIL_UUID: Final = "00000000000000000000000000000000"
+_LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
 _MAX_SEQ: Final = 2**63 - 1
 _MAX_INT: Final = 2**31 - 1
 _LISTEN_RETRY_S: Final = 5.0
@@ -156,7 +157,7 @@ WITH r AS (
 )
 SELECT (SELECT t.ms FROM t) AS appended_at_ms,
        (SELECT array_agg(n.seq ORDER BY n.idx) FROM numbered n) AS seqs,
-       (SELECT pg_notify($8, $9)) IS NULL AS notified
+       (SELECT pg_notify($8, $9)) AS notified
 """
 
 _EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data::text, headers::text, appended_at_ms"
@@ -327,18 +328,18 @@ class PostgresBackend(Backend):
             return pool
 
     async def _create_pool(self) -> asyncpg.Pool:
-        asyncpg = _driver()
+        driver = _driver()
         assert self._url is not None
         try:
-            pool: asyncpg.Pool = await asyncpg.create_pool(
+            pool: asyncpg.Pool = await driver.create_pool(
                 self._url,
                 min_size=self._pool_min,
                 max_size=self._pool_max,
                 # JIT compiling the claim statements would cost more than running them.
                 server_settings={"application_name": "rheo_flow", "jit": "off"},
+                reset=_keep_session,
             )
-        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError,
-                asyncpg.InterfaceError) as exc:
+        except (TimeoutError, OSError, driver.PostgresError, driver.InterfaceError) as exc:
             raise BackendUnavailable(
                 f"cannot connect to PostgreSQL at {redact_url(self._url)}: "
                 f"{type(exc).__name__}: {exc}"
@@ -636,23 +637,24 @@ class PostgresBackend(Backend):
                 raise UnknownGroup(stream, group) from None
             raise
         loads = json.loads
-        return [
-            Lease(
-                lease_id=row[3].hex,
-                receipt=f"{row[0]}-{row[1]}-{row[2]}",
+        leases: list[Lease] = []
+        append = leases.append
+        for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at in rows:
+            append(Lease(
+                lease_id=lease_uuid.hex,
+                receipt=f"{part}-{seq}-{attempt}",
                 group=group,
                 consumer_id=consumer_id,
                 event=Event(
-                    stream=stream, partition=row[0], sequence=row[1], id=row[5], type=row[6],
-                    data=loads(row[8]), key=row[7],
-                    headers=loads(row[9]) if row[9] is not None else {},
-                    appended_at_ms=row[10],
+                    stream=stream, partition=part, sequence=seq, id=event_id, type=type_,
+                    data=loads(data), key=key,
+                    headers=loads(heads) if heads is not None else {},
+                    appended_at_ms=at,
                 ),
-                attempt=row[2],
-                deadline_ms=row[4],
-            )
-            for row in rows
-        ]
+                attempt=attempt,
+                deadline_ms=deadline,
+            ))
+        return leases
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._settle(leases, "ack", "", 0)
@@ -1012,9 +1014,9 @@ class PostgresBackend(Backend):
 
     async def _listen_connection(self) -> asyncpg.Connection:
         if self._owns_pool:
-            asyncpg = _driver()
+            driver = _driver()
             assert self._url is not None
-            conn: asyncpg.Connection = await asyncpg.connect(
+            conn: asyncpg.Connection = await driver.connect(
                 self._url, server_settings={"application_name": "rheo_flow.listen"}
             )
             return conn
@@ -1069,25 +1071,37 @@ class _Batch:
         self.results: list[SettleResult | None] = [None] * len(leases)
         self.duplicates: list[tuple[int, int]] = []
         firsts: dict[tuple[str, str, str, str, int, int], int] = {}
-        entries: list[tuple[int, int, int, uuid.UUID, int, int]] = []
+        entries: list[tuple[int, int, int, str, int, int]] = []
+        lease_pattern = _LEASE_ID.fullmatch
         for i, lease in enumerate(leases):
-            found = groups.get((lease.stream, lease.group))
-            part, seq = lease.partition, lease.sequence
-            if found is None or not (isinstance(part, int) and 0 <= part < found[1]):
+            event = lease.event
+            stream, part, seq = event.stream, event.partition, event.sequence
+            found = groups.get((stream, lease.group))
+            if found is None or type(part) is not int or not 0 <= part < found[1]:
                 self.results[i] = SettleResult.failure(
                     lease.lease_id, SettleKind.INVALID, "lease names no group of this backend")
                 continue
-            if not (isinstance(seq, int) and 0 < seq <= _MAX_SEQ):
+            if type(seq) is not int or not 0 < seq <= _MAX_SEQ:
                 self.results[i] = SettleResult.failure(
                     lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend")
                 continue
-            key = (lease.lease_id, lease.receipt, lease.stream, lease.group, part, seq)
+            lease_id, receipt = lease.lease_id, lease.receipt
+            key = (lease_id, receipt, stream, lease.group, part, seq)
             if key in firsts:
                 self.duplicates.append((i, firsts[key]))
                 continue
             firsts[key] = i
-            entries.append((found[0], part, seq, _lease_uuid(lease.lease_id),
-                            _receipt_attempt(lease.receipt, part, seq), i))
+            # Our lease ids are 32 lowercase hex digits and receipts
+            # "{partition}-{sequence}-{attempt}"; anything else matches nothing.
+            if type(lease_id) is not str or lease_pattern(lease_id) is None:
+                lease_id = _NIL_UUID
+            attempt = -1
+            if type(receipt) is str:
+                head, _, tail = receipt.rpartition("-")
+                if (tail.isascii() and tail.isdigit() and len(tail) < 10
+                        and head == f"{part}-{seq}"):
+                    attempt = int(tail)
+            entries.append((found[0], part, seq, lease_id, attempt, i))
         entries.sort()
         self.order = [e[5] for e in entries]
         self.args: tuple[list[Any], ...] = (
@@ -1103,7 +1117,8 @@ class _Batch:
         """Record the function's answer: listed positions failed, the rest took effect."""
         bad: dict[int, tuple[int, int | None]] = {}
         if bad_idx:
-            assert bad_code is not None and bad_by is not None
+            assert bad_code is not None
+            assert bad_by is not None
             bad = {i: (c, b) for i, c, b in zip(bad_idx, bad_code, bad_by, strict=True)}
         for position, i in enumerate(self.order, start=1):
             lease_id = self.leases[i].lease_id
@@ -1153,28 +1168,6 @@ def _result(lease_id: str, code: int, by: int | None, deadline_ms: int | None) -
                                 "the delivery changed concurrently; retry")
 
 
-def _lease_uuid(lease_id: object) -> uuid.UUID:
-    """Our lease ids are 32 lowercase hex digits; anything else matches no delivery."""
-    if isinstance(lease_id, str) and len(lease_id) == 32:
-        try:
-            value = uuid.UUID(hex=lease_id)
-        except ValueError:
-            return _NIL_UUID
-        if value.hex == lease_id:
-            return value
-    return _NIL_UUID
-
-
-def _receipt_attempt(receipt: object, part: int, seq: int) -> int:
-    """Receipts are ``"{partition}-{sequence}-{attempt}"``; a foreign one matches nothing."""
-    if isinstance(receipt, str):
-        prefix = f"{part}-{seq}-"
-        tail = receipt[len(prefix):]
-        if receipt.startswith(prefix) and tail.isdigit() and tail.isascii() and len(tail) < 10:
-            return int(tail)
-    return -1
-
-
 def _position_param(start: StartPosition) -> int | None:
     """A start position as the SQL parameter: a sequence, or NULL for the high water."""
     if start == "earliest":
@@ -1194,6 +1187,16 @@ def _event(stream: str, row: Any) -> Event:
     )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release hook of an owned pool: nothing to reset.
+
+    asyncpg's default runs ``RESET ALL; UNLISTEN *; ...`` on every release: a
+    round trip per operation. This backend never changes session state on pooled
+    connections (LISTEN has its own connection, transactions are scoped), and
+    asyncpg still rolls back a transaction left open before calling this.
+    """
+
+
 async def _close_quietly(pool: asyncpg.Pool) -> None:
     try:
         await pool.close()
@@ -1206,11 +1209,11 @@ async def _close_quietly(pool: asyncpg.Pool) -> None:
 
 async def _ensure_schema(conn: asyncpg.Connection, schema: str, *, apply: bool) -> int:
     """Check the schema version; create or upgrade it when ``apply`` (else refuse)."""
-    asyncpg = _driver()
+    driver = _driver()
     table = render("{s}." + VERSION_TABLE, schema)
     try:
-        version = await conn.fetchval(f"SELECT COALESCE(max(version), 0) FROM {table}")
-    except asyncpg.UndefinedTableError:
+        version: int = await conn.fetchval(f"SELECT COALESCE(max(version), 0) FROM {table}")
+    except driver.UndefinedTableError:
         version = 0
     if version > SCHEMA_VERSION:
         raise BackendError(
@@ -1267,15 +1270,14 @@ async def migrate(url_or_pool: str | asyncpg.Pool | asyncpg.Connection,
     from several processes at once: migrations apply under a transaction-scoped
     advisory lock, each exactly once. A schema newer than this code is refused.
     """
-    asyncpg = _driver()
+    driver = _driver()
     if isinstance(url_or_pool, str):
         backend = PostgresBackend.from_url(url_or_pool)
         schema = backend.schema if "schema=" in url_or_pool else _check_schema(schema)
         assert backend._url is not None
         try:
-            conn = await asyncpg.connect(backend._url)
-        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError,
-                asyncpg.InterfaceError) as exc:
+            conn = await driver.connect(backend._url)
+        except (TimeoutError, OSError, driver.PostgresError, driver.InterfaceError) as exc:
             raise BackendUnavailable(
                 f"cannot connect to PostgreSQL at {redact_url(url_or_pool)}: "
                 f"{type(exc).__name__}: {exc}"
@@ -1285,10 +1287,10 @@ async def migrate(url_or_pool: str | asyncpg.Pool | asyncpg.Connection,
         finally:
             await conn.close()
     schema = _check_schema(schema)
-    if isinstance(url_or_pool, asyncpg.Pool):
+    if isinstance(url_or_pool, driver.Pool):
         async with url_or_pool.acquire() as pooled:
             return await _ensure_schema(pooled, schema, apply=True)
-    if isinstance(url_or_pool, asyncpg.Connection):
+    if isinstance(url_or_pool, driver.Connection):
         return await _ensure_schema(url_or_pool, schema, apply=True)
     raise InvalidArgument(
         f"migrate() needs a postgresql:// URL, an asyncpg pool or a connection, "

@@ -9,6 +9,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _telemetry
 from .._errors import InvalidArgument
 from .._inflight import Inflight
 from ._acknowledger import Acknowledger
@@ -290,7 +291,8 @@ class BatcherStage:
             try:
                 if self._on_batch is not None:
                     self._on_batch(info, messages)
-                await self._process(messages, info)
+                with _telemetry.process_messages(messages, "batcher", self.name, info):
+                    await self._process(messages, info)
             except Exception:
                 log.exception("batcher %s failed on a batch of %d; leaving their leases "
                               "to expire", self.name, len(messages))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
+from .. import _telemetry
 from .._errors import AlreadyStarted, InvalidArgument
 from .._inflight import Inflight
 from .._producer import Producer
@@ -204,6 +205,7 @@ class Pipeline:
         self._dispatcher: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._state: State = "new"
+        self._lag: _telemetry.LagTracker | None = None
 
     # Introspection -------------------------------------------------------------
 
@@ -304,18 +306,22 @@ class Pipeline:
         if self._state != "new":
             raise AlreadyStarted("this pipeline was already started; build a new one")
         self._state = "running"
-        try:
-            await self._producer.start()
-        except BaseException:
-            self._state = "stopped"
-            raise
-        self._stages = Stages(
-            self._processors, self._batchers, self._callbacks, self._context,
-            self._acknowledger, inflight=self._producer.inflight,
-            lease_ms=self._producer.lease_ms,
-        )
-        self._stages.start()
-        self._dispatcher = asyncio.create_task(self._dispatch(), name="rheo-pipeline-producer")
+        with _telemetry.detached():  # the tasks must not inherit the caller's span
+            try:
+                await self._producer.start()
+            except BaseException:
+                self._state = "stopped"
+                raise
+            self._stages = Stages(
+                self._processors, self._batchers, self._callbacks, self._context,
+                self._acknowledger, inflight=self._producer.inflight,
+                lease_ms=self._producer.lease_ms,
+            )
+            self._stages.start()
+            self._dispatcher = asyncio.create_task(self._dispatch(),
+                                                   name="rheo-pipeline-producer")
+        p = self._producer
+        self._lag = _telemetry.track_lag(p.rheo, p.stream, p.group, p.partitions)
         return self
 
     async def _dispatch(self) -> None:
@@ -391,6 +397,7 @@ class Pipeline:
             with contextlib.suppress(asyncio.CancelledError):
                 await producer_drained
         self._state = "stopped"
+        await self._untrack_lag()
         return clean
 
     async def stop(self) -> None:
@@ -401,6 +408,12 @@ class Pipeline:
         self._state = "stopped"
         self._stopping.set()
         await self._halt()
+        await self._untrack_lag()
+
+    async def _untrack_lag(self) -> None:
+        lag, self._lag = self._lag, None
+        if lag is not None:
+            await lag.aclose()
 
     async def _halt(self) -> None:
         if self._dispatcher is not None and not self._dispatcher.done():

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _telemetry
 from .._errors import InvalidArgument
 from ._acknowledger import Acknowledger
 from ._handler import Callbacks, run_handle_failed
@@ -150,7 +151,8 @@ class ProcessorStage:
             if chunk is None:
                 return
             try:
-                await self._process(chunk)
+                with _telemetry.process_messages(chunk, "processor", self.config.name):
+                    await self._process(chunk)
             except Exception:
                 log.exception("processor %s failed on %d messages; leaving their leases "
                               "to expire", self.config.name, len(chunk))

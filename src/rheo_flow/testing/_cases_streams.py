@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .._errors import ConflictError, InvalidArgument, UnknownGroup, UnknownStream
 from .._event import Event, NewEvent
@@ -203,7 +208,12 @@ async def case_event_round_trip(env: CaseEnv) -> None:
 
 @case()
 async def case_trace_context_headers(env: CaseEnv) -> None:
-    """W3C trace-context headers (traceparent, tracestate) survive the round trip."""
+    """W3C trace-context headers (traceparent, tracestate) survive the round trip.
+
+    Both literal headers and a creation context injected with OpenTelemetry's W3C
+    propagator: extracting it from the fetched and the queried event gives back
+    the same span context (trace id, span id, sampled flag, trace state).
+    """
     stream = await env.stream()
     headers = {
         "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
@@ -216,6 +226,45 @@ async def case_trace_context_headers(env: CaseEnv) -> None:
     check_equal(dict(lease.event.headers), headers, "headers of the fetched event")
     page = await env.rheo.query_page(Query(stream=stream))
     check_equal(dict(page.events[0].headers), headers, "headers of the queried event")
+
+    propagator = TraceContextTextMapPropagator()
+    sent = [_span_context(sampled=True, state=[("rheo", "conformance"), ("vendor", "a-1")]),
+            _span_context(sampled=False, state=[])]
+    news = []
+    for i, context in enumerate(sent):
+        carrier: dict[str, str] = {"other": f"kept-{i}"}
+        propagator.inject(carrier, context=trace.set_span_in_context(NonRecordingSpan(context)))
+        news.append(NewEvent("t", {"x": i}, id=f"traced-{i}", headers=carrier))
+    stored = await env.rheo.append(stream, news)
+    for new, event in zip(news, stored, strict=True):
+        check_equal(dict(event.headers), dict(new.headers), f"headers of {new.id} from append")
+    fetched = {lease.event.id: lease.event for lease in await env.fetch(stream, "g")}
+    queried = {e.id: e async for e in env.rheo.stream_query(Query(stream=stream))}
+    for i, (new, context) in enumerate(zip(news, sent, strict=True)):
+        for source, events in (("fetched", fetched), ("queried", queried)):
+            event_id = f"traced-{i}"
+            check(event_id in events, f"{source} events lack {event_id}")
+            carried = events[event_id].headers
+            check_equal(dict(carried), dict(new.headers), f"headers of the {source} {event_id}")
+            got = trace.get_current_span(propagator.extract(dict(carried))).get_span_context()
+            check_equal(
+                (got.trace_id, got.span_id, int(got.trace_flags), got.trace_state.to_header()),
+                (context.trace_id, context.span_id, int(context.trace_flags),
+                 context.trace_state.to_header()),
+                f"span context extracted from the {source} {event_id}",
+            )
+            check(got.is_remote, f"the span context of the {source} {event_id} must be remote")
+
+
+def _span_context(*, sampled: bool, state: list[tuple[str, str]]) -> SpanContext:
+    """A fresh, valid span context (as a producer's span would have)."""
+    return SpanContext(
+        trace_id=uuid.uuid4().int | 1,
+        span_id=(uuid.uuid4().int >> 64) | 1,
+        is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT),
+        trace_state=TraceState(state),
+    )
 
 
 @case()

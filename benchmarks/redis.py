@@ -1,0 +1,307 @@
+"""Suite ``redis``: the Redis backend against raw redis-py and against saq, in one run.
+
+* **consume + ack throughput** — a backlog is consumed and acknowledged by a
+  :class:`rheo_flow.Group` (no-op ``Consumer``, ``max_demand`` 500, concurrency
+  10), by a raw redis-py loop (``XREADGROUP COUNT 100`` then one ``XACK`` per
+  batch, no fencing, no leases) and by saq (no-op jobs, 10 workers). Rounds
+  alternate between rheo_flow and the raw loop on fresh keys; medians are
+  reported. Targets: rheo_flow >= 0.5 x raw and >= 20 x saq.
+* **append -> handler latency** — at a light steady load (one event every
+  5 ms), the time from just before an append until the handler runs, for
+  rheo_flow (idle groups block on ``XREAD``: push wake-ups) and for a raw
+  ``XREADGROUP BLOCK`` loop. p50 and p99 in milliseconds.
+
+The server is ``RHEO_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``). Every
+key the suite writes is deleted when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import time
+import uuid
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from rheo_flow import ACK, Consumer, Event, NewEvent, Rheo
+from rheo_flow.backends import RedisBackend
+
+from ._common import Result
+
+URL = os.environ.get("RHEO_REDIS_URL") or "redis://127.0.0.1:6379/0"
+MAX_DEMAND = 500
+CONCURRENCY = 10
+RAW_COUNT = 100
+SAQ_CONCURRENCY = 10
+APPEND_CHUNK = 5_000
+LATENCY_INTERVAL_S = 0.005
+
+
+def payload(i: int) -> dict[str, Any]:
+    """The data of the i-th benchmark event (the same for every contender)."""
+    return {"n": i, "kind": "bench", "tags": ["a", "b"]}
+
+
+# rheo_flow ---------------------------------------------------------------------
+
+
+class Counting(Consumer):
+    """A no-op consumer that sets ``done`` once ``expected`` events were handled."""
+
+    stream = "bench"
+    group = "bench"
+    max_demand = MAX_DEMAND
+    concurrency = CONCURRENCY
+
+    def __init__(self, expected: int) -> None:
+        super().__init__()
+        self.expected = expected
+        self.handled = 0
+        self.done = asyncio.Event()
+
+    async def handle_event(self, event: Event, context: Any) -> Any:
+        self.handled += 1
+        if self.handled >= self.expected:
+            self.done.set()
+        return ACK
+
+
+async def rheo_consume(events: int) -> float:
+    """Events per second consumed and acked through a Group on a fresh prefix."""
+    backend = RedisBackend.from_url(URL, prefix=f"rheo-bench-{uuid.uuid4().hex[:10]}")
+    try:
+        async with Rheo(backend) as rheo:
+            await rheo.create_stream("bench")
+            for start in range(0, events, APPEND_CHUNK):
+                await rheo.append("bench", [
+                    NewEvent("bench.event", payload(i))
+                    for i in range(start, min(events, start + APPEND_CHUNK))
+                ])
+            consumer = Counting(events)
+            started = time.perf_counter()
+            async with consumer.start(rheo) as group:
+                await consumer.done.wait()
+                # The measurement ends when the last ack has landed.
+                await group.drain(timeout=60)
+                elapsed = time.perf_counter() - started
+            if sum((await rheo.lag("bench", "bench")).values()) != 0:
+                raise RuntimeError("rheo_flow left events unsettled")
+            return events / elapsed
+    finally:
+        await backend.drop_all()
+        await backend.close()
+
+
+# raw redis-py ------------------------------------------------------------------
+
+
+async def raw_consume(events: int) -> float:
+    """Events per second through XREADGROUP COUNT 100 + one XACK per batch."""
+    client = aioredis.Redis.from_url(URL)
+    key = f"rheo-bench-raw-{uuid.uuid4().hex[:10]}"
+    try:
+        for start in range(0, events, APPEND_CHUNK):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, min(events, start + APPEND_CHUNK)):
+                pipe.xadd(key, {"id": str(uuid.uuid4()), "type": "bench.event",
+                                "data": json.dumps(payload(i))})
+            await pipe.execute()
+        await client.xgroup_create(key, "bench", "0")
+        started = time.perf_counter()
+        done = 0
+        while done < events:
+            reply: Any = await client.xreadgroup("bench", "raw", {key: ">"}, count=RAW_COUNT)
+            ids = [entry_id for entry_id, _ in reply[0][1]]
+            await client.xack(key, "bench", *ids)
+            done += len(ids)
+        return events / (time.perf_counter() - started)
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
+# saq ---------------------------------------------------------------------------
+
+
+async def saq_consume(jobs: int) -> tuple[float, str]:
+    """Jobs per second processed by saq workers (no-op jobs), and saq's version."""
+    import saq
+    from saq import Queue, Status, Worker
+
+    name = f"rheo-bench-{uuid.uuid4().hex[:10]}"
+    queue = Queue.from_url(URL, name=name)
+    finished = 0
+    all_done = asyncio.Event()
+
+    async def noop(ctx: Any) -> None:
+        return None
+
+    failed = 0
+
+    async def after(ctx: Any) -> None:
+        nonlocal finished, failed
+        finished += 1
+        if ctx["job"].status != Status.COMPLETE:
+            failed += 1
+        if finished >= jobs:
+            all_done.set()
+
+    await queue.connect()
+    try:
+        for start in range(0, jobs, 500):
+            await asyncio.gather(*(queue.enqueue("noop") for _ in range(start,
+                                                                       min(jobs, start + 500))))
+        worker = Worker(queue, functions=[("noop", noop)], concurrency=SAQ_CONCURRENCY,
+                        after_process=after, shutdown_grace_period_s=1)
+        started = time.perf_counter()
+        task = asyncio.create_task(worker.start())
+        await all_done.wait()
+        rate = jobs / (time.perf_counter() - started)
+        if failed:
+            raise RuntimeError(f"{failed} saq jobs did not complete")
+        await worker.stop()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        return rate, saq.__version__
+    finally:
+        client = aioredis.Redis.from_url(URL)
+        for pattern in (f"saq:{name}*", f"saq:job:{name}:*"):
+            keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
+            for i in range(0, len(keys), 500):
+                await client.unlink(*keys[i:i + 500])
+        await client.aclose()
+        await queue.disconnect()
+
+
+# latency -----------------------------------------------------------------------
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    """p50 and p99 of the samples (milliseconds)."""
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return statistics.median(ordered), p99
+
+
+class Timing(Consumer):
+    """Records, per event, the time from the append call until the handler runs."""
+
+    stream = "latency"
+    group = "latency"
+    max_demand = 100
+    concurrency = 4
+
+    def __init__(self, expected: int) -> None:
+        super().__init__()
+        self.expected = expected
+        self.samples: list[float] = []
+        self.done = asyncio.Event()
+
+    async def handle_event(self, event: Event, context: Any) -> Any:
+        self.samples.append((time.perf_counter() - event.data["t"]) * 1000)
+        if len(self.samples) >= self.expected:
+            self.done.set()
+        return ACK
+
+
+async def rheo_latency(count: int) -> tuple[float, float]:
+    """Append -> handler p50 and p99 (ms) through an idle Group woken by appends."""
+    prefix = f"rheo-bench-{uuid.uuid4().hex[:10]}"
+    consumer_side = RedisBackend.from_url(URL, prefix=prefix)
+    producer_side = RedisBackend.from_url(URL, prefix=prefix)
+    try:
+        async with Rheo(consumer_side) as rheo, Rheo(producer_side) as producer:
+            await rheo.create_stream("latency")
+            timing = Timing(count)
+            async with timing.start(rheo):
+                await asyncio.sleep(0.2)  # let the group go idle on its blocking read
+                for i in range(count):
+                    await producer.append("latency", NewEvent(
+                        "bench.latency", {"t": time.perf_counter(), "i": i}))
+                    await asyncio.sleep(LATENCY_INTERVAL_S)
+                await asyncio.wait_for(timing.done.wait(), 30)
+            return percentiles(timing.samples)
+    finally:
+        await consumer_side.drop_all()
+        await consumer_side.close()
+        await producer_side.close()
+
+
+async def raw_latency(count: int) -> tuple[float, float]:
+    """The same measurement with a raw XREADGROUP BLOCK loop and XADD."""
+    consumer_client = aioredis.Redis.from_url(URL)
+    producer_client = aioredis.Redis.from_url(URL)
+    key = f"rheo-bench-raw-{uuid.uuid4().hex[:10]}"
+    samples: list[float] = []
+
+    async def consume() -> None:
+        while len(samples) < count:
+            reply: Any = await consumer_client.xreadgroup("bench", "raw", {key: ">"},
+                                                          count=RAW_COUNT, block=1000)
+            if not reply:
+                continue
+            ids = []
+            for entry_id, fields in reply[0][1]:
+                samples.append((time.perf_counter() - float(fields[b"t"])) * 1000)
+                ids.append(entry_id)
+            await consumer_client.xack(key, "bench", *ids)
+
+    try:
+        await consumer_client.xgroup_create(key, "bench", "$", mkstream=True)
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.2)
+        for _ in range(count):
+            await producer_client.xadd(key, {"t": repr(time.perf_counter())})
+            await asyncio.sleep(LATENCY_INTERVAL_S)
+        await asyncio.wait_for(task, 30)
+        return percentiles(samples)
+    finally:
+        await consumer_client.delete(key)
+        await consumer_client.aclose()
+        await producer_client.aclose()
+
+
+# the suite ---------------------------------------------------------------------
+
+
+async def run(quick: bool) -> list[Result]:
+    """Throughput against raw redis-py and saq, then latency against raw redis-py."""
+    events = 5_000 if quick else 50_000
+    rounds = 1 if quick else 3
+    jobs = 1_000 if quick else 5_000
+    samples = 200 if quick else 1_000
+
+    raw_rates: list[float] = []
+    rheo_rates: list[float] = []
+    for _ in range(rounds):
+        raw_rates.append(await raw_consume(events))
+        rheo_rates.append(await rheo_consume(events))
+    raw = statistics.median(raw_rates)
+    ours = statistics.median(rheo_rates)
+    peer, saq_version = await saq_consume(jobs)
+    raw_p50, raw_p99 = await raw_latency(samples)
+    p50, p99 = await rheo_latency(samples)
+    shape = f"{events} events, median of {rounds}"
+    return [
+        Result("consume+ack: XREADGROUP COUNT 100 + XACK", "redis-py", raw, "events/s",
+               note=shape),
+        Result.compared("consume+ack: Group vs raw redis-py", "rheo_flow", ours, "events/s", raw,
+                        note=f"{shape}; target ratio >= 0.5"),
+        Result(f"consume+ack: no-op jobs ({SAQ_CONCURRENCY} workers)", f"saq {saq_version}", peer,
+               "jobs/s", note=f"{jobs} jobs"),
+        Result.compared("consume+ack: Group vs saq", "rheo_flow", ours, "events/s", peer,
+                        note="target ratio >= 20"),
+        Result("append->handler p50: XADD + XREADGROUP BLOCK", "redis-py", raw_p50, "ms",
+               note=f"{samples} events, one per {LATENCY_INTERVAL_S * 1000:g} ms"),
+        Result.compared("append->handler p50: Group (blocking XREAD wake-up)", "rheo_flow", p50,
+                        "ms", raw_p50, note="ratio: lower is better"),
+        Result("append->handler p99: XADD + XREADGROUP BLOCK", "redis-py", raw_p99, "ms"),
+        Result.compared("append->handler p99: Group (blocking XREAD wake-up)", "rheo_flow", p99,
+                        "ms", raw_p99, note="ratio: lower is better"),
+    ]

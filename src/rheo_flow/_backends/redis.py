@@ -1,0 +1,958 @@
+"""The Redis Streams backend, on redis-py's asyncio client.
+
+Layout (``P`` is the key prefix, ``s`` a stream, ``p`` a partition, ``g`` a group).
+Every key of one partition shares the hash tag ``{P:s:p}``, so a Redis Cluster
+can spread partitions over shards and each Lua script stays on one slot:
+
+* ``{P:s:p}:x`` — the Redis stream of the partition. The entry id of the event
+  with sequence ``n`` is ``n-0``; the entry holds ``meta`` (JSON ``[id, type,
+  key, headers]``), ``data`` (JSON) and ``time`` (append time, server clock).
+* ``{P:s:p}:m`` — high water ``hw``, low water ``lw``, last append time ``ts``.
+* ``{P:s:p}:i`` — event id -> sequence (idempotent appends).
+* ``{P:s:p}:g:<g>`` — the group's frontier ``f``, cursor ``c`` and
+  ``max_attempts``; the Redis consumer group ``<g>`` on ``:x`` delivers new
+  entries (``XREADGROUP``) and mirrors who holds what in its PEL.
+* ``{P:s:p}:g:<g>:d`` — one delivery record per materialised sequence (state,
+  attempt, lease id, who settled it); ``:z`` — available and leased deliveries
+  by the time they become eligible; ``:r`` — dead letters by sequence.
+* ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
+  which partition owns an event id (streams with several partitions).
+
+Every fetch, settle batch and renew tick is one round trip: one script per
+partition, pipelined. Lease deadlines, nack delays and append times use the
+Redis server's clock (``TIME`` inside the scripts). A fetch finds due work
+through the ``:z`` sorted set rather than ``XAUTOCLAIM``, whose single idle
+threshold cannot express per-fetch lease times or nack delays; expired
+entries are taken over with ``XCLAIM`` so the PEL still shows the holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .._backend import DEFAULT_MAX_ATTEMPTS, AppendRecord, Backend
+from .._capabilities import Capabilities
+from .._errors import (
+    BackendError,
+    BackendUnavailable,
+    ConflictError,
+    InvalidArgument,
+    MissingExtra,
+    UnknownGroup,
+    UnknownStream,
+)
+from .._event import Event
+from .._lease import Lease
+from .._query import Query
+from .._settle import SettleKind, SettleResult
+from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from .._urls import redact_url
+from .._validation import NAME_PATTERN
+from ._redis_lua import SCRIPTS
+
+try:
+    import redis.asyncio as aioredis
+    from redis import exceptions as rex
+except ImportError:  # pragma: no cover - exercised without the extra installed
+    raise MissingExtra("Redis", "redis", "redis") from None
+
+__all__ = ["RedisBackend"]
+
+T = TypeVar("T")
+
+DEFAULT_PREFIX: Final = "rheo"
+_PREFIX_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
+_MIN_VERSION: Final = (6, 2)
+_TRIM_CHUNK: Final = 5_000
+_DEAD_CHUNK: Final = 64
+_QUERY_CHUNK: Final = 500
+_BLOCK_SLACK_MS: Final = 150
+_MAX_TRACKED_CONSUMERS: Final = 10_000
+_POLL_S: Final = 0.05
+
+# Settle codes returned by the scripts: code -> (kind, reason); "o" and "r" succeed.
+_CODES: Final[dict[str, tuple[SettleKind, str]]] = {
+    "S": (SettleKind.STALE_LEASE, "the delivery was leased again"),
+    "K": (SettleKind.STALE_LEASE, "already settled by ack"),
+    "N": (SettleKind.STALE_LEASE, "already settled by nack"),
+    "J": (SettleKind.STALE_LEASE, "already settled by reject"),
+    "X": (SettleKind.STALE_LEASE, "dead-lettered after max_attempts when its lease expired"),
+    "P": (SettleKind.STALE_LEASE, "the delivery was replayed, reset or trimmed"),
+    "M": (SettleKind.RECEIPT_MISMATCH, "receipt does not match the lease"),
+    "I": (SettleKind.INVALID, "lease names no group of this backend"),
+    "Q": (SettleKind.INVALID, "lease names no delivery of this backend"),
+}
+_OK: Final = SettleResult.success
+_NOT_A_LEASE: Final = "lease names no group of this backend"
+
+
+class RedisBackend(Backend):
+    """Durable, distributed backend on Redis Streams (Redis 6.2 or later).
+
+    Build it from a URL (``redis://[:password@]host:port/db?prefix=myapp``,
+    ``rediss://`` for TLS) or around a host-owned ``redis.asyncio.Redis``
+    client::
+
+        backend = RedisBackend(client=my_client, prefix="orders")
+
+    A host-owned client is never closed by the backend. ``prefix`` namespaces
+    every key (letters, digits and ``_ . : -``). A client built from a URL is
+    owned and closed by :meth:`close`. Both response modes of redis-py
+    (``decode_responses`` true or false) work.
+
+    Durability is the server's: run Redis with AOF persistence
+    (``appendonly yes``) for acknowledged writes to survive a server restart.
+    """
+
+    name = "redis"
+    _CAPABILITIES = Capabilities(
+        durable=True, distributed=True, push_wakeups=True, server_clock=True,
+    )
+
+    def __init__(
+        self,
+        client: aioredis.Redis | None = None,
+        *,
+        url: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        if (client is None) == (url is None):
+            raise InvalidArgument("RedisBackend needs exactly one of client= or url=")
+        if not isinstance(prefix, str) or not _PREFIX_PATTERN.match(prefix):
+            raise InvalidArgument(
+                f"invalid Redis key prefix {prefix!r}: use 1-64 characters of "
+                "A-Z a-z 0-9 _ . : -"
+            )
+        self._url = None if url is None else redact_url(url)
+        self._password: str | None = None
+        if client is not None:
+            if not isinstance(client, aioredis.Redis):
+                raise InvalidArgument(
+                    f"client must be a redis.asyncio.Redis, got {type(client).__name__}"
+                )
+            self._client = client
+            self._owned = False
+        else:
+            assert url is not None
+            try:
+                self._password = urlsplit(url).password
+                self._client = aioredis.Redis.from_url(url)
+            except (ValueError, TypeError) as exc:
+                raise InvalidArgument(
+                    f"invalid Redis URL {redact_url(url)!r}: {self._scrub(str(exc))}"
+                ) from None
+            self._owned = True
+        self._prefix = prefix
+        self._shas = {name: hashlib.sha1(text.encode()).hexdigest()
+                      for name, text in SCRIPTS.items()}
+        self._partitions: dict[str, int] = {}
+        self._known_groups: set[tuple[str, str]] = set()
+        self._rotation: dict[tuple[str, str], int] = {}
+        self._seen: dict[str, list[int]] = {}
+        self._stale: dict[str, set[int]] = {}
+        self._keys: dict[tuple[str, str, int], tuple[str, ...]] = {}
+        self._block_cap_ms: int | None = None
+        timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
+        if isinstance(timeout, int | float) and timeout > 0:
+            # Blocking reads must return before the client's socket timeout fires, and
+            # Redis ends a block up to 1/hz late (100 ms by default).
+            self._block_cap_ms = int(timeout * 1000) - _BLOCK_SLACK_MS
+        self._consumers: dict[tuple[str, str], set[str]] = {}
+        self._tracked = 0
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str | None = None) -> RedisBackend:
+        """A backend owning a client built from a ``redis://`` or ``rediss://`` URL.
+
+        The key prefix is ``prefix``, else the URL's ``prefix`` query parameter,
+        else ``"rheo"``; every other query parameter goes to redis-py.
+        """
+        try:
+            parts = urlsplit(url)
+            query = parse_qsl(parts.query, keep_blank_values=True)
+        except (ValueError, TypeError):
+            raise InvalidArgument(f"invalid Redis URL {redact_url(str(url))!r}") from None
+        chosen = DEFAULT_PREFIX
+        rest = []
+        for key, value in query:
+            if key == "prefix":
+                chosen = value
+            else:
+                rest.append((key, value))
+        clean = urlunsplit(parts._replace(query=urlencode(rest)))
+        return cls(url=clean, prefix=chosen if prefix is None else prefix)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Durable and distributed, with blocking-read wake-ups and the server's clock."""
+        return self._CAPABILITIES
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The redis-py client in use (host-owned or built from the URL)."""
+        return self._client
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix."""
+        return self._prefix
+
+    def __repr__(self) -> str:
+        where = self._url if self._url is not None else "host client"
+        return f"<RedisBackend {where} prefix={self._prefix!r}>"
+
+    async def open(self) -> None:
+        """Check that the server answers and is recent enough (6.2+ for ``XTRIM MINID``)."""
+        info = await self._io(self._client.info("server"))
+        version = str(info.get("redis_version", "0"))
+        numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+        if numbers < _MIN_VERSION:
+            raise BackendError(f"the Redis backend needs Redis >= 6.2, the server runs {version}")
+
+    async def close(self) -> None:
+        """Close the client when it was built from a URL; a host client stays open.
+
+        Redis consumers this backend created that hold no pending entry are
+        deleted from their consumer groups first (best effort).
+        """
+        try:
+            await self._forget_consumers()
+        finally:
+            if self._owned:
+                await self._client.aclose()
+
+    async def _forget_consumers(self) -> None:
+        used, self._consumers, self._tracked = self._consumers, {}, 0
+        calls = []
+        for (stream, group), names in used.items():
+            count = self._partitions.get(stream, 0)
+            ordered = sorted(names)
+            for start in range(0, len(ordered), 500):
+                chunk = ordered[start:start + 500]
+                calls.extend(("forget_consumers", [self._pkeys(stream, p)[0]], [group, *chunk])
+                             for p in range(count))
+        with contextlib.suppress(BackendError):
+            await self._eval(calls)
+
+    async def server_time_ms(self) -> int:
+        """The Redis server's clock in epoch milliseconds (the clock leases use)."""
+        seconds, micros = await self._io(self._client.time())
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def drop_all(self) -> int:
+        """Delete every key under this backend's prefix; returns how many were deleted.
+
+        Meant for tests and teardown: it removes all streams, events and groups
+        of the prefix.
+        """
+        deleted = 0
+        for pattern in (f"{self._prefix}:*", f"{{{self._prefix}:*"):
+            batch: list[Any] = []
+            async for key in self._client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    deleted += await self._io(self._client.unlink(*batch))
+                    batch = []
+            if batch:
+                deleted += await self._io(self._client.unlink(*batch))
+        self._partitions.clear()
+        self._known_groups.clear()
+        self._seen.clear()
+        self._consumers, self._tracked = {}, 0
+        return deleted
+
+    # Errors ------------------------------------------------------------------
+
+    def classify_error(self, exc: BaseException) -> SettleKind | None:
+        """Map redis-py exceptions: unreachable -> backend_unavailable, lost
+        mid-request or timed out -> ambiguous, script or command errors -> failed."""
+        return _classify(exc)
+
+    def _scrub(self, text: str) -> str:
+        if self._password:
+            text = text.replace(self._password, "***")
+        return text
+
+    def _translate(self, exc: BaseException) -> BackendError:
+        kind = _classify(exc) or SettleKind.FAILED
+        where = f" at {self._url}" if self._url else ""
+        message = self._scrub(f"Redis{where}: {type(exc).__name__}: {exc}")
+        if kind is SettleKind.BACKEND_UNAVAILABLE:
+            return BackendUnavailable(message)
+        return BackendError(message, kind.value)
+
+    async def _io(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except (rex.RedisError, OSError) as exc:
+            raise self._translate(exc) from None
+
+    # Keys and scripts -------------------------------------------------------
+
+    def _tag(self, stream: str, partition: int) -> str:
+        return f"{{{self._prefix}:{stream}:{partition}}}"
+
+    def _pkeys(self, stream: str, partition: int) -> tuple[str, ...]:
+        key = (stream, "", partition)
+        keys = self._keys.get(key)
+        if keys is None:
+            tag = self._tag(stream, partition)
+            keys = self._keys[key] = (f"{tag}:x", f"{tag}:m", f"{tag}:i")
+        return keys
+
+    def _gkeys(self, stream: str, group: str, partition: int) -> tuple[str, ...]:
+        key = (stream, group, partition)
+        keys = self._keys.get(key)
+        if keys is None:
+            tag = self._tag(stream, partition)
+            base = f"{tag}:g:{group}"
+            keys = self._keys[key] = (f"{tag}:x", f"{tag}:m", base, f"{base}:d",
+                                      f"{base}:z", f"{base}:r")
+        return keys
+
+    def _streams_key(self) -> str:
+        return f"{self._prefix}:streams"
+
+    def _groups_key(self, stream: str) -> str:
+        return f"{self._prefix}:groups:{stream}"
+
+    def _ids_key(self, stream: str) -> str:
+        return f"{self._prefix}:ids:{stream}"
+
+    async def _load_scripts(self) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for text in SCRIPTS.values():
+            pipe.script_load(text)
+        await self._io(pipe.execute())
+
+    async def _eval(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]], *,
+        transaction: bool = False,
+    ) -> list[Any]:
+        """Run scripts ``(name, keys, args)`` in one round trip; their replies in order.
+
+        A script the server does not know yet (first use, restart, ``SCRIPT
+        FLUSH``) did not run: it is loaded and run again.
+        """
+        if not calls:
+            return []
+        if len(calls) == 1 and not transaction:
+            name, keys, args = calls[0]
+            sha = self._shas[name]
+            try:
+                return [await self._client.evalsha(sha, len(keys), *keys, *args)]
+            except rex.NoScriptError:
+                await self._load_scripts()
+                return [await self._io(self._client.evalsha(sha, len(keys), *keys, *args))]
+            except (rex.RedisError, OSError) as exc:
+                raise self._translate(exc) from None
+        results = await self._pipeline(calls, transaction)
+        missing = [i for i, r in enumerate(results) if isinstance(r, rex.NoScriptError)]
+        if missing:
+            await self._load_scripts()
+            again = await self._pipeline([calls[i] for i in missing], transaction)
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
+        for result in results:
+            if isinstance(result, BaseException):
+                raise self._translate(result)
+        return results
+
+    async def _pipeline(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]], transaction: bool
+    ) -> list[Any]:
+        pipe = self._client.pipeline(transaction=transaction)
+        for name, keys, args in calls:
+            pipe.evalsha(self._shas[name], len(keys), *keys, *args)
+        try:
+            return list(await pipe.execute(raise_on_error=False))
+        except (rex.RedisError, OSError) as exc:
+            raise self._translate(exc) from None
+
+    # Streams -----------------------------------------------------------------
+
+    async def _partition_count(self, stream: str) -> int:
+        count = self._partitions.get(stream)
+        if count is None:
+            record = await self._io(self._client.hget(self._streams_key(), stream))
+            if record is None:
+                raise UnknownStream(stream)
+            count = int(_text(record).split("|", 1)[0])
+            self._partitions[stream] = count
+        return count
+
+    async def create_stream(self, name: str, partitions: int) -> StreamInfo:
+        [record] = await self._eval([("create_stream", [self._streams_key()],
+                                      [name, partitions])])
+        count, created = (int(v) for v in _text(record).split("|"))
+        if count != partitions:
+            raise ConflictError(
+                f"stream {name!r} exists with {count} partitions, not {partitions}"
+            )
+        self._partitions[name] = count
+        return await self._info(name, count, created)
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        record = await self._io(self._client.hget(self._streams_key(), name))
+        if record is None:
+            raise UnknownStream(name)
+        count, created = (int(v) for v in _text(record).split("|"))
+        self._partitions[name] = count
+        return await self._info(name, count, created)
+
+    async def _info(self, name: str, count: int, created: int) -> StreamInfo:
+        pipe = self._client.pipeline(transaction=False)
+        for p in range(count):
+            pipe.hmget(self._pkeys(name, p)[1], "hw", "lw")
+        rows = await self._io(pipe.execute())
+        high = {p: int(row[0] or 0) for p, row in enumerate(rows)}
+        low = {p: int(row[1] or 1) for p, row in enumerate(rows)}
+        self._note_high_water(name, high)
+        return StreamInfo(name, count, created, high, low)
+
+    async def list_streams(self) -> list[str]:
+        names = await self._io(self._client.hkeys(self._streams_key()))
+        return sorted(_text(n) for n in names)
+
+    async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
+        count = await self._partition_count(stream)
+        if not records:
+            return []
+        targets = [r.partition for r in records]
+        if count > 1:
+            # An id is owned by the partition it was first appended to, even when a
+            # retry routes it elsewhere (no key, another key, another partition).
+            payload = json.dumps([[r.id, r.partition] for r in records])
+            [owners] = await self._eval([("claim_ids", [self._ids_key(stream)], [payload])])
+            targets = [int(p) for p in _text(owners).split(",")]
+        by_partition: dict[int, list[int]] = {}
+        for index, partition in enumerate(targets):
+            by_partition.setdefault(partition, []).append(index)
+        calls = []
+        for partition, indexes in by_partition.items():
+            payload = json.dumps(
+                [[records[i].id, _meta(records[i]), records[i].data_json] for i in indexes],
+                ensure_ascii=False, separators=(",", ":"),
+            )
+            calls.append(("append", self._pkeys(stream, partition), [payload]))
+        replies = await self._eval(calls, transaction=len(calls) > 1)
+        events: list[Event | None] = [None] * len(records)
+        for (partition, indexes), reply in zip(by_partition.items(), replies, strict=True):
+            built: dict[int, Event] = {}
+            for index, item in zip(indexes, json.loads(reply), strict=True):
+                seq, at = item[0], item[1]
+                if len(item) == 4:
+                    meta = item[2]
+                    event = Event(stream, partition, seq, meta[0], meta[1], item[3], meta[2],
+                                  meta[3], at)
+                elif seq in built:
+                    event = built[seq]
+                else:
+                    r = records[index]
+                    event = Event(stream, partition, seq, r.id, r.type, json.loads(r.data_json),
+                                  r.key, dict(r.headers), at)
+                built[seq] = event
+                events[index] = event
+        return [e for e in events if e is not None]
+
+    # Groups ------------------------------------------------------------------
+
+    async def create_group(
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+    ) -> GroupInfo:
+        count = await self._partition_count(stream)
+        [record] = await self._eval([(
+            "group_record", [self._groups_key(stream)],
+            [group, "" if max_attempts is None else max_attempts, DEFAULT_MAX_ATTEMPTS,
+             str(start)],
+        )])
+        ma, created, spec = _text(record).split("|", 2)
+        # Every creator initialises every partition from the winner's start position,
+        # so a racing creator never returns before the group exists everywhere.
+        await self._eval([
+            ("init_group", self._gkeys(stream, group, p)[:3], [group, spec, ma])
+            for p in range(count)
+        ])
+        self._known_groups.add((stream, group))
+        return GroupInfo(stream, group, int(ma), int(created))
+
+    async def group_info(self, stream: str, group: str) -> GroupInfo:
+        await self._partition_count(stream)
+        record = await self._io(self._client.hget(self._groups_key(stream), group))
+        if record is None:
+            raise UnknownGroup(stream, group)
+        ma, created, _ = _text(record).split("|", 2)
+        return GroupInfo(stream, group, int(ma), int(created))
+
+    async def list_groups(self, stream: str) -> list[GroupInfo]:
+        await self._partition_count(stream)
+        records = await self._io(self._client.hgetall(self._groups_key(stream)))
+        out = []
+        for name, record in records.items():
+            ma, created, _ = _text(record).split("|", 2)
+            out.append(GroupInfo(stream, _text(name), int(ma), int(created)))
+        return sorted(out, key=lambda g: g.group)
+
+    async def _require_group(self, stream: str, group: str) -> int:
+        count = await self._partition_count(stream)
+        if (stream, group) not in self._known_groups:
+            exists = await self._io(self._client.hexists(self._groups_key(stream), group))
+            if not exists:
+                raise UnknownGroup(stream, group)
+            self._known_groups.add((stream, group))
+        return count
+
+    # Leases ------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> list[Lease]:
+        count = await self._partition_count(stream)
+        ids = list(range(count)) if partitions is None else list(partitions)
+        if not ids:
+            return []
+        names = self._consumers.setdefault((stream, group), set())
+        if consumer_id not in names and self._tracked < _MAX_TRACKED_CONSUMERS:
+            names.add(consumer_id)
+            self._tracked += 1
+        if len(ids) > 1:
+            # Start with another partition each time so no partition is always last.
+            turn = self._rotation.get((stream, group), 0) + 1
+            self._rotation[(stream, group)] = turn
+            shift = turn % len(ids)
+            ids = ids[shift:] + ids[:shift]
+        per: dict[int, list[Lease]] = {}
+        left: dict[int, int] = {}
+        quotas = [limit // len(ids) + (1 if i < limit % len(ids) else 0)
+                  for i in range(len(ids))]
+        await self._fetch_round(stream, group, consumer_id, lease_ms,
+                                list(zip(ids, quotas, strict=True)), per, left)
+        got = sum(len(v) for v in per.values())
+        if got < limit and len(ids) > 1:
+            more = [p for p in ids if left.get(p, 0) > 0]
+            if more:
+                shares = _fill(limit - got, [left[p] for p in more])
+                second = [(p, q) for p, q in zip(more, shares, strict=True) if q > 0]
+                await self._fetch_round(stream, group, consumer_id, lease_ms, second, per, left)
+        lists = [per[p] for p in ids if per.get(p)]
+        if len(lists) <= 1:
+            return lists[0] if lists else []
+        # Round-robin across partitions, each in sequence order.
+        out: list[Lease] = []
+        for depth in range(max(len(x) for x in lists)):
+            for leases in lists:
+                if depth < len(leases):
+                    out.append(leases[depth])
+        return out
+
+    async def _fetch_round(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        lease_ms: int,
+        quotas: Sequence[tuple[int, int]],
+        per: dict[int, list[Lease]],
+        left: dict[int, int],
+    ) -> None:
+        token = uuid.uuid4().hex[:16]
+        calls = [
+            ("fetch", self._gkeys(stream, group, p),
+             [group, consumer_id, quota, lease_ms, f"{token}.{p}."])
+            for p, quota in quotas
+        ]
+        replies = await self._eval(calls)
+        seen = self._seen.get(stream)
+        stale = self._stale.get(stream)
+        for (p, _), reply in zip(quotas, replies, strict=True):
+            text = reply if isinstance(reply, str) else reply.decode()
+            if text == "NOGROUP":
+                raise UnknownGroup(stream, group)
+            high, remaining, deadline, items = json.loads(text)
+            left[p] = remaining
+            if seen is not None and high > seen[p]:
+                seen[p] = high
+            if stale:
+                stale.discard(p)
+            if not items:
+                continue
+            prefix = f"{token}.{p}."
+            leases = per.setdefault(p, [])
+            for n, (seq, attempt, at, meta, data) in enumerate(items, 1):
+                event = Event(stream, p, seq, meta[0], meta[1], data, meta[2], meta[3], at)
+                leases.append(Lease(f"{prefix}{n}", f"{seq}-0", group, consumer_id, event,
+                                    attempt, deadline))
+
+    async def _settle(
+        self,
+        leases: Sequence[Lease],
+        script: str,
+        args: Callable[[str, str], list[Any]],
+        row: Callable[[Lease], list[Any]],
+    ) -> tuple[list[SettleResult | None], list[tuple[list[int], str]]]:
+        results: list[SettleResult | None] = [None] * len(leases)
+        buckets: dict[tuple[str, str, int], list[int]] = {}
+        for index, lease in enumerate(leases):
+            key = _lease_key(lease)
+            if key is None:
+                results[index] = SettleResult.failure(lease.lease_id, SettleKind.INVALID,
+                                                      _NOT_A_LEASE)
+                continue
+            buckets.setdefault(key, []).append(index)
+        calls = []
+        for (stream, group, partition), indexes in buckets.items():
+            payload = json.dumps([row(leases[i]) for i in indexes])
+            calls.append((script, self._gkeys(stream, group, partition),
+                          args(group, payload)))
+        replies = await self._eval(calls)
+        return results, [(indexes, _text(reply))
+                         for indexes, reply in zip(buckets.values(), replies, strict=True)]
+
+    async def _settle_op(
+        self, leases: Sequence[Lease], op: str, reason: str, delay_ms: int
+    ) -> list[SettleResult]:
+        if not leases:
+            return []
+        results, replies = await self._settle(
+            leases, "settle",
+            lambda group, payload: [group, op, reason, delay_ms, payload],
+            lambda lease: [lease.sequence, lease.receipt, lease.lease_id],
+        )
+        for indexes, codes in replies:
+            for index, code in zip(indexes, codes, strict=True):
+                results[index] = _result(leases[index].lease_id, code)
+        return [r for r in results if r is not None]
+
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        return await self._settle_op(leases, "a", "", 0)
+
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
+        return await self._settle_op(leases, "n", reason, delay_ms)
+
+    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
+        return await self._settle_op(leases, "r", reason, 0)
+
+    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
+        if not leases:
+            return []
+        results, replies = await self._settle(
+            leases, "renew",
+            lambda group, payload: [group, lease_ms, payload],
+            lambda lease: [lease.sequence, lease.receipt, lease.lease_id, lease.consumer_id],
+        )
+        for indexes, reply in replies:
+            deadline_text, codes = reply.split(":", 1)
+            deadline = int(deadline_text)
+            for index, code in zip(indexes, codes, strict=True):
+                lease_id = leases[index].lease_id
+                results[index] = (SettleResult.success(lease_id, deadline_ms=deadline)
+                                  if code == "o" else _result(lease_id, code))
+        return [r for r in results if r is not None]
+
+    # Progress ----------------------------------------------------------------
+
+    async def frontier(self, stream: str, group: str) -> dict[int, int]:
+        count = await self._partition_count(stream)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hexists(self._groups_key(stream), group)
+        for p in range(count):
+            pipe.hget(self._gkeys(stream, group, p)[2], "f")
+        exists, *values = await self._io(pipe.execute())
+        if not exists:
+            raise UnknownGroup(stream, group)
+        return {p: int(v or 0) for p, v in enumerate(values)}
+
+    async def dead_letters(
+        self, stream: str, group: str, limit: int, after: tuple[int, int] | None
+    ) -> list[DeadLetter]:
+        count = await self._require_group(stream, group)
+        first = 0 if after is None else after[0]
+        out: list[DeadLetter] = []
+        pids = list(range(max(0, first), count))
+        for start in range(0, len(pids), _DEAD_CHUNK):
+            chunk = pids[start:start + _DEAD_CHUNK]
+            calls = []
+            for p in chunk:
+                x, _, _, d, _, r = self._gkeys(stream, group, p)
+                since = after[1] if after is not None and p == after[0] else 0
+                calls.append(("dead_letters", [x, d, r], [since, limit - len(out)]))
+            for p, reply in zip(chunk, await self._eval(calls), strict=True):
+                for seq, attempts, at, reason, meta in json.loads(reply):
+                    out.append(DeadLetter(stream, group, p, seq, meta[0], attempts, reason,
+                                          int(at)))
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    async def redrive(
+        self, stream: str, group: str, positions: Sequence[tuple[int, int]] | None
+    ) -> int:
+        count = await self._require_group(stream, group)
+        wanted: dict[int, list[int]] = {}
+        if positions is None:
+            arg: dict[int, str] = dict.fromkeys(range(count), "all")
+        else:
+            for p, seq in positions:
+                if 0 <= p < count:
+                    wanted.setdefault(p, []).append(seq)
+            arg = {p: json.dumps(seqs) for p, seqs in wanted.items()}
+        calls = [("redrive", self._gkeys(stream, group, p)[2:], [value])
+                 for p, value in arg.items()]
+        replies = await self._eval(calls)
+        if any(int(r) < 0 for r in replies):
+            raise UnknownGroup(stream, group)
+        return sum(int(r) for r in replies)
+
+    async def replay(
+        self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
+    ) -> None:
+        await self._require_group(stream, group)
+        await self._group_scripts("replay", stream, group, partitions, str(from_sequence))
+
+    async def reset(
+        self, stream: str, group: str, to: StartPosition, partitions: Sequence[int]
+    ) -> None:
+        await self._require_group(stream, group)
+        await self._group_scripts("reset", stream, group, partitions, str(to))
+
+    async def _group_scripts(
+        self, script: str, stream: str, group: str, partitions: Sequence[int], arg: str
+    ) -> None:
+        calls = [(script, self._gkeys(stream, group, p), [group, arg]) for p in partitions]
+        for reply in await self._eval(calls):
+            if _text(reply) == "NOGROUP":
+                raise UnknownGroup(stream, group)
+
+    # Reads and retention -----------------------------------------------------
+
+    async def query(self, query: Query, limit: int, after: tuple[int, int] | None) -> list[Event]:
+        stream = query.stream
+        count = await self._partition_count(stream)
+        pids = range(count) if query.partitions is None else sorted(query.partitions)
+        out: list[Event] = []
+        for pid in pids:
+            if after is not None and pid < after[0]:
+                continue
+            lo = max(1, query.from_sequence or 1)
+            if after is not None and pid == after[0]:
+                lo = max(lo, after[1] + 1)
+            hi = query.to_sequence
+            if hi is not None and lo > hi:
+                continue
+            key = self._pkeys(stream, pid)[0]
+            low = f"{lo}-0"
+            high = "+" if hi is None else f"{hi}-0"
+            while True:
+                size = min(_QUERY_CHUNK, max(limit - len(out), 50))
+                entries: Any = await self._io(
+                    self._client.xrange(key, low, high, count=size))
+                for entry_id, fields in entries:
+                    event = _entry_event(stream, pid, entry_id, fields)
+                    if query.until_ms is not None and event.appended_at_ms >= query.until_ms:
+                        # Append times never decrease within a partition.
+                        entries = []
+                        break
+                    if _matches(query, event):
+                        out.append(event)
+                        if len(out) >= limit:
+                            return out
+                if len(entries) < size:
+                    break
+                low = f"({_text(entries[-1][0])}"
+        return out
+
+    async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
+        count = await self._partition_count(stream)
+        groups = [g.group for g in await self.list_groups(stream)]
+        removed: dict[int, int] = {}
+        for partition, bound in up_to.items():
+            keys = list(self._pkeys(stream, partition))
+            for group in groups:
+                keys.extend(self._gkeys(stream, group, partition)[2:])
+            total = 0
+            while True:
+                [reply] = await self._eval([(
+                    "trim", keys,
+                    [bound, _TRIM_CHUNK, "1" if count > 1 else "0", *groups],
+                )])
+                done, more, ids = json.loads(reply)
+                total += done
+                if ids:
+                    await self._io(self._client.hdel(self._ids_key(stream), *ids))
+                if not more:
+                    break
+            removed[partition] = total
+        return removed
+
+    # Wake-ups ----------------------------------------------------------------
+
+    def _note_high_water(self, stream: str, high: Mapping[int, int]) -> None:
+        seen = self._seen.get(stream)
+        if seen is None:
+            self._seen[stream] = [high[p] for p in range(len(high))]
+            self._stale[stream] = set()
+            return
+        for p, value in high.items():
+            if value > seen[p]:
+                seen[p] = value
+        self._stale[stream].clear()
+
+    async def wait_for_append(self, stream: str, timeout: float) -> bool:
+        """Block on ``XREAD`` over every partition of the stream, from the high water
+        this backend saw last; True as soon as something was appended."""
+        count = await self._partition_count(stream)
+        seen = self._seen.get(stream)
+        stale = self._stale.get(stream)
+        if seen is None or stale:
+            await self.stream_info(stream)
+            seen = self._seen[stream]
+        keys = {self._pkeys(stream, p)[0]: p for p in range(count)}
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, timeout)
+        while True:
+            remaining_ms = int((end - loop.time()) * 1000)
+            if remaining_ms < 1:
+                return False
+            streams: dict[Any, Any] = {key: f"{seen[p]}-0" for key, p in keys.items()}
+            cap = self._block_cap_ms
+            if cap is not None and cap < 10:
+                # The client's socket timeout leaves no room for a blocking read: poll.
+                reply = await self._io(self._client.xread(streams, count=1))
+                if not reply:
+                    await asyncio.sleep(min(_POLL_S, remaining_ms / 1000))
+                    continue
+            else:
+                block = remaining_ms if cap is None else min(remaining_ms, cap)
+                reply = await self._io(self._client.xread(streams, count=1, block=block))
+            if reply:
+                # Only the first new entry was read: the next wait learns the real high
+                # water first, unless a fetch does it before (it reports the high water).
+                stale_set = self._stale.setdefault(stream, set())
+                for key in _woken_keys(reply):
+                    stale_set.add(keys[_text(key)])
+                return True
+
+
+# Helpers ---------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _meta(record: AppendRecord) -> str:
+    return json.dumps([record.id, record.type, record.key, dict(record.headers)],
+                      ensure_ascii=False, separators=(",", ":"))
+
+
+def _lease_key(lease: Lease) -> tuple[str, str, int] | None:
+    """Where a lease points, or None when it cannot name anything of this backend."""
+    event = getattr(lease, "event", None)
+    stream = getattr(event, "stream", None)
+    partition = getattr(event, "partition", None)
+    sequence = getattr(event, "sequence", None)
+    group = getattr(lease, "group", None)
+    if not (isinstance(stream, str) and NAME_PATTERN.match(stream)
+            and isinstance(group, str) and NAME_PATTERN.match(group)):
+        return None
+    for number in (partition, sequence):
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            return None
+    if not isinstance(lease.lease_id, str) or not isinstance(lease.receipt, str):
+        return None
+    assert isinstance(partition, int)
+    return stream, group, partition
+
+
+def _result(lease_id: str, code: str) -> SettleResult:
+    if code == "o":
+        return _OK(lease_id)
+    if code == "r":
+        return _OK(lease_id, repeated=True)
+    kind, reason = _CODES.get(code, (SettleKind.FAILED, f"unexpected reply {code!r}"))
+    return SettleResult.failure(lease_id, kind, reason)
+
+
+def _fill(total: int, capacity: Sequence[int]) -> list[int]:
+    """Share ``total`` round-robin over slots of the given capacities."""
+    shares = [0] * len(capacity)
+    active = [i for i, c in enumerate(capacity) if c > 0]
+    while total > 0 and active:
+        step = max(1, total // len(active))
+        still = []
+        for i in active:
+            if total == 0:
+                break
+            give = min(step, capacity[i] - shares[i], total)
+            shares[i] += give
+            total -= give
+            if shares[i] < capacity[i]:
+                still.append(i)
+        active = still
+    return shares
+
+
+def _entry_event(stream: str, partition: int, entry_id: Any, fields: Mapping[Any, Any]
+                 ) -> Event:
+    values = {_text(k): v for k, v in fields.items()}
+    meta = json.loads(values["meta"])
+    seq = int(_text(entry_id).split("-", 1)[0])
+    return Event(stream, partition, seq, meta[0], meta[1], json.loads(values["data"]), meta[2],
+                 meta[3], int(values["time"]))
+
+
+def _woken_keys(reply: Any) -> list[Any]:
+    """The stream keys an ``XREAD`` reply has entries for (RESP2 list or RESP3 map)."""
+    if isinstance(reply, dict):
+        return list(reply)
+    return [item[0] for item in reply]
+
+
+def _matches(q: Query, e: Event) -> bool:
+    if q.key is not None and e.key != q.key:
+        return False
+    if q.type is not None and e.type != q.type:
+        return False
+    if q.since_ms is not None and e.appended_at_ms < q.since_ms:
+        return False
+    return not (q.until_ms is not None and e.appended_at_ms >= q.until_ms)
+
+
+def _classify(exc: BaseException) -> SettleKind | None:
+    """The settle kind of a redis-py (or socket) exception; None when not recognised."""
+    if isinstance(exc, BackendError):
+        return SettleKind(exc.kind)
+    if isinstance(exc, rex.AuthenticationError | rex.BusyLoadingError):
+        return SettleKind.BACKEND_UNAVAILABLE
+    if isinstance(exc, rex.ConnectionError | rex.TimeoutError):
+        text = str(exc)
+        if "connecting to" in text or "Timeout connecting" in text or isinstance(
+                exc.__context__, ConnectionRefusedError):
+            return SettleKind.BACKEND_UNAVAILABLE
+        # The request may have run before the connection went away.
+        return SettleKind.AMBIGUOUS
+    if isinstance(exc, rex.ReadOnlyError):
+        return SettleKind.BACKEND_UNAVAILABLE
+    if isinstance(exc, rex.DataError):
+        return SettleKind.INVALID
+    if isinstance(exc, rex.RedisError):
+        return SettleKind.FAILED
+    if isinstance(exc, ConnectionRefusedError):
+        return SettleKind.BACKEND_UNAVAILABLE
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return SettleKind.AMBIGUOUS
+    return None

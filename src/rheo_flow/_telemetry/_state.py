@@ -1,0 +1,119 @@
+"""Where rheo_flow's tracer comes from, and the switch that turns instrumentation off.
+
+Nothing is resolved at import time: the tracer is looked up on first use and
+again whenever the provider changes (the global one is set, or a test sets an
+explicit one), so an application may configure OpenTelemetry after importing
+rheo_flow. With no SDK configured (the API's proxy or no-op provider) the
+lookup returns ``None`` and every instrumented call skips its telemetry.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Protocol
+
+from opentelemetry import metrics, trace
+
+from ._names import INSTRUMENTATION_NAME
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+__all__ = ["ENV_SWITCH", "STATE", "LagSource", "State", "tracer"]
+
+ENV_SWITCH = "RHEO_FLOW_TELEMETRY"
+"""Set to ``off`` (or ``0`` / ``false`` / ``no``) to start with instrumentation disabled."""
+
+_OFF = frozenset({"0", "off", "false", "no", "disabled"})
+_NOOP_METER_PROVIDERS = frozenset({"_ProxyMeterProvider", "NoOpMeterProvider"})
+
+
+class LagSource(Protocol):
+    """A runtime's cached lag per partition, observed by the lag gauge."""
+
+    def observations(self) -> Iterable[tuple[int, dict[str, str]]]:
+        """``(lag, attributes)`` pairs from the cache (never a backend call)."""
+        ...
+
+
+class State:
+    """Process-wide telemetry settings (one instance: :data:`STATE`)."""
+
+    __slots__ = (
+        "_meter_seen",
+        "_tracer",
+        "_tracer_seen",
+        "create_spans",
+        "enabled",
+        "instruments",
+        "lag_refresh",
+        "lag_sources",
+        "meter_provider",
+        "tracer_provider",
+    )
+
+    def __init__(self) -> None:
+        self.enabled = os.environ.get(ENV_SWITCH, "").strip().lower() not in _OFF
+        self.tracer_provider: trace.TracerProvider | None = None
+        """An explicit provider used instead of the global one (``None``: the global)."""
+        self.meter_provider: metrics.MeterProvider | None = None
+        self.create_spans = True
+        """One ``create`` span per event of a multi-event append (the conventions' default)."""
+        self.lag_refresh = 10.0
+        """Seconds a cached lag value is considered fresh."""
+        self.lag_sources: set[LagSource] = set()
+        self.instruments: object = None
+        """The instrument bundle of the current meter provider (set by ``_metrics``)."""
+        self._tracer_seen: object = None
+        self._tracer: trace.Tracer | None = None
+        self._meter_seen: object = None
+
+    def reset_cache(self) -> None:
+        """Forget the resolved tracer and instruments (after a provider change)."""
+        self._tracer_seen = None
+        self._tracer = None
+        self._meter_seen = None
+        self.instruments = None
+
+    def current_meter_provider(self) -> metrics.MeterProvider | None:
+        """The meter provider to record with, or ``None`` when metrics are off or no-op."""
+        if not self.enabled:
+            return None
+        provider = self.meter_provider or metrics.get_meter_provider()
+        if type(provider).__name__ in _NOOP_METER_PROVIDERS:
+            return None
+        return provider
+
+    def meter_changed(self, provider: object) -> bool:
+        """Whether ``provider`` differs from the one the instruments were built for."""
+        if provider is self._meter_seen:
+            return False
+        self._meter_seen = provider
+        return True
+
+
+STATE = State()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rheo-flow")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0"
+
+
+def tracer() -> trace.Tracer | None:
+    """rheo_flow's tracer, or ``None`` when disabled or when no SDK provider is set."""
+    state = STATE
+    if not state.enabled:
+        return None
+    provider = state.tracer_provider or trace.get_tracer_provider()
+    if provider is not state._tracer_seen:
+        state._tracer_seen = provider
+        if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+            state._tracer = None
+        else:
+            state._tracer = provider.get_tracer(INSTRUMENTATION_NAME, _version())
+    return state._tracer

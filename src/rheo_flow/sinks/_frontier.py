@@ -1,0 +1,176 @@
+"""The sink-side frontier: which (stream, group, partition, sequence) a sink already wrote.
+
+When the sink's database is not the stream backend's, a crash between the
+sink's commit and the group's ack makes the backend deliver the batch again.
+The sink records, in the same transaction as its rows, the sequences it
+wrote, per (sink table, stream, group, partition), as closed spans
+``lo..hi``; a replayed message whose sequence lies in a span is skipped (and
+acked) instead of written again.
+
+A single "last sequence" per partition is not enough: batches of one partition
+can commit out of order (several batch processors, a retried message, a
+competing consumer), so "every sequence up to S" is never known to the sink.
+Spans record exactly what was written; adjacent spans are merged, so the table
+holds one row per partition plus one per gap (a dead-lettered or retried
+sequence, or sequences the pipeline sent elsewhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from ._mapping import quote_ident
+
+__all__ = [
+    "DEFAULT_PROGRESS_TABLE",
+    "Position",
+    "Span",
+    "SpanPlan",
+    "by_group",
+    "covered",
+    "create_table_sql",
+    "is_covered",
+    "plan_spans",
+    "runs",
+    "split_replayed",
+]
+
+DEFAULT_PROGRESS_TABLE: Final = "rheo_sink_progress"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Span:
+    """Sequences ``lo..hi`` (inclusive) of one partition, all written."""
+
+    part: int
+    lo: int
+    hi: int
+
+
+@dataclass(slots=True)
+class SpanPlan:
+    """How to update the stored spans of one (stream, group) after a write."""
+
+    delete: list[Span] = field(default_factory=list)
+    insert: list[Span] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.delete or self.insert)
+
+
+def covered(spans: Sequence[Span]) -> dict[int, list[tuple[int, int]]]:
+    """The spans per partition, sorted, for :func:`is_covered` lookups."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for s in spans:
+        out.setdefault(s.part, []).append((s.lo, s.hi))
+    for ranges in out.values():
+        ranges.sort()
+    return out
+
+
+def is_covered(index: Mapping[int, list[tuple[int, int]]], part: int, seq: int) -> bool:
+    """Whether ``seq`` of ``part`` lies in a stored span."""
+    ranges = index.get(part)
+    if not ranges:
+        return False
+    # Few spans per partition: a linear scan beats bisect's overhead.
+    return any(lo <= seq <= hi for lo, hi in ranges)
+
+
+def runs(sequences: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted, distinct sequences as maximal runs of consecutive numbers."""
+    out: list[tuple[int, int]] = []
+    for seq in sorted(set(sequences)):
+        if out and out[-1][1] + 1 == seq:
+            out[-1] = (out[-1][0], seq)
+        else:
+            out.append((seq, seq))
+    return out
+
+
+def plan_spans(existing: Sequence[Span], written: Mapping[int, Iterable[int]]) -> SpanPlan:
+    """Merge newly written sequences (per partition) into the stored spans.
+
+    Stored spans that overlap or touch a new run are deleted and replaced by
+    their union with it; the other stored spans are left alone.
+    """
+    plan = SpanPlan()
+    by_part: dict[int, list[Span]] = {}
+    for s in existing:
+        by_part.setdefault(s.part, []).append(s)
+    for part, seqs in written.items():
+        new = runs(seqs)
+        if not new:
+            continue
+        items = sorted([(s.lo, s.hi, s) for s in by_part.get(part, ())]
+                       + [(lo, hi, None) for lo, hi in new], key=lambda e: (e[0], e[1]))
+        groups: list[_Union] = []
+        for lo, hi, span in items:
+            if groups and lo <= groups[-1].hi + 1:
+                group = groups[-1]
+                group.hi = max(group.hi, hi)
+            else:
+                group = _Union(lo, hi)
+                groups.append(group)
+            if span is None:
+                group.has_new = True
+            else:
+                group.stored.append(span)
+        for g in groups:
+            if not g.has_new:
+                continue
+            if len(g.stored) == 1 and (g.stored[0].lo, g.stored[0].hi) == (g.lo, g.hi):
+                continue  # everything new was already inside one stored span
+            plan.delete.extend(g.stored)
+            plan.insert.append(Span(part, g.lo, g.hi))
+    return plan
+
+
+@dataclass(slots=True)
+class _Union:
+    lo: int
+    hi: int
+    stored: list[Span] = field(default_factory=list)
+    has_new: bool = False
+
+
+def create_table_sql(table_sql: str, *, primary_key: bool) -> str:
+    """The progress table's DDL (``table_sql`` is already quoted)."""
+    key = ", PRIMARY KEY (sink, stream, grp, part, lo)" if primary_key else ""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {table_sql} ("
+        "sink VARCHAR NOT NULL, stream VARCHAR NOT NULL, grp VARCHAR NOT NULL, "
+        f"part INTEGER NOT NULL, lo BIGINT NOT NULL, hi BIGINT NOT NULL{key})"
+    )
+
+
+
+Position = tuple[int, int, int]
+"""(index in the batch, partition, sequence) of one row."""
+
+
+def by_group(keys: Iterable[tuple[str, str, int, int]]) -> dict[tuple[str, str], list[Position]]:
+    """Rows' (stream, group, partition, sequence), as positions per (stream, group)."""
+    out: dict[tuple[str, str], list[Position]] = {}
+    for i, (stream, group, part, seq) in enumerate(keys):
+        items = out.get((stream, group))
+        if items is None:
+            items = out[(stream, group)] = []
+        items.append((i, part, seq))
+    return out
+
+
+def split_replayed(spans: Sequence[Span], items: Sequence[Position]
+                   ) -> tuple[list[int], dict[int, list[int]]]:
+    """The indexes already covered by ``spans``, and the others' sequences per partition."""
+    index = covered(spans)
+    replayed: list[int] = []
+    fresh: dict[int, list[int]] = {}
+    for i, part, seq in items:
+        if index and is_covered(index, part, seq):
+            replayed.append(i)
+        else:
+            fresh.setdefault(part, []).append(seq)
+    return replayed, fresh

@@ -1,0 +1,504 @@
+"""The PostgreSQL backend beyond the conformance kit: URLs and pools, migrations,
+injection safety, the frontier under concurrent settles, error classification,
+LISTEN/NOTIFY wake-ups, and racing appends. Every test works in its own schema,
+dropped afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+from rheo_flow import (
+    ACK,
+    BackendError,
+    BackendUnavailable,
+    InvalidArgument,
+    NewEvent,
+    Rheo,
+    SettleKind,
+    consumer,
+)
+from rheo_flow._backends import postgres as pg
+from rheo_flow._backends._postgres_sql import SCHEMA_VERSION, VERSION_TABLE
+from rheo_flow._urls import backend_from_url
+from rheo_flow.backends import PostgresBackend
+
+
+WaitUntil = Callable[..., Awaitable[None]]
+"""The ``wait_until`` fixture of conftest.py."""
+
+
+def _with_schema(url: str, schema: str, **options: str) -> str:
+    query = "&".join(f"{k}={v}" for k, v in {"schema": schema, **options}.items())
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
+@pytest.fixture
+async def schema(postgres_url: str) -> AsyncIterator[str]:
+    """A schema name of this test only; dropped (with whatever it holds) afterwards."""
+    name = f"rheo_test_{uuid.uuid4().hex[:12]}"
+    yield name
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def url(postgres_url: str, schema: str) -> str:
+    """The server URL with this test's schema."""
+    return _with_schema(postgres_url, schema)
+
+
+@pytest.fixture
+async def rheo(url: str) -> AsyncIterator[Rheo]:
+    """An opened instance owning its pool, on this test's schema."""
+    async with Rheo(url) as instance:
+        yield instance
+
+
+@pytest.fixture
+async def admin(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to look at what the backend stored."""
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+# URLs and construction -------------------------------------------------------
+
+
+def test_from_url_options() -> None:
+    backend = PostgresBackend.from_url(
+        "postgresql://u:secret@db.example:5433/app?schema=events&pool_max_size=4"
+        "&pool_min_size=0&listen=off&migrate=false&sslmode=disable"
+    )
+    assert backend.schema == "events"
+    assert backend._pool_max == 4 and backend._pool_min == 0
+    assert not backend._listen and not backend._migrate
+    # Options of the backend are taken out; the rest goes to asyncpg.
+    assert backend._url == "postgresql://u:secret@db.example:5433/app?sslmode=disable"
+    assert PostgresBackend.from_url("postgres://h/db").schema == pg.DEFAULT_SCHEMA
+    assert isinstance(backend_from_url("postgresql://h/db"), PostgresBackend)
+    caps = backend.capabilities
+    assert caps.durable and caps.distributed and caps.push_wakeups
+    assert caps.skip_locked and caps.server_clock
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgresql://h/db?schema=a%22b", "invalid PostgreSQL schema name"),
+        ("postgresql://h/db?schema=x;DROP%20TABLE%20t", "invalid PostgreSQL schema name"),
+        ("postgresql://h/db?schema=" + "s" * 49, "invalid PostgreSQL schema name"),
+        ("postgresql://h/db?schema=1abc", "invalid PostgreSQL schema name"),
+        ("postgresql://h/db?pool_max_size=many", "pool_max_size must be an integer"),
+        ("postgresql://h/db?pool_min_size=5&pool_max_size=2", "larger than pool_max_size"),
+        ("postgresql://h/db?listen=maybe", "listen must be true or false"),
+        ("mysql://h/db", "not a PostgreSQL URL"),
+    ],
+)
+def test_bad_urls(url: str, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        PostgresBackend.from_url(url)
+
+
+def test_bad_construction() -> None:
+    with pytest.raises(InvalidArgument, match="exactly one of pool= or url="):
+        PostgresBackend()
+    with pytest.raises(InvalidArgument, match="invalid PostgreSQL schema name"):
+        PostgresBackend(url="postgresql://h/db", schema='x"; DROP SCHEMA public; --')
+    with pytest.raises(InvalidArgument, match="pool_max_size"):
+        PostgresBackend(url="postgresql://h/db", pool_max_size=0)
+
+
+async def test_unreachable_server_is_unavailable_and_hides_the_password() -> None:
+    # Port 1 on the loopback: nothing listens there.
+    backend = PostgresBackend.from_url("postgresql://user:hunter2@127.0.0.1:1/db")
+    with pytest.raises(BackendUnavailable) as caught:
+        await backend.open()
+    assert "hunter2" not in str(caught.value)
+    assert "***" in str(caught.value)
+    with pytest.raises(BackendUnavailable) as caught:
+        await pg.migrate("postgresql://user:hunter2@127.0.0.1:1/db")
+    assert "hunter2" not in str(caught.value)
+
+
+# Host-owned pools ------------------------------------------------------------
+
+
+async def test_host_pool_is_used_and_never_closed(postgres_url: str, schema: str,
+                                                  wait_until: WaitUntil) -> None:
+    pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=3)
+    try:
+        backend = PostgresBackend(pool=pool, schema=schema)
+        async with Rheo(backend) as rheo:
+            await rheo.create_stream("s")
+            waiter = asyncio.create_task(rheo.wait_for_append("s", 10))
+            # The LISTEN connection of a host pool is one held from it.
+            await wait_until(lambda: backend._listener is not None)
+            await rheo.append("s", NewEvent("t"))
+            assert await waiter
+            [lease] = await rheo.fetch("s", "g")
+            assert (await rheo.ack(lease))[0].ok
+        assert not pool._closed
+        assert await pool.fetchval("SELECT 1") == 1
+        # Every connection came back: the held LISTEN connection too.
+        await wait_until(lambda: pool.get_idle_size() == pool.get_size())
+    finally:
+        await pool.close()
+
+
+# Migrations ------------------------------------------------------------------
+
+
+async def test_concurrent_migrations_apply_once(postgres_url: str, schema: str,
+                                                admin: asyncpg.Connection) -> None:
+    conns = [await asyncpg.connect(postgres_url) for _ in range(4)]
+    try:
+        versions = await asyncio.gather(*(pg.migrate(c, schema) for c in conns),
+                                        pg.migrate(_with_schema(postgres_url, schema)))
+    finally:
+        for c in conns:
+            await c.close()
+    assert versions == [SCHEMA_VERSION] * 5
+    rows = await admin.fetch(f'SELECT version FROM "{schema}".{VERSION_TABLE}')
+    assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+    # Several processes opening at once (each with its own pool) work too.
+    backends = [PostgresBackend.from_url(_with_schema(postgres_url, schema)) for _ in range(3)]
+    await asyncio.gather(*(b.open() for b in backends))
+    for b in backends:
+        await b.close()
+
+
+async def test_migrate_false_refuses_a_missing_schema(url: str) -> None:
+    backend = PostgresBackend.from_url(url + "&migrate=false")
+    with pytest.raises(BackendError, match="rheo-flow migrate"):
+        await backend.open()
+    await pg.migrate(url)
+    await backend.open()
+    await backend.close()
+
+
+async def test_a_newer_schema_is_refused(url: str, schema: str,
+                                         admin: asyncpg.Connection) -> None:
+    await pg.migrate(url)
+    await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
+                        "VALUES ($1, 'from the future')", SCHEMA_VERSION + 1)
+    with pytest.raises(BackendError, match="newer than this rheo-flow supports"):
+        await PostgresBackend.from_url(url).open()
+    with pytest.raises(BackendError, match="newer"):
+        await pg.migrate(url)
+
+
+async def test_migrate_rejects_bad_targets() -> None:
+    with pytest.raises(InvalidArgument, match="needs a postgresql:// URL"):
+        await pg.migrate(42)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="invalid PostgreSQL schema name"):
+        await pg.migrate("postgresql://h/db?schema=bad-name")
+
+
+# Names never reach SQL text ----------------------------------------------------
+
+
+async def test_names_are_bound_parameters(rheo: Rheo, schema: str,
+                                          admin: asyncpg.Connection) -> None:
+    backend = rheo.backend
+    # The facade refuses such names; the backend itself binds whatever it gets.
+    hostile = "x'); DROP TABLE deliveries; --"
+    await backend.create_stream(hostile, 1)
+    assert hostile in await backend.list_streams()
+    await backend.create_group(hostile, hostile, "earliest", None)
+    assert [g.group for g in await backend.list_groups(hostile)] == [hostile]
+    tables = {r[0] for r in await admin.fetch(
+        "SELECT tablename FROM pg_tables WHERE schemaname = $1", schema)}
+    assert {"deliveries", "events", "streams", "groups"} <= tables
+    with pytest.raises(InvalidArgument):
+        await rheo.create_stream("bad'name")
+
+
+async def test_nul_in_keys_is_a_clear_error(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    with pytest.raises(InvalidArgument, match="NUL"):
+        await rheo.append("s", NewEvent("t", key="a\x00b"))
+    assert (await rheo.stream_info("s")).high_water == {0: 0}
+
+
+# Settles: batches, duplicates, the frontier ------------------------------------
+
+
+async def test_duplicate_lease_in_one_batch(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(2)])
+    first, second = await rheo.fetch("s", "g")
+    results = await rheo.ack([first, second, first])
+    assert [(r.ok, r.repeated) for r in results] == [(True, False), (True, False),
+                                                     (True, True)]
+    forged = dataclasses.replace(second, receipt="nonsense")
+    results = await rheo.nack([forged, forged], "r")
+    assert [r.kind for r in results] == [SettleKind.RECEIPT_MISMATCH] * 2
+    renewed = await rheo.renew([first, first])
+    assert [r.kind for r in renewed] == [SettleKind.STALE_LEASE] * 2
+
+
+async def test_frontier_with_holes(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(5)])
+    leases = await rheo.fetch("s", "g", limit=5)
+    await rheo.ack([leases[0], leases[2], leases[3]])
+    assert await rheo.frontier("s", "g") == {0: 1}
+    await rheo.reject([leases[1]], "bad")
+    assert await rheo.frontier("s", "g") == {0: 4}
+    await rheo.redrive("s", "g")
+    assert await rheo.frontier("s", "g") == {0: 1}
+    [again] = await rheo.fetch("s", "g")
+    assert (again.sequence, again.attempt) == (2, 1)
+    await rheo.ack([again, leases[4]])
+    assert await rheo.frontier("s", "g") == {0: 5}
+
+
+async def test_frontier_under_concurrent_settles(rheo: Rheo) -> None:
+    """Racing ack batches (on several pool connections) never strand the frontier."""
+    await rheo.create_stream("s", partitions=2)
+    await rheo.append("s", [NewEvent("t", {"n": i}) for i in range(2_000)])
+    leases = await rheo.fetch("s", "g", limit=2_000)
+    assert len(leases) == 2_000
+    random.Random(7).shuffle(leases)
+    batches = [leases[i:i + 37] for i in range(0, len(leases), 37)]
+    results = await asyncio.gather(*(rheo.ack(b) for b in batches))
+    assert all(r.ok and not r.repeated for batch in results for r in batch)
+    assert await rheo.frontier("s", "g") == await rheo.high_water("s")
+
+
+async def test_concurrent_fetches_claim_disjoint_sets(url: str) -> None:
+    async with Rheo(url) as a, Rheo(url) as b:
+        await a.create_stream("s", partitions=3)
+        await a.append("s", [NewEvent("t", {"n": i}) for i in range(900)])
+        await a.create_group("s", "g")
+        batches = await asyncio.gather(*(
+            (a if i % 2 else b).fetch("s", "g", limit=100, consumer_id=f"c{i}")
+            for i in range(12)))
+        claimed = [(x.partition, x.sequence) for batch in batches for x in batch]
+        assert len(claimed) == len(set(claimed)) == 900
+        for batch in batches:
+            by_partition: dict[int, list[int]] = {}
+            for lease in batch:
+                by_partition.setdefault(lease.partition, []).append(lease.sequence)
+            assert all(seqs == sorted(seqs) for seqs in by_partition.values())
+
+
+async def test_deadlines_use_the_server_clock(rheo: Rheo, admin: asyncpg.Connection) -> None:
+    now = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    await rheo.create_stream("s")
+    before = await admin.fetchval(now)
+    await rheo.append("s", NewEvent("t"))
+    [lease] = await rheo.fetch("s", "g", lease_ms=60_000)
+    after = await admin.fetchval(now)
+    assert before + 60_000 <= lease.deadline_ms <= after + 60_000
+    assert before <= lease.event.appended_at_ms <= after
+
+
+# Appends -----------------------------------------------------------------------
+
+
+async def test_racing_appends_of_the_same_ids(url: str) -> None:
+    async with Rheo(url) as a, Rheo(url) as b:
+        await a.create_stream("s", partitions=2)
+        batches = [[NewEvent("t", {"n": i}, id=f"id-{i}") for i in range(j, j + 60)]
+                   for j in range(0, 300, 30)]
+        outs = await asyncio.gather(*((a if i % 2 else b).append("s", batch)
+                                      for i, batch in enumerate(batches)))
+        stored: dict[str, tuple[int, int]] = {}
+        for events in outs:
+            for event in events:
+                position = (event.partition, event.sequence)
+                assert stored.setdefault(event.id, position) == position
+        assert len(stored) == 330
+        high = await a.high_water("s")
+        assert sum(high.values()) == 330
+        for part, top in high.items():
+            seqs = sorted(s for p, s in stored.values() if p == part)
+            assert seqs == list(range(1, top + 1)), "gapless sequences"
+
+
+async def test_one_notification_per_append(rheo: Rheo, postgres_url: str, schema: str) -> None:
+    await rheo.create_stream("s")
+    listener = await asyncpg.connect(postgres_url)
+    got: list[str] = []
+    try:
+        await listener.add_listener(f"rheo_flow.{schema}", lambda *a: got.append(a[3]))
+        await rheo.append("s", [NewEvent("t") for _ in range(100)])
+        await rheo.append("s", [NewEvent("t") for _ in range(3)])
+        deadline = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # waiting for notifications to arrive
+        await listener.execute("SELECT 1")  # flushes anything still in flight
+    finally:
+        await listener.close()
+    assert got == ["s", "s"]
+
+
+# Wake-ups ----------------------------------------------------------------------
+
+
+async def test_wait_for_append_is_woken_by_another_process_append(url: str,
+                                                                  wait_until: WaitUntil
+                                                                  ) -> None:
+    async with Rheo(url) as waiter_side, Rheo(url) as appender:
+        await appender.create_stream("s")
+        await appender.create_stream("other")
+        assert not await waiter_side.wait_for_append("s", 0.05)
+        backend = waiter_side.backend
+        assert isinstance(backend, PostgresBackend)
+        waiter = asyncio.create_task(waiter_side.wait_for_append("s", 30))
+        await wait_until(lambda: "s" in backend._waiters)
+        await appender.append("other", NewEvent("t"))  # another stream does not wake it
+        await appender.append("s", NewEvent("t"))
+        started = time.monotonic()
+        assert await waiter
+        assert time.monotonic() - started < 10
+
+
+async def test_consumer_is_woken_by_notify_not_by_polling(rheo: Rheo,
+                                                          wait_until: WaitUntil) -> None:
+    await rheo.create_stream("s")
+    seen: list[int] = []
+
+    @consumer(stream="s", group="g", poll_ms=3_600_000)
+    async def record(event: Any, context: Any) -> Any:
+        seen.append(event.data["n"])
+        return ACK
+
+    async with record.start(rheo) as group:
+        backend = rheo.backend
+        assert isinstance(backend, PostgresBackend)
+        await wait_until(lambda: "s" in backend._waiters)  # idle, waiting an hour
+        await rheo.append("s", NewEvent("t", {"n": 1}))
+        await wait_until(lambda: seen == [1], timeout=10)
+        await wait_until(lambda: group.stats.acked == 1)
+
+
+async def test_without_listen_it_polls(url: str) -> None:
+    async with Rheo(url + "&listen=false") as rheo:
+        await rheo.create_stream("s")
+        started = time.monotonic()
+        assert await rheo.wait_for_append("s", 0.05) is False
+        assert time.monotonic() - started >= 0.05
+        backend = rheo.backend
+        assert isinstance(backend, PostgresBackend) and backend._listener is None
+
+
+async def test_a_lost_listen_connection_wakes_waiters_and_reconnects(
+        rheo: Rheo, admin: asyncpg.Connection, wait_until: WaitUntil) -> None:
+    await rheo.create_stream("s")
+    backend = rheo.backend
+    assert isinstance(backend, PostgresBackend)
+    waiter = asyncio.create_task(rheo.wait_for_append("s", 30))
+    await wait_until(lambda: backend._listener is not None and "s" in backend._waiters)
+    pid = backend._listener.get_server_pid()  # type: ignore[union-attr]
+    await admin.execute("SELECT pg_terminate_backend($1)", pid)
+    assert await asyncio.wait_for(waiter, 10), "waiters wake up to fetch at once"
+    # The next wait reconnects and is woken by appends again.
+    again = asyncio.create_task(rheo.wait_for_append("s", 30))
+    await wait_until(lambda: backend._listener is not None and "s" in backend._waiters)
+    await rheo.append("s", NewEvent("t"))
+    assert await asyncio.wait_for(again, 10)
+
+
+# Error classification -----------------------------------------------------------
+
+
+def _pg_error(cls: type[Exception]) -> Exception:
+    return cls("simulated")
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (_pg_error(asyncpg.exceptions.SerializationError), SettleKind.FAILED),
+        (_pg_error(asyncpg.exceptions.DeadlockDetectedError), SettleKind.FAILED),
+        (_pg_error(asyncpg.exceptions.UniqueViolationError), SettleKind.FAILED),
+        (_pg_error(asyncpg.exceptions.CheckViolationError), SettleKind.FAILED),
+        (_pg_error(asyncpg.exceptions.QueryCanceledError), SettleKind.FAILED),
+        (_pg_error(asyncpg.exceptions.ConnectionDoesNotExistError), SettleKind.AMBIGUOUS),
+        (_pg_error(asyncpg.exceptions.ConnectionFailureError), SettleKind.AMBIGUOUS),
+        (_pg_error(asyncpg.exceptions.AdminShutdownError), SettleKind.AMBIGUOUS),
+        (_pg_error(asyncpg.exceptions.CannotConnectNowError), SettleKind.BACKEND_UNAVAILABLE),
+        (_pg_error(asyncpg.exceptions.TooManyConnectionsError),
+         SettleKind.BACKEND_UNAVAILABLE),
+        (_pg_error(asyncpg.exceptions.InvalidPasswordError), SettleKind.BACKEND_UNAVAILABLE),
+        (asyncpg.exceptions.InterfaceError("pool is closed"), SettleKind.BACKEND_UNAVAILABLE),
+        (asyncpg.exceptions.InterfaceError("cannot call Connection.fetch(): connection is "
+                                           "closed"), SettleKind.BACKEND_UNAVAILABLE),
+        (ConnectionRefusedError(111, "refused"), SettleKind.BACKEND_UNAVAILABLE),
+        (ConnectionResetError(104, "reset"), SettleKind.AMBIGUOUS),
+        (TimeoutError(), SettleKind.AMBIGUOUS),
+        (OSError(113, "no route"), SettleKind.BACKEND_UNAVAILABLE),
+    ],
+)
+def test_classify_error(exc: BaseException, kind: SettleKind) -> None:
+    backend = PostgresBackend.from_url("postgresql://h/db")
+    assert backend.classify_error(exc) == kind
+    assert backend.classify_error(ValueError("not a driver error")) is None
+
+
+async def test_settles_on_a_closed_pool_are_backend_unavailable(url: str) -> None:
+    rheo = await Rheo(url).open()
+    await rheo.create_stream("s")
+    await rheo.append("s", NewEvent("t"))
+    [lease] = await rheo.fetch("s", "g")
+    backend = rheo.backend
+    assert isinstance(backend, PostgresBackend) and backend._pool is not None
+    await backend._pool.close()  # the pool goes away under the backend
+    [result] = await rheo.ack(lease)
+    assert result.kind == SettleKind.BACKEND_UNAVAILABLE
+    await rheo.close()
+
+
+async def test_a_connection_lost_mid_call_is_ambiguous(rheo: Rheo,
+                                                       admin: asyncpg.Connection) -> None:
+    backend = rheo.backend
+    assert isinstance(backend, PostgresBackend)
+    pool = backend._pool
+    assert pool is not None
+    async with pool.acquire() as conn:
+        pid = conn.get_server_pid()
+        call = asyncio.create_task(conn.execute("SELECT pg_sleep(30)"))
+        await asyncio.sleep(0.2)  # let the statement reach the server
+        await admin.execute("SELECT pg_terminate_backend($1)", pid)
+        with pytest.raises(Exception) as caught:
+            await call
+    kind = backend.classify_error(caught.value)
+    assert kind in (SettleKind.AMBIGUOUS,), repr(caught.value)
+
+
+# Reads and retention on a server ------------------------------------------------
+
+
+async def test_trim_fences_leases_and_moves_every_group(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=2)
+    await rheo.append("s", [NewEvent("t", {"n": i}, partition=i % 2) for i in range(20)])
+    slow = await rheo.fetch("s", "slow", limit=20)
+    fast = await rheo.fetch("s", "fast", limit=20)
+    await rheo.ack(fast)
+    removed = await rheo.trim("s", up_to=4, force=True)
+    assert removed == {0: 4, 1: 4}
+    assert await rheo.frontier("s", "slow") == {0: 4, 1: 4}
+    results = await rheo.ack(slow)
+    kinds = {(x.partition, x.sequence): r.kind for x, r in zip(slow, results, strict=True)}
+    assert all(kinds[(p, s)] == SettleKind.STALE_LEASE for p in (0, 1) for s in range(1, 5))
+    assert all(kinds[(p, s)] is None for p in (0, 1) for s in range(5, 11))
+    assert await rheo.frontier("s", "slow") == {0: 10, 1: 10}
+    info = await rheo.stream_info("s")
+    assert info.low_water == {0: 5, 1: 5}

@@ -1,0 +1,452 @@
+"""Redis-specific behaviour of the Redis backend (the shared semantics are in conformance/).
+
+Every test works under its own key prefix and deletes its keys afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from rheo_flow import (
+    BackendUnavailable,
+    InvalidArgument,
+    NewEvent,
+    Query,
+    Rheo,
+    SettleKind,
+)
+from rheo_flow._urls import backend_from_url
+from rheo_flow.backends import RedisBackend
+
+WaitUntil = Callable[..., Awaitable[None]]
+
+
+def _prefix() -> str:
+    return f"rheo-test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def backend(redis_url: str) -> AsyncIterator[RedisBackend]:
+    """A backend under a fresh prefix; its keys are deleted after the test."""
+    b = RedisBackend.from_url(redis_url, prefix=_prefix())
+    try:
+        yield b
+    finally:
+        await b.drop_all()
+        await b.close()
+
+
+@pytest.fixture
+async def rheo(backend: RedisBackend) -> AsyncIterator[Rheo]:
+    """An opened instance over :func:`backend`."""
+    async with Rheo(backend) as instance:
+        yield instance
+
+
+# Construction, URLs, secrets -------------------------------------------------
+
+
+def test_url_scheme_builds_the_backend() -> None:
+    for scheme in ("redis", "rediss"):
+        built = backend_from_url(f"{scheme}://127.0.0.1:6379/0?prefix=app.v1")
+        assert isinstance(built, RedisBackend)
+        assert built.prefix == "app.v1"
+        assert built.capabilities.distributed
+        assert built.capabilities.server_clock
+        assert built.capabilities.push_wakeups
+
+
+def test_bad_construction_is_a_clear_error() -> None:
+    with pytest.raises(InvalidArgument, match="prefix"):
+        RedisBackend.from_url("redis://127.0.0.1/0", prefix="has space")
+    with pytest.raises(InvalidArgument, match="prefix"):
+        RedisBackend.from_url("redis://127.0.0.1/0?prefix={tag}")
+    with pytest.raises(InvalidArgument, match="exactly one"):
+        RedisBackend()
+    with pytest.raises(InvalidArgument, match=r"redis\.asyncio\.Redis"):
+        RedisBackend(client="not a client")  # type: ignore[arg-type]
+
+
+async def test_unreachable_server_is_backend_unavailable_without_the_password() -> None:
+    url = "redis://user:s3cret-pw@127.0.0.1:1/0"
+    backend = RedisBackend.from_url(url)
+    assert "s3cret-pw" not in repr(backend)
+    with pytest.raises(BackendUnavailable) as caught:
+        await Rheo(backend).open()
+    assert "s3cret-pw" not in str(caught.value)
+    assert "***" in str(caught.value)
+    await backend.close()
+
+
+async def test_settle_against_an_unreachable_server_is_classified(rheo: Rheo) -> None:
+    stream = "s"
+    await rheo.create_stream(stream)
+    await rheo.append(stream, NewEvent("t"))
+    [lease] = await rheo.fetch(stream, "g")
+    down = RedisBackend.from_url("redis://:s3cret-pw@127.0.0.1:1/0", prefix="x")
+    try:
+        [result] = await Rheo(down).ack(lease)
+        assert result.kind is SettleKind.BACKEND_UNAVAILABLE
+        assert result.error is not None
+        assert "s3cret-pw" not in result.error.reason
+    finally:
+        await down.close()
+    await rheo.ack(lease)
+
+
+def test_driver_errors_are_classified() -> None:
+    backend = RedisBackend.from_url("redis://127.0.0.1/0")
+    classify = backend.classify_error
+    refused = RedisConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+    assert classify(refused) is SettleKind.BACKEND_UNAVAILABLE
+    assert classify(RedisConnectionError("Connection closed by server.")) is SettleKind.AMBIGUOUS
+    assert classify(RedisTimeoutError("Timeout reading from socket")) is SettleKind.AMBIGUOUS
+    assert classify(RedisTimeoutError("Timeout connecting to server")) is (
+        SettleKind.BACKEND_UNAVAILABLE)
+    assert classify(ResponseError("ERR user_script:1: boom")) is SettleKind.FAILED
+    assert classify(ValueError("not a driver error")) is None
+
+
+async def _paused_settle(redis_url: str, backend: RedisBackend, *, kill: bool,
+                         wait_until: WaitUntil) -> None:
+    """Ack while the server holds writes: the reply never comes (timeout or killed)."""
+    client = aioredis.Redis.from_url(
+        redis_url, socket_timeout=None if kill else 0.25, single_connection_client=True,
+        retry=Retry(NoBackoff(), 0),
+    )
+    admin = aioredis.Redis.from_url(redis_url)
+    fenced = RedisBackend(client=client, prefix=backend.prefix)
+    try:
+        async with Rheo(backend) as rheo:
+            await rheo.create_stream("s")
+            await rheo.append("s", NewEvent("t"))
+            [lease] = await rheo.fetch("s", "g")
+            await client.ping()
+            own_id = await client.client_id()
+            await admin.client_pause(2_000, all=False)
+            try:
+                ack = asyncio.ensure_future(Rheo(fenced).ack(lease))
+                if kill:
+                    async def sent() -> bool:
+                        clients = await admin.client_list()
+                        return any(int(c["id"]) == own_id and c["cmd"] == "evalsha"
+                                   for c in clients)
+
+                    await wait_until(sent, message="the ack reached the server")
+                    await admin.client_kill_filter(_id=str(own_id))
+                [result] = await ack
+            finally:
+                await admin.client_unpause()
+            assert result.kind is SettleKind.AMBIGUOUS, result
+            # Whether or not it committed, the same lease now settles once: ok or repeated.
+            [again] = await rheo.ack(lease)
+            assert again.ok
+            assert await rheo.frontier("s", "g") == {0: 1}
+    finally:
+        await client.aclose()
+        await admin.aclose()
+
+
+async def test_timeout_mid_script_is_ambiguous(
+    redis_url: str, backend: RedisBackend, wait_until: WaitUntil
+) -> None:
+    await _paused_settle(redis_url, backend, kill=False, wait_until=wait_until)
+
+
+async def test_connection_lost_mid_script_is_ambiguous(
+    redis_url: str, backend: RedisBackend, wait_until: WaitUntil
+) -> None:
+    await _paused_settle(redis_url, backend, kill=True, wait_until=wait_until)
+
+
+# Host-owned clients ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["bytes", "decoded"])
+async def test_host_client_is_used_and_never_closed(redis_url: str, decode: bool) -> None:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=decode)
+    backend = RedisBackend(client=client, prefix=_prefix())
+    try:
+        async with Rheo(backend) as rheo:
+            await rheo.create_stream("s", partitions=2)
+            stored = await rheo.append("s", [NewEvent("t", {"i": i}, key=f"k{i}")
+                                             for i in range(6)])
+            leases = await rheo.fetch("s", "g", limit=10)
+            assert sorted(x.event.data["i"] for x in leases) == list(range(6))
+            assert all(r.ok for r in await rheo.renew(leases))
+            assert all(r.ok for r in await rheo.ack(leases))
+            assert await rheo.frontier("s", "g") == await rheo.high_water("s")
+            page = await rheo.query_page(Query(stream="s"))
+            assert sorted(e.id for e in page.events) == sorted(e.id for e in stored)
+            assert await rheo.streams() == ["s"]
+            assert [g.group for g in await rheo.groups("s")] == ["g"]
+        assert await client.ping()  # the backend did not close the host's client
+    finally:
+        await backend.drop_all()
+        await client.aclose()
+
+
+# Layout ----------------------------------------------------------------------
+
+
+async def test_each_partition_lives_in_one_cluster_slot(
+    rheo: Rheo, backend: RedisBackend
+) -> None:
+    await rheo.create_stream("orders", partitions=4)
+    await rheo.append("orders", [NewEvent("t", key=f"k{i}") for i in range(40)])
+    leases = await rheo.fetch("orders", "billing", limit=40)
+    await rheo.ack(leases[:20])
+    await rheo.nack(leases[20:25], "later", delay_ms=60_000)
+    await rheo.reject(leases[25:30], "bad")
+    keys = [k.decode() async for k in backend.client.scan_iter(match=f"{{{backend.prefix}:*")]
+    slots: dict[int, set[int]] = {}
+    for key in keys:
+        partition = int(key.split("}", 1)[0].rsplit(":", 1)[1])
+        slots.setdefault(partition, set()).add(key_slot(key.encode()))
+    assert sorted(slots) == [0, 1, 2, 3]
+    assert all(len(s) == 1 for s in slots.values()), "one hash slot per partition"
+    assert len({next(iter(s)) for s in slots.values()}) > 1, "partitions spread over slots"
+    for p in range(4):
+        tag = f"{{{backend.prefix}:orders:{p}}}"
+        for suffix in (":x", ":m", ":i", ":g:billing", ":g:billing:d"):
+            assert await backend.client.exists(tag + suffix), tag + suffix
+
+
+async def test_pel_mirrors_who_holds_what(rheo: Rheo, backend: RedisBackend,
+                                          wait_until: WaitUntil) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(3)])
+    key = f"{{{backend.prefix}:s:0}}:x"
+    first = await rheo.fetch("s", "g", consumer_id="alice", limit=3, lease_ms=60_000)
+    pending = await backend.client.xpending_range(key, "g", "-", "+", 10)
+    assert [(p["message_id"], p["consumer"]) for p in pending] == [
+        (b"1-0", b"alice"), (b"2-0", b"alice"), (b"3-0", b"alice")]
+    assert [x.receipt for x in first] == ["1-0", "2-0", "3-0"], "the receipt is the entry id"
+    await rheo.ack(first[:1])
+    [short] = await rheo.renew(first[1:2], lease_ms=10)
+    assert short.deadline_ms is not None
+    deadline = short.deadline_ms
+    await wait_until(lambda: _expired(backend, deadline), message="expiry")
+    [again] = await rheo.fetch("s", "g", consumer_id="bob", limit=3)
+    assert (again.sequence, again.attempt) == (2, 2)
+    pending = await backend.client.xpending_range(key, "g", "-", "+", 10)
+    assert [(p["message_id"], p["consumer"]) for p in pending] == [
+        (b"2-0", b"bob"), (b"3-0", b"alice")]
+    # A renew of our own lease resets its idle time; a stale lease touches nothing.
+    [stale] = await rheo.renew(first[1])
+    assert stale.kind is SettleKind.STALE_LEASE
+    [ok] = await rheo.renew(first[2])
+    assert ok.ok
+    assert ok.deadline_ms is not None
+    idle = {p["message_id"]: int(p["time_since_delivered"])
+            for p in await backend.client.xpending_range(key, "g", "-", "+", 10)}
+    assert idle[b"3-0"] <= idle[b"2-0"]
+
+
+async def test_close_forgets_idle_redis_consumers(redis_url: str, backend: RedisBackend) -> None:
+    user = RedisBackend.from_url(redis_url, prefix=backend.prefix)
+    async with Rheo(user) as rheo:
+        await rheo.create_stream("s", partitions=2)
+        await rheo.append("s", [NewEvent("t", partition=p) for p in (0, 1, 0)])
+        done = await rheo.fetch("s", "g", consumer_id="done", limit=2, partitions=[0])
+        await rheo.ack(done)
+        await rheo.fetch("s", "g", consumer_id="holding", limit=1, partitions=[1])
+    names = {
+        p: {c["name"] for c in await backend.client.xinfo_consumers(
+            f"{{{backend.prefix}:s:{p}}}:x", "g")}
+        for p in (0, 1)
+    }
+    assert names == {0: set(), 1: {b"holding"}}, "only a consumer with pending entries stays"
+
+
+async def _expired(backend: RedisBackend, deadline_ms: int) -> bool:
+    return await backend.server_time_ms() > deadline_ms
+
+
+# Fetching --------------------------------------------------------------------
+
+
+async def test_fetch_fills_the_limit_from_uneven_partitions(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=8)
+    await rheo.append("s", [NewEvent("t") for _ in range(5)], partition=6)
+    await rheo.append("s", [NewEvent("t") for _ in range(2)], partition=1)
+    one = await rheo.fetch("s", "g", limit=1)
+    assert len(one) == 1
+    rest = await rheo.fetch("s", "g", limit=6)
+    assert len(rest) == 6, "a second round takes from the partitions that have more"
+    assert sorted((x.partition, x.sequence) for x in one + rest) == (
+        [(1, 1), (1, 2)] + [(6, s) for s in range(1, 6)])
+
+
+async def test_large_batches_cross_the_script_chunk_size(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    events = [NewEvent("t", {"i": i}, id=f"e{i}") for i in range(10_500)]
+    stored = await rheo.append("s", events)
+    again = await rheo.append("s", events[:4_500])
+    assert again == stored[:4_500], "re-appending a large batch returns the stored events"
+    leases = await rheo.fetch("s", "g", limit=10_000, lease_ms=60_000)
+    assert [x.sequence for x in leases] == list(range(1, 10_001))
+    assert all(r.ok for r in await rheo.renew(leases, lease_ms=60_000))
+    results = await rheo.nack(leases[:4_001], "again")
+    assert all(r.ok for r in results)
+    redelivered = await rheo.fetch("s", "g", limit=4_001, lease_ms=60_000)
+    assert [(x.sequence, x.attempt) for x in redelivered] == [(s, 2) for s in range(1, 4_002)]
+    assert all(r.ok for r in await rheo.ack(redelivered + leases[4_001:]))
+    assert await rheo.frontier("s", "g") == {0: 10_000}
+    rest = await rheo.fetch("s", "g", limit=10_000)
+    assert [x.sequence for x in rest] == list(range(10_001, 10_501))
+    assert all(r.ok for r in await rheo.ack(rest))
+    assert await rheo.frontier("s", "g") == {0: 10_500}
+
+
+async def test_max_attempts_update_reaches_every_partition(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=3)
+    await rheo.append("s", [NewEvent("t", partition=p) for p in range(3)])
+    leases = await rheo.fetch("s", "g", limit=3)
+    assert {x.attempt for x in leases} == {1}
+    await rheo.create_group("s", "g", max_attempts=1)
+    assert all(r.ok for r in await rheo.nack(leases, "boom"))
+    dead = await rheo.dead_letters("s", "g")
+    assert [(d.partition, d.attempts, d.reason) for d in dead] == [
+        (p, 1, "max_attempts") for p in range(3)]
+
+
+async def test_lease_times_come_from_the_server_clock(rheo: Rheo, backend: RedisBackend) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", NewEvent("t"))
+    before = await backend.server_time_ms()
+    [lease] = await rheo.fetch("s", "g", lease_ms=5_000)
+    after = await backend.server_time_ms()
+    assert before + 5_000 <= lease.deadline_ms <= after + 5_000
+    assert before - 5_000 <= lease.event.appended_at_ms <= after
+
+
+# Scripts ---------------------------------------------------------------------
+
+
+async def test_scripts_reload_after_a_flush(rheo: Rheo, backend: RedisBackend) -> None:
+    await rheo.create_stream("s", partitions=2)
+    await rheo.append("s", [NewEvent("t", partition=p) for p in (0, 1)])
+    await backend.client.script_flush()
+    leases = await rheo.fetch("s", "g", limit=2)  # a pipelined call: one script per partition
+    assert len(leases) == 2
+    await backend.client.script_flush()
+    assert all(r.ok for r in await rheo.ack(leases[:1]))  # a single call
+    await backend.client.script_flush()
+    more = await rheo.append("s", [NewEvent("t", partition=p) for p in (0, 1)])  # MULTI/EXEC
+    assert [e.sequence for e in more] == [2, 2]
+
+
+# Retention -------------------------------------------------------------------
+
+
+async def test_trim_in_chunks_and_ids_can_come_back(
+    rheo: Rheo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rheo_flow._backends import redis as module
+
+    monkeypatch.setattr(module, "_TRIM_CHUNK", 3)
+    await rheo.create_stream("s", partitions=2)
+    await rheo.append("s", [NewEvent("t", id=f"a{i}", partition=0) for i in range(10)])
+    await rheo.append("s", [NewEvent("t", id=f"b{i}", partition=1) for i in range(4)])
+    held = await rheo.fetch("s", "g", limit=20, partitions=[0])
+    assert await rheo.trim("s", up_to={0: 8}, force=True) == {0: 8}
+    assert (await rheo.frontier("s", "g"))[0] == 8
+    results = await rheo.ack(held)
+    assert [r.kind for r in results] == [SettleKind.STALE_LEASE] * 8 + [None] * 2
+    assert await rheo.frontier("s", "g") == {0: 10, 1: 0}
+    # A trimmed id is forgotten: appending it again stores a new event.
+    [back] = await rheo.append("s", NewEvent("t", id="a3", partition=1))
+    assert (back.partition, back.sequence) == (1, 5)
+    [kept] = await rheo.append("s", NewEvent("t", id="a9", partition=1))
+    assert (kept.partition, kept.sequence) == (0, 10), "a retained id keeps its partition"
+
+
+# Wake-ups --------------------------------------------------------------------
+
+
+async def test_wait_for_append_wakes_across_instances(redis_url: str, rheo: Rheo,
+                                                      backend: RedisBackend) -> None:
+    await rheo.create_stream("s", partitions=3)
+    assert await rheo.wait_for_append("s", 0.05) is False
+    other = RedisBackend.from_url(redis_url, prefix=backend.prefix)
+    try:
+        async with Rheo(other) as producer:
+            waiter = asyncio.ensure_future(rheo.wait_for_append("s", 10))
+            while not waiter.done():
+                await producer.append("s", NewEvent("t", partition=2))
+                await asyncio.wait({waiter}, timeout=0.05)
+            assert waiter.result() is True
+            # The wake-up read one entry only: the next wait learns the high water
+            # first instead of returning at once for events already appended.
+            assert await rheo.wait_for_append("s", 0.05) is False
+    finally:
+        await other.close()
+
+
+@pytest.mark.parametrize("socket_timeout", [0.4, 0.1], ids=["blocking", "polling"])
+async def test_wait_stays_under_the_client_socket_timeout(
+    redis_url: str, socket_timeout: float
+) -> None:
+    client = aioredis.Redis.from_url(redis_url, socket_timeout=socket_timeout)
+    backend = RedisBackend(client=client, prefix=_prefix())
+    try:
+        async with Rheo(backend) as rheo:
+            await rheo.create_stream("s")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert await rheo.wait_for_append("s", 0.7) is False
+            assert loop.time() - started >= 0.7
+            waiter = asyncio.ensure_future(rheo.wait_for_append("s", 10))
+            while not waiter.done():
+                await rheo.append("s", NewEvent("t"))
+                await asyncio.wait({waiter}, timeout=0.05)
+            assert waiter.result() is True
+    finally:
+        await backend.drop_all()
+        await client.aclose()
+
+
+async def test_group_consumes_with_push_wakeups(rheo: Rheo, wait_until: WaitUntil) -> None:
+    from rheo_flow import ACK, Ack, Event, consumer
+
+    await rheo.create_stream("s", partitions=2)
+    seen: list[int] = []
+
+    @consumer(stream="s", group="g", poll_ms=60_000, concurrency=2)
+    async def handle(event: Event, context: object) -> Ack:
+        seen.append(event.data["i"])
+        return ACK
+
+    async with handle.start(rheo) as group:
+        # poll_ms is a minute: only a push wake-up can deliver these in time.
+        for i in range(5):
+            await rheo.append("s", NewEvent("t", {"i": i}, key=f"k{i}"))
+        await wait_until(lambda: group.stats.acked == 5, message="5 acks")
+    assert sorted(seen) == list(range(5))
+
+
+async def test_malformed_leases_are_invalid_without_a_round_trip(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", NewEvent("t"))
+    [lease] = await rheo.fetch("s", "g")
+    forged = [
+        dataclasses.replace(lease, event=dataclasses.replace(lease.event, stream="a}b{c")),
+        dataclasses.replace(lease, event=dataclasses.replace(lease.event, partition=-1)),
+        dataclasses.replace(lease, group="no such group"),
+        lease,
+    ]
+    results = await rheo.ack(forged)
+    assert [r.kind for r in results] == [SettleKind.INVALID] * 3 + [None]
