@@ -10,6 +10,7 @@ the frontier reaches the high water mark.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import sys
 import uuid
@@ -93,7 +94,7 @@ async def _compete(url: str, tmp_path: Path) -> None:
     # the previous one's deadline, on the server clock.
     for position, history in leases.items():
         history.sort()
-        for before, after in zip(history, history[1:], strict=False):
+        for before, after in itertools.pairwise(history):
             assert after[0] >= before[1], f"{position} leased while a lease was live: {history}"
             assert after[2] == before[2] + 1, f"attempts of {position}: {history}"
         assert len({entry[3] for entry in history}) == len(history), "lease ids are unique"

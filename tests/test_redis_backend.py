@@ -347,6 +347,11 @@ async def test_scripts_reload_after_a_flush(rheo: Rheo, backend: RedisBackend) -
     await backend.client.script_flush()
     more = await rheo.append("s", [NewEvent("t", partition=p) for p in (0, 1)])  # MULTI/EXEC
     assert [e.sequence for e in more] == [2, 2]
+    await backend.client.script_flush()
+    key = f"{backend.prefix}:streams"
+    replies = await backend._eval([("create_stream", [key], ["t1", 1]),
+                                   ("create_stream", [key], ["t2", 3])], transaction=True)
+    assert [r.split(b"|")[0] for r in replies] == [b"1", b"3"]
 
 
 # Retention -------------------------------------------------------------------
@@ -392,6 +397,11 @@ async def test_wait_for_append_wakes_across_instances(redis_url: str, rheo: Rheo
             # The wake-up read one entry only: the next wait learns the high water
             # first instead of returning at once for events already appended.
             assert await rheo.wait_for_append("s", 0.05) is False
+            # An append between a fetch and the next wait is never missed.
+            assert await rheo.fetch("s", "g", limit=100)
+            await producer.append("s", NewEvent("t", partition=0))
+            await rheo.stream_info("s")
+            assert await rheo.wait_for_append("s", 5) is True
     finally:
         await other.close()
 

@@ -133,7 +133,7 @@ _TABLES: Final = (
         consumer_id text,
         reason text NOT NULL DEFAULT '',
         PRIMARY KEY (group_id, part, seq)
-    )""",
+    ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02)""",
     "CREATE INDEX deliveries_available ON {s}.deliveries (group_id, part, seq) WHERE state = 0",
     """CREATE INDEX deliveries_leased ON {s}.deliveries (group_id, part, deadline_ms)
         WHERE state = 1""",
@@ -175,10 +175,12 @@ $fn$"""
 
 # One round trip claims up to p_limit deliveries. p_parts is already rotated:
 # its order is the round-robin order of this call.
-#  1. Eligible existing deliveries (available and due, or leased and expired) of
-#     each partition, in sequence order, up to p_limit per partition, locked with
-#     SKIP LOCKED so competing consumers never wait on one another. Expired ones
-#     at max_attempts are dead-lettered instead of leased.
+#  1. Eligible existing deliveries of each partition, up to p_limit of each kind,
+#     locked with SKIP LOCKED so competing consumers never wait on one another:
+#     available ones in sequence order, expired ones oldest deadline first (an
+#     order only deliveries_leased provides: the primary key, which also holds
+#     every acked row, can never serve that scan). Expired ones at max_attempts
+#     are dead-lettered instead of leased.
 #  2. Cursors of partitions with unmaterialised events, SKIP LOCKED too; only when
 #     that leaves the call empty-handed does it wait for one cursor.
 #  3. One statement picks the round-robin winners (depth within its partition,
@@ -224,7 +226,7 @@ BEGIN
             SELECT d.part, d.seq, d.attempt FROM {s}.deliveries d
             WHERE d.group_id = p_group AND d.part = p.part AND d.state = 1
               AND d.deadline_ms <= v_now
-            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
+            ORDER BY d.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
     SELECT array_agg(k.part), array_agg(k.cursor), array_agg(LEAST(k.high, k.cursor + p_limit))
@@ -236,8 +238,9 @@ BEGIN
 
     IF c_part IS NULL AND k_part IS NULL THEN
         -- Competing fetches hold every cursor with work: wait for ONE of them
-        -- (chosen first, then locked alone), holding no other lock meanwhile, so
-        -- waiting fetches can never deadlock one another.
+        -- (chosen first, then locked alone) while holding no other lock, so
+        -- waiting fetches never deadlock one another; then claim again from
+        -- every cursor that is free by now (a fresh snapshot sees their moves).
         SELECT c.part INTO v_wait
         FROM {s}.cursors c
         JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
@@ -245,14 +248,16 @@ BEGIN
         ORDER BY array_position(p_parts, c.part)
         LIMIT 1;
         IF FOUND THEN
+            PERFORM 1 FROM {s}.cursors c WHERE c.group_id = p_group AND c.part = v_wait
+            FOR UPDATE;
             SELECT array_agg(k.part), array_agg(k.cursor),
                    array_agg(LEAST(k.high, k.cursor + p_limit))
             INTO k_part, k_cur, k_top
             FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
                   JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-                  WHERE c.group_id = p_group AND c.part = v_wait
+                  WHERE c.group_id = p_group AND c.part = ANY (p_parts)
                     AND c.cursor < pt.high_water
-                  FOR UPDATE OF c) k;
+                  FOR UPDATE OF c SKIP LOCKED) k;
         END IF;
     END IF;
 

@@ -100,8 +100,11 @@ _PREFIX_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.\-]{0,64}$")
 _DATABASE_PATTERN: Final = re.compile(r"^[A-Za-z0-9_\-]{1,63}$")
 
 _TERMINAL: Final = ("acked", "rejected")
+_WALK_FIRST: Final = 16
 _WALK_BATCH: Final = 512
-"""Deliveries read per step while advancing a frontier."""
+"""Deliveries read per step while advancing a frontier (growing from ``_WALK_FIRST``)."""
+_ACTIVE_INDEX: Final = "active"
+_REJECTED_INDEX: Final = "rejected"
 _ADVANCE_TRIES: Final = 8
 _CLAIM_ROUNDS: Final = 3
 """Fetch retries (only while it has leased nothing) after losing every claim to others."""
@@ -138,6 +141,16 @@ async def _resolve(value: Any) -> Any:
 def _partition_id(stream: str, partition: int) -> str:
     # Names match [A-Za-z0-9_.-]: a "/" cannot be part of one.
     return f"{stream}/{partition}"
+
+
+def _event_id(stream: str, partition: int, sequence: int) -> str:
+    """An event document's ``_id``: its position, so lookups by position use ``_id``."""
+    return f"{stream}/{partition}/{sequence}"
+
+
+def _delivery_id(group_id: Any, partition: int, sequence: int) -> str:
+    """A delivery document's ``_id``: unique per (group, partition, sequence)."""
+    return f"{group_id}/{partition}/{sequence}"
 
 
 def _position(start: StartPosition, high: int, low: int) -> int:
@@ -477,10 +490,10 @@ class MongoBackend(Backend):
             # fetch walks these, never the acked ones.
             (self._deliveries,
              [("g", ASCENDING), ("p", ASCENDING), ("s", ASCENDING), ("r", ASCENDING)],
-             {"name": "active", "partialFilterExpression": {"r": {"$exists": True}}}),
+             {"name": _ACTIVE_INDEX, "partialFilterExpression": {"r": {"$exists": True}}}),
             (self._deliveries,
              [("g", ASCENDING), ("st", ASCENDING), ("p", ASCENDING), ("s", ASCENDING)],
-             {"name": "rejected", "partialFilterExpression": {"st": "rejected"}}),
+             {"name": _REJECTED_INDEX, "partialFilterExpression": {"st": "rejected"}}),
         ]
         for collection, keys, options in specs:
             try:
@@ -692,6 +705,7 @@ class MongoBackend(Backend):
             seq = nxt[r.partition]
             nxt[r.partition] = seq + 1
             doc: dict[str, Any] = {
+                "_id": _event_id(stream, r.partition, seq),
                 "st": stream, "p": r.partition, "n": seq, "id": r.id, "t": r.type,
                 "k": r.key, "d": r.data_json, "at": now,
             }
@@ -903,11 +917,14 @@ class MongoBackend(Backend):
     ) -> tuple[list[Lease], int]:
         """One claim round: returns the leases won and how many claims were lost."""
         now = self._clock()
+        # Every delivery up to the frontier is settled: the walk starts after it, so its
+        # cost follows the deliveries in flight, not the history (whichever index serves it).
         found = await asyncio.gather(*(
             self._deliveries.find(
-                {"g": g.id, "p": p, "r": {"$exists": True, "$lte": now}},
+                {"g": g.id, "p": p, "s": {"$gt": g.parts[p]["f"]},
+                 "r": {"$exists": True, "$lte": now}},
                 {"_id": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "r": 1},
-            ).sort("s", ASCENDING).limit(limit).to_list(None)
+            ).hint(_ACTIVE_INDEX).sort("s", ASCENDING).limit(limit).to_list(None)
             for p in ids
         ))
         existing: list[list[dict[str, Any]]] = []
@@ -965,7 +982,7 @@ class MongoBackend(Backend):
                 seq = g.parts[p]["c"] + d - len(existing[i]) + 1
                 claim = _Claim(p, seq, 1, lease_id, len(ops), None)
                 ops.append(InsertOne({
-                    "g": g.id, "p": p, "s": seq, "st": "leased", "a": 1, "lid": lease_id,
+                    "_id": _delivery_id(g.id, p, seq), "g": g.id, "p": p, "s": seq, "st": "leased", "a": 1, "lid": lease_id,
                     "rc": claim.receipt, "c": consumer_id, "dl": deadline, "r": deadline,
                     "sb": None, "rs": "", "rj": 0,
                 }))
@@ -1027,18 +1044,8 @@ class MongoBackend(Backend):
     async def _load_events(
         self, stream: str, positions: list[tuple[int, int]]
     ) -> dict[tuple[int, int], Event]:
-        by_part: dict[int, list[int]] = {}
-        for p, seq in positions:
-            by_part.setdefault(p, []).append(seq)
-        clauses: list[dict[str, Any]] = []
-        for p, seqs in by_part.items():
-            lo, hi = min(seqs), max(seqs)
-            if hi - lo + 1 == len(seqs):
-                clauses.append({"st": stream, "p": p, "n": {"$gte": lo, "$lte": hi}})
-            else:
-                clauses.append({"st": stream, "p": p, "n": {"$in": sorted(seqs)}})
-        query = clauses[0] if len(clauses) == 1 else {"$or": clauses}
-        docs = await self._events.find(query).to_list(None)
+        ids = [_event_id(stream, p, seq) for p, seq in positions]
+        docs = await self._events.find({"_id": {"$in": ids}}).to_list(None)
         return {(d["p"], d["n"]): _event(d) for d in docs}
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
@@ -1178,17 +1185,24 @@ class MongoBackend(Backend):
             log.warning("frontier of %s left behind by concurrent group moves", pending)
 
     async def _walk(self, gid: Any, p: int, frontier: int) -> int:
+        """The frontier after moving from ``frontier`` over the settled deliveries next to it.
+
+        Reads the deliveries right after the frontier by ``_id``, in growing chunks:
+        a settle usually moves the frontier by a few sequences, a closed hole by many.
+        """
         moved = frontier
+        size = _WALK_FIRST
         while True:
+            ids = [_delivery_id(gid, p, s) for s in range(moved + 1, moved + size + 1)]
             docs = await self._deliveries.find(
-                {"g": gid, "p": p, "s": {"$gt": moved}}, {"_id": 0, "s": 1, "st": 1}
-            ).sort("s", ASCENDING).limit(_WALK_BATCH).to_list(None)
-            for d in docs:
-                if d["s"] != moved + 1 or d["st"] not in _TERMINAL:
+                {"_id": {"$in": ids}}, {"_id": 0, "s": 1, "st": 1}
+            ).to_list(None)
+            states = {d["s"]: d["st"] for d in docs}
+            for s in range(moved + 1, moved + size + 1):
+                if states.get(s) not in _TERMINAL:
                     return moved
-                moved = d["s"]
-            if len(docs) < _WALK_BATCH:
-                return moved
+                moved = s
+            size = min(size * 4, _WALK_BATCH)
 
     async def frontier(self, stream: str, group: str) -> dict[int, int]:
         await self._ready()
@@ -1205,7 +1219,8 @@ class MongoBackend(Backend):
             query["$or"] = [{"p": {"$gt": after[0]}}, {"p": after[0], "s": {"$gt": after[1]}}]
         docs = await self._deliveries.find(
             query, {"p": 1, "s": 1, "a": 1, "rs": 1, "rj": 1}
-        ).sort([("p", ASCENDING), ("s", ASCENDING)]).limit(limit).to_list(None)
+        ).hint(_REJECTED_INDEX).sort([("p", ASCENDING), ("s", ASCENDING)]).limit(
+            limit).to_list(None)
         if not docs:
             return []
         events = await self._load_events(stream, [(d["p"], d["s"]) for d in docs])
@@ -1243,7 +1258,7 @@ class MongoBackend(Backend):
         # pending delivery of its partition (found on the index of active deliveries).
         lowest = await asyncio.gather(*(
             self._deliveries.find_one({"g": g.id, "p": p, "r": {"$exists": True}}, {"s": 1},
-                                      sort=[("s", ASCENDING)])
+                                      sort=[("s", ASCENDING)], hint=_ACTIVE_INDEX)
             for p in parts
         ))
         low = {p: doc["s"] for p, doc in zip(parts, lowest, strict=True) if doc is not None}
@@ -1459,10 +1474,9 @@ class _Batch:
                 wanted.setdefault((g.id, lease.partition), set()).add(lease.sequence)
         if not wanted:
             return
-        clauses: list[dict[str, Any]] = [{"g": gid, "p": p, "s": {"$in": sorted(seqs)}}
-                                         for (gid, p), seqs in wanted.items()]
+        ids = [_delivery_id(gid, p, seq) for (gid, p), seqs in wanted.items() for seq in seqs]
         docs = await b._deliveries.find(
-            _any_of(clauses), _DELIVERY_FIELDS | {"g": 1}
+            {"_id": {"$in": ids}}, _DELIVERY_FIELDS | {"g": 1}
         ).to_list(None)
         for d in docs:
             self._docs[(d["g"], d["p"], d["s"])] = d

@@ -14,12 +14,19 @@ can spread partitions over shards and each Lua script stays on one slot:
   entries (``XREADGROUP``) and mirrors who holds what in its PEL.
 * ``{P:s:p}:g:<g>:d`` — one delivery record per materialised sequence (state,
   attempt, lease id, who settled it); ``:z`` — available and leased deliveries
-  by the time they become eligible; ``:r`` — dead letters by sequence.
+  by the time they become eligible; ``:r`` — dead letters by sequence. As in
+  the reference backend, acked and rejected records stay (they answer a
+  repeated settle) until replay, reset or trim removes them.
 * ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
   which partition owns an event id (streams with several partitions).
 
 Every fetch, settle batch and renew tick is one round trip: one script per
-partition, pipelined. Lease deadlines, nack delays and append times use the
+partition, pipelined (a fetch whose partitions turn out uneven may take a
+second one to fill its limit; an append to a multi-partition stream first
+records which partition owns each event id). The layout is cluster-ready;
+two mechanisms assume one server (or a primary with replicas): appends to
+several partitions are one ``MULTI``/``EXEC``, and the wake-up is one ``XREAD``
+over every partition of the stream. Lease deadlines, nack delays and append times use the
 Redis server's clock (``TIME`` inside the scripts). A fetch finds due work
 through the ``:z`` sorted set rather than ``XAUTOCLAIM``, whose single idle
 threshold cannot express per-fetch lease times or nack delays; expired
@@ -69,7 +76,7 @@ __all__ = ["RedisBackend"]
 T = TypeVar("T")
 
 DEFAULT_PREFIX: Final = "rheo"
-_PREFIX_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
+_PREFIX_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _MIN_VERSION: Final = (6, 2)
 _TRIM_CHUNK: Final = 5_000
 _DEAD_CHUNK: Final = 64
@@ -104,7 +111,8 @@ class RedisBackend(Backend):
         backend = RedisBackend(client=my_client, prefix="orders")
 
     A host-owned client is never closed by the backend. ``prefix`` namespaces
-    every key (letters, digits and ``_ . : -``). A client built from a URL is
+    every key (letters, digits and ``_ . -``; no ``:``, so that no prefix is the
+    start of another's keys). A client built from a URL is
     owned and closed by :meth:`close`. Both response modes of redis-py
     (``decode_responses`` true or false) work.
 
@@ -129,7 +137,7 @@ class RedisBackend(Backend):
         if not isinstance(prefix, str) or not _PREFIX_PATTERN.match(prefix):
             raise InvalidArgument(
                 f"invalid Redis key prefix {prefix!r}: use 1-64 characters of "
-                "A-Z a-z 0-9 _ . : -"
+                "A-Z a-z 0-9 _ . -"
             )
         self._url = None if url is None else redact_url(url)
         self._password: str | None = None
@@ -211,7 +219,14 @@ class RedisBackend(Backend):
 
     async def open(self) -> None:
         """Check that the server answers and is recent enough (6.2+ for ``XTRIM MINID``)."""
-        info = await self._io(self._client.info("server"))
+        try:
+            info = await self._client.info("server")
+        except rex.ResponseError:
+            # Some managed servers refuse INFO: settle for a PING.
+            await self._io(self._client.ping())
+            return
+        except (rex.RedisError, OSError) as exc:
+            raise self._translate(exc) from None
         version = str(info.get("redis_version", "0"))
         numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
         if numbers < _MIN_VERSION:
@@ -231,7 +246,7 @@ class RedisBackend(Backend):
 
     async def _forget_consumers(self) -> None:
         used, self._consumers, self._tracked = self._consumers, {}, 0
-        calls = []
+        calls: list[tuple[str, list[str], list[str]]] = []
         for (stream, group), names in used.items():
             count = self._partitions.get(stream, 0)
             ordered = sorted(names)
@@ -415,7 +430,6 @@ class RedisBackend(Backend):
         rows = await self._io(pipe.execute())
         high = {p: int(row[0] or 0) for p, row in enumerate(rows)}
         low = {p: int(row[1] or 1) for p, row in enumerate(rows)}
-        self._note_high_water(name, high)
         return StreamInfo(name, count, created, high, low)
 
     async def list_streams(self) -> list[str]:
@@ -576,7 +590,7 @@ class RedisBackend(Backend):
             for p, quota in quotas
         ]
         replies = await self._eval(calls)
-        seen = self._seen.get(stream)
+        seen = self._seen_for(stream)
         stale = self._stale.get(stream)
         for (p, _), reply in zip(quotas, replies, strict=True):
             text = reply if isinstance(reply, str) else reply.decode()
@@ -584,7 +598,7 @@ class RedisBackend(Backend):
                 raise UnknownGroup(stream, group)
             high, remaining, deadline, items = json.loads(text)
             left[p] = remaining
-            if seen is not None and high > seen[p]:
+            if high > seen[p]:
                 seen[p] = high
             if stale:
                 stale.discard(p)
@@ -800,26 +814,33 @@ class RedisBackend(Backend):
 
     # Wake-ups ----------------------------------------------------------------
 
-    def _note_high_water(self, stream: str, high: Mapping[int, int]) -> None:
+    def _seen_for(self, stream: str) -> list[int]:
+        """Per partition, the high water a wake-up waits past (-1: not known yet).
+
+        Only a fetch sets it for the partitions it covered: an append after that
+        fetch must wake the waiter, so nothing else may move it past such events.
+        """
+        count = self._partitions[stream]
         seen = self._seen.get(stream)
-        if seen is None:
-            self._seen[stream] = [high[p] for p in range(len(high))]
-            self._stale[stream] = set()
-            return
-        for p, value in high.items():
-            if value > seen[p]:
-                seen[p] = value
-        self._stale[stream].clear()
+        if seen is None or len(seen) != count:
+            seen = self._seen[stream] = [-1] * count
+        return seen
 
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
-        """Block on ``XREAD`` over every partition of the stream, from the high water
-        this backend saw last; True as soon as something was appended."""
+        """Block on ``XREAD`` over every partition of the stream, past the high water
+        the last fetch saw; True as soon as something was appended after it."""
         count = await self._partition_count(stream)
-        seen = self._seen.get(stream)
-        stale = self._stale.get(stream)
-        if seen is None or stale:
-            await self.stream_info(stream)
-            seen = self._seen[stream]
+        seen = self._seen_for(stream)
+        stale = self._stale.setdefault(stream, set())
+        unknown = sorted({p for p in range(count) if seen[p] < 0} | stale)
+        if unknown:
+            # No fetch covered these partitions since the last wake-up: wait past now.
+            pipe = self._client.pipeline(transaction=False)
+            for p in unknown:
+                pipe.hget(self._pkeys(stream, p)[1], "hw")
+            for p, value in zip(unknown, await self._io(pipe.execute()), strict=True):
+                seen[p] = max(seen[p], int(value or 0))
+            stale.difference_update(unknown)
         keys = {self._pkeys(stream, p)[0]: p for p in range(count)}
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, timeout)
@@ -839,11 +860,10 @@ class RedisBackend(Backend):
                 block = remaining_ms if cap is None else min(remaining_ms, cap)
                 reply = await self._io(self._client.xread(streams, count=1, block=block))
             if reply:
-                # Only the first new entry was read: the next wait learns the real high
-                # water first, unless a fetch does it before (it reports the high water).
-                stale_set = self._stale.setdefault(stream, set())
+                # Only the first new entry was read: unless a fetch covers these
+                # partitions first, the next wait starts past their high water.
                 for key in _woken_keys(reply):
-                    stale_set.add(keys[_text(key)])
+                    stale.add(keys[_text(key)])
                 return True
 
 

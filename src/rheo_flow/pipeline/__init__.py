@@ -33,6 +33,7 @@ from ._message import (
     OnFailure,
     Status,
     ack_immediately,
+    confirm_settled,
 )
 from ._partition import PartitionBy
 from ._pipeline import Pipeline, PipelineStats
@@ -63,4 +64,5 @@ __all__ = [
     "Status",
     "Topology",
     "ack_immediately",
+    "confirm_settled",
 ]

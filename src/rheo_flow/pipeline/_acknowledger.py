@@ -86,6 +86,19 @@ class Acknowledger(ABC):
     def _abandon(self, messages: list[Message]) -> None:  # noqa: B027 - optional hook
         """Stop tracking messages whose settle raised."""
 
+    def confirm(self, messages: Iterable[Message]) -> list[Message]:
+        """Record messages whose leases were acked elsewhere (e.g. by a sink, in its own
+        transaction) as acked, and release them without a settle call."""
+        done = [m for m in messages if m.outcome is None]
+        for m in done:
+            m.outcome = "ack"
+        if done:
+            self._confirm(done)
+        return done
+
+    def _confirm(self, messages: list[Message]) -> None:  # noqa: B027 - optional hook
+        """Release messages settled elsewhere."""
+
     def abandon(self, messages: Iterable[Message]) -> None:
         """Give up on messages that will never be settled (a stage crashed or was cancelled):
         their leases are released and left to expire."""
@@ -111,4 +124,7 @@ class ProducerAcknowledger(Acknowledger):
         await self.producer.reject([m.lease for m in messages], reason)
 
     def _abandon(self, messages: list[Message]) -> None:
+        self.producer.confirm([m.lease for m in messages])
+
+    def _confirm(self, messages: list[Message]) -> None:
         self.producer.confirm([m.lease for m in messages])

@@ -34,17 +34,24 @@ class BatchSize:
 
     A batch is emitted when adding the next message would pass ``max`` (that
     message opens the next batch) or once it reaches ``max``; a single message
-    larger than ``max`` makes a batch of its own.
+    larger than ``max`` makes a batch of its own. ``max_messages`` also emits a
+    batch once it holds that many messages (bytes and count together).
     """
 
     max: int
     size_of: Callable[[Message], int]
+    max_messages: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1:
             raise InvalidArgument(f"BatchSize max must be a positive integer, got {self.max!r}")
         if not callable(self.size_of):
             raise InvalidArgument("BatchSize size_of must be a function of the message")
+        count = self.max_messages
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                                  or not 1 <= count <= 100_000):
+            raise InvalidArgument(
+                f"BatchSize max_messages must be an integer in 1..100000, got {count!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +94,9 @@ class Batcher:
 
     @property
     def max_messages(self) -> int | None:
-        """The batch size when it is a count."""
-        return self.batch_size if isinstance(self.batch_size, int) else None
+        """The batch size when it is a count (or a :class:`BatchSize`'s ``max_messages``)."""
+        size = self.batch_size
+        return size if isinstance(size, int) else size.max_messages
 
 
 class _Open:
@@ -180,7 +188,9 @@ class BatcherStage:
                 return True
         else:
             batch.size += weight
-            if batch.size >= measure.max:
+            if batch.size >= measure.max or (
+                    measure.max_messages is not None
+                    and len(batch.messages) >= measure.max_messages):
                 self._emit(key, batch, "size")
                 return True
         if m.batch_mode == "flush":

@@ -22,6 +22,7 @@ __all__ = [
     "OnFailure",
     "Status",
     "ack_immediately",
+    "confirm_settled",
 ]
 
 Status = Literal["ok", "failed"]
@@ -237,6 +238,21 @@ async def ack_immediately(messages: Iterable[Message]) -> list[Message]:
         await acker.settle([m for m in items if m.status == "ok"],
                            [m for m in items if m.status != "ok"])
     return pending
+
+
+def confirm_settled(messages: Iterable[Message]) -> list[Message]:
+    """Mark messages whose leases were already acked elsewhere (e.g. by a sink in its
+    own transaction) as acked, and release their leases without settling them again.
+
+    Returns the messages that were not settled yet.
+    """
+    done: list[Message] = []
+    for m in messages:
+        acker = m._acknowledger
+        if acker is None:
+            raise InvalidArgument("this message has no acknowledger: it is not in a pipeline")
+        done += acker.confirm([m])
+    return done
 
 
 def failure_reason(reason: object) -> str:

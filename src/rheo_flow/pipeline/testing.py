@@ -87,6 +87,9 @@ class _RecordingAcknowledger(Acknowledger):
     async def _reject(self, messages: list[Message], reason: str) -> None:
         self._result.failed.extend(messages)
 
+    def _confirm(self, messages: list[Message]) -> None:
+        self._result.successful.extend(messages)
+
 
 async def test_message(
     target: Pipeline | object,

@@ -21,8 +21,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from ._mapping import quote_ident
-
 __all__ = [
     "DEFAULT_PROGRESS_TABLE",
     "Position",
@@ -33,6 +31,7 @@ __all__ = [
     "create_table_sql",
     "is_covered",
     "plan_spans",
+    "progress_table_for",
     "runs",
     "split_replayed",
 ]
@@ -134,6 +133,12 @@ class _Union:
     hi: int
     stored: list[Span] = field(default_factory=list)
     has_new: bool = False
+
+
+def progress_table_for(table: str) -> str:
+    """The default progress table of a sink table: ``rheo_sink_progress`` in its schema."""
+    schema, dot, _ = table.rpartition(".")
+    return f"{schema}{dot}{DEFAULT_PROGRESS_TABLE}"
 
 
 def create_table_sql(table_sql: str, *, primary_key: bool) -> str:

@@ -300,6 +300,6 @@ def _compile(columns: Sequence[Column]) -> Callable[[Message], tuple[Any, ...]]:
         + "".join(checks)
         + "    return r\n"
     )
-    exec(compile(code, "<rheo_flow.sinks row mapping>", "exec"), namespace)  # noqa: S102
+    exec(compile(code, "<rheo_flow.sinks row mapping>", "exec"), namespace)
     fn: Callable[[Message], tuple[Any, ...]] = namespace["row"]
     return fn

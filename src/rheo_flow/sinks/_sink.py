@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self
 
 from .._errors import InvalidArgument
 from ._mapping import MappingError, RowMapping
@@ -27,11 +27,32 @@ from ._mapping import MappingError, RowMapping
 if TYPE_CHECKING:
     from ..pipeline import Message
 
-__all__ = ["CommitInfo", "Row", "RowResult", "RowStatus", "Sink", "SinkStats", "WriteReport"]
+__all__ = [
+    "CommitInfo",
+    "Load",
+    "Row",
+    "RowResult",
+    "RowStatus",
+    "Sink",
+    "SinkStats",
+    "WriteReport",
+    "check_load",
+]
 
 log = logging.getLogger("rheo_flow.sinks")
 
 MAX_REASON = 500
+
+Load = Literal["auto", "staged"]
+"""``auto``: load straight into the table, and redo the batch through the staging
+table when it meets a key conflict; ``staged``: always through the staging table."""
+
+
+def check_load(load: object) -> Load:
+    """``auto`` or ``staged``."""
+    if load not in ("auto", "staged"):
+        raise InvalidArgument(f'load must be "auto" or "staged", got {load!r}')
+    return load
 
 
 class RowStatus(enum.StrEnum):
@@ -71,7 +92,7 @@ _REPLAYED = RowResult(RowStatus.WRITTEN, replayed=True)
 class Row(NamedTuple):
     """One message mapped to its row, as a sink implementation receives it."""
 
-    index: int
+    position: int
     """Position of the message in the batch given to :meth:`Sink.write`."""
     message: Message
     values: tuple[Any, ...]
@@ -252,10 +273,10 @@ class Sink(ABC):
                 log.warning("%s sink: writing %d rows failed, to retry: %s", self.name,
                             len(rows), reason)
                 for row in rows:
-                    results[row.index] = RowResult(RowStatus.RETRY, reason)
+                    results[row.position] = RowResult(RowStatus.RETRY, reason)
                 return
             if len(rows) == 1:
-                results[rows[0].index] = RowResult(RowStatus.INVALID, reason)
+                results[rows[0].position] = RowResult(RowStatus.INVALID, reason)
                 return
             mid = len(rows) // 2
             await self._write_or_split(rows[:mid], results)
@@ -263,11 +284,11 @@ class Sink(ABC):
             return
         self._stats.transactions += 1
         for row in rows:
-            results[row.index] = _WRITTEN
+            results[row.position] = _WRITTEN
         for pos in report.settled:
-            results[rows[pos].index] = _WRITTEN_SETTLED
+            results[rows[pos].position] = _WRITTEN_SETTLED
         for pos in report.replayed:
-            results[rows[pos].index] = _REPLAYED
+            results[rows[pos].position] = _REPLAYED
         if self._on_commit is not None:
             self._on_commit(CommitInfo(len(rows), len(report.replayed), len(report.settled),
                                        time.perf_counter() - started))

@@ -1,0 +1,361 @@
+"""The PostgreSQL sink: batches bulk-loaded with ``COPY`` in one transaction each.
+
+Two loads, chosen by ``load``:
+
+* ``staged``: ``COPY`` (binary, ``copy_records_to_table``) into a temporary
+  staging table, then ``INSERT ... SELECT ... ON CONFLICT (key) DO NOTHING``
+  into the target, in one transaction;
+* ``auto`` (default): ``COPY`` straight into the target, and when that meets a
+  key conflict (a row already there), the transaction is rolled back and redone
+  through the staging table. The sink's frontier already skips redelivered
+  rows, so conflicts are rare and most batches cost one ``COPY``.
+
+Exactly-once effect:
+
+* ``settle_with=backend`` (a :class:`~rheo_flow.backends.PostgresBackend` in the
+  same database): the batch's leases are acked, and the group's frontier moved,
+  inside the sink's transaction; rows and acks commit together or not at all.
+* otherwise the sink-side frontier (progress table) is written in the sink's
+  transaction and a redelivered row is skipped; the key keeps each row once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from .._errors import BackendUnavailable, InvalidArgument
+from .._urls import redact_url, require_driver
+from ._frontier import (
+    Span,
+    SpanPlan,
+    by_group,
+    create_table_sql,
+    plan_spans,
+    progress_table_for,
+    split_replayed,
+)
+from ._mapping import Column, RowMapping, event_columns, quote_ident, quote_table
+from ._sink import CommitInfo, Load, Row, Sink, WriteReport, check_load
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from .._backends.postgres import PostgresBackend
+
+__all__ = ["PostgresSink"]
+
+log = logging.getLogger("rheo_flow.sinks")
+
+_CONFLICT_RETRIES: Final = 3
+"""Deadlocks and serialization failures are retried this many times before ``retry``."""
+
+
+def _driver() -> Any:
+    require_driver("PostgreSQL sink", "postgres", "asyncpg")
+    import asyncpg
+
+    return asyncpg
+
+
+class PostgresSink(Sink):
+    """Writes batches to a PostgreSQL table through ``COPY``, idempotently on the key.
+
+    Give it the host's pool (``pool=``, never closed by the sink) or a URL
+    (``url=``: the sink owns a pool of up to ``pool_max_size`` connections).
+    ``table`` is ``name`` or ``schema.name``; ``columns`` map messages to rows
+    (default :func:`event_columns` with ``JSONB`` data); ``key`` names the
+    idempotence key column. With ``create`` the table (and its schema) is
+    created when missing, with a primary key on ``key``; an existing table
+    must have a unique index on ``key`` alone.
+
+    ``settle_with``: the :class:`~rheo_flow.backends.PostgresBackend` of the
+    stream, when it lives in the sink's database; each batch's leases are
+    then acked in the sink's own transaction (the pipeline only releases
+    them). Otherwise ``progress`` (default: on unless ``settle_with``) keeps
+    the sink-side frontier in ``progress_table`` (default ``rheo_sink_progress``
+    in the table's schema); call :meth:`reset_progress` before a deliberate
+    replay meant to rewrite rows.
+    """
+
+    name = "postgres"
+
+    def __init__(
+        self,
+        *,
+        table: str,
+        columns: Sequence[Column] | None = None,
+        key: str = "event_id",
+        pool: asyncpg.Pool | None = None,
+        url: str | None = None,
+        create: bool = True,
+        progress: bool | None = None,
+        progress_table: str | None = None,
+        load: Load = "auto",
+        settle_with: PostgresBackend | None = None,
+        pool_max_size: int = 4,
+        on_commit: Callable[[CommitInfo], None] | None = None,
+    ) -> None:
+        _driver()
+        mapping = RowMapping(event_columns(json_type="JSONB") if columns is None else columns,
+                             key)
+        super().__init__(mapping, on_commit=on_commit)
+        if (pool is None) == (url is None):
+            raise InvalidArgument("PostgresSink needs exactly one of pool= or url=")
+        if url is not None and (not isinstance(url, str) or "://" not in url):
+            raise InvalidArgument(f"not a PostgreSQL URL: {redact_url(str(url))!r}")
+        if isinstance(pool_max_size, bool) or not isinstance(pool_max_size, int) \
+                or pool_max_size < 1:
+            raise InvalidArgument(f"pool_max_size must be a positive integer, "
+                                  f"got {pool_max_size!r}")
+        if settle_with is not None and not callable(getattr(settle_with, "ack_in_transaction",
+                                                            None)):
+            raise InvalidArgument(
+                "settle_with must be the PostgresBackend of the stream (in the sink's database)")
+        self._pool: asyncpg.Pool | None = pool
+        self._owns_pool = pool is None
+        self._url = url
+        self._pool_max = pool_max_size
+        self._table = table
+        self._table_sql = quote_table(table)
+        schema, _, bare = table.rpartition(".")
+        self._schema = schema or None
+        self._bare = bare
+        self._settle_with = settle_with
+        self._progress = settle_with is None if progress is None else bool(progress)
+        self._progress_sql = quote_table(progress_table or progress_table_for(table),
+                                         "progress table")
+        self._create = bool(create)
+        self._load = check_load(load)
+        self._stage = "rheo_stage_" + hashlib.sha1(table.encode()).hexdigest()[:16]
+        self._sql = _Statements(self._table_sql, self._progress_sql, self._stage, mapping)
+        self._lock_key = f"rheo_flow.sink:{table}"
+
+    @property
+    def table(self) -> str:
+        """The target table's name."""
+        return self._table
+
+    @property
+    def settles(self) -> bool:
+        """Whether leases are acked in the sink's transaction (``settle_with``)."""
+        return self._settle_with is not None
+
+    # Lifecycle -------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        driver = _driver()
+        if self._pool is None:
+            assert self._url is not None
+            try:
+                self._pool = await driver.create_pool(
+                    self._url, min_size=1, max_size=self._pool_max,
+                    server_settings={"application_name": "rheo_flow.sink", "jit": "off"})
+            except (TimeoutError, OSError, driver.PostgresError, driver.InterfaceError) as exc:
+                raise BackendUnavailable(
+                    f"cannot connect to PostgreSQL at {redact_url(self._url)}: "
+                    f"{type(exc).__name__}: {exc}") from None
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                # Serialise concurrent creators of the same table.
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                                   self._lock_key)
+                if self._create:
+                    if self._schema is not None:
+                        await conn.execute(
+                            f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self._schema)}")
+                    await conn.execute(self._mapping.create_table(self._table_sql))
+                await self._check_table(conn)
+                if self._progress:
+                    await conn.execute(create_table_sql(self._progress_sql, primary_key=True))
+        except BaseException:
+            await self._release_pool()
+            raise
+
+    async def _check_table(self, conn: asyncpg.Connection) -> None:
+        oid = await conn.fetchval("SELECT to_regclass($1)::oid", self._table_sql)
+        if oid is None:
+            raise InvalidArgument(f"PostgreSQL table {self._table} does not exist "
+                                  "(create=False)")
+        found = {r[0] for r in await conn.fetch(
+            "SELECT attname FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 "
+            "AND NOT attisdropped", oid)}
+        missing = [n for n in self._mapping.names if n not in found]
+        if missing:
+            raise InvalidArgument(f"PostgreSQL table {self._table} has no column(s) "
+                                  f"{', '.join(missing)}")
+        unique = await conn.fetchval(
+            "SELECT count(*) FROM pg_index i JOIN pg_attribute a "
+            "ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+            "WHERE i.indrelid = $1 AND i.indisunique AND i.indnkeyatts = 1 "
+            "AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2",
+            oid, self._mapping.key)
+        if not unique:
+            raise InvalidArgument(
+                f"PostgreSQL table {self._table} needs a primary key or unique index on "
+                f"{self._mapping.key} alone: the sink is idempotent on it")
+
+    async def _close(self) -> None:
+        await self._release_pool()
+
+    async def _release_pool(self) -> None:
+        pool = self._pool
+        if pool is not None and self._owns_pool:
+            self._pool = None
+            await pool.close()
+
+    # Writing -----------------------------------------------------------------------
+
+    async def _write_rows(self, rows: Sequence[Row]) -> WriteReport:
+        driver = _driver()
+        pool = self._pool
+        if pool is None:
+            raise InvalidArgument(f"the PostgreSQL sink of {self._table} is not open")
+        staged = self._load == "staged"
+        conflicts = 0
+        async with pool.acquire() as conn:
+            while True:
+                try:
+                    return await self._transaction(conn, rows, staged)
+                except driver.UniqueViolationError:
+                    if staged:
+                        raise
+                    # A row is already in the table: redo the batch through the staging
+                    # table, whose INSERT skips rows already present.
+                    self._stats.fallbacks += 1
+                    staged = True
+                except (driver.DeadlockDetectedError, driver.SerializationError):
+                    conflicts += 1
+                    if conflicts >= _CONFLICT_RETRIES:
+                        raise
+
+    async def _transaction(self, conn: asyncpg.Connection, rows: Sequence[Row],
+                           staged: bool) -> WriteReport:
+        async with conn.transaction():
+            replayed: list[int] = []
+            groups = None
+            if self._progress:
+                groups = by_group((r.message.lease.event.stream, r.message.lease.group,
+                                   r.message.lease.event.partition,
+                                   r.message.lease.event.sequence) for r in rows)
+                for (stream, group), items in groups.items():
+                    spans = await self._read_spans(conn, stream, group, items)
+                    replayed += split_replayed(spans, items)[0]
+            if replayed:
+                skip = set(replayed)
+                values = [r.values for i, r in enumerate(rows) if i not in skip]
+            else:
+                values = [r.values for r in rows]
+            if values:
+                if staged:
+                    await conn.execute(self._sql.create_stage)
+                    await conn.copy_records_to_table(
+                        self._stage, records=values, columns=self._mapping.names,
+                        schema_name="pg_temp")
+                    await conn.execute(self._sql.insert_staged)
+                else:
+                    await conn.copy_records_to_table(
+                        self._bare, records=values, columns=self._mapping.names,
+                        schema_name=self._schema)
+            if groups is not None:
+                await self._save_progress(conn, groups, set(replayed))
+            settled: list[int] = []
+            if self._settle_with is not None:
+                # Acked last: the delivery and frontier row locks are held only until
+                # the commit that follows.
+                results = await self._settle_with.ack_in_transaction(
+                    conn, [r.message.lease for r in rows])
+                settled = [i for i, result in enumerate(results) if result.ok]
+        return WriteReport(replayed=replayed, settled=settled)
+
+    async def _read_spans(self, conn: asyncpg.Connection, stream: str, group: str,
+                          items: Sequence[tuple[int, int, int]]) -> list[Span]:
+        seqs = [seq for _, _, seq in items]
+        return [Span(*r) for r in await conn.fetch(
+            self._sql.read_spans, self._table, stream, group, min(seqs) - 1, max(seqs) + 1)]
+
+    async def _save_progress(self, conn: asyncpg.Connection,
+                             groups: dict[tuple[str, str], list[tuple[int, int, int]]],
+                             replayed: set[int]) -> None:
+        for (stream, group), items in groups.items():
+            fresh = [(i, part, seq) for i, part, seq in items if i not in replayed]
+            if not fresh:
+                continue
+            # Concurrent batches of one group merge spans one at a time; the spans are
+            # read again under the lock, after any concurrent merge committed.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                               f"{self._lock_key}:{stream}:{group}")
+            spans = await self._read_spans(conn, stream, group, fresh)
+            written: dict[int, list[int]] = {}
+            for _, part, seq in fresh:
+                written.setdefault(part, []).append(seq)
+            plan: SpanPlan = plan_spans(spans, written)
+            if plan:
+                await conn.execute(
+                    self._sql.save_spans, self._table, stream, group,
+                    [s.part for s in plan.delete], [s.lo for s in plan.delete],
+                    [s.part for s in plan.insert], [s.lo for s in plan.insert],
+                    [s.hi for s in plan.insert])
+
+    async def reset_progress(self, stream: str, group: str) -> int:
+        """Forget what was written for (stream, group), so that a deliberate replay
+        writes rows again (rows already present are still kept once, by key).
+        Returns how many spans were removed."""
+        await self.open()
+        if not self._progress:
+            return 0
+        assert self._pool is not None
+        status: str = await self._pool.execute(
+            f"DELETE FROM {self._progress_sql} WHERE sink = $1 AND stream = $2 AND grp = $3",
+            self._table, stream, group)
+        return int(status.rsplit(" ", 1)[-1])
+
+    async def progress(self, stream: str, group: str) -> list[Span]:
+        """The spans of sequences written for (stream, group), by partition and sequence."""
+        await self.open()
+        if not self._progress:
+            return []
+        assert self._pool is not None
+        return [Span(*r) for r in await self._pool.fetch(
+            f"SELECT part, lo, hi FROM {self._progress_sql} "
+            "WHERE sink = $1 AND stream = $2 AND grp = $3 ORDER BY part, lo",
+            self._table, stream, group)]
+
+    def _is_data_error(self, exc: BaseException) -> bool:
+        driver = _driver()
+        return isinstance(exc, driver.DataError | driver.IntegrityConstraintViolationError
+                          | TypeError | ValueError | OverflowError) \
+            and not isinstance(exc, InvalidArgument)
+
+
+class _Statements:
+    """Every statement, built once for the sink's table."""
+
+    def __init__(self, table_sql: str, progress_sql: str, stage: str,
+                 mapping: RowMapping) -> None:
+        cols = mapping.column_list
+        stage_sql = f"pg_temp.{quote_ident(stage)}"
+        # Only the mapped columns, without constraints; emptied by every commit (only
+        # transactions that touched it pay for that).
+        self.create_stage = (
+            f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} ON COMMIT DELETE ROWS "
+            f"AS SELECT {cols} FROM {table_sql} WITH NO DATA")
+        self.insert_staged = (
+            f"INSERT INTO {table_sql} ({cols}) SELECT {cols} FROM {stage_sql} "
+            f"ON CONFLICT ({quote_ident(mapping.key)}) DO NOTHING")
+        where = "sink = $1 AND stream = $2 AND grp = $3"
+        self.read_spans = (
+            f"SELECT part, lo, hi FROM {progress_sql} WHERE {where} AND hi >= $4 AND lo <= $5")
+        # The merged spans replace the ones they absorb, in one statement; reading
+        # `gone` makes the delete run before the insert (a merged span may keep the
+        # key of one it replaces).
+        self.save_spans = (
+            f"WITH gone AS (DELETE FROM {progress_sql} p WHERE {where} "
+            "AND (p.part, p.lo) IN (SELECT * FROM unnest($4::integer[], $5::bigint[])) "
+            "RETURNING 1) "
+            f"INSERT INTO {progress_sql} (sink, stream, grp, part, lo, hi) "
+            "SELECT $1, $2, $3, u.part, u.lo, u.hi "
+            "FROM unnest($6::integer[], $7::bigint[], $8::bigint[]) AS u(part, lo, hi) "
+            "WHERE (SELECT count(*) FROM gone) >= 0")
