@@ -68,10 +68,11 @@ if ping; then
   exit 0
 fi
 
-# 3. Start it in the background, detached from this shell, logging to a file.
-if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-  say "process $(cat "$PIDFILE") from $PIDFILE is alive but not answering yet"
-else
+# 3. Start it in the background, detached from this shell, logging to a file. A process
+#    from an earlier run that is still starting (or stopping) gets the deadline to settle.
+alive() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+started=0
+start_server() {
   say "starting secantusd-py on 127.0.0.1:$PORT (storage $STORAGE, log $LOG)"
   if [[ "$STORAGE" != ":memory:" ]]; then
     mkdir -p "$STORAGE"
@@ -79,15 +80,20 @@ else
   nohup setsid "$VENV/bin/secantusd-py" --host 127.0.0.1 --port "$PORT" \
     --storage-path "$STORAGE" >"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
-fi
+  started=1
+}
+alive || start_server
 
 # 4. Wait for ping, with a deadline; fail loudly with the log when it never answers.
 deadline=$((SECONDS + WAIT_S))
 until ping; do
-  if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-    echo "---- $LOG ----" >&2
-    tail -n 50 "$LOG" >&2 || true
-    die "secantusd-py exited before answering ping on 127.0.0.1:$PORT"
+  if ! alive; then
+    if ((started)); then
+      echo "---- $LOG ----" >&2
+      tail -n 50 "$LOG" >&2 || true
+      die "secantusd-py exited before answering ping on 127.0.0.1:$PORT"
+    fi
+    start_server
   fi
   if ((SECONDS >= deadline)); then
     echo "---- $LOG ----" >&2

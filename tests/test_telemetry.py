@@ -291,6 +291,17 @@ async def test_fetch_is_a_poll_span_linked_to_every_creation_context(
     }
 
 
+async def test_an_empty_fetch_makes_no_span_only_a_duration(otel: Otel, rheo: Rheo) -> None:
+    await rheo.create_stream("orders")
+    assert await rheo.fetch("orders", "billing", consumer_id="c") == []
+    assert otel.spans("poll orders") == []
+    [(attributes, point)] = otel.points("messaging.client.operation.duration")
+    assert attributes["messaging.operation.name"] == "poll"
+    assert "error.type" not in attributes
+    assert point.count == 1
+    assert otel.points("messaging.client.consumed.messages") == []
+
+
 async def test_a_failed_fetch_carries_its_classified_kind(otel: Otel, failing: Rheo) -> None:
     await failing.create_stream("orders")
     backend = failing.backend
@@ -780,3 +791,32 @@ def test_error_types_are_the_documented_ones() -> None:
     documented = [line.split("|")[1].strip().strip("`") for line in table.strip().splitlines()
                   if line.startswith("| `")]
     assert sorted(documented) == sorted(telemetry.ERROR_TYPES)
+
+
+@pytest.mark.parametrize("parent", [
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+    "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-future",
+    " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 ",
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+    "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+    "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+    "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+    "garbage",
+])
+@pytest.mark.parametrize("state", [None, "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE", "bad state"])
+def test_creation_contexts_are_read_as_the_w3c_propagator_reads_them(
+        parent: str, state: str | None) -> None:
+    headers = {"traceparent": parent} if state is None else {"traceparent": parent,
+                                                            "tracestate": state}
+    expected = context_of(headers)
+    got = internal.creation_context(headers)
+    if not expected.is_valid:
+        assert got is None
+        return
+    assert got is not None
+    assert (got.trace_id, got.span_id, got.trace_flags, got.is_remote) == (
+        expected.trace_id, expected.span_id, expected.trace_flags, expected.is_remote)
+    assert got.trace_state.to_header() == expected.trace_state.to_header()

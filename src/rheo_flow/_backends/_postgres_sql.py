@@ -44,8 +44,8 @@ __all__ = [
     "render",
 ]
 
-SCHEMA_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
-"""A schema name: an identifier short enough to build the NOTIFY channel from."""
+SCHEMA_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
+"""A schema name (``fullmatch``): an identifier short enough to build the NOTIFY channel from."""
 
 NOW_MS: Final = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 """The database clock in epoch milliseconds (not the transaction start: leases need now)."""
@@ -53,7 +53,7 @@ NOW_MS: Final = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 def quote_schema(name: str) -> str:
     """The schema name as a quoted identifier; the caller has validated it."""
-    if not SCHEMA_NAME.match(name):
+    if not SCHEMA_NAME.fullmatch(name):
         raise ValueError(f"invalid schema name {name!r}")
     return '"' + name + '"'
 
@@ -378,6 +378,8 @@ BEGIN
             rejected_at_ms = CASE WHEN p_op = 3 OR (p_op = 2 AND u.spent) THEN v_now
                                   ELSE d.rejected_at_ms END
         FROM u
+        -- "state + 0": a plain "state = 1" would let the planner walk
+        -- deliveries_leased (its predicate) per lease; the key finds each row.
         WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
           AND d.state + 0 = 1 AND d.lease_id = u.lease AND d.attempt = u.att
         RETURNING u.idx, d.group_id, d.part, d.state
@@ -415,7 +417,7 @@ BEGIN
         UPDATE {s}.deliveries d SET deadline_ms = renew.deadline_ms
         FROM u
         WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
-          AND d.state + 0 = 1 AND d.lease_id = u.lease AND d.attempt = u.att
+          AND d.state + 0 = 1 AND d.lease_id = u.lease AND d.attempt = u.att  -- see settle
         RETURNING u.idx
     )
     SELECT array_agg(hit.idx) INTO v_done FROM hit;

@@ -168,7 +168,7 @@ def _channel(schema: str) -> str:
 
 
 def _check_schema(schema: object) -> str:
-    if not isinstance(schema, str) or not SCHEMA_NAME.match(schema):
+    if not isinstance(schema, str) or not SCHEMA_NAME.fullmatch(schema):
         raise InvalidArgument(
             f"invalid PostgreSQL schema name {schema!r}: use 1-48 characters of "
             "A-Z a-z 0-9 _ starting with a letter or underscore"
@@ -218,9 +218,6 @@ class PostgresBackend(Backend):
     """
 
     name = "postgres"
-    _CAPABILITIES = Capabilities(
-        durable=True, distributed=True, push_wakeups=True, skip_locked=True, server_clock=True
-    )
 
     def __init__(
         self,
@@ -250,6 +247,10 @@ class PostgresBackend(Backend):
         self._owns_pool = pool is None
         self._listen = bool(listen)
         self._migrate = bool(migrate)
+        self._capabilities = Capabilities(
+            durable=True, distributed=True, push_wakeups=self._listen, skip_locked=True,
+            server_clock=True,
+        )
         self._sql = _Statements.for_schema(self._schema)
         self._channel = _channel(self._schema)
         self._open_lock = asyncio.Lock()
@@ -294,8 +295,9 @@ class PostgresBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        """Durable, distributed, SKIP LOCKED claims, server clock, LISTEN/NOTIFY wake-ups."""
-        return self._CAPABILITIES
+        """Durable, distributed, SKIP LOCKED claims, server clock; LISTEN/NOTIFY wake-ups
+        unless built with ``listen=False``."""
+        return self._capabilities
 
     @property
     def schema(self) -> str:
@@ -490,6 +492,11 @@ class PostgresBackend(Backend):
                 raise InvalidArgument(
                     "PostgreSQL cannot store NUL characters in event ids, types or keys"
                 )
+            if not 0 <= r.partition < meta.partitions:
+                raise InvalidArgument(
+                    f"partition {r.partition} is out of range: stream {stream!r} has "
+                    f"partitions 0..{meta.partitions - 1}"
+                )
         pool = await self._ready()
         # Repeated ids within one batch: the first occurrence is appended, the later
         # ones return the same event (as the reference backend does).
@@ -677,6 +684,29 @@ class PostgresBackend(Backend):
             batch.apply(row[0], row[1], row[2], None)
         return batch.finish(renew=False)
 
+    async def ack_in_transaction(self, conn: asyncpg.Connection, leases: Sequence[Lease]
+                                 ) -> list[SettleResult]:
+        """Ack ``leases`` on the caller's connection, inside its open transaction.
+
+        The acks (and the frontier moves they cause) commit or roll back together
+        with whatever else the caller wrote in that transaction: a sink writing
+        rows and acking their leases at once has an exactly-once effect. ``conn``
+        must reach this backend's database. Row locks on the settled deliveries
+        and their frontiers are held until the caller's transaction ends, so keep
+        it short after this call. Results are as for :meth:`ack`.
+        """
+        if not conn.is_in_transaction():
+            raise InvalidArgument(
+                "ack_in_transaction needs a connection inside a transaction "
+                "(async with conn.transaction(): ...)"
+            )
+        batch = await self._batch(leases)
+        if batch.args:
+            row = await conn.fetchrow(self._sql.settle, _OP_CODES["ack"], *batch.args, "", 0)
+            assert row is not None
+            batch.apply(row[0], row[1], row[2], None)
+        return batch.finish(renew=False)
+
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         batch = await self._batch(leases)
         if batch.args:
@@ -746,13 +776,14 @@ class PostgresBackend(Backend):
         gid = await self._group_id(stream, group)
         pool = await self._ready()
         q = self._q
-        if positions is None:
-            where, args = "", ()
-        else:
-            wanted = sorted(set(positions))
+        where = ""
+        args: tuple[Any, ...] = ()
+        if positions is not None:
+            wanted = sorted({(p, s) for p, s in positions if 0 <= p <= _MAX_INT
+                             and 0 < s <= _MAX_SEQ})
             where = ("AND (d.part, d.seq) IN (SELECT u.p, u.s FROM "
                      "unnest($2::integer[], $3::bigint[]) AS u(p, s))")
-            args = ([p for p, _ in wanted], [s for _, s in wanted])  # type: ignore[assignment]
+            args = ([p for p, _ in wanted], [s for _, s in wanted])
         count: int = await pool.fetchval(
             f"""WITH back AS (
                 UPDATE {q}.deliveries d SET state = 0, attempt = 0, lease_id = NULL,
@@ -785,7 +816,7 @@ class PostgresBackend(Backend):
             rows = await conn.fetch(
                 f"SELECT part, GREATEST($3::bigint, low_water) FROM {q}.partitions "
                 "WHERE stream_id = $1 AND part = ANY($2::integer[]) ORDER BY part",
-                meta.id, parts, from_sequence,
+                meta.id, parts, min(from_sequence, _MAX_SEQ),
             )
             starts = ([r[0] for r in rows], [r[1] for r in rows])
             # Deleting a delivery fences its lease; it is materialised again, attempt 1.
@@ -864,7 +895,7 @@ class PostgresBackend(Backend):
             ("appended_at_ms < ${}", query.until_ms),
         ):
             if value is not None:
-                extra.append(value)
+                extra.append(min(value, _MAX_SEQ) if isinstance(value, int) else value)
                 filters += " AND " + clause.format(5 + len(extra))
         sql = (
             f"SELECT {_EVENT_COLUMNS} FROM {self._q}.events WHERE stream_id = $1 AND part = $2 "

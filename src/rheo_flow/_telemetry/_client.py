@@ -11,7 +11,7 @@ import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from time import perf_counter
+from time import perf_counter, time_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -168,7 +168,14 @@ async def receive(
     backend: Backend, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
     partitions: Sequence[int] | None, partition_count: int,
 ) -> list[Lease]:
-    """``backend.fetch`` inside a ``poll`` span (CLIENT) linked to each lease's event."""
+    """``backend.fetch``, reported as a ``poll`` span (CLIENT) linked to each lease's event.
+
+    The span is made once the fetch returned, with the time it started: a fetch
+    that returns nothing makes no span (idle consumers poll all the time), only
+    a duration point. So the links are known when the span starts, as samplers
+    want; the cost is that spans the driver makes during the fetch are not
+    children of the poll span.
+    """
     tracer_ = tracer()
     bundle = instruments()
     if tracer_ is None and bundle is None:
@@ -181,40 +188,35 @@ async def receive(
         base[n.PARTITION] = str(partitions[0])
     elif partitions is None and partition_count == 1:
         base[n.PARTITION] = "0"
-    span = None
-    token = None
-    if tracer_ is not None:
-        span = tracer_.start_span(f"{n.POLL} {stream}", kind=SpanKind.CLIENT, attributes={
-            **base, n.OPERATION_TYPE: n.RECEIVE, n.CLIENT_ID: consumer_id,
-            n.BACKEND: backend.name,
-        })
-        token = otel_context.attach(trace.set_span_in_context(span))
+    started_ns = time_ns()
     started = perf_counter()
     error: str | None = None
+    failure: BaseException | None = None
     leases: list[Lease] = []
     try:
         leases = await backend.fetch(stream, group, consumer_id, limit, lease_ms, partitions)
         return leases
     except BaseException as exc:
         error = error_type_of(exc, backend)
-        if span is not None:
-            fail(span, error, exc)
+        failure = exc
         raise
     finally:
         elapsed = perf_counter() - started
-        if token is not None:
-            otel_context.detach(token)
-        if span is not None:
-            span.set_attribute(n.BATCH_COUNT, len(leases))
-            if leases and span.is_recording():
-                for link in links(lease.event for lease in leases):
-                    span.add_link(link.context, link.attributes)
+        if tracer_ is not None and (leases or failure is not None):
+            span = tracer_.start_span(
+                f"{n.POLL} {stream}", kind=SpanKind.CLIENT, start_time=started_ns,
+                attributes={**base, n.OPERATION_TYPE: n.RECEIVE, n.CLIENT_ID: consumer_id,
+                            n.BACKEND: backend.name, n.BATCH_COUNT: len(leases)},
+                links=links(lease.event for lease in leases))
+            if error is not None:
+                fail(span, error, failure)
             span.end()
         if bundle is not None:
             attributes = dict(base)
             if error is not None:
                 attributes[n.ERROR_TYPE] = error
-            bundle.consumed.add(len(leases), attributes)
+            if leases:
+                bundle.consumed.add(len(leases), attributes)
             bundle.operation_duration.record(elapsed,
                                              {**attributes, n.OPERATION_TYPE: n.RECEIVE})
 

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import _internal as _metrics_api
 
 from ._names import INSTRUMENTATION_NAME
 
@@ -26,6 +27,29 @@ ENV_SWITCH = "RHEO_FLOW_TELEMETRY"
 
 _OFF = frozenset({"0", "off", "false", "no", "disabled"})
 _NOOP_METER_PROVIDERS = frozenset({"_ProxyMeterProvider", "NoOpMeterProvider"})
+_MISSING = object()
+# The API's getters look up an environment variable on every call while no global
+# provider is set (about a microsecond); reading the global first makes the no-SDK
+# check a module attribute lookup. Without these attributes (another API version)
+# the public getters are used.
+_TRACER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+_METER_FROM_ENV = "OTEL_PYTHON_METER_PROVIDER" in os.environ
+
+
+def _global_tracer_provider() -> trace.TracerProvider | None:
+    """The global tracer provider, or ``None`` when none was set."""
+    provider = getattr(trace, "_TRACER_PROVIDER", _MISSING)
+    if provider is None and not _TRACER_FROM_ENV:
+        return None
+    return trace.get_tracer_provider()
+
+
+def _global_meter_provider() -> metrics.MeterProvider | None:
+    """The global meter provider, or ``None`` when none was set."""
+    provider = getattr(_metrics_api, "_METER_PROVIDER", _MISSING)
+    if provider is None and not _METER_FROM_ENV:
+        return None
+    return metrics.get_meter_provider()
 
 
 class LagSource(Protocol):
@@ -79,8 +103,8 @@ class State:
         """The meter provider to record with, or ``None`` when metrics are off or no-op."""
         if not self.enabled:
             return None
-        provider = self.meter_provider or metrics.get_meter_provider()
-        if type(provider).__name__ in _NOOP_METER_PROVIDERS:
+        provider = self.meter_provider or _global_meter_provider()
+        if provider is None or type(provider).__name__ in _NOOP_METER_PROVIDERS:
             return None
         return provider
 
@@ -109,7 +133,9 @@ def tracer() -> trace.Tracer | None:
     state = STATE
     if not state.enabled:
         return None
-    provider = state.tracer_provider or trace.get_tracer_provider()
+    provider = state.tracer_provider or _global_tracer_provider()
+    if provider is None:
+        return None
     if provider is not state._tracer_seen:
         state._tracer_seen = provider
         if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):

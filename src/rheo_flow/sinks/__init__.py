@@ -30,7 +30,16 @@ from ._frontier import Span
 from ._handler import SinkHandler, data_bytes, sink_batcher
 from ._mapping import Column, MappingError, RowMapping, event_columns
 from ._postgres import PostgresSink
-from ._sink import CommitInfo, Load, Row, RowResult, RowStatus, Sink, SinkStats, WriteReport
+from ._sink import (
+    CommitInfo,
+    Load,
+    RowBatch,
+    RowResult,
+    RowStatus,
+    Sink,
+    SinkStats,
+    WriteReport,
+)
 
 __all__ = [
     "Column",
@@ -39,7 +48,7 @@ __all__ = [
     "Load",
     "MappingError",
     "PostgresSink",
-    "Row",
+    "RowBatch",
     "RowMapping",
     "RowResult",
     "RowStatus",

@@ -25,15 +25,15 @@ from .._errors import InvalidArgument
 from .._urls import require_driver
 from ._frontier import (
     Span,
-    SpanPlan,
     by_group,
     create_table_sql,
-    plan_spans,
     progress_table_for,
+    runs,
     split_replayed,
+    union,
 )
 from ._mapping import Column, RowMapping, event_columns, quote_ident, quote_table
-from ._sink import CommitInfo, Load, Row, Sink, WriteReport, check_load
+from ._sink import CommitInfo, Load, RowBatch, Sink, WriteReport, check_load
 
 if TYPE_CHECKING:
     import duckdb
@@ -131,6 +131,9 @@ class DuckDBSink(Sink):
         self._appender: duckdb.Appender | None = None
         self._stage: duckdb.Appender | None = None
         self._exporter: asyncio.Task[None] | None = None
+        self._spans: dict[tuple[str, str], list[Span]] = {}
+        self._logged: dict[tuple[str, str], int] = {}
+        """Rows of the progress table per (stream, group) (a log of runs until compacted)."""
         self._written_since_export = 0
         self._sql = _Statements(self._table_sql, self._progress_sql, mapping)
 
@@ -242,16 +245,15 @@ class DuckDBSink(Sink):
 
     # Writing -----------------------------------------------------------------------
 
-    async def _write_rows(self, rows: Sequence[Row]) -> WriteReport:
+    async def _write_rows(self, rows: RowBatch) -> WriteReport:
         report, conflicted = await self._run(self._transaction, rows, self._load == "staged")
         if conflicted:
             self._stats.fallbacks += 1
             report, _ = await self._run(self._transaction, rows, True)
-        written = len(rows) - len(report.replayed)
-        self._written_since_export += written
+        self._written_since_export += len(rows) - len(report.replayed)
         return report
 
-    def _transaction(self, rows: Sequence[Row], staged: bool) -> tuple[WriteReport, bool]:
+    def _transaction(self, rows: RowBatch, staged: bool) -> tuple[WriteReport, bool]:
         """Runs in the sink thread: one transaction; ``(report, False)`` once committed,
         ``(empty, True)`` when a direct load met a key conflict (rolled back)."""
         con = self._con
@@ -261,13 +263,24 @@ class DuckDBSink(Sink):
         con.execute("BEGIN TRANSACTION")
         try:
             replayed: list[int] = []
-            plans: list[tuple[str, str, SpanPlan]] = []
+            progress: list[tuple[tuple[str, str], list[Span], int]] = []
             if self._progress:
-                replayed, plans = self._check_progress(con, rows)
-            values = [r.values for r in rows]
-            if replayed:
-                skip = set(replayed)
-                values = [v for i, v in enumerate(values) if i not in skip]
+                for group in by_group(rows.messages):
+                    key = (group.stream, group.group)
+                    spans = self._spans_of(con, key)
+                    skipped, fresh = split_replayed(spans, group)
+                    replayed += skipped
+                    new = [Span(part, lo, hi) for part, seqs in fresh.items()
+                           for lo, hi in runs(seqs)]
+                    if new:
+                        merged = union(spans + new)
+                        logged = self._logged[key] + len(new)
+                        # The table is a log of written runs; compact it once it holds
+                        # many more rows than the merged spans.
+                        compact = logged > 64 + 4 * len(merged)
+                        self._log_spans(con, key, merged if compact else new, compact)
+                        progress.append((key, merged, len(merged) if compact else logged))
+            values = rows.values_without(replayed)
             if values:
                 if staged:
                     self._load_staged(con, values)
@@ -276,8 +289,6 @@ class DuckDBSink(Sink):
                     assert appender is not None
                     appender.append_rows(values)
                     appender.flush()
-            for stream, group, plan in plans:
-                self._save_progress(con, stream, group, plan)
             con.execute("COMMIT")
         except driver.ConstraintException as exc:
             self._abort(con)
@@ -287,7 +298,29 @@ class DuckDBSink(Sink):
         except BaseException:
             self._abort(con)
             raise
+        for key, merged, logged in progress:
+            self._spans[key] = merged
+            self._logged[key] = logged
         return WriteReport(replayed=replayed), False
+
+    def _spans_of(self, con: duckdb.DuckDBPyConnection, key: tuple[str, str]) -> list[Span]:
+        """The merged spans of (stream, group): read once, then kept up to date here
+        (this sink's thread is the only writer of its rows of the progress table)."""
+        spans = self._spans.get(key)
+        if spans is None:
+            stored = [Span(*r) for r in con.execute(
+                self._sql.read_spans, [self._table, *key]).fetchall()]
+            spans = self._spans[key] = union(stored)
+            self._logged[key] = len(stored)
+        return spans
+
+    def _log_spans(self, con: duckdb.DuckDBPyConnection, key: tuple[str, str],
+                   spans: list[Span], replace: bool) -> None:
+        if replace:
+            con.execute(self._sql.clear_spans, [self._table, *key])
+        con.execute(self._sql.insert_spans, [
+            self._table, *key, [s.part for s in spans], [s.lo for s in spans],
+            [s.hi for s in spans]])
 
     def _abort(self, con: duckdb.DuckDBPyConnection) -> None:
         for appender in (self._appender, self._stage):
@@ -308,49 +341,24 @@ class DuckDBSink(Sink):
         con.execute(self._sql.insert_staged)
         con.execute(self._sql.clear_stage)
 
-    def _check_progress(self, con: duckdb.DuckDBPyConnection, rows: Sequence[Row]
-                        ) -> tuple[list[int], list[tuple[str, str, SpanPlan]]]:
-        replayed: list[int] = []
-        plans: list[tuple[str, str, SpanPlan]] = []
-        keys = ((r.message.lease.event.stream, r.message.lease.group,
-                 r.message.lease.event.partition, r.message.lease.event.sequence) for r in rows)
-        for (stream, group), items in by_group(keys).items():
-            seqs = [seq for _, _, seq in items]
-            spans = [Span(*r) for r in con.execute(
-                self._sql.read_spans,
-                [self._table, stream, group, min(seqs) - 1, max(seqs) + 1]).fetchall()]
-            skipped, fresh = split_replayed(spans, items)
-            replayed += skipped
-            plans.append((stream, group, plan_spans(spans, fresh)))
-        return replayed, plans
-
-    def _save_progress(self, con: duckdb.DuckDBPyConnection, stream: str, group: str,
-                       plan: SpanPlan) -> None:
-        if plan.delete:
-            con.execute(self._sql.delete_spans, [
-                self._table, stream, group, [s.part for s in plan.delete],
-                [s.lo for s in plan.delete]])
-        if plan.insert:
-            con.execute(self._sql.insert_spans, [
-                self._table, stream, group, [s.part for s in plan.insert],
-                [s.lo for s in plan.insert], [s.hi for s in plan.insert]])
-
     async def reset_progress(self, stream: str, group: str) -> int:
         """Forget what was written for (stream, group), so that a deliberate replay
         writes rows again (rows already present are still kept once, by key).
-        Returns how many spans were removed."""
+        Returns how many progress rows were removed."""
         await self.open()
+        if not self._progress:
+            return 0
 
         def reset() -> int:
             con = self._con
             assert con is not None
-            row = con.execute(
-                f"DELETE FROM {self._progress_sql} WHERE sink = ? AND stream = ? AND grp = ? "
-                "RETURNING 1", [self._table, stream, group]).fetchall()
-            return len(row)
+            key = (stream, group)
+            removed = len(con.execute(self._sql.clear_spans + " RETURNING 1",
+                                      [self._table, *key]).fetchall())
+            self._spans.pop(key, None)
+            self._logged.pop(key, None)
+            return removed
 
-        if not self._progress:
-            return 0
         return await self._run(reset)
 
     async def progress(self, stream: str, group: str) -> list[Span]:
@@ -362,10 +370,7 @@ class DuckDBSink(Sink):
         def read() -> list[Span]:
             con = self._con
             assert con is not None
-            return [Span(*r) for r in con.execute(
-                f"SELECT part, lo, hi FROM {self._progress_sql} "
-                "WHERE sink = ? AND stream = ? AND grp = ? ORDER BY part, lo",
-                [self._table, stream, group]).fetchall()]
+            return list(self._spans_of(con, (stream, group)))
 
         return await self._run(read)
 
@@ -464,11 +469,8 @@ class _Statements:
             f"INSERT OR IGNORE INTO {table_sql} ({cols}) SELECT {cols} FROM {_STAGE}")
         self.clear_stage = f"DELETE FROM {_STAGE}"
         where = "sink = ? AND stream = ? AND grp = ?"
-        self.read_spans = (
-            f"SELECT part, lo, hi FROM {progress_sql} WHERE {where} AND hi >= ? AND lo <= ?")
-        self.delete_spans = (
-            f"DELETE FROM {progress_sql} WHERE {where} "
-            "AND (part, lo) IN (SELECT unnest(?), unnest(?))")
+        self.read_spans = f"SELECT part, lo, hi FROM {progress_sql} WHERE {where}"
+        self.clear_spans = f"DELETE FROM {progress_sql} WHERE {where}"
         self.insert_spans = (
             f"INSERT INTO {progress_sql} (sink, stream, grp, part, lo, hi) "
             "SELECT ?, ?, ?, unnest(?), unnest(?), unnest(?)")

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from ..pipeline import Message
 
 __all__ = [
     "DEFAULT_PROGRESS_TABLE",
-    "Position",
+    "GroupRows",
     "Span",
     "SpanPlan",
     "by_group",
@@ -34,6 +37,7 @@ __all__ = [
     "progress_table_for",
     "runs",
     "split_replayed",
+    "union",
 ]
 
 DEFAULT_PROGRESS_TABLE: Final = "rheo_sink_progress"
@@ -86,6 +90,20 @@ def runs(sequences: Iterable[int]) -> list[tuple[int, int]]:
             out[-1] = (out[-1][0], seq)
         else:
             out.append((seq, seq))
+    return out
+
+
+def union(spans: Iterable[Span]) -> list[Span]:
+    """The same sequences as ``spans``, as the fewest spans (overlapping and adjacent
+    ones merged), sorted."""
+    out: list[Span] = []
+    for s in sorted(spans):
+        last = out[-1] if out else None
+        if last is not None and last.part == s.part and s.lo <= last.hi + 1:
+            if s.hi > last.hi:
+                out[-1] = Span(s.part, last.lo, s.hi)
+        else:
+            out.append(s)
     return out
 
 
@@ -152,30 +170,69 @@ def create_table_sql(table_sql: str, *, primary_key: bool) -> str:
 
 
 
-Position = tuple[int, int, int]
-"""(index in the batch, partition, sequence) of one row."""
+
+@dataclass(slots=True)
+class GroupRows:
+    """The rows of one (stream, group) in a batch: their indexes, partitions and sequences."""
+
+    stream: str
+    group: str
+    indexes: Sequence[int]
+    parts: list[int]
+    seqs: list[int]
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """The lowest sequence minus one and the highest plus one (spans that touch)."""
+        return min(self.seqs) - 1, max(self.seqs) + 1
 
 
-def by_group(keys: Iterable[tuple[str, str, int, int]]) -> dict[tuple[str, str], list[Position]]:
-    """Rows' (stream, group, partition, sequence), as positions per (stream, group)."""
-    out: dict[tuple[str, str], list[Position]] = {}
-    for i, (stream, group, part, seq) in enumerate(keys):
-        items = out.get((stream, group))
-        if items is None:
-            items = out[(stream, group)] = []
-        items.append((i, part, seq))
-    return out
+def by_group(messages: Sequence[Message]) -> list[GroupRows]:
+    """The batch's rows per (stream, group); usually all of them share one."""
+    leases = [m.lease for m in messages]
+    events = [lease.event for lease in leases]
+    first = leases[0]
+    stream, group = first.event.stream, first.group
+    if all(lease.group == group for lease in leases) and all(
+            e.stream == stream for e in events):
+        return [GroupRows(stream, group, range(len(events)), [e.partition for e in events],
+                          [e.sequence for e in events])]
+    out: dict[tuple[str, str], tuple[list[int], list[int], list[int]]] = {}
+    for i, (lease, e) in enumerate(zip(leases, events, strict=True)):
+        indexes, parts, seqs = out.setdefault((e.stream, lease.group), ([], [], []))
+        indexes.append(i)
+        parts.append(e.partition)
+        seqs.append(e.sequence)
+    return [GroupRows(stream, group, *lists) for (stream, group), lists in out.items()]
 
 
-def split_replayed(spans: Sequence[Span], items: Sequence[Position]
+def split_replayed(spans: Sequence[Span], rows: GroupRows
                    ) -> tuple[list[int], dict[int, list[int]]]:
-    """The indexes already covered by ``spans``, and the others' sequences per partition."""
-    index = covered(spans)
-    replayed: list[int] = []
+    """The indexes of rows already covered by ``spans``, and the sequences of the
+    others per partition."""
     fresh: dict[int, list[int]] = {}
-    for i, part, seq in items:
-        if index and is_covered(index, part, seq):
-            replayed.append(i)
+    for part, seq in zip(rows.parts, rows.seqs, strict=True):
+        seqs = fresh.get(part)
+        if seqs is None:
+            fresh[part] = [seq]
         else:
-            fresh.setdefault(part, []).append(seq)
+            seqs.append(seq)
+    if not spans:
+        return [], fresh
+    index = covered(spans)
+    hits: set[tuple[int, int]] = set()
+    for part, seqs in fresh.items():
+        ranges = index.get(part)
+        if not ranges:
+            continue
+        low, high = min(seqs), max(seqs)
+        if not any(lo <= high and low <= hi for lo, hi in ranges):
+            continue  # the common case: every stored span lies below the batch
+        hits.update((part, seq) for seq in seqs if is_covered(index, part, seq))
+    if not hits:
+        return [], fresh
+    replayed = [i for i, part, seq in zip(rows.indexes, rows.parts, rows.seqs, strict=True)
+                if (part, seq) in hits]
+    for part in {p for p, _ in hits}:
+        fresh[part] = [seq for seq in fresh[part] if (part, seq) not in hits]
     return replayed, fresh

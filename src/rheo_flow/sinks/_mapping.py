@@ -9,10 +9,12 @@ function producing a row tuple per message.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from .._errors import InvalidArgument
@@ -42,7 +44,7 @@ EVENT_SOURCES: Final[dict[str, str]] = {
     "event.sequence": "ev.sequence",
     "event.type": "ev.type",
     "event.key": "ev.key",
-    "event.appended_at": "ev.appended_at",
+    "event.appended_at": "_utc(ev.appended_at_ms)",
     "event.appended_at_ms": "ev.appended_at_ms",
     "event.headers": "dict(ev.headers)",
     "lease.attempt": "m.lease.attempt",
@@ -183,6 +185,12 @@ def event_columns(*, json_type: str = "JSON") -> list[Column]:
     ]
 
 
+@functools.lru_cache(maxsize=4096)
+def _utc(ms: int) -> datetime:
+    # Events appended together share their millisecond: one datetime serves them all.
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
 def _dig(value: Any, keys: tuple[str, ...]) -> Any:
     for k in keys:
         if type(value) is not dict:
@@ -268,7 +276,8 @@ def _compile(columns: Sequence[Column]) -> Callable[[Message], tuple[Any, ...]]:
     values (data keys, header names, functions) are passed as constants.
     """
     encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    namespace: dict[str, Any] = {"_dig": _dig, "_enc": encoder.encode, "_Missing": _Missing}
+    namespace: dict[str, Any] = {"_dig": _dig, "_enc": encoder.encode, "_Missing": _Missing,
+                                 "_utc": _utc}
     exprs: list[str] = []
     checks: list[str] = []
     for i, c in enumerate(columns):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._errors import BackendUnavailable, InvalidArgument
 from .._urls import redact_url, require_driver
 from ._frontier import (
+    GroupRows,
     Span,
     SpanPlan,
     by_group,
@@ -38,7 +39,7 @@ from ._frontier import (
     split_replayed,
 )
 from ._mapping import Column, RowMapping, event_columns, quote_ident, quote_table
-from ._sink import CommitInfo, Load, Row, Sink, WriteReport, check_load
+from ._sink import CommitInfo, Load, RowBatch, Sink, WriteReport, check_load
 
 if TYPE_CHECKING:
     import asyncpg
@@ -125,8 +126,9 @@ class PostgresSink(Sink):
         self._bare = bare
         self._settle_with = settle_with
         self._progress = settle_with is None if progress is None else bool(progress)
-        self._progress_sql = quote_table(progress_table or progress_table_for(table),
-                                         "progress table")
+        progress_name = progress_table or progress_table_for(table)
+        self._progress_sql = quote_table(progress_name, "progress table")
+        self._progress_name = progress_name.rpartition(".")[2]
         self._create = bool(create)
         self._load = check_load(load)
         self._stage = "rheo_stage_" + hashlib.sha1(table.encode()).hexdigest()[:16]
@@ -208,7 +210,7 @@ class PostgresSink(Sink):
 
     # Writing -----------------------------------------------------------------------
 
-    async def _write_rows(self, rows: Sequence[Row]) -> WriteReport:
+    async def _write_rows(self, rows: RowBatch) -> WriteReport:
         driver = _driver()
         pool = self._pool
         if pool is None:
@@ -219,7 +221,14 @@ class PostgresSink(Sink):
             while True:
                 try:
                     return await self._transaction(conn, rows, staged)
-                except driver.UniqueViolationError:
+                except driver.UniqueViolationError as exc:
+                    if getattr(exc, "table_name", None) == self._progress_name:
+                        # Two batches of one group merged spans at once: retry with
+                        # the spans the other one committed.
+                        conflicts += 1
+                        if conflicts >= _CONFLICT_RETRIES:
+                            raise
+                        continue
                     if staged:
                         raise
                     # A row is already in the table: redo the batch through the staging
@@ -231,23 +240,22 @@ class PostgresSink(Sink):
                     if conflicts >= _CONFLICT_RETRIES:
                         raise
 
-    async def _transaction(self, conn: asyncpg.Connection, rows: Sequence[Row],
-                           staged: bool) -> WriteReport:
+    async def _transaction(self, conn: asyncpg.Connection, rows: RowBatch, staged: bool
+                           ) -> WriteReport:
         async with conn.transaction():
             replayed: list[int] = []
-            groups = None
+            plans: list[tuple[GroupRows, SpanPlan]] = []
             if self._progress:
-                groups = by_group((r.message.lease.event.stream, r.message.lease.group,
-                                   r.message.lease.event.partition,
-                                   r.message.lease.event.sequence) for r in rows)
-                for (stream, group), items in groups.items():
-                    spans = await self._read_spans(conn, stream, group, items)
-                    replayed += split_replayed(spans, items)[0]
-            if replayed:
-                skip = set(replayed)
-                values = [r.values for i, r in enumerate(rows) if i not in skip]
-            else:
-                values = [r.values for r in rows]
+                # Spans are read without a lock: a concurrent batch of the same group
+                # holds other sequences, and save_spans replaces only the spans read.
+                for group in by_group(rows.messages):
+                    spans = [Span(*r) for r in await conn.fetch(
+                        self._sql.read_spans, self._table, group.stream, group.group,
+                        *group.bounds)]
+                    skipped, fresh = split_replayed(spans, group)
+                    replayed += skipped
+                    plans.append((group, plan_spans(spans, fresh)))
+            values = rows.values_without(replayed)
             if values:
                 if staged:
                     await conn.execute(self._sql.create_stage)
@@ -259,45 +267,21 @@ class PostgresSink(Sink):
                     await conn.copy_records_to_table(
                         self._bare, records=values, columns=self._mapping.names,
                         schema_name=self._schema)
-            if groups is not None:
-                await self._save_progress(conn, groups, set(replayed))
+            for group, plan in plans:
+                if plan:
+                    await conn.execute(
+                        self._sql.save_spans, self._table, group.stream, group.group,
+                        [s.part for s in plan.delete], [s.lo for s in plan.delete],
+                        [s.hi for s in plan.delete], [s.part for s in plan.insert],
+                        [s.lo for s in plan.insert], [s.hi for s in plan.insert])
             settled: list[int] = []
             if self._settle_with is not None:
                 # Acked last: the delivery and frontier row locks are held only until
                 # the commit that follows.
                 results = await self._settle_with.ack_in_transaction(
-                    conn, [r.message.lease for r in rows])
+                    conn, [m.lease for m in rows.messages])
                 settled = [i for i, result in enumerate(results) if result.ok]
         return WriteReport(replayed=replayed, settled=settled)
-
-    async def _read_spans(self, conn: asyncpg.Connection, stream: str, group: str,
-                          items: Sequence[tuple[int, int, int]]) -> list[Span]:
-        seqs = [seq for _, _, seq in items]
-        return [Span(*r) for r in await conn.fetch(
-            self._sql.read_spans, self._table, stream, group, min(seqs) - 1, max(seqs) + 1)]
-
-    async def _save_progress(self, conn: asyncpg.Connection,
-                             groups: dict[tuple[str, str], list[tuple[int, int, int]]],
-                             replayed: set[int]) -> None:
-        for (stream, group), items in groups.items():
-            fresh = [(i, part, seq) for i, part, seq in items if i not in replayed]
-            if not fresh:
-                continue
-            # Concurrent batches of one group merge spans one at a time; the spans are
-            # read again under the lock, after any concurrent merge committed.
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                               f"{self._lock_key}:{stream}:{group}")
-            spans = await self._read_spans(conn, stream, group, fresh)
-            written: dict[int, list[int]] = {}
-            for _, part, seq in fresh:
-                written.setdefault(part, []).append(seq)
-            plan: SpanPlan = plan_spans(spans, written)
-            if plan:
-                await conn.execute(
-                    self._sql.save_spans, self._table, stream, group,
-                    [s.part for s in plan.delete], [s.lo for s in plan.delete],
-                    [s.part for s in plan.insert], [s.lo for s in plan.insert],
-                    [s.hi for s in plan.insert])
 
     async def reset_progress(self, stream: str, group: str) -> int:
         """Forget what was written for (stream, group), so that a deliberate replay
@@ -348,14 +332,15 @@ class _Statements:
         where = "sink = $1 AND stream = $2 AND grp = $3"
         self.read_spans = (
             f"SELECT part, lo, hi FROM {progress_sql} WHERE {where} AND hi >= $4 AND lo <= $5")
-        # The merged spans replace the ones they absorb, in one statement; reading
-        # `gone` makes the delete run before the insert (a merged span may keep the
-        # key of one it replaces).
+        # Merged spans replace exactly the spans they absorb (part, lo and hi: a span
+        # a concurrent batch replaced meanwhile is left alone), in one statement;
+        # reading `gone` makes the delete run first (a merged span may keep the key
+        # of one it replaces).
         self.save_spans = (
             f"WITH gone AS (DELETE FROM {progress_sql} p WHERE {where} "
-            "AND (p.part, p.lo) IN (SELECT * FROM unnest($4::integer[], $5::bigint[])) "
-            "RETURNING 1) "
+            "AND (p.part, p.lo, p.hi) IN "
+            "(SELECT * FROM unnest($4::integer[], $5::bigint[], $6::bigint[])) RETURNING 1) "
             f"INSERT INTO {progress_sql} (sink, stream, grp, part, lo, hi) "
             "SELECT $1, $2, $3, u.part, u.lo, u.hi "
-            "FROM unnest($6::integer[], $7::bigint[], $8::bigint[]) AS u(part, lo, hi) "
+            "FROM unnest($7::integer[], $8::bigint[], $9::bigint[]) AS u(part, lo, hi) "
             "WHERE (SELECT count(*) FROM gone) >= 0")

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from .._errors import InvalidArgument
 from ._mapping import MappingError, RowMapping
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CommitInfo",
     "Load",
-    "Row",
+    "RowBatch",
     "RowResult",
     "RowStatus",
     "Sink",
@@ -86,16 +86,36 @@ class RowResult:
 
 _WRITTEN = RowResult(RowStatus.WRITTEN)
 _WRITTEN_SETTLED = RowResult(RowStatus.WRITTEN, settled=True)
-_REPLAYED = RowResult(RowStatus.WRITTEN, replayed=True)
+_WRITTEN_REPLAYED = (RowResult(RowStatus.WRITTEN, replayed=True),
+                     RowResult(RowStatus.WRITTEN, settled=True, replayed=True))
 
 
-class Row(NamedTuple):
-    """One message mapped to its row, as a sink implementation receives it."""
+@dataclass(frozen=True, slots=True)
+class RowBatch:
+    """Rows to write in one transaction, as a sink implementation receives them:
+    three parallel lists."""
 
-    position: int
-    """Position of the message in the batch given to :meth:`Sink.write`."""
-    message: Message
-    values: tuple[Any, ...]
+    positions: list[int]
+    """Position of each row's message in the batch given to :meth:`Sink.write`."""
+    messages: list[Message]
+    values: list[tuple[Any, ...]]
+    """The row tuples, in the mapping's column order."""
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def halves(self) -> tuple[RowBatch, RowBatch]:
+        """The first and the second half."""
+        mid = len(self.values) // 2
+        return (RowBatch(self.positions[:mid], self.messages[:mid], self.values[:mid]),
+                RowBatch(self.positions[mid:], self.messages[mid:], self.values[mid:]))
+
+    def values_without(self, skip: Sequence[int]) -> list[tuple[Any, ...]]:
+        """The row tuples, except those at the given indexes (of this batch)."""
+        if not skip:
+            return self.values
+        gone = set(skip)
+        return [v for i, v in enumerate(self.values) if i not in gone]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +123,9 @@ class WriteReport:
     """What one committed transaction did, by position in the rows it was given."""
 
     replayed: Sequence[int] = ()
-    """Rows skipped because the sink's frontier shows them written already."""
+    """Indexes (in the :class:`RowBatch`) of rows skipped as already written."""
     settled: Sequence[int] = ()
-    """Rows whose lease was acked in the same transaction."""
+    """Indexes of rows whose lease was acked in the same transaction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,15 +249,20 @@ class Sink(ABC):
         await self.open()
         self._stats.batches += 1
         results: list[RowResult | None] = [None] * len(messages)
-        rows: list[Row] = []
+        positions: list[int] = []
+        mapped: list[Message] = []
+        values: list[tuple[Any, ...]] = []
         row_of = self._mapping.row
         for i, m in enumerate(messages):
             try:
-                rows.append(Row(i, m, row_of(m)))
+                values.append(row_of(m))
             except MappingError as exc:
                 results[i] = RowResult(RowStatus.INVALID, _bounded(str(exc)))
-        if rows:
-            await self._write_or_split(rows, results)
+                continue
+            positions.append(i)
+            mapped.append(m)
+        if values:
+            await self._write_or_split(RowBatch(positions, mapped, values), results)
         out: list[RowResult] = []
         stats = self._stats
         invalid: list[str] = []
@@ -258,7 +283,7 @@ class Sink(ABC):
                         len(messages), invalid[0])
         return out
 
-    async def _write_or_split(self, rows: list[Row], results: list[RowResult | None]) -> None:
+    async def _write_or_split(self, rows: RowBatch, results: list[RowResult | None]) -> None:
         started = time.perf_counter()
         try:
             report = await self._write_rows(rows)
@@ -272,23 +297,25 @@ class Sink(ABC):
             if not self._is_data_error(exc):
                 log.warning("%s sink: writing %d rows failed, to retry: %s", self.name,
                             len(rows), reason)
-                for row in rows:
-                    results[row.position] = RowResult(RowStatus.RETRY, reason)
+                retry = RowResult(RowStatus.RETRY, reason)
+                for position in rows.positions:
+                    results[position] = retry
                 return
             if len(rows) == 1:
-                results[rows[0].position] = RowResult(RowStatus.INVALID, reason)
+                results[rows.positions[0]] = RowResult(RowStatus.INVALID, reason)
                 return
-            mid = len(rows) // 2
-            await self._write_or_split(rows[:mid], results)
-            await self._write_or_split(rows[mid:], results)
+            first, second = rows.halves()
+            await self._write_or_split(first, results)
+            await self._write_or_split(second, results)
             return
         self._stats.transactions += 1
-        for row in rows:
-            results[row.position] = _WRITTEN
-        for pos in report.settled:
-            results[rows[pos].position] = _WRITTEN_SETTLED
-        for pos in report.replayed:
-            results[rows[pos].position] = _REPLAYED
+        positions = rows.positions
+        for position in positions:
+            results[position] = _WRITTEN
+        for i in report.settled:
+            results[positions[i]] = _WRITTEN_SETTLED
+        for i in report.replayed:
+            results[positions[i]] = _WRITTEN_REPLAYED[results[positions[i]] is _WRITTEN_SETTLED]
         if self._on_commit is not None:
             self._on_commit(CommitInfo(len(rows), len(report.replayed), len(report.settled),
                                        time.perf_counter() - started))
@@ -304,7 +331,7 @@ class Sink(ABC):
         """Disconnect."""
 
     @abstractmethod
-    async def _write_rows(self, rows: Sequence[Row]) -> WriteReport:
+    async def _write_rows(self, rows: RowBatch) -> WriteReport:
         """Write ``rows`` in one transaction (all or nothing); raise on failure."""
 
     @abstractmethod
