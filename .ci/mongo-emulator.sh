@@ -15,6 +15,7 @@
 #   RHEO_MONGO_WAIT_S     seconds to wait for the server to answer ping (default 60)
 #
 # On success it prints the URL to use as RHEO_MONGO_URL on its last line.
+# `mongo-emulator.sh stop` stops the server this script started (by its pid file).
 set -euo pipefail
 
 SECANTUS_VERSION="0.7.0b3"
@@ -32,6 +33,22 @@ die() { echo "mongo-emulator: error: $*" >&2; exit 1; }
 say() { echo "mongo-emulator: $*" >&2; }
 
 mkdir -p "$CACHE"
+
+if [[ "${1:-}" == "stop" ]]; then
+  if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+    pid="$(cat "$PIDFILE")"
+    kill "$pid"
+    for _ in $(seq 1 100); do  # wait up to 10 s for the port to be free again
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    say "stopped secantusd-py (pid $pid)"
+  fi
+  rm -f "$PIDFILE"
+  exit 0
+elif [[ -n "${1:-}" ]]; then
+  die "unknown argument ${1}; usage: mongo-emulator.sh [stop]"
+fi
 
 # ping answers with {ok: 1}: use the emulator venv's own pymongo (a SecantusDB dependency).
 ping() {

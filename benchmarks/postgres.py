@@ -269,28 +269,37 @@ async def consume_pgqueuer(events: int, batch: int) -> float:
 # Latencies -------------------------------------------------------------------
 
 
-async def fetch_latency_with_history(acked: int, rounds: int) -> float:
-    """Median ms of ``fetch(limit=100)`` after ``acked`` events were acked in the group."""
+async def _acked_history(rheo: Rheo, acked: int, rounds: int) -> str:
+    """A stream whose group "g" acked ``acked`` events, with ``rounds`` batches of 100 left."""
+    stream = await _backlog(rheo, acked + rounds * 100, chunk=10_000)
+    await rheo.create_group(stream, "g")
+    done = 0
+    while done < acked:
+        leases = await rheo.fetch(stream, "g", consumer_id="c", lease_ms=HISTORY_LEASE_MS,
+                                  limit=min(10_000, acked - done))
+        await rheo.ack(leases)
+        done += len(leases)
+    return stream
+
+
+async def fetch_latency_with_history(small: int, large: int, rounds: int
+                                     ) -> tuple[float, float]:
+    """Median ms of ``fetch(limit=100)`` in a group with ``small`` and with ``large``
+    acked events; the two are sampled alternately so load hits both alike."""
     rheo = await _rheo()
     try:
-        stream = await _backlog(rheo, acked + rounds * 100, chunk=10_000)
-        await rheo.create_group(stream, "g")
-        done = 0
-        while done < acked:
-            leases = await rheo.fetch(stream, "g", consumer_id="c", lease_ms=HISTORY_LEASE_MS,
-                                      limit=min(10_000, acked - done))
-            await rheo.ack(leases)
-            done += len(leases)
+        streams = [await _acked_history(rheo, n, rounds) for n in (small, large)]
         # Every acked lease's deadline lies in the past now, as in a long-running
         # group: expired-lease scans must not walk them.
         await asyncio.sleep(HISTORY_LEASE_MS / 1000)
-        samples = []
-        for _ in range(rounds):
-            started = time.perf_counter()
-            leases = await rheo.fetch(stream, "g", consumer_id="c", limit=100)
-            samples.append((time.perf_counter() - started) * 1000)
-            await rheo.ack(leases)
-        return statistics.median(samples)
+        samples: list[list[float]] = [[], []]
+        for i in range(rounds):
+            for which in (0, 1) if i % 2 else (1, 0):
+                started = time.perf_counter()
+                leases = await rheo.fetch(streams[which], "g", consumer_id="c", limit=100)
+                samples[which].append((time.perf_counter() - started) * 1000)
+                await rheo.ack(leases)
+        return statistics.median(samples[0]), statistics.median(samples[1])
     finally:
         await rheo.close()
 
@@ -412,9 +421,8 @@ async def _run(quick: bool, rounds: int) -> list[Result]:
             ]
     small, large = 10_000, (200_000 if quick else 1_000_000)
     probe_rounds = 30 if quick else 60
-    at_small = await fetch_latency_with_history(small, probe_rounds)
-    at_large = await fetch_latency_with_history(large, probe_rounds)
-    note = f"median of {probe_rounds} fetches of 100 after the acked history"
+    at_small, at_large = await fetch_latency_with_history(small, large, probe_rounds)
+    note = f"median of {probe_rounds} fetches of 100 after the acked history, alternated"
     results += [
         Result(f"fetch latency, {small:,} acked", "postgres", at_small, "ms", note=note),
         Result.compared(f"fetch latency, {large:,} acked (vs {small:,})", "postgres", at_large,

@@ -12,7 +12,8 @@ backend) consumes the same backlog in four modes:
 * ``SDK traces, 10% sampled``: the same with a ``TraceIdRatioBased(0.1)``
   sampler (unsampled spans are not recorded, links included);
 * ``SDK traces + metrics``: every span recorded, plus an SDK ``MeterProvider``
-  (its reader collects once, at the end).
+  (its reader collects once, at the end);
+* ``SDK metrics only``: the ``MeterProvider`` and no tracer provider.
 
 Every event carries a ``traceparent`` header of its own (as if appended by
 instrumented producers), so the SDK modes also build one link per message in
@@ -42,7 +43,8 @@ from rheo_flow import NewEvent, Rheo, _telemetry, telemetry
 from ._common import Result
 from .pipeline import BATCH_CONCURRENCY, BATCH_SIZE, PARTITIONS, PROCESSORS, run_pipeline
 
-MODES = ("off", "no-op API", "SDK traces", "SDK traces, 10% sampled", "SDK traces + metrics")
+MODES = ("off", "no-op API", "SDK traces", "SDK traces, 10% sampled", "SDK traces + metrics",
+         "SDK metrics only")
 
 
 class Discard(SpanExporter):
@@ -90,7 +92,7 @@ class Mode:
             telemetry.disable()
             return self
         telemetry.enable()
-        if self.name.startswith("SDK"):
+        if self.name.startswith("SDK traces"):
             self._exporter = Discard()
             sampled = self.name.endswith("sampled")
             provider = TracerProvider(
@@ -98,7 +100,7 @@ class Mode:
             provider.add_span_processor(BatchSpanProcessor(self._exporter))
             telemetry.set_tracer_provider(provider)
             self._closers.append(provider.shutdown)
-        if self.name.endswith("metrics"):
+        if "metrics" in self.name:
             reader = InMemoryMetricReader()
             meters = MeterProvider(metric_readers=[reader])
             telemetry.set_meter_provider(meters)
@@ -109,7 +111,7 @@ class Mode:
     def __exit__(self, *exc: object) -> None:
         for close in reversed(self._closers):
             close()
-        if self.name.startswith("SDK"):
+        if self.name.startswith("SDK traces"):
             self.spans = self._exporter.exported
         telemetry.set_tracer_provider(None)
         telemetry.set_meter_provider(None)

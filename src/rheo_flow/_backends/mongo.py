@@ -6,15 +6,16 @@ Semantics are those of the in-memory reference backend, kept in five collections
 * ``streams`` — one document per stream (partition count, creation time);
 * ``partitions`` — per stream partition: the high water (the sequence counter)
   and the low water;
-* ``events`` — one document per event, unique on (stream, partition, sequence)
-  and on (stream, event id), so appends are idempotent on the id;
+* ``events`` — one document per event, its ``_id`` its position (stream,
+  partition, sequence), unique on (stream, event id) too, so appends are
+  idempotent on the id;
 * ``groups`` — one document per group holding, per partition, the *cursor*
   (highest sequence whose delivery document exists), the stored contiguous
   *frontier* and an *epoch* bumped by every operation that moves the group
-  (replay, reset, redrive, trim);
-* ``deliveries`` — materialised deliveries, unique on (group, partition,
-  sequence). They are created lazily when fetch leases a sequence past the
-  cursor, so an event nobody fetched costs no document.
+  back (replay, reset, redrive);
+* ``deliveries`` — materialised deliveries, their ``_id`` their position
+  (group, partition, sequence). They are created lazily when fetch leases a
+  sequence past the cursor, so an event nobody fetched costs no document.
 
 Concurrency without locks. Every claim, settle and renew is a conditional
 single-document update filtered on the state the caller read (the lease id, the
@@ -53,7 +54,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from .._errors import MissingExtra
 
@@ -119,7 +120,8 @@ _NOT_PRIMARY_CODES: Final = frozenset({10107, 13435, 13436, 189, 91})
 _INTERRUPTED_CODES: Final = frozenset({11600, 11602})
 _AUTH_CODES: Final = frozenset({13, 18})
 _DUPLICATE_KEY: Final = 11000
-_CHANGE_STREAMS_UNSUPPORTED: Final = frozenset({40573, 40324, 136})
+# $changeStream only on replica sets / unknown stage / command not supported.
+_CHANGE_STREAMS_UNSUPPORTED: Final = frozenset({40573, 40324, 115})
 
 _DELIVERY_FIELDS: Final = {
     "_id": 1, "p": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "rc": 1, "sb": 1,
@@ -344,13 +346,15 @@ class MongoBackend(Backend):
             raise InvalidArgument(f"not a MongoDB URL: {url!r}")
         parts = urlsplit(url)
         ours: dict[str, str] = {}
-        theirs: list[tuple[str, str]] = []
-        for name, value in parse_qsl(parts.query, keep_blank_values=True):
-            if name in _URL_OPTIONS:
-                ours[name] = value
+        theirs: list[str] = []
+        # PyMongo's options pass through as written (no decoding and re-encoding).
+        for item in parts.query.split("&") if parts.query else []:
+            parsed = parse_qsl(item, keep_blank_values=True)
+            if parsed and parsed[0][0] in _URL_OPTIONS:
+                ours[parsed[0][0]] = parsed[0][1]
             else:
-                theirs.append((name, value))
-        driver_url = urlunsplit(parts._replace(query=urlencode(theirs)))
+                theirs.append(item)
+        driver_url = urlunsplit(parts._replace(query="&".join(theirs)))
         return cls(
             driver_url,
             collection_prefix=ours.get("collection_prefix", DEFAULT_PREFIX),
@@ -410,15 +414,25 @@ class MongoBackend(Backend):
             options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_TIMEOUT_MS
         try:
             return AsyncMongoClient(self._url, **options)
-        except mongo_errors.ConfigurationError as exc:
+        except (mongo_errors.ConfigurationError, ValueError) as exc:
             raise InvalidArgument(
-                f"invalid MongoDB URL {redact_url(self._url)!r}: {exc}"
+                f"invalid MongoDB URL {redact_url(self._url)!r}: {self._scrub(str(exc))}"
             ) from None
 
     def _where(self) -> str:
         if self._url is not None:
             return redact_url(self._url)
         return f"the {type(self._client).__name__} given as client"
+
+    def _scrub(self, text: str) -> str:
+        """``text`` without the URL's password, should a driver message quote it."""
+        if self._url is None:
+            return text
+        try:
+            password = urlsplit(self._url).password
+        except ValueError:
+            return text
+        return text.replace(password, "***") if password else text
 
     def _bind(self) -> None:
         """Name the database and the collections (no I/O)."""
@@ -439,11 +453,13 @@ class MongoBackend(Backend):
         try:
             hello = await db.command("hello")
         except (mongo_errors.ConnectionFailure, mongo_errors.ConfigurationError) as exc:
-            raise BackendUnavailable(f"cannot reach MongoDB at {self._where()}: {exc}") from exc
+            raise BackendUnavailable(
+                f"cannot reach MongoDB at {self._where()}: {self._scrub(str(exc))}"
+            ) from exc
         except mongo_errors.OperationFailure as exc:
             if exc.code in _AUTH_CODES:
                 raise BackendUnavailable(
-                    f"MongoDB at {self._where()} refused the credentials: {exc}"
+                    f"MongoDB at {self._where()} refused the credentials: {self._scrub(str(exc))}"
                 ) from exc
             raise
         await self._check_schema()
@@ -531,10 +547,9 @@ class MongoBackend(Backend):
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
-            for waiters in self._waiters.values():
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.cancel()
+            # Waiters return (as if woken) rather than see a cancellation that is not theirs.
+            for stream in list(self._waiters):
+                self._wake(stream)
             self._waiters.clear()
             self._opened = False
             if self._owns_client and self._client is not None:
@@ -629,14 +644,16 @@ class MongoBackend(Backend):
             raise UnknownStream(name)
         return doc
 
-    async def _waters(self, stream: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
+    async def _waters(
+        self, stream: str, partitions: Sequence[int], session: Any = None
+    ) -> dict[int, tuple[int, int]]:
         """(high, low) water per partition; a partition without a document is empty."""
         ids = [_partition_id(stream, p) for p in partitions]
         waters = dict.fromkeys(partitions, (0, 1))
         if not ids:
             return waters
         query = {"_id": ids[0]} if len(ids) == 1 else {"_id": {"$in": ids}}
-        async for doc in self._partitions.find(query, {"p": 1, "hw": 1, "lw": 1}):
+        async for doc in self._partitions.find(query, {"p": 1, "hw": 1, "lw": 1}, session=session):
             waters[doc["p"]] = (doc["hw"], doc["lw"])
         return waters
 
@@ -680,8 +697,9 @@ class MongoBackend(Backend):
         docs = await self._events.find(query, session=session).to_list(None)
         return {d["id"]: _event(d) for d in docs}
 
+    @staticmethod
     def _plan(
-        self, stream: str, records: list[AppendRecord], known: dict[str, Event]
+        records: list[AppendRecord], known: dict[str, Event]
     ) -> tuple[list[AppendRecord], dict[int, int]]:
         """The records still to store (first occurrence of each new id) and counts per partition."""
         fresh: list[AppendRecord] = []
@@ -719,16 +737,21 @@ class MongoBackend(Backend):
         return [stored[r.id] for r in records]
 
     async def _append_transaction(self, stream: str, records: list[AppendRecord]) -> list[Event]:
-        async def work(session: Any) -> list[Event]:
+        async def work(session: Any, retrying: bool) -> list[Event]:
             s = await self._streams.find_one({"_id": stream}, session=session)
             if s is None:
                 raise UnknownStream(stream)
             if not records:
                 return []
             known = await self._known(stream, records, session)
-            fresh, counts = self._plan(stream, records, known)
+            fresh, counts = self._plan(records, known)
             if not fresh:
                 return self._result(records, known)
+            if retrying:
+                # A counter behind the stored events (left by an append without
+                # transactions that was interrupted) would collide for ever: catch it up.
+                tops = await self._next_free(stream, sorted(counts), True, session)
+                await self._raise_counters(stream, tops, session)
             highs: dict[int, int] = {}
             for p, count in sorted(counts.items()):
                 doc = await self._partitions.find_one_and_update(
@@ -746,8 +769,9 @@ class MongoBackend(Backend):
 
         return await self._in_transaction(work)
 
-    async def _in_transaction(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        """Run ``work(session)`` in a transaction, retrying write conflicts and id races."""
+    async def _in_transaction(self, work: Callable[[Any, bool], Awaitable[T]]) -> T:
+        """Run ``work(session, retrying)`` in a transaction, retrying write conflicts and
+        duplicate keys (an id appended concurrently)."""
         deadline = time.monotonic() + _APPEND_BUDGET_S
         session = await _resolve(self._client.start_session())
         try:
@@ -756,7 +780,7 @@ class MongoBackend(Backend):
                 attempt += 1
                 await _resolve(session.start_transaction())
                 try:
-                    result = await work(session)
+                    result = await work(session, attempt > 1)
                     await session.commit_transaction()
                     return result
                 except BaseException as exc:
@@ -787,7 +811,7 @@ class MongoBackend(Backend):
         while True:
             attempt += 1
             known = await self._known(stream, records)
-            fresh, counts = self._plan(stream, records, known)
+            fresh, counts = self._plan(records, known)
             if fresh:
                 highs = await self._next_free(stream, sorted(counts), exact)
                 docs = self._documents(stream, fresh, {p: highs[p] + 1 for p in counts},
@@ -805,25 +829,32 @@ class MongoBackend(Backend):
             tops: dict[int, int] = {}
             for event in events:
                 tops[event.partition] = max(tops.get(event.partition, 0), event.sequence)
-            await self._partitions.bulk_write([
-                UpdateOne({"_id": _partition_id(stream, p)},
-                          {"$max": {"hw": top}, "$setOnInsert": {"st": stream, "p": p, "lw": 1}},
-                          upsert=True)
-                for p, top in sorted(tops.items())
-            ], ordered=False)
+            await self._raise_counters(stream, tops)
             return events
 
-    async def _next_free(self, stream: str, partitions: list[int], exact: bool) -> dict[int, int]:
+    async def _raise_counters(
+        self, stream: str, tops: Mapping[int, int], session: Any = None
+    ) -> None:
+        """Raise partition counters (high waters) to at least ``tops``."""
+        await self._partitions.bulk_write([
+            UpdateOne({"_id": _partition_id(stream, p)},
+                      {"$max": {"hw": top}, "$setOnInsert": {"st": stream, "p": p, "lw": 1}},
+                      upsert=True)
+            for p, top in sorted(tops.items())
+        ], ordered=False, session=session)
+
+    async def _next_free(
+        self, stream: str, partitions: list[int], exact: bool, session: Any = None
+    ) -> dict[int, int]:
         """The highest used sequence per partition: the counter, or the events when it lags."""
-        highs = {p: high for p, (high, _) in (await self._waters(stream, partitions)).items()}
+        highs = {p: high for p, (high, _) in
+                 (await self._waters(stream, partitions, session)).items()}
         if exact:
-            # The counter lags after a lost race or an interrupted append.
-            tops = await asyncio.gather(*(
-                self._events.find_one({"st": stream, "p": p}, {"n": 1},
-                                      sort=[("n", DESCENDING)])
-                for p in partitions
-            ))
-            for p, top in zip(partitions, tops, strict=True):
+            # The counter lags after a lost race or an interrupted append. (One query at a
+            # time: a transaction's session does not run operations concurrently.)
+            for p in partitions:
+                top = await self._events.find_one({"st": stream, "p": p}, {"n": 1},
+                                                   sort=[("n", DESCENDING)], session=session)
                 if top is not None:
                     highs[p] = max(highs[p], top["n"])
         return highs
@@ -917,27 +948,13 @@ class MongoBackend(Backend):
     ) -> tuple[list[Lease], int]:
         """One claim round: returns the leases won and how many claims were lost."""
         now = self._clock()
-        # Every delivery up to the frontier is settled: the walk starts after it, so its
-        # cost follows the deliveries in flight, not the history (whichever index serves it).
-        found = await asyncio.gather(*(
-            self._deliveries.find(
-                {"g": g.id, "p": p, "s": {"$gt": g.parts[p]["f"]},
-                 "r": {"$exists": True, "$lte": now}},
-                {"_id": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "r": 1},
-            ).hint(_ACTIVE_INDEX).sort("s", ASCENDING).limit(limit).to_list(None)
-            for p in ids
-        ))
+        found = await asyncio.gather(*(self._candidates(g, p, now, limit) for p in ids))
         existing: list[list[dict[str, Any]]] = []
         fresh: list[int] = []
         expired: list[tuple[int, dict[str, Any]]] = []
-        for p, docs in zip(ids, found, strict=True):
-            ready = []
-            for d in docs:
-                if d["a"] >= g.max_attempts:
-                    expired.append((p, d))
-                else:
-                    ready.append(d)
+        for p, (ready, doomed) in zip(ids, found, strict=True):
             existing.append(ready)
+            expired.extend((p, d) for d in doomed)
             fresh.append(max(0, min(limit - len(ready), highs[p] - g.parts[p]["c"])))
 
         # Round-robin across partitions so one deep partition does not starve the others.
@@ -982,9 +999,10 @@ class MongoBackend(Backend):
                 seq = g.parts[p]["c"] + d - len(existing[i]) + 1
                 claim = _Claim(p, seq, 1, lease_id, len(ops), None)
                 ops.append(InsertOne({
-                    "_id": _delivery_id(g.id, p, seq), "g": g.id, "p": p, "s": seq, "st": "leased", "a": 1, "lid": lease_id,
-                    "rc": claim.receipt, "c": consumer_id, "dl": deadline, "r": deadline,
-                    "sb": None, "rs": "", "rj": 0,
+                    "_id": _delivery_id(g.id, p, seq), "g": g.id, "p": p, "s": seq,
+                    "st": "leased", "a": 1, "lid": lease_id, "rc": claim.receipt,
+                    "c": consumer_id, "dl": deadline, "r": deadline, "sb": None, "rs": "",
+                    "rj": 0,
                 }))
             wanted.append(claim)
         if not ops:
@@ -1040,6 +1058,32 @@ class MongoBackend(Backend):
             for c in winners
             if (c.partition, c.sequence) in events
         ], lost
+
+    async def _candidates(
+        self, g: _Group, p: int, now: int, limit: int
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Up to ``limit`` eligible deliveries of a partition in sequence order, and the
+        expired ones met on the way that reached ``max_attempts`` (to dead-letter).
+
+        Every delivery up to the frontier is settled, so the walk starts after it on the
+        index of active deliveries: its cost follows the deliveries in flight, never the
+        history.
+        """
+        ready: list[dict[str, Any]] = []
+        doomed: list[dict[str, Any]] = []
+        after = g.parts[p]["f"]
+        while len(ready) < limit:
+            want = limit - len(ready)
+            docs = await self._deliveries.find(
+                {"g": g.id, "p": p, "s": {"$gt": after}, "r": {"$exists": True, "$lte": now}},
+                {"_id": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "r": 1},
+            ).hint(_ACTIVE_INDEX).sort("s", ASCENDING).limit(want).to_list(None)
+            for d in docs:
+                (doomed if d["a"] >= g.max_attempts else ready).append(d)
+            if len(docs) < want:
+                break
+            after = docs[-1]["s"]
+        return ready, doomed
 
     async def _load_events(
         self, stream: str, positions: list[tuple[int, int]]

@@ -23,6 +23,7 @@ be had, :meth:`wait_for_append` falls back to sleeping (polling).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -261,7 +262,7 @@ class PostgresBackend(Backend):
         # LISTEN state: one connection, waiters per stream, notification counters
         # (see wait_for_append for how they close the fetch-then-wait race).
         self._listener: asyncpg.Connection | None = None
-        self._listener_lock = asyncio.Lock()
+        self._listen_task: asyncio.Task[bool] | None = None
         self._listen_failed_at = -_LISTEN_RETRY_S
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._notes: dict[str, int] = {}
@@ -1026,22 +1027,35 @@ class PostgresBackend(Backend):
     async def _ensure_listener(self) -> bool:
         if self._listener is not None and not self._listener.is_closed():
             return True
-        async with self._listener_lock:
-            if self._listener is not None and not self._listener.is_closed():
-                return True
-            if time.monotonic() - self._listen_failed_at < _LISTEN_RETRY_S:
-                return False
-            try:
-                conn = await self._listen_connection()
-                await conn.add_listener(self._channel, self._on_notify)
-            except Exception as exc:
-                self._listen_failed_at = time.monotonic()
-                log.warning("LISTEN on %s failed (%s: %s); polling for %.0fs",
-                            self._channel, type(exc).__name__, exc, _LISTEN_RETRY_S)
-                return False
-            conn.add_termination_listener(self._on_listener_lost)
-            self._listener = conn
-            return True
+        if time.monotonic() - self._listen_failed_at < _LISTEN_RETRY_S:
+            return False
+        task = self._listen_task
+        if task is None or task.done():
+            task = self._listen_task = asyncio.get_running_loop().create_task(
+                self._start_listener())
+        # A waiter cancelled while the connection is being made (a consumer that
+        # fetched meanwhile) must not abort it half-way: the next wait uses it.
+        return await asyncio.shield(task)
+
+    async def _start_listener(self) -> bool:
+        try:
+            conn = await self._listen_connection()
+        except Exception as exc:
+            self._listen_failed_at = time.monotonic()
+            log.warning("LISTEN on %s failed (%s: %s); polling for %.0fs",
+                        self._channel, type(exc).__name__, exc, _LISTEN_RETRY_S)
+            return False
+        try:
+            await conn.add_listener(self._channel, self._on_notify)
+        except Exception as exc:
+            self._listen_failed_at = time.monotonic()
+            log.warning("LISTEN on %s failed (%s: %s); polling for %.0fs",
+                        self._channel, type(exc).__name__, exc, _LISTEN_RETRY_S)
+            await self._drop_listen_connection(conn)
+            return False
+        conn.add_termination_listener(self._on_listener_lost)
+        self._listener = conn
+        return True
 
     async def _listen_connection(self) -> asyncpg.Connection:
         if self._owns_pool:
@@ -1073,22 +1087,28 @@ class PostgresBackend(Backend):
         self._waiters.clear()
 
     async def _stop_listener(self) -> None:
-        async with self._listener_lock:
-            conn, self._listener = self._listener, None
-            if conn is None:
-                return
+        task, self._listen_task = self._listen_task, None
+        if task is not None and not task.done():
+            with contextlib.suppress(Exception):
+                await task  # let a connection being made finish, then close it
+        conn, self._listener = self._listener, None
+        if conn is not None:
             conn.remove_termination_listener(self._on_listener_lost)
-            try:
-                if self._owns_pool:
-                    await conn.close(timeout=5)
-                else:
-                    await conn.remove_listener(self._channel, self._on_notify)
-                    assert self._pool is not None
-                    await self._pool.release(conn)
-            except Exception as exc:  # closing must not fail the caller's shutdown
-                log.debug("closing the LISTEN connection failed: %s", exc)
-                conn.terminate()
+            with contextlib.suppress(Exception):
+                await conn.remove_listener(self._channel, self._on_notify)
+            await self._drop_listen_connection(conn)
         self._on_listener_lost(None)
+
+    async def _drop_listen_connection(self, conn: asyncpg.Connection) -> None:
+        try:
+            if self._owns_pool:
+                await conn.close(timeout=5)
+            else:
+                assert self._pool is not None
+                await self._pool.release(conn)
+        except Exception as exc:  # closing must not fail the caller's shutdown
+            log.debug("closing the LISTEN connection failed: %s", exc)
+            conn.terminate()
 
 
 class _Batch:

@@ -8,6 +8,7 @@ check per call and nothing per event.
 from __future__ import annotations
 
 import contextvars
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Settling", "decision_for", "error_type_of", "follow_up", "receive", "send",
            "settling"]
+
+log = logging.getLogger("rheo_flow.telemetry")
 
 _FOLLOW_UP: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "rheo_flow_settle_follow_up", default=None)
@@ -344,7 +347,10 @@ class Settling:
                 if span is not None:
                     fail(span, error, exc)
         else:
-            error = self._outcomes(results, outcomes)
+            try:
+                error = self._outcomes(results, outcomes)
+            except Exception:  # telemetry must never break a settle
+                log.exception("describing a %s of %d leases failed", self._op, len(results))
         if span is not None:
             span.end()
         if bundle is not None:
@@ -370,7 +376,7 @@ class Settling:
         kinds: set[str] = set()
         decisions: set[str] = set()
         failed = repeated = dead = 0
-        for lease, result in zip(self._leases, results, strict=True):
+        for lease, result in zip(self._leases, results, strict=False):
             err = result.error
             if err is None:
                 if result.repeated:

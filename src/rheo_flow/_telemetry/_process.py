@@ -10,6 +10,7 @@ are its children.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from time import perf_counter
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EventProcessing", "MessagesProcessing", "detached", "process_event",
            "process_messages"]
+
+log = logging.getLogger("rheo_flow.telemetry")
 
 _PROCESS_NAME_CATEGORIES = frozenset({n.HANDLER_ERROR, n.BATCH_ERROR, n.INVALID_OUTCOME})
 
@@ -231,6 +234,15 @@ class MessagesProcessing(_Step):
         if exc is not None:
             self._finish(n.OTHER if isinstance(exc, Exception) else n.CANCELLED, exc)
             return
+        error: str | None = None
+        try:
+            error = self._describe_failures()
+        except Exception:  # telemetry must never break a pipeline stage
+            log.exception("describing a %s step of %d messages failed", self._stage,
+                          len(self._messages))
+        self._finish(error)
+
+    def _describe_failures(self) -> str | None:
         failed = [m for m in self._messages if m.status != "ok"]
         error: str | None = None
         if failed:
@@ -245,7 +257,7 @@ class MessagesProcessing(_Step):
                         n.EVENT_SEQUENCE: m.lease.sequence, n.ERROR_TYPE: _category(m.reason),
                         n.FAILURE_REASON: m.reason or "",
                     })
-        self._finish(error)
+        return error
 
 
 def _category(reason: str | None) -> str:

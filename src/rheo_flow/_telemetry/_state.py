@@ -13,9 +13,13 @@ import os
 from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import _internal as _metrics_api
 
 from ._names import INSTRUMENTATION_NAME
+
+try:
+    from opentelemetry.metrics import _internal as _metrics_api
+except ImportError:  # another API layout: the public getter is used
+    _metrics_api = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
