@@ -18,15 +18,18 @@ Measured in one run, on the server named by ``RHEO_POSTGRES_URL`` (default
   ``LISTEN/NOTIFY`` versus polling every ``poll_ms``.
 
 Throughput rounds alternate between the systems and report medians, so a
-noisy neighbour on the machine hits them alike.
+noisy neighbour on the machine hits them alike. pgqueuer is optional: without
+it the peer lines are left out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -376,49 +379,60 @@ async def run(quick: bool) -> list[Result]:
 
 async def _run(quick: bool, rounds: int) -> list[Result]:
     results: list[Result] = []
+    peer = importlib.util.find_spec("pgqueuer") is not None
+    if not peer:
+        print("pgqueuer is not installed: the peer lines are left out "
+              "(pip install pgqueuer)", file=sys.stderr)
     for batch in (10, 100):
         events = (2_000 if quick else 10_000) * (1 if batch == 10 else 4)
         note = f"{events} events, batch {batch}, {PARTITIONS} partitions"
-        medians = await _rounds(rounds, {
+        runners: dict[str, Callable[[], Awaitable[float]]] = {
             "raw": lambda e=events, b=batch: append_raw(e, b),
-            "pgqueuer": lambda e=events, b=batch: append_pgqueuer(e, b),
             "rheo": lambda e=events, b=batch: append_rheo(e, b),
-        })
+        }
+        if peer:
+            runners["pgqueuer"] = lambda e=events, b=batch: append_pgqueuer(e, b)
+        medians = await _rounds(rounds, runners)
         raw = medians["raw"]
         results += [
             Result(f"append batch {batch}: raw asyncpg INSERT", "asyncpg", raw, "events/s",
                    note=note),
-            Result.compared(f"append batch {batch}: pgqueuer enqueue", "pgqueuer",
-                            medians["pgqueuer"], "events/s", raw, note),
             Result.compared(f"append batch {batch}", "postgres", medians["rheo"], "events/s",
                             raw, note),
-            Result.compared(f"append batch {batch} vs pgqueuer", "postgres", medians["rheo"],
-                            "events/s", medians["pgqueuer"], note),
         ]
+        if peer:
+            results += [
+                Result.compared(f"append batch {batch}: pgqueuer enqueue", "pgqueuer",
+                                medians["pgqueuer"], "events/s", raw, note),
+                Result.compared(f"append batch {batch} vs pgqueuer", "postgres",
+                                medians["rheo"], "events/s", medians["pgqueuer"], note),
+            ]
     for batch in (10, 100):
         events = (2_000 if quick else 10_000) * (1 if batch == 10 else 4)
         note = f"{events} events, batch {batch}, no-op handlers"
-        medians = await _rounds(rounds, {
+        runners = {
             "raw": lambda e=events, b=batch: consume_raw(e, b),
-            "pgqueuer": lambda e=events, b=batch: consume_pgqueuer(e, b),
             "fetch/ack": lambda e=events, b=batch: consume_fetch_ack(e, b),
             "group": lambda e=events, b=batch: consume_group(e, b),
             "pipeline": lambda e=events, b=batch: consume_pipeline(e, b),
-        })
-        raw, peer = medians["raw"], medians["pgqueuer"]
-        results += [
-            Result(f"consume+ack batch {batch}: raw SKIP LOCKED + DELETE", "asyncpg", raw,
-                   "events/s", note=note),
-            Result.compared(f"consume+ack batch {batch}: pgqueuer QueueManager", "pgqueuer",
-                            peer, "events/s", raw, note),
-        ]
+        }
+        if peer:
+            runners["pgqueuer"] = lambda e=events, b=batch: consume_pgqueuer(e, b)
+        medians = await _rounds(rounds, runners)
+        raw = medians["raw"]
+        results.append(Result(f"consume+ack batch {batch}: raw SKIP LOCKED + DELETE",
+                              "asyncpg", raw, "events/s", note=note))
+        if peer:
+            results.append(Result.compared(
+                f"consume+ack batch {batch}: pgqueuer QueueManager", "pgqueuer",
+                medians["pgqueuer"], "events/s", raw, note))
         for label in ("fetch/ack", "group", "pipeline"):
-            results += [
-                Result.compared(f"consume+ack batch {batch}: {label}", "postgres",
-                                medians[label], "events/s", raw, note),
-                Result.compared(f"consume+ack batch {batch}: {label} vs pgqueuer", "postgres",
-                                medians[label], "events/s", peer, note),
-            ]
+            results.append(Result.compared(f"consume+ack batch {batch}: {label}", "postgres",
+                                           medians[label], "events/s", raw, note))
+            if peer:
+                results.append(Result.compared(
+                    f"consume+ack batch {batch}: {label} vs pgqueuer", "postgres",
+                    medians[label], "events/s", medians["pgqueuer"], note))
     small, large = 10_000, (200_000 if quick else 1_000_000)
     probe_rounds = 30 if quick else 60
     at_small, at_large = await fetch_latency_with_history(small, large, probe_rounds)

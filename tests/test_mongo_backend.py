@@ -76,6 +76,26 @@ class Backends:
             client.close()
 
 
+@pytest.fixture(scope="module")
+def replica_set(mongo_url: str) -> bool:
+    """Whether the test server has transactions and change streams (not a standalone)."""
+    from pymongo import MongoClient
+
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_url)
+    try:
+        hello = client.admin.command("hello")
+    finally:
+        client.close()
+    return bool(hello.get("setName")) or hello.get("msg") == "isdbgrid"
+
+
+@pytest.fixture
+def needs_replica_set(replica_set: bool) -> None:
+    """Skip on a standalone server (no transactions, no change streams)."""
+    if not replica_set:
+        pytest.skip("the MongoDB test server is a standalone: no transactions or change streams")
+
+
 @pytest.fixture
 async def backends(mongo_url: str) -> AsyncIterator[Backends]:
     """A factory of backends sharing one fresh collection prefix."""
@@ -188,16 +208,18 @@ def test_classify_error_leaves_other_errors_to_the_generic_rules() -> None:
 # Open: indexes, probes, capabilities ----------------------------------------------------
 
 
-async def test_open_creates_indexes_and_probes_the_server(backends: Backends) -> None:
+async def test_open_creates_indexes_and_probes_the_server(
+    backends: Backends, replica_set: bool
+) -> None:
     backend = backends.make()
     assert backend.capabilities.push_wakeups is False  # conservative until opened
     await backend.open()
     await backend.open()  # idempotent
     caps = backend.capabilities
     assert (caps.durable, caps.distributed, caps.fenced_settle) == (True, True, True)
-    # The test server is a replica set (the emulator reports one): both features on.
-    assert caps.push_wakeups is True
-    assert backend.transactions is True
+    # A replica set (the emulator reports itself as one) has both features.
+    assert caps.push_wakeups is replica_set
+    assert backend.transactions is replica_set
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(backends.url)
     try:
         db = client.get_database(backend.database_name)
@@ -265,7 +287,9 @@ async def test_host_owned_client_is_not_closed(mongo_url: str, kind: str) -> Non
 # Change streams --------------------------------------------------------------------------
 
 
-async def test_change_stream_wakes_a_waiter_in_another_process(backends: Backends) -> None:
+async def test_change_stream_wakes_a_waiter_in_another_process(
+    backends: Backends, needs_replica_set: None
+) -> None:
     waiting, writing = backends.make(), backends.make()
     async with Rheo(waiting) as a, Rheo(writing) as b:
         await a.create_stream("s")
@@ -288,7 +312,9 @@ async def test_change_stream_wakes_a_waiter_in_another_process(backends: Backend
             waiter.cancel()
 
 
-async def test_change_stream_with_motor_client(backends: Backends) -> None:
+async def test_change_stream_with_motor_client(
+    backends: Backends, needs_replica_set: None
+) -> None:
     waiting, writing = backends.motor(), backends.make()
     async with Rheo(waiting) as a, Rheo(writing) as b:
         assert a.capabilities.push_wakeups is True
@@ -306,7 +332,9 @@ async def test_change_stream_with_motor_client(backends: Backends) -> None:
             waiter.cancel()
 
 
-async def test_close_releases_waiters(backends: Backends, wait_until: WaitUntil) -> None:
+async def test_close_releases_waiters(
+    backends: Backends, wait_until: WaitUntil, needs_replica_set: None
+) -> None:
     backend = backends.make()
     rheo = Rheo(backend)
     await rheo.open()
@@ -342,7 +370,9 @@ class _Failing:
         return fail
 
 
-async def test_transactional_append_is_atomic(backends: Backends) -> None:
+async def test_transactional_append_is_atomic(
+    backends: Backends, needs_replica_set: None
+) -> None:
     backend = backends.make()
     async with Rheo(backend) as rheo:
         await rheo.create_stream("s", partitions=2)
@@ -363,7 +393,9 @@ async def test_transactional_append_is_atomic(backends: Backends) -> None:
         assert len(page.events) == 5
 
 
-async def test_transactional_appends_from_two_processes_stay_gapless(backends: Backends) -> None:
+async def test_transactional_appends_from_two_processes_stay_gapless(
+    backends: Backends, needs_replica_set: None
+) -> None:
     # Separate backend objects share no lock: their transactions conflict and retry.
     one, two = backends.make(), backends.make()
     async with Rheo(one) as a, Rheo(two) as b:
@@ -424,7 +456,9 @@ async def test_standalone_append_interrupted_before_the_counter(backends: Backen
         assert [lease.event.id for lease in leases] == ["first", "a", "b", "c"]
 
 
-async def test_transactional_append_catches_up_a_lagging_counter(backends: Backends) -> None:
+async def test_transactional_append_catches_up_a_lagging_counter(
+    backends: Backends, needs_replica_set: None
+) -> None:
     # A standalone-mode append died before raising the counter; the deployment then
     # gained transactions. The transactional path must not collide for ever.
     standalone = backends.make(transactions=False, change_streams=False)
@@ -516,23 +550,19 @@ async def test_racing_settles_from_two_processes(backends: Backends) -> None:
         assert await b.frontier("s", "g") == {0: frontier}
 
 
-async def test_lease_expiry_on_the_real_clock(mongo_url: str, wait_until: WaitUntil) -> None:
-    made = Backends(mongo_url)
-    try:
-        async with Rheo(made.make(clock=None)) as rheo:
-            await rheo.create_stream("s")
-            await rheo.append("s", NewEvent("t"))
-            [first] = await rheo.fetch("s", "g", lease_ms=50)
-            again: list[Any] = []
+async def test_lease_expiry_on_the_real_clock(backends: Backends, wait_until: WaitUntil) -> None:
+    async with Rheo(backends.make(clock=None)) as rheo:
+        await rheo.create_stream("s")
+        await rheo.append("s", NewEvent("t"))
+        [first] = await rheo.fetch("s", "g", lease_ms=50)
+        again: list[Lease] = []
 
-            async def redelivered() -> bool:
-                again.extend(await rheo.fetch("s", "g", lease_ms=60_000))
-                return bool(again)
+        async def redelivered() -> bool:
+            again.extend(await rheo.fetch("s", "g", lease_ms=60_000))
+            return bool(again)
 
-            await wait_until(redelivered, timeout=10.0, interval=0.02,
-                             message="redelivery after the lease expired")
-            assert (again[0].sequence, again[0].attempt) == (first.sequence, 2)
-            assert (await rheo.ack(first))[0].kind is SettleKind.STALE_LEASE
-            assert (await rheo.ack(again))[0].ok
-    finally:
-        await made.cleanup()
+        await wait_until(redelivered, timeout=10.0, interval=0.02,
+                         message="redelivery after the lease expired")
+        assert (again[0].sequence, again[0].attempt) == (first.sequence, 2)
+        assert (await rheo.ack(first))[0].kind is SettleKind.STALE_LEASE
+        assert (await rheo.ack(again))[0].ok

@@ -67,6 +67,7 @@ __all__ = ["DEFAULT_SCHEMA", "PostgresBackend", "migrate"]
 log = logging.getLogger("rheo_flow.postgres")
 
 DEFAULT_SCHEMA: Final = "rheo_flow"
+"""The schema used when neither the URL nor the constructor names one."""
 _URL_OPTIONS: Final = ("schema", "pool_min_size", "pool_max_size", "listen", "migrate")
 _NIL_UUID: Final = "00000000000000000000000000000000"
 _LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
@@ -647,21 +648,12 @@ class PostgresBackend(Backend):
         loads = json.loads
         leases: list[Lease] = []
         append = leases.append
+        # Positional arguments (in field order): this loop runs once per leased event.
         for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at in rows:
-            append(Lease(
-                lease_id=lease_uuid.hex,
-                receipt=f"{part}-{seq}-{attempt}",
-                group=group,
-                consumer_id=consumer_id,
-                event=Event(
-                    stream=stream, partition=part, sequence=seq, id=event_id, type=type_,
-                    data=loads(data), key=key,
-                    headers=loads(heads) if heads is not None else {},
-                    appended_at_ms=at,
-                ),
-                attempt=attempt,
-                deadline_ms=deadline,
-            ))
+            event = Event(stream, part, seq, event_id, type_, loads(data), key,
+                          loads(heads) if heads is not None else {}, at)
+            append(Lease(lease_uuid.hex, f"{part}-{seq}-{attempt}", group, consumer_id, event,
+                         attempt, deadline))
         return leases
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:

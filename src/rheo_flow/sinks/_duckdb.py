@@ -172,9 +172,9 @@ class DuckDBSink(Sink):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            if self._written_since_export:
+            if self._written_since_export and self._export_dir is not None:
                 try:
-                    await self.export_parquet()
+                    await self._export_now(self._export_dir, self._export_partition_by)
                 except Exception:
                     log.exception("duckdb sink: the final Parquet export of %s failed",
                                   self._table)
@@ -408,6 +408,9 @@ class DuckDBSink(Sink):
             raise InvalidArgument("export_parquet needs a directory (or export_dir=)")
         columns = (self._export_partition_by if partition_by is None
                    else self._partition_columns(partition_by))
+        return await self._export_now(target, columns)
+
+    async def _export_now(self, target: Path, columns: tuple[str, ...]) -> Path:
         pending = self._written_since_export
         await self._run(self._export, target, columns)
         self._written_since_export -= pending
