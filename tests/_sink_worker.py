@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--target", required=True)
     parser.add_argument("--events", help="the SQLite file of the stream")
     parser.add_argument("--schema", default="public")
-    parser.add_argument("--table", default="events")
+    parser.add_argument("--table", default="orders_sink")
     parser.add_argument("--stream", default="orders")
     parser.add_argument("--group", default="warehouse")
     parser.add_argument("--kill-after-commits", type=int, default=None)

@@ -255,10 +255,10 @@ async def test_existing_tables_are_checked(tmp_path: Path) -> None:
 
 async def test_a_host_connection_is_shared_and_left_open(tmp_path: Path) -> None:
     con = duckdb.connect(str(tmp_path / "wh.duckdb"))
-    async with DuckDBSink(connection=con, table="wh.orders", columns=COLUMNS) as sink:
+    async with DuckDBSink(connection=con, table="sales.orders", columns=COLUMNS) as sink:
         await sink.write(leased(["a", "b"]))
-    assert con.execute("SELECT count(*) FROM wh.orders").fetchone() == (2,)
-    assert con.execute("SELECT count(*) FROM wh.rheo_sink_progress").fetchone() == (1,)
+    assert con.execute("SELECT count(*) FROM sales.orders").fetchone() == (2,)
+    assert con.execute("SELECT count(*) FROM sales.rheo_sink_progress").fetchone() == (1,)
     con.close()
 
 
@@ -301,7 +301,7 @@ async def test_a_sigkill_between_commit_and_ack_neither_loses_nor_duplicates(
     code, err = await _worker(*args, "--kill-after-commits", "4")
     assert code == -signal.SIGKILL, err
     con = duckdb.connect(str(target))
-    committed = con.execute("SELECT count(*) FROM events").fetchone()[0]
+    committed = con.execute("SELECT count(*) FROM orders_sink").fetchone()[0]
     con.close()
     assert 0 < committed < 50_000
     async with Rheo(SQLiteBackend(events)) as rheo:
@@ -315,9 +315,9 @@ async def test_a_sigkill_between_commit_and_ack_neither_loses_nor_duplicates(
     assert stats["written"] - stats["replayed"] == 50_000 - committed
     assert stats["fallbacks"] == 0 and stats["invalid"] == stats["retry"] == 0
     con = duckdb.connect(str(target))
-    assert con.execute("SELECT count(*), count(DISTINCT event_id) FROM events"
+    assert con.execute("SELECT count(*), count(DISTINCT event_id) FROM orders_sink"
                        ).fetchone() == (50_000, 50_000)
-    assert {r[0] for r in con.execute("SELECT event_id FROM events").fetchall()} == set(ids)
+    assert {r[0] for r in con.execute("SELECT event_id FROM orders_sink").fetchall()} == set(ids)
     con.close()
     async with Rheo(SQLiteBackend(events)) as rheo:
         assert await rheo.frontier("orders", "warehouse") == await rheo.high_water("orders")
