@@ -33,7 +33,7 @@ from typing import Any
 
 from rheo_flow import Event, Lease
 from rheo_flow.pipeline import Message
-from rheo_flow.sinks import Column, DuckDBSink, PostgresSink, RowMapping, Sink
+from rheo_flow.sinks import Column, DuckDBSink, Load, PostgresSink, RowMapping, Sink
 
 from ._common import Result
 
@@ -85,12 +85,24 @@ async def timed(fn: Callable[[], Awaitable[None]], rows: int) -> float:
     return rows / (time.perf_counter() - started)
 
 
-async def write_all(sink: Sink, msgs: list[Message], size: int) -> None:
-    """Every batch through ``sink.write``; fails if a row was not written."""
-    for batch in batches(msgs, size):
-        results = await sink.write(batch)
+async def write_all(sink: Sink, msgs: list[Message], size: int, inflight: int = 1) -> None:
+    """Every batch through ``sink.write``, ``inflight`` batches at a time (as a pipeline
+    batcher with that ``concurrency`` does); fails if a row was not written."""
+    slots = asyncio.Semaphore(inflight)
+
+    async def one(batch: list[Message]) -> None:
+        try:
+            results = await sink.write(batch)
+        finally:
+            slots.release()
         if not all(r.ok for r in results):
             raise RuntimeError(f"the sink did not write every row: {results[0]}")
+
+    tasks = []
+    for batch in batches(msgs, size):
+        await slots.acquire()
+        tasks.append(asyncio.create_task(one(batch)))
+    await asyncio.gather(*tasks)
 
 
 # DuckDB ------------------------------------------------------------------------------
@@ -118,46 +130,47 @@ def duckdb_raw(path: Path, ddl: str, names: list[str], rows: list[tuple[Any, ...
         con.close()
 
 
-async def duckdb_round(directory: Path, msgs: list[Message], size: int
-                       ) -> tuple[float, float]:
-    """One raw and one sink measurement, each into a fresh database file."""
+async def duckdb_round(directory: Path, msgs: list[Message], size: int) -> list[float]:
+    """Raw, then the sink with 1 and 2 batches in flight, each into a fresh database file."""
     cols = columns("JSON")
     mapping = RowMapping(cols)
     rows = [mapping.row(m) for m in msgs]
     tag = uuid.uuid4().hex[:8]
-    raw = await asyncio.to_thread(duckdb_raw, directory / f"raw-{tag}.duckdb",
-                                  mapping.create_table('"t"'), list(mapping.names), rows, size)
-    sink = DuckDBSink(directory / f"sink-{tag}.duckdb", table="t", columns=cols)
-    async with sink:
-        rate = await timed(lambda: write_all(sink, msgs, size), len(msgs))
-        if await sink.query("SELECT count(*) FROM t") != [(len(msgs),)]:
-            raise RuntimeError("the DuckDB sink lost rows")
-    return raw, rate
+    rates = [await asyncio.to_thread(duckdb_raw, directory / f"raw-{tag}.duckdb",
+                                     mapping.create_table('"t"'), list(mapping.names), rows,
+                                     size)]
+    for inflight in (1, 2):
+        sink = DuckDBSink(directory / f"sink-{inflight}-{tag}.duckdb", table="t", columns=cols)
+        async with sink:
+            rates.append(await timed(lambda s=sink, n=inflight: write_all(s, msgs, size, n),
+                                     len(msgs)))
+            if await sink.query("SELECT count(*) FROM t") != [(len(msgs),)]:
+                raise RuntimeError("the DuckDB sink lost rows")
+    return rates
 
 
 async def run_duckdb(count: int, rounds: int, size: int) -> list[Result]:
     """Median raw and sink rates over ``rounds`` alternating rounds."""
     msgs = messages(count)
-    raws: list[float] = []
-    sinks: list[float] = []
+    measured: list[list[float]] = []
     with tempfile.TemporaryDirectory(prefix="rheo-sink-bench-") as tmp:
         for _ in range(rounds):
-            raw, rate = await duckdb_round(Path(tmp), msgs, size)
-            raws.append(raw)
-            sinks.append(rate)
-    baseline = statistics.median(raws)
+            measured.append(await duckdb_round(Path(tmp), msgs, size))
+    raw, one, two = (statistics.median(m[i] for m in measured) for i in range(3))
     note = f"{count} rows, batches of {size}, database file"
     return [
-        Result(f"raw appender, batch {size}", "duckdb", baseline, "rows/s", note=note),
-        Result.compared(f"DuckDBSink.write, batch {size}", "duckdb", statistics.median(sinks),
-                        "rows/s", baseline, note),
+        Result(f"raw appender, batch {size}", "duckdb", raw, "rows/s", note=note),
+        Result.compared(f"DuckDBSink.write, batch {size}", "duckdb", one, "rows/s", raw, note),
+        Result.compared(f"DuckDBSink.write, batch {size}, 2 in flight", "duckdb", two,
+                        "rows/s", raw, note),
     ]
 
 
 # PostgreSQL ------------------------------------------------------------------------------
 
 async def run_postgres(count: int, rounds: int, size: int) -> list[Result]:
-    """Median raw COPY and sink rates (auto and staged loads) over alternating rounds."""
+    """Median raw COPY and sink rates (auto load with 1 and 2 batches in flight, staged
+    load) over alternating rounds."""
     import asyncpg
 
     schema = f"sink_bench_{RUN}"
@@ -165,15 +178,15 @@ async def run_postgres(count: int, rounds: int, size: int) -> list[Result]:
     mapping = RowMapping(cols)
     msgs = messages(count)
     rows = [mapping.row(m) for m in msgs]
-    pool = await asyncpg.create_pool(URL, min_size=1, max_size=2,
+    pool = await asyncpg.create_pool(URL, min_size=2, max_size=2,
                                      server_settings={"jit": "off"})
-    raws: list[float] = []
-    autos: list[float] = []
-    staged: list[float] = []
+    variants: list[tuple[str, Load, int]] = [("auto", "auto", 1), ("auto2", "auto", 2),
+                                             ("staged", "staged", 1)]
+    measured: dict[str, list[float]] = {"raw": [], **{v[0]: [] for v in variants}}
     try:
         await pool.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         for n in range(rounds):
-            table = f"raw_{n}"
+            table = f"raw_{n}_{size}"
             await pool.execute(mapping.create_table(f'"{schema}"."{table}"'))
 
             async def raw(table: str = table) -> None:
@@ -184,26 +197,29 @@ async def run_postgres(count: int, rounds: int, size: int) -> list[Result]:
                                 table, records=batch, columns=list(mapping.names),
                                 schema_name=schema)
 
-            raws.append(await timed(raw, count))
-            for load, target in (("auto", autos), ("staged", staged)):
-                sink = PostgresSink(pool=pool, table=f"{schema}.{load}_{n}", columns=cols,
-                                    load=load)  # type: ignore[arg-type]
+            measured["raw"].append(await timed(raw, count))
+            for name, load, inflight in variants:
+                sink = PostgresSink(pool=pool, table=f"{schema}.{name}_{n}_{size}",
+                                    columns=cols, load=load)
                 async with sink:
-                    target.append(await timed(lambda s=sink: write_all(s, msgs, size), count))
+                    measured[name].append(await timed(
+                        lambda s=sink, k=inflight: write_all(s, msgs, size, k), count))
                     if sink.stats().written != count:
                         raise RuntimeError("the PostgreSQL sink lost rows")
     finally:
         await pool.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await pool.close()
-    baseline = statistics.median(raws)
+    raw = statistics.median(measured["raw"])
     note = f"{count} rows, batches of {size}"
     return [
-        Result(f"raw copy_records_to_table, batch {size}", "postgres", baseline, "rows/s",
+        Result(f"raw copy_records_to_table, batch {size}", "postgres", raw, "rows/s",
                note=note),
-        Result.compared(f"PostgresSink.write load=auto, batch {size}", "postgres",
-                        statistics.median(autos), "rows/s", baseline, note),
+        Result.compared(f"PostgresSink.write, batch {size}", "postgres",
+                        statistics.median(measured["auto"]), "rows/s", raw, note),
+        Result.compared(f"PostgresSink.write, batch {size}, 2 in flight", "postgres",
+                        statistics.median(measured["auto2"]), "rows/s", raw, note),
         Result.compared(f"PostgresSink.write load=staged, batch {size}", "postgres",
-                        statistics.median(staged), "rows/s", baseline, note),
+                        statistics.median(measured["staged"]), "rows/s", raw, note),
     ]
 
 

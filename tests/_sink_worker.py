@@ -27,8 +27,15 @@ from typing import Any
 
 from rheo_flow import Rheo
 from rheo_flow.pipeline import Pipeline, Processors
-from rheo_flow.sinks import Column, CommitInfo, DuckDBSink, PostgresSink, Sink, SinkHandler
-from rheo_flow.sinks import sink_batcher
+from rheo_flow.sinks import (
+    Column,
+    CommitInfo,
+    DuckDBSink,
+    PostgresSink,
+    Sink,
+    SinkHandler,
+    sink_batcher,
+)
 
 LEASE_MS = 2_000
 """Short leases: what the killed process held is redelivered soon after it died."""

@@ -99,7 +99,8 @@ async def test_bisecting_isolates_the_poison_rows_and_writes_their_neighbours() 
     assert "Poison: CHECK (n >= 0) violated" in results[3].reason
     # Each poison row costs about 2 * log2(1000) failed writes, far below one per row.
     stats = sink.stats()
-    assert stats.invalid == 4 and stats.written == 996
+    assert stats.invalid == 4
+    assert stats.written == 996
     assert stats.failed_writes <= 4 * 2 * math.ceil(math.log2(1000))
     assert sum(sink.transactions) == 996
 
@@ -110,7 +111,8 @@ async def test_a_transient_failure_retries_the_whole_batch_without_bisecting() -
     results = await sink.write(messages([{"n": i} for i in range(50)]))
     assert {r.status for r in results} == {RowStatus.RETRY}
     assert "ConnectionResetError" in results[0].reason
-    assert sink.stats().failed_writes == 1 and sink.stats().retry == 50
+    assert sink.stats().failed_writes == 1
+    assert sink.stats().retry == 50
 
 
 async def test_unmappable_rows_are_invalid_before_any_write() -> None:
@@ -159,7 +161,8 @@ async def test_sink_handler_acks_writes_rejects_poison_and_retries_failures() ->
     assert [m.data for m in result.acked] == [{"n": 1}, {"n": 3}]
     (rejected,) = result.rejected
     assert rejected.data == {"n": -2}
-    assert rejected.reason is not None and rejected.reason.startswith("sink_invalid: Poison")
+    assert rejected.reason is not None
+    assert rejected.reason.startswith("sink_invalid: Poison")
     sink.down = True
     result = await test_batch(handler, [{"n": 4}, {"n": 5}],
                               batchers={"default": sink_batcher(max_rows=10)})
@@ -182,14 +185,17 @@ async def test_other_batchers_pass_through_untouched() -> None:
     sink = MemorySink()
     handler = SinkHandler(sink, batcher="sink")
     result = await test_batch(handler, [{"n": 1}], batchers={"default": sink_batcher()})
-    assert len(result.acked) == 1 and sink.table == {}
+    assert len(result.acked) == 1
+    assert sink.table == {}
 
 
 async def test_sink_batcher_triggers_by_count_bytes_and_age() -> None:
     count = sink_batcher(max_rows=3, max_age=5)
-    assert count.batch_size == 3 and count.batch_timeout == 5
+    assert count.batch_size == 3
+    assert count.batch_timeout == 5
     both = sink_batcher(max_rows=3, max_bytes=45)
-    assert isinstance(both.batch_size, BatchSize) and both.max_messages == 3
+    assert isinstance(both.batch_size, BatchSize)
+    assert both.max_messages == 3
     sink = MemorySink()
     # 3 small rows fill a batch by count; a 35-byte row leaves no room for another.
     data = [{"n": 1}, {"n": 2}, {"n": 3}, {"n": 4, "pad": "x" * 20},

@@ -88,7 +88,7 @@ def test_missing_values_are_null_unless_required() -> None:
     assert mapping.row(message("scalar")) == ("e-0-1", None, None, "k")
     required = RowMapping([Column("event_id", "VARCHAR", "event.id"),
                            Column("amount", "BIGINT", "data.amount", nullable=False)])
-    with pytest.raises(MappingError, match="column amount is required.*'data.amount'"):
+    with pytest.raises(MappingError, match=r"column amount is required.*'data\.amount'"):
         required.row(message({"other": 1}))
 
 
@@ -167,7 +167,8 @@ def test_plan_extends_the_span_a_batch_continues() -> None:
 
 def test_plan_keeps_gaps_and_closes_them_later() -> None:
     first = plan_spans([], {0: [1, 2, 3, 5, 6]})
-    assert first.insert == [Span(0, 1, 3), Span(0, 5, 6)] and first.delete == []
+    assert first.insert == [Span(0, 1, 3), Span(0, 5, 6)]
+    assert first.delete == []
     closing = plan_spans(first.insert, {0: [4]})
     assert closing.insert == [Span(0, 1, 6)]
     assert sorted(closing.delete) == [Span(0, 1, 3), Span(0, 5, 6)]

@@ -112,12 +112,14 @@ async def test_acks_commit_with_the_rows_when_the_stream_shares_the_database(
         pipeline = await run_pipeline(rheo, sink, 5_000, wait_until)
         stats = pipeline.producer.stats()
         # The sink acked every lease in its transactions; the pipeline only released them.
-        assert stats.confirmed == 5_000 and stats.acked == 0
+        assert stats.confirmed == 5_000
+        assert stats.acked == 0
         assert sink.stats().settled == 5_000
         assert await rheo.frontier("orders", "warehouse") == await rheo.high_water("orders")
         rows = await pool.fetch(f'SELECT event_id FROM "{schema}".orders')
         assert sorted(r[0] for r in rows) == sorted(ids)
-        assert sink.settles and await sink.progress("orders", "warehouse") == []
+        assert sink.settles
+        assert await sink.progress("orders", "warehouse") == []
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["acked-in-sink", "sink-frontier"])
@@ -222,7 +224,7 @@ async def test_existing_tables_are_checked(pool: asyncpg.Pool, schema: str) -> N
     with pytest.raises(InvalidArgument, match="needs a primary key or unique index on "
                                               "event_id"):
         await PostgresSink(pool=pool, table=f"{schema}.nokey", columns=COLUMNS).open()
-    with pytest.raises(InvalidArgument, match="has no column.*part, seq"):
+    with pytest.raises(InvalidArgument, match=r"has no column.*part, seq"):
         await PostgresSink(pool=pool, table=f"{schema}.short", columns=COLUMNS).open()
 
 
@@ -243,7 +245,8 @@ async def test_an_unreachable_server_is_a_clear_error_without_the_password() -> 
     sink = PostgresSink(table="t", url="postgresql://u:secret@127.0.0.1:1/db")
     with pytest.raises(BackendUnavailable) as info:
         await sink.open()
-    assert "secret" not in str(info.value) and "***" in str(info.value)
+    assert "secret" not in str(info.value)
+    assert "***" in str(info.value)
 
 
 # A crash right after the sink's commit ---------------------------------------------------------
@@ -281,9 +284,11 @@ async def test_a_sigkill_right_after_the_commit_neither_loses_nor_duplicates(
     # Nothing committed came back: no replay, no key conflict, only the missing rows.
     assert stats["written"] == 50_000 - committed
     assert stats["replayed"] == stats["fallbacks"] == stats["invalid"] == 0
-    assert stats["settled"] == stats["written"] and stats["acked"] == 0
+    assert stats["settled"] == stats["written"]
+    assert stats["acked"] == 0
     rows = await pool.fetch(f'SELECT event_id FROM "{schema}".orders_sink')
-    assert len(rows) == 50_000 and {r[0] for r in rows} == set(ids)
+    assert len(rows) == 50_000
+    assert {r[0] for r in rows} == set(ids)
     async with Rheo(PostgresBackend(pool=pool, schema=schema)) as rheo:
         assert await rheo.frontier("orders", "warehouse") == await rheo.high_water("orders")
         assert await rheo.dead_letters("orders", "warehouse") == []

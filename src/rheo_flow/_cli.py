@@ -215,6 +215,39 @@ def dead_letters(
     console.print(_run(console, go, url))
 
 
+@app.command()
+def migrate(
+    url: Annotated[str, typer.Argument(help=URL_HELP)],
+    schema: Annotated[str | None, typer.Option(
+        help="PostgreSQL schema (default: the URL's ?schema= or rheo_flow).")] = None,
+) -> None:
+    """Create or upgrade a backend's schema explicitly (safe to run concurrently).
+
+    PostgreSQL applies its versioned migrations under an advisory lock; the other
+    backends create their tables, indexes or keys when they open.
+    """
+    console = _console()
+
+    async def go() -> str:
+        if url.split("://", 1)[0].lower() in ("postgresql", "postgres"):
+            from ._urls import require_driver
+
+            require_driver("PostgreSQL", "postgres", "asyncpg")
+            from ._backends.postgres import DEFAULT_SCHEMA
+            from ._backends.postgres import migrate as pg_migrate
+
+            version = await pg_migrate(url, schema or DEFAULT_SCHEMA)
+            return f"schema version {version} is in place"
+        if schema is not None:
+            raise typer.BadParameter("--schema applies to PostgreSQL only")
+        async with Rheo(url):
+            pass
+        return "schema is in place"
+
+    message = _run(console, go, url)
+    console.print(f"[green]✓[/] {escape(redact_url(url))}: {message}")
+
+
 def main() -> None:
     """Entry point of the ``rheo-flow`` script."""
     app(prog_name="rheo-flow")

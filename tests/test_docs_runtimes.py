@@ -1,0 +1,206 @@
+"""docs/consumers.md and docs/pipeline.md stay true to the code.
+
+Every ```python block of both pages runs (in a fresh process, in a temporary
+directory, on ``memory://`` or a SQLite file there) and prints exactly what the
+comments next to its ``print`` calls say; the option tables and default values
+match the signatures; the tables of outcomes, triggers and counters list what
+the code has. The index links every page and benchmarks.md every suite.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+from rheo_flow import Consumer, GroupStats, Producer, Rheo, SettleKind
+from rheo_flow.pipeline import Batcher, BatchSize, BatchTrigger, Message, Pipeline, Processors
+from test_docs import ROOT, _python_blocks
+
+RUNTIME_DOCS = ("docs/consumers.md", "docs/pipeline.md")
+
+EXAMPLES = [
+    pytest.param(code, id=f"{Path(doc).stem}-{number}")
+    for doc in RUNTIME_DOCS
+    for number, code in enumerate(_python_blocks(ROOT / doc), start=1)
+]
+
+
+def _expected_output(code: str) -> list[str]:
+    """The output a block promises: for each ``print(`` line, its trailing ``# comment``,
+    or else the comment lines right below it (joined by spaces)."""
+    lines = code.splitlines()
+    expected: list[str] = []
+    for index, line in enumerate(lines):
+        if not line.strip().startswith("print("):
+            continue
+        if "  # " in line:
+            expected.append(line.split("  # ", 1)[1].strip())
+            continue
+        below: list[str] = []
+        for following in lines[index + 1:]:
+            if not following.strip().startswith("#"):
+                break
+            below.append(following.strip().lstrip("#").strip())
+        assert below, f"print without the output it gives in a comment: {line.strip()}"
+        expected.append(" ".join(below))
+    return expected
+
+
+@pytest.mark.parametrize("code", EXAMPLES)
+def test_example_runs_and_prints_what_it_says(code: str, tmp_path: Path) -> None:
+    expected = _expected_output(code)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == expected
+
+
+@pytest.mark.parametrize("doc", RUNTIME_DOCS)
+def test_every_page_has_runnable_examples(doc: str) -> None:
+    assert len(_python_blocks(ROOT / doc)) >= 4
+
+
+# Tables ---------------------------------------------------------------------------------
+
+
+def _table(doc: str, heading: str) -> list[list[str]]:
+    """The body rows of the first table after the heading ``heading`` (any level)."""
+    text = (ROOT / doc).read_text()
+    match = re.search(rf"^#+ {re.escape(heading)}$", text, flags=re.M)
+    assert match, f"{doc} has no heading {heading!r}"
+    rows: list[list[str]] = []
+    for line in text[match.end():].splitlines():
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    assert len(rows) > 2, f"no table under {heading!r} in {doc}"
+    return rows[2:]
+
+
+def _names(cell: str) -> list[str]:
+    """The identifiers quoted in a cell (``await`` and call arguments left out)."""
+    return re.findall(r"`(?:await )?(\w+)", cell)
+
+
+def _literal(cell: str) -> Any:
+    """The first quoted value of a cell as a Python literal (``NotImplemented`` when it is
+    not one, e.g. ``Processors()`` or a word)."""
+    match = re.search(r"`([^`]+)`", cell)
+    if match is None:
+        return NotImplemented
+    try:
+        return ast.literal_eval(match.group(1))
+    except (ValueError, SyntaxError):
+        return NotImplemented
+
+
+def test_consumer_options_table_matches_the_class_defaults() -> None:
+    rows = _table("docs/consumers.md", "Options")
+    documented = {_names(row[0])[0]: _literal(row[1]) for row in rows}
+    assert documented == {name: getattr(Consumer, name) for name in Consumer.__annotations__}
+
+
+def test_pipeline_options_table_matches_the_signature() -> None:
+    parameters = inspect.signature(Pipeline).parameters
+    options = {name: p.default for name, p in parameters.items()
+               if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not p.empty}
+    rows = _table("docs/pipeline.md", "Pipeline options")
+    documented = {_names(row[0])[0]: row[1] for row in rows}
+    assert set(documented) == set(options)
+    for name, cell in documented.items():
+        value = _literal(cell)
+        if value is NotImplemented:  # built when the pipeline is: `Processors()`, "computed"
+            assert options[name] is None, name
+        else:
+            assert value == options[name], name
+
+
+def test_stage_settings_match_their_dataclasses() -> None:
+    text = (ROOT / "docs/pipeline.md").read_text()
+    for cls in (Processors, Batcher, BatchSize):
+        match = re.search(rf"^`{cls.__name__}\((.*?)\)`", text, flags=re.M)
+        assert match, f"pipeline.md does not show the settings of {cls.__name__}"
+        call = ast.parse(f"f({match.group(1)})", mode="eval").body
+        assert isinstance(call, ast.Call)
+        shown: dict[str, Any] = {arg.id: dataclasses.MISSING for arg in call.args
+                                 if isinstance(arg, ast.Name)}
+        shown |= {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
+        assert shown == {f.name: f.default for f in dataclasses.fields(cls)}, cls.__name__
+
+
+def test_producer_defaults_match_the_signature() -> None:
+    text = (ROOT / "docs/pipeline.md").read_text()
+    section = text.split("## The producer on its own", 1)[1]
+    paragraph = section.split("Its options are", 1)[1].split(".\n", 1)[0]
+    shown = dict(re.findall(r"`([a-z_]+)(?:=([^`]+))?`", paragraph))
+    parameters = inspect.signature(Producer).parameters
+    options = {name: p.default for name, p in parameters.items()
+               if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(shown) == set(options)
+    for name, value in shown.items():
+        if value:
+            assert ast.literal_eval(value) == options[name], name
+
+
+def test_default_max_inflight_is_the_documented_sum() -> None:
+    pipeline = Pipeline(Rheo("memory://"), stream="s", group="g",
+                        handler=_Noop(), batchers={"default": Batcher()})
+    assert pipeline.producer.max_demand == 4 * 10 * 2 + 100 * 2
+    assert "`4 * 10 * 2 + 100 * 2 = 280`" in (ROOT / "docs/pipeline.md").read_text()
+
+
+class _Noop:
+    async def handle_message(self, processor: str, message: Message, context: Any) -> Message:
+        return message
+
+
+def test_decision_table_matches_the_classifier() -> None:
+    rows = _table("docs/consumers.md", "Settling and the decision table")
+    documented = {kind: row[1] for row in rows for kind in _names(row[0])}
+    assert documented == {kind.value: kind.decision.value for kind in SettleKind}
+
+
+def test_group_stats_table_lists_every_counter() -> None:
+    rows = _table("docs/consumers.md", "Stats and observer")
+    assert [_names(row[0])[0] for row in rows] == [f.name for f in
+                                                    dataclasses.fields(GroupStats)]
+
+
+def test_trigger_table_lists_every_trigger() -> None:
+    rows = _table("docs/pipeline.md", "Batches and triggers")
+    assert {_names(row[0])[0] for row in rows} == set(get_args(BatchTrigger))
+
+
+def test_message_table_lists_every_public_member() -> None:
+    rows = _table("docs/pipeline.md", "Messages")
+    documented = {name for row in rows for name in _names(row[0])}
+    assert documented == {name for name in dir(Message) if not name.startswith("_")}
+
+
+# Index and benchmarks ---------------------------------------------------------------------
+
+
+def test_index_links_every_page() -> None:
+    linked = set(re.findall(r"\]\(([\w-]+\.md)\)", (ROOT / "docs/index.md").read_text()))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert pages | {"sinks.md"} <= linked
+
+
+def test_benchmarks_page_lists_every_suite(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/run.py"), "no-such-suite"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    match = re.search(r"available: (.+)", out.stderr)
+    assert out.returncode != 0, out.stderr
+    assert match, out.stderr
+    suites = {name.strip() for name in match.group(1).split(",")}
+    rows = _table("docs/benchmarks.md", "Suites")
+    assert {_names(row[0])[0] for row in rows} == suites
