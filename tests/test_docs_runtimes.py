@@ -186,6 +186,21 @@ def test_message_table_lists_every_public_member() -> None:
     assert documented == {name for name in dir(Message) if not name.startswith("_")}
 
 
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of a page's headings."""
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("doc", [*RUNTIME_DOCS, "docs/benchmarks.md", "docs/index.md"])
+def test_anchors_resolve(doc: str) -> None:
+    page = ROOT / doc
+    for target, anchor in re.findall(r"\]\(([\w-]*\.md)?#([\w-]+)\)", page.read_text()):
+        linked = page.parent / target if target else page
+        assert anchor in _anchors(linked), f"{doc} links to a missing anchor {target}#{anchor}"
+
+
 # Index and benchmarks ---------------------------------------------------------------------
 
 
