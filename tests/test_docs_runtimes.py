@@ -21,7 +21,15 @@ from typing import Any, get_args
 import pytest
 
 from rheo_flow import Consumer, GroupStats, Producer, Rheo, SettleKind
-from rheo_flow.pipeline import Batcher, BatchSize, BatchTrigger, Message, Pipeline, Processors
+from rheo_flow.pipeline import (
+    Batcher,
+    BatchSize,
+    BatchTrigger,
+    Message,
+    Pipeline,
+    PipelineStats,
+    Processors,
+)
 from test_docs import ROOT, _python_blocks
 
 RUNTIME_DOCS = ("docs/consumers.md", "docs/pipeline.md")
@@ -161,6 +169,12 @@ def test_default_max_inflight_is_the_documented_sum() -> None:
 class _Noop:
     async def handle_message(self, processor: str, message: Message, context: Any) -> Message:
         return message
+
+
+def test_pipeline_stats_are_all_named() -> None:
+    text = (ROOT / "docs/pipeline.md").read_text()
+    paragraph = text.split("`pipeline.stats()` is a\nsnapshot:", 1)[1].split("\n\n", 1)[0]
+    assert set(_names(paragraph)) >= {f.name for f in dataclasses.fields(PipelineStats)}
 
 
 def test_decision_table_matches_the_classifier() -> None:

@@ -130,6 +130,7 @@ class DuckDBSink(Sink):
         self._con: duckdb.DuckDBPyConnection | None = None
         self._appender: duckdb.Appender | None = None
         self._stage: duckdb.Appender | None = None
+        self._progress_appender: duckdb.Appender | None = None
         self._exporter: asyncio.Task[None] | None = None
         self._spans: dict[tuple[str, str], list[Span]] = {}
         self._logged: dict[tuple[str, str], int] = {}
@@ -205,6 +206,7 @@ class DuckDBSink(Sink):
             if self._progress:
                 # No key: the table holds a few rows per partition, read by one scan.
                 con.execute(create_table_sql(self._progress_sql, primary_key=False))
+                self._progress_appender = con.appender(self._progress_sql)
             self._appender = con.appender(self._table_sql, columns=list(self._mapping.names))
         except BaseException:
             con.close()
@@ -233,7 +235,7 @@ class DuckDBSink(Sink):
 
     def _disconnect(self) -> None:
         con, self._con = self._con, None
-        self._appender = self._stage = None
+        self._appender = self._stage = self._progress_appender = None
         if con is not None:
             con.close()
 
@@ -318,12 +320,14 @@ class DuckDBSink(Sink):
                    spans: list[Span], replace: bool) -> None:
         if replace:
             con.execute(self._sql.clear_spans, [self._table, *key])
-        con.execute(self._sql.insert_spans, [
-            self._table, *key, [s.part for s in spans], [s.lo for s in spans],
-            [s.hi for s in spans]])
+        appender = self._progress_appender
+        assert appender is not None
+        # An appender, not an INSERT: no statement to parse and plan for every batch.
+        appender.append_rows([(self._table, *key, s.part, s.lo, s.hi) for s in spans])
+        appender.flush()
 
     def _abort(self, con: duckdb.DuckDBPyConnection) -> None:
-        for appender in (self._appender, self._stage):
+        for appender in (self._appender, self._stage, self._progress_appender):
             if appender is not None:
                 with contextlib.suppress(Exception):
                     appender.clear()
@@ -474,6 +478,3 @@ class _Statements:
         where = "sink = ? AND stream = ? AND grp = ?"
         self.read_spans = f"SELECT part, lo, hi FROM {progress_sql} WHERE {where}"
         self.clear_spans = f"DELETE FROM {progress_sql} WHERE {where}"
-        self.insert_spans = (
-            f"INSERT INTO {progress_sql} (sink, stream, grp, part, lo, hi) "
-            "SELECT ?, ?, ?, unnest(?), unnest(?), unnest(?)")

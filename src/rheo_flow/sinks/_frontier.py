@@ -84,8 +84,11 @@ def is_covered(index: Mapping[int, list[tuple[int, int]]], part: int, seq: int) 
 
 def runs(sequences: Iterable[int]) -> list[tuple[int, int]]:
     """Sorted, distinct sequences as maximal runs of consecutive numbers."""
+    ordered = sorted(set(sequences))
+    if ordered and ordered[-1] - ordered[0] + 1 == len(ordered):
+        return [(ordered[0], ordered[-1])]  # the common case: one contiguous run
     out: list[tuple[int, int]] = []
-    for seq in sorted(set(sequences)):
+    for seq in ordered:
         if out and out[-1][1] + 1 == seq:
             out[-1] = (out[-1][0], seq)
         else:

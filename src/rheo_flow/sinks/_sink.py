@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 from .._errors import InvalidArgument
 from ._mapping import MappingError, RowMapping
@@ -249,22 +249,18 @@ class Sink(ABC):
         await self.open()
         self._stats.batches += 1
         results: list[RowResult | None] = [None] * len(messages)
-        positions: list[int] = []
-        mapped: list[Message] = []
-        values: list[tuple[Any, ...]] = []
-        row_of = self._mapping.row
-        for i, m in enumerate(messages):
-            try:
-                values.append(row_of(m))
-            except MappingError as exc:
-                results[i] = RowResult(RowStatus.INVALID, _bounded(str(exc)))
-                continue
-            positions.append(i)
-            mapped.append(m)
-        if values:
-            await self._write_or_split(RowBatch(positions, mapped, values), results)
-        out: list[RowResult] = []
+        try:
+            batch = RowBatch(list(range(len(messages))), list(messages),
+                             self._mapping.rows(messages))
+        except Exception:
+            batch = self._map_one_by_one(messages, results)
+        if batch.values:
+            await self._write_or_split(batch, results)
         stats = self._stats
+        if results.count(_WRITTEN) == len(results):  # the common case, counted at C speed
+            stats.written += len(results)
+            return cast(list[RowResult], results)
+        out: list[RowResult] = []
         invalid: list[str] = []
         for r in results:
             assert r is not None
@@ -282,6 +278,20 @@ class Sink(ABC):
             log.warning("%s sink: %d of %d rows are invalid, e.g. %s", self.name, len(invalid),
                         len(messages), invalid[0])
         return out
+
+    def _map_one_by_one(self, messages: Sequence[Message], results: list[RowResult | None]
+                        ) -> RowBatch:
+        batch = RowBatch([], [], [])
+        row_of = self._mapping.row
+        for i, m in enumerate(messages):
+            try:
+                batch.values.append(row_of(m))
+            except MappingError as exc:
+                results[i] = RowResult(RowStatus.INVALID, _bounded(str(exc)))
+                continue
+            batch.positions.append(i)
+            batch.messages.append(m)
+        return batch
 
     async def _write_or_split(self, rows: RowBatch, results: list[RowResult | None]) -> None:
         started = time.perf_counter()
@@ -310,8 +320,11 @@ class Sink(ABC):
             return
         self._stats.transactions += 1
         positions = rows.positions
-        for position in positions:
-            results[position] = _WRITTEN
+        if len(positions) == len(results):
+            results[:] = [_WRITTEN] * len(results)
+        else:
+            for position in positions:
+                results[position] = _WRITTEN
         for i in report.settled:
             results[positions[i]] = _WRITTEN_SETTLED
         for i in report.replayed:
