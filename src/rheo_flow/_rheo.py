@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -286,12 +286,14 @@ class Rheo:
                 raise InvalidArgument(f"expected Lease objects, got {type(lease).__name__}")
         return items
 
-    async def _settle_call(self, op: str, leases: list[Lease], call: Any) -> list[SettleResult]:
+    async def _settle_call(
+        self, op: str, leases: list[Lease], call: Callable[[], Awaitable[list[SettleResult]]]
+    ) -> list[SettleResult]:
         if not leases:
             return []
         with _telemetry.settling(op, leases, self._backend, self._max_attempts) as telemetry:
             try:
-                results: list[SettleResult] = await call
+                results = await call()
             except Exception as exc:  # classified, never leaked: DESIGN section 2
                 error = classify(exc, self._backend.classify_error)
                 results = [SettleResult(lease.lease_id, error) for lease in leases]
@@ -302,8 +304,7 @@ class Rheo:
     async def ack(self, leases: Lease | Iterable[Lease]) -> list[SettleResult]:
         """Acknowledge leases; one classified result per lease, in order."""
         items = self._leases(leases)
-        return await self._settle_call("ack", items,
-                                       self._backend.ack(items) if items else None)
+        return await self._settle_call("ack", items, lambda: self._backend.ack(items))
 
     async def nack(
         self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0
@@ -313,14 +314,14 @@ class Rheo:
         check_reason(reason)
         check_non_negative_int("delay_ms", delay_ms)
         return await self._settle_call(
-            "nack", items, self._backend.nack(items, reason, delay_ms) if items else None)
+            "nack", items, lambda: self._backend.nack(items, reason, delay_ms))
 
     async def reject(self, leases: Lease | Iterable[Lease], reason: str) -> list[SettleResult]:
         """Dead-letter leases for their group; one result per lease."""
         items = self._leases(leases)
         check_reason(reason)
         return await self._settle_call(
-            "reject", items, self._backend.reject(items, reason) if items else None)
+            "reject", items, lambda: self._backend.reject(items, reason))
 
     async def renew(
         self, leases: Lease | Iterable[Lease], *, lease_ms: int = DEFAULT_LEASE_MS
@@ -329,7 +330,7 @@ class Rheo:
         items = self._leases(leases)
         check_lease_ms(lease_ms)
         return await self._settle_call(
-            "renew", items, self._backend.renew(items, lease_ms) if items else None)
+            "renew", items, lambda: self._backend.renew(items, lease_ms))
 
     # Progress ----------------------------------------------------------------
 
