@@ -23,6 +23,7 @@ from .._lease import Lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ._shared import fence, missing_delivery
 
 __all__ = ["MemoryBackend"]
 
@@ -294,24 +295,8 @@ class MemoryBackend(Backend):
         gp = g.partitions[lease.partition]
         d = gp.active.get(lease.sequence) or gp.done.get(lease.sequence)
         if d is None:
-            if 0 < lease.sequence <= s.partitions[lease.partition].high_water:
-                return SettleResult.failure(
-                    lease.lease_id,
-                    SettleKind.STALE_LEASE,
-                    "the delivery was replayed, reset or trimmed",
-                )
-            return SettleResult.failure(
-                lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend"
-            )
-        if d.lease_id != lease.lease_id:
-            return SettleResult.failure(
-                lease.lease_id, SettleKind.STALE_LEASE, "the delivery was leased again"
-            )
-        if d.receipt != lease.receipt:
-            return SettleResult.failure(
-                lease.lease_id, SettleKind.RECEIPT_MISMATCH, "receipt does not match the lease"
-            )
-        return g, gp, d
+            return missing_delivery(lease, s.partitions[lease.partition].high_water)
+        return fence(lease, d.lease_id, d.receipt) or (g, gp, d)
 
     def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int
                 ) -> list[SettleResult]:

@@ -82,6 +82,7 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
+from ._shared import fence, missing_delivery, round_robin
 
 __all__ = ["MongoBackend"]
 
@@ -957,20 +958,8 @@ class MongoBackend(Backend):
             expired.extend((p, d) for d in doomed)
             fresh.append(max(0, min(limit - len(ready), highs[p] - g.parts[p]["c"])))
 
-        # Round-robin across partitions so one deep partition does not starve the others.
-        order: list[tuple[int, int]] = []  # (index into ids, depth)
-        active = [i for i in range(len(ids)) if existing[i] or fresh[i]]
-        depth = 0
-        while active and len(order) < limit:
-            still = []
-            for i in active:
-                if len(order) >= limit:
-                    break
-                order.append((i, depth))
-                if depth + 1 < len(existing[i]) + fresh[i]:
-                    still.append(i)
-            active = still
-            depth += 1
+        # (index into ids, depth), one partition after the other.
+        order = round_robin([len(e) + f for e, f in zip(existing, fresh, strict=True)], limit)
 
         def fenced(d: dict[str, Any]) -> dict[str, Any]:
             # Exactly the state that was read: anyone else's change makes it miss.
@@ -1546,28 +1535,13 @@ class _Batch:
         return self.check(lease, d, g)
 
     def _gone(self, lease: Lease) -> SettleResult:
-        if 0 < lease.sequence <= self._highs.get((lease.stream, lease.partition), 0):
-            return SettleResult.failure(
-                lease.lease_id, SettleKind.STALE_LEASE,
-                "the delivery was replayed, reset or trimmed",
-            )
-        return SettleResult.failure(
-            lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend"
-        )
+        return missing_delivery(lease, self._highs.get((lease.stream, lease.partition), 0))
 
     @staticmethod
     def check(
         lease: Lease, d: dict[str, Any], g: _Group
     ) -> tuple[_Group, dict[str, Any]] | SettleResult:
-        if d.get("lid") != lease.lease_id:
-            return SettleResult.failure(
-                lease.lease_id, SettleKind.STALE_LEASE, "the delivery was leased again"
-            )
-        if d.get("rc") != lease.receipt:
-            return SettleResult.failure(
-                lease.lease_id, SettleKind.RECEIPT_MISMATCH, "receipt does not match the lease"
-            )
-        return g, d
+        return fence(lease, d.get("lid"), d.get("rc")) or (g, d)
 
     def recheck(
         self, lease: Lease, d: dict[str, Any] | None, op: Op | Literal["renew"]

@@ -53,6 +53,7 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
+from ._shared import fence, missing_delivery, round_robin
 
 __all__ = ["SQLiteBackend"]
 
@@ -730,20 +731,8 @@ class SQLiteBackend(Backend):
             existing.append(found)
             fresh.append(max(0, min(limit - len(found), high - cursor)))
 
-        # Round-robin across partitions so one deep partition does not starve the others.
-        order: list[tuple[int, int]] = []  # (index into ids, depth)
-        active = [i for i in range(len(ids)) if existing[i] or fresh[i]]
-        depth = 0
-        while active and len(order) < limit:
-            still = []
-            for i in active:
-                if len(order) >= limit:
-                    break
-                order.append((i, depth))
-                if depth + 1 < len(existing[i]) + fresh[i]:
-                    still.append(i)
-            active = still
-            depth += 1
+        # (index into ids, depth), one partition after the other.
+        order = round_robin([len(e) + f for e, f in zip(existing, fresh, strict=True)], limit)
 
         leases_rows: list[tuple[int, int, int, str, str]] = []  # part, seq, attempt, id, receipt
         updates: list[tuple[Any, ...]] = []
@@ -1166,23 +1155,8 @@ class _Deliveries:
             )
         d = self._rows.get((g.id, lease.partition, lease.sequence))
         if d is None:
-            if 0 < lease.sequence <= self._high_water(g.stream, lease.partition):
-                return SettleResult.failure(
-                    lease.lease_id, SettleKind.STALE_LEASE,
-                    "the delivery was replayed, reset or trimmed",
-                )
-            return SettleResult.failure(
-                lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend"
-            )
-        if d.lease_id != lease.lease_id:
-            return SettleResult.failure(
-                lease.lease_id, SettleKind.STALE_LEASE, "the delivery was leased again"
-            )
-        if d.receipt != lease.receipt:
-            return SettleResult.failure(
-                lease.lease_id, SettleKind.RECEIPT_MISMATCH, "receipt does not match the lease"
-            )
-        return g, d
+            return missing_delivery(lease, self._high_water(g.stream, lease.partition))
+        return fence(lease, d.lease_id, d.receipt) or (g, d)
 
     def _high_water(self, s: _Stream, part: int) -> int:
         if s.id not in self._high:
