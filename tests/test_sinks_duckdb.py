@@ -22,6 +22,7 @@ from rheo_flow.sinks import Column, DuckDBSink, RowStatus, SinkHandler, Span, si
 
 WaitUntil = Callable[..., Awaitable[None]]
 WORKER = Path(__file__).with_name("_sink_worker.py")
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "duckdb_sink.py"
 
 
 def _require_duckdb() -> Any:
@@ -325,3 +326,17 @@ async def test_a_sigkill_between_commit_and_ack_neither_loses_nor_duplicates(
     async with Rheo(SQLiteBackend(events)) as rheo:
         assert await rheo.frontier("orders", "warehouse") == await rheo.high_water("orders")
         assert await rheo.dead_letters("orders", "warehouse") == []
+
+
+async def test_the_example_moves_events_into_duckdb_and_queries_them(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(EXAMPLE), str(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    text = out.decode()
+    assert "customer-0: 3998 orders" in text
+    assert "sink: 19997 rows written" in text
+    assert all(f"order-{n}: sink_invalid: ConstraintException" in text
+               for n in (4242, 9000, 15555))
+    assert "parquet: 19997 rows in customer=customer-0" in text

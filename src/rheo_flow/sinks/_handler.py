@@ -35,7 +35,7 @@ def sink_batcher(
     max_rows: int = 1000,
     max_bytes: int | None = None,
     max_age: float = 1.0,
-    concurrency: int = 1,
+    concurrency: int = 2,
     partition_by: PartitionBy | None = None,
 ) -> Batcher:
     """Batcher settings for a sink: a batch is written once it holds ``max_rows``
@@ -43,7 +43,8 @@ def sink_batcher(
     seconds after its first message, whichever comes first.
 
     The pipeline also flushes batches when it drains and before the oldest
-    lease of a batch would expire.
+    lease of a batch would expire. ``concurrency`` batches are written at once
+    (two by default: one is mapped to rows while the database loads the other).
     """
     if max_bytes is None:
         return Batcher(batch_size=max_rows, batch_timeout=max_age, concurrency=concurrency,

@@ -170,6 +170,8 @@ class PostgresSink(Sink):
                             f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self._schema)}")
                     await conn.execute(self._mapping.create_table(self._table_sql))
                 await self._check_table(conn)
+                if self._settle_with is not None:
+                    await self._check_same_database(conn, self._settle_with)
                 if self._progress:
                     await conn.execute(create_table_sql(self._progress_sql, primary_key=True))
         except BaseException:
@@ -198,6 +200,16 @@ class PostgresSink(Sink):
             raise InvalidArgument(
                 f"PostgreSQL table {self._table} needs a primary key or unique index on "
                 f"{self._mapping.key} alone: the sink is idempotent on it")
+
+    @staticmethod
+    async def _check_same_database(conn: asyncpg.Connection, backend: PostgresBackend
+                                   ) -> None:
+        # Acks in the sink's transaction need the backend's tables on this connection.
+        await backend.open()
+        if await conn.fetchval("SELECT to_regnamespace($1)", backend.schema) is None:
+            raise InvalidArgument(
+                f"settle_with: the backend's schema {backend.schema!r} is not in the sink's "
+                "database; the sink must write to the database of the stream")
 
     async def _close(self) -> None:
         await self._release_pool()
