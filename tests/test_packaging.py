@@ -51,7 +51,7 @@ def test_no_driver_is_installed(bare_python: Path) -> None:
 
 def test_every_public_module_imports_without_extras(bare_python: Path) -> None:
     # The conformance kit (rheo_flow.testing) may need the test tools, nothing else.
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import importlib, json, pkgutil, rheo_flow
         names = ["rheo_flow"] + [
             m.name for m in pkgutil.walk_packages(rheo_flow.__path__, "rheo_flow.",
