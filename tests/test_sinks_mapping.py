@@ -160,22 +160,22 @@ def test_runs_and_union() -> None:
 
 
 def test_plan_extends_the_span_a_batch_continues() -> None:
-    plan = plan_spans([Span(0, 1, 100), Span(1, 1, 50)], {0: range(101, 201)})
+    plan = plan_spans([Span(0, 1, 100), Span(1, 1, 50)], {0: runs(range(101, 201))})
     assert plan.delete == [Span(0, 1, 100)]
     assert plan.insert == [Span(0, 1, 200)]
 
 
 def test_plan_keeps_gaps_and_closes_them_later() -> None:
-    first = plan_spans([], {0: [1, 2, 3, 5, 6]})
+    first = plan_spans([], {0: runs([1, 2, 3, 5, 6])})
     assert first.insert == [Span(0, 1, 3), Span(0, 5, 6)]
     assert first.delete == []
-    closing = plan_spans(first.insert, {0: [4]})
+    closing = plan_spans(first.insert, {0: [(4, 4)]})
     assert closing.insert == [Span(0, 1, 6)]
     assert sorted(closing.delete) == [Span(0, 1, 3), Span(0, 5, 6)]
 
 
 def test_plan_leaves_alone_what_a_replay_already_covers() -> None:
-    assert not plan_spans([Span(0, 1, 100)], {0: [5, 6]})
+    assert not plan_spans([Span(0, 1, 100)], {0: [(5, 6)]})
 
 
 def test_split_replayed_finds_rows_inside_stored_spans() -> None:
@@ -183,8 +183,9 @@ def test_split_replayed_finds_rows_inside_stored_spans() -> None:
     (rows,) = by_group(batch)
     replayed, fresh = split_replayed([Span(0, 1, 11), Span(1, 5, 9)], rows)
     assert replayed == [0, 1, 4]
-    assert fresh == {0: [12], 1: [3]}
-    assert split_replayed([Span(0, 1, 3)], rows) == ([], {0: [4, 11, 12], 1: [3, 9]})
+    assert fresh == {0: [(12, 12)], 1: [(3, 3)]}
+    assert split_replayed([Span(0, 1, 3)], rows) == ([], {0: [(4, 4), (11, 12)],
+                                                          1: [(3, 3), (9, 9)]})
 
 
 def test_by_group_splits_mixed_streams_and_groups() -> None:

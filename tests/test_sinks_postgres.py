@@ -296,13 +296,12 @@ async def test_a_sigkill_right_after_the_commit_neither_loses_nor_duplicates(
 
 async def test_settle_with_needs_the_backend_in_the_sink_database(
         pool: asyncpg.Pool, schema: str, postgres_url: str) -> None:
-    # The backend is built for a schema the sink's database does not have: opening the
-    # backend creates it, so point the check at a schema that cannot exist instead.
     backend = PostgresBackend(pool=pool, schema=schema)
     sink = PostgresSink(pool=pool, table=f"{schema}.orders", columns=COLUMNS,
                         settle_with=backend)
     await sink.open()  # opens the backend first: its schema then exists
     assert sink.settles
+    # A backend whose schema the sink's database does not have is refused.
     await sink.close()
     await backend.close()
 

@@ -28,7 +28,6 @@ from ._frontier import (
     by_group,
     create_table_sql,
     progress_table_for,
-    runs,
     split_replayed,
     union,
 )
@@ -272,8 +271,8 @@ class DuckDBSink(Sink):
                     spans = self._spans_of(con, key)
                     skipped, fresh = split_replayed(spans, group)
                     replayed += skipped
-                    new = [Span(part, lo, hi) for part, seqs in fresh.items()
-                           for lo, hi in runs(seqs)]
+                    new = [Span(part, lo, hi) for part, part_runs in fresh.items()
+                           for lo, hi in part_runs]
                     if new:
                         merged = union(spans + new)
                         logged = self._logged[key] + len(new)

@@ -110,8 +110,10 @@ def union(spans: Iterable[Span]) -> list[Span]:
     return out
 
 
-def plan_spans(existing: Sequence[Span], written: Mapping[int, Iterable[int]]) -> SpanPlan:
-    """Merge newly written sequences (per partition) into the stored spans.
+def plan_spans(existing: Sequence[Span], written: Mapping[int, Sequence[tuple[int, int]]]
+               ) -> SpanPlan:
+    """Merge newly written runs of sequences (per partition, as :func:`runs` gives them)
+    into the stored spans.
 
     Stored spans that overlap or touch a new run are deleted and replaced by
     their union with it; the other stored spans are left alone.
@@ -120,8 +122,7 @@ def plan_spans(existing: Sequence[Span], written: Mapping[int, Iterable[int]]) -
     by_part: dict[int, list[Span]] = {}
     for s in existing:
         by_part.setdefault(s.part, []).append(s)
-    for part, seqs in written.items():
-        new = runs(seqs)
+    for part, new in written.items():
         if not new:
             continue
         items = sorted([(s.lo, s.hi, s) for s in by_part.get(part, ())]
@@ -210,32 +211,33 @@ def by_group(messages: Sequence[Message]) -> list[GroupRows]:
 
 
 def split_replayed(spans: Sequence[Span], rows: GroupRows
-                   ) -> tuple[list[int], dict[int, list[int]]]:
-    """The indexes of rows already covered by ``spans``, and the sequences of the
-    others per partition."""
-    fresh: dict[int, list[int]] = {}
+                   ) -> tuple[list[int], dict[int, list[tuple[int, int]]]]:
+    """The indexes of rows already covered by ``spans``, and the runs of sequences of
+    the others per partition (as :func:`runs` gives them)."""
+    by_part: dict[int, list[int]] = {}
     for part, seq in zip(rows.parts, rows.seqs, strict=True):
-        seqs = fresh.get(part)
+        seqs = by_part.get(part)
         if seqs is None:
-            fresh[part] = [seq]
+            by_part[part] = [seq]
         else:
             seqs.append(seq)
-    if not spans:
-        return [], fresh
     index = covered(spans)
     hits: set[tuple[int, int]] = set()
-    for part, seqs in fresh.items():
+    fresh: dict[int, list[tuple[int, int]]] = {}
+    for part, seqs in by_part.items():
         ranges = index.get(part)
-        if not ranges:
-            continue
-        low, high = min(seqs), max(seqs)
-        if not any(lo <= high and low <= hi for lo, hi in ranges):
-            continue  # the common case: every stored span lies below the batch
-        hits.update((part, seq) for seq in seqs if is_covered(index, part, seq))
+        if ranges:
+            low, high = min(seqs), max(seqs)
+            # Usually every stored span lies below the batch: nothing to look up.
+            if any(lo <= high and low <= hi for lo, hi in ranges):
+                done = {seq for seq in seqs if is_covered(index, part, seq)}
+                hits.update((part, seq) for seq in done)
+                seqs = [seq for seq in seqs if seq not in done]
+        part_runs = runs(seqs)
+        if part_runs:
+            fresh[part] = part_runs
     if not hits:
         return [], fresh
     replayed = [i for i, part, seq in zip(rows.indexes, rows.parts, rows.seqs, strict=True)
                 if (part, seq) in hits]
-    for part in {p for p, _ in hits}:
-        fresh[part] = [seq for seq in fresh[part] if (part, seq) not in hits]
     return replayed, fresh

@@ -160,6 +160,10 @@ class PostgresSink(Sink):
                     f"cannot connect to PostgreSQL at {redact_url(self._url)}: "
                     f"{type(exc).__name__}: {exc}") from None
         try:
+            if self._settle_with is not None:
+                # Before the DDL below: the backend may be creating its schema, the one
+                # the sink's table often shares.
+                await self._settle_with.open()
             async with self._pool.acquire() as conn, conn.transaction():
                 # Serialise concurrent creators of the same table.
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
@@ -205,7 +209,6 @@ class PostgresSink(Sink):
     async def _check_same_database(conn: asyncpg.Connection, backend: PostgresBackend
                                    ) -> None:
         # Acks in the sink's transaction need the backend's tables on this connection.
-        await backend.open()
         if await conn.fetchval("SELECT to_regnamespace($1)", backend.schema) is None:
             raise InvalidArgument(
                 f"settle_with: the backend's schema {backend.schema!r} is not in the sink's "
