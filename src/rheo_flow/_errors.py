@@ -60,11 +60,16 @@ class InvalidCapabilities(RheoError, ValueError):
 
 
 class MissingExtra(RheoError, ImportError):
-    """A backend's optional driver is not installed; the message names the extra."""
+    """An optional driver is not installed; the message names the extra to install.
+
+    ``backend`` names what needs it: a backend (``"Redis"``) or another feature
+    (``"DuckDB sink"``, ``"conformance kit"``).
+    """
 
     def __init__(self, backend: str, extra: str, module: str) -> None:
+        what = backend if " " in backend else f"{backend} backend"
         super().__init__(
-            f"the {backend} backend needs the {module!r} package: "
+            f"the {what} needs the {module!r} package: "
             f"install it with  pip install 'rheo-flow[{extra}]'"
         )
         self.backend = backend
