@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._lease import Lease
+from .._query import Query
 from .._settle import SettleKind, SettleResult
 
-__all__ = ["fence", "missing_delivery", "round_robin"]
+__all__ = ["fence", "missing_delivery", "query_window", "round_robin"]
 
 
 def round_robin(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
@@ -54,3 +55,23 @@ def missing_delivery(lease: Lease, high_water: int) -> SettleResult:
     return SettleResult.failure(
         lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend"
     )
+
+
+def query_window(
+    query: Query, partition: int, after: tuple[int, int] | None, low: int, high: int | None
+) -> tuple[int, int | None] | None:
+    """The inclusive sequence range a query reads in one partition, or ``None`` for none.
+
+    ``after`` is the page cursor's (partition, sequence); ``low`` and ``high`` are
+    the partition's retained bounds (``high=None``: unknown, read to the end).
+    """
+    if after is not None and partition < after[0]:
+        return None
+    lo = max(low, query.from_sequence or 1)
+    if after is not None and partition == after[0]:
+        lo = max(lo, after[1] + 1)
+    hi = query.to_sequence if high is None else (
+        high if query.to_sequence is None else min(high, query.to_sequence))
+    if hi is not None and lo > hi:
+        return None
+    return lo, hi

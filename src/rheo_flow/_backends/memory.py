@@ -23,7 +23,7 @@ from .._lease import Lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from ._shared import fence, missing_delivery
+from ._shared import fence, missing_delivery, query_window
 
 __all__ = ["MemoryBackend"]
 
@@ -468,14 +468,12 @@ class MemoryBackend(Backend):
         pids = range(len(s.partitions)) if query.partitions is None else sorted(query.partitions)
         out: list[Event] = []
         for pid in pids:
-            if after is not None and pid < after[0]:
-                continue
             part = s.partitions[pid]
-            lo = max(part.low_water, query.from_sequence or 1)
-            if after is not None and pid == after[0]:
-                lo = max(lo, after[1] + 1)
-            hi = part.high_water if query.to_sequence is None else min(
-                part.high_water, query.to_sequence)
+            window = query_window(query, pid, after, part.low_water, part.high_water)
+            if window is None:
+                continue
+            lo, hi = window
+            assert hi is not None
             for seq in range(lo, hi + 1):
                 e = part.events.get(seq)
                 if e is None or not _matches(query, e):

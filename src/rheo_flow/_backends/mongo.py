@@ -82,7 +82,7 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
-from ._shared import fence, missing_delivery, round_robin
+from ._shared import fence, missing_delivery, query_window, round_robin
 
 __all__ = ["MongoBackend"]
 
@@ -1363,15 +1363,11 @@ class MongoBackend(Backend):
             filters["at"] = at
         out: list[Event] = []
         for p in parts:
-            if after is not None and p < after[0]:
-                continue
             high, low = waters[p]
-            lo = max(low, query.from_sequence or 1)
-            if after is not None and p == after[0]:
-                lo = max(lo, after[1] + 1)
-            hi = high if query.to_sequence is None else min(high, query.to_sequence)
-            if lo > hi:
+            window = query_window(query, p, after, low, high)
+            if window is None:
                 continue
+            lo, hi = window
             docs = await self._events.find(
                 {"st": query.stream, "p": p, "n": {"$gte": lo, "$lte": hi}, **filters}
             ).sort("n", ASCENDING).limit(limit - len(out)).to_list(None)

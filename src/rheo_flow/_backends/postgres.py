@@ -58,6 +58,7 @@ from ._postgres_sql import (
     VERSION_TABLE,
     render,
 )
+from ._shared import query_window
 
 if TYPE_CHECKING:
     import asyncpg
@@ -897,15 +898,11 @@ class PostgresBackend(Backend):
         parts = range(meta.partitions) if query.partitions is None else sorted(query.partitions)
         out: list[Event] = []
         for part in parts:
-            if after is not None and part < after[0]:
+            window = query_window(
+                query, part, after, info.low_water[part], info.high_water[part])
+            if window is None:
                 continue
-            lo = max(info.low_water[part], query.from_sequence or 1)
-            if after is not None and part == after[0]:
-                lo = max(lo, after[1] + 1)
-            high = info.high_water[part]
-            hi = high if query.to_sequence is None else min(high, query.to_sequence)
-            if lo > hi:
-                continue
+            lo, hi = window
             rows = await pool.fetch(sql, meta.id, part, lo, hi, limit - len(out), *extra)
             out.extend(_event(query.stream, row) for row in rows)
             if len(out) >= limit:

@@ -64,6 +64,7 @@ from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
 from .._validation import NAME_PATTERN
 from ._redis_lua import SCRIPTS
+from ._shared import query_window
 
 try:
     import redis.asyncio as aioredis
@@ -759,14 +760,10 @@ class RedisBackend(Backend):
         pids = range(count) if query.partitions is None else sorted(query.partitions)
         out: list[Event] = []
         for pid in pids:
-            if after is not None and pid < after[0]:
+            window = query_window(query, pid, after, 1, None)
+            if window is None:
                 continue
-            lo = max(1, query.from_sequence or 1)
-            if after is not None and pid == after[0]:
-                lo = max(lo, after[1] + 1)
-            hi = query.to_sequence
-            if hi is not None and lo > hi:
-                continue
+            lo, hi = window
             key = self._pkeys(stream, pid)[0]
             low = f"{lo}-0"
             high = "+" if hi is None else f"{hi}-0"

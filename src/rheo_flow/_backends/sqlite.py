@@ -53,7 +53,7 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
-from ._shared import fence, missing_delivery, round_robin
+from ._shared import fence, missing_delivery, query_window, round_robin
 
 __all__ = ["SQLiteBackend"]
 
@@ -1036,15 +1036,11 @@ class SQLiteBackend(Backend):
         parts = range(s.partitions) if query.partitions is None else sorted(query.partitions)
         out: list[Event] = []
         for part in parts:
-            if after is not None and part < after[0]:
-                continue
             high, low = waters[part]
-            lo = max(low, query.from_sequence or 1)
-            if after is not None and part == after[0]:
-                lo = max(lo, after[1] + 1)
-            hi = high if query.to_sequence is None else min(high, query.to_sequence)
-            if lo > hi:
+            window = query_window(query, part, after, low, high)
+            if window is None:
                 continue
+            lo, hi = window
             out.extend(
                 _event(s.name, row)
                 for row in conn.execute(sql, (s.id, part, lo, hi, *extra, limit - len(out)))
