@@ -340,7 +340,7 @@ async def test_close_releases_waiters(
     await rheo.open()
     await rheo.create_stream("s")
     waiter = asyncio.create_task(rheo.wait_for_append("s", 30.0))
-    await wait_until(lambda: bool(backend._waiters.get("s")), message="waiter registered")
+    await wait_until(lambda: "s" in backend._waiters, message="waiter registered")
     await rheo.close()
     assert await asyncio.wait_for(waiter, 5.0) is True
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Hashable, Sequence
 
 from .._lease import Lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult
 
-__all__ = ["fence", "missing_delivery", "query_window", "round_robin"]
+__all__ = ["Waiters", "fence", "missing_delivery", "query_window", "round_robin"]
 
 
 def round_robin(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
@@ -75,3 +76,62 @@ def query_window(
     if hi is not None and lo > hi:
         return None
     return lo, hi
+
+
+class Waiters:
+    """Idle consumers waiting for an append, keyed by stream (or any hashable key).
+
+    :meth:`wake` may be called from any thread or event loop: each waiter is
+    resolved on its own loop.
+    """
+
+    def __init__(self) -> None:
+        self._by_key: dict[Hashable, set[asyncio.Future[None]]] = {}
+
+    async def wait(self, key: Hashable, timeout: float) -> bool:
+        """Wait until :meth:`wake` is called for ``key``; False after ``timeout`` seconds."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._by_key.setdefault(key, set())
+        waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            waiters.discard(waiter)
+            if not waiters and self._by_key.get(key) is waiters:
+                del self._by_key[key]
+
+    def __contains__(self, key: object) -> bool:
+        """Whether anyone waits on ``key``."""
+        return bool(self._by_key.get(key))
+
+    def wake(self, key: Hashable) -> None:
+        """Wake every waiter of ``key``."""
+        for waiter in list(self._by_key.pop(key, ())):
+            _resolve_soon(waiter)
+
+    def wake_all(self) -> None:
+        """Wake every waiter (on close, or when the push channel is lost)."""
+        for key in list(self._by_key):
+            self.wake(key)
+
+
+def _resolve_soon(waiter: asyncio.Future[None]) -> None:
+    loop = waiter.get_loop()
+    if loop.is_closed():
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        _resolve(waiter)
+    else:
+        loop.call_soon_threadsafe(_resolve, waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -82,7 +82,7 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
-from ._shared import fence, missing_delivery, query_window, round_robin
+from ._shared import Waiters, fence, missing_delivery, query_window, round_robin
 
 __all__ = ["MongoBackend"]
 
@@ -326,7 +326,7 @@ class MongoBackend(Backend):
         self._open_lock = asyncio.Lock()
         self._rotation: dict[Any, int] = {}
         self._append_locks: dict[str, asyncio.Lock] = {}
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiters = Waiters()
         self._watcher: asyncio.Task[None] | None = None
         self._db: Any = None
         self._streams: Any = None
@@ -549,9 +549,7 @@ class MongoBackend(Backend):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
             # Waiters return (as if woken) rather than see a cancellation that is not theirs.
-            for stream in list(self._waiters):
-                self._wake(stream)
-            self._waiters.clear()
+            self._waiters.wake_all()
             self._opened = False
             if self._owns_client and self._client is not None:
                 client, self._client = self._client, None
@@ -1425,23 +1423,10 @@ class MongoBackend(Backend):
             self._watcher = asyncio.get_running_loop().create_task(
                 self._watch(), name=f"rheo-mongo-watch-{self._database_name}"
             )
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._waiters.setdefault(stream, set())
-        waiters.add(waiter)
-        try:
-            await asyncio.wait_for(waiter, timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            waiters.discard(waiter)
-            if not waiters and self._waiters.get(stream) is waiters:
-                del self._waiters[stream]
+        return await self._waiters.wait(stream, timeout)
 
     def _wake(self, stream: str) -> None:
-        for waiter in self._waiters.get(stream, ()):
-            if not waiter.done():
-                waiter.set_result(None)
+        self._waiters.wake(stream)
 
     async def _watch(self) -> None:
         """One change stream per backend on the events collection, dispatching by stream."""

@@ -58,7 +58,7 @@ from ._postgres_sql import (
     VERSION_TABLE,
     render,
 )
-from ._shared import query_window
+from ._shared import Waiters, query_window
 
 if TYPE_CHECKING:
     import asyncpg
@@ -266,7 +266,7 @@ class PostgresBackend(Backend):
         self._listener: asyncpg.Connection | None = None
         self._listen_task: asyncio.Task[bool] | None = None
         self._listen_failed_at = -_LISTEN_RETRY_S
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiters = Waiters()
         self._notes: dict[str, int] = {}
         self._seen: dict[str, int] = {}
 
@@ -1000,18 +1000,7 @@ class PostgresBackend(Backend):
         if stream in self._seen and notes > self._seen[stream]:
             self._seen[stream] = notes
             return True
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._waiters.setdefault(stream, set())
-        waiters.add(waiter)
-        try:
-            await asyncio.wait_for(waiter, timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            waiters.discard(waiter)
-            if not waiters and self._waiters.get(stream) is waiters:
-                del self._waiters[stream]
+        return await self._waiters.wait(stream, timeout)
 
     async def _ensure_listener(self) -> bool:
         if self._listener is not None and not self._listener.is_closed():
@@ -1061,19 +1050,13 @@ class PostgresBackend(Backend):
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         stream = str(payload)
         self._notes[stream] = self._notes.get(stream, 0) + 1
-        for waiter in self._waiters.pop(stream, ()):
-            if not waiter.done():
-                waiter.set_result(None)
+        self._waiters.wake(stream)
 
     def _on_listener_lost(self, conn: object) -> None:
         if self._listener is conn:
             self._listener = None
         # Wake everyone: they fetch now, and the next wait reconnects (or polls).
-        for waiters in self._waiters.values():
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-        self._waiters.clear()
+        self._waiters.wake_all()
 
     async def _stop_listener(self) -> None:
         task, self._listen_task = self._listen_task, None

@@ -53,7 +53,7 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
-from ._shared import fence, missing_delivery, query_window, round_robin
+from ._shared import Waiters, fence, missing_delivery, query_window, round_robin
 
 __all__ = ["SQLiteBackend"]
 
@@ -70,40 +70,11 @@ _SYNCHRONOUS: Final = ("NORMAL", "FULL", "EXTRA")
 _URL_OPTIONS: Final = ("busy_timeout_ms", "synchronous")
 
 
-class _AppendWaiters:
-    """In-process wake-ups: an append through any backend on a file wakes the
-    waiters of every backend on that file in this process (whatever their loop).
-
-    Appends by other processes are not seen here; callers wait with a timeout
-    (``poll_ms``), which is the cross-process fallback.
-    """
-
-    def __init__(self) -> None:
-        self._waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
-
-    def add(self, key: tuple[str, str], waiter: asyncio.Future[None]) -> None:
-        self._waiters.setdefault(key, set()).add(waiter)
-
-    def discard(self, key: tuple[str, str], waiter: asyncio.Future[None]) -> None:
-        waiters = self._waiters.get(key)
-        if waiters is not None:
-            waiters.discard(waiter)
-            if not waiters:
-                del self._waiters[key]
-
-    def wake(self, key: tuple[str, str]) -> None:
-        for waiter in list(self._waiters.pop(key, ())):
-            loop = waiter.get_loop()
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_resolve, waiter)
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-_APPEND_WAITERS: Final = _AppendWaiters()
+# In-process wake-ups: an append through any backend on a file wakes the waiters
+# of every backend on that file in this process (whatever their loop). Appends by
+# other processes are not seen here; callers wait with a timeout (``poll_ms``),
+# which is the cross-process fallback.
+_APPEND_WAITERS: Final = Waiters()
 _TERMINAL: Final = ("acked", "rejected")
 
 # SQLite's default variable limit was 999 before 3.32; stay below it. IN lists are
@@ -535,16 +506,7 @@ class SQLiteBackend(Backend):
 
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         """Wait for an append made in this process, or ``timeout`` seconds."""
-        key = (self._wake_key, stream)
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        _APPEND_WAITERS.add(key, waiter)
-        try:
-            await asyncio.wait_for(waiter, timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            _APPEND_WAITERS.discard(key, waiter)
+        return await _APPEND_WAITERS.wait((self._wake_key, stream), timeout)
 
     def _append(
         self, conn: sqlite3.Connection, stream: str, records: list[AppendRecord]
