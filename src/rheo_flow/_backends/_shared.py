@@ -8,8 +8,16 @@ from collections.abc import Hashable, Sequence
 from .._lease import Lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult
+from .._stream import StartPosition
 
-__all__ = ["Waiters", "fence", "missing_delivery", "query_window", "round_robin"]
+__all__ = [
+    "Waiters",
+    "fence",
+    "missing_delivery",
+    "query_window",
+    "round_robin",
+    "start_position",
+]
 
 
 def round_robin(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
@@ -135,3 +143,14 @@ def _resolve_soon(waiter: asyncio.Future[None]) -> None:
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+def start_position(start: StartPosition, high: int, low: int) -> int:
+    """Where a group starts (or is reset to) in a partition, within the retained range."""
+    if start == "earliest":
+        position = 0
+    elif start == "latest":
+        position = high
+    else:
+        position = int(start)
+    return max(low - 1, min(position, high))

@@ -82,7 +82,14 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
-from ._shared import Waiters, fence, missing_delivery, query_window, round_robin
+from ._shared import (
+    Waiters,
+    fence,
+    missing_delivery,
+    query_window,
+    round_robin,
+    start_position,
+)
 
 __all__ = ["MongoBackend"]
 
@@ -154,17 +161,6 @@ def _event_id(stream: str, partition: int, sequence: int) -> str:
 def _delivery_id(group_id: Any, partition: int, sequence: int) -> str:
     """A delivery document's ``_id``: unique per (group, partition, sequence)."""
     return f"{group_id}/{partition}/{sequence}"
-
-
-def _position(start: StartPosition, high: int, low: int) -> int:
-    """Where a group starts (or is reset to) in a partition, within the retained range."""
-    if start == "earliest":
-        position = 0
-    elif start == "latest":
-        position = high
-    else:
-        position = int(start)
-    return max(low - 1, min(position, high))
 
 
 def _event(doc: Mapping[str, Any]) -> Event:
@@ -870,7 +866,7 @@ class MongoBackend(Backend):
             waters = await self._waters(stream, range(s["np"]))
             parts = []
             for p in range(s["np"]):
-                position = _position(start, *waters[p])
+                position = start_position(start, *waters[p])
                 parts.append({"c": position, "f": position, "e": 0})
             doc = {
                 "_id": ObjectId(), "s": stream, "n": group,
@@ -1333,7 +1329,7 @@ class MongoBackend(Backend):
         await self._deliveries.delete_many({"g": g.id, "p": {"$in": partitions}})
         moves: dict[str, int] = {}
         for p in partitions:
-            position = _position(to, *waters[p])
+            position = start_position(to, *waters[p])
             moves[f"parts.{p}.c"] = position
             moves[f"parts.{p}.f"] = position
         await self._groups.update_one({"_id": g.id}, {

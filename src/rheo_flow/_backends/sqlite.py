@@ -53,7 +53,14 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
-from ._shared import Waiters, fence, missing_delivery, query_window, round_robin
+from ._shared import (
+    Waiters,
+    fence,
+    missing_delivery,
+    query_window,
+    round_robin,
+    start_position,
+)
 
 __all__ = ["SQLiteBackend"]
 
@@ -602,7 +609,7 @@ class SQLiteBackend(Backend):
         for part, high, low in conn.execute(
             "SELECT part, high_water, low_water FROM partitions WHERE stream_id = ?", (s.id,)
         ).fetchall():
-            position = _position(start, high, low)
+            position = start_position(start, high, low)
             rows.append((group_id, part, position, position))
         conn.executemany(
             "INSERT INTO group_partitions (group_id, part, cursor, frontier) VALUES (?, ?, ?, ?)",
@@ -958,7 +965,7 @@ class SQLiteBackend(Backend):
         )
         moves = []
         for part in partitions:
-            position = _position(to, *waters[part])
+            position = start_position(to, *waters[part])
             moves.append((position, position, g.id, part))
         conn.executemany(
             "UPDATE group_partitions SET cursor = ?, frontier = ? WHERE group_id = ? AND part = ?",
@@ -1271,13 +1278,4 @@ def _in_lists(
         yield prefix + "(" + ", ".join("?" * size) + ")", (*params, *padded)
 
 
-def _position(start: StartPosition, high: int, low: int) -> int:
-    """Where a group starts (or is reset to) in a partition, within the retained range."""
-    if start == "earliest":
-        position = 0
-    elif start == "latest":
-        position = high
-    else:
-        position = int(start)
-    return max(low - 1, min(position, high))
 
