@@ -19,24 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import _competing
+from _competing import wait_for_workers
 from rheo_flow import Lease, Rheo
 
 LEASE_MS = 3_600_000
 BATCH = 200
-DEADLINE_S = 120.0
-
-
-async def _until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def _report(lease: Lease, lease_ms: int) -> list[Any]:
@@ -45,36 +35,17 @@ def _report(lease: Lease, lease_ms: int) -> list[Any]:
 
 
 async def _ready(args: argparse.Namespace) -> None:
-    ready = Path(args.ready_dir)
-    (ready / args.name).touch()
-    await _until(lambda: len(list(ready.iterdir())) >= args.workers, "the other workers")
+    await wait_for_workers(args.ready_dir, args.name, args.workers)
 
 
 async def compete(args: argparse.Namespace) -> dict[str, Any]:
     async with Rheo(args.url) as rheo:
         await _ready(args)
-        leased: list[list[Any]] = []
-        acked: list[list[Any]] = []
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            leases = await rheo.fetch(args.stream, args.group, consumer_id=args.name,
-                                      limit=BATCH, lease_ms=LEASE_MS)
-            if leases:
-                leased.extend(_report(lease, LEASE_MS) for lease in leases)
-                results = await rheo.ack(leases)
-                acked.extend(
-                    [lease.partition, lease.sequence, r.ok, r.repeated]
-                    for lease, r in zip(leases, results, strict=True)
-                )
-                continue
-            # Nothing to claim: the rest is leased elsewhere; done once all is settled.
-            frontier = await rheo.frontier(args.stream, args.group)
-            if frontier == await rheo.high_water(args.stream):
-                return {"name": args.name, "leased": leased, "acked": acked,
-                        "frontier": frontier}
-            if time.monotonic() > deadline:
-                raise SystemExit("timed out before the frontier reached the high water")
-            await asyncio.sleep(0.01)
+        return await _competing.compete(
+            rheo, stream=args.stream, group=args.group, name=args.name, limit=BATCH,
+            lease_ms=LEASE_MS, report=lambda lease: _report(lease, LEASE_MS),
+            idle=lambda: asyncio.sleep(0.01),
+        )
 
 
 async def crash(args: argparse.Namespace) -> dict[str, Any]:

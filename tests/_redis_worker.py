@@ -12,56 +12,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import _competing
+from _competing import wait_for_workers
 from rheo_flow import Rheo
 from rheo_flow.backends import RedisBackend
 
 LEASE_MS = 3_600_000
-DEADLINE_S = 120.0
-
-
-async def _until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 async def compete(args: argparse.Namespace) -> dict[str, Any]:
     backend = RedisBackend.from_url(args.url, prefix=args.prefix)
     async with Rheo(backend) as rheo:
-        ready = Path(args.ready_dir)
-        (ready / args.name).touch()
-        await _until(lambda: len(list(ready.iterdir())) >= args.workers, "the other workers")
-        leased: list[list[int]] = []
-        acked = repeated = failed = 0
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            leases = await rheo.fetch(args.stream, args.group, consumer_id=args.name, limit=100,
-                                      lease_ms=LEASE_MS)
-            if leases:
-                leased.extend([x.partition, x.sequence, x.attempt] for x in leases)
-                for result in await rheo.ack(leases):
-                    if not result.ok:
-                        failed += 1
-                    elif result.repeated:
-                        repeated += 1
-                    else:
-                        acked += 1
-                continue
-            # Nothing to claim: the rest is held by other workers; done once all is settled.
-            frontier = await rheo.frontier(args.stream, args.group)
-            if frontier == await rheo.high_water(args.stream):
-                return {"name": args.name, "leased": leased, "acked": acked,
-                        "repeated": repeated, "failed": failed, "frontier": frontier}
-            if time.monotonic() > deadline:
-                raise SystemExit("timed out before the frontier reached the high water")
-            await rheo.wait_for_append(args.stream, 0.01)
+        await wait_for_workers(args.ready_dir, args.name, args.workers)
+        outcome = await _competing.compete(
+            rheo, stream=args.stream, group=args.group, name=args.name, limit=100,
+            lease_ms=LEASE_MS, report=lambda x: [x.partition, x.sequence, x.attempt],
+            idle=lambda: rheo.wait_for_append(args.stream, 0.01),
+        )
+    results = [(ok, repeated) for _, _, ok, repeated in outcome.pop("acked")]
+    outcome["acked"] = sum(1 for ok, repeated in results if ok and not repeated)
+    outcome["repeated"] = sum(1 for ok, repeated in results if ok and repeated)
+    outcome["failed"] = sum(1 for ok, _ in results if not ok)
+    return outcome
 
 
 def main() -> None:
