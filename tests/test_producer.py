@@ -3,71 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from _doubles import FlakyBackend
 from rheo_flow import (
     AlreadyStarted,
-    Capabilities,
     InvalidArgument,
-    Lease,
     ManualClock,
     NewEvent,
     NotStarted,
     Producer,
     Rheo,
-    SettleResult,
     UnknownStream,
 )
 from rheo_flow._backoff import Backoff
-from rheo_flow.backends import MemoryBackend
 
 WaitUntil = Callable[..., Awaitable[None]]
 
 
-class CountingBackend(MemoryBackend):
-    """The memory backend counting calls, with injectable fetch / ack failures."""
-
-    def __init__(self, *, clock: ManualClock | None = None, push: bool = True) -> None:
-        super().__init__(clock=clock)
-        self.calls: Counter[str] = Counter()
-        self.fetch_failures = 0
-        self.ack_error: BaseException | None = None
-        self._caps = dataclasses.replace(MemoryBackend._CAPABILITIES, push_wakeups=push)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._caps
-
-    async def fetch(self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
-                    partitions: Sequence[int] | None) -> list[Lease]:
-        self.calls["fetch"] += 1
-        if self.fetch_failures:
-            self.fetch_failures -= 1
-            raise ConnectionRefusedError("connection refused")
-        return await super().fetch(stream, group, consumer_id, limit, lease_ms, partitions)
-
-    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
-        self.calls["ack"] += 1
-        if self.ack_error is not None:
-            raise self.ack_error
-        return await super().ack(leases)
-
-    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
-        self.calls["renew"] += 1
-        return await super().renew(leases, lease_ms)
+@pytest.fixture
+def backend(clock: ManualClock) -> FlakyBackend:
+    return FlakyBackend(clock=clock)
 
 
 @pytest.fixture
-def backend(clock: ManualClock) -> CountingBackend:
-    return CountingBackend(clock=clock)
-
-
-@pytest.fixture
-async def db(backend: CountingBackend) -> AsyncIterator[Rheo]:
+async def db(backend: FlakyBackend) -> AsyncIterator[Rheo]:
     async with Rheo(backend) as rheo:
         await rheo.create_stream("orders", partitions=4)
         yield rheo
@@ -122,7 +84,7 @@ async def test_nack_reject_and_confirm_release_demand(db: Rheo, clock: ManualClo
 
 
 async def test_renews_every_inflight_lease_in_one_call(
-    db: Rheo, backend: CountingBackend, clock: ManualClock, wait_until: WaitUntil
+    db: Rheo, backend: FlakyBackend, clock: ManualClock, wait_until: WaitUntil
 ) -> None:
     await append(db, 6)
     async with Producer(db, "orders", "billing", max_demand=10, lease_ms=100) as producer:
@@ -180,7 +142,7 @@ async def test_push_wakeup_ends_an_idle_wait(db: Rheo) -> None:
 
 
 async def test_polls_when_the_backend_cannot_push(clock: ManualClock) -> None:
-    backend = CountingBackend(clock=clock, push=False)
+    backend = FlakyBackend(clock=clock, push=False)
     async with Rheo(backend) as rheo:
         await rheo.create_stream("orders")
         async with Producer(rheo, "orders", "g", poll_ms=10) as producer:
@@ -191,7 +153,7 @@ async def test_polls_when_the_backend_cannot_push(clock: ManualClock) -> None:
             await producer.ack(leases)
 
 
-async def test_fetch_failures_back_off_then_recover(db: Rheo, backend: CountingBackend) -> None:
+async def test_fetch_failures_back_off_then_recover(db: Rheo, backend: FlakyBackend) -> None:
     await append(db, 3)
     backend.fetch_failures = 2
     backoff = Backoff(initial_ms=1, max_ms=2, jitter_ms=0)
@@ -204,7 +166,7 @@ async def test_fetch_failures_back_off_then_recover(db: Rheo, backend: CountingB
 
 
 async def test_unavailable_backend_on_ack_leaves_leases_to_expire(
-    db: Rheo, backend: CountingBackend, clock: ManualClock
+    db: Rheo, backend: FlakyBackend, clock: ManualClock
 ) -> None:
     await append(db, 2)
     async with Producer(db, "orders", "billing", lease_ms=1_000) as producer:
@@ -278,7 +240,7 @@ async def test_bad_input_and_lifecycle_errors(db: Rheo) -> None:
     assert await producer.demand(1) == []
 
 
-async def test_observer_sees_every_settle_with_its_kind(db: Rheo, backend: CountingBackend
+async def test_observer_sees_every_settle_with_its_kind(db: Rheo, backend: FlakyBackend
                                                         ) -> None:
     from rheo_flow import SettleOutcome
 
