@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from rheo_flow import Event, InvalidArgument, Lease, NewEvent, Rheo
+from _sink_helpers import backlog, run_pipeline
+from rheo_flow import Event, InvalidArgument, Lease, Rheo
 from rheo_flow.backends import SQLiteBackend
-from rheo_flow.pipeline import Message, Pipeline, Processors
-from rheo_flow.sinks import Column, DuckDBSink, RowStatus, SinkHandler, Span, sink_batcher
+from rheo_flow.pipeline import Message
+from rheo_flow.sinks import Column, DuckDBSink, RowStatus, Span
 
 WaitUntil = Callable[..., Awaitable[None]]
 WORKER = Path(__file__).with_name("_sink_worker.py")
@@ -48,38 +49,6 @@ COLUMNS = [
 ]
 
 
-async def backlog(rheo: Rheo, count: int, *, partitions: int = 4,
-                  poison: dict[int, Any] | None = None) -> list[str]:
-    """Append ``count`` order events (amount ``poison[i]`` for the poison ones); their ids."""
-    await rheo.create_stream("orders", partitions=partitions)
-    ids: list[str] = []
-    for start in range(0, count, 10_000):
-        events = [
-            NewEvent("order.placed", {"n": i, "customer": f"c{i % 7}",
-                                      "amount": (poison or {}).get(i, i)},
-                     id=f"order-{i}", key=f"k{i % 97}")
-            for i in range(start, min(count, start + 10_000))
-        ]
-        ids += [e.id for e in await rheo.append("orders", events)]
-    return ids
-
-
-async def run_pipeline(rheo: Rheo, sink: DuckDBSink, expected: int, wait_until: WaitUntil,
-                       *, rows: int = 5_000) -> Pipeline:
-    """Run a pipeline into ``sink`` until ``expected`` deliveries are settled; drained."""
-    pipeline = Pipeline(rheo, stream="orders", group="warehouse", handler=SinkHandler(sink),
-                        processors=Processors(concurrency=2),
-                        batchers={"default": sink_batcher(max_rows=rows, max_age=0.2,
-                                                          concurrency=2)})
-    async with pipeline:
-        async def settled() -> bool:
-            frontier = await rheo.frontier("orders", "warehouse")
-            return sum(frontier.values()) >= expected
-
-        await wait_until(settled, timeout=120, message="every delivery settled")
-    return pipeline
-
-
 def leased(ids: list[str], *, part: int = 0) -> list[Message]:
     """Messages for events ``ids`` (sequences 1..n of one partition)."""
     now = int(time.time() * 1000)
@@ -97,7 +66,7 @@ async def test_50k_events_land_exactly_once(tmp_path: Path, wait_until: WaitUnti
     async with Rheo("memory://") as rheo, DuckDBSink(tmp_path / "wh.duckdb", table="orders",
                                                      columns=COLUMNS) as sink:
         ids = await backlog(rheo, 50_000)
-        pipeline = await run_pipeline(rheo, sink, 50_000, wait_until)
+        pipeline = await run_pipeline(rheo, sink, 50_000, wait_until, rows=5_000)
         assert await sink.query("SELECT count(*), count(DISTINCT event_id), sum(amount) "
                                 "FROM orders") == [(50_000, 50_000, sum(range(50_000)))]
         stored = {r[0] for r in await sink.query("SELECT event_id FROM orders")}

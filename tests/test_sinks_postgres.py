@@ -18,10 +18,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from rheo_flow import Event, InvalidArgument, Lease, NewEvent, Rheo
+from _sink_helpers import backlog, run_pipeline
+from rheo_flow import Event, InvalidArgument, Lease, Rheo
 from rheo_flow.backends import PostgresBackend
-from rheo_flow.pipeline import Message, Pipeline, Processors
-from rheo_flow.sinks import Column, PostgresSink, RowStatus, SinkHandler, Span, sink_batcher
+from rheo_flow.pipeline import Message
+from rheo_flow.sinks import Column, PostgresSink, RowStatus, Span
 
 WaitUntil = Callable[..., Awaitable[None]]
 WORKER = Path(__file__).with_name("_sink_worker.py")
@@ -58,38 +59,6 @@ async def pool(postgres_url: str, schema: str) -> AsyncIterator[asyncpg.Pool]:
         await p.close()
 
 
-async def backlog(rheo: Rheo, count: int, *, poison: dict[int, Any] | None = None
-                  ) -> list[str]:
-    """Append ``count`` order events over 4 partitions; their ids."""
-    await rheo.create_stream("orders", partitions=4)
-    ids: list[str] = []
-    for start in range(0, count, 10_000):
-        events = [
-            NewEvent("order.placed", {"n": i, "customer": f"c{i % 7}",
-                                      "amount": (poison or {}).get(i, i)},
-                     id=f"order-{i}", key=f"k{i % 97}")
-            for i in range(start, min(count, start + 10_000))
-        ]
-        ids += [e.id for e in await rheo.append("orders", events)]
-    return ids
-
-
-async def run_pipeline(rheo: Rheo, sink: PostgresSink, expected: int, wait_until: WaitUntil,
-                       *, rows: int = 2_000) -> Pipeline:
-    """Run a pipeline into ``sink`` until ``expected`` deliveries are settled; drained."""
-    pipeline = Pipeline(rheo, stream="orders", group="warehouse", handler=SinkHandler(sink),
-                        processors=Processors(concurrency=2),
-                        batchers={"default": sink_batcher(max_rows=rows, max_age=0.2,
-                                                          concurrency=2)})
-    async with pipeline:
-        async def settled() -> bool:
-            frontier = await rheo.frontier("orders", "warehouse")
-            return sum(frontier.values()) >= expected
-
-        await wait_until(settled, timeout=120, message="every delivery settled")
-    return pipeline
-
-
 def leased(ids: list[str], *, part: int = 0, first: int = 1) -> list[Message]:
     """Messages for events ``ids`` (sequences first, first+1, ... of one partition)."""
     now = int(time.time() * 1000)
@@ -109,7 +78,7 @@ async def test_acks_commit_with_the_rows_when_the_stream_shares_the_database(
     async with Rheo(backend) as rheo, PostgresSink(
             pool=pool, table=f"{schema}.orders", columns=COLUMNS, settle_with=backend) as sink:
         ids = await backlog(rheo, 5_000)
-        pipeline = await run_pipeline(rheo, sink, 5_000, wait_until)
+        pipeline = await run_pipeline(rheo, sink, 5_000, wait_until, rows=2_000)
         stats = pipeline.producer.stats()
         # The sink acked every lease in its transactions; the pipeline only released them.
         assert stats.confirmed == 5_000
@@ -131,7 +100,7 @@ async def test_poison_rows_are_dead_lettered_and_their_neighbours_written(
     async with rheo, PostgresSink(pool=pool, table=f"{schema}.orders", columns=COLUMNS,
                                   settle_with=backend) as sink:
         await backlog(rheo, 10_000, poison=poison)
-        await run_pipeline(rheo, sink, 10_000, wait_until)
+        await run_pipeline(rheo, sink, 10_000, wait_until, rows=2_000)
         dead = await rheo.dead_letters("orders", "warehouse")
         reasons = {int(d.event_id.removeprefix("order-")): d.reason for d in dead}
         assert sorted(reasons) == sorted(poison)
