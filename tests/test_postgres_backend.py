@@ -27,7 +27,13 @@ from rheo_flow import (
     consumer,
 )
 from rheo_flow._backends import postgres as pg
-from rheo_flow._backends._postgres_sql import SCHEMA_VERSION, VERSION_TABLE
+from rheo_flow._backends._postgres_sql import (
+    BOOTSTRAP,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    VERSION_TABLE,
+    render,
+)
 from rheo_flow._urls import backend_from_url
 from rheo_flow.backends import PostgresBackend
 
@@ -181,6 +187,29 @@ async def test_concurrent_migrations_apply_once(postgres_url: str, schema: str,
     await asyncio.gather(*(b.open() for b in backends))
     for b in backends:
         await b.close()
+
+
+async def test_a_version_1_schema_is_upgraded_in_place(url: str, schema: str,
+                                                      admin: asyncpg.Connection) -> None:
+    # A database left at version 1 by an earlier release.
+    for statement in (*BOOTSTRAP, *MIGRATIONS[0].statements):
+        await admin.execute(render(statement, schema))
+    await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
+                        "VALUES (1, 'v1')")
+    with pytest.raises(BackendError, match="at version 1"):
+        await PostgresBackend.from_url(url + "&migrate=false").open()
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        rows = await admin.fetch(f'SELECT version FROM "{schema}".{VERSION_TABLE} '
+                                 "ORDER BY version")
+        assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+        await rheo.create_stream("s", partitions=2)
+        await rheo.append("s", [NewEvent("t", {"i": i}) for i in range(6)])
+        first = await rheo.fetch("s", "g", limit=3)
+        assert all(r.ok for r in await rheo.nack(first, "again"))
+        leases = await rheo.fetch("s", "g", limit=10)
+        assert sorted(lease.event.data["i"] for lease in leases) == list(range(6))
+        assert all(r.ok for r in await rheo.ack(leases))
+        assert sum((await rheo.frontier("s", "g")).values()) == 6
 
 
 async def test_migrate_false_refuses_a_missing_schema(url: str) -> None:

@@ -430,9 +430,298 @@ BEGIN
 END
 $fn$"""
 
+# Migration 2: the same functions with plans that do not depend on table
+# statistics. PL/pgSQL caches one generic plan per statement and session; a
+# plan made while `deliveries` was small (a fresh schema, before autovacuum
+# first analyzes it) joined the batch to the table by hashing every delivery
+# of the group, so settles and re-leases slowed down as the table grew until
+# the next ANALYZE. Now every row is found through its key one batch element
+# at a time (LATERAL subqueries the planner cannot flatten, sequential and
+# bitmap scans switched off inside the functions), and the rows a function
+# has locked are updated by their physical address (`ctid = ANY(...)`, a TID
+# scan): a locked row cannot move before the transaction ends.
+_OPTIONS: Final = ("SET plan_cache_mode = force_generic_plan SET enable_seqscan = off "
+                   "SET enable_bitmapscan = off")
+
+_FETCH_V2: Final = """
+CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
+                                     p_lease_ms bigint, p_consumer text)
+RETURNS TABLE (o_part integer, o_seq bigint, o_attempt integer, o_lease uuid,
+               o_deadline bigint, o_event_id text, o_type text, o_key text,
+               o_data text, o_headers text, o_appended bigint)
+LANGUAGE plpgsql """ + _OPTIONS + """ AS $fn$
+DECLARE
+    v_stream integer;
+    v_max integer;
+    v_now bigint := """ + NOW_MS + """;
+    c_part integer[];
+    c_seq bigint[];
+    c_att integer[];
+    c_tid tid[];
+    k_part integer[];
+    k_cur bigint[];
+    k_top bigint[];
+    o_parts integer[];
+    o_seqs bigint[];
+    r_tid tid[];
+    n_part integer[];
+    n_seq bigint[];
+    v_wait integer;
+    v_doomed tid[];
+BEGIN
+    SELECT g.stream_id, g.max_attempts INTO v_stream, v_max
+    FROM {s}.groups g WHERE g.id = p_group;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
+    END IF;
+
+    SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
+    INTO c_part, c_seq, c_att, c_tid
+    FROM unnest(p_parts) AS p(part)
+    JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
+    CROSS JOIN LATERAL (
+        SELECT a.* FROM (
+            SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
+            WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+              AND d.state = 0 AND d.available_at_ms <= v_now
+            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
+        UNION ALL
+        SELECT b.* FROM (
+            SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
+            WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+              AND d.state = 1 AND d.deadline_ms <= v_now
+            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
+    ) x;
+
+    SELECT array_agg(k.part), array_agg(k.cursor), array_agg(LEAST(k.high, k.cursor + p_limit))
+    INTO k_part, k_cur, k_top
+    FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
+          JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+          WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
+          FOR UPDATE OF c SKIP LOCKED) k;
+
+    IF c_part IS NULL AND k_part IS NULL THEN
+        -- Competing fetches hold every cursor with work: wait for ONE of them
+        -- (chosen first, then locked alone) while holding no other lock, so
+        -- waiting fetches never deadlock one another; then claim again from
+        -- every cursor that is free by now (a fresh snapshot sees their moves).
+        SELECT c.part INTO v_wait
+        FROM {s}.cursors c
+        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+        WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
+        ORDER BY array_position(p_parts, c.part)
+        LIMIT 1;
+        IF FOUND THEN
+            PERFORM 1 FROM {s}.cursors c WHERE c.group_id = p_group AND c.part = v_wait
+            FOR UPDATE;
+            SELECT array_agg(k.part), array_agg(k.cursor),
+                   array_agg(LEAST(k.high, k.cursor + p_limit))
+            INTO k_part, k_cur, k_top
+            FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
+                  JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+                  WHERE c.group_id = p_group AND c.part = ANY (p_parts)
+                    AND c.cursor < pt.high_water
+                  FOR UPDATE OF c SKIP LOCKED) k;
+        END IF;
+    END IF;
+
+    IF c_part IS NOT NULL THEN
+        SELECT array_agg(x.tid) INTO v_doomed
+        FROM unnest(c_tid, c_att) AS x(tid, attempt) WHERE x.attempt >= v_max;
+        IF v_doomed IS NOT NULL THEN
+            UPDATE {s}.deliveries d
+            SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = v_now
+            WHERE d.ctid = ANY (v_doomed);
+            PERFORM {s}.advance_frontiers(array_agg(p_group), array_agg(x.part))
+            FROM (SELECT DISTINCT x.part FROM unnest(c_part, c_att) AS x(part, attempt)
+                  WHERE x.attempt >= v_max) x;
+        END IF;
+    END IF;
+
+    -- The round-robin winners, in delivery order: existing rows to lease again
+    -- (by address) and fresh sequences to insert.
+    WITH cand AS (
+        SELECT x.part, x.seq, x.tid, row_number() OVER (PARTITION BY x.part ORDER BY x.seq)
+               AS depth
+        FROM unnest(c_part, c_seq, c_att, c_tid) AS x(part, seq, attempt, tid)
+        WHERE x.attempt < v_max
+    ), counted AS (
+        SELECT cand.part, count(*) AS n FROM cand GROUP BY cand.part
+    ), fresh AS (
+        SELECT k.part, s.seq, NULL::tid AS tid, COALESCE(n.n, 0) + (s.seq - k.cur) AS depth
+        FROM unnest(k_part, k_cur, k_top) AS k(part, cur, top)
+        LEFT JOIN counted n ON n.part = k.part
+        CROSS JOIN LATERAL generate_series(k.cur + 1, k.top) AS s(seq)
+    ), chosen AS (
+        SELECT a.part, a.seq, a.tid, a.depth, array_position(p_parts, a.part) AS pos
+        FROM (SELECT * FROM cand UNION ALL SELECT * FROM fresh) a
+        ORDER BY a.depth, array_position(p_parts, a.part)
+        LIMIT p_limit
+    )
+    SELECT array_agg(c.part ORDER BY c.depth, c.pos), array_agg(c.seq ORDER BY c.depth, c.pos),
+           array_agg(c.tid) FILTER (WHERE c.tid IS NOT NULL),
+           array_agg(c.part) FILTER (WHERE c.tid IS NULL),
+           array_agg(c.seq) FILTER (WHERE c.tid IS NULL)
+    INTO o_parts, o_seqs, r_tid, n_part, n_seq
+    FROM chosen c;
+
+    IF o_parts IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH releases AS (
+        UPDATE {s}.deliveries d
+        SET state = 1, attempt = d.attempt + 1, lease_id = gen_random_uuid(),
+            consumer_id = p_consumer, deadline_ms = v_now + p_lease_ms, settled_by = NULL
+        WHERE d.ctid = ANY (r_tid)
+        RETURNING d.part, d.seq, d.attempt, d.lease_id
+    ), created AS (
+        INSERT INTO {s}.deliveries
+            (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
+        SELECT p_group, n.part, n.seq, 1, 1, gen_random_uuid(), p_consumer, v_now + p_lease_ms
+        FROM unnest(n_part, n_seq) AS n(part, seq)
+        RETURNING part, seq, attempt, lease_id
+    ), moved AS (
+        UPDATE {s}.cursors cu SET cursor = m.top
+        FROM (SELECT n.part, max(n.seq) AS top FROM unnest(n_part, n_seq) AS n(part, seq)
+              GROUP BY n.part) m
+        WHERE cu.group_id = p_group AND cu.part = m.part
+    )
+    SELECT l.part, l.seq, l.attempt, l.lease_id, v_now + p_lease_ms,
+           e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
+    FROM (SELECT * FROM releases UNION ALL SELECT * FROM created) l
+    JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
+      ON o.part = l.part AND o.seq = l.seq
+    CROSS JOIN LATERAL (
+        SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+        FROM {s}.events e WHERE e.stream_id = v_stream AND e.part = l.part AND e.seq = l.seq
+        OFFSET 0) e
+    ORDER BY o.ord;
+END
+$fn$"""
+
+# Each batch element looks its delivery up by key (see migration 2 above).
+_CLASSIFY_V2: Final = """
+    SELECT array_agg(u.idx ORDER BY u.idx),
+           array_agg(CASE
+               WHEN d.seq IS NULL THEN
+                   CASE WHEN u.seq >= 1 AND u.seq <= pt.high_water THEN 5 ELSE 6 END
+               WHEN d.lease_id IS DISTINCT FROM u.lease THEN 2
+               WHEN d.attempt <> u.att THEN 3
+               WHEN d.state = 1 THEN 7
+               WHEN p_op <> 0 AND d.settled_by = p_op THEN 1
+               ELSE 4 END::smallint ORDER BY u.idx),
+           array_agg(d.settled_by ORDER BY u.idx)
+    INTO bad_idx, bad_code, bad_by
+    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+         AS u(g, part, seq, lease, att, idx)
+    LEFT JOIN LATERAL (
+        SELECT d.seq, d.lease_id, d.attempt, d.state, d.settled_by FROM {s}.deliveries d
+        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq OFFSET 0) d ON true
+    LEFT JOIN LATERAL (
+        SELECT pt.high_water FROM {s}.groups gr
+        JOIN {s}.partitions pt ON pt.stream_id = gr.stream_id AND pt.part = u.part
+        WHERE gr.id = u.g OFFSET 0) pt ON true
+    WHERE u.idx <> ALL (COALESCE(v_done, '{}'::bigint[]))"""
+
+# The batch's deliveries still leased under these very leases, locked in key
+# order (the batch arrives sorted). A racing settle of the same lease waits on
+# the row lock and then no longer matches (the row is re-checked once the lock
+# is granted).
+_LOCK_LEASED: Final = """
+    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+         AS u(g, part, seq, lease, att, idx)
+    CROSS JOIN LATERAL (
+        -- "state + 0": a plain "state = 1" would let the planner walk
+        -- deliveries_leased (its predicate) per lease; the key finds each row.
+        SELECT d.ctid AS tid FROM {s}.deliveries d
+        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
+          AND d.state + 0 = 1 AND d.lease_id = u.lease AND d.attempt = u.att
+        FOR UPDATE) l"""
+
+_SETTLE_V2: Final = """
+CREATE OR REPLACE FUNCTION {s}.settle(p_op smallint, p_groups integer[], p_parts integer[],
+                                      p_seqs bigint[], p_leases uuid[], p_atts integer[],
+                                      p_reason text, p_delay_ms bigint,
+                                      OUT bad_idx bigint[], OUT bad_code smallint[],
+                                      OUT bad_by smallint[])
+LANGUAGE plpgsql """ + _OPTIONS + """ AS $fn$
+DECLARE
+    v_now bigint := """ + NOW_MS + """;
+    v_tids tid[];
+    v_spent tid[];
+    v_done bigint[];
+    v_tg integer[];
+    v_tp integer[];
+BEGIN
+    WITH hit AS (
+        -- spent: a nack of this attempt dead-letters (only nack needs max_attempts).
+        SELECT l.tid, u.idx, u.g, u.part,
+               p_op = 3 OR p_op = 1 OR (p_op = 2 AND u.att >= (
+                   SELECT gr.max_attempts FROM {s}.groups gr WHERE gr.id = u.g)) AS final
+""" + _LOCK_LEASED + """
+    )
+    SELECT array_agg(hit.tid), array_agg(hit.tid) FILTER (WHERE hit.final AND p_op = 2),
+           array_agg(hit.idx),
+           array_agg(hit.g) FILTER (WHERE hit.final), array_agg(hit.part) FILTER (WHERE hit.final)
+    INTO v_tids, v_spent, v_done, v_tg, v_tp
+    FROM hit;
+
+    IF v_tids IS NOT NULL THEN
+        UPDATE {s}.deliveries d SET
+            state = CASE WHEN p_op = 1 THEN 2 WHEN p_op = 3 THEN 3
+                         WHEN d.ctid = ANY (v_spent) THEN 3 ELSE 0 END,
+            settled_by = p_op,
+            reason = CASE WHEN p_op = 1 THEN '' WHEN p_op = 3 THEN p_reason
+                          WHEN d.ctid = ANY (v_spent) THEN 'max_attempts' ELSE p_reason END,
+            available_at_ms = CASE WHEN p_op = 2 THEN v_now + p_delay_ms
+                                   ELSE d.available_at_ms END,
+            rejected_at_ms = CASE WHEN p_op = 3 OR (p_op = 2 AND d.ctid = ANY (v_spent))
+                                  THEN v_now ELSE d.rejected_at_ms END
+        WHERE d.ctid = ANY (v_tids);
+    END IF;
+    IF v_tg IS NOT NULL THEN
+        PERFORM {s}.advance_frontiers(v_tg, v_tp);
+    END IF;
+    IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
+""" + _CLASSIFY_V2 + """;
+    END IF;
+END
+$fn$"""
+
+_RENEW_V2: Final = """
+CREATE OR REPLACE FUNCTION {s}.renew(p_groups integer[], p_parts integer[], p_seqs bigint[],
+                                     p_leases uuid[], p_atts integer[], p_lease_ms bigint,
+                                     OUT deadline_ms bigint,
+                                     OUT bad_idx bigint[], OUT bad_code smallint[],
+                                     OUT bad_by smallint[])
+LANGUAGE plpgsql """ + _OPTIONS + """ AS $fn$
+DECLARE
+    p_op smallint := 0;
+    v_tids tid[];
+    v_done bigint[];
+BEGIN
+    deadline_ms := """ + NOW_MS + """ + p_lease_ms;
+    SELECT array_agg(l.tid), array_agg(u.idx) INTO v_tids, v_done
+""" + _LOCK_LEASED + """;
+    IF v_tids IS NOT NULL THEN
+        UPDATE {s}.deliveries d SET deadline_ms = renew.deadline_ms WHERE d.ctid = ANY (v_tids);
+    END IF;
+    IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
+""" + _CLASSIFY_V2 + """;
+    END IF;
+END
+$fn$"""
+
+_ADVANCE_V2: Final = ("ALTER FUNCTION {s}.advance_frontiers(integer[], integer[]) "
+                      "SET enable_seqscan = off")
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "streams, events, groups, deliveries and the fetch/settle/renew functions",
               (*_TABLES, _ADVANCE, _FETCH, _SETTLE, _RENEW)),
+    Migration(2, "fetch, settle and renew with plans that do not depend on table statistics",
+              (_FETCH_V2, _SETTLE_V2, _RENEW_V2, _ADVANCE_V2)),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version

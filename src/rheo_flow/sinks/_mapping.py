@@ -10,7 +10,6 @@ function producing a row tuple per message.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from .._errors import InvalidArgument
+from .._json import dumps
 
 if TYPE_CHECKING:
     from ..pipeline import Message
@@ -191,30 +191,6 @@ def _utc(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def _not_json(value: Any) -> Any:
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _json_encoder() -> Callable[[Any], str]:
-    """Compact JSON text of a value.
-
-    ``json.dumps`` builds a new C encoder on every call; building it once and
-    skipping the cycle check (event data comes from JSON: it has no cycles;
-    a cyclic value fails with RecursionError) makes it about a third faster.
-    """
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # no C accelerator (e.g. PyPy)
-        return json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
-                                allow_nan=False).encode
-    encode = make(None, _not_json, json.encoder.encode_basestring, None, ":", ",", False,
-                  False, False)
-
-    def encoded(value: Any) -> str:
-        return "".join(encode(value, 0))
-
-    return encoded
-
-
 def _dig(value: Any, keys: tuple[str, ...]) -> Any:
     for k in keys:
         if type(value) is not dict:
@@ -308,7 +284,7 @@ def _compile(columns: Sequence[Column]) -> Callable[[Message], tuple[Any, ...]]:
     getter closures. Only fixed expression templates are generated; user
     values (data keys, header names, functions) are passed as constants.
     """
-    namespace: dict[str, Any] = {"_dig": _dig, "_enc": _json_encoder(), "_Missing": _Missing,
+    namespace: dict[str, Any] = {"_dig": _dig, "_enc": dumps, "_Missing": _Missing,
                                  "_utc": _utc}
     exprs: list[str] = []
     checks: list[str] = []
