@@ -149,13 +149,16 @@ def test_migrate_postgres_applies_the_schema_once(postgres_url: str) -> None:
 
     import asyncpg
 
+    from rheo_flow._backends._postgres_sql import SCHEMA_VERSION
+
     schema = f"rheo_cli_{uuid.uuid4().hex[:8]}"
     url = f"{postgres_url}{'&' if '?' in postgres_url else '?'}schema={schema}"
     try:
         for _ in range(2):  # idempotent: the second run finds the version in place
             result = runner.invoke(app, ["migrate", url])
             assert result.exit_code == 0, result.output
-            assert "schema version 1 is in place" in " ".join(_plain(result.output).split())
+            assert (f"schema version {SCHEMA_VERSION} is in place"
+                    in " ".join(_plain(result.output).split()))
 
         async def tables() -> set[str]:
             conn = await asyncpg.connect(postgres_url)
