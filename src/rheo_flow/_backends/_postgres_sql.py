@@ -443,6 +443,30 @@ $fn$"""
 _OPTIONS: Final = ("SET plan_cache_mode = force_generic_plan SET enable_seqscan = off "
                    "SET enable_bitmapscan = off")
 
+# The body of advance_frontiers (migration 1), also inlined into settle: a
+# settle is the hot caller, and a nested function call costs as much as the
+# two statements.
+_ADVANCE_STEPS: Final = """
+    PERFORM 1 FROM {s}.frontiers f
+        JOIN (SELECT DISTINCT g, p FROM unnest(p_groups, p_parts) AS u(g, p)) u
+          ON f.group_id = u.g AND f.part = u.p
+        ORDER BY f.group_id, f.part
+        FOR UPDATE OF f;
+    UPDATE {s}.frontiers f SET frontier = n.top
+    FROM (
+        SELECT f2.group_id, f2.part, LEAST(
+            COALESCE((SELECT d.seq FROM {s}.deliveries d
+                      WHERE d.group_id = f2.group_id AND d.part = f2.part
+                        AND d.seq > f2.frontier AND d.state < 2
+                      ORDER BY d.seq LIMIT 1), 9223372036854775807),
+            (SELECT c.cursor + 1 FROM {s}.cursors c
+             WHERE c.group_id = f2.group_id AND c.part = f2.part)) - 1 AS top
+        FROM {s}.frontiers f2
+        JOIN (SELECT DISTINCT g, p FROM unnest(p_groups, p_parts) AS u(g, p)) u
+          ON f2.group_id = u.g AND f2.part = u.p
+    ) n
+    WHERE f.group_id = n.group_id AND f.part = n.part AND n.top > f.frontier;"""
+
 _FETCH_V2: Final = """
 CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
                                      p_lease_ms bigint, p_consumer text)
@@ -468,6 +492,7 @@ DECLARE
     n_seq bigint[];
     v_wait integer;
     v_doomed tid[];
+    v_prefix text;
 BEGIN
     SELECT g.stream_id, g.max_attempts INTO v_stream, v_max
     FROM {s}.groups g WHERE g.id = p_group;
@@ -568,6 +593,38 @@ BEGIN
     IF o_parts IS NULL THEN
         RETURN;
     END IF;
+    -- New leases are named by one random prefix per call and their position:
+    -- unique, and far cheaper than a random UUID per row.
+    v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 24);
+
+    IF r_tid IS NULL THEN
+        -- Only new deliveries (the common case): no re-leases to merge, and the
+        -- lease ids sort in the chosen order.
+        RETURN QUERY
+        WITH created AS (
+            INSERT INTO {s}.deliveries
+                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
+            SELECT p_group, n.part, n.seq, 1, 1,
+                   (v_prefix || lpad(to_hex(n.ord), 8, '0'))::uuid, p_consumer,
+                   v_now + p_lease_ms
+            FROM unnest(n_part, n_seq) WITH ORDINALITY AS n(part, seq, ord)
+            RETURNING part, seq, lease_id
+        ), moved AS (
+            UPDATE {s}.cursors cu SET cursor = m.top
+            FROM (SELECT n.part, max(n.seq) AS top FROM unnest(n_part, n_seq) AS n(part, seq)
+                  GROUP BY n.part) m
+            WHERE cu.group_id = p_group AND cu.part = m.part
+        )
+        SELECT c.part, c.seq, 1, c.lease_id, v_now + p_lease_ms,
+               e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
+        FROM created c
+        CROSS JOIN LATERAL (
+            SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+            FROM {s}.events e WHERE e.stream_id = v_stream AND e.part = c.part AND e.seq = c.seq
+            OFFSET 0) e
+        ORDER BY c.lease_id;
+        RETURN;
+    END IF;
 
     RETURN QUERY
     WITH releases AS (
@@ -579,8 +636,9 @@ BEGIN
     ), created AS (
         INSERT INTO {s}.deliveries
             (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
-        SELECT p_group, n.part, n.seq, 1, 1, gen_random_uuid(), p_consumer, v_now + p_lease_ms
-        FROM unnest(n_part, n_seq) AS n(part, seq)
+        SELECT p_group, n.part, n.seq, 1, 1, (v_prefix || lpad(to_hex(n.ord), 8, '0'))::uuid,
+               p_consumer, v_now + p_lease_ms
+        FROM unnest(n_part, n_seq) WITH ORDINALITY AS n(part, seq, ord)
         RETURNING part, seq, attempt, lease_id
     ), moved AS (
         UPDATE {s}.cursors cu SET cursor = m.top
@@ -681,8 +739,8 @@ BEGIN
                                   THEN v_now ELSE d.rejected_at_ms END
         WHERE d.ctid = ANY (v_tids);
     END IF;
-    IF v_tg IS NOT NULL THEN
-        PERFORM {s}.advance_frontiers(v_tg, v_tp);
+    IF v_tg IS NOT NULL THEN""" + _ADVANCE_STEPS.replace("p_groups", "v_tg").replace(
+        "p_parts", "v_tp") + """
     END IF;
     IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
 """ + _CLASSIFY_V2 + """;
@@ -714,8 +772,13 @@ BEGIN
 END
 $fn$"""
 
-_ADVANCE_V2: Final = ("ALTER FUNCTION {s}.advance_frontiers(integer[], integer[]) "
-                      "SET enable_seqscan = off")
+_ADVANCE_V2: Final = """
+CREATE OR REPLACE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
+RETURNS void LANGUAGE plpgsql """ + _OPTIONS + """ AS $fn$
+BEGIN
+""" + _ADVANCE_STEPS + """
+END
+$fn$"""
 
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "streams, events, groups, deliveries and the fetch/settle/renew functions",

@@ -73,6 +73,8 @@ _URL_OPTIONS: Final = ("schema", "pool_min_size", "pool_max_size", "listen", "mi
 _NIL_UUID: Final = "00000000000000000000000000000000"
 _LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
 _MAX_SEQ: Final = 2**63 - 1
+_MAX_ATTEMPT: Final = 10**9
+"""Receipts name attempts of at most 9 digits."""
 _MAX_INT: Final = 2**31 - 1
 _LISTEN_RETRY_S: Final = 5.0
 """After a failed LISTEN connection, poll for this long before trying again."""
@@ -1118,12 +1120,11 @@ class _Batch:
             # "{partition}-{sequence}-{attempt}"; anything else matches nothing.
             if type(lease_id) is not str or lease_pattern(lease_id) is None:
                 lease_id = _NIL_UUID
-            attempt = -1
-            if type(receipt) is str:
-                head, _, tail = receipt.rpartition("-")
-                if (tail.isascii() and tail.isdigit() and len(tail) < 10
-                        and head == f"{part}-{seq}"):
-                    attempt = int(tail)
+            attempt = lease.attempt
+            if (type(attempt) is not int or not 0 < attempt < _MAX_ATTEMPT
+                    or receipt != f"{part}-{seq}-{attempt}"):
+                # Not the receipt this lease was issued with: the receipt decides.
+                attempt = _receipt_attempt(receipt, part, seq)
             entries.append((found[0], part, seq, lease_id, attempt, i))
         entries.sort()
         self.order = [e[5] for e in entries]
@@ -1138,15 +1139,17 @@ class _Batch:
     def apply(self, bad_idx: list[int] | None, bad_code: list[int] | None,
               bad_by: list[int | None] | None, deadline_ms: int | None) -> None:
         """Record the function's answer: listed positions failed, the rest took effect."""
-        bad: dict[int, tuple[int, int | None]] = {}
-        if bad_idx:
-            assert bad_code is not None
-            assert bad_by is not None
-            bad = {i: (c, b) for i, c, b in zip(bad_idx, bad_code, bad_by, strict=True)}
+        leases, results = self.leases, self.results
+        if not bad_idx:
+            for i in self.order:  # the common case: every lease took effect
+                results[i] = SettleResult(leases[i].lease_id, None, False, deadline_ms)
+            return
+        assert bad_code is not None
+        assert bad_by is not None
+        bad = {i: (c, b) for i, c, b in zip(bad_idx, bad_code, bad_by, strict=True)}
         for position, i in enumerate(self.order, start=1):
-            lease_id = self.leases[i].lease_id
             code, by = bad.get(position, (0, None))
-            self.results[i] = _result(lease_id, code, by, deadline_ms)
+            results[i] = _result(leases[i].lease_id, code, by, deadline_ms)
 
     def finish(self, *, renew: bool) -> list[SettleResult]:
         for i, first in self.duplicates:
@@ -1167,9 +1170,19 @@ class _Batch:
         return out
 
 
+def _receipt_attempt(receipt: object, part: int, seq: int) -> int:
+    """The attempt a receipt names for (part, seq), or -1 (matches no delivery)."""
+    if type(receipt) is str:
+        head, _, tail = receipt.rpartition("-")
+        if (tail.isascii() and tail.isdigit() and len(tail) < 10
+                and head == f"{part}-{seq}"):
+            return int(tail)
+    return -1
+
+
 def _result(lease_id: str, code: int, by: int | None, deadline_ms: int | None) -> SettleResult:
     if code == 0:
-        return SettleResult.success(lease_id, deadline_ms=deadline_ms)
+        return SettleResult(lease_id, None, False, deadline_ms)
     if code == 1:
         return SettleResult.success(lease_id, repeated=True)
     if code == 2:
