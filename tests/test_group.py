@@ -277,6 +277,35 @@ async def test_max_demand_bounds_outstanding_leases(rec_rheo: Rheo,
     assert group.stats.fetched == 50
 
 
+async def test_fetches_take_half_of_max_demand_so_the_next_overlaps_the_last(
+        rec_rheo: Rheo, recording: RecordingBackend, wait_until: WaitUntil) -> None:
+    await append(rec_rheo, 40)
+    sizes: list[int] = []
+    fetch = recording.fetch
+
+    async def sized_fetch(*args: Any) -> list[Lease]:
+        leases = await fetch(*args)
+        sizes.append(len(leases))
+        return leases
+
+    recording.fetch = sized_fetch  # type: ignore[method-assign]
+    release = asyncio.Event()
+
+    @consumer(stream="orders", group="billing", concurrency=5, max_demand=10, poll_ms=10)
+    async def handle(event: Event, context: Mapping[str, Any]) -> Any:
+        await release.wait()
+        return ACK
+
+    async with handle.start(rec_rheo) as group:
+        # The first half is being handled and nothing has settled, yet the second
+        # half is already fetched: max_demand is reached in two calls of 5.
+        await wait_until(lambda: group.stats.fetched == 10)
+        assert (sizes, group.stats.acked) == ([5, 5], 0)
+        release.set()
+        await wait_until(lambda: group.stats.acked == 40)
+    assert max(sizes) == 5
+
+
 async def test_retry_redelivers_with_the_next_attempt(any_rheo: Rheo,
                                                       wait_until: WaitUntil) -> None:
     await any_rheo.create_stream("orders")
@@ -633,22 +662,22 @@ async def test_drain_with_timeout(rec_rheo: Rheo, recording: RecordingBackend,
 
 async def test_stop_nacks_unfinished_work(rec_rheo: Rheo, recording: RecordingBackend,
                                           wait_until: WaitUntil) -> None:
-    await append(rec_rheo, 3)
-    started = asyncio.Event()
+    await append(rec_rheo, 4)
+    started: list[int] = []
 
-    @consumer(stream="orders", group="billing", max_demand=3)
+    @consumer(stream="orders", group="billing", max_demand=4, concurrency=2)
     async def handle(event: Event, context: Mapping[str, Any]) -> Any:
-        started.set()
+        started.append(event.sequence)
         await asyncio.Event().wait()  # never finishes
         return ACK
 
     async with handle.start(rec_rheo) as group:
-        await asyncio.wait_for(started.wait(), 5)
-        await wait_until(lambda: group.stats.fetched == 3)
-    assert recording.nacks == [("shutdown", [1, 2, 3])]
+        # Two handlers running, two leases fetched behind them and never started.
+        await wait_until(lambda: len(started) == 2 and group.stats.fetched == 4)
+    assert recording.nacks == [("shutdown", [1, 2, 3, 4])]
     assert not group.running
     leases = await rec_rheo.fetch("orders", "billing", limit=10)
-    assert [lease.attempt for lease in leases] == [2, 2, 2]
+    assert [lease.attempt for lease in leases] == [2, 2, 2, 2]
 
 
 def _group_tasks() -> set[asyncio.Task[Any]]:

@@ -328,6 +328,26 @@ async def test_frontier_with_holes(rheo: Rheo) -> None:
     assert await rheo.frontier("s", "g") == {0: 5}
 
 
+async def test_lease_ids_are_unique_and_leases_come_round_robin(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=3)
+    await rheo.append("s", [NewEvent("t", partition=i % 3) for i in range(600)])
+    first = await rheo.fetch("s", "g", limit=250)  # new deliveries only
+    assert all(r.ok for r in await rheo.nack(first[:40], "again"))
+    mixed = await rheo.fetch("s", "g", limit=250)  # re-leases and new deliveries
+    ids = [lease.lease_id for lease in first + mixed]
+    assert len(set(ids)) == len(ids) == 500
+    assert all(len(i) == 32 and int(i, 16) >= 0 and i == i.lower() for i in ids)
+    for batch in (first, mixed):
+        # In sequence order within each partition, the partitions taking turns.
+        for part in range(3):
+            seqs = [lease.sequence for lease in batch if lease.partition == part]
+            assert seqs == sorted(seqs)
+        depths = [sum(1 for x in batch[:i] if x.partition == lease.partition)
+                  for i, lease in enumerate(batch)]
+        assert depths == sorted(depths)
+    assert sum(lease.attempt == 2 for lease in mixed) == 40
+
+
 async def test_frontier_under_concurrent_settles(rheo: Rheo) -> None:
     """Racing ack batches (on several pool connections) never strand the frontier."""
     await rheo.create_stream("s", partitions=2)

@@ -102,6 +102,36 @@ def test_a_raising_source_or_unencodable_json_is_a_mapping_error() -> None:
         nan.row(message({"x": float("nan")}))
 
 
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_json_columns_hold_the_same_value_as_the_standard_library_would_write(
+        value: Any) -> None:
+    # orjson writes the text; what it refuses (integers beyond 64 bits, non-string
+    # keys) falls back to the standard library, so every value reads back alike.
+    mapping = RowMapping([Column("event_id", "VARCHAR", "event.id"), Column("d", "JSON", "data")])
+    text = mapping.row(message({"v": value}))[1]
+    assert json.loads(text) == json.loads(json.dumps({"v": value}))
+
+
+def test_json_columns_take_big_integers_and_refuse_what_json_cannot_carry() -> None:
+    mapping = RowMapping([Column("event_id", "VARCHAR", "event.id"), Column("d", "JSON", "data")])
+    assert mapping.row(message({"n": 2**70}))[1] == '{"n":1180591620717411303424}'
+    assert mapping.row(message({1: "x"}))[1] == '{"1":"x"}'
+    assert mapping.row(message({"a": None, "é": [1.5]}))[1] == '{"a":null,"é":[1.5]}'
+    for bad in (float("inf"), [float("-inf")], {"x": object()}):
+        with pytest.raises(MappingError):
+            mapping.row(message({"v": bad}))
+
+
 def test_the_key_column_is_required_and_must_exist() -> None:
     mapping = RowMapping([Column("id", "VARCHAR", "data.id"), Column("n", "BIGINT", "data.n")],
                          key="id")

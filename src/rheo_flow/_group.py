@@ -3,9 +3,10 @@
 One :class:`Group` runs one :class:`~rheo_flow.Consumer` for one
 (instance, stream, group) in this process. Its tasks:
 
-* the fetch loop claims at most ``max_demand - inflight`` leases, and only when
-  a handler can take work soon; idle, it waits for a push wake-up (or sleeps
-  ``poll_ms``); failed fetches back off on the shared :class:`Backoff` schedule;
+* the fetch loop claims at most ``max_demand - inflight`` leases, and at most
+  half of ``max_demand`` at a time, only when a handler can take work soon;
+  idle, it waits for a push wake-up (or sleeps ``poll_ms``); failed fetches
+  back off on the shared :class:`Backoff` schedule;
 * ``concurrency`` workers run the handler on queued leases;
 * the renewer extends every inflight lease in one backend call per tick
   (about every ``lease_ms / 2``);
@@ -193,6 +194,9 @@ class Group:
         self._state: _State = "new"
         self._context: Context = MappingProxyType({})
         self._inflight = Inflight(self._max_demand)
+        # Fetch in halves of max_demand: the second half is fetched while the
+        # first is handled and settled, so fetches and settles overlap.
+        self._fetch_size = -(-self._max_demand // 2)
         self._queue: asyncio.Queue[Lease] = asyncio.Queue()
         self._handling: dict[str, Lease] = {}
         self._pending: list[_Finished] = []
@@ -452,7 +456,7 @@ class Group:
 
     async def _fetch_loop(self) -> None:
         while not self._draining:
-            room = self._inflight.free
+            room = min(self._inflight.free, self._fetch_size)
             if room == 0 or self._queue.qsize() >= self._concurrency:
                 self._room.clear()
                 await self._room.wait()
