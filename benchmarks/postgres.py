@@ -153,8 +153,9 @@ async def consume_group(events: int, batch: int) -> float:
     try:
         stream = await _backlog(rheo, events)
 
-        @consumer(stream=stream, group="g", max_demand=2 * batch, concurrency=batch,
-                  poll_ms=50)
+        # One batch per fetch, the next fetched while the last is handled and settled.
+        @consumer(stream=stream, group="g", max_demand=2 * batch, fetch_size=batch,
+                  concurrency=batch, poll_ms=50)
         async def noop(event: Any, context: Any) -> Any:
             return ACK
 

@@ -277,7 +277,7 @@ async def test_max_demand_bounds_outstanding_leases(rec_rheo: Rheo,
     assert group.stats.fetched == 50
 
 
-async def test_fetches_take_half_of_max_demand_so_the_next_overlaps_the_last(
+async def test_fetch_size_lets_the_next_fetch_overlap_the_last_batch(
         rec_rheo: Rheo, recording: RecordingBackend, wait_until: WaitUntil) -> None:
     await append(rec_rheo, 40)
     sizes: list[int] = []
@@ -291,19 +291,33 @@ async def test_fetches_take_half_of_max_demand_so_the_next_overlaps_the_last(
     recording.fetch = sized_fetch  # type: ignore[method-assign]
     release = asyncio.Event()
 
-    @consumer(stream="orders", group="billing", concurrency=5, max_demand=10, poll_ms=10)
+    @consumer(stream="orders", group="billing", concurrency=5, max_demand=10, fetch_size=5,
+              poll_ms=10)
     async def handle(event: Event, context: Mapping[str, Any]) -> Any:
         await release.wait()
         return ACK
 
     async with handle.start(rec_rheo) as group:
-        # The first half is being handled and nothing has settled, yet the second
-        # half is already fetched: max_demand is reached in two calls of 5.
+        # The first batch is being handled and nothing has settled, yet the second
+        # is already fetched: max_demand is reached in two calls of fetch_size.
         await wait_until(lambda: group.stats.fetched == 10)
         assert (sizes, group.stats.acked) == ([5, 5], 0)
+        assert group.options["fetch_size"] == 5
         release.set()
         await wait_until(lambda: group.stats.acked == 40)
     assert max(sizes) == 5
+
+
+async def test_fetch_size_defaults_to_max_demand_and_cannot_exceed_it(rec_rheo: Rheo) -> None:
+    @consumer(stream="orders", group="billing", max_demand=7)
+    async def handle(event: Event, context: Mapping[str, Any]) -> Any:
+        return ACK
+
+    assert Group(rec_rheo, handle).options["fetch_size"] == 7
+    with pytest.raises(InvalidArgument, match=r"fetch_size \(8\) cannot exceed max_demand \(7\)"):
+        Group(rec_rheo, handle, fetch_size=8)
+    with pytest.raises(InvalidArgument, match="fetch_size must be a positive integer"):
+        Group(rec_rheo, handle, fetch_size=0)
 
 
 async def test_retry_redelivers_with_the_next_attempt(any_rheo: Rheo,

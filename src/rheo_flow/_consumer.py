@@ -138,6 +138,10 @@ class Consumer(ABC):
     """Bound on outstanding leases (fetched and not yet settled)."""
     concurrency: int = 1
     """How many handlers run at once."""
+    fetch_size: int | None = None
+    """Most leases one fetch asks for (``None``: ``max_demand``). Below ``max_demand``
+    (half of it, say) the next fetch runs while the last batch is handled and
+    settled, which pays off on a backend that serves calls in parallel (PostgreSQL)."""
     lease_ms: int = 30_000
     """Lease duration; inflight leases are renewed about every ``lease_ms / 2``."""
     poll_ms: int = 200

@@ -3,8 +3,8 @@
 One :class:`Group` runs one :class:`~rheo_flow.Consumer` for one
 (instance, stream, group) in this process. Its tasks:
 
-* the fetch loop claims at most ``max_demand - inflight`` leases, and at most
-  half of ``max_demand`` at a time, only when a handler can take work soon;
+* the fetch loop claims at most ``max_demand - inflight`` leases (and at most
+  ``fetch_size``) at a time, only when a handler can take work soon;
   idle, it waits for a push wake-up (or sleeps ``poll_ms``); failed fetches
   back off on the shared :class:`Backoff` schedule;
 * ``concurrency`` workers run the handler on queued leases;
@@ -47,7 +47,7 @@ __all__ = ["Group", "GroupStats"]
 log = logging.getLogger("rheo_flow.group")
 
 _OPTIONS = (
-    "stream", "group", "max_demand", "concurrency", "lease_ms", "poll_ms",
+    "stream", "group", "max_demand", "concurrency", "fetch_size", "lease_ms", "poll_ms",
     "consumer_id", "partitions", "max_attempts",
 )
 _MAX_POLL_MS = 3_600_000
@@ -162,6 +162,14 @@ class Group:
                 f"concurrency ({self._concurrency}) cannot exceed max_demand "
                 f"({self._max_demand}): a handler needs a lease to work on"
             )
+        fetch_size = chosen["fetch_size"]
+        self._fetch_size = (self._max_demand if fetch_size is None
+                            else check_positive_int("fetch_size", fetch_size))
+        if self._fetch_size > self._max_demand:
+            raise InvalidArgument(
+                f"fetch_size ({self._fetch_size}) cannot exceed max_demand "
+                f"({self._max_demand}): a group never holds more leases than max_demand"
+            )
         self._lease_ms = check_lease_ms(chosen["lease_ms"])
         self._poll_ms = check_positive_int("poll_ms", chosen["poll_ms"], maximum=_MAX_POLL_MS)
         consumer_id = chosen["consumer_id"]
@@ -179,6 +187,7 @@ class Group:
             "rheo": rheo,
             "max_demand": self._max_demand,
             "concurrency": self._concurrency,
+            "fetch_size": self._fetch_size,
             "lease_ms": self._lease_ms,
             "poll_ms": self._poll_ms,
             "consumer_id": self._consumer_id,
@@ -194,9 +203,6 @@ class Group:
         self._state: _State = "new"
         self._context: Context = MappingProxyType({})
         self._inflight = Inflight(self._max_demand)
-        # Fetch in halves of max_demand: the second half is fetched while the
-        # first is handled and settled, so fetches and settles overlap.
-        self._fetch_size = -(-self._max_demand // 2)
         self._queue: asyncio.Queue[Lease] = asyncio.Queue()
         self._handling: dict[str, Lease] = {}
         self._pending: list[_Finished] = []
