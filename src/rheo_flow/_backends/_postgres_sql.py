@@ -141,17 +141,10 @@ _TABLES: Final = (
     "CREATE INDEX deliveries_rejected ON {s}.deliveries (group_id, part, seq) WHERE state = 3",
 )
 
-# Moves the stored frontiers of (group, partition) pairs over the settled
-# deliveries right after them. The row locks come first, in key order, in their
-# own statement: the UPDATE then runs on a snapshot taken after every concurrent
-# settle that held them has committed, so no acked delivery is ever missed.
-# The walk reads the primary key from the frontier on and stops at the first
-# pending delivery, so each settled row is passed once in its lifetime; rows
-# (frontier, cursor] always exist, so the cursor bounds it.
-_ADVANCE: Final = """
-CREATE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
-RETURNS void LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
-BEGIN
+# The body of advance_frontiers (migration 1), also inlined into settle: a
+# settle is the hot caller, and a nested function call costs as much as the
+# two statements.
+_ADVANCE_STEPS: Final = """
     PERFORM 1 FROM {s}.frontiers f
         JOIN (SELECT DISTINCT g, p FROM unnest(p_groups, p_parts) AS u(g, p)) u
           ON f.group_id = u.g AND f.part = u.p
@@ -170,9 +163,57 @@ BEGIN
         JOIN (SELECT DISTINCT g, p FROM unnest(p_groups, p_parts) AS u(g, p)) u
           ON f2.group_id = u.g AND f2.part = u.p
     ) n
-    WHERE f.group_id = n.group_id AND f.part = n.part AND n.top > f.frontier;
+    WHERE f.group_id = n.group_id AND f.part = n.part AND n.top > f.frontier;"""
+
+# Moves the stored frontiers of (group, partition) pairs over the settled
+# deliveries right after them. The row locks come first, in key order, in their
+# own statement: the UPDATE then runs on a snapshot taken after every concurrent
+# settle that held them has committed, so no acked delivery is ever missed.
+# The walk reads the primary key from the frontier on and stops at the first
+# pending delivery, so each settled row is passed once in its lifetime; rows
+# (frontier, cursor] always exist, so the cursor bounds it.
+_ADVANCE: Final = """
+CREATE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
+RETURNS void LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
+BEGIN""" + _ADVANCE_STEPS + """
 END
 $fn$"""
+
+# Claims the cursors of partitions with unmaterialised events (shared by every
+# version of fetch).
+_CLAIM_CURSORS: Final = """\
+    SELECT array_agg(k.part), array_agg(k.cursor), array_agg(LEAST(k.high, k.cursor + p_limit))
+    INTO k_part, k_cur, k_top
+    FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
+          JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+          WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
+          FOR UPDATE OF c SKIP LOCKED) k;
+
+    IF c_part IS NULL AND k_part IS NULL THEN
+        -- Competing fetches hold every cursor with work: wait for ONE of them
+        -- (chosen first, then locked alone) while holding no other lock, so
+        -- waiting fetches never deadlock one another; then claim again from
+        -- every cursor that is free by now (a fresh snapshot sees their moves).
+        SELECT c.part INTO v_wait
+        FROM {s}.cursors c
+        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+        WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
+        ORDER BY array_position(p_parts, c.part)
+        LIMIT 1;
+        IF FOUND THEN
+            PERFORM 1 FROM {s}.cursors c WHERE c.group_id = p_group AND c.part = v_wait
+            FOR UPDATE;
+            SELECT array_agg(k.part), array_agg(k.cursor),
+                   array_agg(LEAST(k.high, k.cursor + p_limit))
+            INTO k_part, k_cur, k_top
+            FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
+                  JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+                  WHERE c.group_id = p_group AND c.part = ANY (p_parts)
+                    AND c.cursor < pt.high_water
+                  FOR UPDATE OF c SKIP LOCKED) k;
+        END IF;
+    END IF;
+"""
 
 # One round trip claims up to p_limit deliveries. p_parts is already rotated:
 # its order is the round-robin order of this call.
@@ -232,38 +273,7 @@ BEGIN
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
-    SELECT array_agg(k.part), array_agg(k.cursor), array_agg(LEAST(k.high, k.cursor + p_limit))
-    INTO k_part, k_cur, k_top
-    FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-          JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-          WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
-          FOR UPDATE OF c SKIP LOCKED) k;
-
-    IF c_part IS NULL AND k_part IS NULL THEN
-        -- Competing fetches hold every cursor with work: wait for ONE of them
-        -- (chosen first, then locked alone) while holding no other lock, so
-        -- waiting fetches never deadlock one another; then claim again from
-        -- every cursor that is free by now (a fresh snapshot sees their moves).
-        SELECT c.part INTO v_wait
-        FROM {s}.cursors c
-        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-        WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
-        ORDER BY array_position(p_parts, c.part)
-        LIMIT 1;
-        IF FOUND THEN
-            PERFORM 1 FROM {s}.cursors c WHERE c.group_id = p_group AND c.part = v_wait
-            FOR UPDATE;
-            SELECT array_agg(k.part), array_agg(k.cursor),
-                   array_agg(LEAST(k.high, k.cursor + p_limit))
-            INTO k_part, k_cur, k_top
-            FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-                  JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-                  WHERE c.group_id = p_group AND c.part = ANY (p_parts)
-                    AND c.cursor < pt.high_water
-                  FOR UPDATE OF c SKIP LOCKED) k;
-        END IF;
-    END IF;
-
+""" + _CLAIM_CURSORS + """
     IF c_part IS NOT NULL THEN
         UPDATE {s}.deliveries d
         SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = v_now
@@ -443,30 +453,6 @@ $fn$"""
 _OPTIONS: Final = ("SET plan_cache_mode = force_generic_plan SET enable_seqscan = off "
                    "SET enable_bitmapscan = off")
 
-# The body of advance_frontiers (migration 1), also inlined into settle: a
-# settle is the hot caller, and a nested function call costs as much as the
-# two statements.
-_ADVANCE_STEPS: Final = """
-    PERFORM 1 FROM {s}.frontiers f
-        JOIN (SELECT DISTINCT g, p FROM unnest(p_groups, p_parts) AS u(g, p)) u
-          ON f.group_id = u.g AND f.part = u.p
-        ORDER BY f.group_id, f.part
-        FOR UPDATE OF f;
-    UPDATE {s}.frontiers f SET frontier = n.top
-    FROM (
-        SELECT f2.group_id, f2.part, LEAST(
-            COALESCE((SELECT d.seq FROM {s}.deliveries d
-                      WHERE d.group_id = f2.group_id AND d.part = f2.part
-                        AND d.seq > f2.frontier AND d.state < 2
-                      ORDER BY d.seq LIMIT 1), 9223372036854775807),
-            (SELECT c.cursor + 1 FROM {s}.cursors c
-             WHERE c.group_id = f2.group_id AND c.part = f2.part)) - 1 AS top
-        FROM {s}.frontiers f2
-        JOIN (SELECT DISTINCT g, p FROM unnest(p_groups, p_parts) AS u(g, p)) u
-          ON f2.group_id = u.g AND f2.part = u.p
-    ) n
-    WHERE f.group_id = n.group_id AND f.part = n.part AND n.top > f.frontier;"""
-
 _FETCH_V2: Final = """
 CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
                                      p_lease_ms bigint, p_consumer text)
@@ -518,38 +504,7 @@ BEGIN
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
-    SELECT array_agg(k.part), array_agg(k.cursor), array_agg(LEAST(k.high, k.cursor + p_limit))
-    INTO k_part, k_cur, k_top
-    FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-          JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-          WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
-          FOR UPDATE OF c SKIP LOCKED) k;
-
-    IF c_part IS NULL AND k_part IS NULL THEN
-        -- Competing fetches hold every cursor with work: wait for ONE of them
-        -- (chosen first, then locked alone) while holding no other lock, so
-        -- waiting fetches never deadlock one another; then claim again from
-        -- every cursor that is free by now (a fresh snapshot sees their moves).
-        SELECT c.part INTO v_wait
-        FROM {s}.cursors c
-        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-        WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
-        ORDER BY array_position(p_parts, c.part)
-        LIMIT 1;
-        IF FOUND THEN
-            PERFORM 1 FROM {s}.cursors c WHERE c.group_id = p_group AND c.part = v_wait
-            FOR UPDATE;
-            SELECT array_agg(k.part), array_agg(k.cursor),
-                   array_agg(LEAST(k.high, k.cursor + p_limit))
-            INTO k_part, k_cur, k_top
-            FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-                  JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-                  WHERE c.group_id = p_group AND c.part = ANY (p_parts)
-                    AND c.cursor < pt.high_water
-                  FOR UPDATE OF c SKIP LOCKED) k;
-        END IF;
-    END IF;
-
+""" + _CLAIM_CURSORS + """
     IF c_part IS NOT NULL THEN
         SELECT array_agg(x.tid) INTO v_doomed
         FROM unnest(c_tid, c_att) AS x(tid, attempt) WHERE x.attempt >= v_max;
