@@ -348,6 +348,22 @@ async def test_lease_ids_are_unique_and_leases_come_round_robin(rheo: Rheo) -> N
     assert sum(lease.attempt == 2 for lease in mixed) == 40
 
 
+async def test_only_the_fetch_commits_asynchronously(postgres_url: str, schema: str) -> None:
+    # One connection: what a fetch sets must not outlive its own transaction, so
+    # settles (and anything else on the connection) keep waiting for the disk.
+    pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=1)
+    try:
+        async with Rheo(PostgresBackend(pool=pool, schema=schema, listen=False)) as rheo:
+            await rheo.create_stream("s")
+            await rheo.append("s", [NewEvent("t") for _ in range(3)])
+            leases = await rheo.fetch("s", "g", limit=3)
+            assert await pool.fetchval("SHOW synchronous_commit") == "on"
+            assert all(r.ok for r in await rheo.ack(leases))
+            assert await pool.fetchval("SHOW synchronous_commit") == "on"
+    finally:
+        await pool.close()
+
+
 async def test_frontier_under_concurrent_settles(rheo: Rheo) -> None:
     """Racing ack batches (on several pool connections) never strand the frontier."""
     await rheo.create_stream("s", partitions=2)

@@ -480,6 +480,11 @@ DECLARE
     v_doomed tid[];
     v_prefix text;
 BEGIN
+    -- A fetch need not wait for its commit to reach the disk: a crash can only
+    -- undo leases whose acks had not committed yet (an ack commits durably, and
+    -- with it every earlier write), and undone leases are delivered again, as
+    -- after an expiry; their acks then fail as stale.
+    PERFORM set_config('synchronous_commit', 'off', true);
     SELECT g.stream_id, g.max_attempts INTO v_stream, v_max
     FROM {s}.groups g WHERE g.id = p_group;
     IF NOT FOUND THEN
