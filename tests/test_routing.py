@@ -77,3 +77,16 @@ async def test_explicit_partition_wins_over_key(rheo: Rheo) -> None:
     key = "cust-0001"  # routes to 3 of 4
     [event] = await rheo.append("s", NewEvent("t", key=key, partition=0))
     assert event.partition == 0 != partition_for(key, 4)
+
+
+async def test_events_without_key_or_partition_go_by_their_id(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=4)
+    stored = await rheo.append("s", [NewEvent("t") for _ in range(200)])
+    assert all(e.partition == partition_for(e.id, 4) for e in stored)
+    assert {e.partition for e in stored} == {0, 1, 2, 3}  # generated ids spread
+    # A retried append of the same event finds it where the first one put it.
+    again = await rheo.append("s", [NewEvent("t", id=e.id) for e in stored[:20]])
+    assert [(e.partition, e.sequence) for e in again] == [
+        (e.partition, e.sequence) for e in stored[:20]]
+    [one] = await rheo.append("s", NewEvent("t", id="order-17"))
+    assert one.partition == partition_for("order-17", 4)

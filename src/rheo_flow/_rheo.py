@@ -186,14 +186,16 @@ class Rheo:
         elif not isinstance(item, NewEvent):
             raise InvalidArgument(f"events must be NewEvent or mappings, got {type(item).__name__}")
         event_key = check_key(item.key if item.key is not None else key)
+        event_id = check_event_id(item.id) if item.id is not None else str(uuid.uuid4())
         target = item.partition if item.partition is not None else partition
         if target is not None:
             target = check_partition(target, count)
         elif event_key is not None:
             target = partition_for(event_key, count)
         else:
-            target = 0 if count == 1 else partition_for(uuid.uuid4().hex, count)
-        event_id = check_event_id(item.id) if item.id is not None else str(uuid.uuid4())
+            # By the id: random for generated ids, and a retried append of the
+            # same event lands where the first one did.
+            target = 0 if count == 1 else partition_for(event_id, count)
         return AppendRecord(
             partition=target,
             id=event_id,
