@@ -364,6 +364,38 @@ async def test_only_the_fetch_commits_asynchronously(postgres_url: str, schema: 
         await pool.close()
 
 
+@pytest.mark.parametrize("op", ["ack", "renew"])
+async def test_a_settle_waiting_on_a_concurrent_update_applies_to_the_new_row_version(
+        rheo: Rheo, schema: str, postgres_url: str, admin: asyncpg.Connection,
+        wait_until: WaitUntil, op: str) -> None:
+    # Settles lock their rows first and then update them by physical address: the
+    # address must be the one of the row version they waited for, not a stale one.
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(3)])
+    leases = await rheo.fetch("s", "g", limit=3)
+    other = await asyncpg.connect(postgres_url)
+    try:
+        tx = other.transaction()
+        await tx.start()
+        # Another transaction moves the rows to new versions and holds them.
+        await other.execute(f'UPDATE "{schema}".deliveries SET deadline_ms = deadline_ms + 1')
+        settling = asyncio.create_task(
+            rheo.ack(leases) if op == "ack" else rheo.renew(leases, lease_ms=60_000))
+        await wait_until(lambda: admin.fetchval(
+            "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted"))
+        await tx.commit()
+        results = await asyncio.wait_for(settling, 10)
+    finally:
+        await other.close()
+    assert all(r.ok and not r.repeated for r in results)
+    rows = await admin.fetch(f'SELECT state, deadline_ms FROM "{schema}".deliveries ORDER BY seq')
+    if op == "ack":
+        assert [r[0] for r in rows] == [2, 2, 2]
+        assert await rheo.frontier("s", "g") == {0: 3}
+    else:
+        assert [r[1] for r in rows] == [r.deadline_ms for r in results]
+
+
 async def test_frontier_under_concurrent_settles(rheo: Rheo) -> None:
     """Racing ack batches (on several pool connections) never strand the frontier."""
     await rheo.create_stream("s", partitions=2)
