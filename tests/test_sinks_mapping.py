@@ -130,6 +130,9 @@ def test_json_columns_take_big_integers_and_refuse_what_json_cannot_carry() -> N
     for bad in (float("inf"), [float("-inf")], {"x": object()}):
         with pytest.raises(MappingError):
             mapping.row(message({"v": bad}))
+    # What handle_message put in the data that JSON has no type for, orjson writes.
+    day = datetime(2026, 11, 30, 5, 21, tzinfo=UTC)
+    assert mapping.row(message({"at": day}))[1] == '{"at":"2026-11-30T05:21:00+00:00"}'
 
 
 def test_the_key_column_is_required_and_must_exist() -> None:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from .._errors import InvalidArgument
-from .._json import dumps
+from ._json import dumps
 
 if TYPE_CHECKING:
     from ..pipeline import Message

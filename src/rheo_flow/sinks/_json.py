@@ -1,9 +1,11 @@
-"""JSON text of row values for sinks: orjson, with the standard library as fallback.
+"""JSON text of the values of JSON columns: orjson, with the standard library as fallback.
 
 Sinks encode every row's JSON columns on their hot path; orjson does it several
 times faster than the standard library. What orjson refuses and the standard
 library encodes exactly (integers beyond 64 bits, non-string keys) falls back to
-the standard library, so no value changes on the way.
+the standard library, so no value changes on the way. Values the standard library
+cannot encode at all but orjson can (dates, UUIDs, dataclasses, enums) are written
+the way orjson writes them.
 """
 
 from __future__ import annotations
