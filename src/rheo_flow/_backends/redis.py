@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -842,16 +843,18 @@ class RedisBackend(Backend):
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, timeout)
         while True:
-            remaining_ms = int((end - loop.time()) * 1000)
-            if remaining_ms < 1:
+            remaining = end - loop.time()
+            if remaining <= 0:
                 return False
+            # Rounded up: a wait never ends before its timeout.
+            remaining_ms = math.ceil(remaining * 1000)
             streams: dict[Any, Any] = {key: f"{seen[p]}-0" for key, p in keys.items()}
             cap = self._block_cap_ms
             if cap is not None and cap < 10:
                 # The client's socket timeout leaves no room for a blocking read: poll.
                 reply = await self._io(self._client.xread(streams, count=1))
                 if not reply:
-                    await asyncio.sleep(min(_POLL_S, remaining_ms / 1000))
+                    await asyncio.sleep(min(_POLL_S, remaining))
                     continue
             else:
                 block = remaining_ms if cap is None else min(remaining_ms, cap)
