@@ -545,8 +545,8 @@ BEGIN
     )
     SELECT array_agg(c.part ORDER BY c.depth, c.pos), array_agg(c.seq ORDER BY c.depth, c.pos),
            array_agg(c.tid) FILTER (WHERE c.tid IS NOT NULL),
-           array_agg(c.part) FILTER (WHERE c.tid IS NULL),
-           array_agg(c.seq) FILTER (WHERE c.tid IS NULL)
+           array_agg(c.part ORDER BY c.depth, c.pos) FILTER (WHERE c.tid IS NULL),
+           array_agg(c.seq ORDER BY c.depth, c.pos) FILTER (WHERE c.tid IS NULL)
     INTO o_parts, o_seqs, r_tid, n_part, n_seq
     FROM chosen c;
 
@@ -559,7 +559,8 @@ BEGIN
 
     IF r_tid IS NULL THEN
         -- Only new deliveries (the common case): no re-leases to merge, and the
-        -- lease ids sort in the chosen order.
+        -- lease ids (prefix, then the position in n_part/n_seq, which are in the
+        -- chosen order) sort in the chosen order.
         RETURN QUERY
         WITH created AS (
             INSERT INTO {s}.deliveries
