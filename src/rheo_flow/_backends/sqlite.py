@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, unquote
 
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
 from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON, AppendRecord, Backend
 from .._capabilities import Capabilities
 from .._clock import Clock, system_clock
@@ -211,6 +213,28 @@ class _Row:
     dirty: bool = False
 
 
+def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Switch the file to WAL, retrying while another connection holds it.
+
+    Changing the journal mode takes an exclusive lock without going through
+    SQLite's busy handler: two processes opening a new file at once get
+    "database is locked" at once instead of waiting ``busy_timeout_ms``.
+    """
+    for attempt in Retrying(
+        retry=retry_if_exception(_is_locked),
+        wait=wait_exponential(multiplier=0.002, max=0.05),
+        stop=stop_after_delay(timeout_s),
+        reraise=True,
+    ):
+        with attempt:
+            conn.execute("PRAGMA journal_mode = WAL")
+
+
+def _is_locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and (
+        "locked" in str(exc) or "busy" in str(exc))
+
+
 class SQLiteBackend(Backend):
     """Durable single-node backend in one SQLite file (``sqlite:///events.db``).
 
@@ -359,7 +383,7 @@ class SQLiteBackend(Backend):
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             if self._path != ":memory:":
                 # Persistent in the file; WAL lets readers run beside the one writer.
-                conn.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(conn, self._busy_timeout_ms / 1000)
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             # IMMEDIATE: two processes opening a new file at once create the schema once.
             conn.execute("BEGIN IMMEDIATE")
