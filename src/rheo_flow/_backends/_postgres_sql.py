@@ -338,7 +338,7 @@ $fn$"""
 # (leased again), 3 receipt mismatch, 4 stale (settled by another operation;
 # bad_by says which), 5 stale (replayed, reset or trimmed), 6 invalid (no such
 # delivery), 7 failed (changed concurrently in an unexpected way).
-_CLASSIFY: Final = """
+_CLASSIFY_CODES: Final = """
     SELECT array_agg(u.idx ORDER BY u.idx),
            array_agg(CASE
                WHEN d.seq IS NULL THEN
@@ -351,7 +351,10 @@ _CLASSIFY: Final = """
            array_agg(d.settled_by ORDER BY u.idx)
     INTO bad_idx, bad_code, bad_by
     FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
-         AS u(g, part, seq, lease, att, idx)
+         AS u(g, part, seq, lease, att, idx)"""
+
+# Migration 1's classification of the leftovers.
+_CLASSIFY: Final = _CLASSIFY_CODES + """
     LEFT JOIN {s}.deliveries d ON d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
     LEFT JOIN {s}.groups gr ON gr.id = u.g
     LEFT JOIN {s}.partitions pt ON pt.stream_id = gr.stream_id AND pt.part = u.part
@@ -452,6 +455,25 @@ $fn$"""
 # scan): a locked row cannot move before the transaction ends.
 _OPTIONS: Final = ("SET plan_cache_mode = force_generic_plan SET enable_seqscan = off "
                    "SET enable_bitmapscan = off")
+
+# Pieces of fetch (migration 2): the cursors move to the new deliveries' top, and
+# each leased row finds its event by key.
+_MOVE_CURSORS: Final = """moved AS (
+        UPDATE {s}.cursors cu SET cursor = m.top
+        FROM (SELECT n.part, max(n.seq) AS top FROM unnest(n_part, n_seq) AS n(part, seq)
+              GROUP BY n.part) m
+        WHERE cu.group_id = p_group AND cu.part = m.part
+    )"""
+
+
+def _event_of(row: str) -> str:
+    """A lateral lookup of the event of leased row ``row`` (a fixed alias, never input)."""
+    return f"""CROSS JOIN LATERAL (
+        SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+        FROM {{s}}.events e
+        WHERE e.stream_id = v_stream AND e.part = {row}.part AND e.seq = {row}.seq
+        OFFSET 0) e"""
+
 
 _FETCH_V2: Final = """
 CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
@@ -570,19 +592,11 @@ BEGIN
                    v_now + p_lease_ms
             FROM unnest(n_part, n_seq) WITH ORDINALITY AS n(part, seq, ord)
             RETURNING part, seq, lease_id
-        ), moved AS (
-            UPDATE {s}.cursors cu SET cursor = m.top
-            FROM (SELECT n.part, max(n.seq) AS top FROM unnest(n_part, n_seq) AS n(part, seq)
-                  GROUP BY n.part) m
-            WHERE cu.group_id = p_group AND cu.part = m.part
-        )
+        ), """ + _MOVE_CURSORS + """
         SELECT c.part, c.seq, 1, c.lease_id, v_now + p_lease_ms,
                e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
         FROM created c
-        CROSS JOIN LATERAL (
-            SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
-            FROM {s}.events e WHERE e.stream_id = v_stream AND e.part = c.part AND e.seq = c.seq
-            OFFSET 0) e
+        """ + _event_of("c") + """
         ORDER BY c.lease_id;
         RETURN;
     END IF;
@@ -601,40 +615,19 @@ BEGIN
                p_consumer, v_now + p_lease_ms
         FROM unnest(n_part, n_seq) WITH ORDINALITY AS n(part, seq, ord)
         RETURNING part, seq, attempt, lease_id
-    ), moved AS (
-        UPDATE {s}.cursors cu SET cursor = m.top
-        FROM (SELECT n.part, max(n.seq) AS top FROM unnest(n_part, n_seq) AS n(part, seq)
-              GROUP BY n.part) m
-        WHERE cu.group_id = p_group AND cu.part = m.part
-    )
+    ), """ + _MOVE_CURSORS + """
     SELECT l.part, l.seq, l.attempt, l.lease_id, v_now + p_lease_ms,
            e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
     FROM (SELECT * FROM releases UNION ALL SELECT * FROM created) l
     JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
       ON o.part = l.part AND o.seq = l.seq
-    CROSS JOIN LATERAL (
-        SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
-        FROM {s}.events e WHERE e.stream_id = v_stream AND e.part = l.part AND e.seq = l.seq
-        OFFSET 0) e
+    """ + _event_of("l") + """
     ORDER BY o.ord;
 END
 $fn$"""
 
 # Each batch element looks its delivery up by key (see migration 2 above).
-_CLASSIFY_V2: Final = """
-    SELECT array_agg(u.idx ORDER BY u.idx),
-           array_agg(CASE
-               WHEN d.seq IS NULL THEN
-                   CASE WHEN u.seq >= 1 AND u.seq <= pt.high_water THEN 5 ELSE 6 END
-               WHEN d.lease_id IS DISTINCT FROM u.lease THEN 2
-               WHEN d.attempt <> u.att THEN 3
-               WHEN d.state = 1 THEN 7
-               WHEN p_op <> 0 AND d.settled_by = p_op THEN 1
-               ELSE 4 END::smallint ORDER BY u.idx),
-           array_agg(d.settled_by ORDER BY u.idx)
-    INTO bad_idx, bad_code, bad_by
-    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
-         AS u(g, part, seq, lease, att, idx)
+_CLASSIFY_V2: Final = _CLASSIFY_CODES + """
     LEFT JOIN LATERAL (
         SELECT d.seq, d.lease_id, d.attempt, d.state, d.settled_by FROM {s}.deliveries d
         WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq OFFSET 0) d ON true
