@@ -87,11 +87,12 @@ _LONG_DIGITS_BYTES: Final = re.compile(rb"[0-9]{19}")
 
 def decode_json(text: str | bytes) -> JSON:
     """Decode JSON text exactly as :func:`json.loads` does, with orjson where that is exact."""
-    if isinstance(text, str):
-        if _LONG_DIGITS.search(text) is not None:
+    if len(text) >= 19:
+        if isinstance(text, str):
+            if _LONG_DIGITS.search(text) is not None:
+                return json.loads(text)
+        elif _LONG_DIGITS_BYTES.search(text) is not None:
             return json.loads(text)
-    elif _LONG_DIGITS_BYTES.search(text) is not None:
-        return json.loads(text)
     return orjson.loads(text)
 
 
