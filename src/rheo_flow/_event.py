@@ -97,6 +97,7 @@ def decode_json(text: str | bytes) -> JSON:
 
 
 def _data(self: Event) -> JSON:
+    """The event's JSON payload."""
     value = _get_data(self, Event)
     if value.__class__ is _Pending:
         value = decode_json(value.text)
@@ -104,7 +105,7 @@ def _data(self: Event) -> JSON:
     return value
 
 
-type.__setattr__(Event, "data", property(_data, _set_data, doc="The event's JSON payload."))
+type.__setattr__(Event, "data", property(_data, _set_data))
 
 
 class _EventSlots:
