@@ -65,7 +65,7 @@ async def test_stored_data_is_a_copy(rheo: Rheo) -> None:
 @pytest.mark.parametrize(
     ("event", "message"),
     [
-        (NewEvent("t", partition=True), "out of range"),  # type: ignore[arg-type]
+        (NewEvent("t", partition=True), "out of range"),
         (NewEvent("t", id=3), "event id"),  # type: ignore[arg-type]
         (NewEvent("t", id="x" * 201), "event id"),
         (NewEvent("t" * 257), "event type"),
