@@ -105,3 +105,27 @@ def test_models_survive_pickling() -> None:
         copy = pickle.loads(pickle.dumps(lease))
         assert copy == lease
         assert copy.event.data == {"x": 1}
+
+
+def test_fast_built_records_results_and_outcomes_are_the_real_frozen_types() -> None:
+    from rheo_flow._backend import AppendRecord, make_append_record
+    from rheo_flow._settle import SettleResult, settle_ok
+    from rheo_flow._settlement import SettleOutcome, _outcome
+
+    record = make_append_record(1, "id", "t", None, {"x": 1}, '{"x":1}', {})
+    assert type(record) is AppendRecord
+    assert record == AppendRecord(partition=1, id="id", type="t", key=None, data={"x": 1},
+                                  data_json='{"x":1}', headers={})
+    assert dataclasses.replace(record, headers={"h": "v"}).headers == {"h": "v"}
+    result = settle_ok("l-1")
+    assert type(result) is SettleResult
+    assert result == SettleResult.success("l-1")
+    assert result.ok
+    assert result.kind is None
+    lease = _leases()[1]
+    outcome = _outcome("ack", lease, result)
+    assert type(outcome) is SettleOutcome
+    assert outcome == SettleOutcome("ack", lease, result)
+    for value, field in ((record, "partition"), (result, "lease_id"), (outcome, "op")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, None)
