@@ -189,14 +189,17 @@ async def test_concurrent_migrations_apply_once(postgres_url: str, schema: str,
         await b.close()
 
 
-async def test_a_version_1_schema_is_upgraded_in_place(url: str, schema: str,
-                                                      admin: asyncpg.Connection) -> None:
-    # A database left at version 1 by an earlier release.
-    for statement in (*BOOTSTRAP, *MIGRATIONS[0].statements):
-        await admin.execute(render(statement, schema))
-    await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
-                        "VALUES (1, 'v1')")
-    with pytest.raises(BackendError, match="at version 1"):
+@pytest.mark.parametrize("version", [1, 2])
+async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, version: int,
+                                                   admin: asyncpg.Connection) -> None:
+    # A database left at an older version by an earlier release.
+    for migration in MIGRATIONS[:version]:
+        for statement in (*(BOOTSTRAP if migration.version == 1 else ()),
+                          *migration.statements):
+            await admin.execute(render(statement, schema))
+        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
+                            "VALUES ($1, 'old')", migration.version)
+    with pytest.raises(BackendError, match=f"at version {version}"):
         await PostgresBackend.from_url(url + "&migrate=false").open()
     async with Rheo(PostgresBackend.from_url(url)) as rheo:
         rows = await admin.fetch(f'SELECT version FROM "{schema}".{VERSION_TABLE} '
@@ -348,20 +351,41 @@ async def test_lease_ids_are_unique_and_leases_come_round_robin(rheo: Rheo) -> N
     assert sum(lease.attempt == 2 for lease in mixed) == 40
 
 
-async def test_only_the_fetch_commits_asynchronously(postgres_url: str, schema: str) -> None:
-    # One connection: what a fetch sets must not outlive its own transaction, so
-    # settles (and anything else on the connection) keep waiting for the disk.
-    pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=1)
-    try:
-        async with Rheo(PostgresBackend(pool=pool, schema=schema, listen=False)) as rheo:
-            await rheo.create_stream("s")
-            await rheo.append("s", [NewEvent("t") for _ in range(3)])
-            leases = await rheo.fetch("s", "g", limit=3)
-            assert await pool.fetchval("SHOW synchronous_commit") == "on"
-            assert all(r.ok for r in await rheo.ack(leases))
-            assert await pool.fetchval("SHOW synchronous_commit") == "on"
-    finally:
-        await pool.close()
+async def test_lease_changes_commit_synchronously(rheo: Rheo, schema: str,
+                                                  admin: asyncpg.Connection) -> None:
+    # A lease change must be on disk when the call returns (a crash must not undo
+    # a re-lease and let the superseded holder's ack through): no function may
+    # switch its transaction to asynchronous commit. Each runs here inside an
+    # open transaction, where such a switch would still show.
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g")
+    await rheo.append("s", [NewEvent("t") for _ in range(4)])
+    backend = rheo.backend
+    assert isinstance(backend, PostgresBackend)
+    gid = await admin.fetchval(f'SELECT id FROM "{schema}".groups')
+    sql = backend._sql
+    for fresh in (True, False):  # new deliveries, then expired ones leased again
+        async with admin.transaction():
+            rows = await admin.fetch(sql.fetch, gid, [0], 4, 60_000, "c")
+            assert [r[2] for r in rows] == [1 if fresh else 2] * 4
+            assert await admin.fetchval("SHOW synchronous_commit") == "on"
+        await admin.execute(f'UPDATE "{schema}".deliveries SET deadline_ms = 0')
+    leases = await rheo.fetch("s", "g", limit=4)
+    assert [lease.attempt for lease in leases] == [3, 3, 3, 3]
+    batch = await backend._batch(leases)
+    async with admin.transaction():
+        await admin.fetchrow(sql.renew, *batch.args, 60_000)
+        assert await admin.fetchval("SHOW synchronous_commit") == "on"
+        await admin.fetchrow(sql.settle, 2, *batch.args, "again", 0)
+        assert await admin.fetchval("SHOW synchronous_commit") == "on"
+    # Nor is it set for a function as a whole.
+    configs = await admin.fetch(
+        "SELECT p.proname, p.proconfig, p.prosrc FROM pg_proc p "
+        "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1", schema)
+    assert {r[0] for r in configs} >= {"fetch", "settle", "renew", "advance_frontiers"}
+    for name, config, source in configs:
+        assert not any("synchronous_commit" in c for c in config or ()), name
+        assert "synchronous_commit" not in source, name
 
 
 @pytest.mark.parametrize("op", ["ack", "renew"])

@@ -726,6 +726,19 @@ BEGIN
 END
 $fn$"""
 
+# Migration 3: fetch commits durably. Version 2's fetch switched its own
+# transaction to asynchronous commit; a server crash right after a re-lease
+# could then undo the re-lease while the superseded holder's ack, arriving
+# after the restart, matched the restored row and took effect.
+_ASYNC_COMMIT: Final = """\
+    -- A fetch need not wait for its commit to reach the disk: a crash can only
+    -- undo leases whose acks had not committed yet (an ack commits durably, and
+    -- with it every earlier write), and undone leases are delivered again, as
+    -- after an expiry; their acks then fail as stale.
+    PERFORM set_config('synchronous_commit', 'off', true);
+"""
+_FETCH_V3: Final = _FETCH_V2.replace(_ASYNC_COMMIT, "")
+
 _ADVANCE_V2: Final = """
 CREATE OR REPLACE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
 RETURNS void LANGUAGE plpgsql """ + _OPTIONS + """ AS $fn$
@@ -739,6 +752,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
               (*_TABLES, _ADVANCE, _FETCH, _SETTLE, _RENEW)),
     Migration(2, "fetch, settle and renew with plans that do not depend on table statistics",
               (_FETCH_V2, _SETTLE_V2, _RENEW_V2, _ADVANCE_V2)),
+    Migration(3, "fetch commits durably (version 2's fetch committed asynchronously)",
+              (_FETCH_V3,)),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
