@@ -8,8 +8,8 @@ clock so lease expiry is deterministic in tests.
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
+import itertools
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,8 +18,8 @@ from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON, AppendRecord, 
 from .._capabilities import Capabilities
 from .._clock import Clock, system_clock
 from .._errors import ConflictError, UnknownGroup, UnknownStream
-from .._event import Event
-from .._lease import Lease
+from .._event import Event, make_event_json
+from .._lease import Lease, make_lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
@@ -90,6 +90,10 @@ class MemoryBackend(Backend):
         self._clock: Clock = clock or system_clock
         self._streams: dict[str, _Stream] = {}
         self._groups: dict[tuple[str, str], _Group] = {}
+        # Lease ids only need to be unique within this backend: a random prefix
+        # and a counter are, for a fraction of a uuid4's cost.
+        self._lease_prefix = os.urandom(8).hex()
+        self._lease_counter = itertools.count(1)
 
     @classmethod
     def from_url(cls, url: str) -> MemoryBackend:
@@ -148,17 +152,11 @@ class MemoryBackend(Backend):
                 continue
             part = s.partitions[r.partition]
             part.high_water += 1
-            event = Event(
-                stream=stream,
-                partition=r.partition,
-                sequence=part.high_water,
-                id=r.id,
-                type=r.type,
-                data=json.loads(r.data_json),
-                key=r.key,
-                headers=dict(r.headers),
-                appended_at_ms=now,
-            )
+            # Decoded from the JSON text on first access: stored events share
+            # nothing with the caller's objects, and unread data is never decoded.
+            event = make_event_json(stream, r.partition, part.high_water, r.id, r.type,
+                                    r.data_json, r.key, dict(r.headers) if r.headers else {},
+                                    now)
             part.events[event.sequence] = event
             s.ids[r.id] = event
             out.append(event)
@@ -270,20 +268,13 @@ class MemoryBackend(Backend):
     ) -> Lease:
         d.state = "leased"
         d.attempt += 1
-        d.lease_id = uuid.uuid4().hex
+        d.lease_id = f"{self._lease_prefix}{next(self._lease_counter):x}"
         d.receipt = f"{pid}-{d.sequence}-{d.attempt}"
         d.consumer_id = consumer_id
         d.deadline_ms = now + lease_ms
         d.settled_by = None
-        return Lease(
-            lease_id=d.lease_id,
-            receipt=d.receipt,
-            group=g.info.group,
-            consumer_id=consumer_id,
-            event=s.partitions[pid].events[d.sequence],
-            attempt=d.attempt,
-            deadline_ms=d.deadline_ms,
-        )
+        return make_lease(d.lease_id, d.receipt, g.info.group, consumer_id,
+                          s.partitions[pid].events[d.sequence], d.attempt, d.deadline_ms)
 
     def _find(self, lease: Lease) -> tuple[_Group, _GroupPartition, _Delivery] | SettleResult:
         g = self._groups.get((lease.stream, lease.group))
