@@ -21,7 +21,9 @@ from rheo_flow import (
     BackendError,
     BackendUnavailable,
     InvalidArgument,
+    Lease,
     NewEvent,
+    Query,
     Rheo,
     SettleKind,
     consumer,
@@ -213,6 +215,59 @@ async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, versi
         assert sorted(lease.event.data["i"] for lease in leases) == list(range(6))
         assert all(r.ok for r in await rheo.ack(leases))
         assert sum((await rheo.frontier("s", "g")).values()) == 6
+
+
+async def test_state_written_at_version_2_carries_over_the_upgrade(
+        url: str, schema: str, admin: asyncpg.Connection) -> None:
+    # Version 2 as an earlier release left it: events appended, a group with
+    # leases handed out by version 2's fetch and one of them acked.
+    for migration in MIGRATIONS[:2]:
+        for statement in (*(BOOTSTRAP if migration.version == 1 else ()),
+                          *migration.statements):
+            await admin.execute(render(statement, schema))
+        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
+                            "VALUES ($1, 'old')", migration.version)
+    q = f'"{schema}"'
+    ids = [str(uuid.uuid4()) for _ in range(3)] + ["order-7", "Zürich", "a b"]
+    stream_id = await admin.fetchval(
+        f"INSERT INTO {q}.streams (name, partitions, created_at_ms) VALUES ('s', 1, 0) "
+        "RETURNING id")
+    await admin.execute(f"INSERT INTO {q}.partitions (stream_id, part, high_water) "
+                        "VALUES ($1, 0, 6)", stream_id)
+    await admin.execute(
+        f"INSERT INTO {q}.events (stream_id, part, seq, appended_at_ms, event_id, type, data) "
+        "SELECT $1, 0, i, 0, ($2::text[])[i], 't', json_build_object('i', i) "
+        "FROM generate_series(1, 6) i", stream_id, ids)
+    gid = await admin.fetchval(
+        f"INSERT INTO {q}.groups (stream_id, name, max_attempts, created_at_ms) "
+        "VALUES ($1, 'g', 5, 0) RETURNING id", stream_id)
+    await admin.execute(f"INSERT INTO {q}.cursors VALUES ($1, 0, 0)", gid)
+    await admin.execute(f"INSERT INTO {q}.frontiers VALUES ($1, 0, 0)", gid)
+    old = await admin.fetch(f"SELECT * FROM {q}.fetch($1, '{{0}}', 4, 60000, 'c')", gid)
+    assert [r[1] for r in old] == [1, 2, 3, 4]
+
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        assert await admin.fetchval(f"SELECT max(version) FROM {q}.{VERSION_TABLE}") == (
+            SCHEMA_VERSION)
+        # Leases of version 2 settle under the new functions, fenced as before.
+        events = (await rheo.query_page(Query(stream="s"), limit=10)).events
+        leases = [Lease(r[3].hex, f"0-{r[1]}-{r[2]}", "g", "c", events[r[1] - 1], r[2], r[4])
+                  for r in old]
+        forged = dataclasses.replace(leases[0], lease_id=uuid.uuid4().hex)
+        results = await rheo.ack([forged, *leases[:3]])
+        assert results[0].kind is SettleKind.STALE_LEASE
+        assert all(r.ok and not r.repeated for r in results[1:])
+        assert (await rheo.ack(leases[:1]))[0].repeated
+        assert await rheo.frontier("s", "g") == {0: 3}
+        # Appends stay idempotent by id across the upgrade.
+        again = await rheo.append("s", [NewEvent("t", {"x": 1}, id=i) for i in ids])
+        assert [e.sequence for e in again] == [1, 2, 3, 4, 5, 6]
+        fresh = await rheo.append("s", [NewEvent("t", {"i": 7}, id="order-8")])
+        assert fresh[0].sequence == 7
+        rest = await rheo.fetch("s", "g", limit=10)
+        assert [lease.event.id for lease in rest] == [*ids[4:], "order-8"]
+        assert all(r.ok for r in await rheo.ack([*rest, leases[3]]))
+        assert await rheo.frontier("s", "g") == {0: 7}
 
 
 async def test_migrate_false_refuses_a_missing_schema(url: str) -> None:

@@ -739,6 +739,13 @@ _ASYNC_COMMIT: Final = """\
 """
 _FETCH_V3: Final = _FETCH_V2.replace(_ASYNC_COMMIT, "")
 
+# Event ids are compared bytewise (the "C" collation): every append walks the
+# unique (stream, event id) index once per event, and under a libc collation
+# other than "C" each comparison on the way is a strcoll() call. Equality, and
+# so idempotency, is the same under any deterministic collation; only the
+# index (rebuilt here) and the order of ids change, and nothing orders by id.
+_EVENT_ID_BYTEWISE: Final = 'ALTER TABLE {s}.events ALTER COLUMN event_id TYPE text COLLATE "C"'
+
 _ADVANCE_V2: Final = """
 CREATE OR REPLACE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
 RETURNS void LANGUAGE plpgsql """ + _OPTIONS + """ AS $fn$
@@ -752,8 +759,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
               (*_TABLES, _ADVANCE, _FETCH, _SETTLE, _RENEW)),
     Migration(2, "fetch, settle and renew with plans that do not depend on table statistics",
               (_FETCH_V2, _SETTLE_V2, _RENEW_V2, _ADVANCE_V2)),
-    Migration(3, "fetch commits durably (version 2's fetch committed asynchronously)",
-              (_FETCH_V3,)),
+    Migration(3, "fetch commits durably (version 2's fetch committed asynchronously); "
+                 "event ids compare bytewise",
+              (_FETCH_V3, _EVENT_ID_BYTEWISE)),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version

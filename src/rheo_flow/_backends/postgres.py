@@ -43,8 +43,8 @@ from .._errors import (
     UnknownGroup,
     UnknownStream,
 )
-from .._event import Event
-from .._lease import Lease
+from .._event import Event, decode_json, make_event_json
+from .._lease import Lease, make_lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
@@ -530,26 +530,27 @@ class PostgresBackend(Backend):
 
     async def _append_new(self, pool: asyncpg.Pool, stream: str, meta: _StreamMeta,
                           records: list[AppendRecord]) -> dict[str, Event]:
-        heads = [
-            json.dumps(r.headers, separators=(",", ":"), ensure_ascii=False) if r.headers
-            else None
-            for r in records
-        ]
+        # Columns that are NULL for every event travel as one NULL (unnest pads
+        # the shorter arrays with NULLs): no per-element encoding.
+        heads = (
+            [json.dumps(r.headers, separators=(",", ":"), ensure_ascii=False) if r.headers
+             else None for r in records]
+            if any(r.headers for r in records) else None
+        )
+        keys = [r.key for r in records]
         row = await pool.fetchrow(
             self._sql.append, meta.id,
             [r.partition for r in records], [r.id for r in records],
-            [r.type for r in records], [r.key for r in records],
+            [r.type for r in records], keys if any(k is not None for k in keys) else None,
             [r.data_json for r in records], heads, self._channel, stream,
         )
         assert row is not None
         at, seqs = row[0], row[1]
-        loads = json.loads
+        # data is decoded from its JSON text on first access: the stored events
+        # share nothing with the caller's objects.
         return {
-            r.id: Event(
-                stream=stream, partition=r.partition, sequence=seq, id=r.id, type=r.type,
-                data=loads(r.data_json), key=r.key, headers=dict(r.headers),
-                appended_at_ms=at,
-            )
+            r.id: make_event_json(stream, r.partition, seq, r.id, r.type, r.data_json, r.key,
+                                  dict(r.headers) if r.headers else {}, at)
             for r, seq in zip(records, seqs, strict=True)
         }
 
@@ -648,15 +649,14 @@ class PostgresBackend(Backend):
                 self._forget()
                 raise UnknownGroup(stream, group) from None
             raise
-        loads = json.loads
         leases: list[Lease] = []
         append = leases.append
-        # Positional arguments (in field order): this loop runs once per leased event.
+        # This loop runs once per leased event: data stays JSON text until read.
         for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at in rows:
-            event = Event(stream, part, seq, event_id, type_, loads(data), key,
-                          loads(heads) if heads is not None else {}, at)
-            append(Lease(lease_uuid.hex, f"{part}-{seq}-{attempt}", group, consumer_id, event,
-                         attempt, deadline))
+            event = make_event_json(stream, part, seq, event_id, type_, data, key,
+                                    decode_json(heads) if heads is not None else {}, at)
+            append(make_lease(lease_uuid.hex, f"{part}-{seq}-{attempt}", group, consumer_id,
+                              event, attempt, deadline))
         return leases
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
@@ -1215,12 +1215,8 @@ def _position_param(start: StartPosition) -> int | None:
 
 def _event(stream: str, row: Any) -> Event:
     part, seq, event_id, type_, key, data, headers, appended_at_ms = row
-    return Event(
-        stream=stream, partition=part, sequence=seq, id=event_id, type=type_,
-        data=json.loads(data), key=key,
-        headers=json.loads(headers) if headers is not None else {},
-        appended_at_ms=appended_at_ms,
-    )
+    return make_event_json(stream, part, seq, event_id, type_, data, key,
+                           decode_json(headers) if headers is not None else {}, appended_at_ms)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
