@@ -323,6 +323,31 @@ async def test_nul_in_keys_is_a_clear_error(rheo: Rheo) -> None:
     assert (await rheo.stream_info("s")).high_water == {0: 0}
 
 
+async def test_awkward_text_round_trips_exactly(rheo: Rheo) -> None:
+    # Ids, types and keys travel to the server as JSON arrays and data as one
+    # JSON array of the events' texts: every character must come back as sent.
+    await rheo.create_stream("s", partitions=3)
+    odd = ['q"uote', "back\\slash", "tab\tnew\nline", "\x01\x1f", "Zürich ✓ 😀", "[1]", "{}",
+           "null", "'", "\u2028"]
+    events = [NewEvent(f"type {o}", {"v": o, "n": [1.5, None, True], o: {"x": o}}, id=f"id {o}",
+                       key=o, headers={"h": o} if i % 2 else {})
+              for i, o in enumerate(odd)]
+    stored = await rheo.append("s", events)
+    leases = await rheo.fetch("s", "g", limit=len(odd))
+    for got in ([lease.event for lease in leases], stored):
+        by_id = {e.id: e for e in got}
+        for i, o in enumerate(odd):
+            e = by_id[f"id {o}"]
+            assert (e.type, e.key, e.data) == (f"type {o}", o,
+                                               {"v": o, "n": [1.5, None, True], o: {"x": o}})
+            assert e.headers == ({"h": o} if i % 2 else {})
+    again = await rheo.append("s", events)
+    assert [e.sequence for e in again] == [e.sequence for e in stored]
+    await rheo.create_stream("one")
+    with pytest.raises(InvalidArgument, match="valid Unicode"):
+        await rheo.append("one", NewEvent("t", id="lone \ud800 surrogate"))
+
+
 # Settles: batches, duplicates, the frontier ------------------------------------
 
 

@@ -475,6 +475,25 @@ def _event_of(row: str) -> str:
         OFFSET 0) e"""
 
 
+# The fresh-only tail of fetch: version 2 looks each new delivery's event up
+# by key; version 3 reads them by range (see _FETCH_V3).
+_FRESH_V2: Final = """        RETURN QUERY
+        WITH created AS (
+            INSERT INTO {s}.deliveries
+                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
+            SELECT p_group, n.part, n.seq, 1, 1,
+                   (v_prefix || lpad(to_hex(n.ord), 8, '0'))::uuid, p_consumer,
+                   v_now + p_lease_ms
+            FROM unnest(n_part, n_seq) WITH ORDINALITY AS n(part, seq, ord)
+            RETURNING part, seq, lease_id
+        ), """ + _MOVE_CURSORS + """
+        SELECT c.part, c.seq, 1, c.lease_id, v_now + p_lease_ms,
+               e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
+        FROM created c
+        """ + _event_of("c") + """
+        ORDER BY c.lease_id;
+        RETURN;"""
+
 _FETCH_V2: Final = """
 CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
                                      p_lease_ms bigint, p_consumer text)
@@ -583,22 +602,7 @@ BEGIN
         -- Only new deliveries (the common case): no re-leases to merge, and the
         -- lease ids (prefix, then the position in n_part/n_seq, which are in the
         -- chosen order) sort in the chosen order.
-        RETURN QUERY
-        WITH created AS (
-            INSERT INTO {s}.deliveries
-                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
-            SELECT p_group, n.part, n.seq, 1, 1,
-                   (v_prefix || lpad(to_hex(n.ord), 8, '0'))::uuid, p_consumer,
-                   v_now + p_lease_ms
-            FROM unnest(n_part, n_seq) WITH ORDINALITY AS n(part, seq, ord)
-            RETURNING part, seq, lease_id
-        ), """ + _MOVE_CURSORS + """
-        SELECT c.part, c.seq, 1, c.lease_id, v_now + p_lease_ms,
-               e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
-        FROM created c
-        """ + _event_of("c") + """
-        ORDER BY c.lease_id;
-        RETURN;
+""" + _FRESH_V2 + """
     END IF;
 
     RETURN QUERY
@@ -737,7 +741,37 @@ _ASYNC_COMMIT: Final = """\
     -- after an expiry; their acks then fail as stale.
     PERFORM set_config('synchronous_commit', 'off', true);
 """
-_FETCH_V3: Final = _FETCH_V2.replace(_ASYNC_COMMIT, "")
+_FRESH_V3: Final = """        RETURN QUERY
+        WITH picked AS (
+            -- Each partition's new deliveries are its next sequences, cur+1..top:
+            -- one range scan of the events reads them, and (sequence - first,
+            -- rotation position) is their place in the chosen order.
+            SELECT r.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers,
+                   e.appended_at_ms,
+                   row_number() OVER (ORDER BY e.seq - r.lo, r.pos) AS ord
+            FROM (SELECT n.part, min(n.seq) AS lo, max(n.seq) AS hi,
+                         array_position(p_parts, n.part) AS pos
+                  FROM unnest(n_part, n_seq) AS n(part, seq) GROUP BY n.part) r
+            CROSS JOIN LATERAL (
+                SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+                FROM {s}.events e
+                WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq BETWEEN r.lo AND r.hi
+                OFFSET 0) e
+        ), created AS (
+            INSERT INTO {s}.deliveries
+                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
+            SELECT p_group, k.part, k.seq, 1, 1,
+                   (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid, p_consumer,
+                   v_now + p_lease_ms
+            FROM picked k
+        ), """ + _MOVE_CURSORS + """
+        SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
+               v_now + p_lease_ms, k.event_id, k.type, k.key, k.data::text, k.headers::text,
+               k.appended_at_ms
+        FROM picked k
+        ORDER BY k.ord;
+        RETURN;"""
+_FETCH_V3: Final = _FETCH_V2.replace(_ASYNC_COMMIT, "").replace(_FRESH_V2, _FRESH_V3)
 
 # Event ids are compared bytewise (the "C" collation): every append walks the
 # unique (stream, event id) index once per event, and under a libc collation
