@@ -771,7 +771,59 @@ _FRESH_V3: Final = """        RETURN QUERY
         FROM picked k
         ORDER BY k.ord;
         RETURN;"""
-_FETCH_V3: Final = _FETCH_V2.replace(_ASYNC_COMMIT, "").replace(_FRESH_V2, _FRESH_V3)
+# Nothing to lease again (the common case): one statement picks the new
+# deliveries in round-robin order (their depth, sequence - cursor, then the
+# rotation position), reads their events by range, inserts them and moves the
+# cursors.
+_ONLY_NEW_V3: Final = """    IF c_part IS NULL THEN
+        IF k_part IS NULL THEN
+            RETURN;
+        END IF;
+        v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 24);
+        RETURN QUERY
+        WITH ch AS (
+            SELECT k.part, s.seq, array_position(p_parts, k.part) AS pos
+            FROM unnest(k_part, k_cur, k_top) AS k(part, cur, top)
+            CROSS JOIN LATERAL generate_series(k.cur + 1, k.top) AS s(seq)
+            ORDER BY s.seq - k.cur, array_position(p_parts, k.part)
+            LIMIT p_limit
+        ), r AS (
+            SELECT ch.part, min(ch.seq) AS lo, max(ch.seq) AS hi, min(ch.pos) AS pos
+            FROM ch GROUP BY ch.part
+        ), picked AS (
+            SELECT r.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers,
+                   e.appended_at_ms,
+                   row_number() OVER (ORDER BY e.seq - r.lo, r.pos) AS ord
+            FROM r
+            CROSS JOIN LATERAL (
+                SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+                FROM {s}.events e
+                WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq BETWEEN r.lo AND r.hi
+                OFFSET 0) e
+        ), created AS (
+            INSERT INTO {s}.deliveries
+                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
+            SELECT p_group, k.part, k.seq, 1, 1,
+                   (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid, p_consumer,
+                   v_now + p_lease_ms
+            FROM picked k
+        ), moved AS (
+            UPDATE {s}.cursors cu SET cursor = r.hi
+            FROM r WHERE cu.group_id = p_group AND cu.part = r.part
+        )
+        SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
+               v_now + p_lease_ms, k.event_id, k.type, k.key, k.data::text, k.headers::text,
+               k.appended_at_ms
+        FROM picked k
+        ORDER BY k.ord;
+        RETURN;
+    END IF;
+"""
+_EXISTING_V2: Final = """    IF c_part IS NOT NULL THEN
+        SELECT array_agg(x.tid) INTO v_doomed"""
+
+_FETCH_V3: Final = (_FETCH_V2.replace(_ASYNC_COMMIT, "").replace(_FRESH_V2, _FRESH_V3)
+                    .replace(_EXISTING_V2, _ONLY_NEW_V3 + _EXISTING_V2))
 
 # Event ids are compared bytewise (the "C" collation): every append walks the
 # unique (stream, event id) index once per event, and under a libc collation
