@@ -87,15 +87,17 @@ _LONG_DIGITS_BYTES: Final = re.compile(rb"[0-9]{19}")
 
 def decode_json(text: str | bytes) -> JSON:
     """Decode JSON text exactly as :func:`json.loads` does, with orjson where that is exact."""
-    if isinstance(text, str):
-        if _LONG_DIGITS.search(text) is not None:
+    if len(text) >= 19:
+        if isinstance(text, str):
+            if _LONG_DIGITS.search(text) is not None:
+                return json.loads(text)
+        elif _LONG_DIGITS_BYTES.search(text) is not None:
             return json.loads(text)
-    elif _LONG_DIGITS_BYTES.search(text) is not None:
-        return json.loads(text)
     return orjson.loads(text)
 
 
 def _data(self: Event) -> JSON:
+    """The event's JSON payload."""
     value = _get_data(self, Event)
     if value.__class__ is _Pending:
         value = decode_json(value.text)
@@ -103,7 +105,7 @@ def _data(self: Event) -> JSON:
     return value
 
 
-type.__setattr__(Event, "data", property(_data, _set_data, doc="The event's JSON payload."))
+type.__setattr__(Event, "data", property(_data, _set_data))
 
 
 class _EventSlots:
