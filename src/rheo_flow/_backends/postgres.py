@@ -147,9 +147,9 @@ class _Statements:
 # partitions as an array literal, ids, types and keys as JSON arrays of
 # strings, and the events' data as one JSON array of their JSON texts (each
 # element reaches the table exactly as encoded); headers, rarely set, as an
-# array of JSON texts. A duplicate
-# event id makes the insert fail as a whole: the caller then separates the ids
-# already stored and appends the rest (see PostgresBackend.append).
+# array of JSON texts. A duplicate event id makes the insert fail as a whole:
+# the caller then separates the ids already stored and appends the rest (see
+# PostgresBackend.append).
 _APPEND_SQL: Final = """
 WITH r AS (
     SELECT * FROM ROWS FROM (unnest($2::text::integer[]), json_array_elements_text($3::json),
@@ -548,8 +548,8 @@ class PostgresBackend(Backend):
 
     async def _append_new(self, pool: asyncpg.Pool, stream: str, meta: _StreamMeta,
                           records: list[AppendRecord]) -> dict[str, Event]:
-        # Columns that are NULL for every event travel as one NULL (unnest pads
-        # the shorter arrays with NULLs): no per-element encoding.
+        # Columns that are NULL for every event travel as one NULL (ROWS FROM
+        # pads the shorter columns with NULLs).
         heads = (
             [json.dumps(r.headers, separators=(",", ":"), ensure_ascii=False) if r.headers
              else None for r in records]
