@@ -21,7 +21,9 @@ from rheo_flow import (
     BackendError,
     BackendUnavailable,
     InvalidArgument,
+    Lease,
     NewEvent,
+    Query,
     Rheo,
     SettleKind,
     consumer,
@@ -189,14 +191,17 @@ async def test_concurrent_migrations_apply_once(postgres_url: str, schema: str,
         await b.close()
 
 
-async def test_a_version_1_schema_is_upgraded_in_place(url: str, schema: str,
-                                                      admin: asyncpg.Connection) -> None:
-    # A database left at version 1 by an earlier release.
-    for statement in (*BOOTSTRAP, *MIGRATIONS[0].statements):
-        await admin.execute(render(statement, schema))
-    await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
-                        "VALUES (1, 'v1')")
-    with pytest.raises(BackendError, match="at version 1"):
+@pytest.mark.parametrize("version", [1, 2])
+async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, version: int,
+                                                   admin: asyncpg.Connection) -> None:
+    # A database left at an older version by an earlier release.
+    for migration in MIGRATIONS[:version]:
+        for statement in (*(BOOTSTRAP if migration.version == 1 else ()),
+                          *migration.statements):
+            await admin.execute(render(statement, schema))
+        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
+                            "VALUES ($1, 'old')", migration.version)
+    with pytest.raises(BackendError, match=f"at version {version}"):
         await PostgresBackend.from_url(url + "&migrate=false").open()
     async with Rheo(PostgresBackend.from_url(url)) as rheo:
         rows = await admin.fetch(f'SELECT version FROM "{schema}".{VERSION_TABLE} '
@@ -210,6 +215,59 @@ async def test_a_version_1_schema_is_upgraded_in_place(url: str, schema: str,
         assert sorted(lease.event.data["i"] for lease in leases) == list(range(6))
         assert all(r.ok for r in await rheo.ack(leases))
         assert sum((await rheo.frontier("s", "g")).values()) == 6
+
+
+async def test_state_written_at_version_2_carries_over_the_upgrade(
+        url: str, schema: str, admin: asyncpg.Connection) -> None:
+    # Version 2 as an earlier release left it: events appended, a group with
+    # leases handed out by version 2's fetch and one of them acked.
+    for migration in MIGRATIONS[:2]:
+        for statement in (*(BOOTSTRAP if migration.version == 1 else ()),
+                          *migration.statements):
+            await admin.execute(render(statement, schema))
+        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
+                            "VALUES ($1, 'old')", migration.version)
+    q = f'"{schema}"'
+    ids = [str(uuid.uuid4()) for _ in range(3)] + ["order-7", "Zürich", "a b"]
+    stream_id = await admin.fetchval(
+        f"INSERT INTO {q}.streams (name, partitions, created_at_ms) VALUES ('s', 1, 0) "
+        "RETURNING id")
+    await admin.execute(f"INSERT INTO {q}.partitions (stream_id, part, high_water) "
+                        "VALUES ($1, 0, 6)", stream_id)
+    await admin.execute(
+        f"INSERT INTO {q}.events (stream_id, part, seq, appended_at_ms, event_id, type, data) "
+        "SELECT $1, 0, i, 0, ($2::text[])[i], 't', json_build_object('i', i) "
+        "FROM generate_series(1, 6) i", stream_id, ids)
+    gid = await admin.fetchval(
+        f"INSERT INTO {q}.groups (stream_id, name, max_attempts, created_at_ms) "
+        "VALUES ($1, 'g', 5, 0) RETURNING id", stream_id)
+    await admin.execute(f"INSERT INTO {q}.cursors VALUES ($1, 0, 0)", gid)
+    await admin.execute(f"INSERT INTO {q}.frontiers VALUES ($1, 0, 0)", gid)
+    old = await admin.fetch(f"SELECT * FROM {q}.fetch($1, '{{0}}', 4, 60000, 'c')", gid)
+    assert [r[1] for r in old] == [1, 2, 3, 4]
+
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        assert await admin.fetchval(f"SELECT max(version) FROM {q}.{VERSION_TABLE}") == (
+            SCHEMA_VERSION)
+        # Leases of version 2 settle under the new functions, fenced as before.
+        events = (await rheo.query_page(Query(stream="s"), limit=10)).events
+        leases = [Lease(r[3].hex, f"0-{r[1]}-{r[2]}", "g", "c", events[r[1] - 1], r[2], r[4])
+                  for r in old]
+        forged = dataclasses.replace(leases[0], lease_id=uuid.uuid4().hex)
+        results = await rheo.ack([forged, *leases[:3]])
+        assert results[0].kind is SettleKind.STALE_LEASE
+        assert all(r.ok and not r.repeated for r in results[1:])
+        assert (await rheo.ack(leases[:1]))[0].repeated
+        assert await rheo.frontier("s", "g") == {0: 3}
+        # Appends stay idempotent by id across the upgrade.
+        again = await rheo.append("s", [NewEvent("t", {"x": 1}, id=i) for i in ids])
+        assert [e.sequence for e in again] == [1, 2, 3, 4, 5, 6]
+        fresh = await rheo.append("s", [NewEvent("t", {"i": 7}, id="order-8")])
+        assert fresh[0].sequence == 7
+        rest = await rheo.fetch("s", "g", limit=10)
+        assert [lease.event.id for lease in rest] == [*ids[4:], "order-8"]
+        assert all(r.ok for r in await rheo.ack([*rest, leases[3]]))
+        assert await rheo.frontier("s", "g") == {0: 7}
 
 
 async def test_migrate_false_refuses_a_missing_schema(url: str) -> None:
@@ -263,6 +321,31 @@ async def test_nul_in_keys_is_a_clear_error(rheo: Rheo) -> None:
     with pytest.raises(InvalidArgument, match="NUL"):
         await rheo.append("s", NewEvent("t", key="a\x00b"))
     assert (await rheo.stream_info("s")).high_water == {0: 0}
+
+
+async def test_awkward_text_round_trips_exactly(rheo: Rheo) -> None:
+    # Ids, types and keys travel to the server as JSON arrays and data as one
+    # JSON array of the events' texts: every character must come back as sent.
+    await rheo.create_stream("s", partitions=3)
+    odd = ['q"uote', "back\\slash", "tab\tnew\nline", "\x01\x1f", "Zürich ✓ 😀", "[1]", "{}",
+           "null", "'", "\u2028"]
+    events = [NewEvent(f"type {o}", {"v": o, "n": [1.5, None, True], o: {"x": o}}, id=f"id {o}",
+                       key=o, headers={"h": o} if i % 2 else {})
+              for i, o in enumerate(odd)]
+    stored = await rheo.append("s", events)
+    leases = await rheo.fetch("s", "g", limit=len(odd))
+    for got in ([lease.event for lease in leases], stored):
+        by_id = {e.id: e for e in got}
+        for i, o in enumerate(odd):
+            e = by_id[f"id {o}"]
+            assert (e.type, e.key, e.data) == (f"type {o}", o,
+                                               {"v": o, "n": [1.5, None, True], o: {"x": o}})
+            assert e.headers == ({"h": o} if i % 2 else {})
+    again = await rheo.append("s", events)
+    assert [e.sequence for e in again] == [e.sequence for e in stored]
+    await rheo.create_stream("one")
+    with pytest.raises(InvalidArgument, match="valid Unicode"):
+        await rheo.append("one", NewEvent("t", id="lone \ud800 surrogate"))
 
 
 # Settles: batches, duplicates, the frontier ------------------------------------
@@ -348,20 +431,41 @@ async def test_lease_ids_are_unique_and_leases_come_round_robin(rheo: Rheo) -> N
     assert sum(lease.attempt == 2 for lease in mixed) == 40
 
 
-async def test_only_the_fetch_commits_asynchronously(postgres_url: str, schema: str) -> None:
-    # One connection: what a fetch sets must not outlive its own transaction, so
-    # settles (and anything else on the connection) keep waiting for the disk.
-    pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=1)
-    try:
-        async with Rheo(PostgresBackend(pool=pool, schema=schema, listen=False)) as rheo:
-            await rheo.create_stream("s")
-            await rheo.append("s", [NewEvent("t") for _ in range(3)])
-            leases = await rheo.fetch("s", "g", limit=3)
-            assert await pool.fetchval("SHOW synchronous_commit") == "on"
-            assert all(r.ok for r in await rheo.ack(leases))
-            assert await pool.fetchval("SHOW synchronous_commit") == "on"
-    finally:
-        await pool.close()
+async def test_lease_changes_commit_synchronously(rheo: Rheo, schema: str,
+                                                  admin: asyncpg.Connection) -> None:
+    # A lease change must be on disk when the call returns (a crash must not undo
+    # a re-lease and let the superseded holder's ack through): no function may
+    # switch its transaction to asynchronous commit. Each runs here inside an
+    # open transaction, where such a switch would still show.
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g")
+    await rheo.append("s", [NewEvent("t") for _ in range(4)])
+    backend = rheo.backend
+    assert isinstance(backend, PostgresBackend)
+    gid = await admin.fetchval(f'SELECT id FROM "{schema}".groups')
+    sql = backend._sql
+    for fresh in (True, False):  # new deliveries, then expired ones leased again
+        async with admin.transaction():
+            rows = await admin.fetch(sql.fetch, gid, [0], 4, 60_000, "c")
+            assert [r[2] for r in rows] == [1 if fresh else 2] * 4
+            assert await admin.fetchval("SHOW synchronous_commit") == "on"
+        await admin.execute(f'UPDATE "{schema}".deliveries SET deadline_ms = 0')
+    leases = await rheo.fetch("s", "g", limit=4)
+    assert [lease.attempt for lease in leases] == [3, 3, 3, 3]
+    batch = await backend._batch(leases)
+    async with admin.transaction():
+        await admin.fetchrow(sql.renew, *batch.args, 60_000)
+        assert await admin.fetchval("SHOW synchronous_commit") == "on"
+        await admin.fetchrow(sql.settle, 2, *batch.args, "again", 0)
+        assert await admin.fetchval("SHOW synchronous_commit") == "on"
+    # Nor is it set for a function as a whole.
+    configs = await admin.fetch(
+        "SELECT p.proname, p.proconfig, p.prosrc FROM pg_proc p "
+        "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1", schema)
+    assert {r[0] for r in configs} >= {"fetch", "settle", "renew", "advance_frontiers"}
+    for name, config, source in configs:
+        assert not any("synchronous_commit" in c for c in config or ()), name
+        assert "synchronous_commit" not in source, name
 
 
 @pytest.mark.parametrize("op", ["ack", "renew"])

@@ -475,6 +475,25 @@ def _event_of(row: str) -> str:
         OFFSET 0) e"""
 
 
+# The fresh-only tail of fetch: version 2 looks each new delivery's event up
+# by key; version 3 reads them by range (see _FETCH_V3).
+_FRESH_V2: Final = """        RETURN QUERY
+        WITH created AS (
+            INSERT INTO {s}.deliveries
+                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
+            SELECT p_group, n.part, n.seq, 1, 1,
+                   (v_prefix || lpad(to_hex(n.ord), 8, '0'))::uuid, p_consumer,
+                   v_now + p_lease_ms
+            FROM unnest(n_part, n_seq) WITH ORDINALITY AS n(part, seq, ord)
+            RETURNING part, seq, lease_id
+        ), """ + _MOVE_CURSORS + """
+        SELECT c.part, c.seq, 1, c.lease_id, v_now + p_lease_ms,
+               e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
+        FROM created c
+        """ + _event_of("c") + """
+        ORDER BY c.lease_id;
+        RETURN;"""
+
 _FETCH_V2: Final = """
 CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
                                      p_lease_ms bigint, p_consumer text)
@@ -583,22 +602,7 @@ BEGIN
         -- Only new deliveries (the common case): no re-leases to merge, and the
         -- lease ids (prefix, then the position in n_part/n_seq, which are in the
         -- chosen order) sort in the chosen order.
-        RETURN QUERY
-        WITH created AS (
-            INSERT INTO {s}.deliveries
-                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
-            SELECT p_group, n.part, n.seq, 1, 1,
-                   (v_prefix || lpad(to_hex(n.ord), 8, '0'))::uuid, p_consumer,
-                   v_now + p_lease_ms
-            FROM unnest(n_part, n_seq) WITH ORDINALITY AS n(part, seq, ord)
-            RETURNING part, seq, lease_id
-        ), """ + _MOVE_CURSORS + """
-        SELECT c.part, c.seq, 1, c.lease_id, v_now + p_lease_ms,
-               e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
-        FROM created c
-        """ + _event_of("c") + """
-        ORDER BY c.lease_id;
-        RETURN;
+""" + _FRESH_V2 + """
     END IF;
 
     RETURN QUERY
@@ -726,6 +730,108 @@ BEGIN
 END
 $fn$"""
 
+# Migration 3: fetch commits durably. Version 2's fetch switched its own
+# transaction to asynchronous commit; a server crash right after a re-lease
+# could then undo the re-lease while the superseded holder's ack, arriving
+# after the restart, matched the restored row and took effect.
+_ASYNC_COMMIT: Final = """\
+    -- A fetch need not wait for its commit to reach the disk: a crash can only
+    -- undo leases whose acks had not committed yet (an ack commits durably, and
+    -- with it every earlier write), and undone leases are delivered again, as
+    -- after an expiry; their acks then fail as stale.
+    PERFORM set_config('synchronous_commit', 'off', true);
+"""
+_FRESH_V3: Final = """        RETURN QUERY
+        WITH picked AS (
+            -- Each partition's new deliveries are its next sequences, cur+1..top:
+            -- one range scan of the events reads them, and (sequence - first,
+            -- rotation position) is their place in the chosen order.
+            SELECT r.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers,
+                   e.appended_at_ms,
+                   row_number() OVER (ORDER BY e.seq - r.lo, r.pos) AS ord
+            FROM (SELECT n.part, min(n.seq) AS lo, max(n.seq) AS hi,
+                         array_position(p_parts, n.part) AS pos
+                  FROM unnest(n_part, n_seq) AS n(part, seq) GROUP BY n.part) r
+            CROSS JOIN LATERAL (
+                SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+                FROM {s}.events e
+                WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq BETWEEN r.lo AND r.hi
+                OFFSET 0) e
+        ), created AS (
+            INSERT INTO {s}.deliveries
+                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
+            SELECT p_group, k.part, k.seq, 1, 1,
+                   (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid, p_consumer,
+                   v_now + p_lease_ms
+            FROM picked k
+        ), """ + _MOVE_CURSORS + """
+        SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
+               v_now + p_lease_ms, k.event_id, k.type, k.key, k.data::text, k.headers::text,
+               k.appended_at_ms
+        FROM picked k
+        ORDER BY k.ord;
+        RETURN;"""
+# Nothing to lease again (the common case): one statement picks the new
+# deliveries in round-robin order (their depth, sequence - cursor, then the
+# rotation position), reads their events by range, inserts them and moves the
+# cursors.
+_ONLY_NEW_V3: Final = """    IF c_part IS NULL THEN
+        IF k_part IS NULL THEN
+            RETURN;
+        END IF;
+        v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 24);
+        RETURN QUERY
+        WITH ch AS (
+            SELECT k.part, s.seq, array_position(p_parts, k.part) AS pos
+            FROM unnest(k_part, k_cur, k_top) AS k(part, cur, top)
+            CROSS JOIN LATERAL generate_series(k.cur + 1, k.top) AS s(seq)
+            ORDER BY s.seq - k.cur, array_position(p_parts, k.part)
+            LIMIT p_limit
+        ), r AS (
+            SELECT ch.part, min(ch.seq) AS lo, max(ch.seq) AS hi, min(ch.pos) AS pos
+            FROM ch GROUP BY ch.part
+        ), picked AS (
+            SELECT r.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers,
+                   e.appended_at_ms,
+                   row_number() OVER (ORDER BY e.seq - r.lo, r.pos) AS ord
+            FROM r
+            CROSS JOIN LATERAL (
+                SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+                FROM {s}.events e
+                WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq BETWEEN r.lo AND r.hi
+                OFFSET 0) e
+        ), created AS (
+            INSERT INTO {s}.deliveries
+                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
+            SELECT p_group, k.part, k.seq, 1, 1,
+                   (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid, p_consumer,
+                   v_now + p_lease_ms
+            FROM picked k
+        ), moved AS (
+            UPDATE {s}.cursors cu SET cursor = r.hi
+            FROM r WHERE cu.group_id = p_group AND cu.part = r.part
+        )
+        SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
+               v_now + p_lease_ms, k.event_id, k.type, k.key, k.data::text, k.headers::text,
+               k.appended_at_ms
+        FROM picked k
+        ORDER BY k.ord;
+        RETURN;
+    END IF;
+"""
+_EXISTING_V2: Final = """    IF c_part IS NOT NULL THEN
+        SELECT array_agg(x.tid) INTO v_doomed"""
+
+_FETCH_V3: Final = (_FETCH_V2.replace(_ASYNC_COMMIT, "").replace(_FRESH_V2, _FRESH_V3)
+                    .replace(_EXISTING_V2, _ONLY_NEW_V3 + _EXISTING_V2))
+
+# Event ids are compared bytewise (the "C" collation): every append walks the
+# unique (stream, event id) index once per event, and under a libc collation
+# other than "C" each comparison on the way is a strcoll() call. Equality, and
+# so idempotency, is the same under any deterministic collation; only the
+# index (rebuilt here) and the order of ids change, and nothing orders by id.
+_EVENT_ID_BYTEWISE: Final = 'ALTER TABLE {s}.events ALTER COLUMN event_id TYPE text COLLATE "C"'
+
 _ADVANCE_V2: Final = """
 CREATE OR REPLACE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
 RETURNS void LANGUAGE plpgsql """ + _OPTIONS + """ AS $fn$
@@ -739,6 +845,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
               (*_TABLES, _ADVANCE, _FETCH, _SETTLE, _RENEW)),
     Migration(2, "fetch, settle and renew with plans that do not depend on table statistics",
               (_FETCH_V2, _SETTLE_V2, _RENEW_V2, _ADVANCE_V2)),
+    Migration(3, "fetch commits durably (version 2's fetch committed asynchronously); "
+                 "event ids compare bytewise",
+              (_FETCH_V3, _EVENT_ID_BYTEWISE)),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version

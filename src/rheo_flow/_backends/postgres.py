@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import orjson
+
 from .._backend import DEFAULT_MAX_ATTEMPTS, AppendRecord, Backend
 from .._capabilities import Capabilities
 from .._errors import (
@@ -43,8 +45,8 @@ from .._errors import (
     UnknownGroup,
     UnknownStream,
 )
-from .._event import Event
-from .._lease import Lease
+from .._event import Event, decode_json, make_event_json
+from .._lease import Lease, make_lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
@@ -94,6 +96,15 @@ class _StreamMeta:
     created_at_ms: int
 
 
+# A settle or renew batch travels as five array literals (text the server
+# parses), not as arrays asyncpg encodes element by element: every element is
+# an integer or a validated 32-digit hex lease id, so the literals need no quoting.
+def _batch_arrays(first: int) -> str:
+    """The five batch parameters from ``$first`` on, each cast from its literal."""
+    types = ("integer", "integer", "bigint", "uuid", "integer")
+    return ", ".join(f"${first + i}::text::{t}[]" for i, t in enumerate(types))
+
+
 @dataclass(frozen=True, slots=True)
 class _Statements:
     """Every statement, rendered once for the backend's schema."""
@@ -114,8 +125,8 @@ class _Statements:
         return cls(
             append=r(_APPEND_SQL),
             fetch=r("SELECT * FROM {s}.fetch($1, $2, $3, $4, $5)"),
-            settle=r("SELECT * FROM {s}.settle($1, $2, $3, $4, $5, $6, $7, $8)"),
-            renew=r("SELECT * FROM {s}.renew($1, $2, $3, $4, $5, $6)"),
+            settle=r(f"SELECT * FROM {{s}}.settle($1, {_batch_arrays(2)}, $7, $8)"),
+            renew=r(f"SELECT * FROM {{s}}.renew({_batch_arrays(1)}, $6)"),
             stream=r("SELECT id, partitions, created_at_ms FROM {s}.streams WHERE name = $1"),
             group=r(
                 "SELECT g.id, g.max_attempts, g.created_at_ms FROM {s}.groups g "
@@ -131,14 +142,21 @@ class _Statements:
 
 
 # Numbers new events under the partition row locks (taken in partition order),
-# inserts them, moves the high water, and sends ONE notification. A duplicate
-# event id makes the insert fail as a whole: the caller then separates the ids
-# already stored and appends the rest (see PostgresBackend.append).
+# inserts them, moves the high water, and sends ONE notification. The batch
+# travels as a few texts, not as arrays asyncpg encodes element by element:
+# partitions as an array literal, ids, types and keys as JSON arrays of
+# strings, and the events' data as one JSON array of their JSON texts (each
+# element reaches the table exactly as encoded); headers, rarely set, as an
+# array of JSON texts. A duplicate event id makes the insert fail as a whole:
+# the caller then separates the ids already stored and appends the rest (see
+# PostgresBackend.append).
 _APPEND_SQL: Final = """
 WITH r AS (
-    SELECT * FROM unnest($2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
-                         $7::text[]) WITH ORDINALITY AS r(part, event_id, type, key, data,
-                                                          headers, idx)
+    SELECT * FROM ROWS FROM (unnest($2::text::integer[]), json_array_elements_text($3::json),
+                             json_array_elements_text($4::json),
+                             json_array_elements_text($5::json), json_array_elements($6::json),
+                             unnest($7::text[]))
+        WITH ORDINALITY AS r(part, event_id, type, key, data, headers, idx)
 ), t AS (
     SELECT """ + NOW_MS + """ AS ms
 ), locked AS (
@@ -153,7 +171,7 @@ WITH r AS (
 ), inserted AS (
     INSERT INTO {s}.events (stream_id, part, seq, appended_at_ms, event_id, type, key, data,
                             headers)
-    SELECT $1, n.part, n.seq, t.ms, n.event_id, n.type, n.key, n.data::json, n.headers::json
+    SELECT $1, n.part, n.seq, t.ms, n.event_id, n.type, n.key, n.data, n.headers::json
     FROM numbered n CROSS JOIN t
 ), moved AS (
     UPDATE {s}.partitions p SET high_water = m.top
@@ -530,26 +548,34 @@ class PostgresBackend(Backend):
 
     async def _append_new(self, pool: asyncpg.Pool, stream: str, meta: _StreamMeta,
                           records: list[AppendRecord]) -> dict[str, Event]:
-        heads = [
-            json.dumps(r.headers, separators=(",", ":"), ensure_ascii=False) if r.headers
-            else None
-            for r in records
-        ]
+        # Columns that are NULL for every event travel as one NULL (ROWS FROM
+        # pads the shorter columns with NULLs).
+        heads = (
+            [json.dumps(r.headers, separators=(",", ":"), ensure_ascii=False) if r.headers
+             else None for r in records]
+            if any(r.headers for r in records) else None
+        )
+        keys = [r.key for r in records]
+        try:
+            ids = orjson.dumps([r.id for r in records]).decode()
+            types = orjson.dumps([r.type for r in records]).decode()
+            key_list = (orjson.dumps(keys).decode() if any(k is not None for k in keys)
+                        else None)
+        except TypeError:  # orjson refuses text that is not valid Unicode
+            raise InvalidArgument(
+                "event ids, types and keys must be valid Unicode text") from None
         row = await pool.fetchrow(
             self._sql.append, meta.id,
-            [r.partition for r in records], [r.id for r in records],
-            [r.type for r in records], [r.key for r in records],
-            [r.data_json for r in records], heads, self._channel, stream,
+            "{" + ",".join([str(r.partition) for r in records]) + "}", ids, types, key_list,
+            "[" + ",".join([r.data_json for r in records]) + "]", heads, self._channel, stream,
         )
         assert row is not None
         at, seqs = row[0], row[1]
-        loads = json.loads
+        # data is decoded from its JSON text on first access: the stored events
+        # share nothing with the caller's objects.
         return {
-            r.id: Event(
-                stream=stream, partition=r.partition, sequence=seq, id=r.id, type=r.type,
-                data=loads(r.data_json), key=r.key, headers=dict(r.headers),
-                appended_at_ms=at,
-            )
+            r.id: make_event_json(stream, r.partition, seq, r.id, r.type, r.data_json, r.key,
+                                  dict(r.headers) if r.headers else {}, at)
             for r, seq in zip(records, seqs, strict=True)
         }
 
@@ -648,15 +674,14 @@ class PostgresBackend(Backend):
                 self._forget()
                 raise UnknownGroup(stream, group) from None
             raise
-        loads = json.loads
         leases: list[Lease] = []
         append = leases.append
-        # Positional arguments (in field order): this loop runs once per leased event.
+        # This loop runs once per leased event: data stays JSON text until read.
         for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at in rows:
-            event = Event(stream, part, seq, event_id, type_, loads(data), key,
-                          loads(heads) if heads is not None else {}, at)
-            append(Lease(lease_uuid.hex, f"{part}-{seq}-{attempt}", group, consumer_id, event,
-                         attempt, deadline))
+            event = make_event_json(stream, part, seq, event_id, type_, data, key,
+                                    decode_json(heads) if heads is not None else {}, at)
+            append(make_lease(lease_uuid.hex, f"{part}-{seq}-{attempt}", group, consumer_id,
+                              event, attempt, deadline))
         return leases
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
@@ -1128,11 +1153,9 @@ class _Batch:
             entries.append((found[0], part, seq, lease_id, attempt, i))
         entries.sort()
         self.order = [e[5] for e in entries]
-        self.args: tuple[list[Any], ...] = (
-            (
-                [e[0] for e in entries], [e[1] for e in entries], [e[2] for e in entries],
-                [e[3] for e in entries], [e[4] for e in entries],
-            )
+        self.args: tuple[str, ...] = (
+            tuple("{" + ",".join(map(str, column)) + "}"
+                  for column in zip(*entries, strict=True))[:5]
             if entries else ()
         )
 
@@ -1215,12 +1238,8 @@ def _position_param(start: StartPosition) -> int | None:
 
 def _event(stream: str, row: Any) -> Event:
     part, seq, event_id, type_, key, data, headers, appended_at_ms = row
-    return Event(
-        stream=stream, partition=part, sequence=seq, id=event_id, type=type_,
-        data=json.loads(data), key=key,
-        headers=json.loads(headers) if headers is not None else {},
-        appended_at_ms=appended_at_ms,
-    )
+    return make_event_json(stream, part, seq, event_id, type_, data, key,
+                           decode_json(headers) if headers is not None else {}, appended_at_ms)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
