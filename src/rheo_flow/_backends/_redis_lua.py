@@ -301,7 +301,8 @@ if quota > 0 then
       local za = {}
       for _, e in ipairs(res[1][2]) do
         local fl = e[2]
-        local sq = string.match(e[1], '^(%d+)')
+        -- Entry ids are always '<seq>-0'.
+        local sq = string.sub(e[1], 1, -3)
         n = n + 1
         items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ',' .. fl[4] .. ']'
         hs[#hs + 1] = sq
@@ -358,7 +359,9 @@ end
 """
 
 # KEYS: x, m, G, D, Z, R. ARGV: group, op (a|n|r), reason, delay_ms,
-# JSON [[seq, receipt, lease_id], ...]. Returns one code letter per lease (see redis.py).
+# JSON [[seq, receipt, lease_id, attempt], ...]. Returns one code letter per lease (see
+# redis.py). The attempt only serves the fast path: a lease whose record is exactly
+# 'L|attempt|lease_id|||' and whose receipt is its entry id is current, with no parsing.
 SETTLE = r"""
 local group, op, reason, delay = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local leases = cjson.decode(ARGV[5])
@@ -372,7 +375,15 @@ local codes, dirty, zrem, zadd, radd, acks = {}, {}, {}, {}, {}, {}
 local front = false
 for k, l in ipairs(leases) do
   local sq = fields[k]
-  local code, st, att, lid, by = check(l, state[sq], hw)
+  local cur = state[sq]
+  local code, st, att, lid, by
+  local a = l[4]
+  if cur and type(a) == 'number' and a % 1 == 0 and type(l[3]) == 'string'
+      and cur == 'L|' .. S(a) .. '|' .. l[3] .. '|||' and l[2] == sq .. '-0' then
+    st, att, lid = 'L', a, l[3]
+  else
+    code, st, att, lid, by = check(l, cur, hw)
+  end
   if not code then
     if st ~= 'L' then
       if by == op then code = 'r' else code = BY[by] or 'X' end
@@ -381,7 +392,7 @@ for k, l in ipairs(leases) do
       local r
       local terminal = true
       if op == 'a' then
-        r = rec('K', att, lid, 'a', '', '')
+        r = 'K|' .. S(att) .. '|' .. lid .. '|a||'
       elseif op == 'r' then
         r = rec('R', att, lid, 'r', snow, reason)
       elseif att >= ma then
@@ -395,7 +406,7 @@ for k, l in ipairs(leases) do
       if terminal then
         zrem[#zrem + 1] = sq
         acks[#acks + 1] = sq .. '-0'
-        if string.byte(r, 1) == 82 then
+        if op ~= 'a' then
           radd[#radd + 1] = sq
           radd[#radd + 1] = sq
         end
@@ -414,7 +425,18 @@ if #dirty > 0 then
   if #zadd > 0 then bulk({'ZADD', Z}, zadd) end
   if #radd > 0 then bulk({'ZADD', R}, radd) end
   if #acks > 0 then bulk({'XACK', x, group}, acks) end
-  if front then redis.call('HSET', G, 'f', S(advance(D, f))) end
+  if front then
+    -- Walk this batch's own records first: settling in order needs no read back.
+    local nf = f
+    while true do
+      local r = state[S(nf + 1)]
+      if not r then break end
+      local b = string.byte(r, 1)
+      if b ~= 75 and b ~= 82 then break end
+      nf = nf + 1
+    end
+    redis.call('HSET', G, 'f', S(advance(D, nf)))
+  end
 end
 return table.concat(codes)
 """

@@ -40,11 +40,13 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
 
 from .._backend import DEFAULT_MAX_ATTEMPTS, AppendRecord, Backend
 from .._capabilities import Capabilities
@@ -101,6 +103,7 @@ _CODES: Final[dict[str, tuple[SettleKind, str]]] = {
 }
 _OK: Final = SettleResult.success
 _NOT_A_LEASE: Final = "lease names no group of this backend"
+_MAX_VALID_KEYS: Final = 4096
 
 
 class RedisBackend(Backend):
@@ -169,6 +172,8 @@ class RedisBackend(Backend):
         self._seen: dict[str, list[int]] = {}
         self._stale: dict[str, set[int]] = {}
         self._keys: dict[tuple[str, str, int], tuple[str, ...]] = {}
+        # (stream, group, partition) of settled leases -> whether it can name a delivery.
+        self._valid_keys: dict[tuple[Any, Any, Any], bool] = {}
         self._block_cap_ms: int | None = None
         timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
         if isinstance(timeout, int | float) and timeout > 0:
@@ -446,24 +451,27 @@ class RedisBackend(Backend):
         if count > 1:
             # An id is owned by the partition it was first appended to, even when a
             # retry routes it elsewhere (no key, another key, another partition).
-            payload = json.dumps([[r.id, r.partition] for r in records])
+            payload = orjson.dumps([[r.id, r.partition] for r in records])
             [owners] = await self._eval([("claim_ids", [self._ids_key(stream)], [payload])])
             targets = [int(p) for p in _text(owners).split(",")]
         by_partition: dict[int, list[int]] = {}
         for index, partition in enumerate(targets):
             by_partition.setdefault(partition, []).append(index)
         calls = []
+        dumps = orjson.dumps
         for partition, indexes in by_partition.items():
-            payload = json.dumps(
-                [[records[i].id, _meta(records[i]), records[i].data_json] for i in indexes],
-                ensure_ascii=False, separators=(",", ":"),
-            )
-            calls.append(("append", self._pkeys(stream, partition), [payload]))
+            rows = []
+            for i in indexes:
+                r = records[i]
+                headers = r.headers if type(r.headers) is dict else dict(r.headers)
+                rows.append((r.id, dumps((r.id, r.type, r.key, headers)).decode(), r.data_json))
+            calls.append(("append", self._pkeys(stream, partition), [dumps(rows)]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
         events: list[Event | None] = [None] * len(records)
+        loads = orjson.loads
         for (partition, indexes), reply in zip(by_partition.items(), replies, strict=True):
             built: dict[int, Event] = {}
-            for index, item in zip(indexes, json.loads(reply), strict=True):
+            for index, item in zip(indexes, loads(reply), strict=True):
                 seq, at = item[0], item[1]
                 if len(item) == 4:
                     meta = item[2]
@@ -473,7 +481,7 @@ class RedisBackend(Backend):
                     event = built[seq]
                 else:
                     r = records[index]
-                    event = Event(stream, partition, seq, r.id, r.type, json.loads(r.data_json),
+                    event = Event(stream, partition, seq, r.id, r.type, loads(r.data_json),
                                   r.key, dict(r.headers), at)
                 built[seq] = event
                 events[index] = event
@@ -585,7 +593,7 @@ class RedisBackend(Backend):
         per: dict[int, list[Lease]],
         left: dict[int, int],
     ) -> None:
-        token = uuid.uuid4().hex[:16]
+        token = os.urandom(8).hex()
         calls = [
             ("fetch", self._gkeys(stream, group, p),
              [group, consumer_id, quota, lease_ms, f"{token}.{p}."])
@@ -594,11 +602,11 @@ class RedisBackend(Backend):
         replies = await self._eval(calls)
         seen = self._seen_for(stream)
         stale = self._stale.get(stream)
+        loads = orjson.loads
         for (p, _), reply in zip(quotas, replies, strict=True):
-            text = reply if isinstance(reply, str) else reply.decode()
-            if text == "NOGROUP":
+            if reply == b"NOGROUP" or reply == "NOGROUP":
                 raise UnknownGroup(stream, group)
-            high, remaining, deadline, items = json.loads(text)
+            high, remaining, deadline, items = loads(reply)
             left[p] = remaining
             if high > seen[p]:
                 seen[p] = high
@@ -608,32 +616,61 @@ class RedisBackend(Backend):
                 continue
             prefix = f"{token}.{p}."
             leases = per.setdefault(p, [])
+            add = leases.append
+            # Items are [seq, attempt, time, [id, type, key, headers], data].
             for n, (seq, attempt, at, meta, data) in enumerate(items, 1):
-                event = Event(stream, p, seq, meta[0], meta[1], data, meta[2], meta[3], at)
-                leases.append(Lease(f"{prefix}{n}", f"{seq}-0", group, consumer_id, event,
-                                    attempt, deadline))
+                add(Lease(f"{prefix}{n}", f"{seq}-0", group, consumer_id,
+                          Event(stream, p, seq, meta[0], meta[1], data, meta[2], meta[3], at),
+                          attempt, deadline))
+
+    def _buckets(
+        self, leases: Sequence[Lease], results: list[SettleResult | None]
+    ) -> dict[tuple[str, str, int], list[int]]:
+        """Lease indexes by the partition they point at; ``results`` gets ``invalid``
+        for every lease that cannot name a delivery of this backend."""
+        buckets: dict[tuple[str, str, int], list[int]] = {}
+        valid = self._valid_keys
+        for index, lease in enumerate(leases):
+            try:
+                event = lease.event
+                key = (event.stream, lease.group, event.partition)
+                ok = valid.get(key)
+                if ok is None:
+                    ok = _lease_key_ok(key)
+                    if len(valid) >= _MAX_VALID_KEYS:
+                        valid.clear()
+                    valid[key] = ok
+                seq = event.sequence
+                # True == 1 as a dict key: the cached answer may be for another type.
+                ok = (ok and type(key[2]) is int and type(seq) is int and seq >= 0
+                      and type(lease.lease_id) is str and type(lease.receipt) is str)
+            except (AttributeError, TypeError):
+                ok = False
+            if ok:
+                bucket = buckets.get(key)
+                if bucket is None:
+                    bucket = buckets[key] = []
+                bucket.append(index)
+            else:
+                results[index] = SettleResult.failure(
+                    getattr(lease, "lease_id", ""), SettleKind.INVALID, _NOT_A_LEASE)
+        return buckets
 
     async def _settle(
         self,
         leases: Sequence[Lease],
         script: str,
-        args: Callable[[str, str], list[Any]],
-        row: Callable[[Lease], list[Any]],
+        args: Callable[[str, bytes], list[Any]],
+        row: Callable[[Lease], tuple[Any, ...]],
     ) -> tuple[list[SettleResult | None], list[tuple[list[int], str]]]:
         results: list[SettleResult | None] = [None] * len(leases)
-        buckets: dict[tuple[str, str, int], list[int]] = {}
-        for index, lease in enumerate(leases):
-            key = _lease_key(lease)
-            if key is None:
-                results[index] = SettleResult.failure(lease.lease_id, SettleKind.INVALID,
-                                                      _NOT_A_LEASE)
-                continue
-            buckets.setdefault(key, []).append(index)
-        calls = []
-        for (stream, group, partition), indexes in buckets.items():
-            payload = json.dumps([row(leases[i]) for i in indexes])
-            calls.append((script, self._gkeys(stream, group, partition),
-                          args(group, payload)))
+        buckets = self._buckets(leases, results)
+        dumps = orjson.dumps
+        calls = [
+            (script, self._gkeys(stream, group, partition),
+             args(group, dumps([row(leases[i]) for i in indexes])))
+            for (stream, group, partition), indexes in buckets.items()
+        ]
         replies = await self._eval(calls)
         return results, [(indexes, _text(reply))
                          for indexes, reply in zip(buckets.values(), replies, strict=True)]
@@ -646,8 +683,14 @@ class RedisBackend(Backend):
         results, replies = await self._settle(
             leases, "settle",
             lambda group, payload: [group, op, reason, delay_ms, payload],
-            lambda lease: [lease.sequence, lease.receipt, lease.lease_id],
+            # The attempt lets the script recognise a current lease by one string compare.
+            lambda lease: (lease.event.sequence, lease.receipt, lease.lease_id, lease.attempt),
         )
+        if len(replies) == 1 and len(replies[0][0]) == len(leases):
+            indexes, codes = replies[0]
+            if codes.count("o") == len(codes):
+                ok = SettleResult
+                return [ok(lease.lease_id) for lease in leases]
         for indexes, codes in replies:
             for index, code in zip(indexes, codes, strict=True):
                 results[index] = _result(leases[index].lease_id, code)
@@ -668,7 +711,8 @@ class RedisBackend(Backend):
         results, replies = await self._settle(
             leases, "renew",
             lambda group, payload: [group, lease_ms, payload],
-            lambda lease: [lease.sequence, lease.receipt, lease.lease_id, lease.consumer_id],
+            lambda lease: (lease.event.sequence, lease.receipt, lease.lease_id,
+                           lease.consumer_id),
         )
         for indexes, reply in replies:
             deadline_text, codes = reply.split(":", 1)
@@ -874,28 +918,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _meta(record: AppendRecord) -> str:
-    return json.dumps([record.id, record.type, record.key, dict(record.headers)],
-                      ensure_ascii=False, separators=(",", ":"))
-
-
-def _lease_key(lease: Lease) -> tuple[str, str, int] | None:
-    """Where a lease points, or None when it cannot name anything of this backend."""
-    event = getattr(lease, "event", None)
-    stream = getattr(event, "stream", None)
-    partition = getattr(event, "partition", None)
-    sequence = getattr(event, "sequence", None)
-    group = getattr(lease, "group", None)
-    if not (isinstance(stream, str) and NAME_PATTERN.match(stream)
-            and isinstance(group, str) and NAME_PATTERN.match(group)):
-        return None
-    for number in (partition, sequence):
-        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-            return None
-    if not isinstance(lease.lease_id, str) or not isinstance(lease.receipt, str):
-        return None
-    assert isinstance(partition, int)
-    return stream, group, partition
+def _lease_key_ok(key: tuple[Any, Any, Any]) -> bool:
+    """Whether (stream, group, partition) can name a delivery of this backend."""
+    stream, group, partition = key
+    return (type(stream) is str and NAME_PATTERN.match(stream) is not None
+            and type(group) is str and NAME_PATTERN.match(group) is not None
+            and type(partition) is int and partition >= 0)
 
 
 def _result(lease_id: str, code: str) -> SettleResult:
