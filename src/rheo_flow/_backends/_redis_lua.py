@@ -2,9 +2,8 @@
 
 Every script touches the keys of ONE partition (one hash tag) or one
 stream-level key, so a Redis Cluster can place partitions on different
-shards. Requests and replies are compact strings (JSON or code letters): with
-redis-py's pure-Python parser, fewer reply elements is what makes a round trip
-cheap.
+shards. Requests and replies are compact strings (JSON or code letters): one
+bulk string per reply is decoded by one ``orjson.loads`` on the client.
 
 Delivery records (field = sequence in the ``:d`` hash of a group partition)
 are ``state|attempt|lease_id|settled_by|rejected_at_ms|reason`` with state
@@ -13,6 +12,9 @@ settled_by ``a`` / ``n`` / ``r`` (ack, nack, reject), ``-`` (dead-lettered on
 expiry) or empty. The ``:z`` sorted set holds the available and leased
 deliveries scored by when they become eligible (available-at or deadline), so
 a fetch finds due work in O(log n) whatever the lease time of each one.
+New deliveries start in a block (``:b`` record ``first|last|deadline`` under a
+token, ``:y`` by deadline): a delivery without a record that a live block
+covers is leased with attempt 1 and lease id ``<token>:<seq>``.
 """
 
 from __future__ import annotations
@@ -79,6 +81,36 @@ local function advance(D, f)
     if moved < step then return f end
     if step < 1024 then step = step * 2 end
   end
+end
+-- Blocks (see the module docstring) into per-delivery records: every entry of a block
+-- without its own record becomes 'L|1|<token>:<seq>|||' due at the block's deadline.
+local function explode(D, Z, B, Y, tokens)
+  if #tokens == 0 then return end
+  local specs = hmget(B, tokens)
+  for k, t in ipairs(tokens) do
+    local spec = specs[k]
+    if spec then
+      local first, last, dl = string.match(spec, '^(%d+)|(%d+)|(%d+)$')
+      local fields = {}
+      for s = tonumber(first), tonumber(last) do fields[#fields + 1] = S(s) end
+      local cur = hmget(D, fields)
+      local hs, za = {}, {}
+      for i, sq in ipairs(fields) do
+        if not cur[i] then
+          hs[#hs + 1] = sq
+          hs[#hs + 1] = 'L|1|' .. t .. ':' .. sq .. '|||'
+          za[#za + 1] = dl
+          za[#za + 1] = sq
+        end
+      end
+      if #hs > 0 then
+        bulk({'HSET', D}, hs)
+        bulk({'ZADD', Z}, za)
+      end
+    end
+  end
+  bulk({'HDEL', B}, tokens)
+  bulk({'ZREM', Y}, tokens)
 end
 local function resolve(spec, hw, lw)
   local pos
@@ -206,12 +238,14 @@ redis.call('HSET', m, 'hw', S(hw), 'ts', snow)
 return '[' .. table.concat(out, ',') .. ']'
 """
 
-# KEYS: x, m, G, D, Z, R. ARGV: group, consumer, quota, lease_ms, lease id prefix.
-# Returns 'NOGROUP' or JSON [high_water, still_available, deadline,
-# [[seq, attempt, time, meta, data], ...]]; lease ids are prefix .. 1, 2, ...
+# KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, consumer, quota, lease_ms, lease id prefix,
+# block token. Returns 'NOGROUP' or JSON [high_water, still_available, deadline, redelivered,
+# [[seq, attempt, time, meta, data], ...]]: the first `redelivered` items have lease ids
+# prefix .. 1, 2, ..., the new deliveries after them '<block token>:<seq>'.
 FETCH = r"""
-local x, m, G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local group, consumer, token = ARGV[1], ARGV[2], ARGV[5]
+local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  KEYS[8]
+local group, consumer, token, btoken = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
 local quota, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local g = redis.call('HMGET', G, 'f', 'c', 'ma')
 if not g[1] then return 'NOGROUP' end
@@ -221,6 +255,9 @@ local now = now_ms()
 local snow = S(now)
 local sdl = S(now + lease_ms)
 local items = {}
+local redelivered = 0
+-- Blocks past their deadline become per-delivery records, found below like any other.
+explode(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow))
 if quota > 0 then
   local hs, dead, radd, due, next_att = {}, {}, {}, {}, {}
   local front = false
@@ -292,27 +329,29 @@ if quota > 0 then
       bulk({'HDEL', D}, gone)
     end
   end
+  redelivered = n
   -- New deliveries past the group's cursor.
   local want = quota - n
   if want > 0 and c < hw then
     local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
       'STREAMS', x, '>')
     if res then
-      local za = {}
-      for _, e in ipairs(res[1][2]) do
+      -- New deliveries are one block: a single record stands for all their leases
+      -- (attempt 1, lease id '<block token>:<seq>', one deadline) until each one gets
+      -- its own record (settle, renew) or the block expires.
+      local entries = res[1][2]
+      local first = nil
+      for _, e in ipairs(entries) do
         local fl = e[2]
         -- Entry ids are always '<seq>-0'.
         local sq = string.sub(e[1], 1, -3)
-        n = n + 1
+        if not first then first = sq end
         items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ',' .. fl[4] .. ']'
-        hs[#hs + 1] = sq
-        hs[#hs + 1] = 'L|1|' .. token .. n .. '|||'
-        za[#za + 1] = sdl
-        za[#za + 1] = sq
         c = tonumber(sq)
       end
-      if #za > 0 then
-        bulk({'ZADD', Z}, za)
+      if first then
+        redis.call('HSET', B, btoken, first .. '|' .. S(c) .. '|' .. sdl)
+        redis.call('ZADD', Y, sdl, btoken)
         redis.call('HSET', G, 'c', S(c))
       end
     end
@@ -326,23 +365,52 @@ if quota > 0 then
 end
 local left = redis.call('ZCOUNT', Z, '-inf', snow)
 if hw > c then left = left + hw - c end
-return '[' .. S(hw) .. ',' .. S(left) .. ',' .. sdl .. ',[' .. table.concat(items, ',') .. ']]'
+return '[' .. S(hw) .. ',' .. S(left) .. ',' .. sdl .. ',' .. S(redelivered) .. ',['
+  .. table.concat(items, ',') .. ']]'
 """
 
 _FIND = r"""
-local x, m, G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  KEYS[8]
 local BY = {a = 'K', n = 'N', r = 'J'}
 BY['-'] = 'X'
+-- The record of each leased sequence; a delivery without its own record that a live
+-- block covers gets the block's record, and is listed in `virt` (not in Z, nothing in D).
 local function lookup(leases, g)
   local hw = tonumber(redis.call('HGET', m, 'hw') or '0')
   local fields = {}
   for k, l in ipairs(leases) do fields[k] = S(l[1]) end
   local cur = hmget(D, fields)
-  local state = {}
+  local state, virt, blocks = {}, {}, {}
   for k, sq in ipairs(fields) do
-    if state[sq] == nil then state[sq] = cur[k] end
+    if state[sq] == nil then
+      local r = cur[k]
+      local lid = leases[k][3]
+      if not r and type(lid) == 'string' then
+        local pos = string.find(lid, ':', 1, true)
+        if pos then
+          local t = string.sub(lid, 1, pos - 1)
+          local b = blocks[t]
+          if b == nil then
+            b = false
+            local spec = redis.call('HGET', B, t)
+            if spec then
+              local first, last = string.match(spec, '^(%d+)|(%d+)|')
+              b = {tonumber(first), tonumber(last)}
+            end
+            blocks[t] = b
+          end
+          local n = leases[k][1]
+          if b and n >= b[1] and n <= b[2] and lid == t .. ':' .. sq then
+            r = 'L|1|' .. lid .. '|||'
+            virt[sq] = true
+          end
+        end
+      end
+      state[sq] = r
+    end
   end
-  return hw, fields, state
+  return hw, fields, state, virt, blocks
 end
 -- The code of a lease that names nothing current, or nil with the parsed record.
 local function check(l, r, hw)
@@ -370,7 +438,7 @@ if not g[1] then return string.rep('I', #leases) end
 local f, ma = tonumber(g[1]), tonumber(g[2])
 local now = now_ms()
 local snow = S(now)
-local hw, fields, state = lookup(leases, g)
+local hw, fields, state, virt, blocks = lookup(leases, g)
 local codes, dirty, zrem, zadd, radd, acks = {}, {}, {}, {}, {}, {}
 local front = false
 for k, l in ipairs(leases) do
@@ -404,7 +472,7 @@ for k, l in ipairs(leases) do
         zadd[#zadd + 1] = sq
       end
       if terminal then
-        zrem[#zrem + 1] = sq
+        if not virt[sq] then zrem[#zrem + 1] = sq end
         acks[#acks + 1] = sq .. '-0'
         if op ~= 'a' then
           radd[#radd + 1] = sq
@@ -413,6 +481,7 @@ for k, l in ipairs(leases) do
         if l[1] == f + 1 then front = true end
       end
       state[sq] = r
+      virt[sq] = nil
       dirty[#dirty + 1] = sq
       dirty[#dirty + 1] = r
     end
@@ -435,7 +504,17 @@ if #dirty > 0 then
       if b ~= 75 and b ~= 82 then break end
       nf = nf + 1
     end
-    redis.call('HSET', G, 'f', S(advance(D, nf)))
+    nf = advance(D, nf)
+    redis.call('HSET', G, 'f', S(nf))
+    -- A block behind the frontier has nothing left to stand for.
+    local done = {}
+    for t, b in pairs(blocks) do
+      if b and b[2] <= nf then done[#done + 1] = t end
+    end
+    if #done > 0 then
+      bulk({'HDEL', B}, done)
+      bulk({'ZREM', Y}, done)
+    end
   end
 end
 return table.concat(codes)
@@ -450,8 +529,8 @@ local now = now_ms()
 local sdl = S(now + lease_ms)
 local g = redis.call('HMGET', G, 'f')
 if not g[1] then return sdl .. ':' .. string.rep('I', #leases) end
-local hw, fields, state = lookup(leases, g)
-local codes, zadd, owners = {}, {}, {}
+local hw, fields, state, virt = lookup(leases, g)
+local codes, zadd, owners, hs = {}, {}, {}, {}
 for k, l in ipairs(leases) do
   local sq = fields[k]
   local code, st, att, lid, by = check(l, state[sq], hw)
@@ -462,6 +541,12 @@ for k, l in ipairs(leases) do
       code = 'o'
       zadd[#zadd + 1] = sdl
       zadd[#zadd + 1] = sq
+      if virt[sq] then
+        -- Leaves its block: its own record and deadline from now on.
+        virt[sq] = nil
+        hs[#hs + 1] = sq
+        hs[#hs + 1] = state[sq]
+      end
       -- Reset the PEL idle time of our own leases (observability: XPENDING).
       local owner = tostring(l[4])
       if not owners[owner] then owners[owner] = {} end
@@ -472,6 +557,7 @@ for k, l in ipairs(leases) do
   codes[k] = code
 end
 if #zadd > 0 then
+  if #hs > 0 then bulk({'HSET', D}, hs) end
   bulk({'ZADD', Z}, zadd)
   for owner, ids in pairs(owners) do
     bulk({'XCLAIM', x, group, owner, '0'}, ids)
@@ -482,10 +568,12 @@ return sdl .. ':' .. table.concat(codes)
 
 # KEYS: x, m, G, D, Z, R. ARGV: group, from_sequence.
 REPLAY = r"""
-local x, m, G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  KEYS[8]
 local group = ARGV[1]
 local g = redis.call('HMGET', G, 'f', 'c')
 if not g[1] then return 'NOGROUP' end
+explode(D, Z, B, Y, redis.call('HKEYS', B))
 local f, c = tonumber(g[1]), tonumber(g[2])
 local lw = tonumber(redis.call('HGET', m, 'lw') or '1')
 -- Trimmed events are gone and count as settled: replay starts at the low water.
@@ -527,12 +615,13 @@ return 'OK'
 
 # KEYS: x, m, G, D, Z, R. ARGV: group, position spec.
 RESET = r"""
-local x, m, G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  KEYS[8]
 local group = ARGV[1]
 if redis.call('EXISTS', G) == 0 then return 'NOGROUP' end
 local mm = redis.call('HMGET', m, 'hw', 'lw')
 local pos = resolve(ARGV[2], tonumber(mm[1] or '0'), tonumber(mm[2] or '1'))
-redis.call('DEL', D, Z, R)
+redis.call('DEL', D, Z, R, B, Y)
 -- Recreating the consumer group drops its pending entries and consumers.
 redis.pcall('XGROUP', 'DESTROY', x, group)
 redis.call('XGROUP', 'CREATE', x, group, eid(pos), 'MKSTREAM')
@@ -540,7 +629,7 @@ redis.call('HSET', G, 'f', S(pos), 'c', S(pos))
 return 'OK'
 """
 
-# KEYS: x, m, i, then G, D, Z, R of each group. ARGV: bound, chunk, want ids (1|0), groups...
+# KEYS: x, m, i, then G, D, Z, R, B, Y of each group. ARGV: bound, chunk, want ids (1|0), groups...
 # Removes at most `chunk` events. Returns JSON [removed, more_to_do, [ids]].
 TRIM = r"""
 local x, m, i = KEYS[1], KEYS[2], KEYS[3]
@@ -561,11 +650,13 @@ redis.call('XTRIM', x, 'MINID', eid(stop + 1))
 redis.call('HSET', m, 'lw', S(stop + 1))
 local ngroups = #ARGV - 3
 for gi = 1, ngroups do
-  local base = 3 + (gi - 1) * 4
+  local base = 3 + (gi - 1) * 6
   local G, D, Z, R = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
+  local B, Y = KEYS[base + 5], KEYS[base + 6]
   local group = ARGV[3 + gi]
   local g = redis.call('HMGET', G, 'f', 'c')
   if g[1] then
+    explode(D, Z, B, Y, redis.call('HKEYS', B))
     local f, c = tonumber(g[1]), tonumber(g[2])
     local dels = {}
     for s = lw, math.min(stop, c) do dels[#dels + 1] = S(s) end

@@ -17,13 +17,20 @@ can spread partitions over shards and each Lua script stays on one slot:
   by the time they become eligible; ``:r`` — dead letters by sequence. As in
   the reference backend, acked and rejected records stay (they answer a
   repeated settle) until replay, reset or trim removes them.
+* ``{P:s:p}:g:<g>:b`` — blocks: the new deliveries of one fetch share one record
+  ``first|last|deadline`` under the fetch's token (their lease ids are
+  ``<token>:<seq>``, attempt 1) instead of a delivery record and a ``:z`` entry
+  each; ``:y`` orders the blocks by deadline. A delivery gets its own record
+  when it is settled or renewed, or when its block expires (a fetch then writes
+  records for the entries still leased); a block behind the frontier is dropped.
 * ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
   which partition owns an event id (streams with several partitions).
 
 Every fetch, settle batch and renew tick is one round trip: one script per
-partition, pipelined (a fetch whose partitions turn out uneven may take a
-second one to fill its limit; an append to a multi-partition stream first
-records which partition owns each event id). The layout is cluster-ready;
+partition, pipelined, with JSON requests and replies (orjson on this side). A
+fetch whose partitions turn out uneven may take a second one to fill its limit;
+an append to a multi-partition stream first records which partition owns each
+event id. The layout is cluster-ready;
 two mechanisms assume one server (or a primary with replicas): appends to
 several partitions are one ``MULTI``/``EXEC``, and the wake-up is one ``XREAD``
 over every partition of the stream. Lease deadlines, nack delays and append times use the
@@ -337,7 +344,7 @@ class RedisBackend(Backend):
             tag = self._tag(stream, partition)
             base = f"{tag}:g:{group}"
             keys = self._keys[key] = (f"{tag}:x", f"{tag}:m", base, f"{base}:d",
-                                      f"{base}:z", f"{base}:r")
+                                      f"{base}:z", f"{base}:r", f"{base}:b", f"{base}:y")
         return keys
 
     def _streams_key(self) -> str:
@@ -596,7 +603,7 @@ class RedisBackend(Backend):
         token = os.urandom(8).hex()
         calls = [
             ("fetch", self._gkeys(stream, group, p),
-             [group, consumer_id, quota, lease_ms, f"{token}.{p}."])
+             [group, consumer_id, quota, lease_ms, f"{token}.{p}.", f"{token}.{p}"])
             for p, quota in quotas
         ]
         replies = await self._eval(calls)
@@ -606,7 +613,7 @@ class RedisBackend(Backend):
         for (p, _), reply in zip(quotas, replies, strict=True):
             if reply == b"NOGROUP" or reply == "NOGROUP":
                 raise UnknownGroup(stream, group)
-            high, remaining, deadline, items = loads(reply)
+            high, remaining, deadline, redelivered, items = loads(reply)
             left[p] = remaining
             if high > seen[p]:
                 seen[p] = high
@@ -615,11 +622,14 @@ class RedisBackend(Backend):
             if not items:
                 continue
             prefix = f"{token}.{p}."
+            block = f"{token}.{p}:"
             leases = per.setdefault(p, [])
             add = leases.append
-            # Items are [seq, attempt, time, [id, type, key, headers], data].
+            # Items are [seq, attempt, time, [id, type, key, headers], data]: the
+            # redelivered ones first, then the new ones (one block, see _redis_lua).
             for n, (seq, attempt, at, meta, data) in enumerate(items, 1):
-                add(Lease(f"{prefix}{n}", f"{seq}-0", group, consumer_id,
+                add(Lease(f"{prefix}{n}" if n <= redelivered else f"{block}{seq}", f"{seq}-0",
+                          group, consumer_id,
                           Event(stream, p, seq, meta[0], meta[1], data, meta[2], meta[3], at),
                           attempt, deadline))
 
@@ -747,7 +757,7 @@ class RedisBackend(Backend):
             chunk = pids[start:start + _DEAD_CHUNK]
             calls = []
             for p in chunk:
-                x, _, _, d, _, r = self._gkeys(stream, group, p)
+                x, _, _, d, _, r, _, _ = self._gkeys(stream, group, p)
                 since = after[1] if after is not None and p == after[0] else 0
                 calls.append(("dead_letters", [x, d, r], [since, limit - len(out)]))
             for p, reply in zip(chunk, await self._eval(calls), strict=True):
