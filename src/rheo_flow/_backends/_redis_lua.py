@@ -194,8 +194,8 @@ return table.concat(out, ',')
 """
 
 # KEYS: x, m, i. ARGV: JSON [[id, meta, data], ...].
-# Returns JSON, per record: [seq, time] when stored by this call (or earlier in
-# it), [seq, time, meta, data] when the id was already stored.
+# Returns JSON [time, items]: per record its seq when stored by this call (or earlier
+# in it, at `time`), [seq, time, meta, data] when the id was already stored.
 APPEND = r"""
 local x, m, i = KEYS[1], KEYS[2], KEYS[3]
 local recs = cjson.decode(ARGV[1])
@@ -213,7 +213,7 @@ for k, r in ipairs(recs) do
   local id = r[1]
   local sq = seen[id]
   if sq then
-    out[k] = '[' .. sq .. ',' .. snow .. ']'
+    out[k] = sq
   else
     local stored = nil
     if known[k] then
@@ -229,13 +229,13 @@ for k, r in ipairs(recs) do
       seen[id] = sq
       new[#new + 1] = id
       new[#new + 1] = sq
-      out[k] = '[' .. sq .. ',' .. snow .. ']'
+      out[k] = sq
     end
   end
 end
 if #new > 0 then bulk({'HSET', i}, new) end
 redis.call('HSET', m, 'hw', S(hw), 'ts', snow)
-return '[' .. table.concat(out, ',') .. ']'
+return '[' .. snow .. ',[' .. table.concat(out, ',') .. ']]'
 """
 
 # KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, consumer, quota, lease_ms, lease id prefix,

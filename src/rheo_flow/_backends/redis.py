@@ -474,25 +474,43 @@ class RedisBackend(Backend):
                 rows.append((r.id, dumps((r.id, r.type, r.key, headers)).decode(), r.data_json))
             calls.append(("append", self._pkeys(stream, partition), [dumps(rows)]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
-        events: list[Event | None] = [None] * len(records)
         loads = orjson.loads
+        if len(calls) == 1 and len(by_partition[targets[0]]) == len(records):
+            [reply] = replies
+            [(partition, _)] = by_partition.items()
+            return self._appended(stream, partition, records, loads(reply))
+        events: list[Event | None] = [None] * len(records)
         for (partition, indexes), reply in zip(by_partition.items(), replies, strict=True):
-            built: dict[int, Event] = {}
-            for index, item in zip(indexes, loads(reply), strict=True):
-                seq, at = item[0], item[1]
-                if len(item) == 4:
-                    meta = item[2]
-                    event = Event(stream, partition, seq, meta[0], meta[1], item[3], meta[2],
-                                  meta[3], at)
-                elif seq in built:
-                    event = built[seq]
-                else:
-                    r = records[index]
-                    event = Event(stream, partition, seq, r.id, r.type, loads(r.data_json),
-                                  r.key, dict(r.headers), at)
-                built[seq] = event
+            built = self._appended(stream, partition, [records[i] for i in indexes],
+                                   loads(reply))
+            for index, event in zip(indexes, built, strict=True):
                 events[index] = event
         return [e for e in events if e is not None]
+
+    @staticmethod
+    def _appended(
+        stream: str, partition: int, records: Sequence[AppendRecord], reply: list[Any]
+    ) -> list[Event]:
+        """The events of one partition's append reply ``[time, items]`` (see _redis_lua)."""
+        at, items = reply
+        loads = orjson.loads
+        out: list[Event] = []
+        add = out.append
+        built: dict[int, Event] = {}
+        for r, item in zip(records, items, strict=True):
+            if type(item) is int:
+                event = built.get(item)
+                if event is None:
+                    headers = r.headers
+                    event = built[item] = Event(
+                        stream, partition, item, r.id, r.type, loads(r.data_json), r.key,
+                        dict(headers) if headers else {}, at)
+            else:
+                seq, stored_at, meta, data = item
+                event = Event(stream, partition, seq, meta[0], meta[1], data, meta[2],
+                              meta[3], stored_at)
+            add(event)
+        return out
 
     # Groups ------------------------------------------------------------------
 
