@@ -13,8 +13,13 @@ expiry) or empty. The ``:z`` sorted set holds the available and leased
 deliveries scored by when they become eligible (available-at or deadline), so
 a fetch finds due work in O(log n) whatever the lease time of each one.
 New deliveries start in a block (``:b`` record ``first|last|deadline`` under a
-token, ``:y`` by deadline): a delivery without a record that a live block
-covers is leased with attempt 1 and lease id ``<token>:<seq>``.
+token, ``:y`` the unexpired blocks by deadline). A delivery without a record of
+its own that a block covers has lease id ``<token>:<seq>`` and attempt 1: it is
+leased when past the group's frontier ``f``, acked by that lease when at or
+behind it. So an ack that moves the frontier over its deliveries writes no
+record for them; one that does not (out of order) writes ``K`` records, as
+does anything that moves the frontier back (redrive). A block's deliveries get
+records of their own when settled otherwise, renewed or expired.
 """
 
 from __future__ import annotations
@@ -82,35 +87,89 @@ local function advance(D, f)
     if step < 1024 then step = step * 2 end
   end
 end
--- Blocks (see the module docstring) into per-delivery records: every entry of a block
--- without its own record becomes 'L|1|<token>:<seq>|||' due at the block's deadline.
-local function explode(D, Z, B, Y, tokens)
+local function blockspec(spec)
+  local first, last, dl = string.match(spec, '^(%d+)|(%d+)|(%d+)$')
+  return tonumber(first), tonumber(last), dl
+end
+-- Expired blocks: their entries past the frontier without a record of their own get one
+-- ('L', due at the block's deadline); the part at or behind the frontier stays.
+local function expire(D, Z, B, Y, tokens, f)
   if #tokens == 0 then return end
   local specs = hmget(B, tokens)
+  local gone = {}
   for k, t in ipairs(tokens) do
     local spec = specs[k]
     if spec then
-      local first, last, dl = string.match(spec, '^(%d+)|(%d+)|(%d+)$')
-      local fields = {}
-      for s = tonumber(first), tonumber(last) do fields[#fields + 1] = S(s) end
-      local cur = hmget(D, fields)
-      local hs, za = {}, {}
-      for i, sq in ipairs(fields) do
-        if not cur[i] then
-          hs[#hs + 1] = sq
-          hs[#hs + 1] = 'L|1|' .. t .. ':' .. sq .. '|||'
-          za[#za + 1] = dl
-          za[#za + 1] = sq
+      local first, last, dl = blockspec(spec)
+      if last > f then
+        local fields = {}
+        for s = math.max(first, f + 1), last do fields[#fields + 1] = S(s) end
+        local cur = hmget(D, fields)
+        local hs, za = {}, {}
+        for i, sq in ipairs(fields) do
+          if not cur[i] then
+            hs[#hs + 1] = sq
+            hs[#hs + 1] = 'L|1|' .. t .. ':' .. sq .. '|||'
+            za[#za + 1] = dl
+            za[#za + 1] = sq
+          end
         end
-      end
-      if #hs > 0 then
-        bulk({'HSET', D}, hs)
-        bulk({'ZADD', Z}, za)
+        if #hs > 0 then
+          bulk({'HSET', D}, hs)
+          bulk({'ZADD', Z}, za)
+        end
+        if first <= f then
+          redis.call('HSET', B, t, S(first) .. '|' .. S(f) .. '|' .. dl)
+        else
+          gone[#gone + 1] = t
+        end
       end
     end
   end
-  bulk({'HDEL', B}, tokens)
+  if #gone > 0 then bulk({'HDEL', B}, gone) end
   bulk({'ZREM', Y}, tokens)
+end
+-- Every block keeps only its part inside [lo, hi].
+local function clip(B, Y, lo, hi)
+  local all = redis.call('HGETALL', B)
+  local gone, keep = {}, {}
+  for k = 1, #all, 2 do
+    local first, last, dl = blockspec(all[k + 1])
+    local a, b = math.max(first, lo), math.min(last, hi)
+    if a > b then
+      gone[#gone + 1] = all[k]
+    elseif a ~= first or b ~= last then
+      keep[#keep + 1] = all[k]
+      keep[#keep + 1] = S(a) .. '|' .. S(b) .. '|' .. dl
+    end
+  end
+  if #gone > 0 then
+    bulk({'HDEL', B}, gone)
+    bulk({'ZREM', Y}, gone)
+  end
+  if #keep > 0 then bulk({'HSET', B}, keep) end
+end
+-- Before the frontier moves back to lo - 1: the block entries in [lo, hi] (all behind
+-- it, so acked by their block lease) get an ack record of their own.
+local function own_acks(D, B, lo, hi)
+  local all = redis.call('HGETALL', B)
+  for k = 1, #all, 2 do
+    local first, last = blockspec(all[k + 1])
+    local a, b = math.max(first, lo), math.min(last, hi)
+    if a <= b then
+      local fields = {}
+      for s = a, b do fields[#fields + 1] = S(s) end
+      local cur = hmget(D, fields)
+      local hs = {}
+      for i, sq in ipairs(fields) do
+        if not cur[i] then
+          hs[#hs + 1] = sq
+          hs[#hs + 1] = 'K|1|' .. all[k] .. ':' .. sq .. '|a||'
+        end
+      end
+      if #hs > 0 then bulk({'HSET', D}, hs) end
+    end
+  end
 end
 local function resolve(spec, hw, lw)
   local pos
@@ -257,7 +316,7 @@ local sdl = S(now + lease_ms)
 local items = {}
 local redelivered = 0
 -- Blocks past their deadline become per-delivery records, found below like any other.
-explode(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow))
+expire(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow), f)
 if quota > 0 then
   local hs, dead, radd, due, next_att = {}, {}, {}, {}, {}
   local front = false
@@ -374,9 +433,10 @@ local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS
   KEYS[8]
 local BY = {a = 'K', n = 'N', r = 'J'}
 BY['-'] = 'X'
--- The record of each leased sequence; a delivery without its own record that a live
--- block covers gets the block's record, and is listed in `virt` (not in Z, nothing in D).
-local function lookup(leases, g)
+-- The record of each leased sequence. A delivery without a record of its own that a
+-- block covers is leased by the block lease (listed in `virt`: not in Z, nothing in D)
+-- past the frontier `f`, acked by it at or behind.
+local function lookup(leases, f)
   local hw = tonumber(redis.call('HGET', m, 'hw') or '0')
   local fields = {}
   for k, l in ipairs(leases) do fields[k] = S(l[1]) end
@@ -402,8 +462,12 @@ local function lookup(leases, g)
           end
           local n = leases[k][1]
           if b and n >= b[1] and n <= b[2] and lid == t .. ':' .. sq then
-            r = 'L|1|' .. lid .. '|||'
-            virt[sq] = true
+            if n <= f then
+              r = 'K|1|' .. lid .. '|a||'
+            else
+              r = 'L|1|' .. lid .. '|||'
+              virt[sq] = true
+            end
           end
         end
       end
@@ -438,15 +502,17 @@ if not g[1] then return string.rep('I', #leases) end
 local f, ma = tonumber(g[1]), tonumber(g[2])
 local now = now_ms()
 local snow = S(now)
-local hw, fields, state, virt, blocks = lookup(leases, g)
-local codes, dirty, zrem, zadd, radd, acks = {}, {}, {}, {}, {}, {}
+local hw, fields, state, virt, blocks = lookup(leases, f)
+local codes, dirty, zrem, zadd, radd, acks, vacks = {}, {}, {}, {}, {}, {}, {}
 local front = false
 for k, l in ipairs(leases) do
   local sq = fields[k]
   local cur = state[sq]
   local code, st, att, lid, by
   local a = l[4]
-  if cur and type(a) == 'number' and a % 1 == 0 and type(l[3]) == 'string'
+  if virt[sq] and l[2] == sq .. '-0' then
+    st, att, lid = 'L', 1, l[3]
+  elseif cur and type(a) == 'number' and a % 1 == 0 and type(l[3]) == 'string'
       and cur == 'L|' .. S(a) .. '|' .. l[3] .. '|||' and l[2] == sq .. '-0' then
     st, att, lid = 'L', a, l[3]
   else
@@ -481,41 +547,54 @@ for k, l in ipairs(leases) do
         if l[1] == f + 1 then front = true end
       end
       state[sq] = r
+      if virt[sq] and op == 'a' then
+        -- Written below only if the frontier does not pass it.
+        vacks[#vacks + 1] = l[1]
+      else
+        dirty[#dirty + 1] = sq
+        dirty[#dirty + 1] = r
+      end
       virt[sq] = nil
-      dirty[#dirty + 1] = sq
-      dirty[#dirty + 1] = r
     end
   end
   codes[k] = code
 end
-if #dirty > 0 then
-  bulk({'HSET', D}, dirty)
-  if #zrem > 0 then bulk({'ZREM', Z}, zrem) end
-  if #zadd > 0 then bulk({'ZADD', Z}, zadd) end
-  if #radd > 0 then bulk({'ZADD', R}, radd) end
-  if #acks > 0 then bulk({'XACK', x, group}, acks) end
-  if front then
-    -- Walk this batch's own records first: settling in order needs no read back.
-    local nf = f
-    while true do
-      local r = state[S(nf + 1)]
-      if not r then break end
+local nf = f
+if front then
+  -- This batch's records first (D may hold older ones for them), then D's.
+  while true do
+    local r = state[S(nf + 1)]
+    if r then
       local b = string.byte(r, 1)
       if b ~= 75 and b ~= 82 then break end
       nf = nf + 1
-    end
-    nf = advance(D, nf)
-    redis.call('HSET', G, 'f', S(nf))
-    -- A block behind the frontier has nothing left to stand for.
-    local done = {}
-    for t, b in pairs(blocks) do
-      if b and b[2] <= nf then done[#done + 1] = t end
-    end
-    if #done > 0 then
-      bulk({'HDEL', B}, done)
-      bulk({'ZREM', Y}, done)
+    else
+      local before = nf
+      nf = advance(D, nf)
+      if nf == before then break end
     end
   end
+end
+for _, n in ipairs(vacks) do
+  if n > nf then
+    local sq = S(n)
+    dirty[#dirty + 1] = sq
+    dirty[#dirty + 1] = state[sq]
+  end
+end
+if #dirty > 0 then bulk({'HSET', D}, dirty) end
+if #zrem > 0 then bulk({'ZREM', Z}, zrem) end
+if #zadd > 0 then bulk({'ZADD', Z}, zadd) end
+if #radd > 0 then bulk({'ZADD', R}, radd) end
+if #acks > 0 then bulk({'XACK', x, group}, acks) end
+if nf > f then
+  redis.call('HSET', G, 'f', S(nf))
+  -- A block wholly behind the frontier has nothing left to expire.
+  local done = {}
+  for t, b in pairs(blocks) do
+    if b and b[2] <= nf then done[#done + 1] = t end
+  end
+  if #done > 0 then bulk({'ZREM', Y}, done) end
 end
 return table.concat(codes)
 """
@@ -529,7 +608,7 @@ local now = now_ms()
 local sdl = S(now + lease_ms)
 local g = redis.call('HMGET', G, 'f')
 if not g[1] then return sdl .. ':' .. string.rep('I', #leases) end
-local hw, fields, state, virt = lookup(leases, g)
+local hw, fields, state, virt = lookup(leases, tonumber(g[1]))
 local codes, zadd, owners, hs = {}, {}, {}, {}
 for k, l in ipairs(leases) do
   local sq = fields[k]
@@ -573,12 +652,13 @@ local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS
 local group = ARGV[1]
 local g = redis.call('HMGET', G, 'f', 'c')
 if not g[1] then return 'NOGROUP' end
-explode(D, Z, B, Y, redis.call('HKEYS', B))
 local f, c = tonumber(g[1]), tonumber(g[2])
 local lw = tonumber(redis.call('HGET', m, 'lw') or '1')
 -- Trimmed events are gone and count as settled: replay starts at the low water.
 local start = math.max(tonumber(ARGV[2]), lw)
 if start <= c then
+  -- What stays of a block is behind the new frontier exactly when it was behind the old.
+  clip(B, Y, 0, start - 1)
   local active = redis.call('ZRANGE', Z, 0, -1)
   local zr, acks = {}, {}
   for _, sq in ipairs(active) do
@@ -656,7 +736,7 @@ for gi = 1, ngroups do
   local group = ARGV[3 + gi]
   local g = redis.call('HMGET', G, 'f', 'c')
   if g[1] then
-    explode(D, Z, B, Y, redis.call('HKEYS', B))
+    clip(B, Y, stop + 1, math.huge)
     local f, c = tonumber(g[1]), tonumber(g[2])
     local dels = {}
     for s = lw, math.min(stop, c) do dels[#dels + 1] = S(s) end
@@ -712,9 +792,9 @@ end
 return '[' .. table.concat(out, ',') .. ']'
 """
 
-# KEYS: G, D, Z, R. ARGV: 'all' or JSON [seq, ...]. Returns how many were re-driven.
+# KEYS: G, D, Z, R, B. ARGV: 'all' or JSON [seq, ...]. Returns how many were re-driven.
 REDRIVE = r"""
-local G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local G, D, Z, R, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local g = redis.call('HMGET', G, 'f')
 if not g[1] then return -1 end
 local f = tonumber(g[1])
@@ -749,7 +829,10 @@ bulk({'ZADD', Z}, za)
 local members = {}
 for k = 2, #za, 2 do members[#members + 1] = za[k] end
 bulk({'ZREM', R}, members)
-if f > low - 1 then redis.call('HSET', G, 'f', S(low - 1)) end
+if f > low - 1 then
+  own_acks(D, B, low, f)
+  redis.call('HSET', G, 'f', S(low - 1))
+end
 return #members
 """
 
