@@ -618,3 +618,16 @@ async def test_in_order_acks_write_no_record_and_survive_redrive_and_replay(
     assert [(r.ok, r.kind) for r in results] == [
         (True, None), (False, SettleKind.STALE_LEASE), (False, SettleKind.STALE_LEASE)]
     assert [x.sequence for x in await rheo.fetch("s", "g", limit=6)] == [5, 6]
+
+
+async def test_event_data_round_trips_exactly(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    data = {"big": 2**70, "neg": -(2**65), "text": 'quote " slash / é \u2028', "f": 0.1,
+            "nested": [[], {}, None, True]}
+    [stored] = await rheo.append("s", NewEvent("t", data, id="e1"))
+    [again] = await rheo.append("s", NewEvent("t", data, id="e1"))
+    [lease] = await rheo.fetch("s", "g")
+    assert stored.data == data
+    assert again.data == data
+    assert lease.event.data == data
+    assert isinstance(lease.event.data["big"], int)

@@ -254,7 +254,7 @@ return table.concat(out, ',')
 
 # KEYS: x, m, i. ARGV: JSON [[id, meta, data], ...].
 # Returns JSON [time, items]: per record its seq when stored by this call (or earlier
-# in it, at `time`), [seq, time, meta, data] when the id was already stored.
+# in it, at `time`), [seq, time, meta, data text] when the id was already stored.
 APPEND = r"""
 local x, m, i = KEYS[1], KEYS[2], KEYS[3]
 local recs = cjson.decode(ARGV[1])
@@ -280,7 +280,8 @@ for k, r in ipairs(recs) do
       if e[1] then stored = e[1][2] end
     end
     if stored then
-      out[k] = '[' .. known[k] .. ',' .. stored[6] .. ',' .. stored[2] .. ',' .. stored[4] .. ']'
+      out[k] = '[' .. known[k] .. ',' .. stored[6] .. ',' .. stored[2] .. ','
+        .. cjson.encode(stored[4]) .. ']'
     else
       hw = hw + 1
       sq = S(hw)
@@ -299,7 +300,8 @@ return '[' .. snow .. ',[' .. table.concat(out, ',') .. ']]'
 
 # KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, consumer, quota, lease_ms, lease id prefix,
 # block token. Returns 'NOGROUP' or JSON [high_water, still_available, deadline, redelivered,
-# [[seq, attempt, time, meta, data], ...]]: the first `redelivered` items have lease ids
+# [[seq, attempt, time, meta, data text], ...]]: the data's JSON as a string (decoded
+# only if read); the first `redelivered` items have lease ids
 # prefix .. 1, 2, ..., the new deliveries after them '<block token>:<seq>'.
 FETCH = r"""
 local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
@@ -376,7 +378,7 @@ if quota > 0 then
         n = n + 1
         local att = next_att[seq]
         items[#items + 1] = '[' .. sq .. ',' .. S(att) .. ',' .. fl[6] .. ',' .. fl[2] .. ','
-          .. fl[4] .. ']'
+          .. cjson.encode(fl[4]) .. ']'
         hs[#hs + 1] = sq
         hs[#hs + 1] = rec('L', att, token .. n, '', '', '')
       else
@@ -405,7 +407,8 @@ if quota > 0 then
         -- Entry ids are always '<seq>-0'.
         local sq = string.sub(e[1], 1, -3)
         if not first then first = sq end
-        items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ',' .. fl[4] .. ']'
+        items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ','
+          .. cjson.encode(fl[4]) .. ']'
         c = tonumber(sq)
       end
       if first then

@@ -66,10 +66,10 @@ from .._errors import (
     UnknownGroup,
     UnknownStream,
 )
-from .._event import Event
-from .._lease import Lease
+from .._event import Event, make_event_json
+from .._lease import Lease, make_lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult
+from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
 from .._validation import NAME_PATTERN
@@ -493,7 +493,6 @@ class RedisBackend(Backend):
     ) -> list[Event]:
         """The events of one partition's append reply ``[time, items]`` (see _redis_lua)."""
         at, items = reply
-        loads = orjson.loads
         out: list[Event] = []
         add = out.append
         built: dict[int, Event] = {}
@@ -502,13 +501,13 @@ class RedisBackend(Backend):
                 event = built.get(item)
                 if event is None:
                     headers = r.headers
-                    event = built[item] = Event(
-                        stream, partition, item, r.id, r.type, loads(r.data_json), r.key,
+                    event = built[item] = make_event_json(
+                        stream, partition, item, r.id, r.type, r.data_json, r.key,
                         dict(headers) if headers else {}, at)
             else:
                 seq, stored_at, meta, data = item
-                event = Event(stream, partition, seq, meta[0], meta[1], data, meta[2],
-                              meta[3], stored_at)
+                event = make_event_json(stream, partition, seq, meta[0], meta[1], data, meta[2],
+                                        meta[3], stored_at)
             add(event)
         return out
 
@@ -643,13 +642,14 @@ class RedisBackend(Backend):
             block = f"{token}.{p}:"
             leases = per.setdefault(p, [])
             add = leases.append
-            # Items are [seq, attempt, time, [id, type, key, headers], data]: the
+            # Items are [seq, attempt, time, [id, type, key, headers], data text]: the
             # redelivered ones first, then the new ones (one block, see _redis_lua).
             for n, (seq, attempt, at, meta, data) in enumerate(items, 1):
-                add(Lease(f"{prefix}{n}" if n <= redelivered else f"{block}{seq}", f"{seq}-0",
-                          group, consumer_id,
-                          Event(stream, p, seq, meta[0], meta[1], data, meta[2], meta[3], at),
-                          attempt, deadline))
+                add(make_lease(
+                    f"{prefix}{n}" if n <= redelivered else f"{block}{seq}", f"{seq}-0",
+                    group, consumer_id,
+                    make_event_json(stream, p, seq, meta[0], meta[1], data, meta[2], meta[3], at),
+                    attempt, deadline))
 
     def _buckets(
         self, leases: Sequence[Lease], results: list[SettleResult | None]
@@ -717,8 +717,7 @@ class RedisBackend(Backend):
         if len(replies) == 1 and len(replies[0][0]) == len(leases):
             indexes, codes = replies[0]
             if codes.count("o") == len(codes):
-                ok = SettleResult
-                return [ok(lease.lease_id) for lease in leases]
+                return [settle_ok(lease.lease_id) for lease in leases]
         for indexes, codes in replies:
             for index, code in zip(indexes, codes, strict=True):
                 results[index] = _result(leases[index].lease_id, code)
@@ -956,7 +955,7 @@ def _lease_key_ok(key: tuple[Any, Any, Any]) -> bool:
 
 def _result(lease_id: str, code: str) -> SettleResult:
     if code == "o":
-        return _OK(lease_id)
+        return settle_ok(lease_id)
     if code == "r":
         return _OK(lease_id, repeated=True)
     kind, reason = _CODES.get(code, (SettleKind.FAILED, f"unexpected reply {code!r}"))
