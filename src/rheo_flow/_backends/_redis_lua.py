@@ -299,9 +299,9 @@ return '[' .. snow .. ',[' .. table.concat(out, ',') .. ']]'
 """
 
 # KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, consumer, quota, lease_ms, lease id prefix,
-# block token. Returns 'NOGROUP' or JSON [high_water, still_available, deadline, redelivered,
-# [[seq, attempt, time, meta, data text], ...]]: the data's JSON as a string (decoded
-# only if read); the first `redelivered` items have lease ids
+# block token. Returns 'NOGROUP' or an array: JSON [high_water, still_available, deadline,
+# redelivered, [[seq, attempt, time, meta], ...]], then the data (JSON text) of each item.
+# The first `redelivered` items have lease ids
 # prefix .. 1, 2, ..., the new deliveries after them '<block token>:<seq>'.
 FETCH = r"""
 local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
@@ -316,6 +316,8 @@ local now = now_ms()
 local snow = S(now)
 local sdl = S(now + lease_ms)
 local items = {}
+-- The reply: the JSON head, then the data of each item as stored (no re-encoding).
+local datas = {''}
 local redelivered = 0
 -- Blocks past their deadline become per-delivery records, found below like any other.
 expire(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow), f)
@@ -377,8 +379,8 @@ if quota > 0 then
       if fl then
         n = n + 1
         local att = next_att[seq]
-        items[#items + 1] = '[' .. sq .. ',' .. S(att) .. ',' .. fl[6] .. ',' .. fl[2] .. ','
-          .. cjson.encode(fl[4]) .. ']'
+        items[#items + 1] = '[' .. sq .. ',' .. S(att) .. ',' .. fl[6] .. ',' .. fl[2] .. ']'
+        datas[#datas + 1] = fl[4]
         hs[#hs + 1] = sq
         hs[#hs + 1] = rec('L', att, token .. n, '', '', '')
       else
@@ -407,8 +409,8 @@ if quota > 0 then
         -- Entry ids are always '<seq>-0'.
         local sq = string.sub(e[1], 1, -3)
         if not first then first = sq end
-        items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ','
-          .. cjson.encode(fl[4]) .. ']'
+        items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ']'
+        datas[#datas + 1] = fl[4]
         c = tonumber(sq)
       end
       if first then
@@ -427,8 +429,9 @@ if quota > 0 then
 end
 local left = redis.call('ZCOUNT', Z, '-inf', snow)
 if hw > c then left = left + hw - c end
-return '[' .. S(hw) .. ',' .. S(left) .. ',' .. sdl .. ',' .. S(redelivered) .. ',['
+datas[1] = '[' .. S(hw) .. ',' .. S(left) .. ',' .. sdl .. ',' .. S(redelivered) .. ',['
   .. table.concat(items, ',') .. ']]'
+return datas
 """
 
 _FIND = r"""

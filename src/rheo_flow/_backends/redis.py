@@ -630,7 +630,7 @@ class RedisBackend(Backend):
         for (p, _), reply in zip(quotas, replies, strict=True):
             if reply == b"NOGROUP" or reply == "NOGROUP":
                 raise UnknownGroup(stream, group)
-            high, remaining, deadline, redelivered, items = loads(reply)
+            high, remaining, deadline, redelivered, items = loads(reply[0])
             left[p] = remaining
             if high > seen[p]:
                 seen[p] = high
@@ -642,9 +642,11 @@ class RedisBackend(Backend):
             block = f"{token}.{p}:"
             leases = per.setdefault(p, [])
             add = leases.append
-            # Items are [seq, attempt, time, [id, type, key, headers], data text]: the
-            # redelivered ones first, then the new ones (one block, see _redis_lua).
-            for n, (seq, attempt, at, meta, data) in enumerate(items, 1):
+            # Items are [seq, attempt, time, [id, type, key, headers]], their data's JSON
+            # text follows in the reply: the redelivered ones first, then the new ones
+            # (one block, see _redis_lua). The data is decoded when first read.
+            for n, ((seq, attempt, at, meta), data) in enumerate(
+                    zip(items, reply[1:], strict=True), 1):
                 add(make_lease(
                     f"{prefix}{n}" if n <= redelivered else f"{block}{seq}", f"{seq}-0",
                     group, consumer_id,
