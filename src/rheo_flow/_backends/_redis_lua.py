@@ -555,7 +555,7 @@ for k, l in ipairs(leases) do
       state[sq] = r
       if virt[sq] and op == 'a' then
         -- Written below only if the frontier does not pass it.
-        vacks[#vacks + 1] = l[1]
+        vacks[#vacks + 1] = l
       else
         dirty[#dirty + 1] = sq
         dirty[#dirty + 1] = r
@@ -581,9 +581,9 @@ if front then
     end
   end
 end
-for _, n in ipairs(vacks) do
-  if n > nf then
-    local sq = S(n)
+for _, l in ipairs(vacks) do
+  if l[1] > nf then
+    local sq = S(l[1])
     dirty[#dirty + 1] = sq
     dirty[#dirty + 1] = state[sq]
   end

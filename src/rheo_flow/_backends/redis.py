@@ -50,6 +50,7 @@ import math
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -111,6 +112,11 @@ _CODES: Final[dict[str, tuple[SettleKind, str]]] = {
 _OK: Final = SettleResult.success
 _NOT_A_LEASE: Final = "lease names no group of this backend"
 _MAX_VALID_KEYS: Final = 4096
+# What a settle sends per lease (the attempt lets the script recognise a current lease
+# by one string compare), what a renew sends, and where a lease points.
+_SETTLE_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "attempt")
+_RENEW_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "consumer_id")
+_KEY: Final = attrgetter("event.stream", "group", "event.partition")
 
 
 class RedisBackend(Backend):
@@ -686,6 +692,31 @@ class RedisBackend(Backend):
                     getattr(lease, "lease_id", ""), SettleKind.INVALID, _NOT_A_LEASE)
         return buckets
 
+    def _one_bucket(
+        self, leases: Sequence[Lease], row: Callable[[Lease], tuple[Any, ...]]
+    ) -> tuple[tuple[str, str, int], list[tuple[Any, ...]]] | None:
+        """The common batch: well-formed leases of one group partition, with their rows."""
+        try:
+            keys = list(map(_KEY, leases))
+            rows = list(map(row, leases))
+        except AttributeError:
+            return None
+        key = keys[0]
+        if keys.count(key) != len(keys):
+            return None
+        try:
+            ok = self._valid_keys.get(key)
+        except TypeError:
+            return None
+        if ok is None:
+            return None
+        # True == 1: the cached answer may be for another type of partition.
+        if not (ok and type(key[2]) is int and all(
+                type(seq) is int and seq >= 0 and type(receipt) is str and type(lid) is str
+                for seq, receipt, lid, _ in rows)):
+            return None
+        return key, rows
+
     async def _settle(
         self,
         leases: Sequence[Lease],
@@ -694,13 +725,19 @@ class RedisBackend(Backend):
         row: Callable[[Lease], tuple[Any, ...]],
     ) -> tuple[list[SettleResult | None], list[tuple[list[int], str]]]:
         results: list[SettleResult | None] = [None] * len(leases)
-        buckets = self._buckets(leases, results)
         dumps = orjson.dumps
-        calls = [
-            (script, self._gkeys(stream, group, partition),
-             args(group, dumps([row(leases[i]) for i in indexes])))
-            for (stream, group, partition), indexes in buckets.items()
-        ]
+        one = self._one_bucket(leases, row)
+        if one is not None:
+            (stream, group, partition), rows = one
+            buckets = {one[0]: list(range(len(leases)))}
+            calls = [(script, self._gkeys(stream, group, partition), args(group, dumps(rows)))]
+        else:
+            buckets = self._buckets(leases, results)
+            calls = [
+                (script, self._gkeys(stream, group, partition),
+                 args(group, dumps([row(leases[i]) for i in indexes])))
+                for (stream, group, partition), indexes in buckets.items()
+            ]
         replies = await self._eval(calls)
         return results, [(indexes, _text(reply))
                          for indexes, reply in zip(buckets.values(), replies, strict=True)]
@@ -713,8 +750,7 @@ class RedisBackend(Backend):
         results, replies = await self._settle(
             leases, "settle",
             lambda group, payload: [group, op, reason, delay_ms, payload],
-            # The attempt lets the script recognise a current lease by one string compare.
-            lambda lease: (lease.event.sequence, lease.receipt, lease.lease_id, lease.attempt),
+            _SETTLE_ROW,
         )
         if len(replies) == 1 and len(replies[0][0]) == len(leases):
             indexes, codes = replies[0]
@@ -740,8 +776,7 @@ class RedisBackend(Backend):
         results, replies = await self._settle(
             leases, "renew",
             lambda group, payload: [group, lease_ms, payload],
-            lambda lease: (lease.event.sequence, lease.receipt, lease.lease_id,
-                           lease.consumer_id),
+            _RENEW_ROW,
         )
         for indexes, reply in replies:
             deadline_text, codes = reply.split(":", 1)
