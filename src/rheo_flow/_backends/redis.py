@@ -20,9 +20,12 @@ can spread partitions over shards and each Lua script stays on one slot:
 * ``{P:s:p}:g:<g>:b`` — blocks: the new deliveries of one fetch share one record
   ``first|last|deadline`` under the fetch's token (their lease ids are
   ``<token>:<seq>``, attempt 1) instead of a delivery record and a ``:z`` entry
-  each; ``:y`` orders the blocks by deadline. A delivery gets its own record
-  when it is settled or renewed, or when its block expires (a fetch then writes
-  records for the entries still leased); a block behind the frontier is dropped.
+  each; ``:y`` holds the blocks still to expire, by deadline. Past the frontier
+  such a delivery is leased, behind it acked by its block lease: an ack that
+  moves the frontier over it writes nothing more. It gets its own record when
+  acked out of order, nacked, rejected or renewed, or when its block expires (a
+  fetch then writes records for the entries still leased). Replay, reset and
+  trim clip or drop the blocks they reach.
 * ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
   which partition owns an event id (streams with several partitions).
 
