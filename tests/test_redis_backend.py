@@ -460,3 +460,175 @@ async def test_malformed_leases_are_invalid_without_a_round_trip(rheo: Rheo) -> 
     ]
     results = await rheo.ack(forged)
     assert [r.kind for r in results] == [SettleKind.INVALID] * 3 + [None]
+
+
+# Blocks of new deliveries ----------------------------------------------------
+
+
+def _group_key(backend: RedisBackend, suffix: str, group: str = "g") -> str:
+    return f"{{{backend.prefix}:s:0}}:g:{group}{suffix}"
+
+
+async def test_new_deliveries_share_one_record_until_settled(
+    rheo: Rheo, backend: RedisBackend
+) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(5)])
+    leases = await rheo.fetch("s", "g", limit=5)
+    client = backend.client
+    assert await client.hlen(_group_key(backend, ":d")) == 0, "no record per new delivery"
+    assert await client.hlen(_group_key(backend, ":b")) == 1
+    assert await client.zcard(_group_key(backend, ":z")) == 0
+    assert len({lease.lease_id for lease in leases}) == 5
+    assert all(r.ok for r in await rheo.ack(leases[1:]))
+    assert (await rheo.frontier("s", "g"))[0] == 0
+    assert await client.hlen(_group_key(backend, ":b")) == 1, "1 is still leased"
+    assert all(r.ok for r in await rheo.ack(leases[:1]))
+    assert (await rheo.frontier("s", "g"))[0] == 5
+    # In order: the acks that moved the frontier over them wrote no record; the block
+    # answers for them and has nothing left to expire.
+    assert sorted(await client.hkeys(_group_key(backend, ":d"))) == [b"2", b"3", b"4", b"5"]
+    assert await client.hlen(_group_key(backend, ":b")) == 1
+    assert await client.zcard(_group_key(backend, ":y")) == 0
+    [again] = await rheo.ack(leases[2])
+    assert again.ok
+    assert again.repeated
+
+
+async def test_expired_block_leases_are_fenced_after_a_re_lease(
+    rheo: Rheo, backend: RedisBackend, wait_until: WaitUntil
+) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(3)])
+    first = await rheo.fetch("s", "g", limit=3, lease_ms=50)
+    await wait_until(lambda: _expired(backend, first[0].deadline_ms), message="expiry")
+    # Expired but not leased again: it may still settle.
+    [late] = await rheo.ack(first[0])
+    assert late.ok
+    assert not late.repeated
+    second = await rheo.fetch("s", "g", limit=3, lease_ms=60_000)
+    assert [(x.sequence, x.attempt) for x in second] == [(2, 2), (3, 2)]
+    stale = await rheo.ack(first[1:])
+    assert [r.kind for r in stale] == [SettleKind.STALE_LEASE] * 2
+    stale_renew = await rheo.renew(first[1:])
+    assert [r.kind for r in stale_renew] == [SettleKind.STALE_LEASE] * 2
+    assert all(r.ok for r in await rheo.ack(second))
+    assert (await rheo.frontier("s", "g"))[0] == 3
+    assert await backend.client.zcard(_group_key(backend, ":y")) == 0
+
+
+async def test_expired_block_dead_letters_at_max_attempts(
+    rheo: Rheo, backend: RedisBackend, wait_until: WaitUntil
+) -> None:
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", max_attempts=1)
+    await rheo.append("s", [NewEvent("t") for _ in range(2)])
+    first = await rheo.fetch("s", "g", limit=2, lease_ms=50)
+    await wait_until(lambda: _expired(backend, first[0].deadline_ms), message="expiry")
+    assert await rheo.fetch("s", "g", limit=2) == []
+    dead = await rheo.dead_letters("s", "g")
+    assert [(d.sequence, d.attempts, d.reason) for d in dead] == [
+        (1, 1, "max_attempts"), (2, 1, "max_attempts")]
+    assert (await rheo.frontier("s", "g"))[0] == 2
+    assert [r.kind for r in await rheo.ack(first)] == [SettleKind.STALE_LEASE] * 2
+
+
+async def test_block_leases_nack_renew_reject_each_on_their_own(
+    rheo: Rheo, backend: RedisBackend, wait_until: WaitUntil
+) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(4)])
+    leases = await rheo.fetch("s", "g", limit=4, lease_ms=300)
+    assert (await rheo.nack(leases[0], "again"))[0].ok
+    [renewed] = await rheo.renew(leases[1], lease_ms=60_000)
+    assert renewed.ok
+    assert (await rheo.reject(leases[2], "bad"))[0].ok
+    [redelivered] = await rheo.fetch("s", "g", limit=4, lease_ms=60_000)
+    assert (redelivered.sequence, redelivered.attempt) == (1, 2)
+    await wait_until(lambda: _expired(backend, leases[3].deadline_ms), message="expiry")
+    # The block expired: only the delivery that was neither settled nor renewed returns.
+    [expired] = await rheo.fetch("s", "g", limit=4, lease_ms=60_000)
+    assert (expired.sequence, expired.attempt) == (4, 2)
+    assert (await rheo.ack(leases[3]))[0].kind is SettleKind.STALE_LEASE
+    results = await rheo.ack([redelivered, leases[1], expired])
+    assert all(r.ok for r in results)
+    assert (await rheo.frontier("s", "g"))[0] == 4
+    assert [d.sequence for d in await rheo.dead_letters("s", "g")] == [3]
+
+
+async def test_replay_reset_and_trim_cover_block_leases(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(6)])
+    leases = await rheo.fetch("s", "g", limit=6, lease_ms=60_000)
+    await rheo.ack(leases[:2])
+    await rheo.replay("s", "g", from_sequence=4)
+    results = await rheo.ack(leases[2:])
+    assert [r.ok for r in results] == [True, False, False, False], "3 was not replayed"
+    again = await rheo.fetch("s", "g", limit=6, lease_ms=60_000)
+    assert [(x.sequence, x.attempt) for x in again] == [(4, 1), (5, 1), (6, 1)]
+    removed = await rheo.trim("s", up_to=4, force=True)
+    assert removed == {0: 4}
+    results = await rheo.ack(again)
+    assert [r.kind for r in results] == [SettleKind.STALE_LEASE, None, None]
+    assert (await rheo.frontier("s", "g"))[0] == 6
+    await rheo.append("s", [NewEvent("t") for _ in range(2)])
+    held = await rheo.fetch("s", "g", limit=6, lease_ms=60_000)
+    await rheo.reset("s", "g", to=7)
+    assert [r.kind for r in await rheo.ack(held)] == [SettleKind.STALE_LEASE] * 2
+    [last] = await rheo.fetch("s", "g", limit=6)
+    assert last.sequence == 8
+    assert (await rheo.ack(last))[0].ok
+
+
+async def test_replies_are_parsed_by_hiredis(backend: RedisBackend) -> None:
+    from redis.utils import HIREDIS_AVAILABLE
+
+    assert HIREDIS_AVAILABLE, "the redis extra installs hiredis"
+    await backend.open()
+    connection = await backend.client.connection_pool.get_connection()
+    try:
+        assert type(connection._parser).__name__ == "_AsyncHiredisParser"
+    finally:
+        await backend.client.connection_pool.release(connection)
+
+
+async def test_in_order_acks_write_no_record_and_survive_redrive_and_replay(
+    rheo: Rheo, backend: RedisBackend
+) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(6)])
+    leases = await rheo.fetch("s", "g", limit=6, lease_ms=60_000)
+    assert (await rheo.reject(leases[0], "bad"))[0].ok
+    twice = await rheo.ack([*leases[1:], leases[1], leases[5]])
+    assert [(r.ok, r.repeated) for r in twice] == [(True, False)] * 5 + [(True, True)] * 2
+    assert (await rheo.frontier("s", "g"))[0] == 6
+    assert await backend.client.hkeys(_group_key(backend, ":d")) == [b"1"]
+    assert all(r.ok and r.repeated for r in await rheo.ack(leases[1:]))
+    stale = await rheo.nack(leases[1:3], "late")
+    assert [r.kind for r in stale] == [SettleKind.STALE_LEASE] * 2
+    # The frontier moves back to 0: the acks behind it keep answering for themselves.
+    assert await rheo.redrive("s", "g") == 1
+    assert (await rheo.frontier("s", "g"))[0] == 0
+    [again] = await rheo.fetch("s", "g", limit=6)
+    assert (again.sequence, again.attempt) == (1, 1)
+    assert all(r.ok and r.repeated for r in await rheo.ack(leases[1:]))
+    assert (await rheo.ack(again))[0].ok
+    assert (await rheo.frontier("s", "g"))[0] == 6
+    await rheo.replay("s", "g", from_sequence=5)
+    results = await rheo.ack(leases[3:])
+    assert [(r.ok, r.kind) for r in results] == [
+        (True, None), (False, SettleKind.STALE_LEASE), (False, SettleKind.STALE_LEASE)]
+    assert [x.sequence for x in await rheo.fetch("s", "g", limit=6)] == [5, 6]
+
+
+async def test_event_data_round_trips_exactly(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    data = {"big": 2**70, "neg": -(2**65), "text": 'quote " slash / é \u2028', "f": 0.1,
+            "nested": [[], {}, None, True]}
+    [stored] = await rheo.append("s", NewEvent("t", data, id="e1"))
+    [again] = await rheo.append("s", NewEvent("t", data, id="e1"))
+    [lease] = await rheo.fetch("s", "g")
+    assert stored.data == data
+    assert again.data == data
+    assert lease.event.data == data
+    assert isinstance(lease.event.data["big"], int)

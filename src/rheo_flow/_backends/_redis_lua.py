@@ -2,9 +2,8 @@
 
 Every script touches the keys of ONE partition (one hash tag) or one
 stream-level key, so a Redis Cluster can place partitions on different
-shards. Requests and replies are compact strings (JSON or code letters): with
-redis-py's pure-Python parser, fewer reply elements is what makes a round trip
-cheap.
+shards. Requests and replies are compact strings (JSON or code letters): one
+bulk string per reply is decoded by one ``orjson.loads`` on the client.
 
 Delivery records (field = sequence in the ``:d`` hash of a group partition)
 are ``state|attempt|lease_id|settled_by|rejected_at_ms|reason`` with state
@@ -13,6 +12,14 @@ settled_by ``a`` / ``n`` / ``r`` (ack, nack, reject), ``-`` (dead-lettered on
 expiry) or empty. The ``:z`` sorted set holds the available and leased
 deliveries scored by when they become eligible (available-at or deadline), so
 a fetch finds due work in O(log n) whatever the lease time of each one.
+New deliveries start in a block (``:b`` record ``first|last|deadline`` under a
+token, ``:y`` the unexpired blocks by deadline). A delivery without a record of
+its own that a block covers has lease id ``<token>:<seq>`` and attempt 1: it is
+leased when past the group's frontier ``f``, acked by that lease when at or
+behind it. So an ack that moves the frontier over its deliveries writes no
+record for them; one that does not (out of order) writes ``K`` records, as
+does anything that moves the frontier back (redrive). A block's deliveries get
+records of their own when settled otherwise, renewed or expired.
 """
 
 from __future__ import annotations
@@ -78,6 +85,90 @@ local function advance(D, f)
     f = f + moved
     if moved < step then return f end
     if step < 1024 then step = step * 2 end
+  end
+end
+local function blockspec(spec)
+  local first, last, dl = string.match(spec, '^(%d+)|(%d+)|(%d+)$')
+  return tonumber(first), tonumber(last), dl
+end
+-- Expired blocks: their entries past the frontier without a record of their own get one
+-- ('L', due at the block's deadline); the part at or behind the frontier stays.
+local function expire(D, Z, B, Y, tokens, f)
+  if #tokens == 0 then return end
+  local specs = hmget(B, tokens)
+  local gone = {}
+  for k, t in ipairs(tokens) do
+    local spec = specs[k]
+    if spec then
+      local first, last, dl = blockspec(spec)
+      if last > f then
+        local fields = {}
+        for s = math.max(first, f + 1), last do fields[#fields + 1] = S(s) end
+        local cur = hmget(D, fields)
+        local hs, za = {}, {}
+        for i, sq in ipairs(fields) do
+          if not cur[i] then
+            hs[#hs + 1] = sq
+            hs[#hs + 1] = 'L|1|' .. t .. ':' .. sq .. '|||'
+            za[#za + 1] = dl
+            za[#za + 1] = sq
+          end
+        end
+        if #hs > 0 then
+          bulk({'HSET', D}, hs)
+          bulk({'ZADD', Z}, za)
+        end
+        if first <= f then
+          redis.call('HSET', B, t, S(first) .. '|' .. S(f) .. '|' .. dl)
+        else
+          gone[#gone + 1] = t
+        end
+      end
+    end
+  end
+  if #gone > 0 then bulk({'HDEL', B}, gone) end
+  bulk({'ZREM', Y}, tokens)
+end
+-- Every block keeps only its part inside [lo, hi].
+local function clip(B, Y, lo, hi)
+  local all = redis.call('HGETALL', B)
+  local gone, keep = {}, {}
+  for k = 1, #all, 2 do
+    local first, last, dl = blockspec(all[k + 1])
+    local a, b = math.max(first, lo), math.min(last, hi)
+    if a > b then
+      gone[#gone + 1] = all[k]
+    elseif a ~= first or b ~= last then
+      keep[#keep + 1] = all[k]
+      keep[#keep + 1] = S(a) .. '|' .. S(b) .. '|' .. dl
+    end
+  end
+  if #gone > 0 then
+    bulk({'HDEL', B}, gone)
+    bulk({'ZREM', Y}, gone)
+  end
+  if #keep > 0 then bulk({'HSET', B}, keep) end
+end
+-- Before the frontier moves back to lo - 1: the block entries in [lo, hi] (all behind
+-- it, so acked by their block lease) get an ack record of their own.
+local function own_acks(D, B, lo, hi)
+  local all = redis.call('HGETALL', B)
+  for k = 1, #all, 2 do
+    local first, last = blockspec(all[k + 1])
+    local a, b = math.max(first, lo), math.min(last, hi)
+    if a <= b then
+      local fields = {}
+      for s = a, b do fields[#fields + 1] = S(s) end
+      local cur = hmget(D, fields)
+      local hs = {}
+      for i, sq in ipairs(fields) do
+        if not cur[i] then
+          hs[#hs + 1] = sq
+          hs[#hs + 1] = 'K|1|' .. all[k] .. ':' .. sq .. '|a||'
+        end
+      end
+      if #hs > 0 then bulk({'HSET', D}, hs) end
+    end
   end
 end
 local function resolve(spec, hw, lw)
@@ -162,8 +253,8 @@ return table.concat(out, ',')
 """
 
 # KEYS: x, m, i. ARGV: JSON [[id, meta, data], ...].
-# Returns JSON, per record: [seq, time] when stored by this call (or earlier in
-# it), [seq, time, meta, data] when the id was already stored.
+# Returns JSON [time, items]: per record its seq when stored by this call (or earlier
+# in it, at `time`), [seq, time, meta, data text] when the id was already stored.
 APPEND = r"""
 local x, m, i = KEYS[1], KEYS[2], KEYS[3]
 local recs = cjson.decode(ARGV[1])
@@ -181,7 +272,7 @@ for k, r in ipairs(recs) do
   local id = r[1]
   local sq = seen[id]
   if sq then
-    out[k] = '[' .. sq .. ',' .. snow .. ']'
+    out[k] = sq
   else
     local stored = nil
     if known[k] then
@@ -189,7 +280,8 @@ for k, r in ipairs(recs) do
       if e[1] then stored = e[1][2] end
     end
     if stored then
-      out[k] = '[' .. known[k] .. ',' .. stored[6] .. ',' .. stored[2] .. ',' .. stored[4] .. ']'
+      out[k] = '[' .. known[k] .. ',' .. stored[6] .. ',' .. stored[2] .. ','
+        .. cjson.encode(stored[4]) .. ']'
     else
       hw = hw + 1
       sq = S(hw)
@@ -197,21 +289,24 @@ for k, r in ipairs(recs) do
       seen[id] = sq
       new[#new + 1] = id
       new[#new + 1] = sq
-      out[k] = '[' .. sq .. ',' .. snow .. ']'
+      out[k] = sq
     end
   end
 end
 if #new > 0 then bulk({'HSET', i}, new) end
 redis.call('HSET', m, 'hw', S(hw), 'ts', snow)
-return '[' .. table.concat(out, ',') .. ']'
+return '[' .. snow .. ',[' .. table.concat(out, ',') .. ']]'
 """
 
-# KEYS: x, m, G, D, Z, R. ARGV: group, consumer, quota, lease_ms, lease id prefix.
-# Returns 'NOGROUP' or JSON [high_water, still_available, deadline,
-# [[seq, attempt, time, meta, data], ...]]; lease ids are prefix .. 1, 2, ...
+# KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, consumer, quota, lease_ms, lease id prefix,
+# block token. Returns 'NOGROUP' or an array: JSON [high_water, still_available, deadline,
+# redelivered, [[seq, attempt, time, meta], ...]], then the data (JSON text) of each item.
+# The first `redelivered` items have lease ids
+# prefix .. 1, 2, ..., the new deliveries after them '<block token>:<seq>'.
 FETCH = r"""
-local x, m, G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local group, consumer, token = ARGV[1], ARGV[2], ARGV[5]
+local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  KEYS[8]
+local group, consumer, token, btoken = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
 local quota, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local g = redis.call('HMGET', G, 'f', 'c', 'ma')
 if not g[1] then return 'NOGROUP' end
@@ -221,6 +316,11 @@ local now = now_ms()
 local snow = S(now)
 local sdl = S(now + lease_ms)
 local items = {}
+-- The reply: the JSON head, then the data of each item as stored (no re-encoding).
+local datas = {''}
+local redelivered = 0
+-- Blocks past their deadline become per-delivery records, found below like any other.
+expire(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow), f)
 if quota > 0 then
   local hs, dead, radd, due, next_att = {}, {}, {}, {}, {}
   local front = false
@@ -279,8 +379,8 @@ if quota > 0 then
       if fl then
         n = n + 1
         local att = next_att[seq]
-        items[#items + 1] = '[' .. sq .. ',' .. S(att) .. ',' .. fl[6] .. ',' .. fl[2] .. ','
-          .. fl[4] .. ']'
+        items[#items + 1] = '[' .. sq .. ',' .. S(att) .. ',' .. fl[6] .. ',' .. fl[2] .. ']'
+        datas[#datas + 1] = fl[4]
         hs[#hs + 1] = sq
         hs[#hs + 1] = rec('L', att, token .. n, '', '', '')
       else
@@ -292,26 +392,30 @@ if quota > 0 then
       bulk({'HDEL', D}, gone)
     end
   end
+  redelivered = n
   -- New deliveries past the group's cursor.
   local want = quota - n
   if want > 0 and c < hw then
     local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
       'STREAMS', x, '>')
     if res then
-      local za = {}
-      for _, e in ipairs(res[1][2]) do
+      -- New deliveries are one block: a single record stands for all their leases
+      -- (attempt 1, lease id '<block token>:<seq>', one deadline) until each one gets
+      -- its own record (settle, renew) or the block expires.
+      local entries = res[1][2]
+      local first = nil
+      for _, e in ipairs(entries) do
         local fl = e[2]
-        local sq = string.match(e[1], '^(%d+)')
-        n = n + 1
-        items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ',' .. fl[4] .. ']'
-        hs[#hs + 1] = sq
-        hs[#hs + 1] = 'L|1|' .. token .. n .. '|||'
-        za[#za + 1] = sdl
-        za[#za + 1] = sq
+        -- Entry ids are always '<seq>-0'.
+        local sq = string.sub(e[1], 1, -3)
+        if not first then first = sq end
+        items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ']'
+        datas[#datas + 1] = fl[4]
         c = tonumber(sq)
       end
-      if #za > 0 then
-        bulk({'ZADD', Z}, za)
+      if first then
+        redis.call('HSET', B, btoken, first .. '|' .. S(c) .. '|' .. sdl)
+        redis.call('ZADD', Y, sdl, btoken)
         redis.call('HSET', G, 'c', S(c))
       end
     end
@@ -325,23 +429,58 @@ if quota > 0 then
 end
 local left = redis.call('ZCOUNT', Z, '-inf', snow)
 if hw > c then left = left + hw - c end
-return '[' .. S(hw) .. ',' .. S(left) .. ',' .. sdl .. ',[' .. table.concat(items, ',') .. ']]'
+datas[1] = '[' .. S(hw) .. ',' .. S(left) .. ',' .. sdl .. ',' .. S(redelivered) .. ',['
+  .. table.concat(items, ',') .. ']]'
+return datas
 """
 
 _FIND = r"""
-local x, m, G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  KEYS[8]
 local BY = {a = 'K', n = 'N', r = 'J'}
 BY['-'] = 'X'
-local function lookup(leases, g)
+-- The record of each leased sequence. A delivery without a record of its own that a
+-- block covers is leased by the block lease (listed in `virt`: not in Z, nothing in D)
+-- past the frontier `f`, acked by it at or behind.
+local function lookup(leases, f)
   local hw = tonumber(redis.call('HGET', m, 'hw') or '0')
   local fields = {}
   for k, l in ipairs(leases) do fields[k] = S(l[1]) end
   local cur = hmget(D, fields)
-  local state = {}
+  local state, virt, blocks = {}, {}, {}
   for k, sq in ipairs(fields) do
-    if state[sq] == nil then state[sq] = cur[k] end
+    if state[sq] == nil then
+      local r = cur[k]
+      local lid = leases[k][3]
+      if not r and type(lid) == 'string' then
+        local pos = string.find(lid, ':', 1, true)
+        if pos then
+          local t = string.sub(lid, 1, pos - 1)
+          local b = blocks[t]
+          if b == nil then
+            b = false
+            local spec = redis.call('HGET', B, t)
+            if spec then
+              local first, last = string.match(spec, '^(%d+)|(%d+)|')
+              b = {tonumber(first), tonumber(last)}
+            end
+            blocks[t] = b
+          end
+          local n = leases[k][1]
+          if b and n >= b[1] and n <= b[2] and lid == t .. ':' .. sq then
+            if n <= f then
+              r = 'K|1|' .. lid .. '|a||'
+            else
+              r = 'L|1|' .. lid .. '|||'
+              virt[sq] = true
+            end
+          end
+        end
+      end
+      state[sq] = r
+    end
   end
-  return hw, fields, state
+  return hw, fields, state, virt, blocks
 end
 -- The code of a lease that names nothing current, or nil with the parsed record.
 local function check(l, r, hw)
@@ -358,7 +497,9 @@ end
 """
 
 # KEYS: x, m, G, D, Z, R. ARGV: group, op (a|n|r), reason, delay_ms,
-# JSON [[seq, receipt, lease_id], ...]. Returns one code letter per lease (see redis.py).
+# JSON [[seq, receipt, lease_id, attempt], ...]. Returns one code letter per lease (see
+# redis.py). The attempt only serves the fast path: a lease whose record is exactly
+# 'L|attempt|lease_id|||' and whose receipt is its entry id is current, with no parsing.
 SETTLE = r"""
 local group, op, reason, delay = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local leases = cjson.decode(ARGV[5])
@@ -367,12 +508,22 @@ if not g[1] then return string.rep('I', #leases) end
 local f, ma = tonumber(g[1]), tonumber(g[2])
 local now = now_ms()
 local snow = S(now)
-local hw, fields, state = lookup(leases, g)
-local codes, dirty, zrem, zadd, radd, acks = {}, {}, {}, {}, {}, {}
+local hw, fields, state, virt, blocks = lookup(leases, f)
+local codes, dirty, zrem, zadd, radd, acks, vacks = {}, {}, {}, {}, {}, {}, {}
 local front = false
 for k, l in ipairs(leases) do
   local sq = fields[k]
-  local code, st, att, lid, by = check(l, state[sq], hw)
+  local cur = state[sq]
+  local code, st, att, lid, by
+  local a = l[4]
+  if virt[sq] and l[2] == sq .. '-0' then
+    st, att, lid = 'L', 1, l[3]
+  elseif cur and type(a) == 'number' and a % 1 == 0 and type(l[3]) == 'string'
+      and cur == 'L|' .. S(a) .. '|' .. l[3] .. '|||' and l[2] == sq .. '-0' then
+    st, att, lid = 'L', a, l[3]
+  else
+    code, st, att, lid, by = check(l, cur, hw)
+  end
   if not code then
     if st ~= 'L' then
       if by == op then code = 'r' else code = BY[by] or 'X' end
@@ -381,7 +532,7 @@ for k, l in ipairs(leases) do
       local r
       local terminal = true
       if op == 'a' then
-        r = rec('K', att, lid, 'a', '', '')
+        r = 'K|' .. S(att) .. '|' .. lid .. '|a||'
       elseif op == 'r' then
         r = rec('R', att, lid, 'r', snow, reason)
       elseif att >= ma then
@@ -393,28 +544,63 @@ for k, l in ipairs(leases) do
         zadd[#zadd + 1] = sq
       end
       if terminal then
-        zrem[#zrem + 1] = sq
+        if not virt[sq] then zrem[#zrem + 1] = sq end
         acks[#acks + 1] = sq .. '-0'
-        if string.byte(r, 1) == 82 then
+        if op ~= 'a' then
           radd[#radd + 1] = sq
           radd[#radd + 1] = sq
         end
         if l[1] == f + 1 then front = true end
       end
       state[sq] = r
-      dirty[#dirty + 1] = sq
-      dirty[#dirty + 1] = r
+      if virt[sq] and op == 'a' then
+        -- Written below only if the frontier does not pass it.
+        vacks[#vacks + 1] = l
+      else
+        dirty[#dirty + 1] = sq
+        dirty[#dirty + 1] = r
+      end
+      virt[sq] = nil
     end
   end
   codes[k] = code
 end
-if #dirty > 0 then
-  bulk({'HSET', D}, dirty)
-  if #zrem > 0 then bulk({'ZREM', Z}, zrem) end
-  if #zadd > 0 then bulk({'ZADD', Z}, zadd) end
-  if #radd > 0 then bulk({'ZADD', R}, radd) end
-  if #acks > 0 then bulk({'XACK', x, group}, acks) end
-  if front then redis.call('HSET', G, 'f', S(advance(D, f))) end
+local nf = f
+if front then
+  -- This batch's records first (D may hold older ones for them), then D's.
+  while true do
+    local r = state[S(nf + 1)]
+    if r then
+      local b = string.byte(r, 1)
+      if b ~= 75 and b ~= 82 then break end
+      nf = nf + 1
+    else
+      local before = nf
+      nf = advance(D, nf)
+      if nf == before then break end
+    end
+  end
+end
+for _, l in ipairs(vacks) do
+  if l[1] > nf then
+    local sq = S(l[1])
+    dirty[#dirty + 1] = sq
+    dirty[#dirty + 1] = state[sq]
+  end
+end
+if #dirty > 0 then bulk({'HSET', D}, dirty) end
+if #zrem > 0 then bulk({'ZREM', Z}, zrem) end
+if #zadd > 0 then bulk({'ZADD', Z}, zadd) end
+if #radd > 0 then bulk({'ZADD', R}, radd) end
+if #acks > 0 then bulk({'XACK', x, group}, acks) end
+if nf > f then
+  redis.call('HSET', G, 'f', S(nf))
+  -- A block wholly behind the frontier has nothing left to expire.
+  local done = {}
+  for t, b in pairs(blocks) do
+    if b and b[2] <= nf then done[#done + 1] = t end
+  end
+  if #done > 0 then bulk({'ZREM', Y}, done) end
 end
 return table.concat(codes)
 """
@@ -428,8 +614,8 @@ local now = now_ms()
 local sdl = S(now + lease_ms)
 local g = redis.call('HMGET', G, 'f')
 if not g[1] then return sdl .. ':' .. string.rep('I', #leases) end
-local hw, fields, state = lookup(leases, g)
-local codes, zadd, owners = {}, {}, {}
+local hw, fields, state, virt = lookup(leases, tonumber(g[1]))
+local codes, zadd, owners, hs = {}, {}, {}, {}
 for k, l in ipairs(leases) do
   local sq = fields[k]
   local code, st, att, lid, by = check(l, state[sq], hw)
@@ -440,6 +626,12 @@ for k, l in ipairs(leases) do
       code = 'o'
       zadd[#zadd + 1] = sdl
       zadd[#zadd + 1] = sq
+      if virt[sq] then
+        -- Leaves its block: its own record and deadline from now on.
+        virt[sq] = nil
+        hs[#hs + 1] = sq
+        hs[#hs + 1] = state[sq]
+      end
       -- Reset the PEL idle time of our own leases (observability: XPENDING).
       local owner = tostring(l[4])
       if not owners[owner] then owners[owner] = {} end
@@ -450,6 +642,7 @@ for k, l in ipairs(leases) do
   codes[k] = code
 end
 if #zadd > 0 then
+  if #hs > 0 then bulk({'HSET', D}, hs) end
   bulk({'ZADD', Z}, zadd)
   for owner, ids in pairs(owners) do
     bulk({'XCLAIM', x, group, owner, '0'}, ids)
@@ -460,7 +653,8 @@ return sdl .. ':' .. table.concat(codes)
 
 # KEYS: x, m, G, D, Z, R. ARGV: group, from_sequence.
 REPLAY = r"""
-local x, m, G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  KEYS[8]
 local group = ARGV[1]
 local g = redis.call('HMGET', G, 'f', 'c')
 if not g[1] then return 'NOGROUP' end
@@ -469,6 +663,8 @@ local lw = tonumber(redis.call('HGET', m, 'lw') or '1')
 -- Trimmed events are gone and count as settled: replay starts at the low water.
 local start = math.max(tonumber(ARGV[2]), lw)
 if start <= c then
+  -- What stays of a block is behind the new frontier exactly when it was behind the old.
+  clip(B, Y, 0, start - 1)
   local active = redis.call('ZRANGE', Z, 0, -1)
   local zr, acks = {}, {}
   for _, sq in ipairs(active) do
@@ -505,12 +701,13 @@ return 'OK'
 
 # KEYS: x, m, G, D, Z, R. ARGV: group, position spec.
 RESET = r"""
-local x, m, G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  KEYS[8]
 local group = ARGV[1]
 if redis.call('EXISTS', G) == 0 then return 'NOGROUP' end
 local mm = redis.call('HMGET', m, 'hw', 'lw')
 local pos = resolve(ARGV[2], tonumber(mm[1] or '0'), tonumber(mm[2] or '1'))
-redis.call('DEL', D, Z, R)
+redis.call('DEL', D, Z, R, B, Y)
 -- Recreating the consumer group drops its pending entries and consumers.
 redis.pcall('XGROUP', 'DESTROY', x, group)
 redis.call('XGROUP', 'CREATE', x, group, eid(pos), 'MKSTREAM')
@@ -518,7 +715,7 @@ redis.call('HSET', G, 'f', S(pos), 'c', S(pos))
 return 'OK'
 """
 
-# KEYS: x, m, i, then G, D, Z, R of each group. ARGV: bound, chunk, want ids (1|0), groups...
+# KEYS: x, m, i, then G, D, Z, R, B, Y of each group. ARGV: bound, chunk, want ids (1|0), groups...
 # Removes at most `chunk` events. Returns JSON [removed, more_to_do, [ids]].
 TRIM = r"""
 local x, m, i = KEYS[1], KEYS[2], KEYS[3]
@@ -539,11 +736,13 @@ redis.call('XTRIM', x, 'MINID', eid(stop + 1))
 redis.call('HSET', m, 'lw', S(stop + 1))
 local ngroups = #ARGV - 3
 for gi = 1, ngroups do
-  local base = 3 + (gi - 1) * 4
+  local base = 3 + (gi - 1) * 6
   local G, D, Z, R = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
+  local B, Y = KEYS[base + 5], KEYS[base + 6]
   local group = ARGV[3 + gi]
   local g = redis.call('HMGET', G, 'f', 'c')
   if g[1] then
+    clip(B, Y, stop + 1, math.huge)
     local f, c = tonumber(g[1]), tonumber(g[2])
     local dels = {}
     for s = lw, math.min(stop, c) do dels[#dels + 1] = S(s) end
@@ -599,9 +798,9 @@ end
 return '[' .. table.concat(out, ',') .. ']'
 """
 
-# KEYS: G, D, Z, R. ARGV: 'all' or JSON [seq, ...]. Returns how many were re-driven.
+# KEYS: G, D, Z, R, B. ARGV: 'all' or JSON [seq, ...]. Returns how many were re-driven.
 REDRIVE = r"""
-local G, D, Z, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local G, D, Z, R, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local g = redis.call('HMGET', G, 'f')
 if not g[1] then return -1 end
 local f = tonumber(g[1])
@@ -636,7 +835,10 @@ bulk({'ZADD', Z}, za)
 local members = {}
 for k = 2, #za, 2 do members[#members + 1] = za[k] end
 bulk({'ZREM', R}, members)
-if f > low - 1 then redis.call('HSET', G, 'f', S(low - 1)) end
+if f > low - 1 then
+  own_acks(D, B, low, f)
+  redis.call('HSET', G, 'f', S(low - 1))
+end
 return #members
 """
 

@@ -17,13 +17,23 @@ can spread partitions over shards and each Lua script stays on one slot:
   by the time they become eligible; ``:r`` — dead letters by sequence. As in
   the reference backend, acked and rejected records stay (they answer a
   repeated settle) until replay, reset or trim removes them.
+* ``{P:s:p}:g:<g>:b`` — blocks: the new deliveries of one fetch share one record
+  ``first|last|deadline`` under the fetch's token (their lease ids are
+  ``<token>:<seq>``, attempt 1) instead of a delivery record and a ``:z`` entry
+  each; ``:y`` holds the blocks still to expire, by deadline. Past the frontier
+  such a delivery is leased, behind it acked by its block lease: an ack that
+  moves the frontier over it writes nothing more. It gets its own record when
+  acked out of order, nacked, rejected or renewed, or when its block expires (a
+  fetch then writes records for the entries still leased). Replay, reset and
+  trim clip or drop the blocks they reach.
 * ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
   which partition owns an event id (streams with several partitions).
 
 Every fetch, settle batch and renew tick is one round trip: one script per
-partition, pipelined (a fetch whose partitions turn out uneven may take a
-second one to fill its limit; an append to a multi-partition stream first
-records which partition owns each event id). The layout is cluster-ready;
+partition, pipelined, with JSON requests and replies (orjson on this side). A
+fetch whose partitions turn out uneven may take a second one to fill its limit;
+an append to a multi-partition stream first records which partition owns each
+event id. The layout is cluster-ready;
 two mechanisms assume one server (or a primary with replicas): appends to
 several partitions are one ``MULTI``/``EXEC``, and the wake-up is one ``XREAD``
 over every partition of the stream. Lease deadlines, nack delays and append times use the
@@ -40,11 +50,14 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
 
 from .._backend import DEFAULT_MAX_ATTEMPTS, AppendRecord, Backend
 from .._capabilities import Capabilities
@@ -57,10 +70,10 @@ from .._errors import (
     UnknownGroup,
     UnknownStream,
 )
-from .._event import Event
-from .._lease import Lease
+from .._event import Event, make_event_json
+from .._lease import Lease, make_lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult
+from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
 from .._validation import NAME_PATTERN
@@ -101,6 +114,12 @@ _CODES: Final[dict[str, tuple[SettleKind, str]]] = {
 }
 _OK: Final = SettleResult.success
 _NOT_A_LEASE: Final = "lease names no group of this backend"
+_MAX_VALID_KEYS: Final = 4096
+# What a settle sends per lease (the attempt lets the script recognise a current lease
+# by one string compare), what a renew sends, and where a lease points.
+_SETTLE_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "attempt")
+_RENEW_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "consumer_id")
+_KEY: Final = attrgetter("event.stream", "group", "event.partition")
 
 
 class RedisBackend(Backend):
@@ -169,6 +188,8 @@ class RedisBackend(Backend):
         self._seen: dict[str, list[int]] = {}
         self._stale: dict[str, set[int]] = {}
         self._keys: dict[tuple[str, str, int], tuple[str, ...]] = {}
+        # (stream, group, partition) of settled leases -> whether it can name a delivery.
+        self._valid_keys: dict[tuple[Any, Any, Any], bool] = {}
         self._block_cap_ms: int | None = None
         timeout = self._client.connection_pool.connection_kwargs.get("socket_timeout")
         if isinstance(timeout, int | float) and timeout > 0:
@@ -332,7 +353,7 @@ class RedisBackend(Backend):
             tag = self._tag(stream, partition)
             base = f"{tag}:g:{group}"
             keys = self._keys[key] = (f"{tag}:x", f"{tag}:m", base, f"{base}:d",
-                                      f"{base}:z", f"{base}:r")
+                                      f"{base}:z", f"{base}:r", f"{base}:b", f"{base}:y")
         return keys
 
     def _streams_key(self) -> str:
@@ -446,38 +467,58 @@ class RedisBackend(Backend):
         if count > 1:
             # An id is owned by the partition it was first appended to, even when a
             # retry routes it elsewhere (no key, another key, another partition).
-            payload = json.dumps([[r.id, r.partition] for r in records])
+            payload = orjson.dumps([[r.id, r.partition] for r in records])
             [owners] = await self._eval([("claim_ids", [self._ids_key(stream)], [payload])])
             targets = [int(p) for p in _text(owners).split(",")]
         by_partition: dict[int, list[int]] = {}
         for index, partition in enumerate(targets):
             by_partition.setdefault(partition, []).append(index)
         calls = []
+        dumps = orjson.dumps
         for partition, indexes in by_partition.items():
-            payload = json.dumps(
-                [[records[i].id, _meta(records[i]), records[i].data_json] for i in indexes],
-                ensure_ascii=False, separators=(",", ":"),
-            )
-            calls.append(("append", self._pkeys(stream, partition), [payload]))
+            rows = []
+            for i in indexes:
+                r = records[i]
+                headers = r.headers if type(r.headers) is dict else dict(r.headers)
+                rows.append((r.id, dumps((r.id, r.type, r.key, headers)).decode(), r.data_json))
+            calls.append(("append", self._pkeys(stream, partition), [dumps(rows)]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
+        loads = orjson.loads
+        if len(calls) == 1 and len(by_partition[targets[0]]) == len(records):
+            [reply] = replies
+            [(partition, _)] = by_partition.items()
+            return self._appended(stream, partition, records, loads(reply))
         events: list[Event | None] = [None] * len(records)
         for (partition, indexes), reply in zip(by_partition.items(), replies, strict=True):
-            built: dict[int, Event] = {}
-            for index, item in zip(indexes, json.loads(reply), strict=True):
-                seq, at = item[0], item[1]
-                if len(item) == 4:
-                    meta = item[2]
-                    event = Event(stream, partition, seq, meta[0], meta[1], item[3], meta[2],
-                                  meta[3], at)
-                elif seq in built:
-                    event = built[seq]
-                else:
-                    r = records[index]
-                    event = Event(stream, partition, seq, r.id, r.type, json.loads(r.data_json),
-                                  r.key, dict(r.headers), at)
-                built[seq] = event
+            built = self._appended(stream, partition, [records[i] for i in indexes],
+                                   loads(reply))
+            for index, event in zip(indexes, built, strict=True):
                 events[index] = event
         return [e for e in events if e is not None]
+
+    @staticmethod
+    def _appended(
+        stream: str, partition: int, records: Sequence[AppendRecord], reply: list[Any]
+    ) -> list[Event]:
+        """The events of one partition's append reply ``[time, items]`` (see _redis_lua)."""
+        at, items = reply
+        out: list[Event] = []
+        add = out.append
+        built: dict[int, Event] = {}
+        for r, item in zip(records, items, strict=True):
+            if type(item) is int:
+                event = built.get(item)
+                if event is None:
+                    headers = r.headers
+                    event = built[item] = make_event_json(
+                        stream, partition, item, r.id, r.type, r.data_json, r.key,
+                        dict(headers) if headers else {}, at)
+            else:
+                seq, stored_at, meta, data = item
+                event = make_event_json(stream, partition, seq, meta[0], meta[1], data, meta[2],
+                                        meta[3], stored_at)
+            add(event)
+        return out
 
     # Groups ------------------------------------------------------------------
 
@@ -585,20 +626,20 @@ class RedisBackend(Backend):
         per: dict[int, list[Lease]],
         left: dict[int, int],
     ) -> None:
-        token = uuid.uuid4().hex[:16]
+        token = os.urandom(8).hex()
         calls = [
             ("fetch", self._gkeys(stream, group, p),
-             [group, consumer_id, quota, lease_ms, f"{token}.{p}."])
+             [group, consumer_id, quota, lease_ms, f"{token}.{p}.", f"{token}.{p}"])
             for p, quota in quotas
         ]
         replies = await self._eval(calls)
         seen = self._seen_for(stream)
         stale = self._stale.get(stream)
+        loads = orjson.loads
         for (p, _), reply in zip(quotas, replies, strict=True):
-            text = reply if isinstance(reply, str) else reply.decode()
-            if text == "NOGROUP":
+            if reply == b"NOGROUP" or reply == "NOGROUP":
                 raise UnknownGroup(stream, group)
-            high, remaining, deadline, items = json.loads(text)
+            high, remaining, deadline, redelivered, items = loads(reply[0])
             left[p] = remaining
             if high > seen[p]:
                 seen[p] = high
@@ -607,33 +648,99 @@ class RedisBackend(Backend):
             if not items:
                 continue
             prefix = f"{token}.{p}."
+            block = f"{token}.{p}:"
             leases = per.setdefault(p, [])
-            for n, (seq, attempt, at, meta, data) in enumerate(items, 1):
-                event = Event(stream, p, seq, meta[0], meta[1], data, meta[2], meta[3], at)
-                leases.append(Lease(f"{prefix}{n}", f"{seq}-0", group, consumer_id, event,
-                                    attempt, deadline))
+            add = leases.append
+            # Items are [seq, attempt, time, [id, type, key, headers]], their data's JSON
+            # text follows in the reply: the redelivered ones first, then the new ones
+            # (one block, see _redis_lua). The data is decoded when first read.
+            for n, ((seq, attempt, at, meta), data) in enumerate(
+                    zip(items, reply[1:], strict=True), 1):
+                add(make_lease(
+                    f"{prefix}{n}" if n <= redelivered else f"{block}{seq}", f"{seq}-0",
+                    group, consumer_id,
+                    make_event_json(stream, p, seq, meta[0], meta[1], data, meta[2], meta[3], at),
+                    attempt, deadline))
+
+    def _buckets(
+        self, leases: Sequence[Lease], results: list[SettleResult | None]
+    ) -> dict[tuple[str, str, int], list[int]]:
+        """Lease indexes by the partition they point at; ``results`` gets ``invalid``
+        for every lease that cannot name a delivery of this backend."""
+        buckets: dict[tuple[str, str, int], list[int]] = {}
+        valid = self._valid_keys
+        for index, lease in enumerate(leases):
+            try:
+                event = lease.event
+                key = (event.stream, lease.group, event.partition)
+                ok = valid.get(key)
+                if ok is None:
+                    ok = _lease_key_ok(key)
+                    if len(valid) >= _MAX_VALID_KEYS:
+                        valid.clear()
+                    valid[key] = ok
+                seq = event.sequence
+                # True == 1 as a dict key: the cached answer may be for another type.
+                ok = (ok and type(key[2]) is int and type(seq) is int and seq >= 0
+                      and type(lease.lease_id) is str and type(lease.receipt) is str)
+            except (AttributeError, TypeError):
+                ok = False
+            if ok:
+                bucket = buckets.get(key)
+                if bucket is None:
+                    bucket = buckets[key] = []
+                bucket.append(index)
+            else:
+                results[index] = SettleResult.failure(
+                    getattr(lease, "lease_id", ""), SettleKind.INVALID, _NOT_A_LEASE)
+        return buckets
+
+    def _one_bucket(
+        self, leases: Sequence[Lease], row: Callable[[Lease], tuple[Any, ...]]
+    ) -> tuple[tuple[str, str, int], list[tuple[Any, ...]]] | None:
+        """The common batch: well-formed leases of one group partition, with their rows."""
+        try:
+            keys = list(map(_KEY, leases))
+            rows = list(map(row, leases))
+        except AttributeError:
+            return None
+        key = keys[0]
+        if keys.count(key) != len(keys):
+            return None
+        try:
+            ok = self._valid_keys.get(key)
+        except TypeError:
+            return None
+        if ok is None:
+            return None
+        # True == 1: the cached answer may be for another type of partition.
+        if not (ok and type(key[2]) is int and all(
+                type(seq) is int and seq >= 0 and type(receipt) is str and type(lid) is str
+                for seq, receipt, lid, _ in rows)):
+            return None
+        return key, rows
 
     async def _settle(
         self,
         leases: Sequence[Lease],
         script: str,
-        args: Callable[[str, str], list[Any]],
-        row: Callable[[Lease], list[Any]],
+        args: Callable[[str, bytes], list[Any]],
+        row: Callable[[Lease], tuple[Any, ...]],
     ) -> tuple[list[SettleResult | None], list[tuple[list[int], str]]]:
         results: list[SettleResult | None] = [None] * len(leases)
-        buckets: dict[tuple[str, str, int], list[int]] = {}
-        for index, lease in enumerate(leases):
-            key = _lease_key(lease)
-            if key is None:
-                results[index] = SettleResult.failure(lease.lease_id, SettleKind.INVALID,
-                                                      _NOT_A_LEASE)
-                continue
-            buckets.setdefault(key, []).append(index)
-        calls = []
-        for (stream, group, partition), indexes in buckets.items():
-            payload = json.dumps([row(leases[i]) for i in indexes])
-            calls.append((script, self._gkeys(stream, group, partition),
-                          args(group, payload)))
+        dumps = orjson.dumps
+        one = self._one_bucket(leases, row)
+        if one is not None:
+            (stream, group, partition), rows = one
+            buckets = {one[0]: list(range(len(leases)))}
+            calls = [(script, self._gkeys(stream, group, partition), args(group, dumps(rows)))]
+        else:
+            buckets = self._buckets(leases, results)
+            calls = [
+                (script, self._gkeys(stream, group, partition),
+                 args(group, dumps([row(leases[i]) for i in indexes])))
+                for (stream, group, partition), indexes in buckets.items()
+            ]
         replies = await self._eval(calls)
         return results, [(indexes, _text(reply))
                          for indexes, reply in zip(buckets.values(), replies, strict=True)]
@@ -646,8 +753,12 @@ class RedisBackend(Backend):
         results, replies = await self._settle(
             leases, "settle",
             lambda group, payload: [group, op, reason, delay_ms, payload],
-            lambda lease: [lease.sequence, lease.receipt, lease.lease_id],
+            _SETTLE_ROW,
         )
+        if len(replies) == 1 and len(replies[0][0]) == len(leases):
+            indexes, codes = replies[0]
+            if codes.count("o") == len(codes):
+                return [settle_ok(lease.lease_id) for lease in leases]
         for indexes, codes in replies:
             for index, code in zip(indexes, codes, strict=True):
                 results[index] = _result(leases[index].lease_id, code)
@@ -668,7 +779,7 @@ class RedisBackend(Backend):
         results, replies = await self._settle(
             leases, "renew",
             lambda group, payload: [group, lease_ms, payload],
-            lambda lease: [lease.sequence, lease.receipt, lease.lease_id, lease.consumer_id],
+            _RENEW_ROW,
         )
         for indexes, reply in replies:
             deadline_text, codes = reply.split(":", 1)
@@ -703,7 +814,7 @@ class RedisBackend(Backend):
             chunk = pids[start:start + _DEAD_CHUNK]
             calls = []
             for p in chunk:
-                x, _, _, d, _, r = self._gkeys(stream, group, p)
+                x, _, _, d, _, r, _, _ = self._gkeys(stream, group, p)
                 since = after[1] if after is not None and p == after[0] else 0
                 calls.append(("dead_letters", [x, d, r], [since, limit - len(out)]))
             for p, reply in zip(chunk, await self._eval(calls), strict=True):
@@ -874,33 +985,17 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _meta(record: AppendRecord) -> str:
-    return json.dumps([record.id, record.type, record.key, dict(record.headers)],
-                      ensure_ascii=False, separators=(",", ":"))
-
-
-def _lease_key(lease: Lease) -> tuple[str, str, int] | None:
-    """Where a lease points, or None when it cannot name anything of this backend."""
-    event = getattr(lease, "event", None)
-    stream = getattr(event, "stream", None)
-    partition = getattr(event, "partition", None)
-    sequence = getattr(event, "sequence", None)
-    group = getattr(lease, "group", None)
-    if not (isinstance(stream, str) and NAME_PATTERN.match(stream)
-            and isinstance(group, str) and NAME_PATTERN.match(group)):
-        return None
-    for number in (partition, sequence):
-        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-            return None
-    if not isinstance(lease.lease_id, str) or not isinstance(lease.receipt, str):
-        return None
-    assert isinstance(partition, int)
-    return stream, group, partition
+def _lease_key_ok(key: tuple[Any, Any, Any]) -> bool:
+    """Whether (stream, group, partition) can name a delivery of this backend."""
+    stream, group, partition = key
+    return (type(stream) is str and NAME_PATTERN.match(stream) is not None
+            and type(group) is str and NAME_PATTERN.match(group) is not None
+            and type(partition) is int and partition >= 0)
 
 
 def _result(lease_id: str, code: str) -> SettleResult:
     if code == "o":
-        return _OK(lease_id)
+        return settle_ok(lease_id)
     if code == "r":
         return _OK(lease_id, repeated=True)
     kind, reason = _CODES.get(code, (SettleKind.FAILED, f"unexpected reply {code!r}"))
