@@ -4,7 +4,7 @@ A suite is a module ``benchmarks/<suite>.py`` exposing
 ``async def run(quick: bool) -> list[Result]`` (:class:`benchmarks._common.Result`);
 :data:`SUITES` maps a suite name to its module when they differ. ``--json`` prints
 one JSON object per result line (``name``, ``backend``, ``value``, ``unit``,
-``baseline``, ``ratio``); otherwise a table.
+``baseline``, ``ratio``, and ``baseline_name`` and ``note`` when set); otherwise a table.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def print_table(suite: str, results: list[Result]) -> None:
     from rich.table import Table
 
     table = Table(title=f"benchmark suite: {suite}")
-    for column in ("name", "backend", "value", "unit", "baseline", "ratio", "note"):
+    for column in ("name", "backend", "value", "unit", "baseline", "vs", "ratio", "note"):
         table.add_column(column, justify="right" if column in ("value", "baseline", "ratio")
                          else "left")
     notes: list[str] = []
@@ -74,6 +74,7 @@ def print_table(suite: str, results: list[Result]) -> None:
         table.add_row(
             r.name, r.backend, f"{r.value:,.1f}", r.unit,
             "" if r.baseline is None else f"{r.baseline:,.1f}",
+            r.baseline_name or "",
             "" if r.ratio is None else f"{r.ratio:.2f}",
             f"[{notes.index(r.note) + 1}]" if r.note else "",
         )
