@@ -36,12 +36,15 @@ SUITES: dict[str, str] = {
 }
 """Suite name -> module in ``benchmarks/`` (any other ``benchmarks/<name>.py`` also works)."""
 
+NOT_SUITES = frozenset({"run", "profile_group"})
+"""Modules of ``benchmarks/`` that are tools, not suites."""
+
 
 def available() -> list[str]:
     """Every suite name: the registry plus modules found next to this file."""
     names = set(SUITES)
     for path in Path(__file__).parent.glob("*.py"):
-        if not path.stem.startswith("_") and path.stem not in ("run", *SUITES.values()):
+        if not path.stem.startswith("_") and path.stem not in {*NOT_SUITES, *SUITES.values()}:
             names.add(path.stem)
     return sorted(names)
 
@@ -49,7 +52,7 @@ def available() -> list[str]:
 def load(suite: str) -> Suite:
     """The ``run`` coroutine function of a suite."""
     module_name = SUITES.get(suite, suite)
-    if module_name == "run" or not (Path(__file__).parent / f"{module_name}.py").exists():
+    if module_name in NOT_SUITES or not (Path(__file__).parent / f"{module_name}.py").exists():
         raise SystemExit(f"unknown suite {suite!r}; available: {', '.join(available())}")
     module = importlib.import_module(f"benchmarks.{module_name}")
     run: Suite | None = getattr(module, "run", None)
