@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -114,6 +115,13 @@ def _py_spy() -> str:
     return found
 
 
+def _retitle(svg: Path, title: str) -> None:
+    """Put ``title`` in place of py-spy's (its command line, with local paths and a pid)."""
+    text = svg.read_text()
+    svg.write_text(re.sub(r'(<text id="title"[^>]*>)[^<]*(</text>)',
+                          lambda m: f"{m.group(1)}{title}{m.group(2)}", text, count=1))
+
+
 def profile(backend: str, events: int, out: Path, rate: int | None) -> float:
     """Run the worker, record it under py-spy while it consumes; events/s it reported."""
     root = Path(__file__).resolve().parent.parent
@@ -142,6 +150,8 @@ def profile(backend: str, events: int, out: Path, rate: int | None) -> float:
             raise SystemExit("the worker failed while consuming")
         spy.send_signal(signal.SIGINT)  # py-spy writes the graph on Ctrl-C
         spy.wait(timeout=60)
+        _retitle(out, f"Group consume+ack, {backend}, {events} events "
+                      "(benchmarks/profile_group.py)")
         return float(line[1])
     finally:
         if spy is not None and spy.poll() is None:
