@@ -338,7 +338,7 @@ async def run(quick: bool) -> list[Result]:
         raise SystemExit("the redis suite needs hiredis: pip install 'redis[hiredis]'")
     events = 10_000 if quick else 50_000
     rounds = 1 if quick else 3
-    jobs = 1_000 if quick else 10_000  # saq runs ~1,000 jobs/s at best: once, shorter
+    jobs = 1_000 if quick else 10_000  # saq runs once: it is two orders of magnitude slower
     samples = 200 if quick else 1_000
 
     rates: dict[str, list[float]] = {"raw": [], "rheo": [], "raw append": [],
