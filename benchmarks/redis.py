@@ -354,7 +354,7 @@ async def run(quick: bool) -> list[Result]:
     raw_p50, raw_p99 = await raw_latency(samples)
     p50, p99 = await rheo_latency(samples)
     shape = (f"{events} events per contender, median of {rounds} alternating rounds; "
-             "redis-py with hiredis (HIREDIS_AVAILABLE); one connection each")
+             "redis-py with hiredis (HIREDIS_AVAILABLE)")
     saq_name = f"saq {saq_version}"
     return [
         Result(f"consume+ack: XREADGROUP COUNT {RAW_COUNT} + XACK, pipelined", RAW, raw,
