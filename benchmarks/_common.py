@@ -12,7 +12,8 @@ __all__ = ["Result"]
 class Result:
     """One measured number, optionally compared with a baseline measured in the same run.
 
-    ``ratio`` is ``value / baseline`` (``None`` without a baseline).
+    ``ratio`` is ``value / baseline`` (``None`` without a baseline); ``baseline_name``
+    names what the baseline measured (``"raw-redis-py+hiredis"``, ``"pgqueuer"``, ...).
     """
 
     name: str
@@ -22,17 +23,20 @@ class Result:
     baseline: float | None = None
     ratio: float | None = None
     note: str = ""
+    baseline_name: str | None = None
 
     @classmethod
     def compared(cls, name: str, backend: str, value: float, unit: str, baseline: float,
-                 note: str = "") -> Result:
-        """A result with its ratio to ``baseline``."""
+                 note: str = "", *, baseline_name: str | None = None) -> Result:
+        """A result with its ratio to ``baseline`` (named ``baseline_name``)."""
         return cls(name, backend, value, unit, baseline,
-                   value / baseline if baseline else None, note)
+                   value / baseline if baseline else None, note, baseline_name)
 
     def as_json(self) -> dict[str, Any]:
-        """The JSON object printed by ``--json``."""
+        """The JSON object printed by ``--json`` (``note`` and ``baseline_name`` only
+        when set)."""
         data = asdict(self)
-        if not data["note"]:
-            del data["note"]
+        for optional in ("note", "baseline_name"):
+            if not data[optional]:
+                del data[optional]
         return data

@@ -1,25 +1,33 @@
-"""Suite ``postgres``: the PostgreSQL backend against raw asyncpg and pgqueuer.
+"""Suite ``postgres``: the PostgreSQL backend against raw asyncpg, pgqueuer and pgmq.
 
 Measured in one run, on the server named by ``RHEO_POSTGRES_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``), each system in its own schema
-(dropped afterwards), with no-op handlers and the same batch size:
+(pgmq, whose SQL-only install is bound to a schema named ``pgmq``, in a database
+of its own), all dropped afterwards, with no-op handlers and the same batch size:
 
-* append throughput at batch 10 and 100: ``Rheo.append`` against a raw asyncpg
-  ``INSERT ... SELECT unnest(...)`` into a plain table (baseline) and pgqueuer's
-  batched ``enqueue`` (peer);
+* append throughput at batch 10, 100 and 1000: ``Rheo.append`` against a raw
+  asyncpg ``INSERT ... SELECT unnest(...)`` into a plain table (baseline),
+  pgqueuer's batched ``enqueue`` (peer) and, at batch 1000, pgmq's ``send_batch``;
 * consume+ack throughput at batch 10 and 100 through raw ``fetch``/``ack``, a
-  consumer group (``Consumer``/``Group``) and the pipeline, against a raw
-  asyncpg queue (``SELECT ... FOR UPDATE SKIP LOCKED`` + batched ``DELETE`` in one
-  transaction: no leases, no fencing, no frontier) as baseline and pgqueuer's
-  ``QueueManager`` (peer). The ``vs pgqueuer`` lines carry the ratio to the peer;
+  consumer group (``Consumer``/``Group``) and the pipeline, against the fastest
+  plain asyncpg queue loop: one prepared statement per batch, ``DELETE ... WHERE
+  id IN (SELECT id ... ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING``
+  (no leases, no fencing, no frontier) as baseline; pgqueuer's ``QueueManager``
+  (drain mode, ``batch_size`` = batch) and pgmq (``read`` of a batch then one
+  ``delete`` of the read ids; and the same with ``read_with_poll``) as peers;
 * fetch latency with 10,000 versus 1,000,000 events already acked in the group
-  (``--quick``: 10,000 versus 200,000; the name says which);
+  (``--quick``: 10,000 versus 50,000; the name says which);
 * append-to-handler latency p50/p99 at a light steady load, woken by
   ``LISTEN/NOTIFY`` versus polling every ``poll_ms``.
 
-Throughput rounds alternate between the systems and report medians, so a
-noisy neighbour on the machine hits them alike. pgqueuer is optional: without
-it the peer lines are left out.
+Connection budget: rheo_flow, pgqueuer and pgmq each get a pool of at most
+``POOL_MAX`` (10) connections (rheo_flow's default ``pool_max_size``; rheo_flow
+adds its LISTEN connection); the raw loops run one statement at a time on one
+connection, and pgmq runs two read+delete loops at once (as a ``Group`` with
+``max_demand`` = 2 x batch keeps two batches in flight). Throughput rounds
+alternate between the systems, each on a fresh backlog, and report medians, so
+a noisy neighbour on the machine hits them alike. pgqueuer and pgmq are
+optional: without them their lines are left out.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -50,6 +59,10 @@ RUN = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
 RHEO_SCHEMA = f"rheo_bench_{RUN}"
 RAW_SCHEMA = f"raw_bench_{RUN}"
 PGQ_SCHEMA = f"pgq_bench_{RUN}"
+PGMQ_DATABASE = f"pgmq_bench_{RUN}"
+POOL_MAX = 10
+PGMQ_LOOPS = 2
+RAW = "raw-asyncpg"
 
 
 def _url(schema: str, **options: str) -> str:
@@ -116,7 +129,7 @@ async def append_raw(events: int, batch: int) -> float:
 
 async def append_pgqueuer(events: int, batch: int) -> float:
     """Jobs per second through pgqueuer's batched ``enqueue``."""
-    conn, queries = await _pgqueuer()
+    pool, queries = await _pgqueuer()
     try:
         started = time.perf_counter()
         for start in range(0, events, batch):
@@ -124,7 +137,20 @@ async def append_pgqueuer(events: int, batch: int) -> float:
             await queries.enqueue(["bench"] * n, [b'{"n":1}'] * n, [0] * n)
         return events / (time.perf_counter() - started)
     finally:
-        await conn.close()
+        await pool.close()
+
+
+async def append_pgmq(events: int, batch: int) -> float:
+    """Messages per second through pgmq's ``send_batch``."""
+    queue, pool, name = await _pgmq()
+    try:
+        started = time.perf_counter()
+        for start in range(0, events, batch):
+            await queue.send_batch(name, [{"n": i}
+                                          for i in range(start, min(events, start + batch))])
+        return events / (time.perf_counter() - started)
+    finally:
+        await pool.close()
 
 
 # Consume + ack ---------------------------------------------------------------
@@ -201,7 +227,8 @@ async def consume_pipeline(events: int, batch: int) -> float:
 
 
 async def consume_raw(events: int, batch: int) -> float:
-    """Events per second of SELECT ... FOR UPDATE SKIP LOCKED + batched DELETE."""
+    """Events per second of one prepared ``DELETE ... WHERE id IN (SELECT ... FOR UPDATE
+    SKIP LOCKED) RETURNING`` per batch."""
     conn = await asyncpg.connect(URL)
     try:
         table = f"{RAW_SCHEMA}.jobs_{uuid.uuid4().hex[:8]}"
@@ -210,29 +237,30 @@ async def consume_raw(events: int, batch: int) -> float:
             n = min(5_000, events - start)
             await conn.execute(f"INSERT INTO {table} (payload) SELECT unnest($1::text[])",
                                ['{"n":1}'] * n)
-        claim = f"SELECT id, payload FROM {table} ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
-        delete = f"DELETE FROM {table} WHERE id = ANY($1::bigint[])"
+        await conn.execute(f"ANALYZE {table}")
+        take = await conn.prepare(
+            f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} ORDER BY id LIMIT $1 "
+            "FOR UPDATE SKIP LOCKED) RETURNING id, payload")
         started = time.perf_counter()
         done = 0
         while done < events:
-            async with conn.transaction():
-                rows = await conn.fetch(claim, batch)
-                await conn.execute(delete, [r[0] for r in rows])
+            rows = await take.fetch(batch)
             done += len(rows)
         return events / (time.perf_counter() - started)
     finally:
         await conn.close()
 
 
-async def _pgqueuer() -> tuple[asyncpg.Connection, Any]:
+async def _pgqueuer() -> tuple[asyncpg.Pool, Any]:
     from pgqueuer.queries import Queries
 
-    conn = await asyncpg.connect(URL, server_settings={"search_path": PGQ_SCHEMA})
-    queries = Queries.from_asyncpg_connection(conn)
+    pool = await asyncpg.create_pool(URL, min_size=1, max_size=POOL_MAX,
+                                     server_settings={"search_path": PGQ_SCHEMA})
+    queries = Queries.from_asyncpg_pool(pool)
     if not await queries.schema_is_installed():
         await queries.install()
     await queries.clear_queue()
-    return conn, queries
+    return pool, queries
 
 
 async def consume_pgqueuer(events: int, batch: int) -> float:
@@ -242,7 +270,7 @@ async def consume_pgqueuer(events: int, batch: int) -> float:
     from pgqueuer import types
     from pgqueuer.qm import QueueManager
 
-    conn, queries = await _pgqueuer()
+    pool, queries = await _pgqueuer()
     try:
         for start in range(0, events, 5_000):
             n = min(5_000, events - start)
@@ -267,7 +295,53 @@ async def consume_pgqueuer(events: int, batch: int) -> float:
         # flush are left out (in its favour).
         return (events - 1) / (last - first)
     finally:
-        await conn.close()
+        await pool.close()
+
+
+def _pgmq_url() -> str:
+    parts = urlsplit(URL)
+    return urlunsplit(parts._replace(path=f"/{PGMQ_DATABASE}"))
+
+
+async def _pgmq() -> tuple[Any, asyncpg.Pool, str]:
+    """A pgmq client on a pool of ``POOL_MAX`` connections, and a fresh queue's name."""
+    from pgmq import AsyncPGMQueue
+
+    pool = await asyncpg.create_pool(_pgmq_url(), min_size=1, max_size=POOL_MAX)
+    queue = AsyncPGMQueue(pool=pool, init_extension=False)
+    await queue.init()
+    name = f"b_{uuid.uuid4().hex[:10]}"
+    await queue.create_queue(name)
+    return queue, pool, name
+
+
+async def consume_pgmq(events: int, batch: int, poll: bool) -> float:
+    """Messages per second through pgmq ``read`` (or ``read_with_poll``) of a batch and
+    one ``delete`` of the read ids, ``PGMQ_LOOPS`` loops at once."""
+    queue, pool, name = await _pgmq()
+    try:
+        for start in range(0, events, 5_000):
+            await queue.send_batch(name, [{"n": 1}] * min(5_000, events - start))
+        done = 0
+
+        async def loop() -> None:
+            nonlocal done
+            while done < events:
+                if poll:
+                    messages = await queue.read_with_poll(name, vt=30, qty=batch,
+                                                          max_poll_seconds=1)
+                else:
+                    messages = await queue.read(name, vt=30, qty=batch)
+                if not messages:
+                    continue
+                deleted = await queue.delete_batch(name, [m.msg_id for m in messages])
+                done += len(deleted)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(PGMQ_LOOPS)))
+        return events / (time.perf_counter() - started)
+    finally:
+        await pool.close()
 
 
 # Latencies -------------------------------------------------------------------
@@ -349,13 +423,24 @@ async def _rounds(rounds: int, runners: dict[str, Callable[[], Awaitable[float]]
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-async def _setup() -> None:
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+async def _setup(pgmq: bool) -> None:
     conn = await asyncpg.connect(URL)
     try:
         for schema in (RAW_SCHEMA, PGQ_SCHEMA):
             await conn.execute(f"CREATE SCHEMA {schema}")
+        if pgmq:
+            await conn.execute(f"CREATE DATABASE {PGMQ_DATABASE}")
     finally:
         await conn.close()
+    if pgmq:
+        from pgmq.install import install_pgmq_from_sql
+
+        # pgmq's SQL-only install (the package's bundled pgmq.sql), into its own database.
+        await asyncio.to_thread(install_pgmq_from_sql, dsn=_pgmq_url())
 
 
 async def _teardown() -> None:
@@ -363,54 +448,73 @@ async def _teardown() -> None:
     try:
         for schema in (RHEO_SCHEMA, RAW_SCHEMA, PGQ_SCHEMA):
             await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await conn.execute(f"DROP DATABASE IF EXISTS {PGMQ_DATABASE} WITH (FORCE)")
     finally:
         await conn.close()
 
 
 async def run(quick: bool) -> list[Result]:
-    """Every measurement of the suite (``quick``: smaller sizes, fewer rounds)."""
+    """Every measurement of the suite (``quick``: smaller sizes, one round)."""
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
-    rounds = 3 if quick else 5
-    await _setup()
+    logging.getLogger("pgmq").setLevel(logging.WARNING)
+    rounds = 1 if quick else 3
+    pgmq = _has("pgmq") and _has("psycopg")
+    if not pgmq:
+        print("pgmq is not installed: its lines are left out (pip install 'pgmq[async]')",
+              file=sys.stderr)
+    await _setup(pgmq)
     try:
-        return await _run(quick, rounds)
+        return await _run(quick, rounds, pgmq)
     finally:
         await _teardown()
 
 
-async def _run(quick: bool, rounds: int) -> list[Result]:
+def _events(quick: bool, batch: int) -> int:
+    if quick:
+        return {10: 2_000, 100: 8_000}.get(batch, 10_000)
+    return 50_000
+
+
+async def _run(quick: bool, rounds: int, pgmq: bool) -> list[Result]:
     results: list[Result] = []
-    peer = importlib.util.find_spec("pgqueuer") is not None
+    peer = _has("pgqueuer")
     if not peer:
         print("pgqueuer is not installed: the peer lines are left out "
               "(pip install pgqueuer)", file=sys.stderr)
-    for batch in (10, 100):
-        events = (2_000 if quick else 10_000) * (1 if batch == 10 else 4)
-        note = f"{events} events, batch {batch}, {PARTITIONS} partitions"
+    budget = f"pools of <= {POOL_MAX} connections, raw: 1 connection"
+    for batch in (10, 100, 1000):
+        events = _events(quick, batch)
+        note = (f"{events} events, batch {batch}, {PARTITIONS} partitions, median of {rounds} "
+                f"alternating rounds, {budget}")
         runners: dict[str, Callable[[], Awaitable[float]]] = {
             "raw": lambda e=events, b=batch: append_raw(e, b),
             "rheo": lambda e=events, b=batch: append_rheo(e, b),
         }
         if peer:
             runners["pgqueuer"] = lambda e=events, b=batch: append_pgqueuer(e, b)
+        if pgmq and batch == 1000:
+            runners["pgmq"] = lambda e=events, b=batch: append_pgmq(e, b)
         medians = await _rounds(rounds, runners)
         raw = medians["raw"]
         results += [
-            Result(f"append batch {batch}: raw asyncpg INSERT", "asyncpg", raw, "events/s",
-                   note=note),
+            Result(f"append batch {batch}: raw asyncpg INSERT ... unnest", RAW, raw,
+                   "events/s", note=note),
             Result.compared(f"append batch {batch}", "postgres", medians["rheo"], "events/s",
-                            raw, note),
+                            raw, note, baseline_name=RAW),
         ]
-        if peer:
-            results += [
-                Result.compared(f"append batch {batch}: pgqueuer enqueue", "pgqueuer",
-                                medians["pgqueuer"], "events/s", raw, note),
-                Result.compared(f"append batch {batch} vs pgqueuer", "postgres",
-                                medians["rheo"], "events/s", medians["pgqueuer"], note),
-            ]
+        for name, verb in (("pgqueuer", "enqueue"), ("pgmq", "send_batch")):
+            if name in medians:
+                results += [
+                    Result.compared(f"append batch {batch}: {name} {verb}", name,
+                                    medians[name], "events/s", raw, note, baseline_name=RAW),
+                    Result.compared(f"append batch {batch} vs {name}", "postgres",
+                                    medians["rheo"], "events/s", medians[name], note,
+                                    baseline_name=name),
+                ]
     for batch in (10, 100):
-        events = (2_000 if quick else 10_000) * (1 if batch == 10 else 4)
-        note = f"{events} events, batch {batch}, no-op handlers"
+        events = _events(quick, batch)
+        note = (f"{events} events, batch {batch}, no-op handlers, median of {rounds} "
+                f"alternating rounds, {budget}, pgmq: {PGMQ_LOOPS} loops")
         runners = {
             "raw": lambda e=events, b=batch: consume_raw(e, b),
             "fetch/ack": lambda e=events, b=batch: consume_fetch_ack(e, b),
@@ -419,29 +523,37 @@ async def _run(quick: bool, rounds: int) -> list[Result]:
         }
         if peer:
             runners["pgqueuer"] = lambda e=events, b=batch: consume_pgqueuer(e, b)
+        if pgmq:
+            runners["pgmq"] = lambda e=events, b=batch: consume_pgmq(e, b, poll=False)
+            runners["pgmq-poll"] = lambda e=events, b=batch: consume_pgmq(e, b, poll=True)
         medians = await _rounds(rounds, runners)
         raw = medians["raw"]
-        results.append(Result(f"consume+ack batch {batch}: raw SKIP LOCKED + DELETE",
-                              "asyncpg", raw, "events/s", note=note))
-        if peer:
-            results.append(Result.compared(
-                f"consume+ack batch {batch}: pgqueuer QueueManager", "pgqueuer",
-                medians["pgqueuer"], "events/s", raw, note))
+        results.append(Result(f"consume+ack batch {batch}: raw DELETE ... SKIP LOCKED "
+                              "RETURNING", RAW, raw, "events/s", note=note))
+        peers = [("pgqueuer", "pgqueuer", "QueueManager"), ("pgmq", "pgmq", "read + delete"),
+                 ("pgmq-poll", "pgmq", "read_with_poll + delete")]
+        for key, name, how in peers:
+            if key in medians:
+                results.append(Result.compared(
+                    f"consume+ack batch {batch}: {name} {how}", name, medians[key],
+                    "events/s", raw, note, baseline_name=RAW))
         for label in ("fetch/ack", "group", "pipeline"):
             results.append(Result.compared(f"consume+ack batch {batch}: {label}", "postgres",
-                                           medians[label], "events/s", raw, note))
-            if peer:
-                results.append(Result.compared(
-                    f"consume+ack batch {batch}: {label} vs pgqueuer", "postgres",
-                    medians[label], "events/s", medians["pgqueuer"], note))
-    small, large = 10_000, (200_000 if quick else 1_000_000)
+                                           medians[label], "events/s", raw, note,
+                                           baseline_name=RAW))
+            for key, name, how in peers:
+                if key in medians:
+                    results.append(Result.compared(
+                        f"consume+ack batch {batch}: {label} vs {name} {how}", "postgres",
+                        medians[label], "events/s", medians[key], note, baseline_name=key))
+    small, large = 10_000, (50_000 if quick else 1_000_000)
     probe_rounds = 30 if quick else 60
     at_small, at_large = await fetch_latency_with_history(small, large, probe_rounds)
     note = f"median of {probe_rounds} fetches of 100 after the acked history, alternated"
     results += [
         Result(f"fetch latency, {small:,} acked", "postgres", at_small, "ms", note=note),
         Result.compared(f"fetch latency, {large:,} acked (vs {small:,})", "postgres", at_large,
-                        "ms", at_small, note),
+                        "ms", at_small, note, baseline_name=f"{small:,} acked"),
     ]
     events, interval = (150, 0.02) if quick else (500, 0.02)
     note = f"{events} events, one per {interval * 1000:.0f} ms, poll_ms=100"
@@ -451,8 +563,8 @@ async def _run(quick: bool, rounds: int) -> list[Result]:
         Result("append-to-handler p50, polling", "postgres", poll_p50, "ms", note=note),
         Result("append-to-handler p99, polling", "postgres", poll_p99, "ms", note=note),
         Result.compared("append-to-handler p50, NOTIFY", "postgres", push_p50, "ms", poll_p50,
-                        note),
+                        note, baseline_name="polling"),
         Result.compared("append-to-handler p99, NOTIFY", "postgres", push_p99, "ms", poll_p99,
-                        note),
+                        note, baseline_name="polling"),
     ]
     return results

@@ -4,7 +4,7 @@ A suite is a module ``benchmarks/<suite>.py`` exposing
 ``async def run(quick: bool) -> list[Result]`` (:class:`benchmarks._common.Result`);
 :data:`SUITES` maps a suite name to its module when they differ. ``--json`` prints
 one JSON object per result line (``name``, ``backend``, ``value``, ``unit``,
-``baseline``, ``ratio``); otherwise a table.
+``baseline``, ``ratio``, and ``baseline_name`` and ``note`` when set); otherwise a table.
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ SUITES: dict[str, str] = {
 }
 """Suite name -> module in ``benchmarks/`` (any other ``benchmarks/<name>.py`` also works)."""
 
+NOT_SUITES = frozenset({"run", "profile_group"})
+"""Modules of ``benchmarks/`` that are tools, not suites."""
+
 
 def available() -> list[str]:
     """Every suite name: the registry plus modules found next to this file."""
     names = set(SUITES)
     for path in Path(__file__).parent.glob("*.py"):
-        if not path.stem.startswith("_") and path.stem not in ("run", *SUITES.values()):
+        if not path.stem.startswith("_") and path.stem not in {*NOT_SUITES, *SUITES.values()}:
             names.add(path.stem)
     return sorted(names)
 
@@ -49,7 +52,7 @@ def available() -> list[str]:
 def load(suite: str) -> Suite:
     """The ``run`` coroutine function of a suite."""
     module_name = SUITES.get(suite, suite)
-    if module_name == "run" or not (Path(__file__).parent / f"{module_name}.py").exists():
+    if module_name in NOT_SUITES or not (Path(__file__).parent / f"{module_name}.py").exists():
         raise SystemExit(f"unknown suite {suite!r}; available: {', '.join(available())}")
     module = importlib.import_module(f"benchmarks.{module_name}")
     run: Suite | None = getattr(module, "run", None)
@@ -64,7 +67,7 @@ def print_table(suite: str, results: list[Result]) -> None:
     from rich.table import Table
 
     table = Table(title=f"benchmark suite: {suite}")
-    for column in ("name", "backend", "value", "unit", "baseline", "ratio", "note"):
+    for column in ("name", "backend", "value", "unit", "baseline", "vs", "ratio", "note"):
         table.add_column(column, justify="right" if column in ("value", "baseline", "ratio")
                          else "left")
     notes: list[str] = []
@@ -74,6 +77,7 @@ def print_table(suite: str, results: list[Result]) -> None:
         table.add_row(
             r.name, r.backend, f"{r.value:,.1f}", r.unit,
             "" if r.baseline is None else f"{r.baseline:,.1f}",
+            r.baseline_name or "",
             "" if r.ratio is None else f"{r.ratio:.2f}",
             f"[{notes.index(r.note) + 1}]" if r.note else "",
         )
