@@ -28,14 +28,15 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sqlite3
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, unquote
 
+import orjson
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON, AppendRecord, Backend
@@ -168,6 +169,42 @@ _ELIGIBLE_SQL: Final = """
       AND ((state = 'available' AND available_at_ms <= ?)
            OR (state = 'leased' AND deadline_ms <= ?))
     ORDER BY seq"""
+
+# What fetch needs of the group: its settings and every partition's cursor and
+# high water, in one statement.
+_PROGRESS_SQL: Final = """
+    SELECT g.id, g.max_attempts, s.id, s.partitions, gp.part, gp.cursor, p.high_water
+    FROM streams AS s
+    JOIN groups AS g ON g.stream_id = s.id AND g.name = ?
+    JOIN group_partitions AS gp ON gp.group_id = g.id
+    JOIN partitions AS p ON p.stream_id = s.id AND p.part = gp.part
+    WHERE s.name = ?"""
+
+# Settles and renews of a batch of leases of one group: one UPDATE over a JSON
+# array of [part, seq, lease id, receipt], fenced in its WHERE, returning the rows
+# it changed. The IN list drives primary-key lookups (never a scan of the group).
+_FENCED_WHERE: Final = """
+    WHERE group_id = :group AND state = 'leased'
+      AND (part, seq, lease_id, receipt) IN (
+        SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+               json_extract(value, '$[2]'), json_extract(value, '$[3]')
+        FROM json_each(:leases))
+    RETURNING part, seq, state"""
+
+_SETTLE_SQL: Final[dict[str, str]] = {
+    "ack": "UPDATE deliveries SET state = 'acked', settled_by = 'ack', reason = ''"
+    + _FENCED_WHERE,
+    "reject": "UPDATE deliveries SET state = 'rejected', settled_by = 'reject', "
+    "reason = :reason, rejected_at_ms = :now" + _FENCED_WHERE,
+    # A nack of the last allowed attempt dead-letters the delivery.
+    "nack": "UPDATE deliveries SET settled_by = 'nack', "
+    "state = CASE WHEN attempt >= :max THEN 'rejected' ELSE 'available' END, "
+    "reason = CASE WHEN attempt >= :max THEN :max_reason ELSE :reason END, "
+    "rejected_at_ms = CASE WHEN attempt >= :max THEN :now ELSE rejected_at_ms END, "
+    "available_at_ms = CASE WHEN attempt >= :max THEN available_at_ms ELSE :available END"
+    + _FENCED_WHERE,
+}
+_RENEW_SQL: Final = "UPDATE deliveries SET deadline_ms = :deadline" + _FENCED_WHERE
 
 _EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data, headers, appended_at_ms"
 _DELIVERY_COLUMNS: Final = (
@@ -682,39 +719,36 @@ class SQLiteBackend(Backend):
         lease_ms: int,
         partitions: list[int] | None,
     ) -> list[Lease]:
-        g = _group(conn, stream, group)
+        # The group and every partition's cursor and high water, in one statement.
+        rows = conn.execute(_PROGRESS_SQL, (group, stream)).fetchall()
+        if not rows:
+            _group(conn, stream, group)  # raises UnknownStream or UnknownGroup
+            return []
+        group_id, max_attempts, stream_id, count = rows[0][:4]
+        progress = {part: (cursor, high) for *_, part, cursor, high in rows}
         now = self._clock()
-        ids = list(range(g.stream.partitions)) if partitions is None else partitions
+        ids = list(range(count)) if partitions is None else partitions
         if not ids:
             return []
         # Where the round-robin starts rotates per call, as in the reference. It is kept
         # per backend object, not stored: a fetch that finds nothing then writes nothing.
-        rotation = (self._rotation.get(g.id, 0) + 1) % len(ids)
-        self._rotation[g.id] = rotation
+        rotation = (self._rotation.get(group_id, 0) + 1) % len(ids)
+        self._rotation[group_id] = rotation
         ids = ids[rotation:] + ids[:rotation]
-        progress = {
-            part: (cursor, high)
-            for part, cursor, high in conn.execute(
-                "SELECT gp.part, gp.cursor, p.high_water FROM group_partitions AS gp "
-                "JOIN partitions AS p ON p.stream_id = ? AND p.part = gp.part "
-                "WHERE gp.group_id = ?",
-                (g.stream.id, g.id),
-            )
-        }
 
         # Per partition, the candidates in order: eligible existing deliveries, then
         # new sequences past the cursor (materialised only if actually leased).
         existing: list[list[tuple[int, int]]] = []
-        fresh: list[int] = []
+        sizes: list[int] = []
         expired: list[tuple[int, int]] = []
         for part in ids:
             found: list[tuple[int, int]] = []
-            cur = conn.execute(_ELIGIBLE_SQL, (g.id, part, now, now))
+            cur = conn.execute(_ELIGIBLE_SQL, (group_id, part, now, now))
             try:
                 for seq, attempt in cur:
                     if len(found) >= limit:
                         break
-                    if attempt >= g.max_attempts:
+                    if attempt >= max_attempts:
                         expired.append((part, seq))
                         continue
                     found.append((seq, attempt))
@@ -722,39 +756,48 @@ class SQLiteBackend(Backend):
                 cur.close()
             cursor, high = progress[part]
             existing.append(found)
-            fresh.append(max(0, min(limit - len(found), high - cursor)))
-
-        # (index into ids, depth), one partition after the other.
-        order = round_robin([len(e) + f for e, f in zip(existing, fresh, strict=True)], limit)
-
-        leases_rows: list[tuple[int, int, int, str, str]] = []  # part, seq, attempt, id, receipt
-        updates: list[tuple[Any, ...]] = []
-        inserts: list[tuple[Any, ...]] = []
-        cursors: dict[int, int] = {}
-        deadline = now + lease_ms
-        for i, d in order:
-            part = ids[i]
-            if d < len(existing[i]):
-                seq, attempt = existing[i][d]
-                attempt += 1
-                lease_id, receipt = uuid.uuid4().hex, f"{part}-{seq}-{attempt}"
-                updates.append((attempt, lease_id, receipt, consumer_id, deadline, g.id, part, seq))
-            else:
-                seq = progress[part][0] + d - len(existing[i]) + 1
-                attempt = 1
-                lease_id, receipt = uuid.uuid4().hex, f"{part}-{seq}-{attempt}"
-                inserts.append((g.id, part, seq, lease_id, receipt, consumer_id, deadline))
-                cursors[part] = seq
-            leases_rows.append((part, seq, attempt, lease_id, receipt))
+            sizes.append(len(found) + max(0, min(limit - len(found), high - cursor)))
 
         if expired:
             conn.executemany(
                 "UPDATE deliveries SET state = 'rejected', reason = ?, settled_by = NULL, "
                 "rejected_at_ms = ? WHERE group_id = ? AND part = ? AND seq = ?",
-                [(MAX_ATTEMPTS_REASON, now, g.id, part, seq) for part, seq in expired],
+                [(MAX_ATTEMPTS_REASON, now, group_id, part, seq) for part, seq in expired],
             )
             for part in sorted({part for part, _ in expired}):
-                _advance_frontier(conn, g.id, part)
+                _advance_frontier(conn, group_id, part)
+
+        if len(ids) == 1:
+            order = [(0, d) for d in range(min(sizes[0], limit))]
+        else:
+            order = round_robin(sizes, limit)  # (index into ids, depth)
+        if not order:
+            return []
+        lease_ids = _lease_ids(len(order))
+        deadline = now + lease_ms
+        # part, seq, attempt, lease id, receipt: in the order the leases are returned.
+        chosen: list[tuple[int, int, int, str, str]] = []
+        updates: list[tuple[Any, ...]] = []
+        inserts: list[tuple[Any, ...]] = []
+        fresh: dict[int, tuple[int, int]] = {}  # part: first and last new sequence
+        for lease_id, (i, d) in zip(lease_ids, order, strict=True):
+            part = ids[i]
+            found = existing[i]
+            if d < len(found):
+                seq, attempt = found[d]
+                attempt += 1
+                receipt = f"{part}-{seq}-{attempt}"
+                updates.append(
+                    (attempt, lease_id, receipt, consumer_id, deadline, group_id, part, seq))
+            else:
+                seq = progress[part][0] + d - len(found) + 1
+                attempt = 1
+                receipt = f"{part}-{seq}-1"
+                inserts.append((group_id, part, seq, lease_id, receipt, consumer_id, deadline))
+                first = fresh.get(part)
+                fresh[part] = (seq if first is None else first[0], seq)
+            chosen.append((part, seq, attempt, lease_id, receipt))
+
         if updates:
             conn.executemany(
                 "UPDATE deliveries SET state = 'leased', attempt = ?, lease_id = ?, receipt = ?, "
@@ -770,22 +813,12 @@ class SQLiteBackend(Backend):
             )
             conn.executemany(
                 "UPDATE group_partitions SET cursor = ? WHERE group_id = ? AND part = ?",
-                [(seq, g.id, part) for part, seq in cursors.items()],
+                [(last, group_id, part) for part, (_, last) in fresh.items()],
             )
-        if not leases_rows:
-            return []
-        events = _load_events(conn, g.stream, [(part, seq) for part, seq, *_ in leases_rows])
+        events = _load_events(conn, stream_id, stream, fresh, updates)
         return [
-            Lease(
-                lease_id=lease_id,
-                receipt=receipt,
-                group=group,
-                consumer_id=consumer_id,
-                event=events[(part, seq)],
-                attempt=attempt,
-                deadline_ms=deadline,
-            )
-            for part, seq, attempt, lease_id, receipt in leases_rows
+            Lease(lease_id, receipt, group, consumer_id, events[(part, seq)], attempt, deadline)
+            for part, seq, attempt, lease_id, receipt in chosen
         ]
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
@@ -801,6 +834,41 @@ class SQLiteBackend(Backend):
         self, conn: sqlite3.Connection, leases: list[Lease], op: Op, reason: str, delay_ms: int
     ) -> list[SettleResult]:
         now = self._clock()
+        changed = _fenced_update(conn, leases, _SETTLE_SQL[op], {
+            "reason": reason, "now": now, "available": now + delay_ms,
+            "max_reason": MAX_ATTEMPTS_REASON,
+        })
+        if changed is None:
+            return self._settle_rows(conn, leases, op, reason, delay_ms, now)
+        group_id, states = changed
+        if len(states) == len(leases):
+            results = [SettleResult(lease.lease_id) for lease in leases]
+        else:
+            # Leases the update did not match were not changed by it: the row-by-row
+            # path classifies them (stale, receipt mismatch, repeated, invalid).
+            rest = [lease for lease in leases
+                    if (lease.event.partition, lease.event.sequence) not in states]
+            other = iter(self._settle_rows(conn, rest, op, reason, delay_ms, now))
+            results = [
+                SettleResult(lease.lease_id)
+                if (lease.event.partition, lease.event.sequence) in states else next(other)
+                for lease in leases
+            ]
+        for part in sorted({part for (part, _), state in states.items() if state in _TERMINAL}):
+            _advance_frontier(conn, group_id, part)
+        return results
+
+    def _settle_rows(
+        self,
+        conn: sqlite3.Connection,
+        leases: list[Lease],
+        op: Op,
+        reason: str,
+        delay_ms: int,
+        now: int,
+    ) -> list[SettleResult]:
+        """Settle row by row on Python copies: any batch, including several streams or
+        groups and one delivery named twice."""
         found = _Deliveries(conn, leases)
         terminal: set[tuple[int, int]] = set()
         results: list[SettleResult] = []
@@ -841,7 +909,25 @@ class SQLiteBackend(Backend):
     def _renew(
         self, conn: sqlite3.Connection, leases: list[Lease], lease_ms: int
     ) -> list[SettleResult]:
-        now = self._clock()
+        deadline = self._clock() + lease_ms
+        changed = _fenced_update(conn, leases, _RENEW_SQL, {"deadline": deadline})
+        if changed is None:
+            return self._renew_rows(conn, leases, deadline)
+        states = changed[1]
+        if len(states) == len(leases):
+            return [SettleResult(lease.lease_id, None, False, deadline) for lease in leases]
+        rest = [lease for lease in leases
+                if (lease.event.partition, lease.event.sequence) not in states]
+        other = iter(self._renew_rows(conn, rest, deadline))
+        return [
+            SettleResult(lease.lease_id, None, False, deadline)
+            if (lease.event.partition, lease.event.sequence) in states else next(other)
+            for lease in leases
+        ]
+
+    def _renew_rows(
+        self, conn: sqlite3.Connection, leases: list[Lease], deadline: int
+    ) -> list[SettleResult]:
         found = _Deliveries(conn, leases)
         results: list[SettleResult] = []
         for lease in leases:
@@ -855,9 +941,9 @@ class SQLiteBackend(Backend):
                     lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
                 ))
                 continue
-            d.deadline_ms = now + lease_ms
+            d.deadline_ms = deadline
             d.dirty = True
-            results.append(SettleResult.success(lease.lease_id, deadline_ms=d.deadline_ms))
+            results.append(SettleResult.success(lease.lease_id, deadline_ms=deadline))
         found.write_back()
         return results
 
@@ -1034,10 +1120,8 @@ class SQLiteBackend(Backend):
             if window is None:
                 continue
             lo, hi = window
-            out.extend(
-                _event(s.name, row)
-                for row in conn.execute(sql, (s.id, part, lo, hi, *extra, limit - len(out)))
-            )
+            out.extend(_events(s.name, conn.execute(
+                sql, (s.id, part, lo, hi, *extra, limit - len(out))).fetchall()))
             if len(out) >= limit:
                 break
         return out
@@ -1170,6 +1254,43 @@ class _Deliveries:
             )
 
 
+def _fenced_update(
+    conn: sqlite3.Connection, leases: list[Lease], sql: str, params: dict[str, Any]
+) -> tuple[int, dict[tuple[int, int], str]] | None:
+    """Run a fenced settle or renew ``sql`` over ``leases`` in one statement.
+
+    Returns the group id and the new state of each changed delivery by (part, seq);
+    ``None`` (nothing done) when the batch spans several groups, names a delivery
+    twice or names no group here: the row-by-row path handles those.
+    """
+    if not leases:
+        return None
+    first = leases[0]
+    stream, group = first.event.stream, first.group
+    keys: list[tuple[Any, Any, Any, Any]] = []
+    for lease in leases:
+        event = lease.event
+        if lease.group != group or event.stream != stream:
+            return None
+        keys.append((event.partition, event.sequence, lease.lease_id, lease.receipt))
+    if len({key[:2] for key in keys}) != len(keys):
+        return None
+    row = conn.execute(
+        "SELECT g.id, g.max_attempts FROM streams AS s "
+        "JOIN groups AS g ON g.stream_id = s.id AND g.name = ? WHERE s.name = ?",
+        (group, stream),
+    ).fetchone()
+    if row is None:
+        return None
+    try:
+        payload = orjson.dumps(keys).decode()
+    except TypeError:  # not the types a lease has: the row-by-row path says why
+        return None
+    params.update(group=row[0], max=row[1], leases=payload)
+    states = {(part, seq): state for part, seq, state in conn.execute(sql, params)}
+    return row[0], states
+
+
 def _find_stream(conn: sqlite3.Connection, name: str) -> _Stream | None:
     row = conn.execute(
         "SELECT id, name, partitions, created_at_ms FROM streams WHERE name = ?", (name,)
@@ -1222,44 +1343,50 @@ def _stream_info(conn: sqlite3.Connection, s: _Stream) -> StreamInfo:
 def _event(stream: str, row: tuple[Any, ...]) -> Event:
     part, seq, event_id, type_, key, data, headers, appended_at_ms = row
     return Event(
-        stream=stream,
-        partition=part,
-        sequence=seq,
-        id=event_id,
-        type=type_,
-        data=json.loads(data),
-        key=key,
-        headers=json.loads(headers) if headers else {},
-        appended_at_ms=appended_at_ms,
+        stream, part, seq, event_id, type_, _loads(data), key,
+        _loads(headers) if headers else {}, appended_at_ms,
     )
 
 
+def _events(stream: str, rows: list[tuple[Any, ...]]) -> list[Event]:
+    """Events of ``rows`` (:data:`_EVENT_COLUMNS`), their data decoded in one call."""
+    datas = _loads_many([row[5] for row in rows])
+    return [
+        Event(stream, part, seq, event_id, type_, data, key,
+              _loads(headers) if headers else {}, appended_at_ms)
+        for (part, seq, event_id, type_, key, _, headers, appended_at_ms), data
+        in zip(rows, datas, strict=True)
+    ]
+
+
 def _load_events(
-    conn: sqlite3.Connection, s: _Stream, positions: list[tuple[int, int]]
+    conn: sqlite3.Connection,
+    stream_id: int,
+    stream: str,
+    fresh: dict[int, tuple[int, int]],
+    updates: list[tuple[Any, ...]],
 ) -> dict[tuple[int, int], Event]:
-    by_part: dict[int, list[int]] = {}
-    for part, seq in positions:
-        by_part.setdefault(part, []).append(seq)
-    events: dict[tuple[int, int], Event] = {}
-    for part, seqs in by_part.items():
-        seqs.sort()
-        if seqs[-1] - seqs[0] + 1 == len(seqs):
-            # The common case (new deliveries): one contiguous range.
-            rows = conn.execute(
-                f"SELECT {_EVENT_COLUMNS} FROM events "
-                "WHERE stream_id = ? AND part = ? AND seq BETWEEN ? AND ?",
-                (s.id, part, seqs[0], seqs[-1]),
-            ).fetchall()
-        else:
-            rows = []
+    """The events of a fetch's leases: one range per partition for new deliveries
+    (always contiguous), IN lists for redeliveries (``updates`` rows end with part, seq)."""
+    rows: list[tuple[Any, ...]] = []
+    for part, (first, last) in fresh.items():
+        rows.extend(conn.execute(
+            f"SELECT {_EVENT_COLUMNS} FROM events "
+            "WHERE stream_id = ? AND part = ? AND seq BETWEEN ? AND ?",
+            (stream_id, part, first, last),
+        ))
+    if updates:
+        by_part: dict[int, list[int]] = {}
+        for *_, part, seq in updates:
+            by_part.setdefault(part, []).append(seq)
+        for part, seqs in by_part.items():
+            seqs.sort()
             for sql, params in _in_lists(
                 f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? AND part = ? AND seq IN ",
-                (s.id, part), seqs,
+                (stream_id, part), seqs,
             ):
                 rows.extend(conn.execute(sql, params))
-        for row in rows:
-            events[(row[0], row[1])] = _event(s.name, row)
-    return events
+    return {(event.partition, event.sequence): event for event in _events(stream, rows)}
 
 
 def _advance_frontier(conn: sqlite3.Connection, group_id: int, part: int) -> None:
@@ -1303,3 +1430,28 @@ def _in_lists(
 
 
 
+
+
+# orjson turns integers wider than 64 bits into floats; the standard library keeps
+# them exact. One scan per batch (not per event) finds the rare text that has one.
+_WIDE_INT: Final = re.compile(r"\d{19}")
+
+
+def _loads_many(texts: list[str]) -> list[Any]:
+    """Decode many JSON texts with one parser call."""
+    joined = "[" + ",".join(texts) + "]"
+    if _WIDE_INT.search(joined) is None:
+        return orjson.loads(joined)  # type: ignore[no-any-return]
+    return json.loads(joined)  # type: ignore[no-any-return]
+
+
+def _loads(text: str) -> Any:
+    if _WIDE_INT.search(text) is None:
+        return orjson.loads(text)
+    return json.loads(text)
+
+
+def _lease_ids(count: int) -> list[str]:
+    """``count`` fresh lease ids: one random 96-bit prefix per call, then the position."""
+    prefix = os.urandom(12).hex()
+    return [f"{prefix}{i:08x}" for i in range(count)]
