@@ -583,56 +583,31 @@ class SQLiteBackend(Backend):
         if not records:
             return []
         now = self._clock()
-        known: dict[str, Event] = {}
-        for sql, params in _in_lists(
-            f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? AND event_id IN ",
-            (s.id,), list({r.id for r in records}),
-        ):
-            for row in conn.execute(sql, params):
-                event = _event(stream, row)
-                known[event.id] = event
-        high = dict(
-            conn.execute("SELECT part, high_water FROM partitions WHERE stream_id = ?", (s.id,))
-            .fetchall()
-        )
-        out: list[Event] = []
-        rows: list[tuple[Any, ...]] = []
-        for r in records:
-            existing = known.get(r.id)
-            if existing is not None:
-                out.append(existing)
-                continue
-            high[r.partition] += 1
-            headers = dict(r.headers)
-            event = Event(
-                stream=stream,
-                partition=r.partition,
-                sequence=high[r.partition],
-                id=r.id,
-                type=r.type,
-                data=json.loads(r.data_json),
-                key=r.key,
-                headers=headers,
-                appended_at_ms=now,
-            )
-            known[r.id] = event
-            out.append(event)
-            rows.append((
-                s.id, r.partition, event.sequence, r.id, r.type, r.key, r.data_json,
-                json.dumps(headers, separators=(",", ":")) if headers else None, now,
-            ))
-        if rows:
-            conn.executemany(
-                "INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, "
-                "appended_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            touched = {row[1] for row in rows}
-            conn.executemany(
-                "UPDATE partitions SET high_water = ? WHERE stream_id = ? AND part = ?",
-                [(high[p], s.id, p) for p in sorted(touched)],
-            )
-        return out
+        high: dict[int, int] = dict(conn.execute(
+            "SELECT part, high_water FROM partitions WHERE stream_id = ?", (s.id,)
+        ).fetchall())
+        if len({r.id for r in records}) == len(records):
+            # Usually no id is stored yet: insert the batch as it is. A stored id
+            # fails the insert on the unique (stream, event id) index; the batch is
+            # then undone and redone knowing the stored events.
+            conn.execute("SAVEPOINT rheo_append")
+            try:
+                events = _insert_events(conn, s, records, now, dict(high), {})
+            except sqlite3.IntegrityError:
+                conn.execute("ROLLBACK TO rheo_append")
+                conn.execute("RELEASE rheo_append")
+            else:
+                conn.execute("RELEASE rheo_append")
+                return events
+        known = {
+            event.id: event
+            for event in _events(stream, conn.execute(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? "
+                "AND event_id IN (SELECT value FROM json_each(?))",
+                (s.id, orjson.dumps([r.id for r in records]).decode()),
+            ).fetchall())
+        }
+        return _insert_events(conn, s, records, now, high, known)
 
     # Groups ------------------------------------------------------------------
 
@@ -1252,6 +1227,49 @@ class _Deliveries:
                 "WHERE group_id = ? AND part = ? AND seq = ?",
                 changed,
             )
+
+
+def _insert_events(
+    conn: sqlite3.Connection,
+    s: _Stream,
+    records: list[AppendRecord],
+    now: int,
+    high: dict[int, int],
+    known: dict[str, Event],
+) -> list[Event]:
+    """Insert the records whose id is not in ``known`` with the next sequences of
+    their partitions (``high``: the high waters, updated); the stored events in order."""
+    datas = _loads_many([r.data_json for r in records])
+    out: list[Event] = []
+    rows: list[tuple[Any, ...]] = []
+    for r, data in zip(records, datas, strict=True):
+        existing = known.get(r.id)
+        if existing is not None:
+            out.append(existing)
+            continue
+        part = r.partition
+        seq = high[part] + 1
+        high[part] = seq
+        headers = dict(r.headers) if r.headers else {}
+        event = Event(s.name, part, seq, r.id, r.type, data, r.key, headers, now)
+        known[r.id] = event
+        out.append(event)
+        rows.append((
+            s.id, part, seq, r.id, r.type, r.key, r.data_json,
+            orjson.dumps(headers).decode() if headers else None, now,
+        ))
+    if rows:
+        conn.executemany(
+            "INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, "
+            "appended_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        touched = {row[1] for row in rows}
+        conn.executemany(
+            "UPDATE partitions SET high_water = ? WHERE stream_id = ? AND part = ?",
+            [(high[part], s.id, part) for part in sorted(touched)],
+        )
+    return out
 
 
 def _fenced_update(
