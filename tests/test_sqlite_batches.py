@@ -154,3 +154,56 @@ async def test_settle_statements_look_up_the_primary_key(db: Path) -> None:
         assert steps < 1_000, steps
     finally:
         conn.close()
+
+
+_V1_CHECK = "CHECK (state IN ('available', 'leased', 'acked', 'rejected'))"
+
+
+async def test_schema_1_file_is_migrated_in_place(db: Path) -> None:
+    async with Rheo(SQLiteBackend(db, synchronous="NORMAL")) as r:
+        await r.create_stream("s")
+        await r.create_group("s", "g", max_attempts=1)
+        await r.append("s", [NewEvent("t", i) for i in range(4)])
+        first, second, third = await r.fetch("s", "g", limit=3, lease_ms=60_000)
+        await r.ack([first])
+        await r.nack([second], "boom")  # the last attempt: dead-lettered
+    # Turn the file back into schema 1: its deliveries table had an IN-list CHECK.
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        v1 = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'deliveries'").fetchone()[0]
+        v1 = v1.split("CHECK", 1)[0] + _V1_CHECK + v1.split("CHECK", 1)[1].split(")", 1)[1]
+        conn.execute(v1.replace("deliveries", "old", 1))
+        conn.execute("INSERT INTO old SELECT * FROM deliveries")
+        conn.execute("DROP TABLE deliveries")
+        conn.execute("ALTER TABLE old RENAME TO deliveries")
+        for statement in sqlite_module._DELIVERIES_INDEXES:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute("COMMIT")
+        assert _V1_CHECK in conn.execute(
+            "SELECT sql FROM sqlite_schema WHERE name = 'deliveries'").fetchone()[0]
+    finally:
+        conn.close()
+
+    async with Rheo(SQLiteBackend(db, synchronous="NORMAL")) as r:
+        assert await r.frontier("s", "g") == {0: 2}
+        assert [d.sequence for d in await r.dead_letters("s", "g")] == [2]
+        assert all(res.ok for res in await r.ack([third]))  # leases survive the migration
+        (fourth,) = await r.fetch("s", "g", limit=5)
+        assert fourth.sequence == 4
+        await r.ack([fourth])
+        assert await r.frontier("s", "g") == {0: 4}
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+        sql = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'deliveries'").fetchone()[0]
+        assert "state = 'available' OR" in sql
+        assert _V1_CHECK not in sql
+        names = {row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE tbl_name = 'deliveries' AND type = 'index'")}
+        assert {"deliveries_active", "deliveries_rejected"} <= names
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("UPDATE deliveries SET state = 'bogus'")
+    finally:
+        conn.close()
