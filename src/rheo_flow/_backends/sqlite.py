@@ -191,31 +191,29 @@ _PROGRESS_SQL: Final = """
     JOIN partitions AS p ON p.stream_id = s.id AND p.part = gp.part
     WHERE s.name = ?"""
 
-# Settles and renews of a batch of leases of one group: one UPDATE over a JSON
-# array of [part, seq, lease id, receipt], fenced in its WHERE, returning the rows
-# it changed. The IN list drives primary-key lookups (never a scan of the group).
-_FENCED_WHERE: Final = """
-    WHERE group_id = :group AND state = 'leased'
-      AND (part, seq, lease_id, receipt) IN (
-        SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
-               json_extract(value, '$[2]'), json_extract(value, '$[3]')
-        FROM json_each(:leases))
-    RETURNING part, seq, state"""
+# Settles and renews of a batch of leases of one group: one fenced UPDATE run by
+# executemany, each row found by its primary key. ?1..?5 are the batch's constants,
+# ?6..?10 the lease's group, part, seq, lease id and receipt.
+_FENCED_WHERE: Final = (
+    " WHERE group_id = ?6 AND part = ?7 AND seq = ?8 AND state = 'leased'"
+    " AND lease_id = ?9 AND receipt = ?10"
+)
 
 _SETTLE_SQL: Final[dict[str, str]] = {
+    # ?1 reason, ?2 now, ?3 available at, ?4 max attempts, ?5 the max attempts reason
     "ack": "UPDATE deliveries SET state = 'acked', settled_by = 'ack', reason = ''"
     + _FENCED_WHERE,
     "reject": "UPDATE deliveries SET state = 'rejected', settled_by = 'reject', "
-    "reason = :reason, rejected_at_ms = :now" + _FENCED_WHERE,
+    "reason = ?1, rejected_at_ms = ?2" + _FENCED_WHERE,
     # A nack of the last allowed attempt dead-letters the delivery.
     "nack": "UPDATE deliveries SET settled_by = 'nack', "
-    "state = CASE WHEN attempt >= :max THEN 'rejected' ELSE 'available' END, "
-    "reason = CASE WHEN attempt >= :max THEN :max_reason ELSE :reason END, "
-    "rejected_at_ms = CASE WHEN attempt >= :max THEN :now ELSE rejected_at_ms END, "
-    "available_at_ms = CASE WHEN attempt >= :max THEN available_at_ms ELSE :available END"
+    "state = CASE WHEN attempt >= ?4 THEN 'rejected' ELSE 'available' END, "
+    "reason = CASE WHEN attempt >= ?4 THEN ?5 ELSE ?1 END, "
+    "rejected_at_ms = CASE WHEN attempt >= ?4 THEN ?2 ELSE rejected_at_ms END, "
+    "available_at_ms = CASE WHEN attempt >= ?4 THEN available_at_ms ELSE ?3 END"
     + _FENCED_WHERE,
 }
-_RENEW_SQL: Final = "UPDATE deliveries SET deadline_ms = :deadline" + _FENCED_WHERE
+_RENEW_SQL: Final = "UPDATE deliveries SET deadline_ms = ?1" + _FENCED_WHERE
 
 _EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data, headers, appended_at_ms"
 _DELIVERY_COLUMNS: Final = (
@@ -838,29 +836,14 @@ class SQLiteBackend(Backend):
         self, conn: sqlite3.Connection, leases: list[Lease], op: Op, reason: str, delay_ms: int
     ) -> list[SettleResult]:
         now = self._clock()
-        changed = _fenced_update(conn, leases, _SETTLE_SQL[op], {
-            "reason": reason, "now": now, "available": now + delay_ms,
-            "max_reason": MAX_ATTEMPTS_REASON,
-        })
+        changed = _fenced_update(conn, leases, _SETTLE_SQL[op], (reason, now, now + delay_ms))
         if changed is None:
             return self._settle_rows(conn, leases, op, reason, delay_ms, now)
-        group_id, states = changed
-        if len(states) == len(leases):
-            results = [SettleResult(lease.lease_id) for lease in leases]
-        else:
-            # Leases the update did not match were not changed by it: the row-by-row
-            # path classifies them (stale, receipt mismatch, repeated, invalid).
-            rest = [lease for lease in leases
-                    if (lease.event.partition, lease.event.sequence) not in states]
-            other = iter(self._settle_rows(conn, rest, op, reason, delay_ms, now))
-            results = [
-                SettleResult(lease.lease_id)
-                if (lease.event.partition, lease.event.sequence) in states else next(other)
-                for lease in leases
-            ]
-        for part in sorted({part for (part, _), state in states.items() if state in _TERMINAL}):
+        group_id, parts = changed
+        # Every delivery of an ack or reject is settled; a nack's may be dead-lettered.
+        for part in sorted(parts):
             _advance_frontier(conn, group_id, part)
-        return results
+        return [SettleResult(lease.lease_id) for lease in leases]
 
     def _settle_rows(
         self,
@@ -914,20 +897,9 @@ class SQLiteBackend(Backend):
         self, conn: sqlite3.Connection, leases: list[Lease], lease_ms: int
     ) -> list[SettleResult]:
         deadline = self._clock() + lease_ms
-        changed = _fenced_update(conn, leases, _RENEW_SQL, {"deadline": deadline})
-        if changed is None:
+        if _fenced_update(conn, leases, _RENEW_SQL, (deadline, None, None)) is None:
             return self._renew_rows(conn, leases, deadline)
-        states = changed[1]
-        if len(states) == len(leases):
-            return [SettleResult(lease.lease_id, None, False, deadline) for lease in leases]
-        rest = [lease for lease in leases
-                if (lease.event.partition, lease.event.sequence) not in states]
-        other = iter(self._renew_rows(conn, rest, deadline))
-        return [
-            SettleResult(lease.lease_id, None, False, deadline)
-            if (lease.event.partition, lease.event.sequence) in states else next(other)
-            for lease in leases
-        ]
+        return [SettleResult(lease.lease_id, None, False, deadline) for lease in leases]
 
     def _renew_rows(
         self, conn: sqlite3.Connection, leases: list[Lease], deadline: int
@@ -1302,26 +1274,22 @@ def _insert_events(
 
 
 def _fenced_update(
-    conn: sqlite3.Connection, leases: list[Lease], sql: str, params: dict[str, Any]
-) -> tuple[int, dict[tuple[int, int], str]] | None:
-    """Run a fenced settle or renew ``sql`` over ``leases`` in one statement.
+    conn: sqlite3.Connection, leases: list[Lease], sql: str, constants: tuple[Any, ...]
+) -> tuple[int, set[int]] | None:
+    """Run a fenced settle or renew ``sql`` over ``leases`` in one ``executemany``.
 
-    Returns the group id and the new state of each changed delivery by (part, seq);
-    ``None`` (nothing done) when the batch spans several groups, names a delivery
-    twice or names no group here: the row-by-row path handles those.
+    Returns the group id and the partitions changed when every lease was current
+    (the usual batch). Otherwise nothing is changed and ``None`` is returned: the
+    batch spans several groups, names no group here, or some lease is stale,
+    forged, repeated or named twice, and the row-by-row path classifies each one.
     """
     if not leases:
         return None
     first = leases[0]
     stream, group = first.event.stream, first.group
-    keys: list[tuple[Any, Any, Any, Any]] = []
     for lease in leases:
-        event = lease.event
-        if lease.group != group or event.stream != stream:
+        if lease.group != group or lease.event.stream != stream:
             return None
-        keys.append((event.partition, event.sequence, lease.lease_id, lease.receipt))
-    if len({key[:2] for key in keys}) != len(keys):
-        return None
     row = conn.execute(
         "SELECT g.id, g.max_attempts FROM streams AS s "
         "JOIN groups AS g ON g.stream_id = s.id AND g.name = ? WHERE s.name = ?",
@@ -1329,13 +1297,26 @@ def _fenced_update(
     ).fetchone()
     if row is None:
         return None
+    group_id, max_attempts = row
+    head = (*constants, max_attempts, MAX_ATTEMPTS_REASON, group_id)
+    params = [
+        (*head, lease.event.partition, lease.event.sequence, lease.lease_id, lease.receipt)
+        for lease in leases
+    ]
+    conn.execute("SAVEPOINT rheo_settle")
+    before = conn.total_changes
     try:
-        payload = orjson.dumps(keys).decode()
-    except TypeError:  # not the types a lease has: the row-by-row path says why
+        conn.executemany(sql, params)
+    except BaseException:
+        conn.execute("ROLLBACK TO rheo_settle")
+        conn.execute("RELEASE rheo_settle")
+        raise
+    if conn.total_changes - before != len(leases):
+        conn.execute("ROLLBACK TO rheo_settle")
+        conn.execute("RELEASE rheo_settle")
         return None
-    params.update(group=row[0], max=row[1], leases=payload)
-    states = {(part, seq): state for part, seq, state in conn.execute(sql, params)}
-    return row[0], states
+    conn.execute("RELEASE rheo_settle")
+    return group_id, {lease.event.partition for lease in leases}
 
 
 def _find_stream(conn: sqlite3.Connection, name: str) -> _Stream | None:
