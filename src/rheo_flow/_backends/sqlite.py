@@ -215,6 +215,15 @@ _SETTLE_SQL: Final[dict[str, str]] = {
 }
 _RENEW_SQL: Final = "UPDATE deliveries SET deadline_ms = ?1" + _FENCED_WHERE
 
+# New deliveries of one partition's sequence range, leased at once; ?2 is the
+# fetch's lease id prefix, ?4 the number of the range's first lease in the fetch.
+_LEASE_NEW_SQL: Final = """
+    INSERT INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt,
+                            consumer_id, deadline_ms)
+    SELECT ?1, part, seq, 'leased', 1, ?2 || printf('%08x', seq - ?3 + ?4),
+           part || '-' || seq || '-1', ?5, ?6
+    FROM events WHERE stream_id = ?7 AND part = ?8 AND seq BETWEEN ?3 AND ?9"""
+
 _EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data, headers, appended_at_ms"
 _DELIVERY_COLUMNS: Final = (
     "seq, state, attempt, lease_id, receipt, settled_by, reason, "
@@ -775,30 +784,28 @@ class SQLiteBackend(Backend):
             order = round_robin(sizes, limit)  # (index into ids, depth)
         if not order:
             return []
-        lease_ids = _lease_ids(len(order))
         deadline = now + lease_ms
-        # part, seq, attempt, lease id, receipt: in the order the leases are returned.
-        chosen: list[tuple[int, int, int, str, str]] = []
+        # Lease ids: one random prefix per fetch, then the lease's number in the fetch.
+        prefix = os.urandom(12).hex()
+        picked = [0] * len(ids)
+        for i, _ in order:
+            picked[i] += 1
+        # A partition's picks are its eligible deliveries first, then new sequences.
         updates: list[tuple[Any, ...]] = []
-        inserts: list[tuple[Any, ...]] = []
-        fresh: dict[int, tuple[int, int]] = {}  # part: first and last new sequence
-        for lease_id, (i, d) in zip(lease_ids, order, strict=True):
-            part = ids[i]
-            found = existing[i]
-            if d < len(found):
-                seq, attempt = found[d]
-                attempt += 1
-                receipt = f"{part}-{seq}-{attempt}"
-                updates.append(
-                    (attempt, lease_id, receipt, consumer_id, deadline, group_id, part, seq))
-            else:
-                seq = progress[part][0] + d - len(found) + 1
-                attempt = 1
-                receipt = f"{part}-{seq}-1"
-                inserts.append((group_id, part, seq, lease_id, receipt, consumer_id, deadline))
-                first = fresh.get(part)
-                fresh[part] = (seq if first is None else first[0], seq)
-            chosen.append((part, seq, attempt, lease_id, receipt))
+        fresh: list[tuple[int, int, int, int]] = []  # part, first, last, first lease number
+        number = 0
+        for i, part in enumerate(ids):
+            again = min(picked[i], len(existing[i]))
+            for seq, attempt in existing[i][:again]:
+                updates.append((attempt + 1, f"{prefix}{number:08x}",
+                                f"{part}-{seq}-{attempt + 1}", consumer_id, deadline,
+                                group_id, part, seq))
+                number += 1
+            new = picked[i] - again
+            if new:
+                cursor = progress[part][0]
+                fresh.append((part, cursor + 1, cursor + new, number))
+                number += new
 
         if updates:
             conn.executemany(
@@ -807,21 +814,43 @@ class SQLiteBackend(Backend):
                 "WHERE group_id = ? AND part = ? AND seq = ?",
                 updates,
             )
-        if inserts:
-            conn.executemany(
-                "INSERT INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt, "
-                "consumer_id, deadline_ms) VALUES (?, ?, ?, 'leased', 1, ?, ?, ?, ?)",
-                inserts,
-            )
+        for part, first, last, base in fresh:
+            # The lease id and receipt are built by SQLite exactly as below in Python.
+            inserted = conn.execute(_LEASE_NEW_SQL, (
+                group_id, prefix, first, base, consumer_id, deadline, stream_id, part, last
+            )).rowcount
+            if inserted != last - first + 1:  # events past the cursor are never removed
+                raise BackendError(
+                    f"SQLite database {self._path!r}: events {first}..{last} of partition "
+                    f"{part} of stream {stream!r} are missing")
+        if fresh:
             conn.executemany(
                 "UPDATE group_partitions SET cursor = ? WHERE group_id = ? AND part = ?",
-                [(last, group_id, part) for part, (_, last) in fresh.items()],
+                [(last, group_id, part) for part, _, last, _ in fresh],
             )
-        events = _load_events(conn, stream_id, stream, fresh, updates)
-        return [
-            Lease(lease_id, receipt, group, consumer_id, events[(part, seq)], attempt, deadline)
-            for part, seq, attempt, lease_id, receipt in chosen
-        ]
+        events = _load_events(
+            conn, stream_id, stream, {part: (first, last) for part, first, last, _ in fresh},
+            updates)
+        made = {
+            (part, seq): Lease(lease_id, receipt, group, consumer_id, events[(part, seq)],
+                               attempt, deadline)
+            for attempt, lease_id, receipt, _, _, _, part, seq in updates
+        }
+        for part, first, last, base in fresh:
+            offset = base - first
+            for seq in range(first, last + 1):
+                made[(part, seq)] = Lease(
+                    f"{prefix}{seq + offset:08x}", f"{part}-{seq}-1", group, consumer_id,
+                    events[(part, seq)], 1, deadline)
+        if len(ids) == 1:
+            return list(made.values())  # re-deliveries, then new ones: the order picked
+        out: list[Lease] = []
+        for i, d in order:
+            found = existing[i]
+            part = ids[i]
+            seq = found[d][0] if d < len(found) else progress[part][0] + d - len(found) + 1
+            out.append(made[(part, seq)])
+        return out
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._write(self._settle, list(leases), "ack", "", 0)
@@ -1484,9 +1513,3 @@ def _loads(text: str) -> Any:
     if _may_hold_wide_int(text):
         return json.loads(text)
     return orjson.loads(text)
-
-
-def _lease_ids(count: int) -> list[str]:
-    """``count`` fresh lease ids: one random 96-bit prefix per call, then the position."""
-    prefix = os.urandom(12).hex()
-    return [f"{prefix}{i:08x}" for i in range(count)]
