@@ -118,7 +118,7 @@ async def test_nack_batch_dead_letters_the_last_attempt(rheo: Rheo) -> None:
     assert await rheo.fetch("s", "g", limit=3) == []
 
 
-async def test_settle_statements_look_up_the_primary_key(db: Path) -> None:
+async def test_settle_and_frontier_statements_use_keys_not_history(db: Path) -> None:
     async with Rheo(SQLiteBackend(db, synchronous="NORMAL")) as r:
         await r.create_stream("s")
         await r.append("s", [NewEvent("t", i) for i in range(5_003)])
@@ -140,14 +140,21 @@ async def test_settle_statements_look_up_the_primary_key(db: Path) -> None:
             steps += 1
             return 0
 
+        plan = [row[3] for row in conn.execute(
+            "EXPLAIN QUERY PLAN " + sqlite_module._ADVANCE_SQL, (1, 0))]
+        assert "COVERING INDEX deliveries_active" in plan[-1], plan
+
         conn.execute("BEGIN")
         conn.set_progress_handler(count, 1)
         changed = conn.executemany(sqlite_module._SETTLE_SQL["ack"], [
             (*head, 0, lease.sequence, lease.lease_id, lease.receipt) for lease in pending
         ]).rowcount
+        conn.execute(sqlite_module._ADVANCE_SQL, (1, 0))
         conn.set_progress_handler(None, 1)
+        (frontier,) = conn.execute("SELECT frontier FROM group_partitions").fetchone()
         conn.execute("ROLLBACK")
         assert changed == 3
+        assert frontier == 5_003
         assert steps < 1_000, steps
     finally:
         conn.close()

@@ -224,6 +224,13 @@ _LEASE_NEW_SQL: Final = """
            part || '-' || seq || '-1', ?5, ?6
     FROM events WHERE stream_id = ?7 AND part = ?8 AND seq BETWEEN ?3 AND ?9"""
 
+# The frontier moved over the settled run after it (see _advance_frontier).
+_ADVANCE_SQL: Final = """
+    UPDATE group_partitions SET frontier = MAX(frontier, COALESCE((
+        SELECT MIN(seq) - 1 FROM deliveries INDEXED BY deliveries_active
+        WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')), cursor))
+    WHERE group_id = ?1 AND part = ?2"""
+
 _EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data, headers, appended_at_ms"
 _DELIVERY_COLUMNS: Final = (
     "seq, state, attempt, lease_id, receipt, settled_by, reason, "
@@ -1447,32 +1454,14 @@ def _load_events(
 
 
 def _advance_frontier(conn: sqlite3.Connection, group_id: int, part: int) -> None:
-    """Move the stored frontier over the settled deliveries right after it.
+    """Move the stored frontier up to the first pending delivery, or to the cursor.
 
-    Walks the primary key from the frontier and stops at the first gap or pending
-    delivery, so each settled row is passed over once in its lifetime.
+    Every sequence up to the cursor has a delivery row (fetch creates them in
+    order; replay, reset and trim move the cursor with what they delete), so the
+    settled run after the frontier ends right before the lowest available or
+    leased row: one probe of the partial index, whatever the acked history.
     """
-    (frontier,) = conn.execute(
-        "SELECT frontier FROM group_partitions WHERE group_id = ? AND part = ?", (group_id, part)
-    ).fetchone()
-    moved = frontier
-    cur = conn.execute(
-        "SELECT seq, state FROM deliveries WHERE group_id = ? AND part = ? AND seq > ? "
-        "ORDER BY seq",
-        (group_id, part, frontier),
-    )
-    try:
-        for seq, state in cur:
-            if seq != moved + 1 or state not in _TERMINAL:
-                break
-            moved = seq
-    finally:
-        cur.close()
-    if moved != frontier:
-        conn.execute(
-            "UPDATE group_partitions SET frontier = ? WHERE group_id = ? AND part = ?",
-            (moved, group_id, part),
-        )
+    conn.execute(_ADVANCE_SQL, (group_id, part))
 
 
 def _in_lists(
