@@ -20,6 +20,14 @@ Concurrency: every write (fetch included) is one ``BEGIN IMMEDIATE``
 transaction, which takes SQLite's single writer lock before reading anything,
 so processes sharing the file serialise their claims and can never lease one
 delivery twice. WAL mode lets readers proceed while a writer works.
+
+Batches: an operation is one hop to the backend thread and one transaction, with
+a few statements per batch rather than per event. A fetch reads the group and
+every partition's progress in one statement, leases a partition's new sequences
+with one ``INSERT ... SELECT`` and re-leases with one ``executemany``; a settle
+or renew is one ``executemany`` of a fenced primary-key update, and the frontier
+moves with one statement per partition; an append inserts the whole batch with
+one ``executemany``. Event data is decoded with one orjson call per batch.
 """
 
 from __future__ import annotations
@@ -642,14 +650,13 @@ class SQLiteBackend(Backend):
             else:
                 conn.execute("RELEASE rheo_append")
                 return events
-        known = {
-            event.id: event
-            for event in _events(stream, conn.execute(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? "
-                "AND event_id IN (SELECT value FROM json_each(?))",
-                (s.id, orjson.dumps([r.id for r in records]).decode()),
-            ).fetchall())
-        }
+        rows: list[tuple[Any, ...]] = []
+        for sql, params in _in_lists(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? AND event_id IN ",
+            (s.id,), list({r.id for r in records}),
+        ):
+            rows.extend(conn.execute(sql, params))
+        known = {event.id: event for event in _events(stream, rows)}
         return _insert_events(conn, s, records, now, high, known)
 
     # Groups ------------------------------------------------------------------
