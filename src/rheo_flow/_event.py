@@ -1,13 +1,23 @@
-"""Events: what is appended (:class:`NewEvent`) and what is stored (:class:`Event`)."""
+"""Events: what is appended (:class:`NewEvent`) and what is stored (:class:`Event`).
+
+Backends build many events per call, so besides the keyword constructor there is
+:func:`make_event` (positional, several times cheaper than a frozen dataclass's
+``__init__``) and :func:`make_event_json` (keeps the stored JSON text and decodes
+``data`` on first access). Both return ordinary, immutable :class:`Event` objects.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
-__all__ = ["JSON", "Event", "NewEvent"]
+import orjson
+
+__all__ = ["JSON", "Event", "NewEvent", "decode_json", "make_event", "make_event_json"]
 
 JSON: TypeAlias = Any
 """A JSON-serialisable value: ``None``, bool, int, float, str, list or dict with str keys."""
@@ -51,3 +61,108 @@ class Event:
     def appended_at(self) -> datetime:
         """Append time as an aware UTC datetime."""
         return datetime.fromtimestamp(self.appended_at_ms / 1000, tz=UTC)
+
+
+class _Pending:
+    """JSON text in the ``data`` slot, not decoded yet."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str | bytes) -> None:
+        self.text = text
+
+
+# A backend often hands over the JSON text of ``data``: it is decoded when (and
+# only when) ``data`` is first read. The ``data`` slot then holds a _Pending and
+# ``data`` is a property over the slot.
+_DATA_SLOT: Final[Any] = Event.__dict__["data"]
+_get_data = _DATA_SLOT.__get__
+_set_data = _DATA_SLOT.__set__
+
+# orjson parses integers beyond 64 bits as floats; the standard library keeps
+# them exact. Only text with a run of 19 digits can hold such an integer.
+_LONG_DIGITS: Final = re.compile(r"[0-9]{19}")
+_LONG_DIGITS_BYTES: Final = re.compile(rb"[0-9]{19}")
+
+
+def decode_json(text: str | bytes) -> JSON:
+    """Decode JSON text exactly as :func:`json.loads` does, with orjson where that is exact."""
+    if len(text) >= 19:
+        if isinstance(text, str):
+            if _LONG_DIGITS.search(text) is not None:
+                return json.loads(text)
+        elif _LONG_DIGITS_BYTES.search(text) is not None:
+            return json.loads(text)
+    return orjson.loads(text)
+
+
+def _data(self: Event) -> JSON:
+    """The event's JSON payload."""
+    value = _get_data(self, Event)
+    if value.__class__ is _Pending:
+        value = decode_json(value.text)
+        _set_data(self, value)
+    return value
+
+
+type.__setattr__(Event, "data", property(_data, _set_data))
+
+
+class _EventSlots:
+    """The same slots as :class:`Event`, assignable: a fast way to fill a new Event."""
+
+    __slots__ = (
+        "appended_at_ms",
+        "data",
+        "headers",
+        "id",
+        "key",
+        "partition",
+        "sequence",
+        "stream",
+        "type",
+    )
+
+    def __init__(
+        self, stream: str, partition: int, sequence: int, id: str, type: str, data: JSON,
+        key: str | None, headers: Mapping[str, str], appended_at_ms: int,
+    ) -> None:
+        self.stream = stream
+        self.partition = partition
+        self.sequence = sequence
+        self.id = id
+        self.type = type
+        self.data = data
+        self.key = key
+        self.headers = headers
+        self.appended_at_ms = appended_at_ms
+
+
+if sorted(_EventSlots.__slots__) != sorted(Event.__slots__):  # pragma: no cover
+    raise TypeError("_EventSlots must have the slots of Event")
+
+
+def make_event(
+    stream: str, partition: int, sequence: int, id: str, type: str, data: JSON,
+    key: str | None, headers: Mapping[str, str], appended_at_ms: int,
+) -> Event:
+    """An :class:`Event` from positional fields, without the frozen ``__init__``'s cost.
+
+    For backends, which build events in bulk from values they already trust.
+    """
+    event: Any = _EventSlots(stream, partition, sequence, id, type, data, key, headers,
+                             appended_at_ms)
+    event.__class__ = Event
+    return event  # type: ignore[no-any-return]
+
+
+def make_event_json(
+    stream: str, partition: int, sequence: int, id: str, type: str, data_json: str | bytes,
+    key: str | None, headers: Mapping[str, str], appended_at_ms: int,
+) -> Event:
+    """Like :func:`make_event`, from the JSON text of ``data``: decoded on first access."""
+    event: Any = _EventSlots(stream, partition, sequence, id, type, _Pending(data_json), key,
+                             headers, appended_at_ms)
+    event.__class__ = Event
+    return event  # type: ignore[no-any-return]
+

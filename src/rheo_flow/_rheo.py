@@ -5,23 +5,25 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Final, Literal, Self
 
 from . import _telemetry
-from ._backend import AppendRecord, Backend
+from ._backend import AppendRecord, Backend, make_append_record
 from ._capabilities import Capabilities
 from ._errors import InvalidArgument
 from ._event import Event, NewEvent
 from ._lease import Lease
 from ._query import Page, Query, decode_cursor, encode_cursor
-from ._routing import partition_for
 from ._settle import SettleResult, classify
 from ._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from ._urls import backend_from_url
 from ._validation import (
+    MAX_ID,
     MAX_PARTITIONS,
+    MAX_TYPE,
     check_event_id,
     check_headers,
     check_key,
@@ -170,41 +172,8 @@ class Rheo:
         check_key(key)
         if partition is not None:
             check_partition(partition, count)
-        records = [self._record(item, count, key, partition) for item in items]
+        records = _records(items, count, key, partition)
         return await _telemetry.send(self._backend, stream, records)
-
-    def _record(
-        self, item: NewEvent | Mapping[str, Any], count: int, key: str | None, partition: int | None
-    ) -> AppendRecord:
-        if isinstance(item, Mapping):
-            unknown = set(item) - {"type", "data", "id", "key", "partition", "headers"}
-            if unknown:
-                raise InvalidArgument(f"unknown event fields: {', '.join(sorted(unknown))}")
-            if "type" not in item:
-                raise InvalidArgument("an event needs a 'type'")
-            item = NewEvent(**item)
-        elif not isinstance(item, NewEvent):
-            raise InvalidArgument(f"events must be NewEvent or mappings, got {type(item).__name__}")
-        event_key = check_key(item.key if item.key is not None else key)
-        event_id = check_event_id(item.id) if item.id is not None else str(uuid.uuid4())
-        target = item.partition if item.partition is not None else partition
-        if target is not None:
-            target = check_partition(target, count)
-        elif event_key is not None:
-            target = partition_for(event_key, count)
-        else:
-            # By the id: random for generated ids, and a retried append of the
-            # same event lands where the first one did.
-            target = 0 if count == 1 else partition_for(event_id, count)
-        return AppendRecord(
-            partition=target,
-            id=event_id,
-            type=check_type(item.type),
-            key=event_key,
-            data=item.data,
-            data_json=encode_json(item.data),
-            headers=check_headers(item.headers),
-        )
 
     # Groups ------------------------------------------------------------------
 
@@ -283,8 +252,10 @@ class Rheo:
     @staticmethod
     def _leases(leases: Lease | Iterable[Lease]) -> list[Lease]:
         items = [leases] if isinstance(leases, Lease) else list(leases)
+        # One type check per lease is all the facade does: a lease's fields are
+        # the backend's to judge (a lease naming nothing of it settles `invalid`).
         for lease in items:
-            if not isinstance(lease, Lease):
+            if lease.__class__ is not Lease and not isinstance(lease, Lease):
                 raise InvalidArgument(f"expected Lease objects, got {type(lease).__name__}")
         return items
 
@@ -470,6 +441,72 @@ class Rheo:
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         """Wait for an append (push wake-ups) or ``timeout`` seconds; True when woken."""
         return await self._backend.wait_for_append(stream, timeout)
+
+
+_EVENT_FIELDS: Final = frozenset({"type", "data", "id", "key", "partition", "headers"})
+_UUID_VARIANT: Final = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+"""Hex digit -> an RFC 4122 variant digit (10xx) keeping the digit's low two random bits."""
+
+
+def _records(
+    items: Sequence[NewEvent | Mapping[str, Any]], count: int, key: str | None,
+    partition: int | None,
+) -> list[AppendRecord]:
+    """Validate and route ``items``: one pass, with a cheap path for well-formed events."""
+    records: list[AppendRecord] = []
+    append = records.append
+    crc32 = zlib.crc32
+    random_hex = ""  # random bits of the generated ids, drawn for the whole batch at once
+    generated = 0
+    for item in items:
+        if isinstance(item, NewEvent):
+            type_, data, event_id = item.type, item.data, item.id
+            event_key, target, headers = item.key, item.partition, item.headers
+        elif isinstance(item, Mapping):
+            if not item.keys() <= _EVENT_FIELDS:
+                unknown = set(item) - _EVENT_FIELDS
+                raise InvalidArgument(f"unknown event fields: {', '.join(sorted(unknown))}")
+            if "type" not in item:
+                raise InvalidArgument("an event needs a 'type'")
+            type_, data, event_id = item["type"], item.get("data"), item.get("id")
+            event_key, target = item.get("key"), item.get("partition")
+            headers = item.get("headers", _NO_HEADERS)
+        else:
+            raise InvalidArgument(f"events must be NewEvent or mappings, got {type(item).__name__}")
+        if event_key is None:
+            event_key = key
+        elif event_key.__class__ is not str:
+            check_key(event_key)
+        if event_id is None:
+            if not random_hex:
+                random_hex = os.urandom(16 * len(items)).hex()
+            o = 32 * generated
+            generated += 1
+            event_id = (f"{random_hex[o:o + 8]}-{random_hex[o + 8:o + 12]}-"
+                        f"4{random_hex[o + 13:o + 16]}-{_UUID_VARIANT[random_hex[o + 16]]}"
+                        f"{random_hex[o + 17:o + 20]}-{random_hex[o + 20:o + 32]}")
+        elif event_id.__class__ is not str or not 0 < len(event_id) <= MAX_ID:
+            check_event_id(event_id)
+        if target is None:
+            target = partition
+        if target is not None:
+            if target.__class__ is not int or not 0 <= target < count:
+                target = check_partition(target, count)
+        elif count == 1:
+            target = 0
+        else:
+            # By the key, else by the id: random for generated ids, and a retried
+            # append of the same event lands where the first one did.
+            target = crc32((event_id if event_key is None else event_key).encode()) % count
+        if type_.__class__ is not str or not 0 < len(type_) <= MAX_TYPE:
+            check_type(type_)
+        headers = {} if headers.__class__ is dict and not headers else check_headers(headers)
+        append(make_append_record(target, event_id, type_, event_key, data, encode_json(data),
+                                  headers))
+    return records
+
+
+_NO_HEADERS: Final[Mapping[str, str]] = {}
 
 
 def _check_start(start: object) -> None:

@@ -59,6 +59,8 @@ async def settle(
         results = await rheo.reject(leases, reason or "reject")
     if inflight is not None:
         inflight.release(leases)
+    if observer is None and all(result.error is None for result in results):
+        return results  # the common case: nothing to report or follow up, per batch
     to_nack: list[Lease] = []
     for lease, result in zip(leases, results, strict=True):
         if observer is not None:

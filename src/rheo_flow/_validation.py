@@ -10,7 +10,9 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
+
+import orjson
 
 from ._errors import InvalidArgument
 
@@ -21,13 +23,24 @@ MAX_ID = 200
 MAX_TYPE = 256
 
 
+_VALID_NAMES: set[str] = set()
+"""Names already checked: a hot path names the same few streams and groups on every call."""
+_MAX_VALID_NAMES: Final = 4096
+
+
 def check_name(kind: str, value: object) -> str:
     """A stream, group or consumer name: 1-128 of ``A-Z a-z 0-9 _ . -``, starting alphanumeric."""
+    if value.__class__ is str and value in _VALID_NAMES:
+        return value
     if not isinstance(value, str) or not NAME_PATTERN.match(value):
         raise InvalidArgument(
             f"invalid {kind} name {value!r}: use 1-128 characters of A-Z a-z 0-9 _ . - "
             "starting with a letter or digit"
         )
+    if value.__class__ is str:
+        if len(_VALID_NAMES) >= _MAX_VALID_NAMES:
+            _VALID_NAMES.clear()  # many one-off names (generated consumer ids): start over
+        _VALID_NAMES.add(value)
     return value
 
 
@@ -102,12 +115,33 @@ def check_headers(value: object) -> dict[str, str]:
     return out
 
 
+_ORJSON_OPTIONS: Final = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+_strict_dumps = json.JSONEncoder(
+    separators=(",", ":"), allow_nan=False, ensure_ascii=False, default=lambda v: _refuse(v)
+).encode
+
+
 def encode_json(data: Any, *, what: str = "event data") -> str:
-    """Serialise ``data`` to compact JSON, refusing anything JSON cannot carry exactly."""
+    """Serialise ``data`` to compact JSON, refusing anything JSON cannot carry exactly.
+
+    orjson does the work; what it refuses or cannot tell apart is left to the
+    standard library, which encodes exactly or refuses: integers beyond 64 bits
+    and non-string keys (orjson refuses them), and any text with ``null`` in it
+    (orjson writes NaN and infinities as ``null``, which must be refused).
+    """
     try:
-        return json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False,
-                          default=_refuse)
-    except (TypeError, ValueError) as exc:
+        text = orjson.dumps(data, default=_refuse, option=_ORJSON_OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return _encode_strict(data, what)
+    if b"null" in text:
+        return _encode_strict(data, what)
+    return text.decode()
+
+
+def _encode_strict(data: Any, what: str) -> str:
+    try:
+        return _strict_dumps(data)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgument(f"{what} is not JSON-serialisable: {exc}") from None
 
 

@@ -8,8 +8,8 @@ clock so lease expiry is deterministic in tests.
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
+import itertools
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,14 +18,16 @@ from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON, AppendRecord, 
 from .._capabilities import Capabilities
 from .._clock import Clock, system_clock
 from .._errors import ConflictError, UnknownGroup, UnknownStream
-from .._event import Event
-from .._lease import Lease
+from .._event import Event, make_event_json
+from .._lease import Lease, make_lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult
+from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from ._shared import fence, missing_delivery, query_window
+from ._shared import fence, missing_delivery, query_window, round_robin
 
 __all__ = ["MemoryBackend"]
+
+_NEVER = 2**63
 
 State = Literal["available", "leased", "acked", "rejected"]
 Op = Literal["ack", "nack", "reject"]
@@ -71,6 +73,9 @@ class _GroupPartition:
     """Deliveries that are available or leased."""
     done: dict[int, _Delivery] = field(default_factory=dict)
     """Terminal deliveries (acked or rejected)."""
+    due: int = 0
+    """No active delivery becomes eligible before this time (a lower bound): while it
+    lies ahead, ``fetch`` only takes new deliveries and skips scanning the active ones."""
 
 
 @dataclass(slots=True)
@@ -90,6 +95,10 @@ class MemoryBackend(Backend):
         self._clock: Clock = clock or system_clock
         self._streams: dict[str, _Stream] = {}
         self._groups: dict[tuple[str, str], _Group] = {}
+        # Lease ids only need to be unique within this backend: a random prefix
+        # and a counter are, for a fraction of a uuid4's cost.
+        self._lease_prefix = os.urandom(8).hex()
+        self._lease_counter = itertools.count(1)
 
     @classmethod
     def from_url(cls, url: str) -> MemoryBackend:
@@ -148,17 +157,11 @@ class MemoryBackend(Backend):
                 continue
             part = s.partitions[r.partition]
             part.high_water += 1
-            event = Event(
-                stream=stream,
-                partition=r.partition,
-                sequence=part.high_water,
-                id=r.id,
-                type=r.type,
-                data=json.loads(r.data_json),
-                key=r.key,
-                headers=dict(r.headers),
-                appended_at_ms=now,
-            )
+            # Decoded from the JSON text on first access: stored events share
+            # nothing with the caller's objects, and unread data is never decoded.
+            event = make_event_json(stream, r.partition, part.high_water, r.id, r.type,
+                                    r.data_json, r.key, dict(r.headers) if r.headers else {},
+                                    now)
             part.events[event.sequence] = event
             s.ids[r.id] = event
             out.append(event)
@@ -220,99 +223,93 @@ class MemoryBackend(Backend):
             return []
         g.rotation = (g.rotation + 1) % len(ids)
         ids = ids[g.rotation :] + ids[: g.rotation]
-        per_partition = [self._eligible(g, gp_id, s, now, limit) for gp_id in ids]
+        per_partition = [self._eligible(g, pid, s, now, limit) for pid in ids]
         leases: list[Lease] = []
+        group_name = g.info.group
         # Round-robin across partitions so one deep partition does not starve the others.
-        depth = 0
-        while len(leases) < limit and any(depth < len(c) for c in per_partition):
-            for pid, candidates in zip(ids, per_partition, strict=True):
-                if depth < len(candidates) and len(leases) < limit:
-                    d = candidates[depth]
-                    leases.append(self._lease(s, g, pid, d, consumer_id, lease_ms, now))
-            depth += 1
+        for index, depth in round_robin([len(c) + n for c, n in per_partition], limit):
+            pid = ids[index]
+            candidates, _ = per_partition[index]
+            gp = g.partitions[pid]
+            if depth < len(candidates):
+                d = candidates[depth]
+            else:  # the next new delivery of the partition
+                gp.cursor += 1
+                d = _Delivery(gp.cursor)
+                gp.active[gp.cursor] = d
+            d.state = "leased"
+            d.attempt += 1
+            d.lease_id = f"{self._lease_prefix}{next(self._lease_counter):x}"
+            d.receipt = f"{pid}-{d.sequence}-{d.attempt}"
+            d.consumer_id = consumer_id
+            d.deadline_ms = deadline = now + lease_ms
+            d.settled_by = None
+            if deadline < gp.due:
+                gp.due = deadline
+            leases.append(make_lease(d.lease_id, d.receipt, group_name, consumer_id,
+                                     s.partitions[pid].events[d.sequence], d.attempt, deadline))
         return leases
 
     def _eligible(
         self, g: _Group, pid: int, s: _Stream, now: int, limit: int
-    ) -> list[_Delivery]:
+    ) -> tuple[list[_Delivery], int]:
+        """The partition's eligible existing deliveries, and how many new ones it can add."""
         gp = g.partitions[pid]
-        part = s.partitions[pid]
         out: list[_Delivery] = []
-        for seq in sorted(gp.active):
-            if len(out) >= limit:
-                return out
-            d = gp.active[seq]
-            ready = (d.state == "available" and d.available_at_ms <= now) or (
-                d.state == "leased" and d.deadline_ms <= now
-            )
-            if not ready:
-                continue
-            if d.attempt >= g.info.max_attempts:
-                self._settle_terminal(gp, d, "rejected", MAX_ATTEMPTS_REASON, now, None)
-                continue
-            out.append(d)
-        while len(out) < limit and gp.cursor < part.high_water:
-            gp.cursor += 1
-            d = _Delivery(gp.cursor)
-            gp.active[gp.cursor] = d
-            out.append(d)
-        return out
-
-    def _lease(
-        self,
-        s: _Stream,
-        g: _Group,
-        pid: int,
-        d: _Delivery,
-        consumer_id: str,
-        lease_ms: int,
-        now: int,
-    ) -> Lease:
-        d.state = "leased"
-        d.attempt += 1
-        d.lease_id = uuid.uuid4().hex
-        d.receipt = f"{pid}-{d.sequence}-{d.attempt}"
-        d.consumer_id = consumer_id
-        d.deadline_ms = now + lease_ms
-        d.settled_by = None
-        return Lease(
-            lease_id=d.lease_id,
-            receipt=d.receipt,
-            group=g.info.group,
-            consumer_id=consumer_id,
-            event=s.partitions[pid].events[d.sequence],
-            attempt=d.attempt,
-            deadline_ms=d.deadline_ms,
-        )
+        if gp.active and gp.due <= now:
+            due = _NEVER
+            for seq in sorted(gp.active):
+                if len(out) >= limit:
+                    due = now  # not scanned to the end: some may be eligible already
+                    break
+                d = gp.active[seq]
+                ready_at = d.available_at_ms if d.state == "available" else d.deadline_ms
+                if ready_at > now:
+                    due = min(due, ready_at)
+                    continue
+                if d.attempt >= g.info.max_attempts:
+                    self._settle_terminal(gp, d, "rejected", MAX_ATTEMPTS_REASON, now, None)
+                    continue
+                out.append(d)
+            # What is taken now is leased (its deadline lowers ``due`` again) or
+            # stays eligible (rescanned next time: ``now`` keeps ``due`` in the past).
+            gp.due = now if out else due
+        return out, min(limit - len(out), s.partitions[pid].high_water - gp.cursor)
 
     def _find(self, lease: Lease) -> tuple[_Group, _GroupPartition, _Delivery] | SettleResult:
-        g = self._groups.get((lease.stream, lease.group))
-        s = self._streams.get(lease.stream)
-        if g is None or s is None or not 0 <= lease.partition < len(g.partitions):
+        event = lease.event
+        g = self._groups.get((event.stream, lease.group))
+        s = self._streams.get(event.stream)
+        pid = event.partition
+        if g is None or s is None or not 0 <= pid < len(g.partitions):
             return SettleResult.failure(
                 lease.lease_id, SettleKind.INVALID, "lease names no group of this backend"
             )
-        gp = g.partitions[lease.partition]
-        d = gp.active.get(lease.sequence) or gp.done.get(lease.sequence)
+        gp = g.partitions[pid]
+        seq = event.sequence
+        d = gp.active.get(seq) or gp.done.get(seq)
         if d is None:
-            return missing_delivery(lease, s.partitions[lease.partition].high_water)
-        return fence(lease, d.lease_id, d.receipt) or (g, gp, d)
+            return missing_delivery(lease, s.partitions[pid].high_water)
+        if d.lease_id != lease.lease_id or d.receipt != lease.receipt:
+            return fence(lease, d.lease_id, d.receipt) or (g, gp, d)
+        return g, gp, d
 
     def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int
                 ) -> list[SettleResult]:
         now = self._clock()
         results: list[SettleResult] = []
+        append = results.append
         for lease in leases:
             found = self._find(lease)
             if isinstance(found, SettleResult):
-                results.append(found)
+                append(found)
                 continue
             g, gp, d = found
             if d.state != "leased":
                 if d.settled_by == op:
-                    results.append(SettleResult.success(lease.lease_id, repeated=True))
+                    append(SettleResult.success(lease.lease_id, repeated=True))
                 else:
-                    results.append(SettleResult.failure(
+                    append(SettleResult.failure(
                         lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
                     ))
                 continue
@@ -324,10 +321,12 @@ class MemoryBackend(Backend):
                 self._settle_terminal(gp, d, "rejected", MAX_ATTEMPTS_REASON, now, op)
             else:
                 d.state = "available"
-                d.available_at_ms = now + delay_ms
+                d.available_at_ms = available = now + delay_ms
                 d.reason = reason
                 d.settled_by = op
-            results.append(SettleResult.success(lease.lease_id))
+                if available < gp.due:
+                    gp.due = available
+            append(settle_ok(lease.lease_id))
         return results
 
     def _settle_terminal(
@@ -360,13 +359,14 @@ class MemoryBackend(Backend):
             if isinstance(found, SettleResult):
                 results.append(found)
                 continue
-            _, _, d = found
+            _, gp, d = found
             if d.state != "leased":
                 results.append(SettleResult.failure(
                     lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
                 ))
                 continue
             d.deadline_ms = now + lease_ms
+            gp.due = min(gp.due, d.deadline_ms)  # a renew may shorten a lease
             results.append(SettleResult.success(lease.lease_id, deadline_ms=d.deadline_ms))
         return results
 
@@ -426,6 +426,7 @@ class MemoryBackend(Backend):
         d.available_at_ms = now
         d.reason = ""
         gp.active[d.sequence] = d
+        gp.due = min(gp.due, now)
 
     async def replay(
         self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
