@@ -27,14 +27,14 @@ every partition's progress in one statement, leases a partition's new sequences
 with one ``INSERT ... SELECT`` and re-leases with one ``executemany``; a settle
 or renew is one ``executemany`` of a fenced primary-key update, and the frontier
 moves with one statement per partition; an append inserts the whole batch with
-one ``executemany``. Event data is decoded with one orjson call per batch.
+one ``executemany``. Events keep their stored JSON text and decode ``data`` on
+first access.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,10 +57,10 @@ from .._errors import (
     UnknownGroup,
     UnknownStream,
 )
-from .._event import Event
-from .._lease import Lease
+from .._event import Event, decode_json, make_event_json
+from .._lease import Lease, make_lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult
+from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
 from ._shared import (
@@ -846,14 +846,14 @@ class SQLiteBackend(Backend):
             conn, stream_id, stream, {part: (first, last) for part, first, last, _ in fresh},
             updates)
         made = {
-            (part, seq): Lease(lease_id, receipt, group, consumer_id, events[(part, seq)],
-                               attempt, deadline)
+            (part, seq): make_lease(lease_id, receipt, group, consumer_id, events[(part, seq)],
+                                    attempt, deadline)
             for attempt, lease_id, receipt, _, _, _, part, seq in updates
         }
         for part, first, last, base in fresh:
             offset = base - first
             for seq in range(first, last + 1):
-                made[(part, seq)] = Lease(
+                made[(part, seq)] = make_lease(
                     f"{prefix}{seq + offset:08x}", f"{part}-{seq}-1", group, consumer_id,
                     events[(part, seq)], 1, deadline)
         if len(ids) == 1:
@@ -886,7 +886,7 @@ class SQLiteBackend(Backend):
         # Every delivery of an ack or reject is settled; a nack's may be dead-lettered.
         for part in sorted(parts):
             _advance_frontier(conn, group_id, part)
-        return [SettleResult(lease.lease_id) for lease in leases]
+        return [settle_ok(lease.lease_id) for lease in leases]
 
     def _settle_rows(
         self,
@@ -1283,10 +1283,9 @@ def _insert_events(
 ) -> list[Event]:
     """Insert the records whose id is not in ``known`` with the next sequences of
     their partitions (``high``: the high waters, updated); the stored events in order."""
-    datas = _loads_many([r.data_json for r in records])
     out: list[Event] = []
     rows: list[tuple[Any, ...]] = []
-    for r, data in zip(records, datas, strict=True):
+    for r in records:
         existing = known.get(r.id)
         if existing is not None:
             out.append(existing)
@@ -1295,7 +1294,7 @@ def _insert_events(
         seq = high[part] + 1
         high[part] = seq
         headers = dict(r.headers) if r.headers else {}
-        event = Event(s.name, part, seq, r.id, r.type, data, r.key, headers, now)
+        event = make_event_json(s.name, part, seq, r.id, r.type, r.data_json, r.key, headers, now)
         known[r.id] = event
         out.append(event)
         rows.append((
@@ -1413,20 +1412,16 @@ def _stream_info(conn: sqlite3.Connection, s: _Stream) -> StreamInfo:
 
 def _event(stream: str, row: tuple[Any, ...]) -> Event:
     part, seq, event_id, type_, key, data, headers, appended_at_ms = row
-    return Event(
-        stream, part, seq, event_id, type_, _loads(data), key,
-        _loads(headers) if headers else {}, appended_at_ms,
-    )
+    return make_event_json(stream, part, seq, event_id, type_, data, key,
+                           decode_json(headers) if headers else {}, appended_at_ms)
 
 
 def _events(stream: str, rows: list[tuple[Any, ...]]) -> list[Event]:
-    """Events of ``rows`` (:data:`_EVENT_COLUMNS`), their data decoded in one call."""
-    datas = _loads_many([row[5] for row in rows])
+    """Events of ``rows`` (:data:`_EVENT_COLUMNS`); ``data`` is decoded on first access."""
     return [
-        Event(stream, part, seq, event_id, type_, data, key,
-              _loads(headers) if headers else {}, appended_at_ms)
-        for (part, seq, event_id, type_, key, _, headers, appended_at_ms), data
-        in zip(rows, datas, strict=True)
+        make_event_json(stream, part, seq, event_id, type_, data, key,
+                        decode_json(headers) if headers else {}, appended_at_ms)
+        for part, seq, event_id, type_, key, data, headers, appended_at_ms in rows
     ]
 
 
@@ -1480,32 +1475,3 @@ def _in_lists(
         size = next(n for n in _IN_SIZES if n >= len(chunk))
         padded = chunk + [chunk[-1]] * (size - len(chunk))
         yield prefix + "(" + ", ".join("?" * size) + ")", (*params, *padded)
-
-
-
-
-
-# orjson turns integers wider than 64 bits into floats; the standard library keeps
-# them exact. A text holding such an integer has a run of 19 or more digits: one
-# translate-and-search per batch (C speed, no regex) sends those rare texts to the
-# standard library.
-_DIGITS_ONLY: Final = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
-_WIDE: Final = b"0" * 19
-
-
-def _may_hold_wide_int(text: str) -> bool:
-    return _WIDE in text.encode().translate(_DIGITS_ONLY)
-
-
-def _loads_many(texts: list[str]) -> list[Any]:
-    """Decode many JSON texts with one parser call."""
-    joined = "[" + ",".join(texts) + "]"
-    if _may_hold_wide_int(joined):
-        return json.loads(joined)  # type: ignore[no-any-return]
-    return orjson.loads(joined)  # type: ignore[no-any-return]
-
-
-def _loads(text: str) -> Any:
-    if _may_hold_wide_int(text):
-        return json.loads(text)
-    return orjson.loads(text)
