@@ -1,5 +1,5 @@
 """The SQLite backend's batch paths: one fenced statement per settle batch, whole-batch
-appends with the stored-id fallback, bulk JSON decoding and per-fetch lease ids."""
+appends with the stored-id fallback, exact JSON decoding and per-fetch lease ids."""
 
 from __future__ import annotations
 
