@@ -1347,12 +1347,7 @@ def _fenced_update(
     ]
     conn.execute("SAVEPOINT rheo_settle")
     before = conn.total_changes
-    try:
-        conn.executemany(sql, params)
-    except BaseException:
-        conn.execute("ROLLBACK TO rheo_settle")
-        conn.execute("RELEASE rheo_settle")
-        raise
+    conn.executemany(sql, params)  # an error rolls the whole transaction back
     if conn.total_changes - before != len(leases):
         conn.execute("ROLLBACK TO rheo_settle")
         conn.execute("RELEASE rheo_settle")
