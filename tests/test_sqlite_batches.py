@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,19 @@ async def test_schema_1_file_is_migrated_in_place(db: Path) -> None:
             conn.execute("UPDATE deliveries SET state = 'bogus'")
     finally:
         conn.close()
+
+
+async def test_batch_with_a_lease_from_elsewhere_is_answered_lease_by_lease(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=2)
+    await rheo.append("s", [NewEvent("t", i, partition=0) for i in range(3)])
+    first, second, third = await rheo.fetch("s", "g", limit=3)
+    foreign = replace(third, event=replace(third.event, partition=7))
+    wrong_type = replace(second, lease_id=12345)
+    results = await rheo.ack([first, foreign, wrong_type])
+    assert [(r.ok, r.kind) for r in results] == [
+        (True, None), (False, SettleKind.INVALID), (False, SettleKind.STALE_LEASE)]
+    renewed = await rheo.renew([second, third, foreign], lease_ms=5_000)
+    assert [(r.ok, r.kind) for r in renewed] == [
+        (True, None), (True, None), (False, SettleKind.INVALID)]
+    assert all(r.ok for r in await rheo.ack([second, third]))
+    assert await rheo.frontier("s", "g") == {0: 3, 1: 0}

@@ -239,6 +239,9 @@ _ADVANCE_SQL: Final = """
         WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')), cursor))
     WHERE group_id = ?1 AND part = ?2"""
 
+_MAX_SEQUENCE: Final = 2**63 - 1
+"""The largest SQLite integer."""
+
 _EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data, headers, appended_at_ms"
 _DELIVERY_COLUMNS: Final = (
     "seq, state, attempt, lease_id, receipt, settled_by, reason, "
@@ -1329,22 +1332,28 @@ def _fenced_update(
         return None
     first = leases[0]
     stream, group = first.event.stream, first.group
-    for lease in leases:
-        if lease.group != group or lease.event.stream != stream:
-            return None
     row = conn.execute(
-        "SELECT g.id, g.max_attempts FROM streams AS s "
+        "SELECT g.id, g.max_attempts, s.partitions FROM streams AS s "
         "JOIN groups AS g ON g.stream_id = s.id AND g.name = ? WHERE s.name = ?",
         (group, stream),
     ).fetchone()
     if row is None:
         return None
-    group_id, max_attempts = row
+    group_id, max_attempts, count = row
     head = (*constants, max_attempts, MAX_ATTEMPTS_REASON, group_id)
-    params = [
-        (*head, lease.event.partition, lease.event.sequence, lease.lease_id, lease.receipt)
-        for lease in leases
-    ]
+    params: list[tuple[Any, ...]] = []
+    for lease in leases:
+        event = lease.event
+        part, seq = event.partition, event.sequence
+        lease_id, receipt = lease.lease_id, lease.receipt
+        # Anything a fetch here cannot have produced goes to the row-by-row path,
+        # which answers it lease by lease instead of failing the whole batch.
+        if (lease.group != group or event.stream != stream
+                or part.__class__ is not int or not 0 <= part < count
+                or seq.__class__ is not int or not 0 < seq <= _MAX_SEQUENCE
+                or lease_id.__class__ is not str or receipt.__class__ is not str):
+            return None
+        params.append((*head, part, seq, lease_id, receipt))
     conn.execute("SAVEPOINT rheo_settle")
     before = conn.total_changes
     conn.executemany(sql, params)  # an error rolls the whole transaction back
