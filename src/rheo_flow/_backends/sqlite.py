@@ -242,6 +242,11 @@ _ADVANCE_SQL: Final = """
 _MAX_SEQUENCE: Final = 2**63 - 1
 """The largest SQLite integer."""
 
+_INSERT_EVENT_SQL: Final = (
+    "INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, "
+    "appended_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
 _EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data, headers, appended_at_ms"
 _DELIVERY_COLUMNS: Final = (
     "seq, state, attempt, lease_id, receipt, settled_by, reason, "
@@ -641,17 +646,11 @@ class SQLiteBackend(Backend):
             "SELECT part, high_water FROM partitions WHERE stream_id = ?", (s.id,)
         ).fetchall())
         if len({r.id for r in records}) == len(records):
-            # Usually no id is stored yet: insert the batch as it is. A stored id
-            # fails the insert on the unique (stream, event id) index; the batch is
-            # then undone and redone knowing the stored events.
-            conn.execute("SAVEPOINT rheo_append")
-            try:
-                events = _insert_events(conn, s, records, now, dict(high), {})
-            except sqlite3.IntegrityError:
-                conn.execute("ROLLBACK TO rheo_append")
-                conn.execute("RELEASE rheo_append")
-            else:
-                conn.execute("RELEASE rheo_append")
+            # Usually no id is stored yet: insert the batch as it is, skipping ids the
+            # unique (stream, event id) index already holds. If one was skipped, the
+            # batch's rows are removed and it is redone knowing the stored events.
+            events = _insert_events(conn, s, records, now, dict(high), {}, optimistic=True)
+            if events is not None:
                 return events
         rows: list[tuple[Any, ...]] = []
         for sql, params in _in_lists(
@@ -660,7 +659,9 @@ class SQLiteBackend(Backend):
         ):
             rows.extend(conn.execute(sql, params))
         known = {event.id: event for event in _events(stream, rows)}
-        return _insert_events(conn, s, records, now, high, known)
+        events = _insert_events(conn, s, records, now, high, known)
+        assert events is not None  # not optimistic: every stored id is known
+        return events
 
     # Groups ------------------------------------------------------------------
 
@@ -1283,9 +1284,16 @@ def _insert_events(
     now: int,
     high: dict[int, int],
     known: dict[str, Event],
-) -> list[Event]:
+    *,
+    optimistic: bool = False,
+) -> list[Event] | None:
     """Insert the records whose id is not in ``known`` with the next sequences of
-    their partitions (``high``: the high waters, updated); the stored events in order."""
+    their partitions (``high``: the high waters, updated); the stored events in order.
+
+    ``optimistic``: ``known`` may miss stored ids. When one turns up, nothing stays
+    inserted and ``None`` is returned.
+    """
+    start = dict(high) if optimistic else high
     out: list[Event] = []
     rows: list[tuple[Any, ...]] = []
     for r in records:
@@ -1305,12 +1313,21 @@ def _insert_events(
             orjson.dumps(headers).decode() if headers else None, now,
         ))
     if rows:
-        conn.executemany(
-            "INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, "
-            "appended_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
         touched = {row[1] for row in rows}
+        if optimistic:
+            before = conn.total_changes
+            conn.executemany(_INSERT_EVENT_SQL + " ON CONFLICT (stream_id, event_id) DO NOTHING",
+                             rows)
+            if conn.total_changes - before != len(rows):
+                # The write lock is held and the high waters are not moved yet: the
+                # rows past them are exactly this batch's.
+                conn.executemany(
+                    "DELETE FROM events WHERE stream_id = ? AND part = ? AND seq > ?",
+                    [(s.id, part, start[part]) for part in touched],
+                )
+                return None
+        else:
+            conn.executemany(_INSERT_EVENT_SQL, rows)
         conn.executemany(
             "UPDATE partitions SET high_water = ? WHERE stream_id = ? AND part = ?",
             [(high[part], s.id, part) for part in sorted(touched)],
