@@ -20,22 +20,30 @@ Concurrency: every write (fetch included) is one ``BEGIN IMMEDIATE``
 transaction, which takes SQLite's single writer lock before reading anything,
 so processes sharing the file serialise their claims and can never lease one
 delivery twice. WAL mode lets readers proceed while a writer works.
+
+Batches: an operation is one hop to the backend thread and one transaction, with
+a few statements per batch rather than per event. A fetch reads the group and
+every partition's progress in one statement, leases a partition's new sequences
+with one ``INSERT ... SELECT`` and re-leases with one ``executemany``; a settle
+or renew is one ``executemany`` of a fenced primary-key update, and the frontier
+moves with one statement per partition; an append inserts the whole batch with
+one ``executemany``. Events keep their stored JSON text and decode ``data`` on
+first access.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sqlite3
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, unquote
 
+import orjson
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON, AppendRecord, Backend
@@ -49,10 +57,10 @@ from .._errors import (
     UnknownGroup,
     UnknownStream,
 )
-from .._event import Event
-from .._lease import Lease
+from .._event import Event, decode_json, make_event_json
+from .._lease import Lease, make_lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult
+from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
 from ._shared import (
@@ -71,8 +79,13 @@ T = TypeVar("T")
 
 Op = Literal["ack", "nack", "reject"]
 
-SCHEMA_VERSION: Final = 1
-"""Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change."""
+SCHEMA_VERSION: Final = 2
+"""Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change.
+
+1: first schema. 2: the ``deliveries`` state CHECK is written with ``OR`` instead
+of ``IN (...)``: SQLite evaluates a CHECK on every inserted and updated row, and
+an ``IN`` list of four builds a temporary lookup table each time, which made
+every delivery write about twice as dear."""
 
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5_000
 _SYNCHRONOUS: Final = ("NORMAL", "FULL", "EXTRA")
@@ -89,6 +102,34 @@ _TERMINAL: Final = ("acked", "rejected")
 # SQLite's default variable limit was 999 before 3.32; stay below it. IN lists are
 # padded to a few fixed sizes so the statement cache keeps hitting.
 _IN_SIZES: Final = (1, 8, 64, 256, 900)
+
+_DELIVERIES_TABLE: Final = """CREATE TABLE IF NOT EXISTS {name} (
+    group_id INTEGER NOT NULL,
+    part INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state = 'available' OR state = 'leased' OR state = 'acked'
+                              OR state = 'rejected'),
+    attempt INTEGER NOT NULL,
+    lease_id TEXT,
+    receipt TEXT,
+    consumer_id TEXT,
+    deadline_ms INTEGER NOT NULL DEFAULT 0,
+    available_at_ms INTEGER NOT NULL DEFAULT 0,
+    settled_by TEXT,
+    reason TEXT NOT NULL DEFAULT '',
+    rejected_at_ms INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (group_id, part, seq)
+) WITHOUT ROWID"""
+
+_DELIVERIES_INDEXES: Final = (
+    # Only non-terminal rows, and every column fetch reads (covering): fetch cost
+    # follows the inflight and redeliverable rows, never the acked ones.
+    """CREATE INDEX IF NOT EXISTS deliveries_active
+        ON deliveries (group_id, part, seq, state, available_at_ms, deadline_ms, attempt)
+        WHERE state IN ('available', 'leased')""",
+    """CREATE INDEX IF NOT EXISTS deliveries_rejected
+        ON deliveries (group_id, part, seq) WHERE state = 'rejected'""",
+)
 
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS streams (
@@ -134,29 +175,8 @@ _SCHEMA: Final = (
         frontier INTEGER NOT NULL,
         PRIMARY KEY (group_id, part)
     ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS deliveries (
-        group_id INTEGER NOT NULL,
-        part INTEGER NOT NULL,
-        seq INTEGER NOT NULL,
-        state TEXT NOT NULL CHECK (state IN ('available', 'leased', 'acked', 'rejected')),
-        attempt INTEGER NOT NULL,
-        lease_id TEXT,
-        receipt TEXT,
-        consumer_id TEXT,
-        deadline_ms INTEGER NOT NULL DEFAULT 0,
-        available_at_ms INTEGER NOT NULL DEFAULT 0,
-        settled_by TEXT,
-        reason TEXT NOT NULL DEFAULT '',
-        rejected_at_ms INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (group_id, part, seq)
-    ) WITHOUT ROWID""",
-    # Only non-terminal rows, and every column fetch reads (covering): fetch cost
-    # follows the inflight and redeliverable rows, never the acked ones.
-    """CREATE INDEX IF NOT EXISTS deliveries_active
-        ON deliveries (group_id, part, seq, state, available_at_ms, deadline_ms, attempt)
-        WHERE state IN ('available', 'leased')""",
-    """CREATE INDEX IF NOT EXISTS deliveries_rejected
-        ON deliveries (group_id, part, seq) WHERE state = 'rejected'""",
+    _DELIVERIES_TABLE.format(name="deliveries"),
+    *_DELIVERIES_INDEXES,
 )
 
 # The per-partition scan of fetch: eligible existing deliveries in sequence order.
@@ -168,6 +188,64 @@ _ELIGIBLE_SQL: Final = """
       AND ((state = 'available' AND available_at_ms <= ?)
            OR (state = 'leased' AND deadline_ms <= ?))
     ORDER BY seq"""
+
+# What fetch needs of the group: its settings and every partition's cursor and
+# high water, in one statement.
+_PROGRESS_SQL: Final = """
+    SELECT g.id, g.max_attempts, s.id, s.partitions, gp.part, gp.cursor, p.high_water
+    FROM streams AS s
+    JOIN groups AS g ON g.stream_id = s.id AND g.name = ?
+    JOIN group_partitions AS gp ON gp.group_id = g.id
+    JOIN partitions AS p ON p.stream_id = s.id AND p.part = gp.part
+    WHERE s.name = ?"""
+
+# Settles and renews of a batch of leases of one group: one fenced UPDATE run by
+# executemany, each row found by its primary key. ?1..?5 are the batch's constants,
+# ?6..?10 the lease's group, part, seq, lease id and receipt.
+_FENCED_WHERE: Final = (
+    " WHERE group_id = ?6 AND part = ?7 AND seq = ?8 AND state = 'leased'"
+    " AND lease_id = ?9 AND receipt = ?10"
+)
+
+_SETTLE_SQL: Final[dict[str, str]] = {
+    # ?1 reason, ?2 now, ?3 available at, ?4 max attempts, ?5 the max attempts reason
+    "ack": "UPDATE deliveries SET state = 'acked', settled_by = 'ack', reason = ''"
+    + _FENCED_WHERE,
+    "reject": "UPDATE deliveries SET state = 'rejected', settled_by = 'reject', "
+    "reason = ?1, rejected_at_ms = ?2" + _FENCED_WHERE,
+    # A nack of the last allowed attempt dead-letters the delivery.
+    "nack": "UPDATE deliveries SET settled_by = 'nack', "
+    "state = CASE WHEN attempt >= ?4 THEN 'rejected' ELSE 'available' END, "
+    "reason = CASE WHEN attempt >= ?4 THEN ?5 ELSE ?1 END, "
+    "rejected_at_ms = CASE WHEN attempt >= ?4 THEN ?2 ELSE rejected_at_ms END, "
+    "available_at_ms = CASE WHEN attempt >= ?4 THEN available_at_ms ELSE ?3 END"
+    + _FENCED_WHERE,
+}
+_RENEW_SQL: Final = "UPDATE deliveries SET deadline_ms = ?1" + _FENCED_WHERE
+
+# New deliveries of one partition's sequence range, leased at once; ?2 is the
+# fetch's lease id prefix, ?4 the number of the range's first lease in the fetch.
+_LEASE_NEW_SQL: Final = """
+    INSERT INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt,
+                            consumer_id, deadline_ms)
+    SELECT ?1, part, seq, 'leased', 1, ?2 || printf('%08x', seq - ?3 + ?4),
+           part || '-' || seq || '-1', ?5, ?6
+    FROM events WHERE stream_id = ?7 AND part = ?8 AND seq BETWEEN ?3 AND ?9"""
+
+# The frontier moved over the settled run after it (see _advance_frontier).
+_ADVANCE_SQL: Final = """
+    UPDATE group_partitions SET frontier = MAX(frontier, COALESCE((
+        SELECT MIN(seq) - 1 FROM deliveries INDEXED BY deliveries_active
+        WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')), cursor))
+    WHERE group_id = ?1 AND part = ?2"""
+
+_MAX_SEQUENCE: Final = 2**63 - 1
+"""The largest SQLite integer."""
+
+_INSERT_EVENT_SQL: Final = (
+    "INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, "
+    "appended_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 _EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data, headers, appended_at_ms"
 _DELIVERY_COLUMNS: Final = (
@@ -228,6 +306,21 @@ def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
     ):
         with attempt:
             conn.execute("PRAGMA journal_mode = WAL")
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    """Rebuild ``deliveries`` with schema 2's CHECK (a CHECK cannot be altered in
+    place); runs inside the opening ``BEGIN IMMEDIATE``, so all or nothing."""
+    conn.execute(_DELIVERIES_TABLE.format(name="deliveries_v2"))
+    columns = (
+        "group_id, part, seq, state, attempt, lease_id, receipt, consumer_id, deadline_ms, "
+        "available_at_ms, settled_by, reason, rejected_at_ms"
+    )
+    conn.execute(f"INSERT INTO deliveries_v2 ({columns}) SELECT {columns} FROM deliveries")
+    conn.execute("DROP TABLE deliveries")  # and its indexes
+    conn.execute("ALTER TABLE deliveries_v2 RENAME TO deliveries")
+    for statement in _DELIVERIES_INDEXES:
+        conn.execute(statement)
 
 
 def _is_locked(exc: BaseException) -> bool:
@@ -394,9 +487,12 @@ class SQLiteBackend(Backend):
                         f"SQLite database {self._path!r} has schema version {version}, newer "
                         f"than this rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
                     )
-                if version < SCHEMA_VERSION:
+                if version == 1:
+                    _migrate_1_to_2(conn)
+                elif version < SCHEMA_VERSION:
                     for statement in _SCHEMA:
                         conn.execute(statement)
+                if version < SCHEMA_VERSION:
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -546,56 +642,26 @@ class SQLiteBackend(Backend):
         if not records:
             return []
         now = self._clock()
-        known: dict[str, Event] = {}
+        high: dict[int, int] = dict(conn.execute(
+            "SELECT part, high_water FROM partitions WHERE stream_id = ?", (s.id,)
+        ).fetchall())
+        if len({r.id for r in records}) == len(records):
+            # Usually no id is stored yet: insert the batch as it is, skipping ids the
+            # unique (stream, event id) index already holds. If one was skipped, the
+            # batch's rows are removed and it is redone knowing the stored events.
+            events = _insert_events(conn, s, records, now, dict(high), {}, optimistic=True)
+            if events is not None:
+                return events
+        rows: list[tuple[Any, ...]] = []
         for sql, params in _in_lists(
             f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? AND event_id IN ",
             (s.id,), list({r.id for r in records}),
         ):
-            for row in conn.execute(sql, params):
-                event = _event(stream, row)
-                known[event.id] = event
-        high = dict(
-            conn.execute("SELECT part, high_water FROM partitions WHERE stream_id = ?", (s.id,))
-            .fetchall()
-        )
-        out: list[Event] = []
-        rows: list[tuple[Any, ...]] = []
-        for r in records:
-            existing = known.get(r.id)
-            if existing is not None:
-                out.append(existing)
-                continue
-            high[r.partition] += 1
-            headers = dict(r.headers)
-            event = Event(
-                stream=stream,
-                partition=r.partition,
-                sequence=high[r.partition],
-                id=r.id,
-                type=r.type,
-                data=json.loads(r.data_json),
-                key=r.key,
-                headers=headers,
-                appended_at_ms=now,
-            )
-            known[r.id] = event
-            out.append(event)
-            rows.append((
-                s.id, r.partition, event.sequence, r.id, r.type, r.key, r.data_json,
-                json.dumps(headers, separators=(",", ":")) if headers else None, now,
-            ))
-        if rows:
-            conn.executemany(
-                "INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, "
-                "appended_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            touched = {row[1] for row in rows}
-            conn.executemany(
-                "UPDATE partitions SET high_water = ? WHERE stream_id = ? AND part = ?",
-                [(high[p], s.id, p) for p in sorted(touched)],
-            )
-        return out
+            rows.extend(conn.execute(sql, params))
+        known = {event.id: event for event in _events(stream, rows)}
+        events = _insert_events(conn, s, records, now, high, known)
+        assert events is not None  # not optimistic: every stored id is known
+        return events
 
     # Groups ------------------------------------------------------------------
 
@@ -682,39 +748,36 @@ class SQLiteBackend(Backend):
         lease_ms: int,
         partitions: list[int] | None,
     ) -> list[Lease]:
-        g = _group(conn, stream, group)
+        # The group and every partition's cursor and high water, in one statement.
+        rows = conn.execute(_PROGRESS_SQL, (group, stream)).fetchall()
+        if not rows:
+            _group(conn, stream, group)  # raises UnknownStream or UnknownGroup
+            return []
+        group_id, max_attempts, stream_id, count = rows[0][:4]
+        progress = {part: (cursor, high) for *_, part, cursor, high in rows}
         now = self._clock()
-        ids = list(range(g.stream.partitions)) if partitions is None else partitions
+        ids = list(range(count)) if partitions is None else partitions
         if not ids:
             return []
         # Where the round-robin starts rotates per call, as in the reference. It is kept
         # per backend object, not stored: a fetch that finds nothing then writes nothing.
-        rotation = (self._rotation.get(g.id, 0) + 1) % len(ids)
-        self._rotation[g.id] = rotation
+        rotation = (self._rotation.get(group_id, 0) + 1) % len(ids)
+        self._rotation[group_id] = rotation
         ids = ids[rotation:] + ids[:rotation]
-        progress = {
-            part: (cursor, high)
-            for part, cursor, high in conn.execute(
-                "SELECT gp.part, gp.cursor, p.high_water FROM group_partitions AS gp "
-                "JOIN partitions AS p ON p.stream_id = ? AND p.part = gp.part "
-                "WHERE gp.group_id = ?",
-                (g.stream.id, g.id),
-            )
-        }
 
         # Per partition, the candidates in order: eligible existing deliveries, then
         # new sequences past the cursor (materialised only if actually leased).
         existing: list[list[tuple[int, int]]] = []
-        fresh: list[int] = []
+        sizes: list[int] = []
         expired: list[tuple[int, int]] = []
         for part in ids:
             found: list[tuple[int, int]] = []
-            cur = conn.execute(_ELIGIBLE_SQL, (g.id, part, now, now))
+            cur = conn.execute(_ELIGIBLE_SQL, (group_id, part, now, now))
             try:
                 for seq, attempt in cur:
                     if len(found) >= limit:
                         break
-                    if attempt >= g.max_attempts:
+                    if attempt >= max_attempts:
                         expired.append((part, seq))
                         continue
                     found.append((seq, attempt))
@@ -722,39 +785,46 @@ class SQLiteBackend(Backend):
                 cur.close()
             cursor, high = progress[part]
             existing.append(found)
-            fresh.append(max(0, min(limit - len(found), high - cursor)))
-
-        # (index into ids, depth), one partition after the other.
-        order = round_robin([len(e) + f for e, f in zip(existing, fresh, strict=True)], limit)
-
-        leases_rows: list[tuple[int, int, int, str, str]] = []  # part, seq, attempt, id, receipt
-        updates: list[tuple[Any, ...]] = []
-        inserts: list[tuple[Any, ...]] = []
-        cursors: dict[int, int] = {}
-        deadline = now + lease_ms
-        for i, d in order:
-            part = ids[i]
-            if d < len(existing[i]):
-                seq, attempt = existing[i][d]
-                attempt += 1
-                lease_id, receipt = uuid.uuid4().hex, f"{part}-{seq}-{attempt}"
-                updates.append((attempt, lease_id, receipt, consumer_id, deadline, g.id, part, seq))
-            else:
-                seq = progress[part][0] + d - len(existing[i]) + 1
-                attempt = 1
-                lease_id, receipt = uuid.uuid4().hex, f"{part}-{seq}-{attempt}"
-                inserts.append((g.id, part, seq, lease_id, receipt, consumer_id, deadline))
-                cursors[part] = seq
-            leases_rows.append((part, seq, attempt, lease_id, receipt))
+            sizes.append(len(found) + max(0, min(limit - len(found), high - cursor)))
 
         if expired:
             conn.executemany(
                 "UPDATE deliveries SET state = 'rejected', reason = ?, settled_by = NULL, "
                 "rejected_at_ms = ? WHERE group_id = ? AND part = ? AND seq = ?",
-                [(MAX_ATTEMPTS_REASON, now, g.id, part, seq) for part, seq in expired],
+                [(MAX_ATTEMPTS_REASON, now, group_id, part, seq) for part, seq in expired],
             )
             for part in sorted({part for part, _ in expired}):
-                _advance_frontier(conn, g.id, part)
+                _advance_frontier(conn, group_id, part)
+
+        if len(ids) == 1:
+            order = [(0, d) for d in range(min(sizes[0], limit))]
+        else:
+            order = round_robin(sizes, limit)  # (index into ids, depth)
+        if not order:
+            return []
+        deadline = now + lease_ms
+        # Lease ids: one random prefix per fetch, then the lease's number in the fetch.
+        prefix = os.urandom(12).hex()
+        picked = [0] * len(ids)
+        for i, _ in order:
+            picked[i] += 1
+        # A partition's picks are its eligible deliveries first, then new sequences.
+        updates: list[tuple[Any, ...]] = []
+        fresh: list[tuple[int, int, int, int]] = []  # part, first, last, first lease number
+        number = 0
+        for i, part in enumerate(ids):
+            again = min(picked[i], len(existing[i]))
+            for seq, attempt in existing[i][:again]:
+                updates.append((attempt + 1, f"{prefix}{number:08x}",
+                                f"{part}-{seq}-{attempt + 1}", consumer_id, deadline,
+                                group_id, part, seq))
+                number += 1
+            new = picked[i] - again
+            if new:
+                cursor = progress[part][0]
+                fresh.append((part, cursor + 1, cursor + new, number))
+                number += new
+
         if updates:
             conn.executemany(
                 "UPDATE deliveries SET state = 'leased', attempt = ?, lease_id = ?, receipt = ?, "
@@ -762,31 +832,43 @@ class SQLiteBackend(Backend):
                 "WHERE group_id = ? AND part = ? AND seq = ?",
                 updates,
             )
-        if inserts:
-            conn.executemany(
-                "INSERT INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt, "
-                "consumer_id, deadline_ms) VALUES (?, ?, ?, 'leased', 1, ?, ?, ?, ?)",
-                inserts,
-            )
+        for part, first, last, base in fresh:
+            # The lease id and receipt are built by SQLite exactly as below in Python.
+            inserted = conn.execute(_LEASE_NEW_SQL, (
+                group_id, prefix, first, base, consumer_id, deadline, stream_id, part, last
+            )).rowcount
+            if inserted != last - first + 1:  # events past the cursor are never removed
+                raise BackendError(
+                    f"SQLite database {self._path!r}: events {first}..{last} of partition "
+                    f"{part} of stream {stream!r} are missing")
+        if fresh:
             conn.executemany(
                 "UPDATE group_partitions SET cursor = ? WHERE group_id = ? AND part = ?",
-                [(seq, g.id, part) for part, seq in cursors.items()],
+                [(last, group_id, part) for part, _, last, _ in fresh],
             )
-        if not leases_rows:
-            return []
-        events = _load_events(conn, g.stream, [(part, seq) for part, seq, *_ in leases_rows])
-        return [
-            Lease(
-                lease_id=lease_id,
-                receipt=receipt,
-                group=group,
-                consumer_id=consumer_id,
-                event=events[(part, seq)],
-                attempt=attempt,
-                deadline_ms=deadline,
-            )
-            for part, seq, attempt, lease_id, receipt in leases_rows
-        ]
+        events = _load_events(
+            conn, stream_id, stream, {part: (first, last) for part, first, last, _ in fresh},
+            updates)
+        made = {
+            (part, seq): make_lease(lease_id, receipt, group, consumer_id, events[(part, seq)],
+                                    attempt, deadline)
+            for attempt, lease_id, receipt, _, _, _, part, seq in updates
+        }
+        for part, first, last, base in fresh:
+            offset = base - first
+            for seq in range(first, last + 1):
+                made[(part, seq)] = make_lease(
+                    f"{prefix}{seq + offset:08x}", f"{part}-{seq}-1", group, consumer_id,
+                    events[(part, seq)], 1, deadline)
+        if len(ids) == 1:
+            return list(made.values())  # re-deliveries, then new ones: the order picked
+        out: list[Lease] = []
+        for i, d in order:
+            found = existing[i]
+            part = ids[i]
+            seq = found[d][0] if d < len(found) else progress[part][0] + d - len(found) + 1
+            out.append(made[(part, seq)])
+        return out
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._write(self._settle, list(leases), "ack", "", 0)
@@ -801,6 +883,26 @@ class SQLiteBackend(Backend):
         self, conn: sqlite3.Connection, leases: list[Lease], op: Op, reason: str, delay_ms: int
     ) -> list[SettleResult]:
         now = self._clock()
+        changed = _fenced_update(conn, leases, _SETTLE_SQL[op], (reason, now, now + delay_ms))
+        if changed is None:
+            return self._settle_rows(conn, leases, op, reason, delay_ms, now)
+        group_id, parts = changed
+        # Every delivery of an ack or reject is settled; a nack's may be dead-lettered.
+        for part in sorted(parts):
+            _advance_frontier(conn, group_id, part)
+        return [settle_ok(lease.lease_id) for lease in leases]
+
+    def _settle_rows(
+        self,
+        conn: sqlite3.Connection,
+        leases: list[Lease],
+        op: Op,
+        reason: str,
+        delay_ms: int,
+        now: int,
+    ) -> list[SettleResult]:
+        """Settle row by row on Python copies: any batch, including several streams or
+        groups and one delivery named twice."""
         found = _Deliveries(conn, leases)
         terminal: set[tuple[int, int]] = set()
         results: list[SettleResult] = []
@@ -841,7 +943,14 @@ class SQLiteBackend(Backend):
     def _renew(
         self, conn: sqlite3.Connection, leases: list[Lease], lease_ms: int
     ) -> list[SettleResult]:
-        now = self._clock()
+        deadline = self._clock() + lease_ms
+        if _fenced_update(conn, leases, _RENEW_SQL, (deadline, None, None)) is None:
+            return self._renew_rows(conn, leases, deadline)
+        return [SettleResult(lease.lease_id, None, False, deadline) for lease in leases]
+
+    def _renew_rows(
+        self, conn: sqlite3.Connection, leases: list[Lease], deadline: int
+    ) -> list[SettleResult]:
         found = _Deliveries(conn, leases)
         results: list[SettleResult] = []
         for lease in leases:
@@ -855,9 +964,9 @@ class SQLiteBackend(Backend):
                     lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
                 ))
                 continue
-            d.deadline_ms = now + lease_ms
+            d.deadline_ms = deadline
             d.dirty = True
-            results.append(SettleResult.success(lease.lease_id, deadline_ms=d.deadline_ms))
+            results.append(SettleResult.success(lease.lease_id, deadline_ms=deadline))
         found.write_back()
         return results
 
@@ -1034,10 +1143,8 @@ class SQLiteBackend(Backend):
             if window is None:
                 continue
             lo, hi = window
-            out.extend(
-                _event(s.name, row)
-                for row in conn.execute(sql, (s.id, part, lo, hi, *extra, limit - len(out)))
-            )
+            out.extend(_events(s.name, conn.execute(
+                sql, (s.id, part, lo, hi, *extra, limit - len(out))).fetchall()))
             if len(out) >= limit:
                 break
         return out
@@ -1170,6 +1277,111 @@ class _Deliveries:
             )
 
 
+def _insert_events(
+    conn: sqlite3.Connection,
+    s: _Stream,
+    records: list[AppendRecord],
+    now: int,
+    high: dict[int, int],
+    known: dict[str, Event],
+    *,
+    optimistic: bool = False,
+) -> list[Event] | None:
+    """Insert the records whose id is not in ``known`` with the next sequences of
+    their partitions (``high``: the high waters, updated); the stored events in order.
+
+    ``optimistic``: ``known`` may miss stored ids. When one turns up, nothing stays
+    inserted and ``None`` is returned.
+    """
+    start = dict(high) if optimistic else high
+    out: list[Event] = []
+    rows: list[tuple[Any, ...]] = []
+    for r in records:
+        existing = known.get(r.id)
+        if existing is not None:
+            out.append(existing)
+            continue
+        part = r.partition
+        seq = high[part] + 1
+        high[part] = seq
+        headers = dict(r.headers) if r.headers else {}
+        event = make_event_json(s.name, part, seq, r.id, r.type, r.data_json, r.key, headers, now)
+        known[r.id] = event
+        out.append(event)
+        rows.append((
+            s.id, part, seq, r.id, r.type, r.key, r.data_json,
+            orjson.dumps(headers).decode() if headers else None, now,
+        ))
+    if rows:
+        touched = {row[1] for row in rows}
+        if optimistic:
+            before = conn.total_changes
+            conn.executemany(_INSERT_EVENT_SQL + " ON CONFLICT (stream_id, event_id) DO NOTHING",
+                             rows)
+            if conn.total_changes - before != len(rows):
+                # The write lock is held and the high waters are not moved yet: the
+                # rows past them are exactly this batch's.
+                conn.executemany(
+                    "DELETE FROM events WHERE stream_id = ? AND part = ? AND seq > ?",
+                    [(s.id, part, start[part]) for part in touched],
+                )
+                return None
+        else:
+            conn.executemany(_INSERT_EVENT_SQL, rows)
+        conn.executemany(
+            "UPDATE partitions SET high_water = ? WHERE stream_id = ? AND part = ?",
+            [(high[part], s.id, part) for part in sorted(touched)],
+        )
+    return out
+
+
+def _fenced_update(
+    conn: sqlite3.Connection, leases: list[Lease], sql: str, constants: tuple[Any, ...]
+) -> tuple[int, set[int]] | None:
+    """Run a fenced settle or renew ``sql`` over ``leases`` in one ``executemany``.
+
+    Returns the group id and the partitions changed when every lease was current
+    (the usual batch). Otherwise nothing is changed and ``None`` is returned: the
+    batch spans several groups, names no group here, or some lease is stale,
+    forged, repeated or named twice, and the row-by-row path classifies each one.
+    """
+    if not leases:
+        return None
+    first = leases[0]
+    stream, group = first.event.stream, first.group
+    row = conn.execute(
+        "SELECT g.id, g.max_attempts, s.partitions FROM streams AS s "
+        "JOIN groups AS g ON g.stream_id = s.id AND g.name = ? WHERE s.name = ?",
+        (group, stream),
+    ).fetchone()
+    if row is None:
+        return None
+    group_id, max_attempts, count = row
+    head = (*constants, max_attempts, MAX_ATTEMPTS_REASON, group_id)
+    params: list[tuple[Any, ...]] = []
+    for lease in leases:
+        event = lease.event
+        part, seq = event.partition, event.sequence
+        lease_id, receipt = lease.lease_id, lease.receipt
+        # Anything a fetch here cannot have produced goes to the row-by-row path,
+        # which answers it lease by lease instead of failing the whole batch.
+        if (lease.group != group or event.stream != stream
+                or part.__class__ is not int or not 0 <= part < count
+                or seq.__class__ is not int or not 0 < seq <= _MAX_SEQUENCE
+                or lease_id.__class__ is not str or receipt.__class__ is not str):
+            return None
+        params.append((*head, part, seq, lease_id, receipt))
+    conn.execute("SAVEPOINT rheo_settle")
+    before = conn.total_changes
+    conn.executemany(sql, params)  # an error rolls the whole transaction back
+    if conn.total_changes - before != len(leases):
+        conn.execute("ROLLBACK TO rheo_settle")
+        conn.execute("RELEASE rheo_settle")
+        return None
+    conn.execute("RELEASE rheo_settle")
+    return group_id, {lease.event.partition for lease in leases}
+
+
 def _find_stream(conn: sqlite3.Connection, name: str) -> _Stream | None:
     row = conn.execute(
         "SELECT id, name, partitions, created_at_ms FROM streams WHERE name = ?", (name,)
@@ -1221,74 +1433,58 @@ def _stream_info(conn: sqlite3.Connection, s: _Stream) -> StreamInfo:
 
 def _event(stream: str, row: tuple[Any, ...]) -> Event:
     part, seq, event_id, type_, key, data, headers, appended_at_ms = row
-    return Event(
-        stream=stream,
-        partition=part,
-        sequence=seq,
-        id=event_id,
-        type=type_,
-        data=json.loads(data),
-        key=key,
-        headers=json.loads(headers) if headers else {},
-        appended_at_ms=appended_at_ms,
-    )
+    return make_event_json(stream, part, seq, event_id, type_, data, key,
+                           decode_json(headers) if headers else {}, appended_at_ms)
+
+
+def _events(stream: str, rows: list[tuple[Any, ...]]) -> list[Event]:
+    """Events of ``rows`` (:data:`_EVENT_COLUMNS`); ``data`` is decoded on first access."""
+    return [
+        make_event_json(stream, part, seq, event_id, type_, data, key,
+                        decode_json(headers) if headers else {}, appended_at_ms)
+        for part, seq, event_id, type_, key, data, headers, appended_at_ms in rows
+    ]
 
 
 def _load_events(
-    conn: sqlite3.Connection, s: _Stream, positions: list[tuple[int, int]]
+    conn: sqlite3.Connection,
+    stream_id: int,
+    stream: str,
+    fresh: dict[int, tuple[int, int]],
+    updates: list[tuple[Any, ...]],
 ) -> dict[tuple[int, int], Event]:
-    by_part: dict[int, list[int]] = {}
-    for part, seq in positions:
-        by_part.setdefault(part, []).append(seq)
-    events: dict[tuple[int, int], Event] = {}
-    for part, seqs in by_part.items():
-        seqs.sort()
-        if seqs[-1] - seqs[0] + 1 == len(seqs):
-            # The common case (new deliveries): one contiguous range.
-            rows = conn.execute(
-                f"SELECT {_EVENT_COLUMNS} FROM events "
-                "WHERE stream_id = ? AND part = ? AND seq BETWEEN ? AND ?",
-                (s.id, part, seqs[0], seqs[-1]),
-            ).fetchall()
-        else:
-            rows = []
+    """The events of a fetch's leases: one range per partition for new deliveries
+    (always contiguous), IN lists for redeliveries (``updates`` rows end with part, seq)."""
+    rows: list[tuple[Any, ...]] = []
+    for part, (first, last) in fresh.items():
+        rows.extend(conn.execute(
+            f"SELECT {_EVENT_COLUMNS} FROM events "
+            "WHERE stream_id = ? AND part = ? AND seq BETWEEN ? AND ?",
+            (stream_id, part, first, last),
+        ))
+    if updates:
+        by_part: dict[int, list[int]] = {}
+        for *_, part, seq in updates:
+            by_part.setdefault(part, []).append(seq)
+        for part, seqs in by_part.items():
+            seqs.sort()
             for sql, params in _in_lists(
                 f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = ? AND part = ? AND seq IN ",
-                (s.id, part), seqs,
+                (stream_id, part), seqs,
             ):
                 rows.extend(conn.execute(sql, params))
-        for row in rows:
-            events[(row[0], row[1])] = _event(s.name, row)
-    return events
+    return {(event.partition, event.sequence): event for event in _events(stream, rows)}
 
 
 def _advance_frontier(conn: sqlite3.Connection, group_id: int, part: int) -> None:
-    """Move the stored frontier over the settled deliveries right after it.
+    """Move the stored frontier up to the first pending delivery, or to the cursor.
 
-    Walks the primary key from the frontier and stops at the first gap or pending
-    delivery, so each settled row is passed over once in its lifetime.
+    Every sequence up to the cursor has a delivery row (fetch creates them in
+    order; replay, reset and trim move the cursor with what they delete), so the
+    settled run after the frontier ends right before the lowest available or
+    leased row: one probe of the partial index, whatever the acked history.
     """
-    (frontier,) = conn.execute(
-        "SELECT frontier FROM group_partitions WHERE group_id = ? AND part = ?", (group_id, part)
-    ).fetchone()
-    moved = frontier
-    cur = conn.execute(
-        "SELECT seq, state FROM deliveries WHERE group_id = ? AND part = ? AND seq > ? "
-        "ORDER BY seq",
-        (group_id, part, frontier),
-    )
-    try:
-        for seq, state in cur:
-            if seq != moved + 1 or state not in _TERMINAL:
-                break
-            moved = seq
-    finally:
-        cur.close()
-    if moved != frontier:
-        conn.execute(
-            "UPDATE group_partitions SET frontier = ? WHERE group_id = ? AND part = ?",
-            (moved, group_id, part),
-        )
+    conn.execute(_ADVANCE_SQL, (group_id, part))
 
 
 def _in_lists(
@@ -1300,6 +1496,3 @@ def _in_lists(
         size = next(n for n in _IN_SIZES if n >= len(chunk))
         padded = chunk + [chunk[-1]] * (size - len(chunk))
         yield prefix + "(" + ", ".join("?" * size) + ")", (*params, *padded)
-
-
-

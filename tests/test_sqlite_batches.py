@@ -1,0 +1,230 @@
+"""The SQLite backend's batch paths: one fenced statement per settle batch, whole-batch
+appends with the stored-id fallback, exact JSON decoding and per-fetch lease ids."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rheo_flow import ManualClock, NewEvent, Query, Rheo, SettleKind
+from rheo_flow._backends import sqlite as sqlite_module
+from rheo_flow.backends import SQLiteBackend
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A database file in the test's directory (created on open)."""
+    return tmp_path / "events.db"
+
+
+@pytest.fixture
+async def rheo(db: Path, clock: ManualClock) -> AsyncIterator[Rheo]:
+    """An opened instance over an SQLite file driven by ``clock``."""
+    async with Rheo(SQLiteBackend(db, clock=clock, synchronous="NORMAL")) as r:
+        yield r
+
+
+async def test_append_with_a_stored_id_redoes_the_batch_gapless(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=2)
+    first = await rheo.append("s", [NewEvent("t", {"n": i}, id=f"e{i}", partition=i % 2)
+                                    for i in range(4)])
+    # No id repeats inside the batch, one is stored: the whole-batch insert fails on
+    # the unique index and is redone; no sequence is skipped.
+    again = await rheo.append("s", [NewEvent("t", "a", id="a", partition=0),
+                                    NewEvent("t", {"n": 99}, id="e2", partition=1),
+                                    NewEvent("t", "b", id="b", partition=0),
+                                    NewEvent("t", "c", id="c", partition=1)])
+    assert again[1] == first[2]
+    assert [(e.id, e.partition, e.sequence) for e in again] == [
+        ("a", 0, 3), ("e2", 0, 2), ("b", 0, 4), ("c", 1, 3)]
+    info = await rheo.stream_info("s")
+    assert dict(info.high_water) == {0: 4, 1: 3}
+    stored = [(e.id, e.partition, e.sequence)
+              for e in (await rheo.query_page(Query(stream="s"), limit=100)).events]
+    assert stored == [("e0", 0, 1), ("e2", 0, 2), ("a", 0, 3), ("b", 0, 4),
+                      ("e1", 1, 1), ("e3", 1, 2), ("c", 1, 3)]
+
+
+async def test_wide_integers_and_unicode_survive_exactly(rheo: Rheo) -> None:
+    data = {"big": 2**70, "neg": -(2**65), "u64": 2**64 - 1, "float": 0.1,
+            "digits": "1234567890123456789012", "text": "é ✓"}
+    plain = {"n": 1, "x": [1.5, None, True]}
+    await rheo.create_stream("s")
+    appended = await rheo.append("s", [NewEvent("t", data, headers={"h": "✓"}),
+                                       NewEvent("t", plain)])
+    assert [e.data for e in appended] == [data, plain]
+    leases = await rheo.fetch("s", "g", limit=10)
+    assert [lease.event.data for lease in leases] == [data, plain]
+    assert leases[0].event.headers == {"h": "✓"}
+    assert leases[0].event == appended[0]
+    page = await rheo.query_page(Query(stream="s"), limit=10)
+    assert [e.data for e in page.events] == [data, plain]
+    assert all(type(e.data["big"]) is int for e in (appended[0], leases[0].event))
+
+
+async def test_lease_ids_are_unique_within_and_across_fetches(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=3)
+    await rheo.append("s", [NewEvent("t", i, partition=i % 3) for i in range(60)])
+    ids: list[str] = []
+    for _ in range(3):
+        ids.extend(lease.lease_id for lease in await rheo.fetch("s", "g", limit=20))
+    assert len(ids) == len(set(ids)) == 60
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+async def test_mixed_settle_batch_classifies_each_lease(rheo: Rheo, clock: ManualClock) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t", i) for i in range(5)])
+    one, two, _three, four, five = await rheo.fetch("s", "g", limit=5, lease_ms=1_000)
+    assert all(r.ok for r in await rheo.ack([one]))
+    clock.advance(1_000)
+    (two_again, three_again) = await rheo.fetch("s", "g", limit=2, lease_ms=60_000)
+    assert (two_again.sequence, three_again.sequence) == (2, 3)
+    # Four and five expired but nobody leased them again: their leases still settle.
+    forged = type(five)(five.lease_id, "0-5-9", five.group, five.consumer_id, five.event,
+                        five.attempt, five.deadline_ms)
+    results = await rheo.ack([one, two, four, forged, three_again])
+    assert [(r.ok, r.kind, r.repeated) for r in results] == [
+        (True, None, True),
+        (False, SettleKind.STALE_LEASE, False),
+        (True, None, False),
+        (False, SettleKind.RECEIPT_MISMATCH, False),
+        (True, None, False),
+    ]
+    assert await rheo.frontier("s", "g") == {0: 1}
+    assert all(r.ok for r in await rheo.ack([two_again, five]))
+    assert await rheo.frontier("s", "g") == {0: 5}
+
+
+async def test_nack_batch_dead_letters_the_last_attempt(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", max_attempts=2)
+    await rheo.append("s", [NewEvent("t", i) for i in range(3)])
+    first = await rheo.fetch("s", "g", limit=3)
+    assert all(r.ok for r in await rheo.nack(first, "retry"))
+    second = await rheo.fetch("s", "g", limit=3)
+    assert [lease.attempt for lease in second] == [2, 2, 2]
+    renewed = await rheo.renew(second, lease_ms=5_000)
+    assert all(r.ok and r.deadline_ms is not None for r in renewed)
+    assert all(r.ok for r in await rheo.nack(second[:2], "again"))
+    letters = await rheo.dead_letters("s", "g")
+    assert [(d.sequence, d.reason) for d in letters] == [(1, "max_attempts"), (2, "max_attempts")]
+    assert await rheo.frontier("s", "g") == {0: 2}
+    assert all(r.ok for r in await rheo.reject(second[2:], "poison"))
+    assert await rheo.frontier("s", "g") == {0: 3}
+    assert await rheo.fetch("s", "g", limit=3) == []
+
+
+async def test_settle_and_frontier_statements_use_keys_not_history(db: Path) -> None:
+    async with Rheo(SQLiteBackend(db, synchronous="NORMAL")) as r:
+        await r.create_stream("s")
+        await r.append("s", [NewEvent("t", i) for i in range(5_003)])
+        await r.ack(await r.fetch("s", "g", limit=5_000))
+        pending = await r.fetch("s", "g", limit=3, lease_ms=60_000)
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        head = ("why", 0, 0, 5, "max_attempts", 1)
+        for sql in [*sqlite_module._SETTLE_SQL.values(), sqlite_module._RENEW_SQL]:
+            plan = " ".join(row[3] for row in conn.execute(
+                "EXPLAIN QUERY PLAN " + sql, (*head, 0, 1, "x", "y")))
+            assert plan == "SEARCH deliveries USING PRIMARY KEY (group_id=? AND part=? AND seq=?)"
+
+        # Work, not time: the ack of 3 leases beside 5,000 acked rows takes few VM steps.
+        steps = 0
+
+        def count() -> int:
+            nonlocal steps
+            steps += 1
+            return 0
+
+        plan = [row[3] for row in conn.execute(
+            "EXPLAIN QUERY PLAN " + sqlite_module._ADVANCE_SQL, (1, 0))]
+        assert "COVERING INDEX deliveries_active" in plan[-1], plan
+
+        conn.execute("BEGIN")
+        conn.set_progress_handler(count, 1)
+        changed = conn.executemany(sqlite_module._SETTLE_SQL["ack"], [
+            (*head, 0, lease.sequence, lease.lease_id, lease.receipt) for lease in pending
+        ]).rowcount
+        conn.execute(sqlite_module._ADVANCE_SQL, (1, 0))
+        conn.set_progress_handler(None, 1)
+        (frontier,) = conn.execute("SELECT frontier FROM group_partitions").fetchone()
+        conn.execute("ROLLBACK")
+        assert changed == 3
+        assert frontier == 5_003
+        assert steps < 1_000, steps
+    finally:
+        conn.close()
+
+
+_V1_CHECK = "CHECK (state IN ('available', 'leased', 'acked', 'rejected'))"
+
+
+async def test_schema_1_file_is_migrated_in_place(db: Path) -> None:
+    async with Rheo(SQLiteBackend(db, synchronous="NORMAL")) as r:
+        await r.create_stream("s")
+        await r.create_group("s", "g", max_attempts=1)
+        await r.append("s", [NewEvent("t", i) for i in range(4)])
+        first, second, third = await r.fetch("s", "g", limit=3, lease_ms=60_000)
+        await r.ack([first])
+        await r.nack([second], "boom")  # the last attempt: dead-lettered
+    # Turn the file back into schema 1: its deliveries table had an IN-list CHECK.
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        v1 = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'deliveries'").fetchone()[0]
+        v1 = v1.split("CHECK", 1)[0] + _V1_CHECK + v1.split("CHECK", 1)[1].split(")", 1)[1]
+        conn.execute(v1.replace("deliveries", "old", 1))
+        conn.execute("INSERT INTO old SELECT * FROM deliveries")
+        conn.execute("DROP TABLE deliveries")
+        conn.execute("ALTER TABLE old RENAME TO deliveries")
+        for statement in sqlite_module._DELIVERIES_INDEXES:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute("COMMIT")
+        assert _V1_CHECK in conn.execute(
+            "SELECT sql FROM sqlite_schema WHERE name = 'deliveries'").fetchone()[0]
+    finally:
+        conn.close()
+
+    async with Rheo(SQLiteBackend(db, synchronous="NORMAL")) as r:
+        assert await r.frontier("s", "g") == {0: 2}
+        assert [d.sequence for d in await r.dead_letters("s", "g")] == [2]
+        assert all(res.ok for res in await r.ack([third]))  # leases survive the migration
+        (fourth,) = await r.fetch("s", "g", limit=5)
+        assert fourth.sequence == 4
+        await r.ack([fourth])
+        assert await r.frontier("s", "g") == {0: 4}
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+        sql = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'deliveries'").fetchone()[0]
+        assert "state = 'available' OR" in sql
+        assert _V1_CHECK not in sql
+        names = {row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE tbl_name = 'deliveries' AND type = 'index'")}
+        assert {"deliveries_active", "deliveries_rejected"} <= names
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("UPDATE deliveries SET state = 'bogus'")
+    finally:
+        conn.close()
+
+
+async def test_batch_with_a_lease_from_elsewhere_is_answered_lease_by_lease(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=2)
+    await rheo.append("s", [NewEvent("t", i, partition=0) for i in range(3)])
+    first, second, third = await rheo.fetch("s", "g", limit=3)
+    foreign = replace(third, event=replace(third.event, partition=7))
+    wrong_type = replace(second, lease_id=12345)
+    results = await rheo.ack([first, foreign, wrong_type])
+    assert [(r.ok, r.kind) for r in results] == [
+        (True, None), (False, SettleKind.INVALID), (False, SettleKind.STALE_LEASE)]
+    renewed = await rheo.renew([second, third, foreign], lease_ms=5_000)
+    assert [(r.ok, r.kind) for r in renewed] == [
+        (True, None), (True, None), (False, SettleKind.INVALID)]
+    assert all(r.ok for r in await rheo.ack([second, third]))
+    assert await rheo.frontier("s", "g") == {0: 3, 1: 0}
