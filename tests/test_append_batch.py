@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -14,8 +15,9 @@ from rheo_flow._routing import partition_for
 from rheo_flow._validation import check_name, encode_json
 
 
-async def test_generated_ids_are_unique_random_uuids(rheo: Rheo) -> None:
+async def test_generated_ids_are_unique_time_ordered_uuids(rheo: Rheo) -> None:
     await rheo.create_stream("s", partitions=3)
+    before_ms = time.time_ns() // 1_000_000
     first = await rheo.append("s", [NewEvent("t", {"n": i}) for i in range(2000)])
     second = await rheo.append("s", [{"type": "t"} for _ in range(10)])
     ids = [e.id for e in first + second]
@@ -23,8 +25,10 @@ async def test_generated_ids_are_unique_random_uuids(rheo: Rheo) -> None:
     for event_id in ids:
         parsed = uuid.UUID(event_id)
         assert str(parsed) == event_id
-        assert parsed.version == 4
+        assert parsed.version == 7
         assert parsed.variant == uuid.RFC_4122
+        # UUID version 7: the first 48 bits are the Unix time in milliseconds.
+        assert before_ms <= parsed.int >> 80 <= time.time_ns() // 1_000_000
     for event in first:
         assert event.partition == partition_for(event.id, 3)
     # 2000 random ids leave no partition empty.
