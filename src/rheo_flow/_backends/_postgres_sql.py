@@ -840,65 +840,6 @@ BEGIN
 END
 $fn$"""
 
-# Migration 4: settle walks the frontier from the end of the batch's own run.
-# A batch that settles the deliveries right after a frontier (the common
-# case: in-order acks) would otherwise have the walk read back every row it
-# has just written (each twice in the key index until vacuum: the old and
-# the new version) only to learn that they are settled. Everything from the
-# frontier to the top of that run is settled in this very transaction, so
-# the walk starts past it; the frontier moves exactly as far as before.
-_SETTLE_RUN_STEPS: Final = """
-    PERFORM 1 FROM {s}.frontiers f
-        JOIN (SELECT DISTINCT g, p FROM unnest(v_tg, v_tp) AS u(g, p)) u
-          ON f.group_id = u.g AND f.part = u.p
-        ORDER BY f.group_id, f.part
-        FOR UPDATE OF f;
-    UPDATE {s}.frontiers f SET frontier = n.top
-    FROM (
-        SELECT f2.group_id, f2.part, LEAST(
-            COALESCE((SELECT d.seq FROM {s}.deliveries d
-                      WHERE d.group_id = f2.group_id AND d.part = f2.part
-                        AND d.seq > GREATEST(f2.frontier, r.top) AND d.state < 2
-                      ORDER BY d.seq LIMIT 1), 9223372036854775807),
-            (SELECT c.cursor + 1 FROM {s}.cursors c
-             WHERE c.group_id = f2.group_id AND c.part = f2.part)) - 1 AS top
-        FROM {s}.frontiers f2
-        JOIN (SELECT DISTINCT g, p FROM unnest(v_tg, v_tp) AS u(g, p)) u
-          ON f2.group_id = u.g AND f2.part = u.p
-        -- The batch's settled sequences past the frontier: those of the run
-        -- frontier+1, frontier+2, ... share sequence - rank = frontier.
-        CROSS JOIN LATERAL (
-            SELECT COALESCE(max(x.s), f2.frontier) AS top FROM (
-                SELECT t.s, t.s - row_number() OVER (ORDER BY t.s) AS run
-                FROM (SELECT DISTINCT t.s FROM unnest(v_tg, v_tp, v_ts) AS t(g, p, s)
-                      WHERE t.g = f2.group_id AND t.p = f2.part AND t.s > f2.frontier) t
-            ) x
-            WHERE x.run = f2.frontier) r
-    ) n
-    WHERE f.group_id = n.group_id AND f.part = n.part AND n.top > f.frontier;"""
-
-
-def _edited(sql: str, *edits: tuple[str, str]) -> str:
-    """``sql`` with each (old, new) replaced; an old text that is missing is a bug."""
-    for old, new in edits:
-        if old not in sql:  # pragma: no cover
-            raise ValueError(f"text to replace not found: {old[:60]!r}")
-        sql = sql.replace(old, new)
-    return sql
-
-
-_SETTLE_V4: Final = _edited(
-    _SETTLE_V2,
-    ("    v_tp integer[];\nBEGIN", "    v_tp integer[];\n    v_ts bigint[];\nBEGIN"),
-    ("SELECT l.tid, u.idx, u.g, u.part,", "SELECT l.tid, u.idx, u.g, u.part, u.seq,"),
-    ("array_agg(hit.part) FILTER (WHERE hit.final)\n"
-     "    INTO v_tids, v_spent, v_done, v_tg, v_tp",
-     "array_agg(hit.part) FILTER (WHERE hit.final),\n"
-     "           array_agg(hit.seq) FILTER (WHERE hit.final)\n"
-     "    INTO v_tids, v_spent, v_done, v_tg, v_tp, v_ts"),
-    (_ADVANCE_STEPS.replace("p_groups", "v_tg").replace("p_parts", "v_tp"), _SETTLE_RUN_STEPS),
-)
-
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "streams, events, groups, deliveries and the fetch/settle/renew functions",
               (*_TABLES, _ADVANCE, _FETCH, _SETTLE, _RENEW)),
@@ -907,8 +848,6 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(3, "fetch commits durably (version 2's fetch committed asynchronously); "
                  "event ids compare bytewise",
               (_FETCH_V3, _EVENT_ID_BYTEWISE)),
-    Migration(4, "settle walks the frontier from the end of the batch's own run",
-              (_SETTLE_V4,)),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
