@@ -365,6 +365,34 @@ async def test_duplicate_lease_in_one_batch(rheo: Rheo) -> None:
     assert [r.kind for r in renewed] == [SettleKind.STALE_LEASE] * 2
 
 
+@pytest.mark.parametrize("odd", ["receipt", "lease_id", "attempt", "group", "partition"])
+async def test_one_odd_lease_spoils_nothing_else_in_its_batch(rheo: Rheo, odd: str) -> None:
+    # A batch as fetch returned it is checked in one pass; one lease that does
+    # not fit (bad receipt or id, another group, a partition the stream lacks)
+    # gets its own answer and the rest still take effect.
+    await rheo.create_stream("s", partitions=2)
+    await rheo.create_group("s", "other")
+    await rheo.append("s", [NewEvent("t", key=str(i)) for i in range(6)])
+    leases = await rheo.fetch("s", "g", limit=6)
+    victim = leases[3]
+    changed: Any
+    if odd == "partition":
+        event = dataclasses.replace(victim.event, partition=7)
+        changed = dataclasses.replace(victim, event=event)
+    else:
+        value: Any = {"receipt": "0-1-1x", "lease_id": "G" * 32, "attempt": 2,
+                      "group": "other"}[odd]
+        changed = dataclasses.replace(victim, **{odd: value})
+    batch = [*leases[:3], changed, *leases[4:]]
+    results = await rheo.ack(batch)
+    if odd == "attempt":  # the receipt decides, and it names the lease's attempt
+        assert [(r.ok, r.repeated) for r in results] == [(True, False)] * 6
+    else:
+        assert [r.ok for r in results] == [True, True, True, False, True, True]
+        assert (await rheo.ack([victim]))[0].ok
+    assert all(r.repeated for r in await rheo.ack(leases))
+
+
 async def test_ack_in_transaction_commits_with_the_callers_writes(
         rheo: Rheo, postgres_url: str, schema: str, admin: asyncpg.Connection) -> None:
     backend = rheo.backend
@@ -409,6 +437,28 @@ async def test_frontier_with_holes(rheo: Rheo) -> None:
     assert (again.sequence, again.attempt) == (2, 1)
     await rheo.ack([again, leases[4]])
     assert await rheo.frontier("s", "g") == {0: 5}
+
+
+async def test_frontier_after_batches_with_runs_gaps_and_nacks(rheo: Rheo) -> None:
+    # One settle batch moves each partition's frontier over its own run and
+    # over sequences settled earlier past a gap; nacks leave it where it is.
+    await rheo.create_stream("s", partitions=2)
+    await rheo.append("s", [NewEvent("t", key=str(i)) for i in range(40)])
+    leases = await rheo.fetch("s", "g", limit=40)
+    by = {p: sorted((lease for lease in leases if lease.partition == p),
+                    key=lambda lease: lease.sequence) for p in (0, 1)}
+    assert all(len(ls) >= 6 for ls in by.values())
+    batch = [lease for ls in by.values() for lease in (ls[0], ls[1], ls[3], ls[5])]
+    random.Random(7).shuffle(batch)
+    assert all(r.ok for r in await rheo.ack(batch))
+    assert await rheo.frontier("s", "g") == {0: 2, 1: 2}
+    assert all(r.ok for r in await rheo.nack([by[0][2], by[1][2]], "again"))
+    assert await rheo.frontier("s", "g") == {0: 2, 1: 2}
+    again = await rheo.fetch("s", "g", limit=10)
+    assert sorted((lease.sequence, lease.attempt) for lease in again) == [(3, 2), (3, 2)]
+    assert all(r.ok for r in await rheo.ack([*again, by[0][4], by[1][4], by[1][6]]))
+    assert await rheo.frontier("s", "g") == {0: 6, 1: 7}
+    assert all(r.repeated for r in await rheo.ack(batch))
 
 
 async def test_lease_ids_are_unique_and_leases_come_round_robin(rheo: Rheo) -> None:

@@ -48,7 +48,7 @@ from .._errors import (
 from .._event import Event, decode_json, make_event_json
 from .._lease import Lease, make_lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult
+from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url, require_driver
 from ._postgres_sql import (
@@ -74,6 +74,8 @@ DEFAULT_SCHEMA: Final = "rheo_flow"
 _URL_OPTIONS: Final = ("schema", "pool_min_size", "pool_max_size", "listen", "migrate")
 _NIL_UUID: Final = "00000000000000000000000000000000"
 _LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
+_LEASE_IDS: Final = re.compile(r"(?:[0-9a-f]{32},)+")
+"""Lease ids joined and followed by commas: a whole batch checked by one match."""
 _MAX_SEQ: Final = 2**63 - 1
 _MAX_ATTEMPT: Final = 10**9
 """Receipts name attempts of at most 9 digits."""
@@ -680,7 +682,7 @@ class PostgresBackend(Backend):
         for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at in rows:
             event = make_event_json(stream, part, seq, event_id, type_, data, key,
                                     decode_json(heads) if heads is not None else {}, at)
-            append(make_lease(lease_uuid.hex, f"{part}-{seq}-{attempt}", group, consumer_id,
+            append(make_lease(lease_uuid.bytes.hex(), f"{part}-{seq}-{attempt}", group, consumer_id,
                               event, attempt, deadline))
         return leases
 
@@ -1120,6 +1122,56 @@ class _Batch:
         self.leases = leases
         self.results: list[SettleResult | None] = [None] * len(leases)
         self.duplicates: list[tuple[int, int]] = []
+        self.order: list[int] = []
+        self.args: tuple[str, ...] = ()
+        if leases and not self._common(leases, groups):
+            self._general(leases, groups)
+
+    def _common(self, leases: Sequence[Lease],
+                groups: Mapping[tuple[str, str], tuple[int, int]]) -> bool:
+        """The batch as one fetch hands it back (one group, every lease well formed,
+        no two alike), checked with no per-lease fallbacks: the lease ids by one
+        match over the whole batch. False (nothing recorded) for anything else,
+        which :meth:`_general` then answers lease by lease."""
+        first = leases[0]
+        group = first.group
+        stream = first.event.stream
+        found = groups.get((stream, group))
+        if found is None:
+            return False
+        gid, partitions = found
+        ids = [lease.lease_id for lease in leases]
+        if not all(type(lease_id) is str for lease_id in ids):
+            return False
+        if (_LEASE_IDS.fullmatch(",".join(ids) + ",") is None
+                or len(set(ids)) != len(ids)):
+            return False
+        entries: list[tuple[int, int, int, int]] = []
+        append = entries.append
+        for i, lease in enumerate(leases):
+            event = lease.event
+            part, seq, attempt = event.partition, event.sequence, lease.attempt
+            if (type(part) is not int or type(seq) is not int or type(attempt) is not int
+                    or not 0 <= part < partitions or not 0 < seq <= _MAX_SEQ
+                    or not 0 < attempt < _MAX_ATTEMPT
+                    or lease.group != group or event.stream != stream
+                    or lease.receipt != f"{part}-{seq}-{attempt}"):
+                return False
+            append((part, seq, attempt, i))
+        entries.sort()
+        self.order = order = [e[3] for e in entries]
+        self.args = (
+            "{" + ",".join([str(gid)] * len(entries)) + "}",
+            "{" + ",".join([str(e[0]) for e in entries]) + "}",
+            "{" + ",".join([str(e[1]) for e in entries]) + "}",
+            "{" + ",".join([ids[i] for i in order]) + "}",
+            "{" + ",".join([str(e[2]) for e in entries]) + "}",
+        )
+        return True
+
+    def _general(self, leases: Sequence[Lease],
+                 groups: Mapping[tuple[str, str], tuple[int, int]]) -> None:
+        """Any batch: invalid leases answered here, duplicates folded, the rest sorted."""
         firsts: dict[tuple[str, str, str, str, int, int], int] = {}
         entries: list[tuple[int, int, int, str, int, int]] = []
         lease_pattern = _LEASE_ID.fullmatch
@@ -1153,7 +1205,7 @@ class _Batch:
             entries.append((found[0], part, seq, lease_id, attempt, i))
         entries.sort()
         self.order = [e[5] for e in entries]
-        self.args: tuple[str, ...] = (
+        self.args = (
             tuple("{" + ",".join(map(str, column)) + "}"
                   for column in zip(*entries, strict=True))[:5]
             if entries else ()
@@ -1163,9 +1215,13 @@ class _Batch:
               bad_by: list[int | None] | None, deadline_ms: int | None) -> None:
         """Record the function's answer: listed positions failed, the rest took effect."""
         leases, results = self.leases, self.results
-        if not bad_idx:
-            for i in self.order:  # the common case: every lease took effect
-                results[i] = SettleResult(leases[i].lease_id, None, False, deadline_ms)
+        if not bad_idx:  # the common case: every lease took effect
+            if deadline_ms is None:
+                for i in self.order:
+                    results[i] = settle_ok(leases[i].lease_id)
+            else:
+                for i in self.order:
+                    results[i] = SettleResult(leases[i].lease_id, None, False, deadline_ms)
             return
         assert bad_code is not None
         assert bad_by is not None
