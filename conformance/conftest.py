@@ -6,9 +6,11 @@ backend whose module exists). Server backends read their URL from
 local servers). A backend whose server cannot be reached is skipped with a
 message naming its variable, and fails the run when ``CI=true``.
 
-Each run merges its results into ``docs/conformance-matrix.md`` (override the
-path with ``RHEO_MATRIX_PATH``): only the columns of the backends that ran
-change.
+With ``RHEO_MATRIX_PATH`` set, a run merges its results into the matrix at
+that path (``RHEO_MATRIX_PATH=docs/conformance-matrix.md pytest conformance``
+refreshes the published one): only the columns of the backends that ran
+change. Without it nothing is written, so running the tests never changes a
+tracked file.
 
 Adding a backend: add an entry to :data:`BACKENDS` whose ``build`` returns its
 :class:`~rheo_flow.testing.BackendHarness` (the generic
@@ -37,7 +39,8 @@ from rheo_flow.testing import BackendHarness, memory_harness, sqlite_harness, ur
 from rheo_flow.testing.plugin import MatrixRecorder
 
 ROOT = Path(__file__).resolve().parent.parent
-MATRIX_PATH = Path(os.environ.get("RHEO_MATRIX_PATH") or ROOT / "docs" / "conformance-matrix.md")
+MATRIX_PATH = Path(os.environ["RHEO_MATRIX_PATH"]) if os.environ.get("RHEO_MATRIX_PATH") else None
+"""Where the run merges its results (``RHEO_MATRIX_PATH``); None: nowhere."""
 PROBE_TIMEOUT_S = 10.0
 
 
@@ -287,6 +290,6 @@ def rheo_harness(request: pytest.FixtureRequest, tmp_path: Path) -> BackendHarne
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Record every conformance result into the matrix."""
-    if not config.pluginmanager.has_plugin("rheo-matrix-recorder"):
+    """Record every conformance result into the matrix, when a path is given."""
+    if MATRIX_PATH is not None and not config.pluginmanager.has_plugin("rheo-matrix-recorder"):
         config.pluginmanager.register(MatrixRecorder(MATRIX_PATH), "rheo-matrix-recorder")
