@@ -41,6 +41,9 @@ class Inflight:
         self.capacity = capacity
         self._entries: dict[str, InflightEntry] = {}
         self._changed = asyncio.Event()
+        self.lost_count = 0
+        """How many inflight entries are marked lost (0 lets runtimes skip the per-lease
+        check)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -71,10 +74,13 @@ class Inflight:
     def release(self, leases: Iterable[Lease | str]) -> int:
         """Stop tracking leases (settled, or given up); returns how many were inflight."""
         removed = 0
+        pop = self._entries.pop
         for item in leases:
-            lease_id = item if isinstance(item, str) else item.lease_id
-            if self._entries.pop(lease_id, None) is not None:
+            entry = pop(item if isinstance(item, str) else item.lease_id, None)
+            if entry is not None:
                 removed += 1
+                if entry.lost:
+                    self.lost_count -= 1
         if removed:
             self._changed.set()
         return removed
@@ -99,8 +105,10 @@ class Inflight:
         for entry, result in zip(entries, results, strict=True):
             if result.ok:
                 entry.expires_at = started + lease_ms / 1000
-            elif result.decision is Decision.DROP:
+            elif result.decision is Decision.DROP and not entry.lost:
                 entry.lost = True
+                if self._entries.get(entry.lease.lease_id) is entry:
+                    self.lost_count += 1
                 log.warning("lease %s lost on renew: %s", entry.lease.lease_id, result.error)
         return results
 
