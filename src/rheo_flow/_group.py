@@ -430,6 +430,7 @@ class Group:
     async def _shutdown(self) -> None:
         producer = self._producer
         try:
+            producer.halt()  # even a fetch that outlives the cancel below returns nothing more
             await _cancel_and_wait([self._feed_task])
             await _cancel_and_wait(self._workers)
             leftovers = [lease for lease in self._current if lease is not None]

@@ -16,7 +16,7 @@ from typing import Protocol
 from ._lease import Lease
 from ._settle import Decision, SettleResult
 
-__all__ = ["Inflight", "InflightEntry"]
+__all__ = ["Inflight", "InflightEntry", "wait_event"]
 
 log = logging.getLogger("rheo_flow.inflight")
 
@@ -115,8 +115,7 @@ class Inflight:
     async def wait_changed(self, timeout: float | None = None) -> None:
         """Wait until a lease is added or released (or the timeout passes)."""
         self._changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+        await wait_event(self._changed, timeout)
 
     async def wait_empty(self, timeout: float | None = None) -> bool:
         """Wait until nothing is inflight; returns False on timeout."""
@@ -128,6 +127,21 @@ class Inflight:
                 return False
             await self.wait_changed(remaining)
         return True
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set or ``timeout`` seconds pass; True when set.
+
+    Built on ``asyncio.timeout`` rather than ``asyncio.wait_for``, which on
+    Python 3.11 can swallow a cancellation arriving just as the event is set
+    (a runtime's stop must never be lost that way).
+    """
+    if event.is_set():
+        return True
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    return event.is_set()
 
 
 class _Renewer(Protocol):

@@ -26,7 +26,7 @@ from typing import Literal, Self
 
 from ._backoff import Backoff
 from ._errors import AlreadyStarted, InvalidArgument, NotStarted
-from ._inflight import Inflight
+from ._inflight import Inflight, wait_event
 from ._lease import Lease
 from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
 from ._settle import SettleResult, classify
@@ -270,6 +270,11 @@ class Producer:
             log.info("producer %s stopped with %d leases inflight: left to expire",
                      self._consumer_id, len(self._inflight))
 
+    def halt(self) -> None:
+        """Stop fetching (a :meth:`demand` in progress returns what its fetch claimed,
+        the next one returns ``[]``) without waiting for anything; renewal goes on."""
+        self._halt_fetching()
+
     def _halt_fetching(self) -> None:
         self._halt.set()
         self._wake.set()
@@ -366,16 +371,14 @@ class Producer:
         self._wake.clear()
         if self._inflight.free or self._halt.is_set():
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self._poll_ms / 1000)
+        await wait_event(self._wake, self._poll_ms / 1000)
 
     async def _idle(self) -> None:
         """Wait for an append (push wake-ups), a nack that made work available, the poll
         interval, or a halt."""
         timeout = self._poll_ms / 1000
         if not self._rheo.capabilities.push_wakeups:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), timeout)
+            await wait_event(self._poke, timeout)
             return
         woken = asyncio.ensure_future(self._rheo.wait_for_append(self._stream, timeout))
         poked = asyncio.ensure_future(self._poke.wait())
@@ -388,12 +391,10 @@ class Producer:
         if not woken.cancelled() and woken.exception() is not None:
             # A wake-up channel that fails at once must not turn idling into spinning.
             log.debug("wait_for_append on %s failed: %s", self._stream, woken.exception())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), timeout)
+            await wait_event(self._poke, timeout)
 
     async def _wait_halt(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._halt.wait(), timeout)
+        await wait_event(self._halt, timeout)
 
     # Renewal -----------------------------------------------------------------
 
