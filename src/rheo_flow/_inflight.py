@@ -66,9 +66,10 @@ class Inflight:
 
     def add(self, leases: Iterable[Lease], lease_ms: int) -> None:
         """Track freshly fetched leases."""
-        now = asyncio.get_running_loop().time()
+        expires_at = asyncio.get_running_loop().time() + lease_ms / 1000
+        entries = self._entries
         for lease in leases:
-            self._entries[lease.lease_id] = InflightEntry(lease, now + lease_ms / 1000)
+            entries[lease.lease_id] = InflightEntry(lease, expires_at)
         self._changed.set()
 
     def release(self, leases: Iterable[Lease | str]) -> int:
