@@ -253,3 +253,92 @@ async def test_observer_sees_every_settle_with_its_kind(db: Rheo, backend: Flaky
         await producer.ack(leases[2:])
     assert [(o.op, o.result.kind) for o in seen] == [
         ("ack", None), ("ack", None), ("ack", "backend_unavailable")]
+
+
+async def test_fetch_size_caps_each_fetch(db: Rheo) -> None:
+    await append(db, 10)
+    async with Producer(db, "orders", "billing", max_demand=8, fetch_size=3) as producer:
+        assert producer.fetch_size == 3
+        first = await producer.demand(8)
+        second = await producer.demand(8)
+        assert (len(first), len(second)) == (3, 3)  # the second overlaps the first
+        await producer.ack(first + second)
+        rest = await producer.demand(8)
+        assert len(rest) == 3
+        await producer.ack(rest)
+    with pytest.raises(InvalidArgument, match=r"fetch_size \(9\) cannot exceed max_demand"):
+        Producer(db, "orders", "g", max_demand=8, fetch_size=9)
+    with pytest.raises(InvalidArgument, match="fetch_size must be a positive integer"):
+        Producer(db, "orders", "g", fetch_size=0)
+
+
+async def test_hand_back_makes_unstarted_leases_available_at_once(
+    db: Rheo, backend: FlakyBackend
+) -> None:
+    await append(db, 3)
+    producer = await Producer(db, "orders", "billing", lease_ms=60_000).start()
+    leases = await producer.demand(10)
+    results = await producer.hand_back(leases)
+    assert all(r.ok for r in results)
+    assert not producer.inflight
+    assert backend.nacks == [("shutdown", sorted(lease.sequence for lease in leases))]
+    await producer.stop()
+    again = await db.fetch("orders", "billing", consumer_id="other", limit=10)
+    assert sorted(lease.attempt for lease in again) == [2, 2, 2]
+    await db.ack(again)
+
+
+async def test_a_nack_ends_an_idle_wait(clock: ManualClock) -> None:
+    backend = FlakyBackend(clock=clock, push=False)
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.append("orders", NewEvent("x"))
+        async with Producer(rheo, "orders", "g", poll_ms=600_000) as producer:
+            [lease] = await producer.demand(5)
+            waiting = asyncio.create_task(producer.demand(5))
+            for _ in range(20):  # parked in its idle wait: nothing else is available
+                await asyncio.sleep(0)
+            assert not waiting.done()
+            fetches = backend.calls["fetch"]
+            await producer.nack([lease], "again")
+            [redelivered] = await asyncio.wait_for(waiting, 5)  # not after 10 minutes
+            assert redelivered.attempt == 2
+            assert backend.calls["fetch"] == fetches + 1
+            await producer.ack([redelivered])
+
+
+async def test_lost_leases_are_skipped_and_renew_failures_counted(
+    db: Rheo, clock: ManualClock, wait_until: WaitUntil
+) -> None:
+    await append(db, 2)
+    async with Producer(db, "orders", "billing", lease_ms=60) as producer:
+        leases = await producer.demand(10)
+        assert not any(producer.lost(lease) for lease in leases)
+        clock.advance(61)
+        stolen = await db.fetch("orders", "billing", consumer_id="thief", limit=10,
+                                lease_ms=60_000)
+        await wait_until(lambda: producer.stats().renew_failures["stale_lease"] == 2)
+        assert all(producer.lost(lease) for lease in leases)
+        for lease in leases:
+            producer.skip(lease)
+        assert not producer.inflight
+        assert producer.stats().skipped == 2
+    assert all(r.ok for r in await db.ack(stolen))
+
+
+async def test_stop_is_not_lost_when_capacity_frees_at_the_same_time(db: Rheo) -> None:
+    # A demand waiting for capacity is cancelled just as a settle frees it: the
+    # cancellation must still end the demand.
+    await append(db, 30)
+    async with Producer(db, "orders", "billing", max_demand=2) as producer:
+        leases = await producer.demand(2)
+        for _ in range(20):
+            waiting = asyncio.create_task(producer.demand(2))
+            for _ in range(5):
+                await asyncio.sleep(0)
+            producer.confirm(leases[:1])  # sets the wake-up ...
+            waiting.cancel()               # ... in the same iteration as the cancel
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(waiting, 5)
+            leases = leases[1:] + await producer.demand(1)
+        await producer.ack(leases)

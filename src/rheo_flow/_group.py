@@ -1,15 +1,16 @@
-"""The consumer-group runtime: fetch leases, run handlers, renew, settle in batches.
+"""The consumer-group runtime: a worker pool over the demand-driven :class:`Producer`.
 
 One :class:`Group` runs one :class:`~rheo_flow.Consumer` for one
-(instance, stream, group) in this process. Its tasks:
+(instance, stream, group) in this process. The :class:`~rheo_flow.Producer`
+does what pipelines share with it: fetching (at most ``fetch_size`` and never
+more than ``max_demand`` inflight), renewal of everything inflight in one call
+about every ``lease_ms / 2``, back-off after failed fetches, idle waits on push
+wake-ups or ``poll_ms``, and handing unfinished leases back on shutdown. On top:
 
-* the fetch loop claims at most ``max_demand - inflight`` leases (and at most
-  ``fetch_size``) at a time, only when a handler can take work soon;
-  idle, it waits for a push wake-up (or sleeps ``poll_ms``); failed fetches
-  back off on the shared :class:`Backoff` schedule;
-* ``concurrency`` workers run the handler on queued leases;
-* the renewer extends every inflight lease in one backend call per tick
-  (about every ``lease_ms / 2``);
+* the feeder takes leases from the producer in batches, only while fewer than
+  ``concurrency`` are waiting for a worker;
+* ``concurrency`` workers run the handler on queued leases, straight from one
+  shared queue (no task or future per event);
 * the acknowledger settles whatever handlers finished since it last woke, one
   backend call per (operation, reason), through the shared decision table.
 """
@@ -19,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections import Counter, deque
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Self
@@ -29,16 +30,15 @@ from . import _telemetry
 from ._backoff import Backoff
 from ._consumer import _CURRENT_LEASE, Ack, Consumer, Context, FunctionConsumer, Reject, Retry
 from ._errors import AlreadyStarted, InvalidArgument, NotStarted, RheoError, SetupRefused
-from ._inflight import Inflight
 from ._lease import Lease
+from ._producer import Producer
 from ._rheo import MAX_FETCH, Rheo
 from ._settle import classify
-from ._settlement import SettleObserver, SettleOp, SettleOutcome, settle
+from ._settlement import SettleObserver, SettleOutcome
 from ._validation import (
     MAX_REASON,
     check_lease_ms,
     check_name,
-    check_partition,
     check_positive_int,
 )
 
@@ -56,10 +56,6 @@ _REGISTRY: dict[tuple[str, str, str], Group] = {}
 """Running groups of this process, by (instance id, stream, group)."""
 
 _Category = Literal["ack", "retry", "reject", "handler_error", "invalid_outcome", "shutdown"]
-_OPS: dict[_Category, SettleOp] = {
-    "ack": "ack", "retry": "nack", "reject": "reject",
-    "handler_error": "nack", "invalid_outcome": "nack", "shutdown": "nack",
-}
 _State = Literal["new", "starting", "running", "stopping", "stopped"]
 
 
@@ -98,7 +94,7 @@ class GroupStats:
 
 @dataclass(slots=True)
 class _Finished:
-    """A handled lease waiting for the acknowledger."""
+    """A handled lease waiting for the acknowledger (acks travel as bare leases)."""
 
     lease: Lease
     category: _Category
@@ -196,26 +192,34 @@ class Group:
         }
         self._options: Mapping[str, Any] = MappingProxyType(resolved)
         self._observer = observer
-        self._backoff = backoff if backoff is not None else Backoff()
-        self.stats = GroupStats()
+        self._producer = Producer(
+            rheo, self._stream, self._group, max_demand=self._max_demand,
+            fetch_size=self._fetch_size, lease_ms=self._lease_ms, poll_ms=self._poll_ms,
+            consumer_id=self._consumer_id, partitions=self._partitions,
+            max_attempts=self._max_attempts, backoff=backoff, observer=self._observe,
+        )
+        shared = self._producer._stats
+        self.stats = GroupStats(fetch_failures=shared.fetch_failure_kinds,
+                                renew_failures=shared.renew_failures)
         """Counters of this group."""
 
         self._state: _State = "new"
         self._context: Context = MappingProxyType({})
-        self._inflight = Inflight(self._max_demand)
-        self._queue: asyncio.Queue[Lease] = asyncio.Queue()
-        self._handling: dict[str, Lease] = {}
-        self._pending: list[_Finished] = []
+        self._ready: deque[Lease] = deque()
+        """Fetched leases waiting for a worker."""
+        self._current: list[Lease | None] = [None] * self._concurrency
+        """The lease each worker is handling."""
+        self._acks: list[Lease] = []
+        self._others: list[_Finished] = []
+        self._settling: _Category = "ack"
+        """The category the acknowledger is settling (read by the settle observer)."""
+        self._work = asyncio.Event()
         self._room = asyncio.Event()
-        self._kick = asyncio.Event()
         self._flush = asyncio.Event()
         self._done = asyncio.Event()
-        self._draining = False
         self._closing = False
-        self._in_fetch = False
-        self._fetch_task: asyncio.Task[None] | None = None
+        self._feed_task: asyncio.Task[None] | None = None
         self._acker_task: asyncio.Task[None] | None = None
-        self._renew_task: asyncio.Task[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._stop_task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
@@ -256,11 +260,11 @@ class Group:
     @property
     def inflight(self) -> int:
         """How many leases are outstanding (fetched and not yet settled)."""
-        return len(self._inflight)
+        return len(self._producer.inflight)
 
     def __repr__(self) -> str:
         return (f"<Group {self._stream}/{self._group} consumer={self._consumer_id} "
-                f"{self._state} inflight={len(self._inflight)}>")
+                f"{self._state} inflight={len(self._producer.inflight)}>")
 
     # Lifecycle -----------------------------------------------------------------
 
@@ -286,23 +290,22 @@ class Group:
         _REGISTRY[key] = self
         self._state = "starting"
         try:
-            info = await self._rheo.stream_info(self._stream)
-            if self._partitions != "all":
-                for partition in self._partitions:
-                    check_partition(partition, info.partitions)
-            await self._rheo.create_group(self._stream, self._group,
-                                          max_attempts=self._max_attempts)
-            self._context = await self._setup()
+            with _telemetry.detached():  # the renewer must not inherit the caller's span
+                await self._producer.start()
+            try:
+                self._context = await self._setup()
+            except BaseException:
+                await self._producer.stop()
+                raise
         except BaseException:
             self._state = "stopped"
             self._release_slot()
             self._done.set()
             raise
         with _telemetry.detached():  # the tasks must not inherit the caller's span
-            self._fetch_task = self._spawn(self._fetch_loop(), "fetch")
-            self._renew_task = self._spawn(self._renew_loop(), "renew")
+            self._feed_task = self._spawn(self._feed(), "fetch")
             self._acker_task = self._spawn(self._acker_loop(), "ack")
-            self._workers = [self._spawn(self._worker(), f"worker-{i}")
+            self._workers = [self._spawn(self._worker(i), f"worker-{i}")
                              for i in range(self._concurrency)]
         self._lag = _telemetry.track_lag(self._rheo, self._stream, self._group,
                                          self._partitions)
@@ -345,18 +348,9 @@ class Group:
             raise InvalidArgument(f"timeout must be None or seconds >= 0, got {timeout!r}")
         if self._state != "running":
             raise NotStarted(f"cannot drain {self!r}: it is not running")
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        self._draining = True
-        fetch = self._fetch_task
-        if fetch is not None and not fetch.done():
-            # A fetch in progress may already have claimed leases: let it return them.
-            if not self._in_fetch:
-                fetch.cancel()
-            done, _ = await asyncio.wait([fetch], timeout=_remaining(loop, deadline))
-            if not done:
-                return False
-        return await self._inflight.wait_empty(_remaining(loop, deadline))
+        # The producer stops fetching (a fetch in progress hands its leases to the
+        # workers) and waits until the inflight set is empty, renewing meanwhile.
+        return await self._producer.drain(timeout)
 
     async def stop(self) -> None:
         """Stop now: cancel fetching and running handlers, settle what finished, release.
@@ -434,22 +428,26 @@ class Group:
         return self._stop_task
 
     async def _shutdown(self) -> None:
-        self._draining = True
+        producer = self._producer
         try:
-            await _cancel_and_wait([self._fetch_task])
+            producer.halt()  # even a fetch that outlives the cancel below returns nothing more
+            await _cancel_and_wait([self._feed_task])
             await _cancel_and_wait(self._workers)
-            leftovers = list(self._handling.values())
-            self._handling.clear()
-            while not self._queue.empty():
-                leftovers.append(self._queue.get_nowait())
-            self._pending.extend(_Finished(lease, "shutdown", "shutdown") for lease in leftovers)
+            leftovers = [lease for lease in self._current if lease is not None]
+            leftovers.extend(self._ready)
+            self._ready.clear()
+            self._current = [None] * self._concurrency
             self._closing = True
             self._flush.set()
             if self._acker_task is not None:
                 await asyncio.wait([self._acker_task])
+            if leftovers:
+                leftovers.sort(key=_position)
+                self._settling = "shutdown"
+                await producer.hand_back(leftovers, "shutdown")
         finally:
-            await _cancel_and_wait([self._fetch_task, self._acker_task, self._renew_task,
-                                    *self._workers])
+            await _cancel_and_wait([self._feed_task, self._acker_task, *self._workers])
+            await producer.stop()
             if self._lag is not None:
                 await self._lag.aclose()
             self._release_slot()
@@ -458,89 +456,92 @@ class Group:
             log.info("group %s/%s stopped (consumer %s)", self._stream, self._group,
                      self._consumer_id)
 
-    # Fetching ------------------------------------------------------------------
+    # Feeding -------------------------------------------------------------------
 
-    async def _fetch_loop(self) -> None:
-        while not self._draining:
-            room = min(self._inflight.free, self._fetch_size)
-            if room == 0 or self._queue.qsize() >= self._concurrency:
-                self._room.clear()
-                await self._room.wait()
+    async def _feed(self) -> None:
+        """Take leases from the producer in batches while workers are short of work."""
+        producer = self._producer
+        ready = self._ready
+        room = self._room
+        size = self._fetch_size
+        while True:
+            if len(ready) >= self._concurrency:
+                room.clear()
+                await room.wait()
                 continue
-            self._in_fetch = True
-            try:
-                leases = await self._rheo.fetch(
-                    self._stream, self._group, consumer_id=self._consumer_id, limit=room,
-                    lease_ms=self._lease_ms, partitions=self._partitions,
-                )
-            except Exception as exc:
-                self._in_fetch = False
-                await self._fetch_failed(exc)
-                continue
-            finally:
-                self._in_fetch = False
-            self._backoff.reset()
+            leases = await producer.demand(size)
             if not leases:
-                await self._idle()
-                continue
+                return  # draining or stopped
             self.stats.fetched += len(leases)
-            self._inflight.add(leases, self._lease_ms)
-            for lease in leases:
-                self._queue.put_nowait(lease)
-
-    async def _fetch_failed(self, exc: Exception) -> None:
-        error = classify(exc, self._rheo.backend.classify_error)
-        self.stats.fetch_failures[error.kind.value] += 1
-        delay = self._backoff.next_delay()
-        log.warning("fetch for %s/%s failed (%s: %s); retrying in %.2fs (%d in a row)",
-                    self._stream, self._group, error.kind.value, error.reason, delay,
-                    self._backoff.failures)
-        await asyncio.sleep(delay)
-
-    async def _idle(self) -> None:
-        """Wait for an append, a nack that made work available, or ``poll_ms``."""
-        timeout = self._poll_ms / 1000
-        self._kick.clear()
-        waiter: asyncio.Future[Any]
-        if self._rheo.capabilities.push_wakeups:
-            waiter = asyncio.ensure_future(self._rheo.wait_for_append(self._stream, timeout))
-        else:
-            waiter = asyncio.ensure_future(asyncio.sleep(timeout))
-        kicked = asyncio.ensure_future(self._kick.wait())
-        try:
-            await asyncio.wait([waiter, kicked], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            kicked.cancel()
-            await asyncio.wait([waiter, kicked])
-        if not waiter.cancelled() and waiter.exception() is not None:
-            # A wake-up channel that fails at once must not turn idling into spinning.
-            log.debug("wait_for_append on %s failed: %s", self._stream, waiter.exception())
-            await asyncio.sleep(timeout)
+            ready.extend(leases)
+            self._work.set()
 
     # Handling ------------------------------------------------------------------
 
-    async def _worker(self) -> None:
+    async def _worker(self, slot: int) -> None:
+        ready = self._ready
+        work = self._work
+        room = self._room
+        flush = self._flush
+        current = self._current
+        acks = self._acks
+        inflight = self._producer.inflight
+        producer = self._producer
+        handle_event = self._consumer.handle_event
+        concurrency = self._concurrency
         while True:
-            lease = await self._queue.get()
-            self._room.set()
-            entry = self._inflight.get(lease.lease_id)
-            if entry is None or entry.lost:
-                self._inflight.release([lease])
-                self.stats.skipped += 1
-                log.info("skipping %s/%s p%d s%d: its lease was lost before handling",
-                         self._stream, self._group, lease.partition, lease.sequence)
+            if not ready:
+                work.clear()
+                await work.wait()
                 continue
-            self._handling[lease.lease_id] = lease
-            with _telemetry.process_event(lease, self._consumer_id) as processing:
-                finished = await self._handle(lease)
-                if processing is not None:
-                    processing.outcome(finished.category, finished.error)
-            del self._handling[lease.lease_id]
-            self._pending.append(finished)
-            self._flush.set()
+            context = self._context
+            traced = _telemetry.tracer() is not None or _telemetry.instruments() is not None
+            while ready:
+                lease = ready.popleft()
+                if len(ready) < concurrency:
+                    room.set()
+                if inflight.lost_count and producer.lost(lease):
+                    producer.skip(lease)
+                    self.stats.skipped += 1
+                    continue
+                current[slot] = lease
+                if traced:
+                    finished = await self._handle_traced(lease)
+                else:
+                    token = _CURRENT_LEASE.set(lease)
+                    try:
+                        outcome = await handle_event(lease.event, context)
+                    except asyncio.CancelledError as exc:
+                        task = asyncio.current_task()
+                        if task is None or task.cancelling():
+                            raise
+                        finished = self._handler_failed(lease, exc)
+                    except Exception as exc:
+                        finished = self._handler_failed(lease, exc)
+                    else:
+                        finished = None if outcome.__class__ is Ack else self._classify(
+                            lease, outcome)
+                    finally:
+                        _CURRENT_LEASE.reset(token)
+                current[slot] = None
+                if finished is None:
+                    acks.append(lease)
+                else:
+                    self._others.append(finished)
+                flush.set()
 
-    async def _handle(self, lease: Lease) -> _Finished:
+    async def _handle_traced(self, lease: Lease) -> _Finished | None:
+        """One handler call inside its telemetry ``process`` span."""
+        with _telemetry.process_event(lease, self._consumer_id) as processing:
+            finished = await self._handle(lease)
+            if processing is not None:
+                if finished is None:
+                    processing.outcome("ack")
+                else:
+                    processing.outcome(finished.category, finished.error)
+        return finished
+
+    async def _handle(self, lease: Lease) -> _Finished | None:
         token = _CURRENT_LEASE.set(lease)
         try:
             outcome = await self._consumer.handle_event(lease.event, self._context)
@@ -553,8 +554,12 @@ class Group:
             return self._handler_failed(lease, exc)
         finally:
             _CURRENT_LEASE.reset(token)
+        return None if outcome.__class__ is Ack else self._classify(lease, outcome)
+
+    def _classify(self, lease: Lease, outcome: object) -> _Finished | None:
+        """What a handler's return value asks for (``None``: ack)."""
         if isinstance(outcome, Ack):
-            return _Finished(lease, "ack")
+            return None
         if isinstance(outcome, Retry):
             return _Finished(lease, "retry", _reason(outcome.reason), outcome.delay_ms)
         if isinstance(outcome, Reject):
@@ -574,85 +579,71 @@ class Group:
         return _Finished(lease, "handler_error", _reason(f"handler_error: {_describe(exc)}"),
                          error=exc)
 
-    # Renewing ------------------------------------------------------------------
-
-    async def _renew_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self._lease_ms / 2000
-        next_at = loop.time() + interval
-        while True:
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-            next_at = max(next_at + interval, loop.time())
-            try:
-                results = await self._inflight.renew_all(self._rheo, self._lease_ms)
-            except Exception as exc:
-                error = classify(exc, self._rheo.backend.classify_error)
-                self.stats.renew_failures[error.kind.value] += 1
-                log.warning("renew for %s/%s failed: %s (%s)", self._stream, self._group,
-                            error.kind.value, error.reason)
-                continue
-            failed = Counter(r.error.kind.value for r in results if r.error is not None)
-            if failed:
-                self.stats.renew_failures.update(failed)
-                log.warning("renew for %s/%s: %d of %d leases not renewed (%s)", self._stream,
-                            self._group, failed.total(), len(results), dict(failed))
-
     # Settling ------------------------------------------------------------------
 
     async def _acker_loop(self) -> None:
+        flush = self._flush
         while True:
-            if not self._pending:
+            if not self._acks and not self._others:
                 if self._closing:
                     return
-                self._flush.clear()
-                await self._flush.wait()
+                flush.clear()
+                await flush.wait()
                 continue
             # Everything that finished since the last wake-up goes out together.
-            batch, self._pending = self._pending, []
-            await self._settle_batch(batch)
+            # Workers append to these very lists: copy and empty them in place.
+            acks = self._acks[:]
+            self._acks.clear()
+            others = self._others[:]
+            self._others.clear()
+            if acks:
+                await self._settle_batch("ack", acks)
+            if others:
+                calls: dict[tuple[_Category, str, int], list[Lease]] = {}
+                for item in others:
+                    calls.setdefault((item.category, item.reason, item.delay_ms),
+                                     []).append(item.lease)
+                for (category, reason, delay_ms), leases in calls.items():
+                    await self._settle_batch(category, leases, reason, delay_ms)
 
-    async def _settle_batch(self, batch: Iterable[_Finished]) -> None:
-        calls: dict[tuple[_Category, str, int], list[Lease]] = {}
-        for item in batch:
-            calls.setdefault((item.category, item.reason, item.delay_ms), []).append(item.lease)
-        for (category, reason, delay_ms), leases in calls.items():
-            try:
-                await settle(self._rheo, _OPS[category], leases, reason=reason,
-                             delay_ms=delay_ms, inflight=self._inflight,
-                             observer=self._observer_for(category))
-            except Exception as exc:
-                # Not expected (the facade classifies backend errors); never lose the leases.
-                error = classify(exc, self._rheo.backend.classify_error)
-                self.stats.settle_failures[error.kind.value] += len(leases)
-                self._inflight.release(leases)
-                log.error("settling %d leases of %s/%s failed: %s; leaving them to expire",
-                          len(leases), self._stream, self._group, error.reason, exc_info=exc)
-            self._room.set()
-
-    def _observer_for(self, category: _Category) -> Callable[[SettleOutcome], None]:
-        stats = self.stats
-
-        def observe(outcome: SettleOutcome) -> None:
-            result = outcome.result
-            if result.error is not None:
-                stats.settle_failures[result.error.kind.value] += 1
-            elif outcome.op == "ack":
-                stats.acked += 1
-            elif outcome.op == "reject":
-                stats.rejected += 1
+    async def _settle_batch(self, category: _Category, leases: list[Lease], reason: str = "",
+                            delay_ms: int = 0) -> None:
+        producer = self._producer
+        self._settling = category
+        try:
+            if category == "ack":
+                await producer.ack(leases)
+            elif category == "reject":
+                await producer.reject(leases, reason)
             else:
-                if category == "retry":
-                    stats.retried += 1
-                else:
-                    stats.nacked += 1
-                self._kick.set()
-            if self._observer is not None:
-                try:
-                    self._observer(outcome)
-                except Exception:
-                    log.exception("settle observer of %s/%s failed", self._stream, self._group)
+                await producer.nack(leases, reason, delay_ms)
+        except Exception as exc:
+            # Not expected (the facade classifies backend errors); never lose the leases.
+            error = classify(exc, self._rheo.backend.classify_error)
+            self.stats.settle_failures[error.kind.value] += len(leases)
+            producer.confirm(leases)
+            log.error("settling %d leases of %s/%s failed: %s; leaving them to expire",
+                      len(leases), self._stream, self._group, error.reason, exc_info=exc)
 
-        return observe
+    def _observe(self, outcome: SettleOutcome) -> None:
+        """Count one settled lease (called by the producer's settle) and pass it on."""
+        stats = self.stats
+        result = outcome.result
+        if result.error is not None:
+            stats.settle_failures[result.error.kind.value] += 1
+        elif outcome.op == "ack":
+            stats.acked += 1
+        elif outcome.op == "reject":
+            stats.rejected += 1
+        elif self._settling == "retry":
+            stats.retried += 1
+        else:
+            stats.nacked += 1
+        if self._observer is not None:
+            try:
+                self._observer(outcome)
+            except Exception:
+                log.exception("settle observer of %s/%s failed", self._stream, self._group)
 
 
 def _required_name(consumer: Consumer, kind: str, value: object) -> str:
@@ -678,8 +669,8 @@ def _check_partitions_shape(value: object) -> Literal["all"] | list[int]:
     return sorted(set(ids))
 
 
-def _remaining(loop: asyncio.AbstractEventLoop, deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - loop.time())
+def _position(lease: Lease) -> tuple[int, int]:
+    return (lease.event.partition, lease.event.sequence)
 
 
 async def _cancel_and_wait(tasks: Iterable[asyncio.Task[None] | None]) -> None:

@@ -16,7 +16,7 @@ from typing import Protocol
 from ._lease import Lease
 from ._settle import Decision, SettleResult
 
-__all__ = ["Inflight", "InflightEntry"]
+__all__ = ["Inflight", "InflightEntry", "wait_event"]
 
 log = logging.getLogger("rheo_flow.inflight")
 
@@ -41,6 +41,9 @@ class Inflight:
         self.capacity = capacity
         self._entries: dict[str, InflightEntry] = {}
         self._changed = asyncio.Event()
+        self.lost_count = 0
+        """How many inflight entries are marked lost (0 lets runtimes skip the per-lease
+        check)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -63,18 +66,22 @@ class Inflight:
 
     def add(self, leases: Iterable[Lease], lease_ms: int) -> None:
         """Track freshly fetched leases."""
-        now = asyncio.get_running_loop().time()
+        expires_at = asyncio.get_running_loop().time() + lease_ms / 1000
+        entries = self._entries
         for lease in leases:
-            self._entries[lease.lease_id] = InflightEntry(lease, now + lease_ms / 1000)
+            entries[lease.lease_id] = InflightEntry(lease, expires_at)
         self._changed.set()
 
     def release(self, leases: Iterable[Lease | str]) -> int:
         """Stop tracking leases (settled, or given up); returns how many were inflight."""
         removed = 0
+        pop = self._entries.pop
         for item in leases:
-            lease_id = item if isinstance(item, str) else item.lease_id
-            if self._entries.pop(lease_id, None) is not None:
+            entry = pop(item if isinstance(item, str) else item.lease_id, None)
+            if entry is not None:
                 removed += 1
+                if entry.lost:
+                    self.lost_count -= 1
         if removed:
             self._changed.set()
         return removed
@@ -99,16 +106,17 @@ class Inflight:
         for entry, result in zip(entries, results, strict=True):
             if result.ok:
                 entry.expires_at = started + lease_ms / 1000
-            elif result.decision is Decision.DROP:
+            elif result.decision is Decision.DROP and not entry.lost:
                 entry.lost = True
+                if self._entries.get(entry.lease.lease_id) is entry:
+                    self.lost_count += 1
                 log.warning("lease %s lost on renew: %s", entry.lease.lease_id, result.error)
         return results
 
     async def wait_changed(self, timeout: float | None = None) -> None:
         """Wait until a lease is added or released (or the timeout passes)."""
         self._changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+        await wait_event(self._changed, timeout)
 
     async def wait_empty(self, timeout: float | None = None) -> bool:
         """Wait until nothing is inflight; returns False on timeout."""
@@ -120,6 +128,21 @@ class Inflight:
                 return False
             await self.wait_changed(remaining)
         return True
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set or ``timeout`` seconds pass; True when set.
+
+    Built on ``asyncio.timeout`` rather than ``asyncio.wait_for``, which on
+    Python 3.11 can swallow a cancellation arriving just as the event is set
+    (a runtime's stop must never be lost that way).
+    """
+    if event.is_set():
+        return True
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    return event.is_set()
 
 
 class _Renewer(Protocol):

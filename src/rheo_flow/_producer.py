@@ -6,6 +6,11 @@ at most ``min(n, max_demand - inflight)`` of them. Every lease stays inflight,
 renewed in one backend call about every ``lease_ms / 2``, until it is settled
 through :meth:`~Producer.ack`, :meth:`~Producer.nack`, :meth:`~Producer.reject`
 or released with :meth:`~Producer.confirm`; that frees demand.
+
+It is the one fetching runtime of rheo_flow: consumer groups and pipelines both
+run over it, so fetch sizing, renewal, back-off, idle waits (push wake-ups or
+``poll_ms``), skipping leases lost before their handler starts and handing
+unstarted leases back on shutdown behave the same in both.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -20,7 +26,7 @@ from typing import Literal, Self
 
 from ._backoff import Backoff
 from ._errors import AlreadyStarted, InvalidArgument, NotStarted
-from ._inflight import Inflight
+from ._inflight import Inflight, wait_event
 from ._lease import Lease
 from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
 from ._settle import SettleResult, classify
@@ -49,12 +55,19 @@ class ProducerStats:
     settle_failures: dict[str, int] = field(default_factory=dict)
     """Leases whose settle did not take effect, by classified kind."""
     peak_inflight: int = 0
+    skipped: int = 0
+    """Leases lost (found stale on renew) before their handler started, released unsettled."""
+    fetch_failure_kinds: Counter[str] = field(default_factory=Counter)
+    """Failed fetches, by classified kind."""
+    renew_failures: Counter[str] = field(default_factory=Counter)
+    """Renew results (or whole renew calls) that did not take effect, by classified kind."""
 
     def copy(self) -> ProducerStats:
         """A detached copy."""
         return ProducerStats(
             self.fetched, self.acked, self.nacked, self.rejected, self.confirmed,
             self.fetch_failures, self.renewals, dict(self.settle_failures), self.peak_inflight,
+            self.skipped, Counter(self.fetch_failure_kinds), Counter(self.renew_failures),
         )
 
 
@@ -66,6 +79,8 @@ class Producer:
     every ``lease_ms / 2`` while inflight); ``poll_ms`` is how long an idle
     producer waits before fetching again when the backend cannot push
     wake-ups (with push wake-ups it is the upper bound of the wait).
+    ``fetch_size`` (default ``max_demand``) caps one fetch, so that the next
+    fetch can overlap the handling of the last batch.
     ``max_attempts`` (when given) updates the group's setting on start.
     ``observer`` is called with every settle outcome (its classified kind
     included), e.g. to feed telemetry.
@@ -82,6 +97,7 @@ class Producer:
         group: str,
         *,
         max_demand: int = 100,
+        fetch_size: int | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,
         poll_ms: int = 200,
         consumer_id: str | None = None,
@@ -97,6 +113,13 @@ class Producer:
         self._stream = check_name("stream", stream)
         self._group = check_name("group", group)
         self._max_demand = check_positive_int("max_demand", max_demand, maximum=1_000_000)
+        self._fetch_size = (self._max_demand if fetch_size is None
+                            else check_positive_int("fetch_size", fetch_size))
+        if self._fetch_size > self._max_demand:
+            raise InvalidArgument(
+                f"fetch_size ({self._fetch_size}) cannot exceed max_demand "
+                f"({self._max_demand}): never more than max_demand leases are held"
+            )
         self._lease_ms = check_lease_ms(lease_ms)
         self._poll_ms = check_positive_int("poll_ms", poll_ms, maximum=3_600_000)
         self._consumer_id = (
@@ -127,6 +150,8 @@ class Producer:
         """Set on every release and on drain/stop: wakes a demand waiting for capacity."""
         self._halt = asyncio.Event()
         """Set when fetching must stop (drain or stop)."""
+        self._poke = asyncio.Event()
+        """Ends an idle wait early: set on halt and when a nack made work available."""
         self._renewer: asyncio.Task[None] | None = None
         self._stats = ProducerStats()
 
@@ -156,6 +181,11 @@ class Producer:
     def max_demand(self) -> int:
         """The bound on inflight leases."""
         return self._max_demand
+
+    @property
+    def fetch_size(self) -> int:
+        """The most leases one fetch asks for."""
+        return self._fetch_size
 
     @property
     def lease_ms(self) -> int:
@@ -220,8 +250,7 @@ class Producer:
         if self._state == "stopped":
             return not self._inflight
         self._state = "draining"
-        self._halt.set()
-        self._wake.set()
+        self._halt_fetching()
         if not await self._inflight.wait_empty(timeout):
             return False
         await self._stop_renewing()
@@ -229,14 +258,27 @@ class Producer:
         return True
 
     async def stop(self) -> None:
-        """Stop fetching and renewing now; leases still inflight are left to expire."""
-        self._halt.set()
-        self._wake.set()
+        """Stop fetching and renewing now; leases still inflight are left to expire.
+
+        To give unstarted leases back to the group first, pass them to
+        :meth:`hand_back`.
+        """
+        self._halt_fetching()
         self._state = "stopped"
         await self._stop_renewing()
         if self._inflight:
             log.info("producer %s stopped with %d leases inflight: left to expire",
                      self._consumer_id, len(self._inflight))
+
+    def halt(self) -> None:
+        """Stop fetching (a :meth:`demand` in progress returns what its fetch claimed,
+        the next one returns ``[]``) without waiting for anything; renewal goes on."""
+        self._halt_fetching()
+
+    def _halt_fetching(self) -> None:
+        self._halt.set()
+        self._wake.set()
+        self._poke.set()
 
     async def _stop_renewing(self) -> None:
         task, self._renewer = self._renewer, None
@@ -261,7 +303,7 @@ class Producer:
     # Demand ------------------------------------------------------------------
 
     async def demand(self, n: int) -> list[Lease]:
-        """Fetch at most ``min(n, max_demand - inflight)`` leases and track them inflight.
+        """Fetch at most ``min(n, fetch_size, max_demand - inflight)`` leases and track them.
 
         Waits while nothing can be fetched (no capacity, nothing available, or
         the backend failing, with backoff) and returns at least one lease; an
@@ -276,7 +318,8 @@ class Producer:
                 if free == 0:
                     await self._wait_for_capacity()
                     continue
-                leases = await self._fetch(min(n, free, MAX_FETCH))
+                self._poke.clear()
+                leases = await self._fetch(min(n, free, self._fetch_size, MAX_FETCH))
                 if leases is None:
                     continue
                 if leases:
@@ -305,9 +348,11 @@ class Producer:
         except Exception as exc:
             error = classify(exc, self._rheo.backend.classify_error)
             self._stats.fetch_failures += 1
+            self._stats.fetch_failure_kinds[error.kind.value] += 1
             delay = self._backoff.next_delay()
-            log.warning("fetch from %s/%s failed (%s: %s); retrying in %.2fs",
-                        self._stream, self._group, error.kind, error.reason, delay)
+            log.warning("fetch from %s/%s failed (%s: %s); retrying in %.2fs (%d in a row)",
+                        self._stream, self._group, error.kind.value, error.reason, delay,
+                        self._backoff.failures)
             await self._wait_halt(delay)
             return None
         self._backoff.reset()
@@ -326,45 +371,58 @@ class Producer:
         self._wake.clear()
         if self._inflight.free or self._halt.is_set():
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self._poll_ms / 1000)
+        await wait_event(self._wake, self._poll_ms / 1000)
 
     async def _idle(self) -> None:
-        """Wait for an append (push wake-ups), the poll interval, or a halt."""
+        """Wait for an append (push wake-ups), a nack that made work available, the poll
+        interval, or a halt."""
         timeout = self._poll_ms / 1000
         if not self._rheo.capabilities.push_wakeups:
-            await self._wait_halt(timeout)
+            await wait_event(self._poke, timeout)
             return
         woken = asyncio.ensure_future(self._rheo.wait_for_append(self._stream, timeout))
-        halted = asyncio.ensure_future(self._halt.wait())
+        poked = asyncio.ensure_future(self._poke.wait())
         try:
-            await asyncio.wait((woken, halted), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((woken, poked), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (woken, halted):
+            for task in (woken, poked):
                 task.cancel()
-            await asyncio.gather(woken, halted, return_exceptions=True)
+            await asyncio.gather(woken, poked, return_exceptions=True)
+        if not woken.cancelled() and woken.exception() is not None:
+            # A wake-up channel that fails at once must not turn idling into spinning.
+            log.debug("wait_for_append on %s failed: %s", self._stream, woken.exception())
+            await wait_event(self._poke, timeout)
 
     async def _wait_halt(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._halt.wait(), timeout)
+        await wait_event(self._halt, timeout)
 
     # Renewal -----------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         interval = self._lease_ms / 2000
+        next_at = loop.time() + interval
+        stats = self._stats
         while True:
-            await asyncio.sleep(interval)
+            # A fixed rate: a slow renew call does not push the next one later.
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            next_at = max(next_at + interval, loop.time())
             if not self._inflight:
                 continue
             try:
                 results = await self._inflight.renew_all(self._rheo, self._lease_ms)
-            except Exception:  # never let one bad tick end renewal
-                log.exception("renewing %d leases failed", len(self._inflight))
+            except Exception as exc:  # never let one bad tick end renewal
+                error = classify(exc, self._rheo.backend.classify_error)
+                stats.renew_failures[error.kind.value] += 1
+                log.warning("renew for %s/%s failed: %s (%s)", self._stream, self._group,
+                            error.kind.value, error.reason)
                 continue
-            self._stats.renewals += 1
-            failed = sum(1 for r in results if not r.ok)
+            stats.renewals += 1
+            failed = Counter(r.error.kind.value for r in results if r.error is not None)
             if failed:
-                log.warning("renew of %d/%d leases did not take effect", failed, len(results))
+                stats.renew_failures.update(failed)
+                log.warning("renew for %s/%s: %d of %d leases not renewed (%s)", self._stream,
+                            self._group, failed.total(), len(results), dict(failed))
 
     # Settling ----------------------------------------------------------------
 
@@ -381,6 +439,33 @@ class Producer:
     async def reject(self, leases: Iterable[Lease], reason: str) -> list[SettleResult]:
         """Dead-letter leases for the group, release them and free demand."""
         return await self._settle("reject", leases, reason)
+
+    async def hand_back(self, leases: Iterable[Lease], reason: str = "shutdown"
+                        ) -> list[SettleResult]:
+        """Give leases whose handling never started or was cut short back to the group.
+
+        One nack for immediate redelivery, so that another consumer gets them
+        without waiting for their expiry (used on shutdown).
+        """
+        return await self._settle("nack", leases, reason)
+
+    def lost(self, lease: Lease) -> bool:
+        """Whether a renew found ``lease`` stale (or it is no longer inflight): settling it
+        would be refused, and handling it would duplicate another consumer's work."""
+        inflight = self._inflight
+        if not inflight.lost_count:
+            return lease.lease_id not in inflight
+        entry = inflight.get(lease.lease_id)
+        return entry is None or entry.lost
+
+    def skip(self, lease: Lease) -> None:
+        """Release a lease found :meth:`lost` before its handler started, unsettled
+        (the backend redelivers it to whoever holds it now)."""
+        self._inflight.release([lease])
+        self._stats.skipped += 1
+        self._wake.set()
+        log.info("skipping %s/%s p%d s%d: its lease was lost before handling",
+                 self._stream, self._group, lease.partition, lease.sequence)
 
     def confirm(self, leases: Iterable[Lease]) -> int:
         """Release leases without settling them (they were settled elsewhere).
@@ -411,6 +496,10 @@ class Producer:
                 failures += 1
                 kind = result.error.kind.value
                 stats.settle_failures[kind] = stats.settle_failures.get(kind, 0) + 1
+        if op == "nack" or failures:
+            # Redelivered work (a nack, or the decision table's nack after a failed
+            # settle) is available at once: an idle fetch need not wait for poll_ms.
+            self._poke.set()
         done = len(results) - failures
         if op == "ack":
             stats.acked += done
