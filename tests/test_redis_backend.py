@@ -354,6 +354,81 @@ async def test_scripts_reload_after_a_flush(rheo: Rheo, backend: RedisBackend) -
     assert [r.split(b"|")[0] for r in replies] == [b"1", b"3"]
 
 
+async def test_every_script_call_survives_a_flush_between_its_parts(
+    rheo: Rheo, backend: RedisBackend
+) -> None:
+    # EVALSHA finds nothing, and another client flushes again before the retry: the
+    # retry carries the script's source, so it runs whatever the cache holds.
+    await rheo.create_stream("s", partitions=3)
+    real = backend.client.evalsha
+    flushes = 0
+
+    async def flush_first(*args: object) -> object:
+        nonlocal flushes
+        flushes += 1
+        await backend.client.script_flush()
+        return await real(*args)  # type: ignore[arg-type]
+
+    backend.client.evalsha = flush_first  # type: ignore[method-assign]
+    try:
+        await rheo.append("s", NewEvent("t", partition=1))
+        [lease] = await rheo.fetch("s", "g", partitions=[1])
+        assert all(r.ok for r in await rheo.ack([lease]))
+    finally:
+        del backend.client.evalsha
+    assert flushes >= 3
+
+
+async def test_group_consumes_everything_while_scripts_are_flushed(
+    rheo: Rheo, backend: RedisBackend, redis_url: str, wait_until: WaitUntil
+) -> None:
+    from rheo_flow import ACK, Ack, Event, consumer
+
+    total = 3_000
+    await rheo.create_stream("s", partitions=3)
+    for start in range(0, total, 500):
+        await rheo.append("s", [NewEvent("t", {"i": i}, key=f"k{i % 7}")
+                                for i in range(start, start + 500)])
+    seen: list[int] = []
+
+    @consumer(stream="s", group="g", concurrency=4, lease_ms=60_000)
+    async def handle(event: Event, context: object) -> Ack:
+        seen.append(event.data["i"])
+        return ACK
+
+    flusher = aioredis.Redis.from_url(redis_url)
+    flushes = 0
+    stop = asyncio.Event()
+
+    async def flush_scripts() -> None:
+        nonlocal flushes
+        while not stop.is_set():
+            await flusher.script_flush()
+            flushes += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(flush_scripts())
+    try:
+        async with handle.start(rheo) as group:
+            # Leases are a minute long: one lost to a failed call would hold this past
+            # the deadline.
+            await wait_until(lambda: group.stats.acked == total, timeout=60.0,
+                             message=f"{total} acks")
+            stop.set()
+            await task
+        assert not group.running
+    finally:
+        stop.set()
+        await task
+        await flusher.aclose()
+    assert flushes > 10
+    assert sorted(seen) == list(range(total))
+    assert not group.stats.fetch_failures
+    assert not group.stats.settle_failures
+    info = await rheo.stream_info("s")
+    assert await rheo.frontier("s", "g") == info.high_water
+
+
 # Retention -------------------------------------------------------------------
 
 

@@ -365,38 +365,34 @@ class RedisBackend(Backend):
     def _ids_key(self, stream: str) -> str:
         return f"{self._prefix}:ids:{stream}"
 
-    async def _load_scripts(self) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        for text in SCRIPTS.values():
-            pipe.script_load(text)
-        await self._io(pipe.execute())
-
     async def _eval(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]], *,
         transaction: bool = False,
     ) -> list[Any]:
         """Run scripts ``(name, keys, args)`` in one round trip; their replies in order.
 
-        A script the server does not know yet (first use, restart, ``SCRIPT
-        FLUSH``) did not run: it is loaded and run again.
+        Scripts run by ``EVALSHA``. One the server does not know (first use,
+        restart, ``SCRIPT FLUSH`` at any moment, even between two calls of one
+        pipeline) did not run: those calls run again by ``EVAL``, which carries
+        the script's source (so no flush can race the retry) and caches it for
+        the next ``EVALSHA``.
         """
         if not calls:
             return []
         if len(calls) == 1 and not transaction:
             name, keys, args = calls[0]
-            sha = self._shas[name]
             try:
-                return [await self._client.evalsha(sha, len(keys), *keys, *args)]
+                return [await self._client.evalsha(self._shas[name], len(keys), *keys, *args)]
             except rex.NoScriptError:
-                await self._load_scripts()
-                return [await self._io(self._client.evalsha(sha, len(keys), *keys, *args))]
+                pass
             except (rex.RedisError, OSError) as exc:
                 raise self._translate(exc) from None
-        results = await self._pipeline(calls, transaction)
-        missing = [i for i, r in enumerate(results) if isinstance(r, rex.NoScriptError)]
+            return [await self._io(self._client.eval(SCRIPTS[name], len(keys), *keys, *args))]
+        results = await self._pipeline(calls, transaction, by_source=False)
+        missing = [i for i, r in enumerate(results) if _no_script(r)]
         if missing:
-            await self._load_scripts()
-            again = await self._pipeline([calls[i] for i in missing], transaction)
+            again = await self._pipeline([calls[i] for i in missing], transaction,
+                                         by_source=True)
             for i, result in zip(missing, again, strict=True):
                 results[i] = result
         for result in results:
@@ -405,13 +401,27 @@ class RedisBackend(Backend):
         return results
 
     async def _pipeline(
-        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]], transaction: bool
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]], transaction: bool,
+        *, by_source: bool,
     ) -> list[Any]:
+        """One round trip; an error reply stays in its place in the list."""
         pipe = self._client.pipeline(transaction=transaction)
-        for name, keys, args in calls:
-            pipe.evalsha(self._shas[name], len(keys), *keys, *args)
+        shas = self._shas
+        if by_source:
+            for name, keys, args in calls:
+                pipe.eval(SCRIPTS[name], len(keys), *keys, *args)
+        else:
+            for name, keys, args in calls:
+                pipe.evalsha(shas[name], len(keys), *keys, *args)
         try:
             return list(await pipe.execute(raise_on_error=False))
+        except rex.NoScriptError as exc:
+            # A transaction the server refused as a whole: nothing in it ran.
+            return [exc] * len(calls)
+        except rex.ExecAbortError as exc:
+            if "NOSCRIPT" in str(exc) or "No matching script" in str(exc):
+                return [rex.NoScriptError(str(exc))] * len(calls)
+            raise self._translate(exc) from None
         except (rex.RedisError, OSError) as exc:
             raise self._translate(exc) from None
 
@@ -983,6 +993,12 @@ class RedisBackend(Backend):
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _no_script(result: Any) -> bool:
+    """Whether a pipelined reply says the script was not in the server's cache."""
+    return isinstance(result, rex.NoScriptError) or (
+        isinstance(result, rex.ResponseError) and str(result).startswith("NOSCRIPT"))
 
 
 def _lease_key_ok(key: tuple[Any, Any, Any]) -> bool:
