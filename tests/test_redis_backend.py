@@ -570,6 +570,43 @@ async def test_new_deliveries_share_one_record_until_settled(
     assert again.repeated
 
 
+async def test_in_order_run_acks_check_the_block_and_every_own_record(
+    rheo: Rheo, backend: RedisBackend, wait_until: WaitUntil
+) -> None:
+    # An ack of a block's consecutive leases at the frontier takes the short path (one
+    # range, no record); anything that makes one of them not current must still show.
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t") for _ in range(12)])
+    client = backend.client
+    leases = await rheo.fetch("s", "g", limit=4)
+    assert all(r.ok for r in await rheo.renew(leases[2:3], lease_ms=5_000))  # 3: a record
+    results = await rheo.ack(leases)
+    assert [r.ok for r in results] == [True] * 4
+    assert (await rheo.frontier("s", "g"))[0] == 4
+    repeated = await rheo.ack(leases)
+    assert all(r.ok and r.repeated for r in repeated)
+    # A receipt that does not match, a lease id of another block: not current.
+    more = await rheo.fetch("s", "g", limit=4)
+    other = await rheo.fetch("s", "g", limit=4, lease_ms=300)
+    forged = [more[0], dataclasses.replace(more[1], receipt="1-0"), *more[2:]]
+    results = await rheo.ack(forged)
+    assert [r.kind for r in results] == [None, SettleKind.RECEIPT_MISMATCH, None, None]
+    swapped = [dataclasses.replace(lease, lease_id=o.lease_id)
+               for lease, o in zip(other, more, strict=True)]
+    assert all(r.kind is SettleKind.STALE_LEASE for r in await rheo.ack(swapped))
+    assert (await rheo.frontier("s", "g"))[0] == 5
+    assert all(r.ok for r in await rheo.ack(more[1:2]))
+    assert (await rheo.frontier("s", "g"))[0] == 8
+    # Expired and leased again: the old run is fenced, the new leases settle.
+    await wait_until(lambda: _expired(backend, other[0].deadline_ms), message="expiry")
+    stolen = await rheo.fetch("s", "g", limit=4)
+    assert [lease.event.sequence for lease in stolen] == [9, 10, 11, 12]
+    assert all(r.kind is SettleKind.STALE_LEASE for r in await rheo.ack(other))
+    assert await client.hlen(_group_key(backend, ":d")) > 0
+    assert all(r.ok for r in await rheo.ack(stolen))
+    assert (await rheo.frontier("s", "g"))[0] == 12
+
+
 async def test_expired_block_leases_are_fenced_after_a_re_lease(
     rheo: Rheo, backend: RedisBackend, wait_until: WaitUntil
 ) -> None:

@@ -496,14 +496,51 @@ local function check(l, r, hw)
 end
 """
 
-# KEYS: x, m, G, D, Z, R. ARGV: group, op (a|n|r), reason, delay_ms,
+# KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, op (a|n|r), reason, delay_ms,
 # JSON [[seq, receipt, lease_id, attempt], ...]. Returns one code letter per lease (see
 # redis.py). The attempt only serves the fast path: a lease whose record is exactly
 # 'L|attempt|lease_id|||' and whose receipt is its entry id is current, with no parsing.
+# An ack may add the run form of the same leases: block token t, first, last, then the
+# receipts: the leases are exactly '<t>:<seq>' with receipt '<seq>-0' for every seq of
+# first..last, in order (the client checked those forms; the script checks the state
+# and falls back to the JSON when the run is not the frontier's next one).
 SETTLE = r"""
 local group, op, reason, delay = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local leases = cjson.decode(ARGV[5])
 local g = redis.call('HMGET', G, 'f', 'ma')
+if g[1] and ARGV[6] and op == 'a' then
+  -- The run form (see above): every lease of the run is current exactly when its block
+  -- covers it, the frontier is right before it and none of its deliveries has a
+  -- record of its own. Then the ack moves the frontier over it and writes no record.
+  local f = tonumber(g[1])
+  local first, last = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local spec = first == f + 1 and redis.call('HGET', B, ARGV[6])
+  if spec then
+    local bf, bl = blockspec(spec)
+    local own = false
+    if first >= bf and last <= bl and redis.call('HLEN', D) > 0 then
+      local fields = {}
+      for k = 9, #ARGV do fields[#fields + 1] = string.sub(ARGV[k], 1, -3) end
+      for _, r in ipairs(hmget(D, fields)) do
+        if r then own = true break end
+      end
+    end
+    if first >= bf and last <= bl and not own then
+      local n = #ARGV
+      local i = 9
+      while i <= n do
+        local j = math.min(i + CHUNK - 1, n)
+        redis.call('XACK', x, group, unpack(ARGV, i, j))
+        i = j + 1
+      end
+      local nf = advance(D, last)
+      redis.call('HSET', G, 'f', S(nf))
+      -- A block wholly behind the frontier has nothing left to expire.
+      if bl <= nf then redis.call('ZREM', Y, ARGV[6]) end
+      return string.rep('o', last - first + 1)
+    end
+  end
+end
+local leases = cjson.decode(ARGV[5])
 if not g[1] then return string.rep('I', #leases) end
 local f, ma = tonumber(g[1]), tonumber(g[2])
 local now = now_ms()

@@ -736,6 +736,7 @@ class RedisBackend(Backend):
         script: str,
         args: Callable[[str, bytes], list[Any]],
         row: Callable[[Lease], tuple[Any, ...]],
+        run: bool = False,
     ) -> tuple[list[SettleResult | None], list[tuple[list[int], str]]]:
         results: list[SettleResult | None] = [None] * len(leases)
         dumps = orjson.dumps
@@ -743,7 +744,10 @@ class RedisBackend(Backend):
         if one is not None:
             (stream, group, partition), rows = one
             buckets = {one[0]: list(range(len(leases)))}
-            calls = [(script, self._gkeys(stream, group, partition), args(group, dumps(rows)))]
+            request = args(group, dumps(rows))
+            if run:
+                request.extend(_run_form(rows))
+            calls = [(script, self._gkeys(stream, group, partition), request)]
         else:
             buckets = self._buckets(leases, results)
             calls = [
@@ -763,7 +767,7 @@ class RedisBackend(Backend):
         results, replies = await self._settle(
             leases, "settle",
             lambda group, payload: [group, op, reason, delay_ms, payload],
-            _SETTLE_ROW,
+            _SETTLE_ROW, run=op == "a",
         )
         if len(replies) == 1 and len(replies[0][0]) == len(leases):
             indexes, codes = replies[0]
@@ -993,6 +997,25 @@ class RedisBackend(Backend):
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _run_form(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """The run form of settle rows ``(seq, receipt, lease_id, attempt)`` (see the settle
+    script): ``[token, first, last, receipts...]`` when the leases are the block leases
+    ``<token>:<seq>`` of consecutive sequences with receipts ``<seq>-0``, else empty."""
+    first = rows[0][0]
+    last = rows[-1][0]
+    if last - first + 1 != len(rows):
+        return []
+    token, colon, tail = rows[0][2].rpartition(":")
+    if not colon or tail != str(first):
+        return []
+    seqs = range(first, last + 1)
+    receipts = [r[1] for r in rows]
+    if (receipts != [f"{n}-0" for n in seqs]
+            or [r[2] for r in rows] != [f"{token}:{n}" for n in seqs]):
+        return []
+    return [token, first, last, *receipts]
 
 
 def _no_script(result: Any) -> bool:
