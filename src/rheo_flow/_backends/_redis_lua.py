@@ -500,10 +500,10 @@ end
 # JSON [[seq, receipt, lease_id, attempt], ...]. Returns one code letter per lease (see
 # redis.py). The attempt only serves the fast path: a lease whose record is exactly
 # 'L|attempt|lease_id|||' and whose receipt is its entry id is current, with no parsing.
-# An ack may add the run form of the same leases: block token t, first, last, then the
-# receipts: the leases are exactly '<t>:<seq>' with receipt '<seq>-0' for every seq of
-# first..last, in order (the client checked those forms; the script checks the state
-# and falls back to the JSON when the run is not the frontier's next one).
+# An ack may add the run form of the same leases: block token t, first, last: the
+# leases are exactly '<t>:<seq>' with receipt '<seq>-0' for every seq of first..last,
+# in order (the client checked those forms; the script checks the state and falls back
+# to the JSON when the run is not the frontier's next one).
 SETTLE = r"""
 local group, op, reason, delay = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local g = redis.call('HMGET', G, 'f', 'ma')
@@ -519,19 +519,15 @@ if g[1] and ARGV[6] and op == 'a' then
     local own = false
     if first >= bf and last <= bl and redis.call('HLEN', D) > 0 then
       local fields = {}
-      for k = 9, #ARGV do fields[#fields + 1] = string.sub(ARGV[k], 1, -3) end
+      for n = first, last do fields[#fields + 1] = S(n) end
       for _, r in ipairs(hmget(D, fields)) do
         if r then own = true break end
       end
     end
     if first >= bf and last <= bl and not own then
-      local n = #ARGV
-      local i = 9
-      while i <= n do
-        local j = math.min(i + CHUNK - 1, n)
-        redis.call('XACK', x, group, unpack(ARGV, i, j))
-        i = j + 1
-      end
+      local ids = {}
+      for n = first, last do ids[#ids + 1] = eid(n) end
+      bulk({'XACK', x, group}, ids)
       local nf = advance(D, last)
       redis.call('HSET', G, 'f', S(nf))
       -- A block wholly behind the frontier has nothing left to expire.

@@ -1001,7 +1001,7 @@ def _text(value: Any) -> str:
 
 def _run_form(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
     """The run form of settle rows ``(seq, receipt, lease_id, attempt)`` (see the settle
-    script): ``[token, first, last, receipts...]`` when the leases are the block leases
+    script): ``[token, first, last]`` when the leases are the block leases
     ``<token>:<seq>`` of consecutive sequences with receipts ``<seq>-0``, else empty."""
     first = rows[0][0]
     last = rows[-1][0]
@@ -1011,11 +1011,10 @@ def _run_form(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
     if not colon or tail != str(first):
         return []
     seqs = range(first, last + 1)
-    receipts = [r[1] for r in rows]
-    if (receipts != [f"{n}-0" for n in seqs]
+    if ([r[1] for r in rows] != [f"{n}-0" for n in seqs]
             or [r[2] for r in rows] != [f"{token}:{n}" for n in seqs]):
         return []
-    return [token, first, last, *receipts]
+    return [token, first, last]
 
 
 def _no_script(result: Any) -> bool:
