@@ -37,10 +37,12 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, Generic, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, unquote
 
 import orjson
@@ -328,6 +330,43 @@ def _is_locked(exc: BaseException) -> bool:
         "locked" in str(exc) or "busy" in str(exc))
 
 
+class _Job(Generic[T]):
+    """One operation queued for the backend thread, and the future of its caller."""
+
+    __slots__ = ("call", "future", "loop", "write")
+
+    def __init__(
+        self,
+        write: bool,
+        call: Callable[[sqlite3.Connection], T],
+        future: asyncio.Future[T],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.write = write
+        self.call = call
+        self.future = future
+        self.loop = loop
+
+    @property
+    def begin(self) -> str:
+        # IMMEDIATE takes the write lock before reading anything.
+        return "BEGIN IMMEDIATE" if self.write else "BEGIN"
+
+    def succeed(self, result: T) -> None:
+        self._resolve(self.future.set_result, result)
+
+    def fail(self, exc: BaseException) -> None:
+        self._resolve(self.future.set_exception, exc)
+
+    def _resolve(self, setter: Callable[[Any], None], value: Any) -> None:
+        def resolve() -> None:
+            if not self.future.done():  # the caller may have been cancelled
+                setter(value)
+
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+            self.loop.call_soon_threadsafe(resolve)
+
+
 class SQLiteBackend(Backend):
     """Durable single-node backend in one SQLite file (``sqlite:///events.db``).
 
@@ -382,6 +421,12 @@ class SQLiteBackend(Backend):
         self._conn: sqlite3.Connection | None = None
         self._open_lock = asyncio.Lock()
         self._rotation: dict[int, int] = {}
+        # Operations waiting for the backend thread, and whether a drain of them is
+        # queued there; both guarded by ``_pending_lock`` (the loop and the thread
+        # touch them).
+        self._pending: deque[_Job[Any]] = deque()
+        self._draining = False
+        self._pending_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SQLiteBackend:
@@ -520,24 +565,89 @@ class SQLiteBackend(Backend):
     # wait on it. Here the transaction runs start to finish in the thread at C
     # speed, the lock is held only for the work itself, and the event loop sees a
     # single future per operation.
+    #
+    # Operations that queue up while the thread is busy (a Group's next fetch
+    # arriving while the last batch's ack commits) run together in ONE transaction
+    # and one commit: with synchronous=FULL each commit is a sync of the log, the
+    # dominant cost of a small write. Every caller still resumes only after the
+    # commit holding its work, so a lease change is durable when the call returns.
 
     async def _read(
         self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
     ) -> T:
-        return await self._run("BEGIN", lambda conn: fn(conn, *args, **kw))
+        return await self._run(False, lambda conn: fn(conn, *args, **kw))
 
     async def _write(
         self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
     ) -> T:
-        return await self._run("BEGIN IMMEDIATE", lambda conn: fn(conn, *args, **kw))
+        return await self._run(True, lambda conn: fn(conn, *args, **kw))
 
-    async def _run(self, begin: str, call: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, write: bool, call: Callable[[sqlite3.Connection], T]) -> T:
         executor = self._executor
         if executor is None:
             executor = await self._open()
-        return await asyncio.get_running_loop().run_in_executor(
-            executor, self._transaction, begin, call
-        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._pending_lock:
+            self._pending.append(_Job(write, call, future, loop))
+            submit = not self._draining
+            self._draining = True
+        if submit:
+            try:
+                executor.submit(self._drain)
+            except BaseException:
+                with self._pending_lock:
+                    self._draining = False
+                raise
+        return await future
+
+    def _drain(self) -> None:
+        """Runs in the backend thread: every queued operation, in queue order, each
+        batch of them in one transaction."""
+        while True:
+            with self._pending_lock:
+                if not self._pending:
+                    self._draining = False
+                    return
+                jobs = list(self._pending)
+                self._pending.clear()
+            if len(jobs) == 1:
+                self._run_alone(jobs[0])
+            else:
+                self._run_together(jobs)
+
+    def _run_alone(self, job: _Job[Any]) -> None:
+        try:
+            result = self._transaction(job.begin, job.call)
+        except BaseException as exc:  # handed to the caller
+            job.fail(exc)
+        else:
+            job.succeed(result)
+
+    def _run_together(self, jobs: list[_Job[Any]]) -> None:
+        conn = self._conn
+        results: list[Any] = []
+        try:
+            if conn is None:
+                raise BackendUnavailable(f"SQLite database {self._path!r} is closed")
+            conn.execute("BEGIN IMMEDIATE" if any(j.write for j in jobs) else "BEGIN")
+            try:
+                for job in jobs:
+                    results.append(job.call(conn))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+        except BaseException:
+            # Nothing of the batch stayed: run each operation in a transaction of
+            # its own, so an error reaches only the caller whose operation raised.
+            for job in jobs:
+                self._run_alone(job)
+            return
+        for job, result in zip(jobs, results, strict=True):
+            job.succeed(result)
 
     def _transaction(self, begin: str, call: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
