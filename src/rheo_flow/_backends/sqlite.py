@@ -352,19 +352,31 @@ class _Job(Generic[T]):
         # IMMEDIATE takes the write lock before reading anything.
         return "BEGIN IMMEDIATE" if self.write else "BEGIN"
 
-    def succeed(self, result: T) -> None:
-        self._resolve(self.future.set_result, result)
+    def settle(self, outcome: tuple[bool, Any]) -> None:
+        """Runs in the caller's loop: hand the result (``(True, value)``) or the
+        error (``(False, exception)``) over, unless the caller stopped waiting."""
+        if not self.future.done():
+            ok, value = outcome
+            if ok:
+                self.future.set_result(value)
+            else:
+                self.future.set_exception(value)
 
-    def fail(self, exc: BaseException) -> None:
-        self._resolve(self.future.set_exception, exc)
 
-    def _resolve(self, setter: Callable[[Any], None], value: Any) -> None:
-        def resolve() -> None:
-            if not self.future.done():  # the caller may have been cancelled
-                setter(value)
-
+def _hand_over(done: list[tuple[_Job[Any], tuple[bool, Any]]]) -> None:
+    """Resolve finished jobs: one wake-up of each caller loop for the whole batch
+    (each ``call_soon_threadsafe`` writes to the loop's self-pipe)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job[Any], tuple[bool, Any]]]] = {}
+    for item in done:
+        by_loop.setdefault(item[0].loop, []).append(item)
+    for loop, items in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the caller's loop is closed
-            self.loop.call_soon_threadsafe(resolve)
+            loop.call_soon_threadsafe(_settle_all, items)
+
+
+def _settle_all(items: list[tuple[_Job[Any], tuple[bool, Any]]]) -> None:
+    for job, outcome in items:
+        job.settle(outcome)
 
 
 class SQLiteBackend(Backend):
@@ -612,19 +624,17 @@ class SQLiteBackend(Backend):
                 jobs = list(self._pending)
                 self._pending.clear()
             if len(jobs) == 1:
-                self._run_alone(jobs[0])
+                _hand_over([(jobs[0], self._run_alone(jobs[0]))])
             else:
-                self._run_together(jobs)
+                _hand_over(self._run_together(jobs))
 
-    def _run_alone(self, job: _Job[Any]) -> None:
+    def _run_alone(self, job: _Job[Any]) -> tuple[bool, Any]:
         try:
-            result = self._transaction(job.begin, job.call)
+            return True, self._transaction(job.begin, job.call)
         except BaseException as exc:  # handed to the caller
-            job.fail(exc)
-        else:
-            job.succeed(result)
+            return False, exc
 
-    def _run_together(self, jobs: list[_Job[Any]]) -> None:
+    def _run_together(self, jobs: list[_Job[Any]]) -> list[tuple[_Job[Any], tuple[bool, Any]]]:
         conn = self._conn
         results: list[Any] = []
         try:
@@ -643,11 +653,8 @@ class SQLiteBackend(Backend):
         except BaseException:
             # Nothing of the batch stayed: run each operation in a transaction of
             # its own, so an error reaches only the caller whose operation raised.
-            for job in jobs:
-                self._run_alone(job)
-            return
-        for job, result in zip(jobs, results, strict=True):
-            job.succeed(result)
+            return [(job, self._run_alone(job)) for job in jobs]
+        return [(job, (True, result)) for job, result in zip(jobs, results, strict=True)]
 
     def _transaction(self, begin: str, call: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
