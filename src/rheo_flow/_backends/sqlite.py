@@ -21,7 +21,8 @@ transaction, which takes SQLite's single writer lock before reading anything,
 so processes sharing the file serialise their claims and can never lease one
 delivery twice. WAL mode lets readers proceed while a writer works.
 
-Batches: an operation is one hop to the backend thread and one transaction, with
+Batches: an operation is one hop to the backend thread and one transaction (or a
+share of one: operations queued while the thread is busy commit together), with
 a few statements per batch rather than per event. A fetch reads the group and
 every partition's progress in one statement, leases a partition's new sequences
 with one ``INSERT ... SELECT`` and re-leases with one ``executemany``; a settle
