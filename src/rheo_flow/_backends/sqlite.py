@@ -601,16 +601,21 @@ class SQLiteBackend(Backend):
             executor = await self._open()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        job = _Job(write, call, future, loop)
         with self._pending_lock:
-            self._pending.append(_Job(write, call, future, loop))
+            self._pending.append(job)
             submit = not self._draining
             self._draining = True
         if submit:
             try:
                 executor.submit(self._drain)
-            except BaseException:
+            except BaseException as exc:  # the backend was closed meanwhile
+                # No drain will come for what queued behind this job: fail it all.
                 with self._pending_lock:
+                    stranded = [j for j in self._pending if j is not job]
+                    self._pending.clear()
                     self._draining = False
+                _hand_over([(j, (False, exc)) for j in stranded])
                 raise
         return await future
 
