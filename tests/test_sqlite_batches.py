@@ -3,14 +3,17 @@ appends with the stored-id fallback, exact JSON decoding and per-fetch lease ids
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rheo_flow import ManualClock, NewEvent, Query, Rheo, SettleKind
+from rheo_flow import ManualClock, NewEvent, Query, Rheo, SettleKind, UnknownStream
 from rheo_flow._backends import sqlite as sqlite_module
 from rheo_flow.backends import SQLiteBackend
 
@@ -228,3 +231,63 @@ async def test_batch_with_a_lease_from_elsewhere_is_answered_lease_by_lease(rheo
         (True, None), (True, None), (False, SettleKind.INVALID)]
     assert all(r.ok for r in await rheo.ack([second, third]))
     assert await rheo.frontier("s", "g") == {0: 3, 1: 0}
+
+
+async def _queued(backend: SQLiteBackend, *calls: Awaitable[Any]) -> list[Any]:
+    """Run ``calls`` while the backend thread is held, so that they queue up."""
+    gate = threading.Event()
+    assert backend._executor is not None
+    blocker = asyncio.wrap_future(backend._executor.submit(gate.wait, 10))
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    await asyncio.sleep(0)  # every call reaches the queue
+    gate.set()
+    await blocker
+    return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+
+async def test_operations_queued_together_share_one_commit_and_keep_their_errors(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches: list[int] = []
+    alone: list[int] = []
+    together, single = SQLiteBackend._run_together, SQLiteBackend._run_alone
+
+    def record_together(self: SQLiteBackend, jobs: list[Any]) -> Any:
+        batches.append(len(jobs))
+        return together(self, jobs)
+
+    def record_alone(self: SQLiteBackend, job: Any) -> Any:
+        alone.append(1)
+        return single(self, job)
+
+    monkeypatch.setattr(SQLiteBackend, "_run_together", record_together)
+    monkeypatch.setattr(SQLiteBackend, "_run_alone", record_alone)
+    backend = SQLiteBackend(db, synchronous="FULL")
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("s")
+        await rheo.append("s", [NewEvent("t", {"n": i}) for i in range(6)])
+        first = await rheo.fetch("s", "g", limit=2)
+        batches.clear()
+        alone.clear()
+        acked, second, appended = await _queued(
+            backend, rheo.ack(first), rheo.fetch("s", "g", limit=2),
+            rheo.append("s", [NewEvent("t", {"n": 6})]))
+        assert (batches, alone) == ([3], [])  # one transaction, one commit
+        assert all(r.ok for r in acked)
+        assert [lease.event.sequence for lease in second] == [3, 4]
+        assert [e.sequence for e in appended] == [7]
+        # One call fails: the batch is redone one call per transaction, and the
+        # error reaches only the caller whose call raised.
+        batches.clear()
+        acked, failed, third = await _queued(
+            backend, rheo.ack(second), rheo.append("missing", [NewEvent("t", 1)]),
+            rheo.fetch("s", "g", limit=2))
+        assert batches == [3]
+        assert len(alone) == 3
+        assert isinstance(failed, UnknownStream)
+        assert all(r.ok for r in acked)
+        assert [lease.event.sequence for lease in third] == [5, 6]
+    # Everything that returned is in the file.
+    async with Rheo(SQLiteBackend(db)) as again:
+        assert await again.frontier("s", "g") == {0: 4}
+        assert dict((await again.stream_info("s")).high_water) == {0: 7}

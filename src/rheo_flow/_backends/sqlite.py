@@ -21,7 +21,8 @@ transaction, which takes SQLite's single writer lock before reading anything,
 so processes sharing the file serialise their claims and can never lease one
 delivery twice. WAL mode lets readers proceed while a writer works.
 
-Batches: an operation is one hop to the backend thread and one transaction, with
+Batches: an operation is one hop to the backend thread and one transaction (or a
+share of one: operations queued while the thread is busy commit together), with
 a few statements per batch rather than per event. A fetch reads the group and
 every partition's progress in one statement, leases a partition's new sequences
 with one ``INSERT ... SELECT`` and re-leases with one ``executemany``; a settle
@@ -37,10 +38,12 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Concatenate, Final, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, Generic, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, unquote
 
 import orjson
@@ -328,6 +331,55 @@ def _is_locked(exc: BaseException) -> bool:
         "locked" in str(exc) or "busy" in str(exc))
 
 
+class _Job(Generic[T]):
+    """One operation queued for the backend thread, and the future of its caller."""
+
+    __slots__ = ("call", "future", "loop", "write")
+
+    def __init__(
+        self,
+        write: bool,
+        call: Callable[[sqlite3.Connection], T],
+        future: asyncio.Future[T],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.write = write
+        self.call = call
+        self.future = future
+        self.loop = loop
+
+    @property
+    def begin(self) -> str:
+        # IMMEDIATE takes the write lock before reading anything.
+        return "BEGIN IMMEDIATE" if self.write else "BEGIN"
+
+    def settle(self, outcome: tuple[bool, Any]) -> None:
+        """Runs in the caller's loop: hand the result (``(True, value)``) or the
+        error (``(False, exception)``) over, unless the caller stopped waiting."""
+        if not self.future.done():
+            ok, value = outcome
+            if ok:
+                self.future.set_result(value)
+            else:
+                self.future.set_exception(value)
+
+
+def _hand_over(done: list[tuple[_Job[Any], tuple[bool, Any]]]) -> None:
+    """Resolve finished jobs: one wake-up of each caller loop for the whole batch
+    (each ``call_soon_threadsafe`` writes to the loop's self-pipe)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job[Any], tuple[bool, Any]]]] = {}
+    for item in done:
+        by_loop.setdefault(item[0].loop, []).append(item)
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+            loop.call_soon_threadsafe(_settle_all, items)
+
+
+def _settle_all(items: list[tuple[_Job[Any], tuple[bool, Any]]]) -> None:
+    for job, outcome in items:
+        job.settle(outcome)
+
+
 class SQLiteBackend(Backend):
     """Durable single-node backend in one SQLite file (``sqlite:///events.db``).
 
@@ -382,6 +434,12 @@ class SQLiteBackend(Backend):
         self._conn: sqlite3.Connection | None = None
         self._open_lock = asyncio.Lock()
         self._rotation: dict[int, int] = {}
+        # Operations waiting for the backend thread, and whether a drain of them is
+        # queued there; both guarded by ``_pending_lock`` (the loop and the thread
+        # touch them).
+        self._pending: deque[_Job[Any]] = deque()
+        self._draining = False
+        self._pending_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SQLiteBackend:
@@ -520,24 +578,89 @@ class SQLiteBackend(Backend):
     # wait on it. Here the transaction runs start to finish in the thread at C
     # speed, the lock is held only for the work itself, and the event loop sees a
     # single future per operation.
+    #
+    # Operations that queue up while the thread is busy (a Group's next fetch
+    # arriving while the last batch's ack commits) run together in ONE transaction
+    # and one commit: with synchronous=FULL each commit is a sync of the log, the
+    # dominant cost of a small write. Every caller still resumes only after the
+    # commit holding its work, so a lease change is durable when the call returns.
 
     async def _read(
         self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
     ) -> T:
-        return await self._run("BEGIN", lambda conn: fn(conn, *args, **kw))
+        return await self._run(False, lambda conn: fn(conn, *args, **kw))
 
     async def _write(
         self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
     ) -> T:
-        return await self._run("BEGIN IMMEDIATE", lambda conn: fn(conn, *args, **kw))
+        return await self._run(True, lambda conn: fn(conn, *args, **kw))
 
-    async def _run(self, begin: str, call: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, write: bool, call: Callable[[sqlite3.Connection], T]) -> T:
         executor = self._executor
         if executor is None:
             executor = await self._open()
-        return await asyncio.get_running_loop().run_in_executor(
-            executor, self._transaction, begin, call
-        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        job = _Job(write, call, future, loop)
+        with self._pending_lock:
+            self._pending.append(job)
+            submit = not self._draining
+            self._draining = True
+        if submit:
+            try:
+                executor.submit(self._drain)
+            except BaseException as exc:  # the backend was closed meanwhile
+                # No drain will come for what queued behind this job: fail it all.
+                with self._pending_lock:
+                    stranded = [j for j in self._pending if j is not job]
+                    self._pending.clear()
+                    self._draining = False
+                _hand_over([(j, (False, exc)) for j in stranded])
+                raise
+        return await future
+
+    def _drain(self) -> None:
+        """Runs in the backend thread: every queued operation, in queue order, each
+        batch of them in one transaction."""
+        while True:
+            with self._pending_lock:
+                if not self._pending:
+                    self._draining = False
+                    return
+                jobs = list(self._pending)
+                self._pending.clear()
+            if len(jobs) == 1:
+                _hand_over([(jobs[0], self._run_alone(jobs[0]))])
+            else:
+                _hand_over(self._run_together(jobs))
+
+    def _run_alone(self, job: _Job[Any]) -> tuple[bool, Any]:
+        try:
+            return True, self._transaction(job.begin, job.call)
+        except BaseException as exc:  # handed to the caller
+            return False, exc
+
+    def _run_together(self, jobs: list[_Job[Any]]) -> list[tuple[_Job[Any], tuple[bool, Any]]]:
+        conn = self._conn
+        results: list[Any] = []
+        try:
+            if conn is None:
+                raise BackendUnavailable(f"SQLite database {self._path!r} is closed")
+            conn.execute("BEGIN IMMEDIATE" if any(j.write for j in jobs) else "BEGIN")
+            try:
+                for job in jobs:
+                    results.append(job.call(conn))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+        except BaseException:
+            # Nothing of the batch stayed: run each operation in a transaction of
+            # its own, so an error reaches only the caller whose operation raised.
+            return [(job, self._run_alone(job)) for job in jobs]
+        return [(job, (True, result)) for job, result in zip(jobs, results, strict=True)]
 
     def _transaction(self, begin: str, call: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
