@@ -30,7 +30,7 @@ from ._inflight import Inflight, wait_event
 from ._lease import Lease
 from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
 from ._settle import SettleResult, classify
-from ._settlement import SettleObserver, SettleOp, settle
+from ._settlement import BatchObserver, SettleObserver, SettleOp, per_outcome, settle
 from ._validation import check_lease_ms, check_name, check_partition, check_positive_int
 
 __all__ = ["Producer", "ProducerStats"]
@@ -137,7 +137,8 @@ class Producer:
             check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
         self._max_attempts = max_attempts
         self._backoff = backoff or Backoff()
-        self._observer = observer
+        self._observer: BatchObserver | None = None if observer is None else per_outcome(observer)
+        """Called once per settle call (a runtime over the producer sets its own)."""
         if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, int | float) \
                 or shutdown_timeout < 0:
             raise InvalidArgument(f"shutdown_timeout must be a non-negative number of seconds, "
