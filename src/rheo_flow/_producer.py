@@ -456,8 +456,7 @@ class Producer:
         inflight = self._inflight
         if not inflight.lost_count:
             return lease.lease_id not in inflight
-        entry = inflight.get(lease.lease_id)
-        return entry is None or entry.lost
+        return lease.lease_id not in inflight or inflight.is_lost(lease.lease_id)
 
     def skip(self, lease: Lease) -> None:
         """Release a lease found :meth:`lost` before its handler started, unsettled
