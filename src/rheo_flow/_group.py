@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Self
@@ -30,6 +30,7 @@ from . import _telemetry
 from ._backoff import Backoff
 from ._consumer import _CURRENT_LEASE, Ack, Consumer, Context, FunctionConsumer, Reject, Retry
 from ._errors import AlreadyStarted, InvalidArgument, NotStarted, RheoError, SetupRefused
+from ._event import Event
 from ._lease import Lease
 from ._producer import Producer
 from ._rheo import MAX_FETCH, Rheo
@@ -488,7 +489,8 @@ class Group:
         acks = self._acks
         inflight = self._producer.inflight
         producer = self._producer
-        handle_event = self._consumer.handle_event
+        handle_event = _handler_of(self._consumer)
+        lost_ids = inflight.lost_ids
         concurrency = self._concurrency
         while True:
             if not ready:
@@ -501,7 +503,7 @@ class Group:
                 lease = ready.popleft()
                 if len(ready) < concurrency:
                     room.set()
-                if inflight.lost_count and producer.lost(lease):
+                if lost_ids and producer.lost(lease):
                     producer.skip(lease)
                     self.stats.skipped += 1
                     continue
@@ -651,6 +653,16 @@ class Group:
                 except Exception:
                     log.exception("settle observer of %s/%s failed", self._stream,
                                   self._group)
+
+
+def _handler_of(consumer: Consumer) -> Callable[[Event, Context], Awaitable[Any]]:
+    """What handles one event: a decorated function is called directly (one coroutine
+    per event instead of two) unless a subclass overrides ``handle_event``."""
+    if (isinstance(consumer, FunctionConsumer)
+            and type(consumer).handle_event is FunctionConsumer.handle_event
+            and "handle_event" not in getattr(consumer, "__dict__", {})):
+        return consumer._handler
+    return consumer.handle_event
 
 
 def _required_name(consumer: Consumer, kind: str, value: object) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
@@ -67,6 +68,12 @@ class Inflight:
         """How many inflight leases are marked lost (0 lets runtimes skip the per-lease
         check)."""
         return len(self._lost)
+
+    @property
+    def lost_ids(self) -> AbstractSet[str]:
+        """The ids of the inflight leases marked lost (a live view: empty is the common
+        case, which runtimes check once per lease)."""
+        return self._lost
 
     def __len__(self) -> int:
         return len(self._entries)
