@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
@@ -390,3 +390,37 @@ async def test_inflight_tracks_a_fetch_under_one_expiry_and_renews_lease_by_leas
     assert inflight.get(stale.lease_id) is None
     assert inflight.expires_at("nope") is None
     assert len(inflight) == 2
+
+
+async def test_settle_calls_a_batch_observer_once_per_backend_call(db: Rheo) -> None:
+    from typing import cast
+
+    from rheo_flow import Lease
+    from rheo_flow._settle import SettleError, SettleKind, SettleResult
+    from rheo_flow._settlement import settle
+
+    await append(db, 3)
+    await db.create_group("orders", "billing")
+    leases = await db.fetch("orders", "billing", consumer_id="c", limit=3)
+
+    class Stub:
+        async def ack(self, batch: list[Lease]) -> list[SettleResult]:
+            return [SettleResult(lease.lease_id, SettleError(SettleKind.FAILED, "boom")
+                                 if lease is batch[1] else None) for lease in batch]
+
+        async def nack(self, batch: list[Lease], reason: str, *, delay_ms: int = 0
+                       ) -> list[SettleResult]:
+            assert reason == "settle_failed: failed"
+            return [SettleResult(lease.lease_id) for lease in batch]
+
+    calls: list[tuple[str, list[str], list[str | None]]] = []
+
+    def observe(op: str, batch: Sequence[Lease], results: Sequence[SettleResult]) -> None:
+        calls.append((op, [lease.lease_id for lease in batch],
+                      [None if r.kind is None else r.kind.value for r in results]))
+
+    results = await settle(cast(Rheo, Stub()), "ack", leases, observer=observe)
+    assert [r.ok for r in results] == [True, False, True]
+    ids = [lease.lease_id for lease in leases]
+    assert calls == [("ack", ids, [None, "failed", None]),  # one call for the batch
+                     ("nack", [ids[1]], [None])]  # one for the decision table's follow-up
