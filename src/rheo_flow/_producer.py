@@ -490,12 +490,11 @@ class Producer:
         finally:
             self._wake.set()
         stats = self._stats
-        failures = 0
-        for result in results:
-            if result.error is not None:
-                failures += 1
-                kind = result.error.kind.value
-                stats.settle_failures[kind] = stats.settle_failures.get(kind, 0) + 1
+        failed = [result.error for result in results if result.error is not None]
+        for error in failed:
+            kind = error.kind.value
+            stats.settle_failures[kind] = stats.settle_failures.get(kind, 0) + 1
+        failures = len(failed)
         if op == "nack" or failures:
             # Redelivered work (a nack, or the decision table's nack after a failed
             # settle) is available at once: an idle fetch need not wait for poll_ms.
