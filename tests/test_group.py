@@ -740,3 +740,24 @@ async def test_run_returns_when_stopped(rec_rheo: Rheo, wait_until: WaitUntil) -
     await asyncio.wait_for(runner, 5)
     await group.stop()  # idempotent
     assert not group.running
+
+
+async def test_a_subclass_of_a_decorated_consumer_keeps_its_handle_event(
+        rec_rheo: Rheo, wait_until: WaitUntil) -> None:
+    from rheo_flow._consumer import FunctionConsumer
+
+    await append(rec_rheo, 3)
+    seen: list[str] = []
+
+    class Wrapped(FunctionConsumer):
+        async def handle_event(self, event: Event, context: Mapping[str, Any]) -> Any:
+            seen.append("wrapped")
+            return await super().handle_event(event, context)
+
+    async def plain(event: Event, context: Mapping[str, Any]) -> Any:
+        seen.append("plain")
+        return ACK
+
+    async with Wrapped(plain, stream="orders", group="billing").start(rec_rheo) as group:
+        await wait_until(lambda: group.stats.acked == 3)
+    assert seen == ["wrapped", "plain"] * 3

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
@@ -342,3 +342,85 @@ async def test_stop_is_not_lost_when_capacity_frees_at_the_same_time(db: Rheo) -
                 await asyncio.wait_for(waiting, 5)
             leases = leases[1:] + await producer.demand(1)
         await producer.ack(leases)
+
+
+async def test_inflight_tracks_a_fetch_under_one_expiry_and_renews_lease_by_lease(
+        db: Rheo) -> None:
+    from rheo_flow import Lease
+    from rheo_flow._inflight import Inflight
+    from rheo_flow._settle import SettleError, SettleKind, SettleResult
+
+    await append(db, 4)
+    await db.create_group("orders", "billing")
+    leases = await db.fetch("orders", "billing", consumer_id="c", limit=4)
+    assert len(leases) == 4
+    inflight = Inflight(10)
+    inflight.add(iter(leases), lease_ms=10_000)  # any iterable
+    assert len(inflight) == 4
+    assert inflight.free == 6
+    fetched_at = {inflight.expires_at(lease.lease_id) for lease in leases}
+    assert len(fetched_at) == 1
+    assert None not in fetched_at
+
+    class Renewer:
+        async def renew(self, batch: list[Lease], *, lease_ms: int) -> list[SettleResult]:
+            await asyncio.sleep(0.01)  # the loop clock moves on before the results
+            kinds = [None, SettleKind.STALE_LEASE, SettleKind.BACKEND_UNAVAILABLE, None]
+            return [SettleResult(lease.lease_id, None if kind is None else SettleError(kind))
+                    for lease, kind in zip(batch, kinds, strict=True)]
+
+    first, stale, unavailable, last = leases
+    await inflight.renew_all(Renewer(), lease_ms=10_000)
+    (old,) = fetched_at
+    assert old is not None
+    assert inflight.expires_at(first.lease_id) == inflight.expires_at(last.lease_id)
+    assert (inflight.expires_at(first.lease_id) or 0) > old  # renewed
+    assert inflight.expires_at(unavailable.lease_id) == old  # left as it was
+    assert inflight.lost_count == 1
+    assert inflight.is_lost(stale.lease_id)
+    entry = inflight.get(stale.lease_id)
+    assert entry is not None
+    assert entry.lost
+    assert entry.lease is stale
+    assert [e.lease for e in inflight.entries()] == leases
+    assert inflight.oldest_expiry(lease.lease_id for lease in leases) == old
+    assert inflight.release([stale, unavailable.lease_id, stale]) == 2
+    assert inflight.lost_count == 0
+    assert not inflight.is_lost(stale.lease_id)
+    assert inflight.get(stale.lease_id) is None
+    assert inflight.expires_at("nope") is None
+    assert len(inflight) == 2
+
+
+async def test_settle_calls_a_batch_observer_once_per_backend_call(db: Rheo) -> None:
+    from typing import cast
+
+    from rheo_flow import Lease
+    from rheo_flow._settle import SettleError, SettleKind, SettleResult
+    from rheo_flow._settlement import settle
+
+    await append(db, 3)
+    await db.create_group("orders", "billing")
+    leases = await db.fetch("orders", "billing", consumer_id="c", limit=3)
+
+    class Stub:
+        async def ack(self, batch: list[Lease]) -> list[SettleResult]:
+            return [SettleResult(lease.lease_id, SettleError(SettleKind.FAILED, "boom")
+                                 if lease is batch[1] else None) for lease in batch]
+
+        async def nack(self, batch: list[Lease], reason: str, *, delay_ms: int = 0
+                       ) -> list[SettleResult]:
+            assert reason == "settle_failed: failed"
+            return [SettleResult(lease.lease_id) for lease in batch]
+
+    calls: list[tuple[str, list[str], list[str | None]]] = []
+
+    def observe(op: str, batch: Sequence[Lease], results: Sequence[SettleResult]) -> None:
+        calls.append((op, [lease.lease_id for lease in batch],
+                      [None if r.kind is None else r.kind.value for r in results]))
+
+    results = await settle(cast(Rheo, Stub()), "ack", leases, observer=observe)
+    assert [r.ok for r in results] == [True, False, True]
+    ids = [lease.lease_id for lease in leases]
+    assert calls == [("ack", ids, [None, "failed", None]),  # one call for the batch
+                     ("nack", [ids[1]], [None])]  # one for the decision table's follow-up

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Self
@@ -30,11 +30,12 @@ from . import _telemetry
 from ._backoff import Backoff
 from ._consumer import _CURRENT_LEASE, Ack, Consumer, Context, FunctionConsumer, Reject, Retry
 from ._errors import AlreadyStarted, InvalidArgument, NotStarted, RheoError, SetupRefused
+from ._event import Event
 from ._lease import Lease
 from ._producer import Producer
 from ._rheo import MAX_FETCH, Rheo
-from ._settle import classify
-from ._settlement import SettleObserver, SettleOutcome
+from ._settle import SettleResult, classify
+from ._settlement import SettleObserver, SettleOp, _outcome
 from ._validation import (
     MAX_REASON,
     check_lease_ms,
@@ -196,8 +197,9 @@ class Group:
             rheo, self._stream, self._group, max_demand=self._max_demand,
             fetch_size=self._fetch_size, lease_ms=self._lease_ms, poll_ms=self._poll_ms,
             consumer_id=self._consumer_id, partitions=self._partitions,
-            max_attempts=self._max_attempts, backoff=backoff, observer=self._observe,
+            max_attempts=self._max_attempts, backoff=backoff,
         )
+        self._producer._observer = self._observe  # one call per settle call, not per lease
         shared = self._producer._stats
         self.stats = GroupStats(fetch_failures=shared.fetch_failure_kinds,
                                 renew_failures=shared.renew_failures)
@@ -487,7 +489,8 @@ class Group:
         acks = self._acks
         inflight = self._producer.inflight
         producer = self._producer
-        handle_event = self._consumer.handle_event
+        handle_event = _handler_of(self._consumer)
+        lost_ids = inflight.lost_ids
         concurrency = self._concurrency
         while True:
             if not ready:
@@ -500,7 +503,7 @@ class Group:
                 lease = ready.popleft()
                 if len(ready) < concurrency:
                     room.set()
-                if inflight.lost_count and producer.lost(lease):
+                if lost_ids and producer.lost(lease):
                     producer.skip(lease)
                     self.stats.skipped += 1
                     continue
@@ -625,25 +628,41 @@ class Group:
             log.error("settling %d leases of %s/%s failed: %s; leaving them to expire",
                       len(leases), self._stream, self._group, error.reason, exc_info=exc)
 
-    def _observe(self, outcome: SettleOutcome) -> None:
-        """Count one settled lease (called by the producer's settle) and pass it on."""
+    def _observe(self, op: SettleOp, leases: Sequence[Lease],
+                 results: Sequence[SettleResult]) -> None:
+        """Count one settle call's results (called by the producer's settle) and pass
+        them on, one :class:`~rheo_flow.SettleOutcome` per lease, to the observer."""
         stats = self.stats
-        result = outcome.result
-        if result.error is not None:
-            stats.settle_failures[result.error.kind.value] += 1
-        elif outcome.op == "ack":
-            stats.acked += 1
-        elif outcome.op == "reject":
-            stats.rejected += 1
+        failed = [result.error for result in results if result.error is not None]
+        for error in failed:
+            stats.settle_failures[error.kind.value] += 1
+        done = len(results) - len(failed)
+        if op == "ack":
+            stats.acked += done
+        elif op == "reject":
+            stats.rejected += done
         elif self._settling == "retry":
-            stats.retried += 1
+            stats.retried += done
         else:
-            stats.nacked += 1
-        if self._observer is not None:
-            try:
-                self._observer(outcome)
-            except Exception:
-                log.exception("settle observer of %s/%s failed", self._stream, self._group)
+            stats.nacked += done
+        observer = self._observer
+        if observer is not None:
+            for lease, result in zip(leases, results, strict=True):
+                try:
+                    observer(_outcome(op, lease, result))
+                except Exception:
+                    log.exception("settle observer of %s/%s failed", self._stream,
+                                  self._group)
+
+
+def _handler_of(consumer: Consumer) -> Callable[[Event, Context], Awaitable[Any]]:
+    """What handles one event: a decorated function is called directly (one coroutine
+    per event instead of two) unless a subclass overrides ``handle_event``."""
+    if (isinstance(consumer, FunctionConsumer)
+            and type(consumer).handle_event is FunctionConsumer.handle_event
+            and "handle_event" not in getattr(consumer, "__dict__", {})):
+        return consumer._handler
+    return consumer.handle_event
 
 
 def _required_name(consumer: Consumer, kind: str, value: object) -> str:

@@ -10,7 +10,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
 from typing import Protocol
 
 from ._lease import Lease
@@ -23,7 +26,7 @@ log = logging.getLogger("rheo_flow.inflight")
 
 @dataclass(slots=True)
 class InflightEntry:
-    """One inflight lease and when it expires on the local monotonic clock."""
+    """A snapshot of one inflight lease and when it expires on the local monotonic clock."""
 
     lease: Lease
     expires_at: float
@@ -32,18 +35,45 @@ class InflightEntry:
     """Set when a renew found the lease stale: settling it would be refused."""
 
 
+class _Expiry:
+    """When the leases sharing it run out: one per fetched (or renewed) batch."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+
+_lease_id = attrgetter("lease_id")
+
+
 class Inflight:
-    """Inflight leases of one runtime, bounded by ``capacity``."""
+    """Inflight leases of one runtime, bounded by ``capacity``.
+
+    Every lease maps to ``(lease, expiry)`` where the expiry is one object shared by
+    the batch it was fetched (or last renewed) with: tracking a fetch costs one
+    dict entry per lease and nothing else.
+    """
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._entries: dict[str, InflightEntry] = {}
+        self._entries: dict[str, tuple[Lease, _Expiry]] = {}
+        self._lost: set[str] = set()
         self._changed = asyncio.Event()
-        self.lost_count = 0
-        """How many inflight entries are marked lost (0 lets runtimes skip the per-lease
+
+    @property
+    def lost_count(self) -> int:
+        """How many inflight leases are marked lost (0 lets runtimes skip the per-lease
         check)."""
+        return len(self._lost)
+
+    @property
+    def lost_ids(self) -> AbstractSet[str]:
+        """The ids of the inflight leases marked lost (a live view: empty is the common
+        case, which runtimes check once per lease)."""
+        return self._lost
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -58,37 +88,54 @@ class Inflight:
 
     def entries(self) -> list[InflightEntry]:
         """A snapshot of the inflight entries."""
-        return list(self._entries.values())
+        lost = self._lost
+        return [InflightEntry(lease, expiry.at, lease_id in lost)
+                for lease_id, (lease, expiry) in self._entries.items()]
 
     def get(self, lease_id: str) -> InflightEntry | None:
-        """The entry of a lease, if inflight."""
-        return self._entries.get(lease_id)
+        """A snapshot of the entry of a lease, if inflight."""
+        found = self._entries.get(lease_id)
+        if found is None:
+            return None
+        return InflightEntry(found[0], found[1].at, lease_id in self._lost)
+
+    def expires_at(self, lease_id: str) -> float | None:
+        """When a lease runs out on the local monotonic clock, if inflight."""
+        found = self._entries.get(lease_id)
+        return None if found is None else found[1].at
+
+    def is_lost(self, lease_id: str) -> bool:
+        """Whether a renew found the lease stale (False when it is not inflight)."""
+        return lease_id in self._lost
 
     def add(self, leases: Iterable[Lease], lease_ms: int) -> None:
-        """Track freshly fetched leases."""
-        expires_at = asyncio.get_running_loop().time() + lease_ms / 1000
-        entries = self._entries
-        for lease in leases:
-            entries[lease.lease_id] = InflightEntry(lease, expires_at)
+        """Track freshly fetched leases (all sharing one expiry)."""
+        items = leases if isinstance(leases, list | tuple) else list(leases)
+        expiry = _Expiry(asyncio.get_running_loop().time() + lease_ms / 1000)
+        self._entries.update(zip(map(_lease_id, items),
+                                 zip(items, repeat(expiry), strict=False), strict=True))
         self._changed.set()
 
     def release(self, leases: Iterable[Lease | str]) -> int:
         """Stop tracking leases (settled, or given up); returns how many were inflight."""
-        removed = 0
-        pop = self._entries.pop
+        entries = self._entries
+        before = len(entries)
+        lost = self._lost
+        pop = entries.pop
         for item in leases:
-            entry = pop(item if isinstance(item, str) else item.lease_id, None)
-            if entry is not None:
-                removed += 1
-                if entry.lost:
-                    self.lost_count -= 1
+            key = item if isinstance(item, str) else item.lease_id
+            pop(key, None)
+            if lost:
+                lost.discard(key)
+        removed = before - len(entries)
         if removed:
             self._changed.set()
         return removed
 
     def oldest_expiry(self, lease_ids: Iterable[str]) -> float | None:
         """The earliest local expiry among the given inflight leases."""
-        times = [e.expires_at for i in lease_ids if (e := self._entries.get(i)) is not None]
+        entries = self._entries
+        times = [found[1].at for i in lease_ids if (found := entries.get(i)) is not None]
         return min(times, default=None)
 
     async def renew_all(self, rheo: _Renewer, lease_ms: int) -> list[SettleResult]:
@@ -98,19 +145,24 @@ class Inflight:
         are marked lost; an unavailable or ambiguous backend leaves them as they
         are, to be renewed on the next tick.
         """
-        entries = [e for e in self._entries.values() if not e.lost]
-        if not entries:
+        lost = self._lost
+        live = [(lease_id, lease) for lease_id, (lease, _) in self._entries.items()
+                if lease_id not in lost]
+        if not live:
             return []
         started = asyncio.get_running_loop().time()
-        results = await rheo.renew([e.lease for e in entries], lease_ms=lease_ms)
-        for entry, result in zip(entries, results, strict=True):
+        results = await rheo.renew([lease for _, lease in live], lease_ms=lease_ms)
+        renewed = _Expiry(started + lease_ms / 1000)
+        entries = self._entries
+        for (lease_id, lease), result in zip(live, results, strict=True):
+            found = entries.get(lease_id)
+            if found is None or found[0] is not lease:
+                continue  # settled (or released) while the renew ran
             if result.ok:
-                entry.expires_at = started + lease_ms / 1000
-            elif result.decision is Decision.DROP and not entry.lost:
-                entry.lost = True
-                if self._entries.get(entry.lease.lease_id) is entry:
-                    self.lost_count += 1
-                log.warning("lease %s lost on renew: %s", entry.lease.lease_id, result.error)
+                entries[lease_id] = (lease, renewed)
+            elif result.decision is Decision.DROP and lease_id not in lost:
+                lost.add(lease_id)
+                log.warning("lease %s lost on renew: %s", lease_id, result.error)
         return results
 
     async def wait_changed(self, timeout: float | None = None) -> None:

@@ -30,7 +30,7 @@ from ._inflight import Inflight, wait_event
 from ._lease import Lease
 from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
 from ._settle import SettleResult, classify
-from ._settlement import SettleObserver, SettleOp, settle
+from ._settlement import BatchObserver, SettleObserver, SettleOp, per_outcome, settle
 from ._validation import check_lease_ms, check_name, check_partition, check_positive_int
 
 __all__ = ["Producer", "ProducerStats"]
@@ -137,7 +137,8 @@ class Producer:
             check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
         self._max_attempts = max_attempts
         self._backoff = backoff or Backoff()
-        self._observer = observer
+        self._observer: BatchObserver | None = None if observer is None else per_outcome(observer)
+        """Called once per settle call (a runtime over the producer sets its own)."""
         if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, int | float) \
                 or shutdown_timeout < 0:
             raise InvalidArgument(f"shutdown_timeout must be a non-negative number of seconds, "
@@ -455,8 +456,7 @@ class Producer:
         inflight = self._inflight
         if not inflight.lost_count:
             return lease.lease_id not in inflight
-        entry = inflight.get(lease.lease_id)
-        return entry is None or entry.lost
+        return lease.lease_id not in inflight or inflight.is_lost(lease.lease_id)
 
     def skip(self, lease: Lease) -> None:
         """Release a lease found :meth:`lost` before its handler started, unsettled
@@ -490,12 +490,11 @@ class Producer:
         finally:
             self._wake.set()
         stats = self._stats
-        failures = 0
-        for result in results:
-            if result.error is not None:
-                failures += 1
-                kind = result.error.kind.value
-                stats.settle_failures[kind] = stats.settle_failures.get(kind, 0) + 1
+        failed = [result.error for result in results if result.error is not None]
+        for error in failed:
+            kind = error.kind.value
+            stats.settle_failures[kind] = stats.settle_failures.get(kind, 0) + 1
+        failures = len(failed)
         if op == "nack" or failures:
             # Redelivered work (a nack, or the decision table's nack after a failed
             # settle) is available at once: an idle fetch need not wait for poll_ms.

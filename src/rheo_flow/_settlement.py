@@ -19,7 +19,7 @@ from ._lease import Lease
 from ._rheo import Rheo
 from ._settle import Decision, SettleResult
 
-__all__ = ["SettleObserver", "SettleOp", "SettleOutcome", "settle"]
+__all__ = ["BatchObserver", "SettleObserver", "SettleOp", "SettleOutcome", "per_outcome", "settle"]
 
 log = logging.getLogger("rheo_flow.settle")
 
@@ -36,6 +36,10 @@ class SettleOutcome:
 
 
 SettleObserver = Callable[[SettleOutcome], None]
+
+BatchObserver = Callable[[SettleOp, Sequence[Lease], Sequence[SettleResult]], None]
+"""What runtimes observe settles with: one call per backend call, with the settled
+leases and their results in the same order (follow-up nacks included)."""
 
 
 class _OutcomeSlots:
@@ -60,6 +64,16 @@ def _outcome(op: SettleOp, lease: Lease, result: SettleResult) -> SettleOutcome:
     return outcome  # type: ignore[no-any-return]
 
 
+def per_outcome(observer: SettleObserver) -> BatchObserver:
+    """A batch observer calling ``observer`` with one :class:`SettleOutcome` per lease."""
+
+    def observe(op: SettleOp, leases: Sequence[Lease], results: Sequence[SettleResult]) -> None:
+        for lease, result in zip(leases, results, strict=True):
+            observer(_outcome(op, lease, result))
+
+    return observe
+
+
 async def settle(
     rheo: Rheo,
     op: SettleOp,
@@ -68,9 +82,13 @@ async def settle(
     reason: str = "",
     delay_ms: int = 0,
     inflight: Inflight | None = None,
-    observer: SettleObserver | None = None,
+    observer: BatchObserver | None = None,
 ) -> list[SettleResult]:
-    """Settle ``leases`` with ``op`` and apply the decision table to failures."""
+    """Settle ``leases`` with ``op`` and apply the decision table to failures.
+
+    ``observer`` is called once per backend call (this one, then the follow-up
+    nack of the failures the decision table sends back, if any).
+    """
     if not leases:
         return []
     if op == "ack":
@@ -81,12 +99,12 @@ async def settle(
         results = await rheo.reject(leases, reason or "reject")
     if inflight is not None:
         inflight.release(leases)
-    if observer is None and all(result.error is None for result in results):
-        return results  # the common case: nothing to report or follow up, per batch
+    if observer is not None:
+        observer(op, leases, results)
+    if all(result.error is None for result in results):
+        return results  # the common case: nothing to follow up, per batch
     to_nack: list[Lease] = []
     for lease, result in zip(leases, results, strict=True):
-        if observer is not None:
-            observer(_outcome(op, lease, result))
         if result.error is None:
             continue
         log.warning(
@@ -101,9 +119,9 @@ async def settle(
         first = kind[to_nack[0].lease_id]
         with _telemetry.follow_up(op):  # the nack span says which failed settle it follows
             retry = await rheo.nack(to_nack, f"settle_failed: {first}")
+        if observer is not None:
+            observer("nack", to_nack, retry)
         for lease, result in zip(to_nack, retry, strict=True):
-            if observer is not None:
-                observer(_outcome("nack", lease, result))
             if not result.ok:
                 log.warning("nack after failed %s of %s: %s -> leave to expire",
                             op, lease.lease_id, result.kind)

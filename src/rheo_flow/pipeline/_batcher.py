@@ -210,8 +210,7 @@ class BatcherStage:
     def _expiry(self, m: Message) -> float | None:
         if self._inflight is None:
             return None
-        entry = self._inflight.get(m.lease.lease_id)
-        return None if entry is None else entry.expires_at
+        return self._inflight.expires_at(m.lease.lease_id)
 
     def _schedule(self, key: tuple[int, Hashable], batch: _Open, now: float,
                   oldest: float | None) -> None:
