@@ -424,3 +424,48 @@ async def test_settle_calls_a_batch_observer_once_per_backend_call(db: Rheo) -> 
     ids = [lease.lease_id for lease in leases]
     assert calls == [("ack", ids, [None, "failed", None]),  # one call for the batch
                      ("nack", [ids[1]], [None])]  # one for the decision table's follow-up
+
+
+async def test_a_renew_during_a_settle_call_leaves_the_settling_leases_alone(db: Rheo) -> None:
+    # The settle may commit on the server before its call returns: a renew in that
+    # window would find those leases settled and report them lost.
+    from typing import cast
+
+    from rheo_flow import Lease
+    from rheo_flow._inflight import Inflight
+    from rheo_flow._settle import SettleResult
+    from rheo_flow._settlement import settle
+
+    await append(db, 4)
+    await db.create_group("orders", "billing")
+    leases = await db.fetch("orders", "billing", consumer_id="c", limit=4)
+    inflight = Inflight(10)
+    inflight.add(leases, lease_ms=10_000)
+    acking, kept = leases[:3], leases[3:]
+    ack_started, finish_ack = asyncio.Event(), asyncio.Event()
+
+    class SlowAck:
+        async def ack(self, batch: list[Lease]) -> list[SettleResult]:
+            results = await db.ack(batch)  # committed ...
+            ack_started.set()
+            await finish_ack.wait()        # ... but the call has not returned yet
+            return results
+
+    renewed: list[list[str]] = []
+
+    class Renewer:
+        async def renew(self, batch: list[Lease], *, lease_ms: int) -> list[SettleResult]:
+            renewed.append([lease.lease_id for lease in batch])
+            return await db.renew(batch, lease_ms=lease_ms)
+
+    settling = asyncio.create_task(settle(cast(Rheo, SlowAck()), "ack", acking,
+                                          inflight=inflight))
+    await asyncio.wait_for(ack_started.wait(), 5)
+    await inflight.renew_all(Renewer(), lease_ms=10_000)
+    assert renewed == [[lease.lease_id for lease in kept]]
+    assert inflight.lost_count == 0
+    finish_ack.set()
+    assert all(result.ok for result in await asyncio.wait_for(settling, 5))
+    assert len(inflight) == 1
+    await inflight.renew_all(Renewer(), lease_ms=10_000)  # the batch is no longer skipped
+    assert renewed[-1] == [kept[0].lease_id]

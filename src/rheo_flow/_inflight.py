@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import repeat
@@ -61,6 +61,9 @@ class Inflight:
         self.capacity = capacity
         self._entries: dict[str, tuple[Lease, _Expiry]] = {}
         self._lost: set[str] = set()
+        self._settling: list[Sequence[Lease]] = []
+        """Batches whose settle call is under way: a renew skips them (it would find
+        them settled before the settle call returns and report them lost)."""
         self._changed = asyncio.Event()
 
     @property
@@ -116,6 +119,16 @@ class Inflight:
                                  zip(items, repeat(expiry), strict=False), strict=True))
         self._changed.set()
 
+    @contextlib.contextmanager
+    def settling(self, leases: Sequence[Lease]) -> Iterator[None]:
+        """Mark a batch as being settled for the duration of the settle call."""
+        batches = self._settling
+        batches.append(leases)
+        try:
+            yield
+        finally:
+            batches.remove(leases)
+
     def release(self, leases: Iterable[Lease | str]) -> int:
         """Stop tracking leases (settled, or given up); returns how many were inflight."""
         entries = self._entries
@@ -146,8 +159,11 @@ class Inflight:
         are, to be renewed on the next tick.
         """
         lost = self._lost
+        skip = lost
+        if self._settling:
+            skip = lost.union(lease.lease_id for batch in self._settling for lease in batch)
         live = [(lease_id, lease) for lease_id, (lease, _) in self._entries.items()
-                if lease_id not in lost]
+                if lease_id not in skip]
         if not live:
             return []
         started = asyncio.get_running_loop().time()

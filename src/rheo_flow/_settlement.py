@@ -91,13 +91,11 @@ async def settle(
     """
     if not leases:
         return []
-    if op == "ack":
-        results = await rheo.ack(leases)
-    elif op == "nack":
-        results = await rheo.nack(leases, reason or "nack", delay_ms=delay_ms)
+    if inflight is None:
+        results = await _call(rheo, op, leases, reason, delay_ms)
     else:
-        results = await rheo.reject(leases, reason or "reject")
-    if inflight is not None:
+        with inflight.settling(leases):
+            results = await _call(rheo, op, leases, reason, delay_ms)
         inflight.release(leases)
     if observer is not None:
         observer(op, leases, results)
@@ -126,3 +124,12 @@ async def settle(
                 log.warning("nack after failed %s of %s: %s -> leave to expire",
                             op, lease.lease_id, result.kind)
     return results
+
+
+async def _call(rheo: Rheo, op: SettleOp, leases: Sequence[Lease], reason: str,
+                delay_ms: int) -> list[SettleResult]:
+    if op == "ack":
+        return await rheo.ack(leases)
+    if op == "nack":
+        return await rheo.nack(leases, reason or "nack", delay_ms=delay_ms)
+    return await rheo.reject(leases, reason or "reject")
