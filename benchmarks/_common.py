@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,3 +42,16 @@ class Result:
             if not data[optional]:
                 del data[optional]
         return data
+
+
+async def alternating_rounds(rounds: int, runners: dict[str, Callable[[], Awaitable[float]]]
+                             ) -> dict[str, float]:
+    """Run every runner ``rounds`` times, interleaved; the median of each.
+
+    Alternating the contenders makes a noisy neighbour on the machine hit them alike.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, runner in runners.items():
+            samples[name].append(await runner())
+    return {name: statistics.median(values) for name, values in samples.items()}

@@ -50,7 +50,7 @@ from rheo_flow import ACK, NewEvent, Rheo, consumer
 from rheo_flow.backends import PostgresBackend
 from rheo_flow.pipeline import Batcher, BatchInfo, Message, Pipeline, PipelineHandler, Processors
 
-from ._common import Result
+from ._common import Result, alternating_rounds
 
 URL = os.environ.get("RHEO_POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 PARTITIONS = 4
@@ -413,16 +413,6 @@ async def append_to_handler(listen: bool, events: int, interval: float) -> tuple
 # The run ---------------------------------------------------------------------
 
 
-async def _rounds(rounds: int, runners: dict[str, Callable[[], Awaitable[float]]]
-                  ) -> dict[str, float]:
-    """Run every runner ``rounds`` times, interleaved; the median of each."""
-    samples: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, runner in runners.items():
-            samples[name].append(await runner())
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
@@ -494,7 +484,7 @@ async def _run(quick: bool, rounds: int, pgmq: bool) -> list[Result]:
             runners["pgqueuer"] = lambda e=events, b=batch: append_pgqueuer(e, b)
         if pgmq and batch == 1000:
             runners["pgmq"] = lambda e=events, b=batch: append_pgmq(e, b)
-        medians = await _rounds(rounds, runners)
+        medians = await alternating_rounds(rounds, runners)
         raw = medians["raw"]
         results += [
             Result(f"append batch {batch}: raw asyncpg INSERT ... unnest", RAW, raw,
@@ -526,7 +516,7 @@ async def _run(quick: bool, rounds: int, pgmq: bool) -> list[Result]:
         if pgmq:
             runners["pgmq"] = lambda e=events, b=batch: consume_pgmq(e, b, poll=False)
             runners["pgmq-poll"] = lambda e=events, b=batch: consume_pgmq(e, b, poll=True)
-        medians = await _rounds(rounds, runners)
+        medians = await alternating_rounds(rounds, runners)
         raw = medians["raw"]
         results.append(Result(f"consume+ack batch {batch}: raw DELETE ... SKIP LOCKED "
                               "RETURNING", RAW, raw, "events/s", note=note))

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,7 +38,7 @@ import orjson
 from rheo_flow import ACK, NewEvent, Rheo, consumer
 from rheo_flow.backends import SQLiteBackend
 
-from ._common import Result
+from ._common import Result, alternating_rounds
 
 SYNCHRONOUS = "FULL"
 BUSY_TIMEOUT_MS = 5_000
@@ -232,21 +231,11 @@ async def raw_consume(events: int) -> float:
 # the suite -------------------------------------------------------------------------
 
 
-async def _rounds(rounds: int, runners: dict[str, Callable[[], Awaitable[float]]]
-                  ) -> dict[str, float]:
-    """Run every runner ``rounds`` times, interleaved; the median of each."""
-    samples: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, runner in runners.items():
-            samples[name].append(await runner())
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 async def run(quick: bool) -> list[Result]:
     """Append and consume+ack throughput against plain sqlite3 loops."""
     events = 10_000 if quick else 50_000
     rounds = 1 if quick else 3
-    medians = await _rounds(rounds, {
+    medians = await alternating_rounds(rounds, {
         "raw append": lambda: raw_append(events),
         "append": lambda: rheo_append(events),
         "raw consume": lambda: raw_consume(events),
