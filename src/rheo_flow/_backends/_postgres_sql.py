@@ -741,17 +741,10 @@ _ASYNC_COMMIT: Final = """\
     -- after an expiry; their acks then fail as stale.
     PERFORM set_config('synchronous_commit', 'off', true);
 """
-_FRESH_V3: Final = """        RETURN QUERY
-        WITH picked AS (
-            -- Each partition's new deliveries are its next sequences, cur+1..top:
-            -- one range scan of the events reads them, and (sequence - first,
-            -- rotation position) is their place in the chosen order.
-            SELECT r.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers,
-                   e.appended_at_ms,
-                   row_number() OVER (ORDER BY e.seq - r.lo, r.pos) AS ord
-            FROM (SELECT n.part, min(n.seq) AS lo, max(n.seq) AS hi,
-                         array_position(p_parts, n.part) AS pos
-                  FROM unnest(n_part, n_seq) AS n(part, seq) GROUP BY n.part) r
+# Both fetch paths of version 3 that lease only new deliveries end alike: the
+# events of each partition's range (r.lo..r.hi) are read in one scan, one
+# delivery is inserted per event, and the leases are returned in their order.
+_LEASE_RANGES_V3: Final = """\
             CROSS JOIN LATERAL (
                 SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
                 FROM {s}.events e
@@ -764,13 +757,27 @@ _FRESH_V3: Final = """        RETURN QUERY
                    (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid, p_consumer,
                    v_now + p_lease_ms
             FROM picked k
-        ), """ + _MOVE_CURSORS + """
+        ), """
+_RETURN_LEASED_V3: Final = """\
         SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
                v_now + p_lease_ms, k.event_id, k.type, k.key, k.data::text, k.headers::text,
                k.appended_at_ms
         FROM picked k
         ORDER BY k.ord;
         RETURN;"""
+_FRESH_V3: Final = """        RETURN QUERY
+        WITH picked AS (
+            -- Each partition's new deliveries are its next sequences, cur+1..top:
+            -- one range scan of the events reads them, and (sequence - first,
+            -- rotation position) is their place in the chosen order.
+            SELECT r.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers,
+                   e.appended_at_ms,
+                   row_number() OVER (ORDER BY e.seq - r.lo, r.pos) AS ord
+            FROM (SELECT n.part, min(n.seq) AS lo, max(n.seq) AS hi,
+                         array_position(p_parts, n.part) AS pos
+                  FROM unnest(n_part, n_seq) AS n(part, seq) GROUP BY n.part) r
+""" + _LEASE_RANGES_V3 + _MOVE_CURSORS + """
+""" + _RETURN_LEASED_V3
 # Nothing to lease again (the common case): one statement picks the new
 # deliveries in round-robin order (their depth, sequence - cursor, then the
 # rotation position), reads their events by range, inserts them and moves the
@@ -795,28 +802,11 @@ _ONLY_NEW_V3: Final = """    IF c_part IS NULL THEN
                    e.appended_at_ms,
                    row_number() OVER (ORDER BY e.seq - r.lo, r.pos) AS ord
             FROM r
-            CROSS JOIN LATERAL (
-                SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
-                FROM {s}.events e
-                WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq BETWEEN r.lo AND r.hi
-                OFFSET 0) e
-        ), created AS (
-            INSERT INTO {s}.deliveries
-                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
-            SELECT p_group, k.part, k.seq, 1, 1,
-                   (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid, p_consumer,
-                   v_now + p_lease_ms
-            FROM picked k
-        ), moved AS (
+""" + _LEASE_RANGES_V3 + """moved AS (
             UPDATE {s}.cursors cu SET cursor = r.hi
             FROM r WHERE cu.group_id = p_group AND cu.part = r.part
         )
-        SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
-               v_now + p_lease_ms, k.event_id, k.type, k.key, k.data::text, k.headers::text,
-               k.appended_at_ms
-        FROM picked k
-        ORDER BY k.ord;
-        RETURN;
+""" + _RETURN_LEASED_V3 + """
     END IF;
 """
 _EXISTING_V2: Final = """    IF c_part IS NOT NULL THEN
