@@ -641,21 +641,9 @@ class SQLiteBackend(Backend):
             return False, exc
 
     def _run_together(self, jobs: list[_Job[Any]]) -> list[tuple[_Job[Any], tuple[bool, Any]]]:
-        conn = self._conn
-        results: list[Any] = []
+        begin = "BEGIN IMMEDIATE" if any(j.write for j in jobs) else "BEGIN"
         try:
-            if conn is None:
-                raise BackendUnavailable(f"SQLite database {self._path!r} is closed")
-            conn.execute("BEGIN IMMEDIATE" if any(j.write for j in jobs) else "BEGIN")
-            try:
-                for job in jobs:
-                    results.append(job.call(conn))
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
+            results = self._transaction(begin, lambda conn: [job.call(conn) for job in jobs])
         except BaseException:
             # Nothing of the batch stayed: run each operation in a transaction of
             # its own, so an error reaches only the caller whose operation raised.
