@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import statistics
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rheo_flow import Rheo
 
 __all__ = ["Result"]
 
@@ -55,3 +60,29 @@ async def alternating_rounds(rounds: int, runners: dict[str, Callable[[], Awaita
         for name, runner in runners.items():
             samples[name].append(await runner())
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def payload(i: int) -> dict[str, Any]:
+    """The data of the i-th benchmark event (the same for every contender)."""
+    return {"n": i, "kind": "bench", "tags": ["a", "b"]}
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float) -> None:
+    """Wait for ``predicate`` to hold, failing the run after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark run did not finish in time")
+        await asyncio.sleep(0.002)
+
+
+async def append_rate(rheo: Rheo, stream: str, events: int, batch: int) -> float:
+    """Events per second through ``Rheo.append`` of ``batch``-event batches of
+    :func:`payload` data."""
+    from rheo_flow import NewEvent
+
+    started = time.perf_counter()
+    for start in range(0, events, batch):
+        await rheo.append(stream, [NewEvent("bench.event", payload(i))
+                                   for i in range(start, min(events, start + batch))])
+    return events / (time.perf_counter() - started)

@@ -50,7 +50,7 @@ from rheo_flow import ACK, NewEvent, Rheo, consumer
 from rheo_flow.backends import PostgresBackend
 from rheo_flow.pipeline import Batcher, BatchInfo, Message, Pipeline, PipelineHandler, Processors
 
-from ._common import Result, alternating_rounds
+from ._common import Result, alternating_rounds, wait_until
 
 URL = os.environ.get("RHEO_POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 PARTITIONS = 4
@@ -82,14 +82,6 @@ async def _backlog(rheo: Rheo, events: int, chunk: int = 2_000) -> str:
         await rheo.append(stream, [NewEvent("bench", {"n": i})
                                    for i in range(start, min(events, start + chunk))])
     return stream
-
-
-async def _wait_until(predicate: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("benchmark run did not finish in time")
-        await asyncio.sleep(0.002)
 
 
 # Appends ---------------------------------------------------------------------
@@ -187,7 +179,7 @@ async def consume_group(events: int, batch: int) -> float:
 
         started = time.perf_counter()
         async with noop.start(rheo) as group:
-            await _wait_until(lambda: group.stats.acked >= events, 300)
+            await wait_until(lambda: group.stats.acked >= events, 300)
             elapsed = time.perf_counter() - started
         return events / elapsed
     finally:
@@ -217,7 +209,7 @@ async def consume_pipeline(events: int, batch: int) -> float:
         started = time.perf_counter()
         await pipeline.start()
         try:
-            await _wait_until(lambda: pipeline.stats().acked >= events, 300)
+            await wait_until(lambda: pipeline.stats().acked >= events, 300)
             elapsed = time.perf_counter() - started
         finally:
             await pipeline.drain(10)
@@ -402,7 +394,7 @@ async def append_to_handler(listen: bool, events: int, interval: float) -> tuple
                 sent[i] = time.perf_counter()
                 await rheo.append(stream, NewEvent("tick", {"i": i}))
                 await asyncio.sleep(interval)
-            await _wait_until(lambda: len(seen) >= events, 30)
+            await wait_until(lambda: len(seen) >= events, 30)
         latencies = sorted((seen[i] - sent[i]) * 1000 for i in range(events))
         return (statistics.median(latencies),
                 latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))])

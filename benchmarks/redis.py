@@ -39,7 +39,7 @@ import redis.utils
 from rheo_flow import ACK, Consumer, Event, NewEvent, Rheo
 from rheo_flow.backends import RedisBackend
 
-from ._common import Result
+from ._common import Result, append_rate, payload
 
 URL = os.environ.get("RHEO_REDIS_URL") or "redis://127.0.0.1:6379/0"
 MAX_DEMAND = 500
@@ -50,11 +50,6 @@ SAQ_CONCURRENCY = 10
 APPEND_CHUNK = 5_000
 RAW = "raw-redis-py+hiredis"
 LATENCY_INTERVAL_S = 0.005
-
-
-def payload(i: int) -> dict[str, Any]:
-    """The data of the i-th benchmark event (the same for every contender)."""
-    return {"n": i, "kind": "bench", "tags": ["a", "b"]}
 
 
 # rheo_flow ---------------------------------------------------------------------
@@ -175,13 +170,7 @@ async def rheo_append(events: int) -> float:
     try:
         async with Rheo(backend) as rheo:
             await rheo.create_stream("bench")
-            started = time.perf_counter()
-            for start in range(0, events, APPEND_BATCH):
-                await rheo.append("bench", [
-                    NewEvent("bench.event", payload(i))
-                    for i in range(start, min(events, start + APPEND_BATCH))
-                ])
-            return events / (time.perf_counter() - started)
+            return await append_rate(rheo, "bench", events, APPEND_BATCH)
     finally:
         await backend.drop_all()
         await backend.close()

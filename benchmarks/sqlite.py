@@ -38,7 +38,7 @@ import orjson
 from rheo_flow import ACK, NewEvent, Rheo, consumer
 from rheo_flow.backends import SQLiteBackend
 
-from ._common import Result, alternating_rounds
+from ._common import Result, alternating_rounds, append_rate, payload, wait_until
 
 SYNCHRONOUS = "FULL"
 BUSY_TIMEOUT_MS = 5_000
@@ -47,19 +47,6 @@ CONSUME_BATCH = 100
 BACKLOG_CHUNK = 5_000
 RAW = "raw-sqlite3"
 T = TypeVar("T")
-
-
-def payload(i: int) -> dict[str, Any]:
-    """The data of the i-th benchmark event (the same for every contender)."""
-    return {"n": i, "kind": "bench", "tags": ["a", "b"]}
-
-
-async def _wait_until(predicate: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("benchmark run did not finish in time")
-        await asyncio.sleep(0.002)
 
 
 # rheo_flow -------------------------------------------------------------------------
@@ -91,13 +78,7 @@ async def rheo_append(events: int) -> float:
         rheo, path = await _rheo(directory)
         try:
             await rheo.create_stream("bench")
-            started = time.perf_counter()
-            for start in range(0, events, APPEND_BATCH):
-                await rheo.append("bench", [
-                    NewEvent("bench.event", payload(i))
-                    for i in range(start, min(events, start + APPEND_BATCH))
-                ])
-            rate = events / (time.perf_counter() - started)
+            rate = await append_rate(rheo, "bench", events, APPEND_BATCH)
         finally:
             await rheo.close()
         _check_wal(path)
@@ -119,7 +100,7 @@ async def rheo_group(events: int) -> float:
 
             started = time.perf_counter()
             async with noop.start(rheo) as group:
-                await _wait_until(lambda: group.stats.acked >= events, 300)
+                await wait_until(lambda: group.stats.acked >= events, 300)
                 elapsed = time.perf_counter() - started
             if sum((await rheo.lag("bench", "g")).values()) != 0:
                 raise RuntimeError("rheo_flow left events unsettled")
