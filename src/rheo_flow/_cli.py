@@ -7,7 +7,7 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -18,7 +18,7 @@ from . import __version__
 from ._demo import DemoConfig, run_demo
 from ._errors import RheoError
 from ._rheo import Rheo
-from ._urls import redact_url
+from ._urls import redact_url, scrub_secrets
 
 __all__ = ["app", "main"]
 
@@ -49,24 +49,16 @@ def _run(console: Console, make: Callable[[], Awaitable[T]], url: str | None = N
     try:
         return asyncio.run(make())  # type: ignore[arg-type]
     except RheoError as exc:
-        console.print(f"[bold red]error:[/] {escape(_mask(str(exc), url))}")
+        console.print(f"[bold red]error:[/] {escape(scrub_secrets(str(exc), url))}")
         raise typer.Exit(1) from None
     except Exception as exc:
         where = f" ({redact_url(url)})" if url else ""
-        message = _mask(f"{type(exc).__name__}: {exc}", url)
+        message = scrub_secrets(f"{type(exc).__name__}: {exc}", url)
         console.print(f"[bold red]error{escape(where)}:[/] {escape(message)}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         console.print("interrupted")
         raise typer.Exit(130) from None
-
-
-def _mask(text: str, url: str | None) -> str:
-    try:
-        password = urlsplit(url).password if url else None
-    except ValueError:
-        return text
-    return text.replace(password, "***") if password else text
 
 
 def _version(value: bool) -> None:

@@ -46,6 +46,10 @@ def decode_cursor(cursor: str) -> tuple[int, int]:
     from ._errors import InvalidArgument
 
     parts = cursor.split(".") if isinstance(cursor, str) else []
-    if len(parts) != 3 or parts[0] != "v1" or not all(p.isdigit() for p in parts[1:]):
+    if (len(parts) != 3 or parts[0] != "v1"
+            or not all(p.isascii() and p.isdigit() and len(p) <= 19 for p in parts[1:])):
         raise InvalidArgument(f"malformed query cursor {cursor!r}")
-    return int(parts[1]), int(parts[2])
+    partition, sequence = int(parts[1]), int(parts[2])
+    if sequence > 2**63 - 1:
+        raise InvalidArgument(f"malformed query cursor {cursor!r}")
+    return partition, sequence

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal, Self
 from . import _telemetry
 from ._backend import AppendRecord, Backend, make_append_record
 from ._capabilities import Capabilities
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, RheoError
 from ._event import Event, NewEvent
 from ._lease import Lease
 from ._query import Page, Query, decode_cursor, encode_cursor
@@ -25,17 +25,22 @@ from ._validation import (
     MAX_ID,
     MAX_PARTITIONS,
     MAX_TYPE,
+    check_duration_ms,
     check_event_id,
     check_headers,
     check_key,
     check_lease_ms,
     check_name,
-    check_non_negative_int,
     check_partition,
     check_positive_int,
     check_reason,
+    check_sequence,
+    check_start,
+    check_text,
+    check_timeout_s,
     check_type,
     encode_json,
+    invalid_text,
 )
 
 __all__ = ["Partitions", "Rheo"]
@@ -173,8 +178,16 @@ class Rheo:
         check_key(key)
         if partition is not None:
             check_partition(partition, count)
-        records = _records(items, count, key, partition)
-        return await _telemetry.send(self._backend, stream, records)
+        try:
+            records = _records(items, count, key, partition)
+            return await _telemetry.send(self._backend, stream, records)
+        except (ValueError, TypeError, RheoError) as exc:
+            # A lone surrogate in a type, id, key or header is left to the encoders
+            # (routing hash, driver) to meet: no per-event check on this hot path.
+            error = invalid_text(exc)
+            if error is None or isinstance(exc, InvalidArgument):
+                raise
+            raise error from None
 
     # Groups ------------------------------------------------------------------
 
@@ -193,7 +206,7 @@ class Rheo:
         """
         check_name("stream", stream)
         check_name("group", group)
-        _check_start(start)
+        check_start("start", start)
         if max_attempts is not None:
             check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
         info = await self._backend.create_group(stream, group, start, max_attempts)
@@ -286,7 +299,7 @@ class Rheo:
         """Return leases for redelivery (after ``delay_ms``); one result per lease."""
         items = self._leases(leases)
         check_reason(reason)
-        check_non_negative_int("delay_ms", delay_ms)
+        check_duration_ms("delay_ms", delay_ms)
         return await self._settle_call(
             "nack", items, lambda: self._backend.nack(items, reason, delay_ms))
 
@@ -355,7 +368,7 @@ class Rheo:
         """Re-deliver every event from ``from_sequence`` on, without copying events."""
         count = await self._partition_count(stream)
         check_name("group", group)
-        check_positive_int("from_sequence", from_sequence)
+        check_sequence("from_sequence", from_sequence, minimum=1)
         selected = self._all_or(partitions, count)
         await self._backend.group_info(stream, group)
         await self._backend.replay(stream, group, from_sequence, selected)
@@ -367,7 +380,7 @@ class Rheo:
         """Move a group to the earliest event, past the latest, or past a sequence."""
         count = await self._partition_count(stream)
         check_name("group", group)
-        _check_start(to)
+        check_start("to", to)
         selected = self._all_or(partitions, count)
         await self._backend.group_info(stream, group)
         await self._backend.reset(stream, group, to, selected)
@@ -386,10 +399,12 @@ class Rheo:
         for name in ("from_sequence", "to_sequence", "since_ms", "until_ms"):
             value = getattr(query, name)
             if value is not None:
-                check_non_negative_int(name, value)
-        check_key(query.key)
+                check_sequence(name, value)
+        query_key = check_key(query.key)
+        if query_key is not None:
+            check_text("key", query_key)
         if query.type is not None:
-            check_type(query.type)
+            check_text("event type", check_type(query.type))
         after = None if cursor is None else decode_cursor(cursor)
         events = await self._backend.query(query, limit + 1, after)
         if len(events) > limit:
@@ -423,10 +438,10 @@ class Rheo:
         if up_to is None:
             bounds: dict[int, int] | None = None
         elif isinstance(up_to, Mapping):
-            bounds = {check_partition(p, count): check_non_negative_int("up_to", s)
+            bounds = {check_partition(p, count): check_sequence("up_to", s)
                       for p, s in up_to.items()}
         else:
-            seq = check_non_negative_int("up_to", up_to)
+            seq = check_sequence("up_to", up_to)
             bounds = dict.fromkeys(range(count), seq)
         groups = await self._backend.list_groups(stream)
         if bounds is None:
@@ -441,6 +456,8 @@ class Rheo:
 
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         """Wait for an append (push wake-ups) or ``timeout`` seconds; True when woken."""
+        check_name("stream", stream)
+        timeout = check_timeout_s("timeout", timeout)
         return await self._backend.wait_for_append(stream, timeout)
 
 
@@ -514,12 +531,3 @@ def _records(
 
 
 _NO_HEADERS: Final[Mapping[str, str]] = {}
-
-
-def _check_start(start: object) -> None:
-    if start in ("earliest", "latest"):
-        return
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise InvalidArgument(
-            f'start must be "earliest", "latest" or a sequence >= 0, got {start!r}'
-        )

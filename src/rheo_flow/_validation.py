@@ -16,11 +16,22 @@ import orjson
 
 from ._errors import InvalidArgument
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+"""A whole name (``fullmatch``: ``$`` would let a final newline through)."""
 MAX_PARTITIONS = 4096
 MAX_REASON = 2000
 MAX_ID = 200
 MAX_TYPE = 256
+MAX_DEPTH: Final = 254
+"""The deepest nesting of lists and objects in event data (what orjson encodes)."""
+MAX_SEQUENCE: Final = 2**63 - 1
+"""Sequences and millisecond timestamps are signed 64-bit integers in every store."""
+MAX_LEASE_MS: Final = 86_400_000
+"""A lease lasts at most one day."""
+MAX_DELAY_MS: Final = 2**31 - 1
+"""A nack delay (and any other duration in milliseconds) is at most about 24.8 days."""
+MAX_WAIT_S: Final = MAX_DELAY_MS / 1000
+"""A wait or block timeout in seconds is at most as long as the longest delay."""
 
 
 _VALID_NAMES: set[str] = set()
@@ -32,7 +43,7 @@ def check_name(kind: str, value: object) -> str:
     """A stream, group or consumer name: 1-128 of ``A-Z a-z 0-9 _ . -``, starting alphanumeric."""
     if value.__class__ is str and value in _VALID_NAMES:
         return value
-    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         raise InvalidArgument(
             f"invalid {kind} name {value!r}: use 1-128 characters of A-Z a-z 0-9 _ . - "
             "starting with a letter or digit"
@@ -60,6 +71,100 @@ def check_non_negative_int(name: str, value: object) -> int:
     return value
 
 
+def check_sequence(name: str, value: object, *, minimum: int = 0) -> int:
+    """A sequence number (or millisecond timestamp): an int in ``minimum..2**63-1``."""
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not minimum <= value <= MAX_SEQUENCE):
+        raise InvalidArgument(
+            f"{name} must be an integer in {minimum}..{MAX_SEQUENCE} (2**63-1), got {value!r}"
+        )
+    return value
+
+
+def check_duration_ms(name: str, value: object, *, minimum: int = 0,
+                      maximum: int = MAX_DELAY_MS) -> int:
+    """A duration in milliseconds: an int in ``minimum..maximum`` (by default 0..2**31-1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise InvalidArgument(
+            f"{name} must be an integer number of milliseconds in {minimum}..{maximum}, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def check_timeout_s(name: str, value: object) -> float:
+    """A wait in seconds: a finite number in ``0..MAX_WAIT_S``."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 <= value <= MAX_WAIT_S):  # NaN fails both comparisons
+        raise InvalidArgument(f"{name} must be a number of seconds in 0..{MAX_WAIT_S}, "
+                              f"got {value!r}")
+    return float(value)
+
+
+def check_start(name: str, value: object) -> None:
+    """A start position: ``"earliest"``, ``"latest"`` or a sequence."""
+    if value in ("earliest", "latest"):
+        return
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 0 <= value <= MAX_SEQUENCE):
+        raise InvalidArgument(
+            f'{name} must be "earliest", "latest" or a sequence in 0..{MAX_SEQUENCE} (2**63-1), '
+            f"got {value!r}"
+        )
+
+
+def check_text(what: str, value: str) -> str:
+    """A string every store can hold: encodable as UTF-8 (no lone surrogate)."""
+    if not value.isascii():  # O(1): ASCII text is always valid
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise unicode_error(what, exc) from None
+    return value
+
+
+def unicode_error(what: str, exc: UnicodeEncodeError) -> InvalidArgument:
+    """The InvalidArgument for text that UTF-8 cannot encode."""
+    bad = exc.object[exc.start:exc.end] if isinstance(exc.object, str) else ""
+    return InvalidArgument(
+        f"{what} is not valid Unicode text: it holds the lone surrogate {bad!r} "
+        f"at position {exc.start}"
+    )
+
+
+def check_record_text(type_: str, event_id: str, key: str | None,
+                      headers: Mapping[str, str]) -> None:
+    """The strings of one event, for a store that does not encode them itself."""
+    check_text("event type", type_)
+    check_text("event id", event_id)
+    if key is not None:
+        check_text("key", key)
+    for k, v in headers.items():
+        check_text("header name", k)
+        check_text("header value", v)
+
+
+def invalid_text(exc: BaseException) -> InvalidArgument | None:
+    """The InvalidArgument for an error a store or driver raised for text it cannot encode.
+
+    Appends leave it to the encoders (the routing hash, the driver) to meet a lone
+    surrogate rather than check every string of every event; the error they raise,
+    possibly wrapped by a driver, becomes InvalidArgument here. None: another error.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, UnicodeEncodeError):
+            return unicode_error("a string of the event", current)
+        if isinstance(current, TypeError) and "not valid UTF-8" in str(current):
+            return InvalidArgument(
+                "a string of the event is not valid Unicode text: it holds a lone surrogate"
+            )
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def check_partition(value: object, partitions: int) -> int:
     """A partition id of a stream with ``partitions`` partitions."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < partitions:
@@ -75,7 +180,7 @@ def check_reason(value: object) -> str:
         raise InvalidArgument(f"reason must be a non-empty string, got {value!r}")
     if len(value) > MAX_REASON:
         raise InvalidArgument(f"reason is longer than {MAX_REASON} characters")
-    return value
+    return check_text("reason", value)
 
 
 def check_event_id(value: object) -> str:
@@ -131,7 +236,16 @@ def encode_json(data: Any, *, what: str = "event data") -> str:
     """
     try:
         text = orjson.dumps(data, default=_refuse, option=_ORJSON_OPTIONS)
-    except TypeError:  # orjson.JSONEncodeError is a TypeError
+    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
+        message = str(exc)
+        if "not valid UTF-8" in message:  # a lone surrogate: no store can hold it
+            raise InvalidArgument(
+                f"{what} is not valid Unicode text: a string holds a lone surrogate"
+            ) from None
+        if "ecursion limit" in message:
+            raise InvalidArgument(
+                f"{what} is nested too deeply: at most {MAX_DEPTH} levels of lists and objects"
+            ) from None
         return _encode_strict(data, what)
     if b"null" in text:
         return _encode_strict(data, what)
@@ -140,9 +254,10 @@ def encode_json(data: Any, *, what: str = "event data") -> str:
 
 def _encode_strict(data: Any, what: str) -> str:
     try:
-        return _strict_dumps(data)
+        text: str = _strict_dumps(data)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgument(f"{what} is not JSON-serialisable: {exc}") from None
+    return check_text(what, text)
 
 
 def _refuse(value: object) -> Any:
@@ -151,7 +266,7 @@ def _refuse(value: object) -> Any:
 
 def check_lease_ms(value: object) -> int:
     """A lease duration in milliseconds (10 ms .. 1 day)."""
-    v = check_positive_int("lease_ms", value, maximum=86_400_000)
+    v = check_positive_int("lease_ms", value, maximum=MAX_LEASE_MS)
     if v < 10:
         raise InvalidArgument(f"lease_ms must be at least 10, got {v}")
     return v

@@ -23,6 +23,7 @@ from .._lease import Lease, make_lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from .._validation import check_record_text
 from ._shared import fence, missing_delivery, query_window, round_robin
 
 __all__ = ["MemoryBackend"]
@@ -148,6 +149,8 @@ class MemoryBackend(Backend):
 
     async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
         s = self._stream(stream)
+        for r in records:  # the other stores refuse such text when they encode it
+            check_record_text(r.type, r.id, r.key, r.headers)
         now = self._clock()
         out: list[Event] = []
         for r in records:

@@ -81,7 +81,7 @@ from .._lease import Lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from .._urls import redact_url
+from .._urls import check_hosts, redact_url, scrub_secrets
 from ._shared import (
     Waiters,
     fence,
@@ -341,6 +341,8 @@ class MongoBackend(Backend):
         """
         if not isinstance(url, str):
             raise InvalidArgument(f"not a MongoDB URL: {url!r}")
+        if not url.lower().startswith("mongodb+srv://"):
+            check_hosts(url, "MongoDB")
         parts = urlsplit(url)
         ours: dict[str, str] = {}
         theirs: list[str] = []
@@ -423,13 +425,7 @@ class MongoBackend(Backend):
 
     def _scrub(self, text: str) -> str:
         """``text`` without the URL's password, should a driver message quote it."""
-        if self._url is None:
-            return text
-        try:
-            password = urlsplit(self._url).password
-        except ValueError:
-            return text
-        return text.replace(password, "***") if password else text
+        return scrub_secrets(text, self._url)
 
     def _bind(self) -> None:
         """Name the database and the collections (no I/O)."""

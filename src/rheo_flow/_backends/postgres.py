@@ -39,7 +39,6 @@ from .._backend import DEFAULT_MAX_ATTEMPTS, AppendRecord, Backend
 from .._capabilities import Capabilities
 from .._errors import (
     BackendError,
-    BackendUnavailable,
     ConflictError,
     InvalidArgument,
     UnknownGroup,
@@ -50,7 +49,7 @@ from .._lease import Lease, make_lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from .._urls import redact_url, require_driver
+from .._urls import check_hosts, redact_url, require_driver, unreachable
 from ._postgres_sql import (
     BOOTSTRAP,
     MIGRATIONS,
@@ -301,6 +300,7 @@ class PostgresBackend(Backend):
             raise InvalidArgument(
                 f"not a PostgreSQL URL: {redact_url(str(url))!r} (expected postgresql://...)"
             )
+        check_hosts(url, "PostgreSQL")
         parts = urlsplit(url)
         options: dict[str, Any] = {}
         passed: list[tuple[str, str]] = []
@@ -367,10 +367,7 @@ class PostgresBackend(Backend):
                 reset=_keep_session,
             )
         except (TimeoutError, OSError, driver.PostgresError, driver.InterfaceError) as exc:
-            raise BackendUnavailable(
-                f"cannot connect to PostgreSQL at {redact_url(self._url)}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
+            raise unreachable("PostgreSQL", self._url, exc) from None
         return pool
 
     async def close(self) -> None:
@@ -1389,10 +1386,7 @@ async def migrate(url_or_pool: str | asyncpg.Pool | asyncpg.Connection,
         try:
             conn = await driver.connect(backend._url)
         except (TimeoutError, OSError, driver.PostgresError, driver.InterfaceError) as exc:
-            raise BackendUnavailable(
-                f"cannot connect to PostgreSQL at {redact_url(url_or_pool)}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
+            raise unreachable("PostgreSQL", url_or_pool, exc) from None
         try:
             return await _ensure_schema(conn, schema, apply=True)
         finally:

@@ -75,7 +75,7 @@ from .._lease import Lease, make_lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from .._urls import redact_url
+from .._urls import redact_url, url_secrets
 from .._validation import NAME_PATTERN
 from ._redis_lua import SCRIPTS
 from ._shared import query_window
@@ -161,7 +161,7 @@ class RedisBackend(Backend):
                 "A-Z a-z 0-9 _ . -"
             )
         self._url = None if url is None else redact_url(url)
-        self._password: str | None = None
+        self._secrets: list[str] = []
         if client is not None:
             if not isinstance(client, aioredis.Redis):
                 raise InvalidArgument(
@@ -172,7 +172,7 @@ class RedisBackend(Backend):
         else:
             assert url is not None
             try:
-                self._password = urlsplit(url).password
+                self._secrets = url_secrets(url)
                 self._client = aioredis.Redis.from_url(url)
             except (ValueError, TypeError) as exc:
                 raise InvalidArgument(
@@ -315,8 +315,8 @@ class RedisBackend(Backend):
         return _classify(exc)
 
     def _scrub(self, text: str) -> str:
-        if self._password:
-            text = text.replace(self._password, "***")
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
         return text
 
     def _translate(self, exc: BaseException) -> BackendError:
@@ -473,6 +473,10 @@ class RedisBackend(Backend):
         count = await self._partition_count(stream)
         if not records:
             return []
+        dumps = orjson.dumps
+        # Encoded before anything is written: a string no store can hold fails here.
+        metas = [dumps((r.id, r.type, r.key, r.headers if type(r.headers) is dict
+                        else dict(r.headers))).decode() for r in records]
         targets = [r.partition for r in records]
         if count > 1:
             # An id is owned by the partition it was first appended to, even when a
@@ -484,13 +488,8 @@ class RedisBackend(Backend):
         for index, partition in enumerate(targets):
             by_partition.setdefault(partition, []).append(index)
         calls = []
-        dumps = orjson.dumps
         for partition, indexes in by_partition.items():
-            rows = []
-            for i in indexes:
-                r = records[i]
-                headers = r.headers if type(r.headers) is dict else dict(r.headers)
-                rows.append((r.id, dumps((r.id, r.type, r.key, headers)).decode(), r.data_json))
+            rows = [(records[i].id, metas[i], records[i].data_json) for i in indexes]
             calls.append(("append", self._pkeys(stream, partition), [dumps(rows)]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
         loads = orjson.loads

@@ -26,8 +26,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from .._errors import BackendUnavailable, InvalidArgument
-from .._urls import redact_url, require_driver
+from .._errors import InvalidArgument
+from .._urls import redact_url, require_driver, unreachable
 from ._frontier import (
     GroupRows,
     Span,
@@ -156,9 +156,7 @@ class PostgresSink(Sink):
                     self._url, min_size=1, max_size=self._pool_max,
                     server_settings={"application_name": "rheo_flow.sink", "jit": "off"})
             except (TimeoutError, OSError, driver.PostgresError, driver.InterfaceError) as exc:
-                raise BackendUnavailable(
-                    f"cannot connect to PostgreSQL at {redact_url(self._url)}: "
-                    f"{type(exc).__name__}: {exc}") from None
+                raise unreachable("PostgreSQL", self._url, exc) from None
         try:
             if self._settle_with is not None:
                 # Before the DDL below: the backend may be creating its schema, the one
