@@ -18,6 +18,7 @@ from ._errors import InvalidArgument, NotStarted
 from ._event import Event
 from ._lease import Lease
 from ._rheo import Partitions
+from ._validation import check_duration_ms
 
 if TYPE_CHECKING:
     from ._group import Group
@@ -60,12 +61,7 @@ class Retry:
 
     def __post_init__(self) -> None:
         _check_reason("Retry", self.reason)
-        if isinstance(self.delay_ms, bool) or not isinstance(self.delay_ms, int) or (
-            self.delay_ms < 0
-        ):
-            raise InvalidArgument(
-                f"Retry delay_ms must be a non-negative integer, got {self.delay_ms!r}"
-            )
+        check_duration_ms("Retry delay_ms", self.delay_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal, Self
 from . import _telemetry
 from ._backend import AppendRecord, Backend, make_append_record
 from ._capabilities import Capabilities
-from ._errors import InvalidArgument, RheoError
+from ._errors import InvalidArgument
 from ._event import Event, NewEvent
 from ._lease import Lease
 from ._query import Page, Query, decode_cursor, encode_cursor
@@ -181,7 +181,7 @@ class Rheo:
         try:
             records = _records(items, count, key, partition)
             return await _telemetry.send(self._backend, stream, records)
-        except (ValueError, TypeError, RheoError) as exc:
+        except Exception as exc:
             # A lone surrogate in a type, id, key or header is left to the encoders
             # (routing hash, driver) to meet: no per-event check on this hot path.
             error = invalid_text(exc)

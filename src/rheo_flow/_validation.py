@@ -216,7 +216,7 @@ def check_headers(value: object) -> dict[str, str]:
     for k, v in value.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidArgument(f"headers must map str to str, got {k!r}: {v!r}")
-        out[k] = v
+        out[check_text("header name", k)] = check_text("header value", v)
     return out
 
 

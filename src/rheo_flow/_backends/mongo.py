@@ -280,6 +280,8 @@ class MongoBackend(Backend):
                     f"not a MongoDB URL: {redact_url(str(url))!r} "
                     "(expected mongodb://host/database or mongodb+srv://...)"
                 )
+            if not url.lower().startswith("mongodb+srv://"):
+                check_hosts(url, "MongoDB")
             if not urlsplit(url).netloc.rsplit("@", 1)[-1]:
                 raise InvalidArgument(f"MongoDB URL {redact_url(url)!r} names no host")
         elif not callable(getattr(client, "get_database", None)):

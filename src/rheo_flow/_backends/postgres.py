@@ -258,6 +258,8 @@ class PostgresBackend(Backend):
             raise InvalidArgument("PostgresBackend needs exactly one of pool= or url=")
         if url is not None and (not isinstance(url, str) or "://" not in url):
             raise InvalidArgument(f"not a PostgreSQL URL: {redact_url(str(url))!r}")
+        if url is not None:
+            check_hosts(url, "PostgreSQL")
         self._schema = _check_schema(schema)
         self._pool_min = _check_size("pool_min_size", pool_min_size, 0)
         self._pool_max = _check_size("pool_max_size", pool_max_size, 1)

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from .._errors import InvalidArgument
 from .._producer import Producer
+from .._validation import check_duration_ms
 from ._message import Message, MessageOutcome, OnFailure
 
 __all__ = ["Acknowledger", "ProducerAcknowledger"]
@@ -28,12 +29,8 @@ class Acknowledger(ABC):
     def __init__(self, *, on_failure: OnFailure = "retry", retry_delay_ms: int = 0) -> None:
         if on_failure not in ("retry", "reject"):
             raise InvalidArgument(f'on_failure must be "retry" or "reject", got {on_failure!r}')
-        if isinstance(retry_delay_ms, bool) or not isinstance(retry_delay_ms, int) or (
-                retry_delay_ms < 0):
-            raise InvalidArgument(
-                f"retry_delay_ms must be a non-negative integer, got {retry_delay_ms!r}")
         self.on_failure: OnFailure = on_failure
-        self.retry_delay_ms = retry_delay_ms
+        self.retry_delay_ms = check_duration_ms("retry_delay_ms", retry_delay_ms)
 
     async def settle(self, successful: Iterable[Message], failed: Iterable[Message]) -> None:
         """Settle ``successful`` (status ``ok``) and ``failed`` messages."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .._errors import InvalidArgument
 from .._lease import Lease
-from .._validation import MAX_REASON
+from .._validation import MAX_REASON, check_duration_ms
 
 if TYPE_CHECKING:
     from ._acknowledger import Acknowledger
@@ -204,12 +204,7 @@ class Message:
                 )
             self.on_failure = on_failure
         if retry_delay_ms is not None:
-            if (isinstance(retry_delay_ms, bool) or not isinstance(retry_delay_ms, int)
-                    or retry_delay_ms < 0):
-                raise InvalidArgument(
-                    f"retry_delay_ms must be a non-negative integer, got {retry_delay_ms!r}"
-                )
-            self.retry_delay_ms = retry_delay_ms
+            self.retry_delay_ms = check_duration_ms("retry_delay_ms", retry_delay_ms)
         return self
 
     def failed(self, reason: object) -> Message:
