@@ -17,7 +17,7 @@ from .._errors import ConflictError, InvalidArgument, UnknownGroup, UnknownStrea
 from .._event import Event, NewEvent
 from .._query import Query
 from .._routing import partition_for
-from ._case import CaseEnv, case, check, check_equal, expect_error
+from ._case import CaseEnv, case, check, check_equal, expect_error, positions
 
 # Golden routing values: the hash must never change between versions, processes or
 # backends, or events of one key would split across partitions after an upgrade.
@@ -429,6 +429,109 @@ async def case_invalid_fetch_and_settle_change_nothing(env: CaseEnv) -> None:
     await expect_error(InvalidArgument, env.rheo.ack(["not a lease"]),  # type: ignore[list-item]
                        "ack of something that is not a lease")
     await env.ack_ok([lease])
+
+
+def _nested(depth: int) -> Any:
+    data: Any = 1
+    for _ in range(depth):
+        data = [data]
+    return data
+
+
+@case()
+async def case_invalid_text_changes_nothing(env: CaseEnv) -> None:
+    """Lone surrogates, over-deep data and names ending in a newline raise InvalidArgument."""
+    stream = await env.stream(partitions=2)
+    single = await env.stream()
+    good = NewEvent("t", {"ok": True}, id="good")
+    lone = "\ud800"
+    bad_events: dict[str, NewEvent] = {
+        "a lone surrogate in data": NewEvent("t", {"x": f"a{lone}b"}),
+        "a lone surrogate in a data key": NewEvent("t", {lone: 1}),
+        "a lone surrogate in the type": NewEvent(f"t{lone}"),
+        "a lone surrogate in the id": NewEvent("t", id=f"id{lone}"),
+        "a lone surrogate in the key": NewEvent("t", key=f"k{lone}"),
+        "a lone surrogate in a header": NewEvent("t", headers={"h": lone}),
+        "a lone surrogate in a header name": NewEvent("t", headers={lone: "v"}),
+        "data nested 10,000 levels deep": NewEvent("t", _nested(10_000)),
+        "data nested 255 levels deep": NewEvent("t", _nested(255)),
+    }
+    for target in (stream, single):
+        for what, bad in bad_events.items():
+            await expect_error(InvalidArgument, env.rheo.append(target, [good, bad]),
+                               f"append with {what}")
+        await expect_error(InvalidArgument, env.rheo.append(target, [good], key=lone),
+                           "append with a lone surrogate in the batch key")
+    for target in (stream, single):
+        info = await env.rheo.stream_info(target)
+        check(not any(info.high_water.values()), f"nothing was appended by failed appends: {info}")
+    [deepest] = await env.rheo.append(single, NewEvent("t", _nested(254)))
+    check_equal(deepest.data, _nested(254), "data nested 254 levels deep round trips")
+    for bad_query in (Query(stream=stream, type=lone), Query(stream=stream, key=lone)):
+        await expect_error(InvalidArgument, env.rheo.query_page(bad_query),
+                           f"query with a lone surrogate: {bad_query}")
+    for name in ("abc\n", "abc\r", "\nabc", "ab\nc"):
+        await expect_error(InvalidArgument, env.rheo.create_stream(name), f"stream name {name!r}")
+        await expect_error(InvalidArgument, env.rheo.create_group(stream, name),
+                           f"group name {name!r}")
+        await expect_error(InvalidArgument, env.rheo.fetch(stream, "g", consumer_id=name),
+                           f"consumer id {name!r}")
+        await expect_error(InvalidArgument, env.rheo.stream_info(name), f"stream name {name!r}")
+    names = await env.rheo.streams()
+    check(not any("\n" in n or "\r" in n for n in names), f"no stream name has a newline: {names}")
+    check_equal(await env.rheo.groups(stream), [], "no group was created")
+
+
+@case()
+async def case_out_of_range_arguments_change_nothing(env: CaseEnv) -> None:
+    """Sequences past 2**63-1, delays past 2**31-1 ms and such raise InvalidArgument first."""
+    stream = await env.stream(partitions=2)
+    await env.append(stream, 2, partition=0)
+    [lease] = await env.fetch(stream, "g", 1)
+    before = await env.rheo.stream_info(stream)
+    huge = 2**70
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "nack delay_ms=2**70": lambda: env.rheo.nack(lease, "later", delay_ms=huge),
+        "nack delay_ms=2**31": lambda: env.rheo.nack(lease, "later", delay_ms=2**31),
+        "renew lease_ms=2**70": lambda: env.rheo.renew(lease, lease_ms=huge),
+        "fetch lease_ms=2**70": lambda: env.rheo.fetch(stream, "g", lease_ms=huge),
+        "fetch limit=2**70": lambda: env.rheo.fetch(stream, "g", limit=huge),
+        "fetch partitions=[2**70]": lambda: env.rheo.fetch(stream, "g", partitions=[huge]),
+        "replay from_sequence=2**63": lambda: env.rheo.replay(stream, "g", from_sequence=2**63),
+        "reset to=2**63": lambda: env.rheo.reset(stream, "g", to=2**63),
+        "create_group start=2**63": lambda: env.rheo.create_group(stream, "h", start=2**63),
+        "create_group max_attempts=2**70": lambda: env.rheo.create_group(
+            stream, "h", max_attempts=huge),
+        "query since_ms=2**70": lambda: env.rheo.query_page(Query(stream=stream, since_ms=huge)),
+        "query until_ms=2**70": lambda: env.rheo.query_page(Query(stream=stream, until_ms=huge)),
+        "query from_sequence=2**63": lambda: env.rheo.query_page(
+            Query(stream=stream, from_sequence=2**63)),
+        "query to_sequence=2**70": lambda: env.rheo.query_page(
+            Query(stream=stream, to_sequence=huge)),
+        "query limit=2**70": lambda: env.rheo.query_page(Query(stream=stream), limit=huge),
+        "a cursor past 2**63-1": lambda: env.rheo.query_page(
+            Query(stream=stream), cursor=f"v1.0.{2**64}"),
+        "dead_letters limit=2**70": lambda: env.rheo.dead_letters(stream, "g", limit=huge),
+        "trim up_to=2**63": lambda: env.rheo.trim(stream, up_to=2**63, force=True),
+        "trim up_to={0: 2**70}": lambda: env.rheo.trim(stream, up_to={0: huge}, force=True),
+        "create_stream partitions=2**70": lambda: env.rheo.create_stream(
+            env.name("s"), partitions=huge),
+        "wait_for_append timeout=inf": lambda: env.rheo.wait_for_append(stream, math.inf),
+        "wait_for_append timeout=nan": lambda: env.rheo.wait_for_append(stream, math.nan),
+        "wait_for_append timeout=-1": lambda: env.rheo.wait_for_append(stream, -1),
+    }
+    for what, call in calls.items():
+        error = await expect_error(InvalidArgument, call(), what)
+        name = what.split()[1].split("=")[0]
+        check(name in str(error) or "cursor" in str(error),
+              f"{what}: the message names the argument: {error}")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 0, 1: 0}, "the frontier did not move")
+    check_equal([g.group for g in await env.rheo.groups(stream)], ["g"], "no group was created")
+    check_equal(await env.rheo.stream_info(stream), before, "nothing was appended or trimmed")
+    [result] = await env.rheo.nack(lease, "later", delay_ms=2**31 - 1)
+    check(result.ok, f"a nack with the longest delay takes effect: {result}")
+    check_equal(positions(await env.fetch(stream, "g")), [(0, 2)],
+                "the delivery nacked with the longest delay is not redelivered at once")
 
 
 @case()
