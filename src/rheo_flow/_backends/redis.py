@@ -174,6 +174,9 @@ class RedisBackend(Backend):
             try:
                 self._secrets = url_secrets(url)
                 self._client = aioredis.Redis.from_url(url)
+                pool = self._client.connection_pool
+                # An option redis-py does not know fails here, not at the first command.
+                pool.connection_class(**pool.connection_kwargs)
             except (ValueError, TypeError) as exc:
                 raise InvalidArgument(
                     f"invalid Redis URL {redact_url(url)!r}: {self._scrub(str(exc))}"
