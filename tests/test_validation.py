@@ -8,8 +8,12 @@ from typing import Any
 import pytest
 
 from rheo_flow import InvalidArgument, NewEvent, Query, Rheo, RheoError, UnknownStream
+from rheo_flow._query import decode_cursor
 from rheo_flow._validation import (
+    MAX_DELAY_MS,
     MAX_REASON,
+    MAX_SEQUENCE,
+    check_duration_ms,
     check_event_id,
     check_headers,
     check_key,
@@ -19,8 +23,13 @@ from rheo_flow._validation import (
     check_partition,
     check_positive_int,
     check_reason,
+    check_sequence,
+    check_start,
+    check_text,
+    check_timeout_s,
     check_type,
     encode_json,
+    invalid_text,
 )
 
 
@@ -36,7 +45,8 @@ def test_valid_names(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["", "-orders", ".hidden", "_x", "x" * 129, "has space", "émile", "a/b", "a:b", None, 7]
+    "name", ["", "-orders", ".hidden", "_x", "x" * 129, "has space", "émile", "a/b", "a:b", None, 7,
+             "abc\n", "abc\r\n", "\nabc", "ab\nc", "x" * 128 + "\n"]
 )
 def test_invalid_names(name: object) -> None:
     with pytest.raises(InvalidArgument, match=r"invalid group name .*1-128 characters"):
@@ -127,6 +137,131 @@ def test_headers_are_copied() -> None:
 def test_data_that_json_cannot_carry(data: Any) -> None:
     with pytest.raises(InvalidArgument, match="event data is not JSON-serialisable"):
         encode_json(data)
+
+
+def _nested(depth: int) -> Any:
+    data: Any = "leaf"
+    for i in range(depth):
+        data = [data] if i % 2 else {"k": data}
+    return data
+
+
+@pytest.mark.parametrize("depth", [255, 1_000, 10_000])
+def test_data_nested_too_deeply(depth: int) -> None:
+    with pytest.raises(InvalidArgument, match="event data is nested too deeply: at most 254"):
+        encode_json(_nested(depth))
+
+
+def test_data_nested_254_levels_is_fine() -> None:
+    assert encode_json(_nested(254)).count("[") == 127
+
+
+@pytest.mark.parametrize(
+    "data",
+    ["\ud800", {"k": "a\udfffb"}, {"\ud83d": 1}, ["ok", "\udc00"],
+     {"big": 2**70, "s": "\ud800"}, {"none": None, "s": "\ud800"}],
+    ids=["str", "value", "key", "list", "big-int-path", "null-path"],
+)
+def test_data_with_a_lone_surrogate(data: Any) -> None:
+    with pytest.raises(InvalidArgument, match="event data is not valid Unicode text"):
+        encode_json(data)
+
+
+def test_text_checks() -> None:
+    assert check_text("key", "plain") == "plain"
+    assert check_text("key", "\U0001f680 émile") == "\U0001f680 émile"
+    with pytest.raises(InvalidArgument, match=r"key is not valid Unicode text: .*'\\ud800' at "
+                                              "position 2"):
+        check_text("key", "ab\ud800")
+    with pytest.raises(InvalidArgument, match="reason is not valid Unicode"):
+        check_reason("failed \udc00")
+    with pytest.raises(InvalidArgument, match="header value is not valid Unicode"):
+        check_headers({"h": "\ud800"})
+
+
+def test_invalid_text_finds_an_encoding_error_in_a_chain() -> None:
+    try:
+        "\ud800".encode()
+    except UnicodeEncodeError as inner:
+        wrapped = RuntimeError("driver: invalid input")
+        wrapped.__cause__ = inner
+        error = invalid_text(wrapped)
+    assert isinstance(error, InvalidArgument)
+    assert "lone surrogate" in str(error)
+    assert invalid_text(RuntimeError("something else")) is None
+    assert invalid_text(TypeError("str is not valid UTF-8: surrogates not allowed")) is not None
+
+
+def test_sequence_bounds() -> None:
+    assert check_sequence("from_sequence", MAX_SEQUENCE) == 2**63 - 1
+    assert check_sequence("to_sequence", 0) == 0
+    for bad in (2**63, 2**70, -1, True, 1.0, "1"):
+        with pytest.raises(InvalidArgument, match=r"from_sequence must be an integer in "
+                                                  r"0\.\.9223372036854775807 \(2\*\*63-1\)"):
+            check_sequence("from_sequence", bad)
+    with pytest.raises(InvalidArgument, match=r"in 1\.\."):
+        check_sequence("from_sequence", 0, minimum=1)
+    check_start("start", "latest")
+    check_start("start", MAX_SEQUENCE)
+    with pytest.raises(InvalidArgument, match=r"start must be .* a sequence in 0\.\."):
+        check_start("start", 2**63)
+
+
+def test_duration_bounds() -> None:
+    assert MAX_DELAY_MS == 2**31 - 1
+    assert check_duration_ms("delay_ms", MAX_DELAY_MS) == MAX_DELAY_MS
+    for bad in (2**31, 2**70, -1, False, 0.5):
+        with pytest.raises(InvalidArgument,
+                           match=r"delay_ms must be an integer number of milliseconds in "
+                                 r"0\.\.2147483647"):
+            check_duration_ms("delay_ms", bad)
+    assert check_timeout_s("timeout", 0) == 0.0
+    assert check_timeout_s("timeout", 1.5) == 1.5
+    for bad_timeout in (math.inf, math.nan, -0.1, 3e6, True, "1"):
+        with pytest.raises(InvalidArgument, match="timeout must be a number of seconds"):
+            check_timeout_s("timeout", bad_timeout)
+
+
+@pytest.mark.parametrize(
+    "cursor", [f"v1.0.{2**63}", f"v1.{2**70}.1", "v1.0.\uff11\uff12", "v1.0.99999999999999999999"]
+)
+def test_cursor_out_of_range(cursor: str) -> None:
+    with pytest.raises(InvalidArgument, match="malformed query cursor"):
+        decode_cursor(cursor)
+
+
+def test_runtime_delays_are_bounded() -> None:
+    from rheo_flow import Retry
+    from rheo_flow.pipeline._acknowledger import Acknowledger
+    from rheo_flow.pipeline._message import Message
+
+    class Discarding(Acknowledger):
+        async def _ack(self, messages: list[Message]) -> None:
+            return None
+
+        async def _nack(self, messages: list[Message], reason: str, delay_ms: int) -> None:
+            return None
+
+        async def _reject(self, messages: list[Message], reason: str) -> None:
+            return None
+
+    assert Retry("later", delay_ms=MAX_DELAY_MS).delay_ms == MAX_DELAY_MS
+    with pytest.raises(InvalidArgument, match=r"Retry delay_ms must be .* 0\.\.2147483647"):
+        Retry("later", delay_ms=2**70)
+    assert Discarding(retry_delay_ms=MAX_DELAY_MS).retry_delay_ms == MAX_DELAY_MS
+    with pytest.raises(InvalidArgument, match=r"retry_delay_ms must be .* 0\.\.2147483647"):
+        Discarding(retry_delay_ms=2**31)
+
+
+async def test_nack_with_an_out_of_range_delay_settles_nothing(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.append("s", {"type": "t"})
+    leases = await rheo.fetch("s", "g")
+    with pytest.raises(InvalidArgument, match=r"delay_ms must be .* 0\.\.2147483647, got 2361"):
+        await rheo.nack(leases, "later", delay_ms=2**71)
+    [result] = await rheo.ack(leases)
+    assert result.ok
+    assert not result.repeated
 
 
 def test_json_encoding_is_compact_and_unicode() -> None:
