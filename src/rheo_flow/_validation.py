@@ -132,16 +132,15 @@ def unicode_error(what: str, exc: UnicodeEncodeError) -> InvalidArgument:
     )
 
 
-def check_record_text(type_: str, event_id: str, key: str | None,
-                      headers: Mapping[str, str]) -> None:
-    """The strings of one event, for a store that does not encode them itself."""
+def check_record_text(type_: str, event_id: str, key: str | None) -> None:
+    """The type, id and key of one event, for a store that does not encode them itself.
+
+    (Headers are checked by :func:`check_headers`, data by :func:`encode_json`.)
+    """
     check_text("event type", type_)
     check_text("event id", event_id)
     if key is not None:
         check_text("key", key)
-    for k, v in headers.items():
-        check_text("header name", k)
-        check_text("header value", v)
 
 
 def invalid_text(exc: BaseException) -> InvalidArgument | None:
