@@ -344,7 +344,9 @@ class Rheo:
         check_name("stream", stream)
         check_name("group", group)
         check_positive_int("limit", limit, maximum=MAX_FETCH)
-        position = None if after is None else (after.partition, after.sequence)
+        position = None if after is None else (
+            check_sequence("after.partition", after.partition),
+            check_sequence("after.sequence", after.sequence))
         return await self._backend.dead_letters(stream, group, limit, position)
 
     async def redrive(
@@ -359,7 +361,8 @@ class Rheo:
             for d in dead_letters:
                 if not isinstance(d, DeadLetter) or (d.stream, d.group) != (stream, group):
                     raise InvalidArgument(f"not a dead letter of {stream}/{group}: {d!r}")
-                positions.append((d.partition, d.sequence))
+                positions.append((check_sequence("partition", d.partition),
+                                  check_sequence("sequence", d.sequence)))
         return await self._backend.redrive(stream, group, positions)
 
     async def replay(

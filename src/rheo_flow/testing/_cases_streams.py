@@ -17,6 +17,7 @@ from .._errors import ConflictError, InvalidArgument, UnknownGroup, UnknownStrea
 from .._event import Event, NewEvent
 from .._query import Query
 from .._routing import partition_for
+from .._stream import DeadLetter
 from ._case import CaseEnv, case, check, check_equal, expect_error, positions
 
 # Golden routing values: the hash must never change between versions, processes or
@@ -490,6 +491,7 @@ async def case_out_of_range_arguments_change_nothing(env: CaseEnv) -> None:
     [lease] = await env.fetch(stream, "g", 1)
     before = await env.rheo.stream_info(stream)
     huge = 2**70
+    far = DeadLetter(stream, "g", 0, huge, "id", 1, "r", 0)
     calls: dict[str, Callable[[], Awaitable[object]]] = {
         "nack delay_ms=2**70": lambda: env.rheo.nack(lease, "later", delay_ms=huge),
         "nack delay_ms=2**31": lambda: env.rheo.nack(lease, "later", delay_ms=2**31),
@@ -512,6 +514,9 @@ async def case_out_of_range_arguments_change_nothing(env: CaseEnv) -> None:
         "a cursor past 2**63-1": lambda: env.rheo.query_page(
             Query(stream=stream), cursor=f"v1.0.{2**64}"),
         "dead_letters limit=2**70": lambda: env.rheo.dead_letters(stream, "g", limit=huge),
+        "dead_letters after.sequence=2**70": lambda: env.rheo.dead_letters(
+            stream, "g", after=far),
+        "redrive sequence=2**70": lambda: env.rheo.redrive(stream, "g", [far]),
         "trim up_to=2**63": lambda: env.rheo.trim(stream, up_to=2**63, force=True),
         "trim up_to={0: 2**70}": lambda: env.rheo.trim(stream, up_to={0: huge}, force=True),
         "create_stream partitions=2**70": lambda: env.rheo.create_stream(
@@ -522,7 +527,7 @@ async def case_out_of_range_arguments_change_nothing(env: CaseEnv) -> None:
     }
     for what, call in calls.items():
         error = await expect_error(InvalidArgument, call(), what)
-        name = what.split()[1].split("=")[0]
+        name = what.split()[1].split("=")[0].split(".")[-1]
         check(name in str(error) or "cursor" in str(error),
               f"{what}: the message names the argument: {error}")
     check_equal(await env.rheo.frontier(stream, "g"), {0: 0, 1: 0}, "the frontier did not move")
