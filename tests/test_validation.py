@@ -148,7 +148,8 @@ def _nested(depth: int) -> Any:
 
 @pytest.mark.parametrize("depth", [255, 1_000, 10_000])
 def test_data_nested_too_deeply(depth: int) -> None:
-    with pytest.raises(InvalidArgument, match="event data is nested too deeply: at most 254"):
+    with pytest.raises(InvalidArgument,
+                       match=r"not JSON-serialisable: nested too deeply \(at most 254"):
         encode_json(_nested(depth))
 
 

@@ -243,7 +243,8 @@ def encode_json(data: Any, *, what: str = "event data") -> str:
             ) from None
         if "ecursion limit" in message:
             raise InvalidArgument(
-                f"{what} is nested too deeply: at most {MAX_DEPTH} levels of lists and objects"
+                f"{what} is not JSON-serialisable: nested too deeply "
+                f"(at most {MAX_DEPTH} levels of lists and objects)"
             ) from None
         return _encode_strict(data, what)
     if b"null" in text:
