@@ -27,6 +27,8 @@ class Proxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self.connections = 0
         """How many client connections the proxy accepted."""
+        self.held = asyncio.Event()
+        """Set when bytes arrive while the proxy stalls (a request is held back)."""
 
     @property
     def port(self) -> int:
@@ -51,6 +53,7 @@ class Proxy:
 
     def stall(self) -> None:
         """Stop forwarding in both directions; sockets (and new connections) stay open."""
+        self.held.clear()
         self._flowing.clear()
 
     def resume(self) -> None:
@@ -81,6 +84,8 @@ class Proxy:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 chunk = await source.read(65536)
+                if chunk and not self._flowing.is_set():
+                    self.held.set()
                 await self._flowing.wait()
                 if not chunk:
                     break

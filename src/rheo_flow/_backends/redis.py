@@ -86,6 +86,8 @@ from ._shared import query_window
 try:
     import redis.asyncio as aioredis
     from redis import exceptions as rex
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialWithJitterBackoff
 except ImportError:  # pragma: no cover - exercised without the extra installed
     raise MissingExtra("Redis", "redis", "redis") from None
 
@@ -192,7 +194,10 @@ class RedisBackend(Backend):
                 self._password = urlsplit(url).password
                 self._client = aioredis.Redis.from_url(
                     url, socket_timeout=self._timeout_ms / 1000,
-                    socket_connect_timeout=self._timeout_ms / 1000)
+                    socket_connect_timeout=self._timeout_ms / 1000,
+                    # Reconnecting may not outlast the operation timeout.
+                    retry=_SentAwareRetry(ExponentialWithJitterBackoff(
+                        base=0.01, cap=min(1.0, self._timeout_ms / 20_000)), 10))
             except (ValueError, TypeError) as exc:
                 raise InvalidArgument(
                     f"invalid Redis URL {redact_url(url)!r}: {self._scrub(str(exc))}"
@@ -1045,6 +1050,35 @@ class RedisBackend(Backend):
 
 
 # Helpers ---------------------------------------------------------------------
+
+
+class _SentAwareRetry(Retry):
+    """redis-py's retry of commands that lost their connection, except that a command
+    whose first attempt may have reached the server is never reported as not sent
+    because a later attempt could not reconnect (that would read as "nothing was
+    written" for an append that may be stored)."""
+
+    async def call_with_retry(
+        self, do: Callable[[], Awaitable[T]], fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        sent = False
+
+        async def failed(error: Exception, *count: int) -> Any:
+            nonlocal sent
+            if _classify(error) is not SettleKind.BACKEND_UNAVAILABLE:
+                sent = True
+            return await fail(error, *count)
+
+        try:
+            return await super().call_with_retry(do, failed, is_retryable, with_failure_count)
+        except (rex.ConnectionError, rex.TimeoutError) as exc:
+            if sent and _classify(exc) is SettleKind.BACKEND_UNAVAILABLE:
+                raise rex.ConnectionError(
+                    "the connection was lost after the request was sent, and reconnecting "
+                    f"failed ({type(exc).__name__})") from exc
+            raise
 
 
 def _text(value: Any) -> str:
