@@ -17,7 +17,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pytest
 
 from _proxy import Proxy, refusing_port
-from conftest import WaitUntil
 from rheo_flow import (
     BackendError,
     BackendUnavailable,
@@ -30,6 +29,8 @@ from rheo_flow import (
 from rheo_flow._backend import Backend, make_append_record
 from rheo_flow._urls import backend_from_url
 from rheo_flow.backends import PostgresBackend, SQLiteBackend
+
+WaitUntil = Callable[..., Awaitable[None]]
 
 SECRET = "hunter2"
 _BOUND = 60.0

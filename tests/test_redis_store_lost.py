@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from conftest import WaitUntil
 from rheo_flow import ACK, Event, NewEvent, Rheo, StoreLost, consumer
 from rheo_flow.backends import RedisBackend
+
+WaitUntil = Callable[..., Awaitable[None]]
 
 aioredis = pytest.importorskip("redis.asyncio")
 
@@ -153,3 +154,33 @@ async def test_flushdb_stops_a_running_group_with_store_lost(
             await admin.flushdb()
         finally:
             await admin.aclose()
+
+
+async def test_a_pipeline_stops_fetching_and_its_drain_raises_store_lost(
+    lost: tuple[Rheo, str, str], wait_until: WaitUntil
+) -> None:
+    from rheo_flow.pipeline import Message, Pipeline, PipelineHandler
+
+    rheo, url, prefix = lost
+    await rheo.create_stream("s")
+    await rheo.append("s", NewEvent("t"))
+    handled: list[int] = []
+
+    class Record(PipelineHandler):
+        async def handle_message(self, processor: str, message: Message, context: Any
+                                 ) -> Message:
+            handled.append(message.lease.event.sequence)
+            return message
+
+    pipeline = Pipeline(rheo, stream="s", group="g", handler=Record())
+    await pipeline.start()
+    await wait_until(lambda: handled == [1], message="the first message handled")
+    await _wipe(url, prefix)
+    dispatcher = pipeline._dispatcher
+    assert dispatcher is not None
+    # The next fetch (after the idle wait) meets the loss and ends the fetch loop.
+    await wait_until(dispatcher.done, timeout=30, message="fetching stopped")
+    with pytest.raises(StoreLost):
+        async with asyncio.timeout(30):
+            await pipeline.drain()
+    await pipeline.stop()
