@@ -51,7 +51,8 @@ def _documented_capabilities() -> dict[str, dict[str, bool]]:
     rows = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
             for line in table.strip().splitlines()]
     header, body = rows[0], rows[2:]
-    return {name: {row[0]: row[i] == "yes" for row in body}
+    # A cell may qualify its value after a colon ("yes: with AOF, see below").
+    return {name: {row[0]: row[i].split(":")[0].strip() == "yes" for row in body}
             for i, name in enumerate(header) if i > 0}
 
 

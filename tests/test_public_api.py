@@ -97,3 +97,16 @@ def test_core_types_are_reexported_not_private() -> None:
     assert rheo_flow.Rheo.__module__ == "rheo_flow._rheo"
     assert rheo_flow.Backend is rheo_flow.backends.Backend
     assert "MemoryBackend" in rheo_flow.backends.__all__
+
+
+def test_backend_errors_carry_their_settle_kind() -> None:
+    errors = {
+        rheo_flow.BackendUnavailable: "backend_unavailable",
+        rheo_flow.OutcomeUnknown: "ambiguous",
+        rheo_flow.StoreLost: "failed",
+    }
+    for error, kind in errors.items():
+        assert issubclass(error, rheo_flow.BackendError)
+        assert error.__name__ in rheo_flow.__all__
+        assert error("message").kind == kind
+        assert rheo_flow.SettleKind(kind)

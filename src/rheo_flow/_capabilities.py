@@ -20,7 +20,15 @@ class Capabilities:
 
     # Guarantees.
     durable: bool
-    """Acknowledged writes survive a restart of the process (and of the server)."""
+    """Acknowledged writes survive a restart of the process (and of the server).
+
+    For a server backend this is also the server's own setting: Redis keeps
+    acknowledged writes across a restart only with AOF persistence
+    (``appendfsync always``: every write; ``everysec``: all but about the last
+    second on a crash of the machine); with RDB snapshots alone a restart goes
+    back to the last snapshot, and with no persistence it loses everything
+    (which the backend reports as :class:`~rheo_flow.StoreLost`).
+    """
     distributed: bool
     """Several processes or machines may compete for one group's work."""
     fenced_settle: bool = True

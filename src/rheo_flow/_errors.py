@@ -16,8 +16,10 @@ __all__ = [
     "InvalidCapabilities",
     "MissingExtra",
     "NotStarted",
+    "OutcomeUnknown",
     "RheoError",
     "SetupRefused",
+    "StoreLost",
     "UnknownGroup",
     "UnknownStream",
 ]
@@ -90,6 +92,31 @@ class BackendUnavailable(BackendError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, kind="backend_unavailable")
+
+
+class OutcomeUnknown(BackendError):
+    """The request may or may not have taken effect (a timeout, a connection lost mid-call).
+
+    Its ``kind`` is ``"ambiguous"``. An append that raises it is safe to retry with
+    the same event ids: an id already stored returns the stored event.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind="ambiguous")
+
+
+class StoreLost(BackendError):
+    """The backend lost data it had acknowledged (a Redis restart without persistence,
+    a ``FLUSHDB``): streams that existed are gone.
+
+    Nothing is written over the loss: appends and fetches refuse with this error,
+    and a running consumer group stops with it. Recreate the streams (and replay
+    from the source of truth) once the cause is understood.
+    """
+
+    def __init__(self, message: str, stream: str | None = None) -> None:
+        super().__init__(message, kind="failed")
+        self.stream = stream
 
 
 class AlreadyStarted(RheoError):

@@ -29,7 +29,14 @@ from typing import Any, Literal, Self
 from . import _telemetry
 from ._backoff import Backoff
 from ._consumer import _CURRENT_LEASE, Ack, Consumer, Context, FunctionConsumer, Reject, Retry
-from ._errors import AlreadyStarted, InvalidArgument, NotStarted, RheoError, SetupRefused
+from ._errors import (
+    AlreadyStarted,
+    InvalidArgument,
+    NotStarted,
+    RheoError,
+    SetupRefused,
+    StoreLost,
+)
 from ._event import Event
 from ._lease import Lease
 from ._producer import Producer
@@ -322,7 +329,8 @@ class Group:
 
         Cancelling the task running it stops the group cleanly: handlers are
         cancelled, finished work is settled and no task is left behind. Raises
-        :class:`~rheo_flow.RheoError` when an internal task of the group crashed.
+        :class:`~rheo_flow.RheoError` when an internal task of the group crashed,
+        and :class:`~rheo_flow.StoreLost` when the backend lost the stream's data.
         """
         if self._state == "new":
             await self.start()
@@ -330,6 +338,8 @@ class Group:
             await self._done.wait()
         finally:
             await self.stop()
+        if isinstance(self._failure, StoreLost):
+            raise self._failure
         if self._failure is not None:
             raise RheoError(f"group {self._stream}/{self._group} crashed: "
                              f"{type(self._failure).__name__}: {self._failure}"

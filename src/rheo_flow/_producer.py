@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Literal, Self
 
 from ._backoff import Backoff
-from ._errors import AlreadyStarted, InvalidArgument, NotStarted
+from ._errors import AlreadyStarted, InvalidArgument, NotStarted, StoreLost
 from ._inflight import Inflight, wait_event
 from ._lease import Lease
 from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
@@ -344,8 +344,8 @@ class Producer:
                 self._stream, self._group, consumer_id=self._consumer_id, limit=limit,
                 lease_ms=self._lease_ms, partitions=self._partitions,
             )
-        except InvalidArgument:
-            raise
+        except (InvalidArgument, StoreLost):
+            raise  # retrying cannot help: the runtime stops with it
         except Exception as exc:
             error = classify(exc, self._rheo.backend.classify_error)
             self._stats.fetch_failures += 1

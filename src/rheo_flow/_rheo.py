@@ -105,10 +105,13 @@ class Rheo:
         return self
 
     async def close(self) -> None:
-        """Close what the backend owns (idempotent)."""
-        if self._opened:
-            self._opened = False
-            await self._backend.close()
+        """Close what the backend owns (idempotent).
+
+        Also after operations that opened the backend on first use without
+        :meth:`open`: the connections they made are closed too.
+        """
+        self._opened = False
+        await self._backend.close()
 
     async def __aenter__(self) -> Self:
         return await self.open()

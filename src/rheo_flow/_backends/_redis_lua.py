@@ -24,7 +24,11 @@ records of their own when settled otherwise, renewed or expired.
 
 from __future__ import annotations
 
-__all__ = ["SCRIPTS"]
+__all__ = ["LOST", "SCRIPTS"]
+
+LOST = "LOST"
+"""The reply of append and fetch when the partition's presence marker ``mk`` (written
+when its stream was created) is gone: the server lost its data."""
 
 _COMMON = r"""
 local function now_ms()
@@ -253,12 +257,13 @@ return table.concat(out, ',')
 """
 
 # KEYS: x, m, i. ARGV: JSON [[id, meta, data], ...].
-# Returns JSON [time, items]: per record its seq when stored by this call (or earlier
+# Returns LOST, or JSON [time, items]: per record its seq when stored by this call (or earlier
 # in it, at `time`), [seq, time, meta, data text] when the id was already stored.
 APPEND = r"""
 local x, m, i = KEYS[1], KEYS[2], KEYS[3]
+local mm = redis.call('HMGET', m, 'hw', 'ts', 'mk')
+if not mm[3] then return 'LOST' end
 local recs = cjson.decode(ARGV[1])
-local mm = redis.call('HMGET', m, 'hw', 'ts')
 local hw, ts = tonumber(mm[1] or '0'), tonumber(mm[2] or '0')
 local now = now_ms()
 -- Append times never go backwards within a partition, even if the server clock does.
@@ -299,7 +304,7 @@ return '[' .. snow .. ',[' .. table.concat(out, ',') .. ']]'
 """
 
 # KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, consumer, quota, lease_ms, lease id prefix,
-# block token. Returns 'NOGROUP' or an array: JSON [high_water, still_available, deadline,
+# block token. Returns LOST, 'NOGROUP' or an array: JSON [high_water, still_available, deadline,
 # redelivered, [[seq, attempt, time, meta], ...]], then the data (JSON text) of each item.
 # The first `redelivered` items have lease ids
 # prefix .. 1, 2, ..., the new deliveries after them '<block token>:<seq>'.
@@ -308,10 +313,12 @@ local x, m, G, D, Z, R, B, Y = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS
   KEYS[8]
 local group, consumer, token, btoken = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
 local quota, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local mm = redis.call('HMGET', m, 'hw', 'mk')
+if not mm[2] then return 'LOST' end
 local g = redis.call('HMGET', G, 'f', 'c', 'ma')
 if not g[1] then return 'NOGROUP' end
 local f, c, ma = tonumber(g[1]), tonumber(g[2]), tonumber(g[3])
-local hw = tonumber(redis.call('HGET', m, 'hw') or '0')
+local hw = tonumber(mm[1] or '0')
 local now = now_ms()
 local snow = S(now)
 local sdl = S(now + lease_ms)

@@ -82,6 +82,7 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import check_hosts, redact_url, scrub_secrets
+from ._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from ._shared import (
     Waiters,
     fence,
@@ -103,8 +104,9 @@ SCHEMA_VERSION: Final = 1
 
 DEFAULT_DATABASE: Final = "rheo"
 DEFAULT_PREFIX: Final = "rheo_"
-DEFAULT_SERVER_SELECTION_TIMEOUT_MS: Final = 10_000
-_URL_OPTIONS: Final = ("collection_prefix",)
+_URL_OPTIONS: Final = ("collection_prefix", "timeout_ms")
+_DEADLINE_GRACE_MS: Final = 500
+"""PyMongo's own timeouts fire first (it knows whether it sent); the deadline backs them up."""
 _PREFIX_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.\-]{0,64}$")
 _DATABASE_PATTERN: Final = re.compile(r"^[A-Za-z0-9_\-]{1,63}$")
 
@@ -232,6 +234,7 @@ class _Claim:
         return f"{self.partition}-{self.sequence}-{self.attempt}"
 
 
+@guard_operations(tracks_sending=False)
 class MongoBackend(Backend):
     """Durable, distributed backend on MongoDB (``mongodb://host/database``).
 
@@ -255,6 +258,10 @@ class MongoBackend(Backend):
     Lease deadlines use ``clock`` (epoch milliseconds, the client's clock by
     default; tests pass a :class:`~rheo_flow.ManualClock`), so competing
     processes need reasonably synchronised clocks, as with any lease.
+
+    ``timeout_ms`` (default 10,000; URL option ``timeout_ms``) bounds every
+    operation; a client built from a URL also uses it as its server selection,
+    connect and socket timeouts unless the URL sets those.
     """
 
     name = "mongodb"
@@ -269,9 +276,12 @@ class MongoBackend(Backend):
         clock: Clock | None = None,
         transactions: bool | None = None,
         change_streams: bool | None = None,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ) -> None:
         if (url is None) == (client is None):
             raise InvalidArgument("MongoBackend needs exactly one of a URL or a client")
+        self._timeout_ms = check_timeout_ms(timeout_ms)
+        self._deadline_grace_ms = _DEADLINE_GRACE_MS
         if url is not None:
             if not isinstance(url, str) or not url.lower().startswith(
                 ("mongodb://", "mongodb+srv://")
@@ -360,6 +370,7 @@ class MongoBackend(Backend):
             driver_url,
             collection_prefix=ours.get("collection_prefix", DEFAULT_PREFIX),
             clock=clock,
+            timeout_ms=check_timeout_ms(ours.get("timeout_ms", str(DEFAULT_TIMEOUT_MS))),
         )
 
     @property
@@ -411,14 +422,19 @@ class MongoBackend(Backend):
 
         assert self._url is not None
         options: dict[str, Any] = {}
-        if "serverselectiontimeoutms" not in self._url.lower():
-            options["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_TIMEOUT_MS
+        lowered = self._url.lower()
+        for option in ("serverSelectionTimeoutMS", "connectTimeoutMS", "socketTimeoutMS"):
+            if option.lower() not in lowered:
+                options[option] = self._timeout_ms
         try:
             return AsyncMongoClient(self._url, **options)
         except (mongo_errors.ConfigurationError, ValueError) as exc:
             raise InvalidArgument(
                 f"invalid MongoDB URL {redact_url(self._url)!r}: {self._scrub(str(exc))}"
             ) from None
+
+    def _error_prefix(self) -> str:
+        return f"MongoDB at {self._where()}"
 
     def _where(self) -> str:
         if self._url is not None:

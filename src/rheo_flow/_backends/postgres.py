@@ -28,7 +28,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -50,6 +50,7 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import check_hosts, redact_url, require_driver, unreachable
+from ._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations, mark_sent
 from ._postgres_sql import (
     BOOTSTRAP,
     MIGRATIONS,
@@ -70,7 +71,8 @@ log = logging.getLogger("rheo_flow.postgres")
 
 DEFAULT_SCHEMA: Final = "rheo_flow"
 """The schema used when neither the URL nor the constructor names one."""
-_URL_OPTIONS: Final = ("schema", "pool_min_size", "pool_max_size", "listen", "migrate")
+_URL_OPTIONS: Final = ("schema", "pool_min_size", "pool_max_size", "listen", "migrate",
+                       "timeout_ms")
 _NIL_UUID: Final = "00000000000000000000000000000000"
 _LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
 _LEASE_IDS: Final = re.compile(r"(?:[0-9a-f]{32},)+")
@@ -222,6 +224,62 @@ def _driver() -> Any:
     return asyncpg
 
 
+class _Pool:
+    """The asyncpg pool as operations use it.
+
+    Each call marks its request as sent once it holds a connection (see
+    :func:`~rheo_flow._backends._guard.mark_sent`), and a call cancelled mid-way
+    (the operation timeout, or its caller) terminates its connection: asyncpg
+    would otherwise cancel the statement over a new connection and hold the old
+    one until the server confirms, which never happens while the network stalls.
+    """
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection for several statements."""
+        pool = self._pool
+        conn = await pool.acquire()
+        mark_sent()
+        try:
+            yield conn
+        except asyncio.CancelledError:
+            conn.terminate()
+            raise
+        finally:
+            await pool.release(conn)
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        """``Connection.fetch`` on a pooled connection."""
+        rows: list[Any] = await self._call("fetch", sql, args)
+        return rows
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        """``Connection.fetchrow`` on a pooled connection."""
+        return await self._call("fetchrow", sql, args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """``Connection.fetchval`` on a pooled connection."""
+        return await self._call("fetchval", sql, args)
+
+    async def _call(self, method: str, sql: str, args: tuple[Any, ...]) -> Any:
+        pool = self._pool
+        conn = await pool.acquire()
+        mark_sent()
+        try:
+            return await getattr(conn, method)(sql, *args)
+        except asyncio.CancelledError:
+            conn.terminate()
+            raise
+        finally:
+            await pool.release(conn)
+
+
+@guard_operations(tracks_sending=True)
 class PostgresBackend(Backend):
     """Durable, distributed backend on PostgreSQL through an asyncpg pool.
 
@@ -237,8 +295,13 @@ class PostgresBackend(Backend):
     connection (for a host pool, one connection held from it) while anything
     waits; without it idle consumers poll.
 
+    ``timeout_ms`` (default 10,000) bounds every operation, connecting included:
+    one that runs longer is abandoned (its connection closed) and raises
+    :class:`~rheo_flow.BackendUnavailable` when nothing was sent yet, else
+    :class:`~rheo_flow.OutcomeUnknown` for a write (a settle reports ``ambiguous``).
+
     URL options (query string): ``schema``, ``pool_min_size``, ``pool_max_size``,
-    ``listen``, ``migrate``; anything else is passed on to asyncpg.
+    ``listen``, ``migrate``, ``timeout_ms``; anything else is passed on to asyncpg.
     """
 
     name = "postgres"
@@ -253,9 +316,12 @@ class PostgresBackend(Backend):
         migrate: bool = True,
         pool_min_size: int = 1,
         pool_max_size: int = 10,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ) -> None:
         if (pool is None) == (url is None):
             raise InvalidArgument("PostgresBackend needs exactly one of pool= or url=")
+        self._timeout_ms = check_timeout_ms(timeout_ms)
+        self._deadline_grace_ms = 0
         if url is not None and (not isinstance(url, str) or "://" not in url):
             raise InvalidArgument(f"not a PostgreSQL URL: {redact_url(str(url))!r}")
         if url is not None:
@@ -270,6 +336,7 @@ class PostgresBackend(Backend):
         _driver()
         self._url = url
         self._pool: asyncpg.Pool | None = pool
+        self._calls: _Pool | None = None if pool is None else _Pool(pool)
         self._owns_pool = pool is None
         self._listen = bool(listen)
         self._migrate = bool(migrate)
@@ -313,6 +380,8 @@ class PostgresBackend(Backend):
                 options[key] = int(value)
             elif key in ("listen", "migrate"):
                 options[key] = _flag(key, value)
+            elif key == "timeout_ms":
+                options[key] = check_timeout_ms(value)
             elif key == "schema":
                 options[key] = value
             else:
@@ -336,25 +405,28 @@ class PostgresBackend(Backend):
     async def open(self) -> None:
         await self._ready()
 
-    async def _ready(self) -> asyncpg.Pool:
-        pool = self._pool
-        if self._opened and pool is not None:
-            return pool
+    async def _ready(self) -> _Pool:
+        calls = self._calls
+        if self._opened and calls is not None:
+            return calls
         async with self._open_lock:
             if self._pool is None:
                 self._pool = await self._create_pool()
+                self._calls = _Pool(self._pool)
             pool = self._pool
+            calls = self._calls
+            assert calls is not None
             if not self._opened:
                 try:
-                    async with pool.acquire() as conn:
+                    async with calls.acquire() as conn:
                         await _ensure_schema(conn, self._schema, apply=self._migrate)
                 except BaseException:
                     if self._owns_pool:
-                        self._pool = None
-                        await _close_quietly(pool)
+                        self._pool = self._calls = None
+                        pool.terminate()
                     raise
                 self._opened = True
-            return pool
+            return calls
 
     async def _create_pool(self) -> asyncpg.Pool:
         driver = _driver()
@@ -364,13 +436,22 @@ class PostgresBackend(Backend):
                 self._url,
                 min_size=self._pool_min,
                 max_size=self._pool_max,
+                timeout=self._timeout_ms / 1000,
                 # JIT compiling the claim statements would cost more than running them.
-                server_settings={"application_name": "rheo_flow", "jit": "off"},
+                server_settings=self._server_settings({"jit": "off"}, "rheo_flow"),
                 reset=_keep_session,
             )
         except (TimeoutError, OSError, driver.PostgresError, driver.InterfaceError) as exc:
             raise unreachable("PostgreSQL", self._url, exc) from None
         return pool
+
+    def _server_settings(self, settings: dict[str, str], name: str) -> dict[str, str]:
+        """``settings`` plus ``application_name=name`` unless the URL names the application."""
+        assert self._url is not None
+        if not any(key == "application_name"
+                   for key, _ in parse_qsl(urlsplit(self._url).query)):
+            settings["application_name"] = name
+        return settings
 
     async def close(self) -> None:
         await self._stop_listener()
@@ -378,8 +459,21 @@ class PostgresBackend(Backend):
             self._opened = False
             pool = self._pool
             if pool is not None and self._owns_pool:
-                self._pool = None
-                await pool.close()
+                self._pool = self._calls = None
+                try:
+                    # A graceful close waits on every connection: not through a stall.
+                    await asyncio.wait_for(pool.close(), self._timeout_ms / 1000)
+                except Exception as exc:
+                    log.debug("closing the pool failed (%s); terminating it", exc)
+                    pool.terminate()
+
+    def _error_prefix(self) -> str:
+        where = redact_url(self._url) if self._url is not None else "the pool given as pool"
+        return f"PostgreSQL at {where}"
+
+    def _scrub(self, text: str) -> str:
+        password = urlsplit(self._url).password if self._url is not None else None
+        return text.replace(password, "***") if password else text
 
     def classify_error(self, exc: BaseException) -> SettleKind | None:
         """Map asyncpg errors to settle kinds.
@@ -483,7 +577,7 @@ class PostgresBackend(Backend):
     def _q(self) -> str:
         return render("{s}", self._schema)
 
-    async def _info(self, conn: asyncpg.Connection | asyncpg.Pool, name: str,
+    async def _info(self, conn: asyncpg.Connection | _Pool, name: str,
                     meta: _StreamMeta) -> StreamInfo:
         rows = await conn.fetch(
             f"SELECT part, high_water, low_water FROM {self._q}.partitions "
@@ -547,7 +641,7 @@ class PostgresBackend(Backend):
             )
         return [stored[r.id] for r in records]
 
-    async def _append_new(self, pool: asyncpg.Pool, stream: str, meta: _StreamMeta,
+    async def _append_new(self, pool: _Pool, stream: str, meta: _StreamMeta,
                           records: list[AppendRecord]) -> dict[str, Event]:
         # Columns that are NULL for every event travel as one NULL (ROWS FROM
         # pads the shorter columns with NULLs).
@@ -580,7 +674,7 @@ class PostgresBackend(Backend):
             for r, seq in zip(records, seqs, strict=True)
         }
 
-    async def _stored_events(self, pool: asyncpg.Pool, stream: str, meta: _StreamMeta,
+    async def _stored_events(self, pool: _Pool, stream: str, meta: _StreamMeta,
                              ids: list[str]) -> dict[str, Event]:
         rows = await pool.fetch(
             f"SELECT {_EVENT_COLUMNS} FROM {self._q}.events "
@@ -1068,11 +1162,13 @@ class PostgresBackend(Backend):
             driver = _driver()
             assert self._url is not None
             conn: asyncpg.Connection = await driver.connect(
-                self._url, server_settings={"application_name": "rheo_flow.listen"}
+                self._url, server_settings=self._server_settings({}, "rheo_flow.listen"),
+                timeout=self._timeout_ms / 1000,
             )
             return conn
-        pool = await self._ready()
-        held: asyncpg.Connection = await pool.acquire()
+        await self._ready()
+        assert self._pool is not None
+        held: asyncpg.Connection = await self._pool.acquire(timeout=self._timeout_ms / 1000)
         return held
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
@@ -1305,13 +1401,6 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     connections (LISTEN has its own connection, transactions are scoped), and
     asyncpg still rolls back a transaction left open before calling this.
     """
-
-
-async def _close_quietly(pool: asyncpg.Pool) -> None:
-    try:
-        await pool.close()
-    except Exception as exc:  # the original error says more
-        log.debug("closing the pool failed: %s", exc)
 
 
 # Migrations ------------------------------------------------------------------

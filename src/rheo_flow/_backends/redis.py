@@ -67,6 +67,8 @@ from .._errors import (
     ConflictError,
     InvalidArgument,
     MissingExtra,
+    OutcomeUnknown,
+    StoreLost,
     UnknownGroup,
     UnknownStream,
 )
@@ -77,12 +79,15 @@ from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url, url_secrets
 from .._validation import NAME_PATTERN
-from ._redis_lua import SCRIPTS
+from ._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
+from ._redis_lua import LOST, SCRIPTS
 from ._shared import query_window
 
 try:
     import redis.asyncio as aioredis
     from redis import exceptions as rex
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialWithJitterBackoff
 except ImportError:  # pragma: no cover - exercised without the extra installed
     raise MissingExtra("Redis", "redis", "redis") from None
 
@@ -99,6 +104,8 @@ _QUERY_CHUNK: Final = 500
 _BLOCK_SLACK_MS: Final = 150
 _MAX_TRACKED_CONSUMERS: Final = 10_000
 _POLL_S: Final = 0.05
+_DEADLINE_GRACE_MS: Final = 500
+"""The socket timeouts of an owned client fire first; the operation deadline backs them up."""
 
 # Settle codes returned by the scripts: code -> (kind, reason); "o" and "r" succeed.
 _CODES: Final[dict[str, tuple[SettleKind, str]]] = {
@@ -122,6 +129,7 @@ _RENEW_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "consume
 _KEY: Final = attrgetter("event.stream", "group", "event.partition")
 
 
+@guard_operations(tracks_sending=False)
 class RedisBackend(Backend):
     """Durable, distributed backend on Redis Streams (Redis 6.2 or later).
 
@@ -139,6 +147,14 @@ class RedisBackend(Backend):
 
     Durability is the server's: run Redis with AOF persistence
     (``appendonly yes``) for acknowledged writes to survive a server restart.
+    Every partition carries a marker written when its stream is created, checked
+    inside the append and fetch scripts: after the server lost its data (a
+    restart without persistence, ``FLUSHDB``) they raise
+    :class:`~rheo_flow.StoreLost` instead of numbering events from 1 again.
+
+    ``timeout_ms`` (default 10,000; URL option ``timeout_ms``) is the socket
+    and connect timeout of a client built from a URL (unless the URL sets
+    ``socket_timeout`` / ``socket_connect_timeout``) and bounds every operation.
     """
 
     name = "redis"
@@ -152,9 +168,12 @@ class RedisBackend(Backend):
         *,
         url: str | None = None,
         prefix: str = DEFAULT_PREFIX,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ) -> None:
         if (client is None) == (url is None):
             raise InvalidArgument("RedisBackend needs exactly one of client= or url=")
+        self._timeout_ms = check_timeout_ms(timeout_ms)
+        self._deadline_grace_ms = _DEADLINE_GRACE_MS
         if not isinstance(prefix, str) or not _PREFIX_PATTERN.match(prefix):
             raise InvalidArgument(
                 f"invalid Redis key prefix {prefix!r}: use 1-64 characters of "
@@ -173,7 +192,12 @@ class RedisBackend(Backend):
             assert url is not None
             try:
                 self._secrets = url_secrets(url)
-                self._client = aioredis.Redis.from_url(url)
+                self._client = aioredis.Redis.from_url(
+                    url, socket_timeout=self._timeout_ms / 1000,
+                    socket_connect_timeout=self._timeout_ms / 1000,
+                    # Reconnecting may not outlast the operation timeout.
+                    retry=_SentAwareRetry(ExponentialWithJitterBackoff(
+                        base=0.01, cap=min(1.0, self._timeout_ms / 20_000)), 10))
                 pool = self._client.connection_pool
                 # An option redis-py does not know fails here, not at the first command.
                 pool.connection_class(**pool.connection_kwargs)
@@ -207,7 +231,8 @@ class RedisBackend(Backend):
         """A backend owning a client built from a ``redis://`` or ``rediss://`` URL.
 
         The key prefix is ``prefix``, else the URL's ``prefix`` query parameter,
-        else ``"rheo"``; every other query parameter goes to redis-py.
+        else ``"rheo"``; ``timeout_ms`` sets the operation timeout; every other
+        query parameter goes to redis-py.
         """
         try:
             parts = urlsplit(url)
@@ -215,14 +240,17 @@ class RedisBackend(Backend):
         except (ValueError, TypeError):
             raise InvalidArgument(f"invalid Redis URL {redact_url(str(url))!r}") from None
         chosen = DEFAULT_PREFIX
+        timeout_ms = DEFAULT_TIMEOUT_MS
         rest = []
         for key, value in query:
             if key == "prefix":
                 chosen = value
+            elif key == "timeout_ms":
+                timeout_ms = check_timeout_ms(value)
             else:
                 rest.append((key, value))
         clean = urlunsplit(parts._replace(query=urlencode(rest)))
-        return cls(url=clean, prefix=chosen if prefix is None else prefix)
+        return cls(url=clean, prefix=chosen if prefix is None else prefix, timeout_ms=timeout_ms)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -322,13 +350,23 @@ class RedisBackend(Backend):
             text = text.replace(secret, "***")
         return text
 
+    def _error_prefix(self) -> str:
+        return f"Redis at {self._url}" if self._url else "Redis"
+
     def _translate(self, exc: BaseException) -> BackendError:
         kind = _classify(exc) or SettleKind.FAILED
-        where = f" at {self._url}" if self._url else ""
-        message = self._scrub(f"Redis{where}: {type(exc).__name__}: {exc}")
+        message = self._scrub(f"{self._error_prefix()}: {type(exc).__name__}: {exc}")
         if kind is SettleKind.BACKEND_UNAVAILABLE:
             return BackendUnavailable(message)
+        if kind is SettleKind.AMBIGUOUS:
+            return OutcomeUnknown(message)
         return BackendError(message, kind.value)
+
+    def _lost(self, stream: str) -> StoreLost:
+        return StoreLost(
+            f"{self._error_prefix()}: stream {stream!r} is gone from the server: it lost "
+            "its data (a restart without persistence, or FLUSHDB / FLUSHALL). Nothing was "
+            "written; recreate the stream once the cause is understood", stream)
 
     async def _io(self, call: Awaitable[T]) -> T:
         try:
@@ -433,12 +471,30 @@ class RedisBackend(Backend):
     async def _partition_count(self, stream: str) -> int:
         count = self._partitions.get(stream)
         if count is None:
-            record = await self._io(self._client.hget(self._streams_key(), stream))
-            if record is None:
-                raise UnknownStream(stream)
-            count = int(_text(record).split("|", 1)[0])
-            self._partitions[stream] = count
+            count, _ = await self._stream_record(stream)
         return count
+
+    async def _stream_record(self, stream: str) -> tuple[int, int]:
+        """(partitions, created_ms) of a stream, its partitions marked as present."""
+        record = await self._io(self._client.hget(self._streams_key(), stream))
+        if record is None:
+            if stream in self._partitions:
+                raise self._lost(stream)
+            raise UnknownStream(stream)
+        count, created = (int(v) for v in _text(record).split("|"))
+        if stream not in self._partitions:
+            # Streams created before the markers existed get theirs now, while their
+            # record shows they exist.
+            await self._mark(stream, count, created)
+            self._partitions[stream] = count
+        return count, created
+
+    async def _mark(self, stream: str, count: int, created: int) -> None:
+        """Write the presence marker of every partition (see the append script)."""
+        pipe = self._client.pipeline(transaction=False)
+        for p in range(count):
+            pipe.hsetnx(self._pkeys(stream, p)[1], "mk", created)
+        await self._io(pipe.execute())
 
     async def create_stream(self, name: str, partitions: int) -> StreamInfo:
         [record] = await self._eval([("create_stream", [self._streams_key()],
@@ -448,15 +504,12 @@ class RedisBackend(Backend):
             raise ConflictError(
                 f"stream {name!r} exists with {count} partitions, not {partitions}"
             )
+        await self._mark(name, count, created)
         self._partitions[name] = count
         return await self._info(name, count, created)
 
     async def stream_info(self, name: str) -> StreamInfo:
-        record = await self._io(self._client.hget(self._streams_key(), name))
-        if record is None:
-            raise UnknownStream(name)
-        count, created = (int(v) for v in _text(record).split("|"))
-        self._partitions[name] = count
+        count, created = await self._stream_record(name)
         return await self._info(name, count, created)
 
     async def _info(self, name: str, count: int, created: int) -> StreamInfo:
@@ -495,6 +548,8 @@ class RedisBackend(Backend):
             rows = [(records[i].id, metas[i], records[i].data_json) for i in indexes]
             calls.append(("append", self._pkeys(stream, partition), [dumps(rows)]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
+        if any(reply == LOST or reply == b"LOST" for reply in replies):
+            raise self._lost(stream)
         loads = orjson.loads
         if len(calls) == 1 and len(by_partition[targets[0]]) == len(records):
             [reply] = replies
@@ -651,6 +706,8 @@ class RedisBackend(Backend):
         for (p, _), reply in zip(quotas, replies, strict=True):
             if reply == b"NOGROUP" or reply == "NOGROUP":
                 raise UnknownGroup(stream, group)
+            if reply == b"LOST" or reply == LOST:
+                raise self._lost(stream)
             high, remaining, deadline, redelivered, items = loads(reply[0])
             left[p] = remaining
             if high > seen[p]:
@@ -995,6 +1052,35 @@ class RedisBackend(Backend):
 
 
 # Helpers ---------------------------------------------------------------------
+
+
+class _SentAwareRetry(Retry):
+    """redis-py's retry of commands that lost their connection, except that a command
+    whose first attempt may have reached the server is never reported as not sent
+    because a later attempt could not reconnect (that would read as "nothing was
+    written" for an append that may be stored)."""
+
+    async def call_with_retry(
+        self, do: Callable[[], Awaitable[T]], fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        sent = False
+
+        async def failed(error: Exception, *count: int) -> Any:
+            nonlocal sent
+            if _classify(error) is not SettleKind.BACKEND_UNAVAILABLE:
+                sent = True
+            return await fail(error, *count)
+
+        try:
+            return await super().call_with_retry(do, failed, is_retryable, with_failure_count)
+        except (rex.ConnectionError, rex.TimeoutError) as exc:
+            if sent and _classify(exc) is SettleKind.BACKEND_UNAVAILABLE:
+                raise rex.ConnectionError(
+                    "the connection was lost after the request was sent, and reconnecting "
+                    f"failed ({type(exc).__name__})") from exc
+            raise
 
 
 def _text(value: Any) -> str:

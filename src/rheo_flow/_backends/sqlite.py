@@ -66,6 +66,7 @@ from .._query import Query
 from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url
+from ._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from ._shared import (
     Waiters,
     fence,
@@ -92,7 +93,7 @@ every delivery write about twice as dear."""
 
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5_000
 _SYNCHRONOUS: Final = ("NORMAL", "FULL", "EXTRA")
-_URL_OPTIONS: Final = ("busy_timeout_ms", "synchronous")
+_URL_OPTIONS: Final = ("busy_timeout_ms", "synchronous", "timeout_ms")
 
 
 # In-process wake-ups: an append through any backend on a file wakes the waiters
@@ -380,6 +381,7 @@ def _settle_all(items: list[tuple[_Job[Any], tuple[bool, Any]]]) -> None:
         job.settle(outcome)
 
 
+@guard_operations(tracks_sending=False)
 class SQLiteBackend(Backend):
     """Durable single-node backend in one SQLite file (``sqlite:///events.db``).
 
@@ -398,6 +400,10 @@ class SQLiteBackend(Backend):
 
     The connection lives in one dedicated thread; operations open the backend on
     first use when :meth:`open` was not called.
+
+    ``timeout_ms`` bounds how long a caller waits for its operation (by default
+    ``busy_timeout_ms`` plus 10 s). An operation given up on may still commit in
+    the backend thread: a write then raises :class:`~rheo_flow.OutcomeUnknown`.
     """
 
     name = "sqlite"
@@ -412,6 +418,7 @@ class SQLiteBackend(Backend):
         clock: Clock | None = None,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         synchronous: str = "FULL",
+        timeout_ms: int | None = None,
     ) -> None:
         if not isinstance(path, str | os.PathLike) or not os.fspath(path):
             raise InvalidArgument(f"SQLite database path must be a non-empty path, got {path!r}")
@@ -426,6 +433,9 @@ class SQLiteBackend(Backend):
             raise InvalidArgument(
                 f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}"
             )
+        self._timeout_ms = (busy_timeout_ms + DEFAULT_TIMEOUT_MS if timeout_ms is None
+                            else check_timeout_ms(timeout_ms))
+        self._deadline_grace_ms = 0
         self._path = os.fspath(path)
         self._clock: Clock = clock or system_clock
         self._busy_timeout_ms = busy_timeout_ms
@@ -466,7 +476,9 @@ class SQLiteBackend(Backend):
                 raise InvalidArgument(
                     f"unknown SQLite URL option {name!r}; known: {', '.join(_URL_OPTIONS)}"
                 )
-            if name == "busy_timeout_ms":
+            if name == "timeout_ms":
+                options[name] = check_timeout_ms(value)
+            elif name == "busy_timeout_ms":
                 if not value.isdigit():
                     raise InvalidArgument(
                         f"busy_timeout_ms must be a non-negative integer, got {value!r}"
@@ -519,6 +531,12 @@ class SQLiteBackend(Backend):
                 await asyncio.get_running_loop().run_in_executor(executor, self._disconnect)
             finally:
                 executor.shutdown(wait=True)
+
+    def _error_prefix(self) -> str:
+        return f"SQLite database {self._path!r}"
+
+    def _scrub(self, text: str) -> str:
+        return text
 
     def _connect(self) -> sqlite3.Connection:
         """Runs in the backend thread: connect, configure, create or check the schema."""

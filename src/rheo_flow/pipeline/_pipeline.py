@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from .. import _telemetry
-from .._errors import AlreadyStarted, InvalidArgument
+from .._errors import AlreadyStarted, InvalidArgument, StoreLost
 from .._inflight import Inflight
 from .._producer import Producer
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
@@ -203,6 +203,7 @@ class Pipeline:
         self._shutdown_timeout = float(shutdown_timeout)
         self._stages: Stages | None = None
         self._dispatcher: asyncio.Task[None] | None = None
+        self._lost: StoreLost | None = None
         self._stopping = asyncio.Event()
         self._state: State = "new"
         self._lag: _telemetry.LagTracker | None = None
@@ -347,6 +348,10 @@ class Pipeline:
                 stages.submit([Message(lease, acknowledger) for lease in leases])
         except asyncio.CancelledError:
             raise
+        except StoreLost as exc:
+            log.error("the pipeline on %s/%s stopped fetching: %s", producer.stream,
+                      producer.group, exc)
+            self._lost = exc
         except Exception:
             log.exception("the pipeline on %s/%s stopped fetching", producer.stream,
                           producer.group)
@@ -369,7 +374,9 @@ class Pipeline:
         (default ``shutdown_timeout``).
 
         Returns True after a clean drain: nothing is left inflight. On timeout the
-        stages are cancelled and what they held is left to expire (False).
+        stages are cancelled and what they held is left to expire (False). Raises
+        :class:`~rheo_flow.StoreLost` when fetching stopped because the backend lost
+        the stream's data.
         """
         if self._state == "new":
             self._state = "stopped"
@@ -398,6 +405,8 @@ class Pipeline:
                 await producer_drained
         self._state = "stopped"
         await self._untrack_lag()
+        if self._lost is not None:
+            raise self._lost
         return clean
 
     async def stop(self) -> None:

@@ -1,0 +1,160 @@
+"""Every backend operation raises rheo_flow's typed errors, within one time limit.
+
+:func:`guard_operations` wraps the contract's operations of a backend class:
+
+* a driver exception (or a socket error) becomes a :class:`~rheo_flow.BackendError`
+  classified by the backend's own ``classify_error`` and then the generic rules
+  (DESIGN section 2): :class:`~rheo_flow.BackendUnavailable` when nothing was
+  written, :class:`~rheo_flow.OutcomeUnknown` when a write may have taken effect;
+* an operation still running after the backend's operation timeout is cancelled
+  and reported the same way: ``backend_unavailable`` when the request surely was
+  not sent (the backend calls :func:`mark_sent` once it has a connection to send
+  on), ``ambiguous`` for a write that may have reached the server. A read that
+  times out wrote nothing: ``backend_unavailable``.
+
+rheo_flow's own errors pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any, Final, Protocol, TypeVar
+
+from .._errors import BackendError, BackendUnavailable, InvalidArgument, OutcomeUnknown, RheoError
+from .._settle import SettleKind, classify
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "check_timeout_ms",
+    "guard_operations",
+    "mark_sent",
+]
+
+DEFAULT_TIMEOUT_MS: Final = 10_000
+"""How long one backend operation may take before it is abandoned."""
+
+_READS: Final = frozenset({
+    "open", "stream_info", "list_streams", "group_info", "list_groups", "frontier",
+    "dead_letters", "query",
+})
+"""Operations that change nothing: any failure of theirs is ``backend_unavailable``."""
+_WRITES: Final = frozenset({
+    "create_stream", "append", "create_group", "fetch", "ack", "nack", "reject", "renew",
+    "redrive", "replay", "reset", "trim",
+})
+_UNBOUNDED: Final = frozenset({"wait_for_append"})
+"""Operations that wait on purpose: errors are translated, no deadline applies."""
+
+_SENT: ContextVar[bool] = ContextVar("rheo_flow_backend_request_sent", default=True)
+
+
+def mark_sent() -> None:
+    """Record that the running operation is about to send its request.
+
+    Only backends built with ``tracks_sending=True`` call it; a timeout before the
+    call is then known to have sent nothing.
+    """
+    _SENT.set(True)
+
+
+def check_timeout_ms(value: object) -> int:
+    """A validated operation timeout in milliseconds (``timeout_ms``)."""
+    if isinstance(value, str):
+        if not value.isdigit():
+            raise InvalidArgument(f"timeout_ms must be a positive integer, got {value!r}")
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 86_400_000:
+        raise InvalidArgument(
+            f"timeout_ms must be a positive integer of milliseconds (at most a day), got {value!r}"
+        )
+    return value
+
+
+class _Guarded(Protocol):
+    """What a guarded backend provides."""
+
+    _timeout_ms: int
+    _deadline_grace_ms: int
+
+    def classify_error(self, exc: BaseException) -> SettleKind | None: ...
+
+    def _error_prefix(self) -> str: ...
+
+    def _scrub(self, text: str) -> str: ...
+
+
+B = TypeVar("B", bound=type)
+
+
+def guard_operations(*, tracks_sending: bool) -> Callable[[B], B]:
+    """A class decorator guarding every contract operation the class defines or inherits."""
+
+    def decorate(cls: B) -> B:
+        for name in sorted(_READS | _WRITES | _UNBOUNDED):
+            method = getattr(cls, name, None)
+            if method is not None and not getattr(method, "_rheo_guarded", False):
+                setattr(cls, name, _guard(name, method, tracks_sending))
+        return cls
+
+    return decorate
+
+
+def _guard(name: str, method: Callable[..., Awaitable[Any]], tracks_sending: bool
+           ) -> Callable[..., Awaitable[Any]]:
+    write = name in _WRITES
+    bounded = name not in _UNBOUNDED
+
+    @functools.wraps(method)
+    async def guarded(self: _Guarded, *args: Any, **kwargs: Any) -> Any:
+        token = _SENT.set(False) if tracks_sending else None
+        try:
+            if not bounded:
+                return await method(self, *args, **kwargs)
+            limit = (self._timeout_ms + self._deadline_grace_ms) / 1000
+            async with asyncio.timeout(limit) as deadline:
+                return await method(self, *args, **kwargs)
+        except OutcomeUnknown as exc:
+            if write:
+                raise
+            raise BackendUnavailable(str(exc)) from None
+        except RheoError:
+            raise
+        except TimeoutError as exc:
+            if bounded and deadline.expired():
+                raise _timed_out(self, name, write and _SENT.get()) from None
+            raise _translate(self, exc, write) from None
+        except Exception as exc:
+            raise _translate(self, exc, write) from None
+        finally:
+            if token is not None:
+                _SENT.reset(token)
+
+    guarded._rheo_guarded = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def _timed_out(backend: _Guarded, name: str, maybe_sent: bool) -> BackendError:
+    prefix = backend._error_prefix()
+    limit = backend._timeout_ms
+    if maybe_sent:
+        return OutcomeUnknown(
+            f"{prefix}: {name} got no answer within timeout_ms={limit}; it may or may not "
+            "have taken effect")
+    return BackendUnavailable(
+        f"{prefix}: {name} could not reach the server within timeout_ms={limit}; "
+        "nothing was sent")
+
+
+def _translate(backend: _Guarded, exc: BaseException, write: bool) -> BackendError:
+    error = classify(exc, backend.classify_error)
+    message = backend._scrub(f"{backend._error_prefix()}: {error.reason}")
+    kind = error.kind
+    if kind is SettleKind.BACKEND_UNAVAILABLE or (
+            kind is SettleKind.AMBIGUOUS and not write):
+        return BackendUnavailable(message)
+    if kind is SettleKind.AMBIGUOUS:
+        return OutcomeUnknown(message)
+    return BackendError(message, kind.value)
