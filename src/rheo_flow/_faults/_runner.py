@@ -76,11 +76,11 @@ async def run_torture(
 ) -> AsyncIterator[Report]:
     """Run each scenario over each of its workloads, one after the other; yield the reports.
 
-    Each run is paced for ``settings.seconds``. With ``total_s``, a run may use
-    up to twice that when the time earlier runs left unused allows it, always
-    keeping ``settings.seconds`` for every run still to come, so that all of
-    them end within ``total_s``. ``work_dir`` keeps every run's histories (see
-    :func:`run_scenario`).
+    Each run is paced for ``settings.seconds``. With ``total_s`` (at least
+    ``settings.seconds`` per run), a run may go on until only ``settings.seconds``
+    per run still to come is left, so that all of them end within ``total_s``
+    while a slow run can use the time quicker ones left. ``work_dir`` keeps every
+    run's histories (see :func:`run_scenario`).
     """
     wanted = None if workloads is None else set(workloads)
     runs = [(s, w) for s in chosen for w in s.workloads if wanted is None or w in wanted]
@@ -88,8 +88,8 @@ async def run_torture(
     for i, (scenario, workload) in enumerate(runs):
         bound = None
         if end is not None:
-            spare = end - time.monotonic() - (len(runs) - i - 1) * settings.seconds
-            bound = max(settings.seconds, min(2 * settings.seconds, spare))
+            later = (len(runs) - i - 1) * settings.seconds
+            bound = max(settings.seconds, end - time.monotonic() - later)
         yield await run_scenario(url, scenario, workload, settings, work_dir=work_dir,
                                  bound_s=bound)
 
