@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from rheo_flow import InvalidArgument
 from rheo_flow.testing.faults import (
     STREAM_PREFIX,
     Endpoints,
@@ -25,8 +26,10 @@ from rheo_flow.testing.faults import (
     RunSettings,
     Scenario,
     Workload,
+    register,
     run_scenario,
     scenarios,
+    selected_scenarios,
 )
 
 SETTINGS = RunSettings(events=300, workers=2, seconds=8)
@@ -194,4 +197,26 @@ async def test_redis_stop_cont_pipeline(redis_prefix_url: str) -> None:
     assert_stopped_and_continued(report)
     assert report.scenario == "stop-cont"
     assert report.backend == "redis"
-    assert STREAM_PREFIX == "torture-"
+    assert report.stream.startswith(f"{STREAM_PREFIX}")
+    assert report.stream.endswith("-stop-cont-pipeline")
+
+
+def test_the_catalogue_picks_what_applies_and_refuses_the_rest() -> None:
+    defaults = [s.name for s in selected_scenarios("sqlite:///x.db")]
+    assert defaults == ["kill-restart", "stop-cont", "poison", "ambiguous-append"]
+    assert [s.name for s in selected_scenarios("redis://h", ["baseline"])] == ["baseline"]
+    with pytest.raises(InvalidArgument, match="one process"):
+        selected_scenarios("memory://")
+    with pytest.raises(InvalidArgument, match="unknown scenario"):
+        selected_scenarios("sqlite:///x.db", ["nope"])
+    only_pg = Scenario("pg-only", "PostgreSQL only", backends=frozenset({"postgres"}))
+    assert only_pg.applies_to("postgresql://h/db")
+    assert not only_pg.applies_to("sqlite:///x.db")
+
+
+def test_scenario_names_are_unique() -> None:
+    # Not a default scenario: it stays out of the runs of the other tests.
+    first = register(Scenario("unique-name-test", "one", default=False))
+    assert register(first) is first  # registering the same object again is harmless
+    with pytest.raises(InvalidArgument, match="already registered"):
+        register(Scenario("unique-name-test", "another", default=False))

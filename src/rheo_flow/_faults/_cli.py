@@ -118,13 +118,16 @@ def torture(
             else:
                 mark = "[green]✓[/]" if report.ok and report.complete else "[red]✗[/]"
                 console.print(f"{mark} {report.scenario} / {report.workload}: "
-                              f"{report.elapsed_s:.1f} s")
+                              f"{report.elapsed_s:.1f} s, stream {report.stream}")
                 for note in report.notes:
                     console.print(f"    {escape(note)}")
         return reports
 
     try:
         reports = asyncio.run(go())
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        raise typer.Exit(130) from None
     except RheoError as exc:
         console.print(f"[bold red]error:[/] {escape(_masked(str(exc), url))}")
         raise typer.Exit(EXIT_VIOLATION) from None

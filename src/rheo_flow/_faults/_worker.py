@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -82,11 +83,12 @@ class Poison(Exception):
     """Raised by the handler of a poison event."""
 
 
-async def produce(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder) -> None:
+async def produce(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder,
+                  stop: asyncio.Event) -> None:
     """Append ``cfg.events`` uniquely numbered events, recording every call's outcome.
 
     A call that fails or ends ambiguously is retried with the same ids (appends
-    are idempotent by id) until it is acknowledged.
+    are idempotent by id) until it is acknowledged, or ``stop`` is set.
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -100,6 +102,8 @@ async def produce(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder) -> None:
             await asyncio.sleep(max(0.0, started + first / cfg.rate - loop.time()))
         delay = 0.02
         while True:
+            if stop.is_set():
+                return
             calls += 1
             recorder.append_intent(ids)
             try:
@@ -207,14 +211,16 @@ def _describe(exc: BaseException) -> str:
 
 async def run(cfg: WorkerConfig) -> None:
     """Run one process's part of the workload."""
-    recorder = Recorder(Path(cfg.history_dir) / f"{cfg.name}-{os.getpid()}.jsonl", cfg.name)
+    # Unique per process even should a pid come back within a run.
+    path = Path(cfg.history_dir) / f"{cfg.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+    recorder = Recorder(path, cfg.name)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
         async with Rheo(cfg.url) as rheo:
             if cfg.role == "producer":
                 _ready(cfg)
-                await produce(cfg, rheo, recorder)
+                await produce(cfg, rheo, recorder, stop)
             elif cfg.role == "group":
                 await consume_group(cfg, rheo, recorder, stop)
             else:
