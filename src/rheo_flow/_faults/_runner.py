@@ -146,7 +146,8 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
         history_dir=str(dirs["history"]), ready_dir=str(dirs["ready"]),
         lease_ms=settings.lease_ms, max_attempts=settings.max_attempts,
         concurrency=settings.concurrency, work_ms=settings.handler_ms,
-        poison_every=settings.poison_every)
+        poison_every=settings.poison_every,
+        lifetime_s=deadline - time.monotonic() + SHUTDOWN_S + 30)
     workers = [WorkerProcess(replace(base, name=f"w{i}"), dirs["logs"])
                for i in range(settings.workers)]
     producer = WorkerProcess(replace(

@@ -37,6 +37,10 @@ __all__ = ["WorkerConfig", "event_id", "is_poison", "main"]
 
 Role = Literal["producer", "group", "pipeline"]
 
+STOP_GRACE_S = 10.0
+"""How long a stopping process may take before it exits outright."""
+EXIT_HUNG = 70
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -63,6 +67,8 @@ class WorkerConfig:
     lose_every: int = 0
     """A producer treats every n-th append's answer as lost and retries it (0: never)."""
     id_prefix: str = "e"
+    lifetime_s: float = 600.0
+    """The process ends by itself after this long, or when its parent is gone."""
 
     def to_json(self) -> str:
         """The config as one JSON argument."""
@@ -216,6 +222,7 @@ async def run(cfg: WorkerConfig) -> None:
     recorder = Recorder(path, cfg.name)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    watchdog = asyncio.create_task(_watchdog(stop, cfg.lifetime_s))
     try:
         async with Rheo(cfg.url) as rheo:
             if cfg.role == "producer":
@@ -226,7 +233,25 @@ async def run(cfg: WorkerConfig) -> None:
             else:
                 await consume_pipeline(cfg, rheo, recorder, stop)
     finally:
+        watchdog.cancel()
         recorder.close()
+
+
+async def _watchdog(stop: asyncio.Event, lifetime_s: float) -> None:
+    """Stop when the run's process is gone (killed itself) or the lifetime is over;
+    exit outright should stopping hang."""
+    parent = os.getppid()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + lifetime_s
+    while os.getppid() == parent and loop.time() < end:
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+            break
+        except TimeoutError:
+            continue
+    stop.set()
+    await asyncio.sleep(STOP_GRACE_S)
+    os._exit(EXIT_HUNG)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
