@@ -17,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import pytest
 
 from rheo_flow import ManualClock, Rheo
 from rheo_flow.backends import MemoryBackend
+from rheo_flow.testing.faults._servers import PostgresServer, RedisServer, ServerUnavailable
+
+T = TypeVar("T")
 
 SERVERS: dict[str, tuple[str, str, int]] = {
     # kind: (variable, default URL, default port)
@@ -98,6 +102,45 @@ def redis_url() -> str:
 def mongo_url() -> str:
     """URL of the MongoDB test server (``RHEO_MONGO_URL``)."""
     return server_url("mongo")
+
+
+def throwaway(kind: Callable[..., T], ci: bool, **options: Any) -> T:
+    """A started throwaway server (``PostgresServer`` / ``RedisServer``), or skip / fail.
+
+    Skips when the server's binaries are missing, except under ``CI=true``.
+    """
+    try:
+        server = kind(**options)
+    except ServerUnavailable as exc:
+        if ci:
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    return server
+
+
+@pytest.fixture
+def throwaway_postgres(ci: bool) -> Iterator[PostgresServer]:
+    """A PostgreSQL of this test only, that it may kill; stopped and removed afterwards."""
+    server = throwaway(PostgresServer, ci)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def throwaway_redis(ci: bool) -> Iterator[RedisServer]:
+    """A Redis (AOF, ``appendfsync always``) of this test only; stopped and removed afterwards."""
+    server = throwaway(RedisServer, ci)
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture
