@@ -158,6 +158,47 @@ async def test_redis_drop_blackhole_and_delay(redis_proxy: FaultProxy, redis_url
         await client.aclose()
 
 
+async def test_postgres_lost_reply_means_the_work_was_done(
+        pg_proxy: FaultProxy, postgres_url: str) -> None:
+    conn = await asyncpg.connect(pg_proxy.url(postgres_url))
+    direct = await asyncpg.connect(postgres_url)
+    try:
+        await direct.execute("CREATE SEQUENCE IF NOT EXISTS proxy_test_lost_reply")
+        # asyncpg prepares a statement in a round trip of its own: prepare it first,
+        # so that the answer lost is the one to the execution.
+        await conn.fetchval("SELECT nextval('proxy_test_lost_reply')")
+        before = await direct.fetchval("SELECT nextval('proxy_test_lost_reply')")
+        pg_proxy.lose_replies(1)
+        with pytest.raises((asyncpg.ConnectionDoesNotExistError, ConnectionError)):
+            await conn.fetchval("SELECT nextval('proxy_test_lost_reply')")
+        # The statement ran although its answer never arrived.
+        assert await direct.fetchval("SELECT nextval('proxy_test_lost_reply')") == before + 2
+        assert pg_proxy.stats.replies_lost == 1
+    finally:
+        conn.terminate()
+        await direct.execute("DROP SEQUENCE IF EXISTS proxy_test_lost_reply")
+        await direct.close()
+
+
+async def test_redis_lost_reply_means_the_write_was_done(
+        redis_proxy: FaultProxy, redis_url: str) -> None:
+    client = _redis(redis_proxy.url(redis_url))
+    direct = _redis(redis_url)
+    key = "proxy-test:lost-reply"
+    try:
+        await direct.delete(key)
+        await client.ping()  # connected: the answer lost is not the handshake's
+        redis_proxy.lose_replies(1)
+        with pytest.raises(RedisConnectionError):
+            await client.incr(key)
+        assert await direct.get(key) == b"1"
+        assert await client.incr(key) == 2  # the next answer passes
+    finally:
+        await direct.delete(key)
+        await client.aclose()
+        await direct.aclose()
+
+
 async def test_a_server_that_is_down_gets_its_clients_reset() -> None:
     async with FaultProxy("127.0.0.1", 1) as proxy:
         with pytest.raises((ConnectionError, OSError, asyncpg.PostgresError)):
@@ -170,5 +211,7 @@ async def test_bad_fault_arguments_are_refused(pg_proxy: FaultProxy) -> None:
         pg_proxy.set_delay(-1)
     with pytest.raises(InvalidArgument):
         pg_proxy.blackhole(0)
+    with pytest.raises(InvalidArgument):
+        pg_proxy.lose_replies(-1)
     with pytest.raises(InvalidArgument):
         pg_proxy.blackhole(1, then="later")  # type: ignore[arg-type]

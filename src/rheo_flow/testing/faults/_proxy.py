@@ -10,6 +10,8 @@ to one backend server. While it runs, a test switches what the network does:
 * :meth:`FaultProxy.blackhole` — accept and hold connections, forward nothing
   in either direction for ``seconds`` (a network partition), then either drop
   the held connections or let the held bytes through (the partition heals);
+* :meth:`FaultProxy.lose_replies` — swallow the server's next answer(s) and
+  reset the connection: the request took effect, the client never hears of it;
 * :meth:`FaultProxy.set_delay` — deliver each chunk ``seconds`` after it was
   read, in order, in both directions (a slow link: latency, not a throughput cap).
 
@@ -56,6 +58,8 @@ class ProxyStats:
     """Connections the proxy reset or closed on purpose."""
     upstream_failures: int = 0
     """Client connections closed because the server could not be reached."""
+    replies_lost: int = 0
+    """Answers from the server swallowed by :meth:`FaultProxy.lose_replies`."""
 
 
 class _Link:
@@ -104,6 +108,7 @@ class FaultProxy:
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._delay = 0.0
+        self._lose_replies = 0
         self._blackhole: asyncio.Task[None] | None = None
         self.stats = ProxyStats()
 
@@ -168,6 +173,7 @@ class FaultProxy:
         """Forward everything at once: end any blackhole (letting held bytes through) and delay."""
         self._end_blackhole()
         self._delay = 0.0
+        self._lose_replies = 0
         self._flowing.set()
 
     def set_delay(self, seconds: float) -> None:
@@ -184,6 +190,17 @@ class FaultProxy:
             link.abort(reset)
         self.stats.dropped += len(links)
         return len(links)
+
+    def lose_replies(self, count: int = 1) -> None:
+        """Swallow the next ``count`` answers from the server, resetting each one's connection.
+
+        The server did the work (an append stored, a settle committed, leases
+        granted) but the client never hears of it: the ambiguous outcome that
+        idempotent appends and fenced settles exist for.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidArgument(f"count must be an integer >= 0, got {count!r}")
+        self._lose_replies = count
 
     def blackhole(self, seconds: float, *, then: AfterBlackhole = "drop") -> asyncio.Task[None]:
         """Hold every connection, forwarding nothing, for ``seconds``; then ``drop`` or ``resume``.
@@ -242,16 +259,19 @@ class FaultProxy:
                 return
             link.server = up_writer
             loop = asyncio.get_running_loop()
-            link.tasks = [loop.create_task(self._pump(reader, up_writer, link)),
-                          loop.create_task(self._pump(up_reader, writer, link))]
+            link.tasks = [loop.create_task(self._pump(reader, up_writer, link, reply=False)),
+                          loop.create_task(self._pump(up_reader, writer, link, reply=True))]
             await link.closed.wait()
         finally:
             self._links.discard(link)
             link.abort(reset=False)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    link: _Link) -> None:
-        """Copy one direction: read chunks at once, deliver each when due and flowing."""
+                    link: _Link, *, reply: bool) -> None:
+        """Copy one direction: read chunks at once, deliver each when due and flowing.
+
+        ``reply``: the direction from the server to the client.
+        """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
@@ -266,6 +286,12 @@ class FaultProxy:
                         await self._flowing.wait()
                     if not chunk:
                         break
+                    if reply and self._lose_replies > 0:
+                        self._lose_replies -= 1
+                        self.stats.replies_lost += 1
+                        self.stats.dropped += 1
+                        link.abort(reset=True)
+                        return
                     writer.write(chunk)
                     await writer.drain()
             except OSError:
