@@ -1,0 +1,276 @@
+"""The checker: a pure function from recorded histories and the final state to a report.
+
+Definitions (docs/reliability.md explains them at length):
+
+* **acknowledged** — an id carried by an append call that returned ``ok``;
+  **maybe appended** — by one that ended ``ambiguous`` (or had no recorded end).
+* **settled** — the group acked the event (an ``ok`` ack result was recorded),
+  dead-lettered it (it is among the final dead letters), or an ack of it has no
+  recorded answer (the worker died waiting) and the group's final frontier
+  covers it.
+* **lost** — acknowledged (or maybe appended and found stored), not settled, and
+  the group will never deliver it again: its position is covered by the final
+  frontier, or it is missing from the stream.
+* **unfinished** — acknowledged, not settled, not lost: still pending when the
+  run ended (part of the final lag).
+* **unexpected** — delivered or stored, but never appended (or appended only by
+  calls that failed definitely).
+* **duplicate appends** — an id stored at two positions, or two ``ok`` appends
+  of one id that returned different positions (idempotent append broken).
+* **stale settle accepted** — an ``ok`` settle (ack, nack or reject) of a lease of
+  attempt *a* although a delivery of the same event with a higher attempt had
+  started (its handler began) before the settle was issued (its handler ended):
+  the newer lease was granted before the old one's settle reached the backend,
+  which must have fenced it off with ``stale_lease``. Both times are recorded
+  on one host's clock and bound the unknown instants conservatively (grant
+  before handler start; settle call after handler end), so a reported stale
+  settle is certain, never a timing artefact.
+* **duplicated deliveries** — deliveries of an event beyond its first: expected
+  after kills, lease expiry and nacks (at-least-once), reported, not a violation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ._history import DeliveryRecord, History, SettleRecord
+
+__all__ = ["FinalState", "Report", "StaleSettle", "check"]
+
+
+@dataclass(frozen=True, slots=True)
+class FinalState:
+    """What the backend shows once the run is over (read through the checker's URL)."""
+
+    high_water: Mapping[int, int]
+    """Highest sequence per partition."""
+    frontier: Mapping[int, int]
+    """The group's contiguous frontier per partition."""
+    dead_letters: Mapping[str, int] = field(default_factory=dict)
+    """Dead-lettered event ids with their attempts."""
+    stored: Mapping[str, tuple[tuple[int, int], ...]] | None = None
+    """Every stored event id with its positions (``None``: not read)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StaleSettle:
+    """A settle the backend accepted although a newer lease of the event existed."""
+
+    event_id: str
+    op: str
+    worker: str
+    attempt: int
+    newer_attempt: int
+    newer_worker: str
+    lead_us: int
+    """How long before the stale settle was issued the newer delivery had started."""
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """The checker's verdict on one run (one scenario over one workload and backend)."""
+
+    scenario: str
+    workload: str
+    backend: str
+    attempted: int
+    """Distinct ids the producers tried to append."""
+    acknowledged: int
+    """Distinct ids with an ``ok`` append."""
+    ambiguous_appends: int
+    """Append calls that ended ambiguous (retried with the same ids)."""
+    failed_appends: int
+    """Append calls that failed definitely (retried with the same ids)."""
+    delivered: int
+    """Distinct ids delivered to a handler."""
+    deliveries: int
+    """Deliveries in all."""
+    acked: int
+    """Distinct ids with an ``ok`` ack."""
+    lost: tuple[str, ...]
+    unexpected: tuple[str, ...]
+    duplicate_appends: tuple[str, ...]
+    stale_accepted: tuple[StaleSettle, ...]
+    stale_rejected: int
+    """Settles refused as ``stale_lease``/``receipt_mismatch``: fencing at work."""
+    ambiguous_settles: int
+    """Settles without a recorded answer (the worker died or was stopped)."""
+    unfinished: tuple[str, ...]
+    lag: int
+    """Final ``high water - frontier``, summed over partitions."""
+    dead_letters: int
+    unexpected_dead_letters: tuple[str, ...]
+    """Dead letters of events that were not poison (e.g. past max_attempts by kills)."""
+    poison_not_dead_lettered: tuple[str, ...]
+    """Poison events (their handler always fails) not among the dead letters."""
+    truncated_files: int = 0
+    elapsed_s: float = 0.0
+    error: str | None = None
+    """Why the run itself failed (then the counts may be partial)."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def duplicated(self) -> int:
+        """Deliveries beyond the first of each event (at-least-once redeliveries)."""
+        return self.deliveries - self.delivered
+
+    @property
+    def violations(self) -> int:
+        """Lost, unexpected, duplicate-append and stale-accepted findings together."""
+        return (len(self.lost) + len(self.unexpected) + len(self.duplicate_appends)
+                + len(self.stale_accepted))
+
+    @property
+    def ok(self) -> bool:
+        """No violation and no run error."""
+        return self.violations == 0 and self.error is None
+
+    @property
+    def complete(self) -> bool:
+        """Every acknowledged event was settled (nothing unfinished, poison dead-lettered)."""
+        return not self.unfinished and not self.poison_not_dead_lettered
+
+
+def check(
+    history: History,
+    final: FinalState,
+    *,
+    scenario: str = "",
+    workload: str = "",
+    backend: str = "",
+    poison: Iterable[str] = (),
+    elapsed_s: float = 0.0,
+    error: str | None = None,
+) -> Report:
+    """Check a run's ``history`` against the ``final`` state of the backend.
+
+    Pure: reads nothing else. ``poison`` names the events whose handler always
+    fails (they are expected among the dead letters).
+    """
+    poison_ids = frozenset(poison)
+    acknowledged: set[str] = set()
+    maybe: set[str] = set()
+    attempted: set[str] = set()
+    positions: dict[str, set[tuple[int, int]]] = defaultdict(set)
+    ambiguous_calls = failed_calls = 0
+    for a in history.appends:
+        attempted.update(a.ids)
+        if a.outcome == "ok":
+            acknowledged.update(a.ids)
+            for event_id, position in zip(a.ids, a.positions, strict=False):
+                positions[event_id].add(position)
+        elif a.outcome == "ambiguous":
+            ambiguous_calls += 1
+            maybe.update(a.ids)
+        else:
+            failed_calls += 1
+    appended = acknowledged | maybe
+
+    duplicate_appends = {i for i, p in positions.items() if len(p) > 1}
+    stored = final.stored
+    if stored is not None:
+        duplicate_appends |= {i for i, p in stored.items() if len(p) > 1}
+        for event_id, stored_at in stored.items():
+            if event_id in acknowledged and positions[event_id] - set(stored_at):
+                duplicate_appends.add(event_id)  # acknowledged at a position it is not at
+
+    by_event: dict[str, list[DeliveryRecord]] = defaultdict(list)
+    for d in history.deliveries:
+        by_event[d.event_id].append(d)
+    unexpected = {i for i in by_event if i not in appended}
+    if stored is not None:
+        unexpected |= {i for i in stored if i not in appended}
+
+    acked: set[str] = set()
+    ambiguous_acks: set[str] = set()
+    stale_rejected = ambiguous_settles = 0
+    stale_accepted: list[StaleSettle] = []
+    for s in history.settles:
+        if s.result is None:
+            ambiguous_settles += 1
+            if s.op == "ack":
+                ambiguous_acks.add(s.event_id)
+            continue
+        if s.result in ("stale_lease", "receipt_mismatch"):
+            stale_rejected += 1
+        if s.result != "ok":
+            continue
+        if s.op == "ack":
+            acked.add(s.event_id)
+        stale = _stale(s, by_event.get(s.event_id, ()))
+        if stale is not None:
+            stale_accepted.append(stale)
+
+    def position_of(event_id: str) -> tuple[int, int] | None:
+        known = positions.get(event_id)
+        if known:
+            return min(known)
+        if stored is not None and stored.get(event_id):
+            return stored[event_id][0]
+        seen = by_event.get(event_id)
+        return (seen[0].partition, seen[0].sequence) if seen else None
+
+    def covered(event_id: str) -> bool:
+        where = position_of(event_id)
+        return where is not None and final.frontier.get(where[0], 0) >= where[1]
+
+    must_settle = set(acknowledged)
+    if stored is not None:
+        must_settle |= {i for i in maybe if stored.get(i)}
+    lost: set[str] = set()
+    unfinished: set[str] = set()
+    for event_id in must_settle:
+        if event_id in acked or event_id in final.dead_letters:
+            continue
+        if event_id in ambiguous_acks and covered(event_id):
+            continue
+        missing = stored is not None and not stored.get(event_id)
+        if missing or covered(event_id):
+            lost.add(event_id)
+        else:
+            unfinished.add(event_id)
+
+    lag = sum(max(0, high - final.frontier.get(p, 0)) for p, high in final.high_water.items())
+    return Report(
+        scenario=scenario,
+        workload=workload,
+        backend=backend,
+        attempted=len(attempted),
+        acknowledged=len(acknowledged),
+        ambiguous_appends=ambiguous_calls,
+        failed_appends=failed_calls,
+        delivered=len(by_event),
+        deliveries=len(history.deliveries),
+        acked=len(acked),
+        lost=tuple(sorted(lost)),
+        unexpected=tuple(sorted(unexpected)),
+        duplicate_appends=tuple(sorted(duplicate_appends)),
+        stale_accepted=tuple(sorted(stale_accepted, key=lambda x: (x.event_id, x.attempt))),
+        stale_rejected=stale_rejected,
+        ambiguous_settles=ambiguous_settles,
+        unfinished=tuple(sorted(unfinished)),
+        lag=lag,
+        dead_letters=len(final.dead_letters),
+        unexpected_dead_letters=tuple(sorted(set(final.dead_letters) - poison_ids)),
+        poison_not_dead_lettered=tuple(sorted(
+            i for i in poison_ids & must_settle if i not in final.dead_letters)),
+        truncated_files=history.truncated,
+        elapsed_s=elapsed_s,
+        error=error,
+    )
+
+
+def _stale(settle: SettleRecord, deliveries: Iterable[DeliveryRecord]) -> StaleSettle | None:
+    """The newer delivery proving ``settle`` stale, if there is one (the earliest)."""
+    if settle.started_us is None:
+        return None
+    newer = [d for d in deliveries
+             if d.attempt > settle.attempt and d.lease_id != settle.lease_id
+             and d.at_us < settle.started_us]
+    if not newer:
+        return None
+    first = min(newer, key=lambda d: d.at_us)
+    return StaleSettle(settle.event_id, settle.op, settle.worker, settle.attempt, first.attempt,
+                       first.worker, settle.started_us - first.at_us)
