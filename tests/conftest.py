@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from rheo_flow import ManualClock, Rheo
+from rheo_flow._faults._servers import PostgresServer, RedisServer, ServerUnavailable
 from rheo_flow.backends import MemoryBackend
-from rheo_flow.testing.faults._servers import PostgresServer, RedisServer, ServerUnavailable
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 from rheo_flow import InvalidArgument
-from rheo_flow.testing.faults._proxy import FaultProxy
+from rheo_flow._faults._proxy import FaultProxy
 
 
 @pytest.fixture
@@ -109,6 +109,24 @@ async def test_postgres_blackhole_that_heals_delivers_late(
         assert not pg_proxy.blackholed
     finally:
         await conn.close()
+
+
+async def test_postgres_partial_blackhole_holds_some_connections_only(
+        pg_proxy: FaultProxy, postgres_url: str) -> None:
+    url = pg_proxy.url(postgres_url)
+    conns = [await asyncpg.connect(url), await asyncpg.connect(url)]
+    try:
+        hole = pg_proxy.blackhole(2.0, then="resume", share=0.5)
+        queries = [asyncio.create_task(c.fetchval("SELECT $1::int", i))
+                   for i, c in enumerate(conns)]
+        _, [held] = await asyncio.wait(queries, return_when=asyncio.FIRST_COMPLETED)
+        assert pg_proxy.blackholed  # one query passed while the other connection was held
+        await hole
+        assert not held.done()
+        assert await held == queries.index(held)
+    finally:
+        for conn in conns:
+            await conn.close()
 
 
 async def test_postgres_delay_applies_to_every_round_trip(
@@ -213,5 +231,7 @@ async def test_bad_fault_arguments_are_refused(pg_proxy: FaultProxy) -> None:
         pg_proxy.blackhole(0)
     with pytest.raises(InvalidArgument):
         pg_proxy.lose_replies(-1)
+    with pytest.raises(InvalidArgument):
+        pg_proxy.blackhole(1, share=0)
     with pytest.raises(InvalidArgument):
         pg_proxy.blackhole(1, then="later")  # type: ignore[arg-type]

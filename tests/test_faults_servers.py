@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from rheo_flow import NewEvent, Rheo
-from rheo_flow.testing.faults._servers import PostgresServer, RedisServer
+from rheo_flow._faults._servers import PostgresServer, RedisServer
 
 pytestmark = pytest.mark.slow
 

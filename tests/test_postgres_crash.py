@@ -2,7 +2,7 @@
 
 The test runs its OWN server (``throwaway_postgres``: initdb into a temporary
 directory, a free loopback port) because it kills it with SIGKILL; see
-:mod:`rheo_flow.testing.faults._servers`. Without the server binaries the test
+:mod:`rheo_flow._faults._servers`. Without the server binaries the test
 is skipped, except under ``CI=true``, where it fails.
 """
 
@@ -14,8 +14,8 @@ import contextlib
 import pytest
 
 from rheo_flow import NewEvent, Rheo, SettleKind
+from rheo_flow._faults._servers import PostgresServer
 from rheo_flow.backends import PostgresBackend
-from rheo_flow.testing.faults._servers import PostgresServer
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,10 @@ to one backend server. While it runs, a test switches what the network does:
 * :meth:`FaultProxy.drop` — reset (or close) every open connection, as a
   crashed middlebox or a server that went away would; new connections are
   accepted and forwarded as usual;
-* :meth:`FaultProxy.blackhole` — accept and hold connections, forward nothing
-  in either direction for ``seconds`` (a network partition), then either drop
-  the held connections or let the held bytes through (the partition heals);
+* :meth:`FaultProxy.blackhole` — accept and hold connections (all of them, or
+  a share of those open), forward nothing in either direction for ``seconds``
+  (a network partition), then either drop the held connections or let the held
+  bytes through (the partition heals);
 * :meth:`FaultProxy.lose_replies` — swallow the server's next answer(s) and
   reset the connection: the request took effect, the client never hears of it;
 * :meth:`FaultProxy.set_delay` — deliver each chunk ``seconds`` after it was
@@ -23,14 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import struct
 from dataclasses import dataclass
 from typing import Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from ..._errors import InvalidArgument
-from ..._urls import redact_url
+from .._errors import InvalidArgument
+from .._urls import redact_url
 
 __all__ = ["DEFAULT_PORTS", "FaultProxy", "ProxyStats"]
 
@@ -70,6 +72,8 @@ class _Link:
         self.server: asyncio.StreamWriter | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.closed = asyncio.Event()
+        self.flowing = asyncio.Event()
+        self.flowing.set()
 
     def abort(self, reset: bool) -> None:
         if self.closed.is_set():
@@ -105,8 +109,8 @@ class FaultProxy:
         self._port = port
         self._server: asyncio.Server | None = None
         self._links: set[_Link] = set()
-        self._flowing = asyncio.Event()
-        self._flowing.set()
+        self._held: set[_Link] = set()
+        self._hold_new = False
         self._delay = 0.0
         self._lose_replies = 0
         self._blackhole: asyncio.Task[None] | None = None
@@ -174,7 +178,6 @@ class FaultProxy:
         self._end_blackhole()
         self._delay = 0.0
         self._lose_replies = 0
-        self._flowing.set()
 
     def set_delay(self, seconds: float) -> None:
         """Deliver every chunk read from now on ``seconds`` later (0 to stop delaying)."""
@@ -202,22 +205,36 @@ class FaultProxy:
             raise InvalidArgument(f"count must be an integer >= 0, got {count!r}")
         self._lose_replies = count
 
-    def blackhole(self, seconds: float, *, then: AfterBlackhole = "drop") -> asyncio.Task[None]:
-        """Hold every connection, forwarding nothing, for ``seconds``; then ``drop`` or ``resume``.
+    def blackhole(self, seconds: float, *, then: AfterBlackhole = "drop",
+                  share: float = 1.0) -> asyncio.Task[None]:
+        """Hold connections, forwarding nothing, for ``seconds``; then ``drop`` or ``resume`` them.
 
-        Connections accepted meanwhile are held too. ``then="drop"`` resets the
-        connections held when the period ends (as a partition that outlived the
-        connections would); ``"resume"`` lets the held bytes through (the
-        partition heals). Returns the task that ends the period; awaiting it is
-        optional. :meth:`pass_traffic` ends it early, letting bytes through.
+        With ``share=1`` every connection is held, those accepted meanwhile too
+        (the server is cut off). With a smaller share, that fraction of the open
+        connections (at least one, chosen at random) is held and every other
+        connection, new ones included, passes: a client's pool is half cut off,
+        so its requests on held connections arrive late while others go through.
+        ``then="drop"`` resets the held connections when the period ends (as a
+        partition that outlived the connections would); ``"resume"`` lets their
+        held bytes through (the partition heals). Returns the task that ends the
+        period; awaiting it is optional. :meth:`pass_traffic` ends it early,
+        letting the bytes through.
         """
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
                 0 < seconds <= 3600):
             raise InvalidArgument(f"blackhole must last 0 to 3600 seconds, got {seconds!r}")
         if then not in ("drop", "resume"):
             raise InvalidArgument(f"then must be 'drop' or 'resume', got {then!r}")
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise InvalidArgument(f"share must be in (0, 1], got {share!r}")
         self._end_blackhole()
-        self._flowing.clear()
+        links = list(self._links)
+        if share < 1:
+            links = random.sample(links, min(len(links), max(1, round(share * len(links)))))
+        else:
+            self._hold_new = True
+        for link in links:
+            self._hold_link(link)
         self._blackhole = asyncio.get_running_loop().create_task(
             self._hold(float(seconds), then), name="rheo-faults-blackhole")
         return self._blackhole
@@ -225,19 +242,33 @@ class FaultProxy:
     @property
     def blackholed(self) -> bool:
         """Whether the proxy holds traffic now."""
-        return not self._flowing.is_set()
+        return self._hold_new or bool(self._held)
+
+    def _hold_link(self, link: _Link) -> None:
+        link.flowing.clear()
+        self._held.add(link)
 
     async def _hold(self, seconds: float, then: AfterBlackhole) -> None:
         await asyncio.sleep(seconds)  # the length of the partition is the fault itself
         self._blackhole = None
         if then == "drop":
-            self.drop()
-        self._flowing.set()
+            held = [link for link in self._held if not link.closed.is_set()]
+            for link in held:
+                link.abort(reset=True)
+            self.stats.dropped += len(held)
+        self._release()
 
     def _end_blackhole(self) -> None:
         if self._blackhole is not None:
             self._blackhole.cancel()
             self._blackhole = None
+        self._release()
+
+    def _release(self) -> None:
+        self._hold_new = False
+        held, self._held = self._held, set()
+        for link in held:
+            link.flowing.set()
 
     # -- forwarding ------------------------------------------------------
 
@@ -245,6 +276,8 @@ class FaultProxy:
         self.stats.accepted += 1
         link = _Link(writer)
         self._links.add(link)
+        if self._hold_new:
+            self._hold_link(link)
         try:
             try:
                 async with asyncio.timeout(_CONNECT_TIMEOUT_S):
@@ -264,6 +297,7 @@ class FaultProxy:
             await link.closed.wait()
         finally:
             self._links.discard(link)
+            self._held.discard(link)
             link.abort(reset=False)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -279,11 +313,11 @@ class FaultProxy:
             try:
                 while True:
                     due, chunk = await queue.get()
-                    await self._flowing.wait()
+                    await link.flowing.wait()
                     wait = due - loop.time()
                     if wait > 0:
                         await asyncio.sleep(wait)  # the injected delay itself
-                        await self._flowing.wait()
+                        await link.flowing.wait()
                     if not chunk:
                         break
                     if reply and self._lose_replies > 0:
