@@ -45,6 +45,7 @@ __all__ = [
     "ThrowawayServer",
     "free_port",
     "postgres_binaries",
+    "running_servers",
 ]
 
 _START_TIMEOUT_S: Final = 60.0
@@ -82,6 +83,11 @@ def postgres_binaries() -> Path:
 
 
 _running: weakref.WeakSet[ThrowawayServer] = weakref.WeakSet()
+
+
+def running_servers() -> list[ThrowawayServer]:
+    """The throwaway servers of this process that are running now."""
+    return [server for server in list(_running) if server.running]
 
 
 @atexit.register
@@ -234,7 +240,7 @@ class PostgresServer(ThrowawayServer):
 
     name = "postgres"
 
-    def __init__(self, *, max_connections: int = 40) -> None:
+    def __init__(self, *, max_connections: int = 100) -> None:
         bindir = postgres_binaries()
         prefix: list[str] = []
         owner: pwd.struct_passwd | None = None
