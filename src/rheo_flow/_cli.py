@@ -252,3 +252,9 @@ def main() -> None:
     """Entry point of the ``rheo-flow`` script."""
     app(prog_name="rheo-flow")
 
+
+
+# Kept in its own module; registered here so that it is one of the commands.
+from ._faults._cli import torture as _torture  # noqa: E402
+
+app.command("torture")(_torture)

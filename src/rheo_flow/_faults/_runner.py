@@ -71,13 +71,27 @@ async def run_torture(
     settings: RunSettings,
     *,
     workloads: Iterable[Workload] | None = None,
+    work_dir: str | Path | None = None,
+    total_s: float | None = None,
 ) -> AsyncIterator[Report]:
-    """Run each scenario over each of its workloads, one after the other; yield the reports."""
+    """Run each scenario over each of its workloads, one after the other; yield the reports.
+
+    Each run is paced for ``settings.seconds``. With ``total_s``, a run may use
+    up to twice that when the time earlier runs left unused allows it, always
+    keeping ``settings.seconds`` for every run still to come, so that all of
+    them end within ``total_s``. ``work_dir`` keeps every run's histories (see
+    :func:`run_scenario`).
+    """
     wanted = None if workloads is None else set(workloads)
-    for scenario in chosen:
-        for workload in scenario.workloads:
-            if wanted is None or workload in wanted:
-                yield await run_scenario(url, scenario, workload, settings)
+    runs = [(s, w) for s in chosen for w in s.workloads if wanted is None or w in wanted]
+    end = None if total_s is None else time.monotonic() + total_s
+    for i, (scenario, workload) in enumerate(runs):
+        bound = None
+        if end is not None:
+            spare = end - time.monotonic() - (len(runs) - i - 1) * settings.seconds
+            bound = max(settings.seconds, min(2 * settings.seconds, spare))
+        yield await run_scenario(url, scenario, workload, settings, work_dir=work_dir,
+                                 bound_s=bound)
 
 
 async def run_scenario(
@@ -87,6 +101,7 @@ async def run_scenario(
     settings: RunSettings | None = None,
     *,
     work_dir: str | Path | None = None,
+    bound_s: float | None = None,
 ) -> Report:
     """Run ``scenario`` over ``workload`` against ``url`` and check what happened.
 
@@ -94,7 +109,8 @@ async def run_scenario(
     place afterwards) and group, starts one producer and ``settings.workers``
     worker processes, runs ``scenario.disrupt`` meanwhile, waits until every event
     is settled or the run's bound passes, stops the processes and returns the
-    checker's :class:`Report`. The histories go to ``work_dir`` (kept) or to a
+    checker's :class:`Report`. The run ends within ``bound_s`` seconds (default
+    ``settings.seconds``). The histories go to ``work_dir`` (kept) or to a
     temporary directory (removed).
     """
     settings = scenario.tune(settings or RunSettings())
@@ -110,15 +126,16 @@ async def run_scenario(
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
         async with scenario.endpoints(url) as endpoints:
-            return await _run(scenario, workload, settings, endpoints, stream, dirs, started,
-                              backend_family(url))
+            bound = settings.seconds if bound_s is None else bound_s
+            return await _run(scenario, workload, settings, endpoints, stream, dirs,
+                              started + bound - SHUTDOWN_S, backend_family(url))
     raise AssertionError("unreachable")  # pragma: no cover - for mypy
 
 
 async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
-               endpoints: Endpoints, stream: str, dirs: dict[str, Path], started: float,
+               endpoints: Endpoints, stream: str, dirs: dict[str, Path], deadline: float,
                family: str) -> Report:
-    deadline = started + settings.seconds - SHUTDOWN_S
+    started = time.monotonic()
     prefix = stream.removeprefix(STREAM_PREFIX)
     base = WorkerConfig(
         role=workload, name="w", url=endpoints.workload_url, stream=stream, group=GROUP,
@@ -153,7 +170,7 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
                 raise _RunFailed("the workers did not start in time" + _logs(dirs["logs"]))
             await producer.start()
             control = RunControl(scenario, workload, settings, endpoints, workers, [producer],
-                                 progress)
+                                 progress, deadline)
             disrupt = asyncio.create_task(_disrupt(scenario, control))
             try:
                 error = await _until_settled(control, producer, deadline)

@@ -319,6 +319,8 @@ class RunControl:
     """The consuming processes (a restart keeps the same object)."""
     producers: list[WorkerProcess]
     _progress: ProgressReader
+    deadline: float
+    """When the run stops waiting for the workload (``time.monotonic()`` clock)."""
     _started: float = field(default_factory=time.monotonic)
     notes: list[str] = field(default_factory=list)
     """What the scenario did, with times (shown in the report)."""
@@ -340,8 +342,8 @@ class RunControl:
         return time.monotonic() - self._started
 
     def remaining(self) -> float:
-        """Seconds left of the run's bound."""
-        return self.settings.seconds - self.elapsed()
+        """Seconds left until :attr:`deadline`."""
+        return self.deadline - time.monotonic()
 
     def note(self, text: str) -> None:
         """Record what the scenario did (with the elapsed time)."""
