@@ -9,14 +9,15 @@ hit).
 * ``net-drop`` — from 10% settled until 85%, every 0.2-0.6 s, either reset
   every open connection or swallow the server's next answer (the request took
   effect; the client never hears of it).
-* ``net-blackhole`` — hold every connection for twice the lease, then reset
-  them; later hold half of the open connections for twice the lease and let
-  their bytes through afterwards (renewals and settles sent on a held
-  connection arrive after the lease ran out, while the same worker's other
-  connections fetched again: they must be refused as stale).
-* ``net-delay`` — delay every chunk by a quarter of the lease for 2 s, then by
-  three quarters of it for 1 s (round trips longer than the lease: renewals
-  come too late, leases expire under running handlers), twice.
+* ``net-blackhole`` — from 20% settled until 80%: hold every connection for
+  twice the lease, then reset them; later hold half of the open connections for
+  twice the lease and let their bytes through afterwards (renewals and settles
+  sent on a held connection arrive after the lease ran out, while the same
+  worker's other connections fetched again: they must be refused as stale).
+* ``net-delay`` — from 20% settled until 80%: delay every chunk by a quarter of
+  the lease for 1.5 s, then by three quarters of it for 1 s (round trips longer
+  than the lease: renewals come too late, leases expire under running
+  handlers), then pass traffic for 2 s.
 
 SQLite and the in-memory backend have no network: these scenarios do not apply.
 """
@@ -74,10 +75,7 @@ async def _drops(run: RunControl) -> None:
     run.note("dropping connections and answers")
     try:
         turn = 0
-        while not run.finished.is_set() and run.remaining() > 0:
-            p = await _progress(run)
-            if p is not None and p >= 0.85:
-                break
+        while await _before(run, 0.85):
             if turn % 2:
                 proxy.lose_replies(1)
             else:
@@ -90,39 +88,53 @@ async def _drops(run: RunControl) -> None:
 
 
 async def _blackholes(run: RunControl) -> None:
-    """Cut every connection off for two leases then reset them; later, half of them, healed."""
+    """From 20% to 80% settled: cut every connection off for two leases then reset them,
+    then hold half of them for two leases and let their bytes through; and again."""
     proxy = proxy_of(run)
     hold_s = 2 * run.settings.lease_ms / 1000
     try:
-        if not await run.wait_progress(0.25):
+        if not await run.wait_progress(0.2):
             return
-        run.note(f"blackhole every connection for {hold_s:.1f} s, then reset")
-        await proxy.blackhole(hold_s, then="drop")
-        if not await run.wait_progress(0.55):
-            return
-        run.note(f"blackhole half the connections for {hold_s:.1f} s, then resume")
-        await proxy.blackhole(hold_s, then="resume", share=0.5)
+        while await _before(run, 0.8):
+            run.note(f"blackhole every connection for {hold_s:.1f} s, then reset")
+            await proxy.blackhole(hold_s, then="drop")
+            await run.sleep(hold_s)  # normal traffic between the faults
+            if not await _before(run, 0.8):
+                break
+            run.note(f"blackhole half the connections for {hold_s:.1f} s, then resume")
+            await proxy.blackhole(hold_s, then="resume", share=0.5)
+            await run.sleep(hold_s)  # normal traffic between the faults
     finally:
         proxy.pass_traffic()
         _note_stats(run, proxy)
 
 
 async def _delays(run: RunControl) -> None:
-    """Slow every chunk by lease/4 for 2 s then by 3*lease/4 for 1 s, at 20% and 60%."""
+    """From 20% to 80% settled: slow every chunk by lease/4 for 1.5 s, then by 3*lease/4
+    for 1 s, then pass traffic for 2 s; and again."""
     proxy = proxy_of(run)
     lease_s = run.settings.lease_ms / 1000
     try:
-        for fraction in (0.2, 0.6):
-            if not await run.wait_progress(fraction):
-                return
-            for delay, period in ((lease_s / 4, 2.0), (3 * lease_s / 4, 1.0)):
+        if not await run.wait_progress(0.2):
+            return
+        while await _before(run, 0.8):
+            for delay, period in ((lease_s / 4, 1.5), (3 * lease_s / 4, 1.0)):
                 proxy.set_delay(delay)
-                run.note(f"delay {delay * 1000:.0f} ms per chunk for {period:.0f} s")
+                run.note(f"delay {delay * 1000:.0f} ms per chunk for {period:.1f} s")
                 await run.sleep(period)  # the slow period itself
             proxy.set_delay(0)
+            await run.sleep(2.0)  # normal traffic between the faults
     finally:
         proxy.pass_traffic()
         _note_stats(run, proxy)
+
+
+async def _before(run: RunControl, fraction: float) -> bool:
+    """Whether the run goes on and less than ``fraction`` of its events are settled."""
+    if run.finished.is_set() or run.remaining() <= 0:
+        return False
+    p = await _progress(run)
+    return p is None or p < fraction
 
 
 async def _progress(run: RunControl) -> float | None:
@@ -141,11 +153,11 @@ NET_DROP = register(Scenario(
     _drops, backends=_NETWORK_BACKENDS, endpoints=proxy_endpoints))
 NET_BLACKHOLE = register(Scenario(
     "net-blackhole",
-    "through a proxy: hold every connection for two leases then reset them; later hold "
-    "half of them for two leases and let their late bytes through",
+    "through a proxy, from 20% to 80% settled: hold every connection for two leases then "
+    "reset them; hold half of them for two leases and let their late bytes through",
     _blackholes, backends=_NETWORK_BACKENDS, endpoints=proxy_endpoints))
 NET_DELAY = register(Scenario(
     "net-delay",
-    "through a proxy: delay every chunk by lease/4 for 2 s, then by 3*lease/4 for 1 s "
-    "(twice)",
+    "through a proxy, from 20% to 80% settled: delay every chunk by lease/4 for 1.5 s, "
+    "then by 3*lease/4 for 1 s, then none for 2 s",
     _delays, backends=_NETWORK_BACKENDS, endpoints=proxy_endpoints))
