@@ -7,9 +7,10 @@ point the workload and the checker at it. The exception is a URL naming a
 throwaway server this process started itself (a test's): the run uses, and
 kills, that one.
 
-* ``server-kill`` — SIGKILL the server at 30% and 65% of the events settled,
-  leave it down for a second (clients meet refused connections), start it again
-  (crash recovery runs) and let the workload carry on.
+* ``server-kill`` — SIGKILL the server once per 5,000 events of the run (at
+  least once: at 50% settled; more kills spread evenly over 25%-75%), leave it
+  down for half a second (clients meet refused connections), start it again (crash
+  recovery runs) and let the workload carry on.
 * ``crash-after-re-lease`` — SIGSTOP a worker until its leases expire, wait for
   another worker to lease one of them again, SIGKILL the server at that moment,
   restart it and SIGCONT the stalled worker: the re-lease must have survived the
@@ -29,9 +30,11 @@ from .._backends.postgres import DEFAULT_SCHEMA
 from ._scenario import Endpoints, RunControl, Scenario, backend_family, register
 from ._servers import PostgresServer, RedisServer, ThrowawayServer, running_servers
 
-__all__ = ["CRASH_AFTER_RE_LEASE", "SERVER_KILL", "server_of", "throwaway_endpoints"]
+__all__ = ["CRASH_AFTER_RE_LEASE", "SERVER_KILL", "kill_points", "server_of", "throwaway_endpoints"]
 
-DOWN_S: Final = 1.0
+EVENTS_PER_KILL: Final = 5_000
+"""``server-kill`` kills the server once per this many events of a run (at least once)."""
+DOWN_S: Final = 0.5
 """How long a killed server stays down before it is started again."""
 _RECONNECT_S: Final = 30.0
 _SERVER_BACKENDS: Final = frozenset({"postgres", "redis"})
@@ -96,10 +99,19 @@ async def _restart(run: RunControl, server: ThrowawayServer) -> None:
         await asyncio.sleep(0.05)  # polling the restarted server against a deadline
 
 
+def kill_points(events: int) -> list[float]:
+    """The settled fractions to kill at: one kill per EVENTS_PER_KILL events (at least one),
+    spread evenly over 25%-75% (a lone kill at 50%)."""
+    kills = max(1, events // EVENTS_PER_KILL)
+    if kills == 1:
+        return [0.5]
+    return [0.25 + 0.5 * i / (kills - 1) for i in range(kills)]
+
+
 async def _kill_server(run: RunControl) -> None:
-    """kill -9 the server at 30% and 65% settled; each time, down for DOWN_S, then restart."""
+    """kill -9 the server at each kill point; each time, down for DOWN_S, then restart."""
     server = server_of(run)
-    for fraction in (0.3, 0.65):
+    for fraction in kill_points(run.settings.events):
         if not await run.wait_progress(fraction):
             return
         await asyncio.to_thread(server.kill)
@@ -160,8 +172,8 @@ async def _wait_re_lease(run: RunControl, stalled: str) -> bool:
 
 SERVER_KILL = register(Scenario(
     "server-kill",
-    "kill -9 the server (a throwaway PostgreSQL, or Redis with appendfsync always) at 30% "
-    "and 65% settled; restart it after 1 s",
+    "kill -9 the server (a throwaway PostgreSQL, or Redis with appendfsync always) once "
+    "per 5,000 events (at 50% settled, or spread over 25%-75%); restart it after 0.5 s",
     _kill_server, backends=_SERVER_BACKENDS, endpoints=throwaway_endpoints))
 CRASH_AFTER_RE_LEASE = register(Scenario(
     "crash-after-re-lease",

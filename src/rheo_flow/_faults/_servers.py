@@ -104,6 +104,8 @@ class ThrowawayServer:
     """
 
     name: str = "server"
+    stop_signal: signal.Signals = signal.SIGTERM
+    """What :meth:`stop` sends first (the server's quickest clean shutdown)."""
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=f"rheo_faults_{self.name}_"))
@@ -189,12 +191,12 @@ class ThrowawayServer:
         return self.start()
 
     def stop(self) -> None:
-        """Stop the server cleanly (SIGTERM; SIGKILL if it does not exit in time)."""
+        """Stop the server cleanly (:attr:`stop_signal`; SIGKILL if it does not exit in time)."""
         process, self._process = self._process, None
         if process is None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+            os.killpg(process.pid, self.stop_signal)
         try:
             process.wait(timeout=_START_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -239,6 +241,8 @@ class PostgresServer(ThrowawayServer):
     """A throwaway PostgreSQL cluster (trust auth, user and database ``postgres``)."""
 
     name = "postgres"
+    stop_signal = signal.SIGINT
+    """Fast shutdown: clients still connected do not hold it up."""
 
     def __init__(self, *, max_connections: int = 100) -> None:
         bindir = postgres_binaries()

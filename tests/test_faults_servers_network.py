@@ -1,0 +1,69 @@
+"""Server crashes and network faults under a real workload: nothing lost, no stale settle.
+
+A short version of the ``server-kill``, ``crash-after-re-lease``, ``net-drop``,
+``net-blackhole`` and ``net-delay`` scenarios (500 events, 2 worker processes,
+one kill per server run), each scenario once, over PostgreSQL and Redis and the
+Group and Pipeline workloads in turn, to stay within a minute and a half (the
+long run, ``.ci/torture-servers.sh``, runs every scenario over both workloads
+and both backends). Everything runs on a throwaway
+PostgreSQL and a throwaway Redis started for this module, never on the shared
+servers: the server scenarios kill them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from conftest import throwaway
+from rheo_flow._faults._servers import PostgresServer, RedisServer, ThrowawayServer
+from rheo_flow.testing.faults import RunSettings, Workload, report_dict, run_scenario, scenarios
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = RunSettings(events=500, workers=2, seconds=20)
+
+CELLS: list[tuple[str, str, Workload]] = [
+    ("server-kill", "postgres", "group"),
+    ("server-kill", "redis", "pipeline"),
+    ("crash-after-re-lease", "postgres", "pipeline"),
+    ("net-drop", "postgres", "pipeline"),
+    ("net-blackhole", "redis", "group"),
+    ("net-delay", "postgres", "group"),
+]
+
+
+@pytest.fixture(scope="module")
+def servers(ci: bool) -> Iterator[dict[str, ThrowawayServer]]:
+    started: dict[str, ThrowawayServer] = {}
+    try:
+        started["postgres"] = throwaway(PostgresServer, ci)
+        started["redis"] = throwaway(RedisServer, ci)
+        yield started
+    finally:
+        for server in started.values():
+            server.close()
+
+
+@pytest.mark.parametrize(("scenario", "backend", "workload"), CELLS,
+                         ids=[f"{s}-{b}-{w}" for s, b, w in CELLS])
+async def test_scenario_loses_nothing_and_accepts_no_stale_settle(
+        servers: dict[str, ThrowawayServer], scenario: str, backend: str,
+        workload: Workload) -> None:
+    server = servers[backend]
+    url = (f"{server.url}?schema=faults&listen=true" if backend == "postgres"
+           else f"{server.url}?prefix=faults")
+    report = await run_scenario(url, scenarios()[scenario], workload, SETTINGS)
+    summary = report_dict(report)
+    assert report.error is None, summary
+    assert report.lost == (), summary
+    assert report.unexpected == (), summary
+    assert report.stale_accepted == (), summary
+    assert report.duplicate_appends == (), summary
+    # Every event settled within the bound: no worker was left hanging by the fault.
+    assert report.complete, summary
+    # The fault did happen.
+    fault = "kill -9" if scenario in ("server-kill", "crash-after-re-lease") else "proxy:"
+    assert any(fault in note for note in report.notes), summary
+    assert server.running  # a killed server was started again
