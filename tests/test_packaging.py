@@ -123,6 +123,18 @@ def test_cli_and_sqlite_demo_work_without_extras(bare_python: Path) -> None:
     assert "✓ billing: all 60 events settled" in demo.stdout
 
 
+def test_torture_on_sqlite_works_without_extras(bare_python: Path, tmp_path: Path) -> None:
+    # The fault suite lives outside rheo_flow.testing, which needs the test tools.
+    script = bare_python.parent / "rheo-flow"
+    out = _run([str(script), "torture", "sqlite:///t.db", "--scenario", "kill-restart",
+                "--workload", "group", "--events", "100", "--seconds", "40", "--json"],
+               cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] is True
+    assert report["acknowledged"] == 100
+
+
 def test_importing_rheo_flow_imports_no_driver() -> None:
     # A fresh interpreter of the development venv, where every driver is installed.
     code = textwrap.dedent(f"""

@@ -12,6 +12,10 @@ import pytest
 
 import rheo_flow
 import rheo_flow.backends
+import rheo_flow.testing.faults
+
+CHECKED = [rheo_flow, rheo_flow.backends, rheo_flow.testing.faults]
+"""Modules whose exports are checked for order and docstrings, methods included."""
 
 
 def _public_modules() -> list[str]:
@@ -34,7 +38,7 @@ def _own_doc(obj: object) -> str | None:
     return inspect.getdoc(obj)
 
 
-@pytest.mark.parametrize("module", [rheo_flow, rheo_flow.backends], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", CHECKED, ids=lambda m: m.__name__)
 def test_all_is_sorted_unique_and_public(module: ModuleType) -> None:
     names = list(module.__all__)
     assert len(names) == len(set(names)), "duplicates in __all__"
@@ -44,7 +48,7 @@ def test_all_is_sorted_unique_and_public(module: ModuleType) -> None:
     assert private == []
 
 
-@pytest.mark.parametrize("module", [rheo_flow, rheo_flow.backends], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", CHECKED, ids=lambda m: m.__name__)
 def test_every_exported_name_exists_and_is_documented(module: ModuleType) -> None:
     undocumented = []
     for name in module.__all__:
@@ -58,7 +62,7 @@ def test_every_exported_name_exists_and_is_documented(module: ModuleType) -> Non
 
 def test_public_methods_of_exported_classes_are_documented() -> None:
     missing = []
-    for module in (rheo_flow, rheo_flow.backends):
+    for module in CHECKED:
         for name in module.__all__:
             cls = getattr(module, name)
             if not inspect.isclass(cls) or issubclass(cls, BaseException):

@@ -110,6 +110,9 @@ class Report:
     error: str | None = None
     """Why the run itself failed (then the counts may be partial)."""
     notes: tuple[str, ...] = ()
+    """What the scenario did, with times, and processes that crashed."""
+    stream: str = ""
+    """The run's stream (left in place for inspection)."""
 
     @property
     def duplicated(self) -> int:

@@ -24,6 +24,8 @@ __all__ = ["torture"]
 
 MIN_CELL_S = 5.0
 """The shortest bound one scenario run may get."""
+PACE_S = 8.0
+"""The longest a run is paced for (more time only leaves room for slow runs)."""
 
 EXIT_VIOLATION = 1
 EXIT_INCOMPLETE = 3
@@ -43,7 +45,9 @@ def torture(
     workers: Annotated[int, typer.Option(min=1, max=16,
                                          help="Worker processes per scenario run.")] = 2,
     seconds: Annotated[float, typer.Option(
-        min=5, max=86_400, help="Bound of the whole command, shared equally by the runs.",
+        min=5, max=86_400,
+        help="Bound of the whole command (each run is paced for its share, at most 8 s, "
+             "and a slow run may use the time quicker ones left).",
     )] = 60.0,
     scenario: Annotated[list[str] | None, typer.Option(
         "--scenario", "-s", help="Run only this scenario (repeat for several).",
@@ -98,11 +102,10 @@ def torture(
                       f"{cells * MIN_CELL_S:.0f}")
         raise typer.Exit(2)
     settings = RunSettings(events=events, workers=workers, partitions=partitions,
-                           seconds=per_run, lease_ms=lease_ms)
+                           seconds=min(per_run, PACE_S), lease_ms=lease_ms)
     if not json_output:
-        console.print(f"torture on {escape(redact_url(url))}: {cells} runs of at most "
-                      f"{per_run:.0f} s each, streams {STREAM_PREFIX}<run id>-<scenario>-"
-                      "<workload>")
+        console.print(f"torture on {escape(redact_url(url))}: {cells} runs within "
+                      f"{seconds:.0f} s, streams {STREAM_PREFIX}<run id>-<scenario>-<workload>")
 
     async def go() -> list[Report]:
         reports = []
@@ -115,13 +118,16 @@ def torture(
             else:
                 mark = "[green]✓[/]" if report.ok and report.complete else "[red]✗[/]"
                 console.print(f"{mark} {report.scenario} / {report.workload}: "
-                              f"{report.elapsed_s:.1f} s")
+                              f"{report.elapsed_s:.1f} s, stream {report.stream}")
                 for note in report.notes:
                     console.print(f"    {escape(note)}")
         return reports
 
     try:
         reports = asyncio.run(go())
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        raise typer.Exit(130) from None
     except RheoError as exc:
         console.print(f"[bold red]error:[/] {escape(_masked(str(exc), url))}")
         raise typer.Exit(EXIT_VIOLATION) from None

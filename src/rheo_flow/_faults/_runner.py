@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from pathlib import Path
 
+import tenacity
+
 from .._errors import InvalidArgument
 from .._query import Query
 from .._rheo import Rheo
@@ -38,6 +40,8 @@ STREAM_PREFIX = "torture-"
 GROUP = "torture"
 SHUTDOWN_S = 2.5
 """Time kept at the end of a run to stop the workers and read the final state."""
+FINAL_READ_S = 15.0
+"""How long reading the final state is retried while the backend fails."""
 
 
 def selected_scenarios(url: str, names: Iterable[str] = ()) -> list[Scenario]:
@@ -76,11 +80,11 @@ async def run_torture(
 ) -> AsyncIterator[Report]:
     """Run each scenario over each of its workloads, one after the other; yield the reports.
 
-    Each run is paced for ``settings.seconds``. With ``total_s``, a run may use
-    up to twice that when the time earlier runs left unused allows it, always
-    keeping ``settings.seconds`` for every run still to come, so that all of
-    them end within ``total_s``. ``work_dir`` keeps every run's histories (see
-    :func:`run_scenario`).
+    Each run is paced for ``settings.seconds``. With ``total_s`` (at least
+    ``settings.seconds`` per run), a run may go on until only ``settings.seconds``
+    per run still to come is left, so that all of them end within ``total_s``
+    while a slow run can use the time quicker ones left. ``work_dir`` keeps every
+    run's histories (see :func:`run_scenario`).
     """
     wanted = None if workloads is None else set(workloads)
     runs = [(s, w) for s in chosen for w in s.workloads if wanted is None or w in wanted]
@@ -88,8 +92,8 @@ async def run_torture(
     for i, (scenario, workload) in enumerate(runs):
         bound = None
         if end is not None:
-            spare = end - time.monotonic() - (len(runs) - i - 1) * settings.seconds
-            bound = max(settings.seconds, min(2 * settings.seconds, spare))
+            later = (len(runs) - i - 1) * settings.seconds
+            bound = max(settings.seconds, end - time.monotonic() - later)
         yield await run_scenario(url, scenario, workload, settings, work_dir=work_dir,
                                  bound_s=bound)
 
@@ -142,7 +146,8 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
         history_dir=str(dirs["history"]), ready_dir=str(dirs["ready"]),
         lease_ms=settings.lease_ms, max_attempts=settings.max_attempts,
         concurrency=settings.concurrency, work_ms=settings.handler_ms,
-        poison_every=settings.poison_every)
+        poison_every=settings.poison_every,
+        lifetime_s=deadline - time.monotonic() + SHUTDOWN_S + 30)
     workers = [WorkerProcess(replace(base, name=f"w{i}"), dirs["logs"])
                for i in range(settings.workers)]
     producer = WorkerProcess(replace(
@@ -166,7 +171,7 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
         try:
             await asyncio.gather(*(w.start() for w in workers))
             if not await _wait_ready(dirs["ready"], len(workers), workers,
-                                     min(deadline, time.monotonic() + settings.seconds / 3)):
+                                     deadline):
                 raise _RunFailed("the workers did not start in time" + _logs(dirs["logs"]))
             await producer.start()
             control = RunControl(scenario, workload, settings, endpoints, workers, [producer],
@@ -184,13 +189,13 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
             error = str(exc)
         finally:
             await _stop_all([producer, *workers])
-        final = await _final_state(rheo, stream)
+        final = await _final_state_retrying(rheo, stream)
     history = read_history(dirs["history"])
     report = check(history, final, scenario=scenario.name, workload=workload, backend=family,
                    poison=poison, elapsed_s=time.monotonic() - started, error=error)
     notes = [] if control is None else list(control.notes)
     notes += _crashes([producer, *workers], dirs["logs"])
-    return replace(report, notes=tuple(notes))
+    return replace(report, notes=tuple(notes), stream=stream)
 
 
 class _RunFailed(Exception):
@@ -248,6 +253,18 @@ async def _stop_all(processes: list[WorkerProcess]) -> None:
         if code is None and p.alive:
             p.kill()
             await p.wait()
+
+
+async def _final_state_retrying(rheo: Rheo, stream: str) -> FinalState:
+    """The final state, asked again for a while should the backend still be coming back
+    (a scenario may have restarted the server or cut the connections)."""
+    async for attempt in tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_delay(FINAL_READ_S), wait=tenacity.wait_fixed(0.25),
+        retry=tenacity.retry_if_not_exception_type(InvalidArgument), reraise=True,
+    ):
+        with attempt:
+            return await _final_state(rheo, stream)
+    raise AssertionError("unreachable")  # pragma: no cover - for mypy
 
 
 async def _final_state(rheo: Rheo, stream: str) -> FinalState:

@@ -106,8 +106,11 @@ class RunSettings:
     events: int = 600
     workers: int = 2
     partitions: int = 4
-    seconds: float = 20.0
-    """Bound of the whole run; what is not settled by then is reported unfinished."""
+    seconds: float = 8.0
+    """The duration a run is paced for: the producer spreads its appends over a third
+    of it and handlers are sized so that the workers could settle every event in a
+    quarter of it. It is also the run's time bound unless the runner is given
+    another; what is not settled by the bound is reported unfinished."""
     lease_ms: int = 1_000
     max_attempts: int = 4
     concurrency: int = 4

@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +36,10 @@ from ._history import SettleOp as RecordedOp
 __all__ = ["WorkerConfig", "event_id", "is_poison", "main"]
 
 Role = Literal["producer", "group", "pipeline"]
+
+STOP_GRACE_S = 10.0
+"""How long a stopping process may take before it exits outright."""
+EXIT_HUNG = 70
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,8 @@ class WorkerConfig:
     lose_every: int = 0
     """A producer treats every n-th append's answer as lost and retries it (0: never)."""
     id_prefix: str = "e"
+    lifetime_s: float = 600.0
+    """The process ends by itself after this long, or when its parent is gone."""
 
     def to_json(self) -> str:
         """The config as one JSON argument."""
@@ -82,11 +89,12 @@ class Poison(Exception):
     """Raised by the handler of a poison event."""
 
 
-async def produce(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder) -> None:
+async def produce(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder,
+                  stop: asyncio.Event) -> None:
     """Append ``cfg.events`` uniquely numbered events, recording every call's outcome.
 
     A call that fails or ends ambiguously is retried with the same ids (appends
-    are idempotent by id) until it is acknowledged.
+    are idempotent by id) until it is acknowledged, or ``stop`` is set.
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -100,6 +108,8 @@ async def produce(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder) -> None:
             await asyncio.sleep(max(0.0, started + first / cfg.rate - loop.time()))
         delay = 0.02
         while True:
+            if stop.is_set():
+                return
             calls += 1
             recorder.append_intent(ids)
             try:
@@ -207,20 +217,41 @@ def _describe(exc: BaseException) -> str:
 
 async def run(cfg: WorkerConfig) -> None:
     """Run one process's part of the workload."""
-    recorder = Recorder(Path(cfg.history_dir) / f"{cfg.name}-{os.getpid()}.jsonl", cfg.name)
+    # Unique per process even should a pid come back within a run.
+    path = Path(cfg.history_dir) / f"{cfg.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+    recorder = Recorder(path, cfg.name)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    watchdog = asyncio.create_task(_watchdog(stop, cfg.lifetime_s))
     try:
         async with Rheo(cfg.url) as rheo:
             if cfg.role == "producer":
                 _ready(cfg)
-                await produce(cfg, rheo, recorder)
+                await produce(cfg, rheo, recorder, stop)
             elif cfg.role == "group":
                 await consume_group(cfg, rheo, recorder, stop)
             else:
                 await consume_pipeline(cfg, rheo, recorder, stop)
     finally:
+        watchdog.cancel()
         recorder.close()
+
+
+async def _watchdog(stop: asyncio.Event, lifetime_s: float) -> None:
+    """Stop when the run's process is gone (killed itself) or the lifetime is over;
+    exit outright should stopping hang."""
+    parent = os.getppid()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + lifetime_s
+    while os.getppid() == parent and loop.time() < end:
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+            break
+        except TimeoutError:
+            continue
+    stop.set()
+    await asyncio.sleep(STOP_GRACE_S)
+    os._exit(EXIT_HUNG)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
