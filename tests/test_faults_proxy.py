@@ -129,6 +129,26 @@ async def test_postgres_partial_blackhole_holds_some_connections_only(
             await conn.close()
 
 
+async def test_postgres_silent_open_connections_while_new_ones_pass(
+        pg_proxy: FaultProxy, postgres_url: str) -> None:
+    url = pg_proxy.url(postgres_url)
+    old = await asyncpg.connect(url)
+    try:
+        hole = pg_proxy.blackhole(60, then="resume", hold_new=False)
+        query = asyncio.create_task(old.fetchval("SELECT 5"))
+        new = await asyncpg.connect(url)
+        try:
+            assert await new.fetchval("SELECT 6") == 6
+        finally:
+            await new.close()
+        assert not query.done()  # the old connection is silent meanwhile
+        pg_proxy.pass_traffic()
+        assert hole.cancelled() or not pg_proxy.blackholed
+        assert await query == 5
+    finally:
+        await old.close()
+
+
 async def test_postgres_delay_applies_to_every_round_trip(
         pg_proxy: FaultProxy, postgres_url: str) -> None:
     conn = await asyncpg.connect(pg_proxy.url(postgres_url))

@@ -206,7 +206,7 @@ class FaultProxy:
         self._lose_replies = count
 
     def blackhole(self, seconds: float, *, then: AfterBlackhole = "drop",
-                  share: float = 1.0) -> asyncio.Task[None]:
+                  share: float = 1.0, hold_new: bool | None = None) -> asyncio.Task[None]:
         """Hold connections, forwarding nothing, for ``seconds``; then ``drop`` or ``resume`` them.
 
         With ``share=1`` every connection is held, those accepted meanwhile too
@@ -214,6 +214,9 @@ class FaultProxy:
         connections (at least one, chosen at random) is held and every other
         connection, new ones included, passes: a client's pool is half cut off,
         so its requests on held connections arrive late while others go through.
+        ``hold_new`` overrides whether connections accepted meanwhile are held
+        (``hold_new=False`` with ``share=1``: every open connection goes silent,
+        as after a failover or a lost NAT entry, while reconnecting works).
         ``then="drop"`` resets the held connections when the period ends (as a
         partition that outlived the connections would); ``"resume"`` lets their
         held bytes through (the partition heals). Returns the task that ends the
@@ -231,8 +234,7 @@ class FaultProxy:
         links = list(self._links)
         if share < 1:
             links = random.sample(links, min(len(links), max(1, round(share * len(links)))))
-        else:
-            self._hold_new = True
+        self._hold_new = share >= 1 if hold_new is None else hold_new
         for link in links:
             self._hold_link(link)
         self._blackhole = asyncio.get_running_loop().create_task(
