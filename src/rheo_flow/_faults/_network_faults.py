@@ -27,26 +27,19 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import AsyncIterator
-from typing import Final
 
 from ._proxy import FaultProxy
+from ._run_objects import NETWORKED, RunObjects
 from ._scenario import Endpoints, RunControl, Scenario, register
 
 __all__ = ["NET_BLACKHOLE", "NET_DELAY", "NET_DROP", "proxy_endpoints", "proxy_of"]
 
-_NETWORK_BACKENDS: Final = frozenset({"postgres", "redis"})
-
-_runs: dict[str, FaultProxy] = {}
-"""The proxy of each running scenario, by the URL its workload uses."""
+_proxies: RunObjects[FaultProxy] = RunObjects("proxy", "proxy_endpoints")
 
 
 def proxy_of(run: RunControl) -> FaultProxy:
     """The proxy between ``run``'s workload and its server (the endpoints registered it)."""
-    try:
-        return _runs[run.url]
-    except KeyError:
-        raise RuntimeError("this run has no proxy: the scenario must use "
-                           "proxy_endpoints") from None
+    return _proxies.of(run)
 
 
 @contextlib.asynccontextmanager
@@ -54,11 +47,8 @@ async def proxy_endpoints(url: str) -> AsyncIterator[Endpoints]:
     """Endpoints through a fresh proxy to ``url``'s server; the checker reads ``url`` itself."""
     async with FaultProxy.for_url(url) as proxy:
         workload_url = proxy.url(url)
-        _runs[workload_url] = proxy
-        try:
+        with _proxies.registered(workload_url, proxy):
             yield Endpoints(workload_url, url)
-        finally:
-            _runs.pop(workload_url, None)
 
 
 def _note_stats(run: RunControl, proxy: FaultProxy) -> None:
@@ -150,14 +140,14 @@ NET_DROP = register(Scenario(
     "net-drop",
     "through a proxy: reset every connection or lose the server's next answer, every "
     "0.2-0.6 s, from 10% to 85% settled",
-    _drops, backends=_NETWORK_BACKENDS, endpoints=proxy_endpoints))
+    _drops, backends=NETWORKED, endpoints=proxy_endpoints))
 NET_BLACKHOLE = register(Scenario(
     "net-blackhole",
     "through a proxy, from 20% to 80% settled: hold every connection for two leases then "
     "reset them; hold half of them for two leases and let their late bytes through",
-    _blackholes, backends=_NETWORK_BACKENDS, endpoints=proxy_endpoints))
+    _blackholes, backends=NETWORKED, endpoints=proxy_endpoints))
 NET_DELAY = register(Scenario(
     "net-delay",
     "through a proxy, from 20% to 80% settled: delay every chunk by lease/4 for 1.5 s, "
     "then by 3*lease/4 for 1 s, then none for 2 s",
-    _delays, backends=_NETWORK_BACKENDS, endpoints=proxy_endpoints))
+    _delays, backends=NETWORKED, endpoints=proxy_endpoints))

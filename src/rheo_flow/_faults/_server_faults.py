@@ -27,6 +27,7 @@ from typing import Final
 from urllib.parse import parse_qsl, urlsplit
 
 from .._backends.postgres import DEFAULT_SCHEMA
+from ._run_objects import NETWORKED, RunObjects
 from ._scenario import Endpoints, RunControl, Scenario, backend_family, register
 from ._servers import PostgresServer, RedisServer, ThrowawayServer, running_servers
 
@@ -37,19 +38,13 @@ EVENTS_PER_KILL: Final = 5_000
 DOWN_S: Final = 0.5
 """How long a killed server stays down before it is started again."""
 _RECONNECT_S: Final = 30.0
-_SERVER_BACKENDS: Final = frozenset({"postgres", "redis"})
 
-_runs: dict[str, ThrowawayServer] = {}
-"""The throwaway server of each running scenario, by the URL its workload uses."""
+_servers: RunObjects[ThrowawayServer] = RunObjects("throwaway server", "throwaway_endpoints")
 
 
 def server_of(run: RunControl) -> ThrowawayServer:
     """The throwaway server behind ``run`` (the scenario's endpoints registered it)."""
-    try:
-        return _runs[run.url]
-    except KeyError:
-        raise RuntimeError("this run has no throwaway server: the scenario must use "
-                           "throwaway_endpoints") from None
+    return _servers.of(run)
 
 
 @contextlib.asynccontextmanager
@@ -67,11 +62,10 @@ async def throwaway_endpoints(url: str) -> AsyncIterator[Endpoints]:
     run_url = f"{server.url}?{query}" if query else server.url
     if not server.running:
         await asyncio.to_thread(server.start)
-    _runs[run_url] = server
     try:
-        yield Endpoints(run_url, run_url)
+        with _servers.registered(run_url, server):
+            yield Endpoints(run_url, run_url)
     finally:
-        _runs.pop(run_url, None)
         if owned is None:
             await asyncio.to_thread(server.close)
         elif not server.running:
@@ -174,9 +168,9 @@ SERVER_KILL = register(Scenario(
     "server-kill",
     "kill -9 the server (a throwaway PostgreSQL, or Redis with appendfsync always) once "
     "per 5,000 events (at 50% settled, or spread over 25%-75%); restart it after 0.5 s",
-    _kill_server, backends=_SERVER_BACKENDS, endpoints=throwaway_endpoints))
+    _kill_server, backends=NETWORKED, endpoints=throwaway_endpoints))
 CRASH_AFTER_RE_LEASE = register(Scenario(
     "crash-after-re-lease",
     "SIGSTOP a worker past its lease, kill -9 the server right after another worker "
     "re-leases its work, restart, SIGCONT: the old leases stay fenced",
-    _crash_after_re_lease, backends=_SERVER_BACKENDS, endpoints=throwaway_endpoints))
+    _crash_after_re_lease, backends=NETWORKED, endpoints=throwaway_endpoints))
