@@ -40,6 +40,8 @@ STREAM_PREFIX = "torture-"
 GROUP = "torture"
 SHUTDOWN_S = 2.5
 """Time kept at the end of a run to stop the workers and read the final state."""
+DISRUPT_GRACE_S = 5.0
+"""How long a scenario's ``disrupt`` may go on once the run is over, before it is cancelled."""
 FINAL_READ_S = 15.0
 """How long reading the final state is retried while the backend fails."""
 
@@ -181,7 +183,8 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
                 error = await _until_settled(control, producer, deadline)
             finally:
                 control.finished.set()
-                await _finish(disrupt, max(0.5, deadline + SHUTDOWN_S / 2 - time.monotonic()))
+                grace = min(DISRUPT_GRACE_S, deadline + SHUTDOWN_S / 2 - time.monotonic())
+                await _finish(disrupt, max(0.5, grace))
                 if disrupt.done() and not disrupt.cancelled() and disrupt.exception():
                     exc = disrupt.exception()
                     error = error or f"the scenario failed: {type(exc).__name__}: {exc}"

@@ -150,7 +150,9 @@ class Scenario:
     """A named fault injected into a run.
 
     ``disrupt`` runs concurrently with the workload (from the moment every worker
-    is ready) and is cancelled when the run ends. ``backends`` names the backend
+    is ready); once the run is over it has a few seconds to end (its
+    :meth:`RunControl.sleep` and :meth:`RunControl.wait_progress` return at once
+    then), after which it is cancelled. ``backends`` names the backend
     families it applies to; ``endpoints`` (default: the run's URL for everyone)
     supplies the URL workers and producers use and the one the checker reads;
     ``tune`` adjusts the run's settings (e.g. poison events, dropped answers).
@@ -357,8 +359,9 @@ class RunControl:
         return await self._progress()
 
     async def sleep(self, seconds: float) -> None:
-        """Sleep, but never past the run's bound."""
-        await asyncio.sleep(max(0.0, min(seconds, self.remaining())))
+        """Sleep, but never past the run's bound, nor once the run is :attr:`finished`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.finished.wait(), max(0.0, min(seconds, self.remaining())))
 
     async def wait_progress(self, fraction: float, *, timeout: float | None = None) -> bool:
         """Wait until ``fraction`` of the events are settled; False on timeout or run end."""
