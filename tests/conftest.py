@@ -18,16 +18,14 @@ import asyncio
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import pytest
 
+from _throwaway import throwaway
 from rheo_flow import ManualClock, Rheo
-from rheo_flow._faults._servers import PostgresServer, RedisServer, ServerUnavailable
+from rheo_flow._faults._servers import PostgresServer, RedisServer
 from rheo_flow.backends import MemoryBackend
-
-T = TypeVar("T")
 
 SERVERS: dict[str, tuple[str, str, int]] = {
     # kind: (variable, default URL, default port)
@@ -102,25 +100,6 @@ def redis_url() -> str:
 def mongo_url() -> str:
     """URL of the MongoDB test server (``RHEO_MONGO_URL``)."""
     return server_url("mongo")
-
-
-def throwaway(kind: Callable[..., T], ci: bool, **options: Any) -> T:
-    """A started throwaway server (``PostgresServer`` / ``RedisServer``), or skip / fail.
-
-    Skips when the server's binaries are missing, except under ``CI=true``.
-    """
-    try:
-        server = kind(**options)
-    except ServerUnavailable as exc:
-        if ci:
-            pytest.fail(str(exc), pytrace=False)
-        pytest.skip(str(exc))
-    try:
-        server.start()
-    except BaseException:
-        server.close()
-        raise
-    return server
 
 
 @pytest.fixture

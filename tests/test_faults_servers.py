@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from _throwaway import throwaway
 from rheo_flow import NewEvent, Rheo
 from rheo_flow._faults._servers import PostgresServer, RedisServer
 
@@ -58,6 +59,4 @@ def test_servers_never_take_the_shared_ports_and_clean_up(ci: bool) -> None:
 
 
 def _redis(ci: bool) -> RedisServer:
-    from conftest import throwaway
-
     return throwaway(RedisServer, ci)

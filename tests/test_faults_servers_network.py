@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import throwaway
+from _throwaway import throwaway
 from rheo_flow._faults._servers import PostgresServer, RedisServer, ThrowawayServer
 from rheo_flow.testing.faults import RunSettings, Workload, report_dict, run_scenario, scenarios
 
