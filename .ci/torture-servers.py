@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 
 from rich.console import Console
@@ -47,6 +48,8 @@ def main() -> int:
     parser.add_argument("-s", "--scenario", action="append", choices=SCENARIOS)
     parser.add_argument("-w", "--workload", action="append", choices=("group", "pipeline"))
     args = parser.parse_args()
+    # The checker's own pool reports every failed reconnection while a server is down.
+    logging.getLogger("asyncpg.pool").setLevel(logging.CRITICAL)
     workloads: list[Workload] | None = args.workload
     settings = RunSettings(events=args.events, workers=args.workers, seconds=args.seconds)
     chosen = [scenarios()[name] for name in (args.scenario or SCENARIOS)]
