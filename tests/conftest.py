@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import urlsplit
 
 import pytest
 
+from _throwaway import throwaway
 from rheo_flow import ManualClock, Rheo
+from rheo_flow._faults._servers import PostgresServer, RedisServer
 from rheo_flow.backends import MemoryBackend
 
 SERVERS: dict[str, tuple[str, str, int]] = {
@@ -98,6 +100,26 @@ def redis_url() -> str:
 def mongo_url() -> str:
     """URL of the MongoDB test server (``RHEO_MONGO_URL``)."""
     return server_url("mongo")
+
+
+@pytest.fixture
+def throwaway_postgres(ci: bool) -> Iterator[PostgresServer]:
+    """A PostgreSQL of this test only, that it may kill; stopped and removed afterwards."""
+    server = throwaway(PostgresServer, ci)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def throwaway_redis(ci: bool) -> Iterator[RedisServer]:
+    """A Redis (AOF, ``appendfsync always``) of this test only; stopped and removed afterwards."""
+    server = throwaway(RedisServer, ci)
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ Definitions (docs/reliability.md explains them at length):
   **maybe appended** — by one that ended ``ambiguous`` (or had no recorded end).
 * **settled** — the group acked the event (an ``ok`` ack result was recorded),
   dead-lettered it (it is among the final dead letters), or an ack of it has no
-  recorded answer (the worker died waiting) and the group's final frontier
-  covers it.
+  recorded answer (the worker died waiting) or an ``ambiguous`` one (the
+  connection was lost mid-call) and the group's final frontier covers it.
 * **lost** — acknowledged (or maybe appended and found stored), not settled, and
   the group will never deliver it again: its position is covered by the final
   frontier, or it is missing from the stream.
@@ -191,7 +191,7 @@ def check(
     stale_rejected = ambiguous_settles = 0
     stale_accepted: list[StaleSettle] = []
     for s in history.settles:
-        if s.result is None:
+        if s.result is None or s.result == "ambiguous":  # it may have committed
             ambiguous_settles += 1
             if s.op == "ack":
                 ambiguous_acks.add(s.event_id)

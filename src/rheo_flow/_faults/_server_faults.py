@@ -1,0 +1,176 @@
+"""Scenarios that crash the backend server: ``kill -9`` and restart (PostgreSQL, Redis).
+
+A run of these scenarios never touches the server its URL names: its endpoints
+start a throwaway server of the same kind (:mod:`._servers`: PostgreSQL with
+``fsync`` on, Redis with the append-only file and ``appendfsync always``) and
+point the workload and the checker at it. The exception is a URL naming a
+throwaway server this process started itself (a test's): the run uses, and
+kills, that one.
+
+* ``server-kill`` — SIGKILL the server once per 5,000 events of the run (at
+  least once: at 50% settled; more kills spread evenly over 25%-75%), leave it
+  down for half a second (clients meet refused connections), start it again (crash
+  recovery runs) and let the workload carry on.
+* ``crash-after-re-lease`` — SIGSTOP a worker until its leases expire, wait for
+  another worker to lease one of them again, SIGKILL the server at that moment,
+  restart it and SIGCONT the stalled worker: the re-lease must have survived the
+  crash, so every settle of the stalled worker's old leases stays fenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Final
+from urllib.parse import parse_qsl, urlsplit
+
+from .._backends.postgres import DEFAULT_SCHEMA
+from ._run_objects import NETWORKED, RunObjects
+from ._scenario import Endpoints, RunControl, Scenario, backend_family, register
+from ._servers import PostgresServer, RedisServer, ThrowawayServer, running_servers
+
+__all__ = ["CRASH_AFTER_RE_LEASE", "SERVER_KILL", "kill_points", "server_of", "throwaway_endpoints"]
+
+EVENTS_PER_KILL: Final = 5_000
+"""``server-kill`` kills the server once per this many events of a run (at least once)."""
+DOWN_S: Final = 0.5
+"""How long a killed server stays down before it is started again."""
+_RECONNECT_S: Final = 30.0
+
+_servers: RunObjects[ThrowawayServer] = RunObjects("throwaway server", "throwaway_endpoints")
+
+
+def server_of(run: RunControl) -> ThrowawayServer:
+    """The throwaway server behind ``run`` (the scenario's endpoints registered it)."""
+    return _servers.of(run)
+
+
+@contextlib.asynccontextmanager
+async def throwaway_endpoints(url: str) -> AsyncIterator[Endpoints]:
+    """Endpoints on a throwaway server of ``url``'s kind (the URL's query string is kept).
+
+    Reuses the throwaway server ``url`` names when this process started it.
+    """
+    owned = _own_server(url)
+    server = owned
+    if server is None:
+        kind = PostgresServer if backend_family(url) == "postgres" else RedisServer
+        server = await asyncio.to_thread(lambda: kind().start())
+    query = urlsplit(url).query
+    run_url = f"{server.url}?{query}" if query else server.url
+    if not server.running:
+        await asyncio.to_thread(server.start)
+    try:
+        with _servers.registered(run_url, server):
+            yield Endpoints(run_url, run_url)
+    finally:
+        if owned is None:
+            await asyncio.to_thread(server.close)
+        elif not server.running:
+            await asyncio.to_thread(server.start)  # give the owner its server back
+
+
+def _own_server(url: str) -> ThrowawayServer | None:
+    parts = urlsplit(url)
+    for server in running_servers():
+        if parts.port == server.port and parts.hostname in ("127.0.0.1", "localhost"):
+            return server
+    return None
+
+
+async def _restart(run: RunControl, server: ThrowawayServer) -> None:
+    """Start the killed server again, then wait until the checker's client reaches it."""
+    await asyncio.to_thread(server.start)
+    run.note(f"{server.name} restarted")
+    deadline = time.monotonic() + _RECONNECT_S
+    while time.monotonic() < deadline:
+        # The first calls after a restart may fail on connections the crash broke.
+        with contextlib.suppress(Exception):
+            await run.progress()
+            return
+        await asyncio.sleep(0.05)  # polling the restarted server against a deadline
+
+
+def kill_points(events: int) -> list[float]:
+    """The settled fractions to kill at: one kill per EVENTS_PER_KILL events (at least one),
+    spread evenly over 25%-75% (a lone kill at 50%)."""
+    kills = max(1, events // EVENTS_PER_KILL)
+    if kills == 1:
+        return [0.5]
+    return [0.25 + 0.5 * i / (kills - 1) for i in range(kills)]
+
+
+async def _kill_server(run: RunControl) -> None:
+    """kill -9 the server at each kill point; each time, down for DOWN_S, then restart."""
+    server = server_of(run)
+    for fraction in kill_points(run.settings.events):
+        if not await run.wait_progress(fraction):
+            return
+        await asyncio.to_thread(server.kill)
+        run.note(f"kill -9 {server.name}")
+        await asyncio.sleep(DOWN_S)  # the outage itself
+        await _restart(run, server)
+
+
+async def _crash_after_re_lease(run: RunControl) -> None:
+    """Stall a worker past its leases, kill -9 the server right after one is re-leased."""
+    server = server_of(run)
+    if not await run.wait_progress(0.25):
+        return
+    stalled = run.workers[0]
+    stalled.stop()
+    run.note(f"SIGSTOP {stalled.name}")
+    try:
+        if await _wait_re_lease(run, stalled.name):
+            await asyncio.to_thread(server.kill)
+            run.note(f"kill -9 {server.name} right after a re-lease")
+            await asyncio.sleep(DOWN_S)  # the outage itself
+            await _restart(run, server)
+        else:
+            run.note("no re-lease seen")
+    finally:
+        stalled.cont()
+        run.note(f"SIGCONT {stalled.name}")
+
+
+async def _wait_re_lease(run: RunControl, stalled: str) -> bool:
+    """Wait until a worker other than ``stalled`` holds a lease of attempt 2 or more.
+
+    PostgreSQL shows it in the deliveries table; elsewhere the wait is the lease
+    plus a few polls of the live workers.
+    """
+    lease_s = run.settings.lease_ms / 1000
+    if backend_family(run.url) != "postgres":
+        await run.sleep(lease_s + 0.3)
+        return True
+    import asyncpg  # the postgres extra: only runs against PostgreSQL import it
+
+    params = dict(parse_qsl(urlsplit(run.url).query))
+    schema = params.get("schema", DEFAULT_SCHEMA)
+    conn = await asyncpg.connect(run.url.split("?", 1)[0])
+    try:
+        # state 1 is "leased" (see the deliveries table in _postgres_sql).
+        sql = (f'SELECT EXISTS (SELECT 1 FROM "{schema}".deliveries WHERE state = 1 '
+               "AND attempt > 1 AND consumer_id <> $1)")
+        deadline = time.monotonic() + min(max(5 * lease_s, 5.0), run.remaining())
+        while time.monotonic() < deadline:
+            if await conn.fetchval(sql, stalled):
+                return True
+            await asyncio.sleep(0.01)  # polling for the re-lease against a deadline
+        return False
+    finally:
+        await conn.close()
+
+
+SERVER_KILL = register(Scenario(
+    "server-kill",
+    "kill -9 the server (a throwaway PostgreSQL, or Redis with appendfsync always) once "
+    "per 5,000 events (at 50% settled, or spread over 25%-75%); restart it after 0.5 s",
+    _kill_server, backends=NETWORKED, endpoints=throwaway_endpoints))
+CRASH_AFTER_RE_LEASE = register(Scenario(
+    "crash-after-re-lease",
+    "SIGSTOP a worker past its lease, kill -9 the server right after another worker "
+    "re-leases its work, restart, SIGCONT: the old leases stay fenced",
+    _crash_after_re_lease, backends=NETWORKED, endpoints=throwaway_endpoints))

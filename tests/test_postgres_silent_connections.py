@@ -1,0 +1,76 @@
+"""A worker whose PostgreSQL connections go silent must carry on over new connections.
+
+When every open connection stops answering while new ones work (a failover
+behind a virtual IP, a lost NAT or conntrack entry, a half-open TCP connection),
+a call sent on a silent connection never returns: asyncpg has no command
+timeout unless given one, and no TCP keepalive. The proxy reproduces it by
+holding every open connection (forwarding nothing, closing nothing) while
+letting new connections through.
+
+Known defect, kept as a strict xfail until it is fixed: the PostgreSQL backend
+creates its pool without ``command_timeout`` (``PostgresBackend._create_pool``)
+and the runtimes await backend calls without a deadline (``Group._feed`` awaits
+``Producer.demand``, the acker awaits the settle call), so the Group's fetch and
+ack loops hang for as long as the connection stays silent, forever here. Redis
+recovers: redis-py gives its connections a 5 s socket timeout by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+
+from rheo_flow import ACK, Group, NewEvent, Rheo, consumer
+from rheo_flow._faults._proxy import FaultProxy
+
+pytestmark = pytest.mark.slow
+
+EVENTS = 200
+RECOVERY_S = 15.0
+"""A generous bound: fifteen leases. Any call deadline of the order of the lease meets it."""
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="no deadline on PostgreSQL calls: a silent connection hangs the "
+                          "Group's fetch and ack loops (see the module docstring)")
+async def test_group_carries_on_when_every_open_connection_goes_silent(
+        postgres_url: str, wait_until: Any) -> None:
+    schema = f"faults_silent_{uuid.uuid4().hex[:8]}"
+    url = f"{postgres_url}{'&' if '?' in postgres_url else '?'}schema={schema}"
+    handled = 0
+    try:
+        async with FaultProxy.for_url(url) as proxy, Rheo(url) as direct:
+            await direct.create_stream("s", partitions=2)
+            await direct.append("s", [NewEvent("t", {"n": n}) for n in range(EVENTS)])
+            async with Rheo(proxy.url(url)) as rheo:
+
+                @consumer(stream="s", group="g", concurrency=4, lease_ms=1_000, poll_ms=50)
+                async def handle(event: Any, context: Any) -> Any:
+                    nonlocal handled
+                    await asyncio.sleep(0.005)  # a handler doing some work
+                    handled += 1
+                    return ACK
+
+                async with Group(rheo, handle):
+                    await wait_until(lambda: handled >= EVENTS // 4, timeout=30,
+                                     message="a quarter of the events handled")
+                    proxy.blackhole(3600, then="resume", hold_new=False)
+                    try:
+                        await wait_until(lambda: _settled(direct), timeout=RECOVERY_S,
+                                         interval=0.1, message="every event settled")
+                    finally:
+                        proxy.pass_traffic()  # let the held calls finish, so the Group stops
+    finally:
+        conn = await asyncpg.connect(postgres_url)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+
+async def _settled(rheo: Rheo) -> bool:
+    return sum((await rheo.lag("s", "g")).values()) == 0
