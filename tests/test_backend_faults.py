@@ -1,13 +1,14 @@
 """Backends under network faults: typed errors, one operation timeout, nothing left open.
 
 Every server backend is driven against its real server, through a loopback
-proxy (tests/_proxy.py) that refuses, stalls or drops connections on demand.
+proxy (rheo_flow._faults._proxy) that refuses, stalls or drops connections on demand.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -16,7 +17,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
-from _proxy import Proxy, refusing_port
 from rheo_flow import (
     BackendError,
     BackendUnavailable,
@@ -27,6 +27,7 @@ from rheo_flow import (
     SettleKind,
 )
 from rheo_flow._backend import Backend, make_append_record
+from rheo_flow._faults._proxy import FaultProxy
 from rheo_flow._urls import backend_from_url
 from rheo_flow.backends import PostgresBackend, SQLiteBackend
 
@@ -141,9 +142,9 @@ async def test_an_unreachable_server_raises_backend_unavailable_from_every_opera
 # Connections dropped mid-call ---------------------------------------------------
 
 
-async def _hold(proxy: Proxy, call: Awaitable[object]) -> asyncio.Task[object]:
+async def _hold(proxy: FaultProxy, call: Awaitable[object]) -> asyncio.Task[object]:
     """Start ``call`` while the proxy stalls, and return once its request is held there."""
-    proxy.stall()
+    proxy.blackhole(3600, then="resume")
     task: asyncio.Task[object] = asyncio.ensure_future(call)
     async with asyncio.timeout(_BOUND):
         await proxy.held.wait()
@@ -156,7 +157,7 @@ async def test_a_connection_dropped_mid_call_makes_a_write_ambiguous_and_a_read_
     kind, url = server
     host, port = urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port
     assert port is not None
-    async with Proxy(host, port) as proxy:
+    async with FaultProxy(host, port) as proxy:
         # A replica set member would tell the client its own address, past the proxy.
         direct = {"directConnection": "true"} if kind == "mongo" else {}
         rheo = Rheo(_url(url, port=proxy.port, password=urlsplit(url).password,
@@ -185,13 +186,13 @@ async def test_a_connection_dropped_mid_call_makes_a_write_ambiguous_and_a_read_
                 async with asyncio.timeout(_BOUND):
                     await task
 
-            proxy.resume()
+            proxy.pass_traffic()
             # The ambiguous append is retried with the same id: stored once.
             events = await rheo.append("s", [NewEvent("t", id="e1"), NewEvent("t", id="e2")])
             assert events[0].sequence == first.sequence
             assert [e.sequence for e in events] == [1, 2]
         finally:
-            proxy.resume()
+            proxy.pass_traffic()
             await rheo.close()
 
 
@@ -203,14 +204,14 @@ async def test_a_postgres_stall_times_out_within_timeout_ms(postgres_url: str) -
     url = _scoped("postgres", postgres_url, schema)
     host, port = urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 5432
     try:
-        async with Proxy(host, port) as proxy:
+        async with FaultProxy(host, port) as proxy:
             rheo = Rheo(_url(url, port=proxy.port, timeout_ms="500", pool_max_size="1",
                              listen="false"))
             try:
                 await rheo.create_stream("s")
                 await rheo.append("s", NewEvent("t"))
                 (lease,) = await rheo.fetch("s", "g", consumer_id="c", limit=1)
-                proxy.stall()
+                proxy.blackhole(3600, then="resume")
                 async with asyncio.timeout(_BOUND):
                     [result] = await rheo.ack([lease])
                 assert result.kind is SettleKind.AMBIGUOUS
@@ -219,14 +220,14 @@ async def test_a_postgres_stall_times_out_within_timeout_ms(postgres_url: str) -
                     with pytest.raises(BackendUnavailable, match="nothing was sent"):
                         # The stalled connection was closed: a new one cannot be made.
                         await rheo.append("s", NewEvent("t"))
-                proxy.resume()
+                proxy.pass_traffic()
                 # Once the network is back, the backend works again (the ack may have
                 # committed: a repeat either settles or finds it done).
                 [again] = await rheo.ack([lease])
                 assert again.ok
                 assert (await rheo.frontier("s", "g")) == {0: 1}
             finally:
-                proxy.resume()
+                proxy.pass_traffic()
                 await rheo.close()
     finally:
         await _cleanup("postgres", url)
@@ -350,3 +351,11 @@ async def test_close_without_open_releases_the_sqlite_file(tmp_path: Path) -> No
     assert open_files() >= 1
     await rheo.close()
     assert open_files() == 0
+
+
+def refusing_port() -> int:
+    """A loopback port nothing listens on (connecting to it is refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port

@@ -7,12 +7,9 @@ timeout unless given one, and no TCP keepalive. The proxy reproduces it by
 holding every open connection (forwarding nothing, closing nothing) while
 letting new connections through.
 
-Known defect, kept as a strict xfail until it is fixed: the PostgreSQL backend
-creates its pool without ``command_timeout`` (``PostgresBackend._create_pool``)
-and the runtimes await backend calls without a deadline (``Group._feed`` awaits
-``Producer.demand``, the acker awaits the settle call), so the Group's fetch and
-ack loops hang for as long as the connection stays silent, forever here. Redis
-recovers: redis-py gives its connections a 5 s socket timeout by default.
+Every backend call has a deadline (the backend's ``timeout_ms``): a call sent
+on a silent connection ends as ``ambiguous`` (a settle) or a typed error (a
+fetch) within it, the connection is closed, and the next call takes a new one.
 """
 
 from __future__ import annotations
@@ -30,13 +27,12 @@ from rheo_flow._faults._proxy import FaultProxy
 pytestmark = pytest.mark.slow
 
 EVENTS = 200
+TIMEOUT_MS = 2_000
+"""The proxied backend's call deadline."""
 RECOVERY_S = 15.0
-"""A generous bound: fifteen leases. Any call deadline of the order of the lease meets it."""
+"""A generous bound: several call deadlines and leases."""
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="no deadline on PostgreSQL calls: a silent connection hangs the "
-                          "Group's fetch and ack loops (see the module docstring)")
 async def test_group_carries_on_when_every_open_connection_goes_silent(
         postgres_url: str, wait_until: Any) -> None:
     schema = f"faults_silent_{uuid.uuid4().hex[:8]}"
@@ -46,7 +42,7 @@ async def test_group_carries_on_when_every_open_connection_goes_silent(
         async with FaultProxy.for_url(url) as proxy, Rheo(url) as direct:
             await direct.create_stream("s", partitions=2)
             await direct.append("s", [NewEvent("t", {"n": n}) for n in range(EVENTS)])
-            async with Rheo(proxy.url(url)) as rheo:
+            async with Rheo(f"{proxy.url(url)}&timeout_ms={TIMEOUT_MS}") as rheo:
 
                 @consumer(stream="s", group="g", concurrency=4, lease_ms=1_000, poll_ms=50)
                 async def handle(event: Any, context: Any) -> Any:

@@ -115,6 +115,8 @@ class FaultProxy:
         self._lose_replies = 0
         self._blackhole: asyncio.Task[None] | None = None
         self.stats = ProxyStats()
+        self.held = asyncio.Event()
+        """Set when a held connection receives bytes (a request waits in the blackhole)."""
 
     @classmethod
     def for_url(cls, url: str) -> FaultProxy:
@@ -231,6 +233,7 @@ class FaultProxy:
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
             raise InvalidArgument(f"share must be in (0, 1], got {share!r}")
         self._end_blackhole()
+        self.held.clear()
         links = list(self._links)
         if share < 1:
             links = random.sample(links, min(len(links), max(1, round(share * len(links)))))
@@ -345,6 +348,8 @@ class FaultProxy:
                 except OSError:
                     link.abort(reset=True)
                     return
+                if chunk and not link.flowing.is_set():
+                    self.held.set()
                 queue.put_nowait((loop.time() + self._delay, chunk))
                 if not chunk:
                     await delivering
