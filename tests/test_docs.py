@@ -83,3 +83,17 @@ def test_settle_table_in_docs_matches_the_code() -> None:
         text = (ROOT / doc).read_text()
         rows = dict(re.findall(r"^\| `(\w+)` \|[^|]*\| `(\w+)`", text, flags=re.M))
         assert rows == {k.value: k.decision.value for k in rheo_flow.SettleKind}, doc
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    """The contract lives in docs/: no code or doc cites a design file kept elsewhere."""
+    outside = re.compile(r"DESIGN(\.md| section)|\.\./shared|shared/reference")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("src", "docs", "tests", "conformance", "benchmarks", "examples")
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.suffix in {".py", ".md"} and path.name != "test_docs.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if outside.search(line)
+    ]
+    assert not offenders, f"references outside the repository: {offenders}"

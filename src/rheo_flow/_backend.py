@@ -7,7 +7,7 @@ operation takes and returns batches: one round trip per call.
 
 The conformance kit (:mod:`rheo_flow.testing`) checks an implementation.
 
-Semantics every backend MUST follow (beyond DESIGN section 1):
+Semantics every backend MUST follow (beyond docs/concepts.md):
 
 * ``fetch`` returns each event at most once per call, in sequence order within a
   partition. A delivery is eligible when it is available (and its nack delay has

@@ -1,4 +1,4 @@
-"""Validated capability declarations of a backend (DESIGN section 4).
+"""Validated capability declarations of a backend (docs/backends.md, "Capabilities").
 
 Guarantees (what a user may rely on) are declared separately from mechanisms
 (how the backend achieves them); a declaration that contradicts itself or the

@@ -284,7 +284,7 @@ class Rheo:
         with _telemetry.settling(op, leases, self._backend, self._max_attempts) as telemetry:
             try:
                 results = await call()
-            except Exception as exc:  # classified, never leaked: DESIGN section 2
+            except Exception as exc:  # classified, never leaked (docs/concepts.md, "Settling")
                 error = classify(exc, self._backend.classify_error)
                 results = [SettleResult(lease.lease_id, error) for lease in leases]
             if telemetry is not None:

@@ -2,7 +2,7 @@
 
 A handler can succeed and its ack can still fail. :func:`classify` maps every
 settle, renew and fetch error to exactly one :class:`SettleKind`, and each kind
-carries the runtime's :class:`Decision` (DESIGN section 2).
+carries the runtime's :class:`Decision` (docs/concepts.md, "Settling").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 * a driver exception (or a socket error) becomes a :class:`~rheo_flow.BackendError`
   classified by the backend's own ``classify_error`` and then the generic rules
-  (DESIGN section 2): :class:`~rheo_flow.BackendUnavailable` when nothing was
+  (docs/concepts.md, "Settling"): :class:`~rheo_flow.BackendUnavailable` when nothing was
   written, :class:`~rheo_flow.OutcomeUnknown` when a write may have taken effect;
 * an operation still running after the backend's operation timeout is cancelled
   and reported the same way: ``backend_unavailable`` when the request surely was
