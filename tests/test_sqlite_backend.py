@@ -520,6 +520,36 @@ async def test_schema_is_versioned_and_created_once(db: Path) -> None:
         await SQLiteBackend(db).open()
 
 
+async def test_a_version_2_file_gains_last_error_in_place(db: Path) -> None:
+    # A file as version 2 left it: a dead letter and a delivery waiting for redelivery.
+    async with Rheo(SQLiteBackend(db)) as r:
+        await r.create_stream("s")
+        await r.append("s", [NewEvent("t", i) for i in range(2)])
+        first, second = await r.fetch("s", "g", limit=2)
+        await r.reject(first, "bad")
+        await r.nack(second, "later")
+    conn = sqlite3.connect(db)
+    try:
+        conn.execute("ALTER TABLE deliveries DROP COLUMN last_error")
+        conn.execute("PRAGMA user_version = 2")
+        conn.commit()
+    finally:
+        conn.close()
+    async with Rheo(SQLiteBackend(db)) as r:
+        [dead] = await r.dead_letters("s", "g")
+        assert (dead.sequence, dead.reason, dead.last_error) == (1, "bad", None)
+        [again] = await r.fetch("s", "g")
+        assert all(x.ok for x in await r.reject(again, "worse", error="ValueError: v3"))
+        assert [(d.sequence, d.last_error) for d in await r.dead_letters("s", "g")] == [
+            (1, None), (2, "ValueError: v3")]
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (
+            sqlite_module.SCHEMA_VERSION,)
+    finally:
+        conn.close()
+
+
 async def test_backends_opening_a_new_file_at_once_all_open(tmp_path: Path) -> None:
     # Switching a new file to WAL does not wait on SQLite's busy handler: before the
     # retry, two backends opening one new file at once failed about half the time.

@@ -22,6 +22,11 @@ Semantics every backend MUST follow (beyond docs/concepts.md):
   backend (unknown stream, group or sequence) gets ``invalid``.
 * ``nack`` of a delivery at ``attempt >= max_attempts`` rejects it with reason
   ``"max_attempts"``.
+* ``nack`` and ``reject`` record their ``error`` (when not ``None``) as the
+  delivery's last error, replacing an earlier one; ``None`` keeps what was
+  recorded. It survives re-leases, expiry and the dead-lettering past
+  ``max_attempts``, is listed by ``dead_letters`` (``DeadLetter.last_error``) and
+  is forgotten by ``redrive``, ``replay`` and ``reset``.
 """
 
 from __future__ import annotations
@@ -178,12 +183,22 @@ class Backend(ABC):
         """Mark deliveries acked; one result per lease, in order."""
 
     @abstractmethod
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
-        """Make deliveries available again after ``delay_ms``; one result per lease."""
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        """Make deliveries available again after ``delay_ms``; one result per lease.
+
+        ``error`` (when given) becomes the deliveries' last error. A backend written
+        before this argument existed may leave it out of its signature: the
+        facade then never passes it (and its dead letters carry no error).
+        """
 
     @abstractmethod
-    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
-        """Dead-letter deliveries for their group; one result per lease."""
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        """Dead-letter deliveries for their group; one result per lease.
+
+        ``error`` (when given) becomes the deliveries' last error (see :meth:`nack`).
+        """
 
     @abstractmethod
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:

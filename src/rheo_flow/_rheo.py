@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import time
@@ -33,6 +34,7 @@ from ._validation import (
     check_name,
     check_partition,
     check_positive_int,
+    check_error,
     check_reason,
     check_sequence,
     check_start,
@@ -79,6 +81,8 @@ class Rheo:
         self._known_groups: set[tuple[str, str]] = set()
         self._max_attempts: dict[tuple[str, str], int] = {}
         """Each known group's last seen max_attempts (telemetry tells dead letters by it)."""
+        self._error_aware = _takes_error(backend)
+        """Whether the backend's nack and reject take ``error`` (older backends do not)."""
 
     # Lifecycle ---------------------------------------------------------------
 
@@ -297,21 +301,41 @@ class Rheo:
         return await self._settle_call("ack", items, lambda: self._backend.ack(items))
 
     async def nack(
-        self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0
+        self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0,
+        error: str | None = None,
     ) -> list[SettleResult]:
-        """Return leases for redelivery (after ``delay_ms``); one result per lease."""
+        """Return leases for redelivery (after ``delay_ms``); one result per lease.
+
+        ``error`` (at most 1,000 characters, e.g. ``"TimeoutError: db busy"``) is
+        recorded as the deliveries' last error: a dead letter keeps it even when it
+        runs out of attempts later.
+        """
         items = self._leases(leases)
         check_reason(reason)
         check_duration_ms("delay_ms", delay_ms)
+        error = check_error(error)
+        backend = self._backend
+        if error is None or not self._error_aware:
+            return await self._settle_call(
+                "nack", items, lambda: backend.nack(items, reason, delay_ms))
         return await self._settle_call(
-            "nack", items, lambda: self._backend.nack(items, reason, delay_ms))
+            "nack", items, lambda: backend.nack(items, reason, delay_ms, error))
 
-    async def reject(self, leases: Lease | Iterable[Lease], reason: str) -> list[SettleResult]:
-        """Dead-letter leases for their group; one result per lease."""
+    async def reject(self, leases: Lease | Iterable[Lease], reason: str, *,
+                     error: str | None = None) -> list[SettleResult]:
+        """Dead-letter leases for their group; one result per lease.
+
+        ``error`` is recorded as the dead letters' last error (see :meth:`nack`).
+        """
         items = self._leases(leases)
         check_reason(reason)
+        error = check_error(error)
+        backend = self._backend
+        if error is None or not self._error_aware:
+            return await self._settle_call(
+                "reject", items, lambda: backend.reject(items, reason))
         return await self._settle_call(
-            "reject", items, lambda: self._backend.reject(items, reason))
+            "reject", items, lambda: backend.reject(items, reason, error))
 
     async def renew(
         self, leases: Lease | Iterable[Lease], *, lease_ms: int = DEFAULT_LEASE_MS
@@ -537,3 +561,12 @@ def _records(
 
 
 _NO_HEADERS: Final[Mapping[str, str]] = {}
+
+
+def _takes_error(backend: Backend) -> bool:
+    """Whether ``backend.nack`` and ``backend.reject`` accept the ``error`` argument."""
+    try:
+        return all("error" in inspect.signature(method).parameters
+                   for method in (backend.nack, backend.reject))
+    except (TypeError, ValueError):  # pragma: no cover - signature-less callables
+        return False

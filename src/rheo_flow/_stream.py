@@ -47,4 +47,9 @@ class DeadLetter:
     event_id: str
     attempts: int
     reason: str
+    """``"max_attempts"`` when the attempts ran out, else the reject's reason."""
     rejected_at_ms: int
+    last_error: str | None = None
+    """The last failure recorded by a nack or reject of the delivery (``"Type: message"``
+    for a handler that raised), kept when it later ran out of attempts; ``None`` when
+    no failure was recorded."""

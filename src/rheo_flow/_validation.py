@@ -20,6 +20,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 """A whole name (``fullmatch``: ``$`` would let a final newline through)."""
 MAX_PARTITIONS = 4096
 MAX_REASON = 2000
+MAX_ERROR = 1000
+"""The longest last-error text a nack or reject records (see :func:`error_text`)."""
 MAX_ID = 200
 MAX_TYPE = 256
 MAX_DEPTH: Final = 254
@@ -180,6 +182,20 @@ def check_reason(value: object) -> str:
     if len(value) > MAX_REASON:
         raise InvalidArgument(f"reason is longer than {MAX_REASON} characters")
     return check_text("reason", value)
+
+
+def check_error(value: object) -> str | None:
+    """A settle's last-error text: ``None``, or a string of at most :data:`MAX_ERROR`
+    characters without NUL (no store keeps NUL in text)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument(f"error must be a string or None, got {type(value).__name__}")
+    if len(value) > MAX_ERROR:
+        raise InvalidArgument(f"error is longer than {MAX_ERROR} characters")
+    if "\x00" in value:
+        raise InvalidArgument("error must not contain NUL characters")
+    return check_text("error", value)
 
 
 def check_event_id(value: object) -> str:

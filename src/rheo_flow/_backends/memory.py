@@ -47,6 +47,7 @@ class _Delivery:
     settled_by: Op | None = None
     reason: str = ""
     rejected_at_ms: int = 0
+    last_error: str | None = None
 
 
 @dataclass(slots=True)
@@ -298,8 +299,8 @@ class MemoryBackend(Backend):
             return fence(lease, d.lease_id, d.receipt) or (g, gp, d)
         return g, gp, d
 
-    def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int
-                ) -> list[SettleResult]:
+    def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int,
+                error: str | None = None) -> list[SettleResult]:
         now = self._clock()
         results: list[SettleResult] = []
         append = results.append
@@ -317,6 +318,8 @@ class MemoryBackend(Backend):
                         lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
                     ))
                 continue
+            if error is not None:
+                d.last_error = error
             if op == "ack":
                 self._settle_terminal(gp, d, "acked", "", now, op)
             elif op == "reject":
@@ -349,11 +352,13 @@ class MemoryBackend(Backend):
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return self._settle(leases, "ack", "", 0)
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
-        return self._settle(leases, "nack", reason, delay_ms)
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return self._settle(leases, "nack", reason, delay_ms, error)
 
-    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
-        return self._settle(leases, "reject", reason, 0)
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        return self._settle(leases, "reject", reason, 0, error)
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         now = self._clock()
@@ -395,7 +400,7 @@ class MemoryBackend(Backend):
                 if event is None:
                     continue
                 out.append(DeadLetter(stream, group, pid, seq, event.id, d.attempt, d.reason,
-                                      d.rejected_at_ms))
+                                      d.rejected_at_ms, d.last_error))
                 if len(out) >= limit:
                     return out
         return out
@@ -429,6 +434,7 @@ class MemoryBackend(Backend):
         d.settled_by = None
         d.available_at_ms = now
         d.reason = ""
+        d.last_error = None
         gp.active[d.sequence] = d
         gp.due = min(gp.due, now)
 

@@ -83,13 +83,14 @@ T = TypeVar("T")
 
 Op = Literal["ack", "nack", "reject"]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change.
 
 1: first schema. 2: the ``deliveries`` state CHECK is written with ``OR`` instead
 of ``IN (...)``: SQLite evaluates a CHECK on every inserted and updated row, and
 an ``IN`` list of four builds a temporary lookup table each time, which made
-every delivery write about twice as dear."""
+every delivery write about twice as dear. 3: ``deliveries.last_error``, the last
+error recorded by a nack or reject."""
 
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5_000
 _SYNCHRONOUS: Final = ("NORMAL", "FULL", "EXTRA")
@@ -122,6 +123,7 @@ _DELIVERIES_TABLE: Final = """CREATE TABLE IF NOT EXISTS {name} (
     settled_by TEXT,
     reason TEXT NOT NULL DEFAULT '',
     rejected_at_ms INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
     PRIMARY KEY (group_id, part, seq)
 ) WITHOUT ROWID"""
 
@@ -205,7 +207,7 @@ _PROGRESS_SQL: Final = """
 
 # Settles and renews of a batch of leases of one group: one fenced UPDATE run by
 # executemany, each row found by its primary key. ?1..?5 are the batch's constants,
-# ?6..?10 the lease's group, part, seq, lease id and receipt.
+# ?6..?10 the lease's group, part, seq, lease id and receipt; ?11 a settle's error.
 _FENCED_WHERE: Final = (
     " WHERE group_id = ?6 AND part = ?7 AND seq = ?8 AND state = 'leased'"
     " AND lease_id = ?9 AND receipt = ?10"
@@ -216,9 +218,11 @@ _SETTLE_SQL: Final[dict[str, str]] = {
     "ack": "UPDATE deliveries SET state = 'acked', settled_by = 'ack', reason = ''"
     + _FENCED_WHERE,
     "reject": "UPDATE deliveries SET state = 'rejected', settled_by = 'reject', "
-    "reason = ?1, rejected_at_ms = ?2" + _FENCED_WHERE,
+    "reason = ?1, rejected_at_ms = ?2, last_error = COALESCE(?11, last_error)"
+    + _FENCED_WHERE,
     # A nack of the last allowed attempt dead-letters the delivery.
     "nack": "UPDATE deliveries SET settled_by = 'nack', "
+    "last_error = COALESCE(?11, last_error), "
     "state = CASE WHEN attempt >= ?4 THEN 'rejected' ELSE 'available' END, "
     "reason = CASE WHEN attempt >= ?4 THEN ?5 ELSE ?1 END, "
     "rejected_at_ms = CASE WHEN attempt >= ?4 THEN ?2 ELSE rejected_at_ms END, "
@@ -254,7 +258,7 @@ _INSERT_EVENT_SQL: Final = (
 _EVENT_COLUMNS: Final = "part, seq, event_id, type, key, data, headers, appended_at_ms"
 _DELIVERY_COLUMNS: Final = (
     "seq, state, attempt, lease_id, receipt, settled_by, reason, "
-    "available_at_ms, rejected_at_ms, deadline_ms"
+    "available_at_ms, rejected_at_ms, deadline_ms, last_error"
 )
 
 
@@ -292,6 +296,7 @@ class _Row:
     available_at_ms: int
     rejected_at_ms: int
     deadline_ms: int
+    last_error: str | None
     dirty: bool = False
 
 
@@ -325,6 +330,11 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE deliveries_v2 RENAME TO deliveries")
     for statement in _DELIVERIES_INDEXES:
         conn.execute(statement)
+
+
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    """Add ``deliveries.last_error`` (NULL on existing rows: no error was recorded)."""
+    conn.execute("ALTER TABLE deliveries ADD COLUMN last_error TEXT")
 
 
 def _is_locked(exc: BaseException) -> bool:
@@ -564,7 +574,9 @@ class SQLiteBackend(Backend):
                         f"than this rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
                     )
                 if version == 1:
-                    _migrate_1_to_2(conn)
+                    _migrate_1_to_2(conn)  # rebuilt as the current table: last_error too
+                elif version == 2:
+                    _migrate_2_to_3(conn)
                 elif version < SCHEMA_VERSION:
                     for statement in _SCHEMA:
                         conn.execute(statement)
@@ -1002,19 +1014,23 @@ class SQLiteBackend(Backend):
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._write(self._settle, list(leases), "ack", "", 0)
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
-        return await self._write(self._settle, list(leases), "nack", reason, delay_ms)
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return await self._write(self._settle, list(leases), "nack", reason, delay_ms, error)
 
-    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
-        return await self._write(self._settle, list(leases), "reject", reason, 0)
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        return await self._write(self._settle, list(leases), "reject", reason, 0, error)
 
     def _settle(
-        self, conn: sqlite3.Connection, leases: list[Lease], op: Op, reason: str, delay_ms: int
+        self, conn: sqlite3.Connection, leases: list[Lease], op: Op, reason: str, delay_ms: int,
+        error: str | None = None,
     ) -> list[SettleResult]:
         now = self._clock()
-        changed = _fenced_update(conn, leases, _SETTLE_SQL[op], (reason, now, now + delay_ms))
+        changed = _fenced_update(conn, leases, _SETTLE_SQL[op], (reason, now, now + delay_ms),
+                                 () if op == "ack" else (error,))
         if changed is None:
-            return self._settle_rows(conn, leases, op, reason, delay_ms, now)
+            return self._settle_rows(conn, leases, op, reason, delay_ms, now, error)
         group_id, parts = changed
         # Every delivery of an ack or reject is settled; a nack's may be dead-lettered.
         for part in sorted(parts):
@@ -1029,6 +1045,7 @@ class SQLiteBackend(Backend):
         reason: str,
         delay_ms: int,
         now: int,
+        error: str | None = None,
     ) -> list[SettleResult]:
         """Settle row by row on Python copies: any batch, including several streams or
         groups and one delivery named twice."""
@@ -1051,6 +1068,8 @@ class SQLiteBackend(Backend):
                 continue
             d.dirty = True
             d.settled_by = op
+            if error is not None:
+                d.last_error = error
             if op == "ack":
                 d.state, d.reason = "acked", ""
             elif op == "reject" or d.attempt >= g.max_attempts:
@@ -1120,7 +1139,8 @@ class SQLiteBackend(Backend):
             return [
                 DeadLetter(stream, group, *row)
                 for row in conn.execute(
-                    "SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms "
+                    "SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms, "
+                    "d.last_error "
                     "FROM deliveries AS d INDEXED BY deliveries_rejected "
                     "JOIN events AS e ON e.stream_id = ? AND e.part = d.part AND e.seq = d.seq "
                     "WHERE d.group_id = ? AND d.state = 'rejected' AND (d.part, d.seq) > (?, ?) "
@@ -1148,7 +1168,8 @@ class SQLiteBackend(Backend):
         now = self._clock()
         update = (
             "UPDATE deliveries SET state = 'available', attempt = 0, lease_id = NULL, "
-            "receipt = NULL, settled_by = NULL, available_at_ms = ?, reason = '' "
+            "receipt = NULL, settled_by = NULL, available_at_ms = ?, reason = '', "
+            "last_error = NULL "
             "WHERE group_id = ? AND state = 'rejected' AND EXISTS (SELECT 1 FROM events AS e "
             "WHERE e.stream_id = ? AND e.part = deliveries.part AND e.seq = deliveries.seq)"
         )
@@ -1393,14 +1414,14 @@ class _Deliveries:
     def write_back(self) -> None:
         changed = [
             (d.state, d.reason, d.settled_by, d.available_at_ms, d.rejected_at_ms, d.deadline_ms,
-             group_id, part, seq)
+             d.last_error, group_id, part, seq)
             for (group_id, part, seq), d in self._rows.items()
             if d.dirty
         ]
         if changed:
             self._conn.executemany(
                 "UPDATE deliveries SET state = ?, reason = ?, settled_by = ?, "
-                "available_at_ms = ?, rejected_at_ms = ?, deadline_ms = ? "
+                "available_at_ms = ?, rejected_at_ms = ?, deadline_ms = ?, last_error = ? "
                 "WHERE group_id = ? AND part = ? AND seq = ?",
                 changed,
             )
@@ -1465,7 +1486,8 @@ def _insert_events(
 
 
 def _fenced_update(
-    conn: sqlite3.Connection, leases: list[Lease], sql: str, constants: tuple[Any, ...]
+    conn: sqlite3.Connection, leases: list[Lease], sql: str, constants: tuple[Any, ...],
+    tail: tuple[Any, ...] = (),
 ) -> tuple[int, set[int]] | None:
     """Run a fenced settle or renew ``sql`` over ``leases`` in one ``executemany``.
 
@@ -1499,7 +1521,7 @@ def _fenced_update(
                 or seq.__class__ is not int or not 0 < seq <= _MAX_SEQUENCE
                 or lease_id.__class__ is not str or receipt.__class__ is not str):
             return None
-        params.append((*head, part, seq, lease_id, receipt))
+        params.append((*head, part, seq, lease_id, receipt, *tail))
     conn.execute("SAVEPOINT rheo_settle")
     before = conn.total_changes
     conn.executemany(sql, params)  # an error rolls the whole transaction back

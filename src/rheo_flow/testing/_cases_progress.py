@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._backend import DEFAULT_MAX_ATTEMPTS
+from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON
 from .._query import Query
 from .._settle import SettleKind
 from ._case import CaseEnv, case, check, check_equal, check_results, positions
@@ -151,6 +151,52 @@ async def case_dead_letters_pagination(env: CaseEnv) -> None:
         after = page[-1]
     check_equal([len(p) for p in pages], [4, 2], "page sizes with limit=4")
     check_equal([p for page in pages for p in page], expected, "dead letters in order")
+
+
+@case()
+async def case_dead_letters_keep_the_last_error(env: CaseEnv) -> None:
+    """A dead letter keeps the last error of a nack or reject: an explicit reject,
+    max attempts via nack and max attempts via lease expiry after a nack; redrive clears it."""
+    stream = await env.stream()
+    await env.append(stream, 4)
+    await env.rheo.create_group(stream, "g", max_attempts=2)
+    leases = await env.fetch(stream, "g", limit=4)
+    check_equal([lease.sequence for lease in leases], [1, 2, 3, 4], "first attempts")
+    one, two, three, four = leases
+    long = "ValueError: " + "x" * 988
+    check_results(await env.rheo.reject(one, "bad input", error="KeyError: 'sku'"), [one],
+                  [None], "reject with an error")
+    check_results(await env.rheo.nack(two, "handler_error", error="TimeoutError: first"),
+                  [two], [None], "nack with an error")
+    check_results(await env.rheo.nack(three, "handler_error", error=long), [three], [None],
+                  "nack with a 1,000-character error")
+    check_results(await env.rheo.nack(four, "shutdown"), [four], [None], "nack without error")
+    again = await env.fetch(stream, "g", limit=4, lease_ms=env.short_ms)
+    check_equal([(lease.sequence, lease.attempt) for lease in again], [(2, 2), (3, 2), (4, 2)],
+                "second attempts")
+    two, three, four = again
+    # The last nack's error replaces the earlier one; a nack without one keeps it.
+    check_results(await env.rheo.nack(two, "handler_error", error="RuntimeError: last"),
+                  [two], [None], "nack at max attempts with an error")
+    check_results(await env.rheo.nack(four, "handler_error"), [four], [None],
+                  "nack at max attempts without an error")
+    await env.expire()  # three's lease runs out at its last attempt
+    check_equal(await env.fetch(stream, "g"), [], "nothing left to deliver")
+    dead = await env.rheo.dead_letters(stream, "g")
+    check_equal([(d.sequence, d.reason, d.last_error) for d in dead],
+                [(1, "bad input", "KeyError: 'sku'"),
+                 (2, MAX_ATTEMPTS_REASON, "RuntimeError: last"),
+                 (3, MAX_ATTEMPTS_REASON, long),
+                 (4, MAX_ATTEMPTS_REASON, None)],
+                "dead letters with their last errors")
+    check_equal(await env.rheo.redrive(stream, "g", dead[:2]), 2, "redrive two")
+    redriven = await env.fetch(stream, "g", limit=4)
+    check_equal([lease.sequence for lease in redriven], [1, 2], "redelivered")
+    check_results(await env.rheo.reject(redriven, "again"), redriven, [None, None],
+                  "reject without an error")
+    check_equal([(d.sequence, d.last_error) for d in await env.rheo.dead_letters(stream, "g")],
+                [(1, None), (2, None), (3, long), (4, None)],
+                "a redrive forgets the last error")
 
 
 @case()
