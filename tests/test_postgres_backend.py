@@ -191,7 +191,7 @@ async def test_concurrent_migrations_apply_once(postgres_url: str, schema: str,
         await b.close()
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, version: int,
                                                    admin: asyncpg.Connection) -> None:
     # A database left at an older version by an earlier release.
@@ -215,6 +215,58 @@ async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, versi
         assert sorted(lease.event.data["i"] for lease in leases) == list(range(6))
         assert all(r.ok for r in await rheo.ack(leases))
         assert sum((await rheo.frontier("s", "g")).values()) == 6
+        # Version 4: dead letters keep the last error (settle takes it).
+        await rheo.append("s", [NewEvent("t", {"i": 6}, key="k")])
+        [last] = await rheo.fetch("s", "g", limit=10)
+        assert all(r.ok for r in await rheo.reject(last, "bad", error="KeyError: 'sku'"))
+        [dead] = await rheo.dead_letters("s", "g")
+        assert (dead.reason, dead.last_error) == ("bad", "KeyError: 'sku'")
+
+
+async def test_dead_letters_of_version_3_carry_over_without_an_error(
+        url: str, schema: str, admin: asyncpg.Connection) -> None:
+    for migration in MIGRATIONS[:3]:
+        for statement in (*(BOOTSTRAP if migration.version == 1 else ()),
+                          *migration.statements):
+            await admin.execute(render(statement, schema))
+        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
+                            "VALUES ($1, 'old')", migration.version)
+    q = f'"{schema}"'
+    stream_id = await admin.fetchval(
+        f"INSERT INTO {q}.streams (name, partitions, created_at_ms) VALUES ('s', 1, 0) "
+        "RETURNING id")
+    await admin.execute(f"INSERT INTO {q}.partitions (stream_id, part, high_water) "
+                        "VALUES ($1, 0, 2)", stream_id)
+    await admin.execute(
+        f"INSERT INTO {q}.events (stream_id, part, seq, appended_at_ms, event_id, type, data) "
+        "SELECT $1, 0, i, 0, 'e' || i, 't', json_build_object('i', i) "
+        "FROM generate_series(1, 2) i", stream_id)
+    gid = await admin.fetchval(
+        f"INSERT INTO {q}.groups (stream_id, name, max_attempts, created_at_ms) "
+        "VALUES ($1, 'g', 2, 0) RETURNING id", stream_id)
+    await admin.execute(f"INSERT INTO {q}.cursors VALUES ($1, 0, 0)", gid)
+    await admin.execute(f"INSERT INTO {q}.frontiers VALUES ($1, 0, 0)", gid)
+    old = await admin.fetch(f"SELECT * FROM {q}.fetch($1, '{{0}}', 2, 60000, 'c')", gid)
+    # Version 3's settle (eight arguments): a reject and a nack.
+    for op, row in ((3, old[0]), (2, old[1])):
+        await admin.fetchrow(f"SELECT * FROM {q}.settle($1::smallint, $2, $3, $4, $5, $6, "
+                             "'old', 0)", op, [gid], [0], [row[1]], [row[3]], [row[2]])
+
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        [dead] = await rheo.dead_letters("s", "g")
+        assert (dead.sequence, dead.reason, dead.last_error) == (1, "old", None)
+        [again] = await rheo.fetch("s", "g")
+        assert all(r.ok for r in await rheo.nack(again, "boom", error="OSError: disk"))
+        assert [(d.sequence, d.reason, d.last_error) for d in await rheo.dead_letters("s", "g")
+                ] == [(1, "old", None), (2, "max_attempts", "OSError: disk")]
+        # A caller still passing eight arguments (the previous release) settles too.
+        await rheo.redrive("s", "g")
+        leases = await rheo.fetch("s", "g", limit=2)
+        await admin.fetchrow(
+            f"SELECT * FROM {q}.settle(1::smallint, $1, $2, $3, $4, $5, '', 0)",
+            [gid] * 2, [0, 0], [x.sequence for x in leases],
+            [uuid.UUID(x.lease_id) for x in leases], [x.attempt for x in leases])
+        assert await rheo.frontier("s", "g") == {0: 2}
 
 
 async def test_state_written_at_version_2_carries_over_the_upgrade(

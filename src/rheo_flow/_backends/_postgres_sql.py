@@ -830,6 +830,23 @@ BEGIN
 END
 $fn$"""
 
+# Migration 4: every delivery keeps the last error a nack or reject recorded
+# (NULL: none), and settle takes it as p_error (NULL keeps the recorded one).
+# The old settle is dropped: an overload with the extra argument would make
+# calls with eight arguments ambiguous. p_error defaults to NULL, so a process
+# still running the previous release keeps settling across the upgrade.
+_LAST_ERROR: Final = "ALTER TABLE {s}.deliveries ADD COLUMN last_error text"
+_DROP_SETTLE_V2: Final = ("DROP FUNCTION {s}.settle(smallint, integer[], integer[], bigint[], "
+                          "uuid[], integer[], text, bigint)")
+_SETTLE_V4: Final = (
+    _SETTLE_V2
+    .replace("p_reason text, p_delay_ms bigint,\n",
+             "p_reason text, p_delay_ms bigint, p_error text DEFAULT NULL,\n", 1)
+    .replace("            settled_by = p_op,\n",
+             "            settled_by = p_op,\n"
+             "            last_error = COALESCE(p_error, d.last_error),\n", 1)
+)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "streams, events, groups, deliveries and the fetch/settle/renew functions",
               (*_TABLES, _ADVANCE, _FETCH, _SETTLE, _RENEW)),
@@ -838,6 +855,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(3, "fetch commits durably (version 2's fetch committed asynchronously); "
                  "event ids compare bytewise",
               (_FETCH_V3, _EVENT_ID_BYTEWISE)),
+    Migration(4, "deliveries keep the last error recorded by a nack or reject",
+              (_LAST_ERROR, _DROP_SETTLE_V2, _SETTLE_V4)),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version

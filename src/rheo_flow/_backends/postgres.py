@@ -128,7 +128,7 @@ class _Statements:
         return cls(
             append=r(_APPEND_SQL),
             fetch=r("SELECT * FROM {s}.fetch($1, $2, $3, $4, $5)"),
-            settle=r(f"SELECT * FROM {{s}}.settle($1, {_batch_arrays(2)}, $7, $8)"),
+            settle=r(f"SELECT * FROM {{s}}.settle($1, {_batch_arrays(2)}, $7, $8, $9)"),
             renew=r(f"SELECT * FROM {{s}}.renew({_batch_arrays(1)}, $6)"),
             stream=r("SELECT id, partitions, created_at_ms FROM {s}.streams WHERE name = $1"),
             group=r(
@@ -782,19 +782,21 @@ class PostgresBackend(Backend):
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._settle(leases, "ack", "", 0)
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
-        return await self._settle(leases, "nack", reason, delay_ms)
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return await self._settle(leases, "nack", reason, delay_ms, error)
 
-    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
-        return await self._settle(leases, "reject", reason, 0)
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        return await self._settle(leases, "reject", reason, 0, error)
 
-    async def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int
-                      ) -> list[SettleResult]:
+    async def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int,
+                      error: str | None = None) -> list[SettleResult]:
         batch = await self._batch(leases)
         if batch.args:
             pool = await self._ready()
             row = await pool.fetchrow(
-                self._sql.settle, _OP_CODES[op], *batch.args, reason, delay_ms
+                self._sql.settle, _OP_CODES[op], *batch.args, reason, delay_ms, error
             )
             assert row is not None
             batch.apply(row[0], row[1], row[2], None)
@@ -818,7 +820,8 @@ class PostgresBackend(Backend):
             )
         batch = await self._batch(leases)
         if batch.args:
-            row = await conn.fetchrow(self._sql.settle, _OP_CODES["ack"], *batch.args, "", 0)
+            row = await conn.fetchrow(self._sql.settle, _OP_CODES["ack"], *batch.args, "", 0,
+                                      None)
             assert row is not None
             batch.apply(row[0], row[1], row[2], None)
         return batch.finish(renew=False)
@@ -877,8 +880,8 @@ class PostgresBackend(Backend):
         part, seq = after if after is not None else (-1, -1)
         pool = await self._ready()
         rows = await pool.fetch(
-            "SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms "
-            f"FROM {self._q}.deliveries d JOIN {self._q}.events e "
+            "SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms, "
+            f"d.last_error FROM {self._q}.deliveries d JOIN {self._q}.events e "
             "ON e.stream_id = $2 AND e.part = d.part AND e.seq = d.seq "
             "WHERE d.group_id = $1 AND d.state = 3 AND (d.part, d.seq) > ($3, $4) "
             "ORDER BY d.part, d.seq LIMIT $5",
@@ -903,7 +906,8 @@ class PostgresBackend(Backend):
         count: int = await pool.fetchval(
             f"""WITH back AS (
                 UPDATE {q}.deliveries d SET state = 0, attempt = 0, lease_id = NULL,
-                    settled_by = NULL, reason = '', available_at_ms = {NOW_MS}
+                    settled_by = NULL, reason = '', last_error = NULL,
+                    available_at_ms = {NOW_MS}
                 WHERE d.group_id = $1 AND d.state = 3 {where}
                 RETURNING d.part, d.seq
             ), lowered AS (
