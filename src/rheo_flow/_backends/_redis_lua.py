@@ -6,7 +6,9 @@ shards. Requests and replies are compact strings (JSON or code letters): one
 bulk string per reply is decoded by one ``orjson.loads`` on the client.
 
 Delivery records (field = sequence in the ``:d`` hash of a group partition)
-are ``state|attempt|lease_id|settled_by|rejected_at_ms|reason`` with state
+are ``state|attempt|lease_id|settled_by|rejected_at_ms|reason``, then NUL and
+the last error when one was recorded (a nack's or reject's; NUL never occurs in
+a reason or error), with state
 ``L`` (leased), ``A`` (available), ``K`` (acked) or ``R`` (rejected) and
 settled_by ``a`` / ``n`` / ``r`` (ack, nack, reject), ``-`` (dead-lettered on
 expiry) or empty. The ``:z`` sorted set holds the available and leased
@@ -63,13 +65,22 @@ local function hmget(key, fields)
   end
   return out
 end
+-- The last error follows the reason after a NUL (absent when none was recorded).
 local function parse(r)
   local st, att, lid, by, at, reason =
     string.match(r, '^(%a)|(%d+)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  return st, tonumber(att), lid, by, at, reason
+  local err = nil
+  local cut = reason and string.find(reason, '\0', 1, true)
+  if cut then
+    err = string.sub(reason, cut + 1)
+    reason = string.sub(reason, 1, cut - 1)
+  end
+  return st, tonumber(att), lid, by, at, reason, err
 end
-local function rec(st, att, lid, by, at, reason)
-  return st .. '|' .. S(att) .. '|' .. lid .. '|' .. by .. '|' .. at .. '|' .. reason
+local function rec(st, att, lid, by, at, reason, err)
+  local r = st .. '|' .. S(att) .. '|' .. lid .. '|' .. by .. '|' .. at .. '|' .. reason
+  if err then r = r .. '\0' .. err end
+  return r
 end
 -- Move the frontier over every acked or rejected delivery right after it.
 local function advance(D, f)
@@ -329,7 +340,7 @@ local redelivered = 0
 -- Blocks past their deadline become per-delivery records, found below like any other.
 expire(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow), f)
 if quota > 0 then
-  local hs, dead, radd, due, next_att = {}, {}, {}, {}, {}
+  local hs, dead, radd, due, next_att, errs = {}, {}, {}, {}, {}, {}
   local front = false
   -- Due deliveries: available (nack delay over) or leased past their deadline.
   while #due < quota do
@@ -342,10 +353,10 @@ if quota > 0 then
       if not r then
         zr[#zr + 1] = sq
       else
-        local st, att, lid = parse(r)
+        local st, att, lid, _, _, _, err = parse(r)
         if att >= ma then
           hs[#hs + 1] = sq
-          hs[#hs + 1] = rec('R', att, lid, '-', snow, 'max_attempts')
+          hs[#hs + 1] = rec('R', att, lid, '-', snow, 'max_attempts', err)
           zr[#zr + 1] = sq
           radd[#radd + 1] = sq
           radd[#radd + 1] = sq
@@ -355,6 +366,7 @@ if quota > 0 then
           local n = tonumber(sq)
           due[#due + 1] = n
           next_att[n] = att + 1
+          errs[n] = err
           za[#za + 1] = sdl
           za[#za + 1] = sq
         end
@@ -389,7 +401,7 @@ if quota > 0 then
         items[#items + 1] = '[' .. sq .. ',' .. S(att) .. ',' .. fl[6] .. ',' .. fl[2] .. ']'
         datas[#datas + 1] = fl[4]
         hs[#hs + 1] = sq
-        hs[#hs + 1] = rec('L', att, token .. n, '', '', '')
+        hs[#hs + 1] = rec('L', att, token .. n, '', '', '', errs[seq])
       else
         gone[#gone + 1] = sq
       end
@@ -496,14 +508,15 @@ local function check(l, r, hw)
     if seq >= 1 and seq <= hw then return 'P' end
     return 'Q'
   end
-  local st, att, lid, by = parse(r)
+  local st, att, lid, by, _, _, err = parse(r)
   if lid ~= l[3] then return 'S' end
   if l[2] ~= eid(seq) then return 'M' end
-  return nil, st, att, lid, by
+  return nil, st, att, lid, by, err
 end
 """
 
-# KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, op (a|n|r), reason, delay_ms,
+# KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, op (a|n|r), reason (then NUL and the error
+# to record, if any), delay_ms,
 # JSON [[seq, receipt, lease_id, attempt], ...]. Returns one code letter per lease (see
 # redis.py). The attempt only serves the fast path: a lease whose record is exactly
 # 'L|attempt|lease_id|||' and whose receipt is its entry id is current, with no parsing.
@@ -513,6 +526,12 @@ end
 # to the JSON when the run is not the frontier's next one).
 SETTLE = r"""
 local group, op, reason, delay = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local given = nil
+local cut = string.find(reason, '\0', 1, true)
+if cut then
+  given = string.sub(reason, cut + 1)
+  reason = string.sub(reason, 1, cut - 1)
+end
 local g = redis.call('HMGET', G, 'f', 'ma')
 if g[1] and ARGV[6] and op == 'a' then
   -- The run form (see above): every lease of the run is current exactly when its block
@@ -554,7 +573,7 @@ local front = false
 for k, l in ipairs(leases) do
   local sq = fields[k]
   local cur = state[sq]
-  local code, st, att, lid, by
+  local code, st, att, lid, by, err
   local a = l[4]
   if virt[sq] and l[2] == sq .. '-0' then
     st, att, lid = 'L', 1, l[3]
@@ -562,8 +581,9 @@ for k, l in ipairs(leases) do
       and cur == 'L|' .. S(a) .. '|' .. l[3] .. '|||' and l[2] == sq .. '-0' then
     st, att, lid = 'L', a, l[3]
   else
-    code, st, att, lid, by = check(l, cur, hw)
+    code, st, att, lid, by, err = check(l, cur, hw)
   end
+  if given then err = given end
   if not code then
     if st ~= 'L' then
       if by == op then code = 'r' else code = BY[by] or 'X' end
@@ -574,11 +594,11 @@ for k, l in ipairs(leases) do
       if op == 'a' then
         r = 'K|' .. S(att) .. '|' .. lid .. '|a||'
       elseif op == 'r' then
-        r = rec('R', att, lid, 'r', snow, reason)
+        r = rec('R', att, lid, 'r', snow, reason, err)
       elseif att >= ma then
-        r = rec('R', att, lid, 'n', snow, 'max_attempts')
+        r = rec('R', att, lid, 'n', snow, 'max_attempts', err)
       else
-        r = rec('A', att, lid, 'n', '', '')
+        r = rec('A', att, lid, 'n', '', '', err)
         terminal = false
         zadd[#zadd + 1] = S(now + delay)
         zadd[#zadd + 1] = sq
@@ -817,7 +837,7 @@ return '[' .. S(#entries) .. ',' .. more .. ',' .. listed .. ']'
 """
 
 # KEYS: x, D, R. ARGV: after sequence, limit.
-# Returns JSON [[seq, attempts, rejected_at, reason, meta], ...].
+# Returns JSON [[seq, attempts, rejected_at, reason, meta, last error or null], ...].
 DEAD_LETTERS = r"""
 local x, D, R = KEYS[1], KEYS[2], KEYS[3]
 local seqs = redis.call('ZRANGEBYSCORE', R, '(' .. ARGV[1], '+inf', 'LIMIT', 0, tonumber(ARGV[2]))
@@ -827,11 +847,11 @@ local out = {}
 for k, sq in ipairs(seqs) do
   local r = recs[k]
   if r then
-    local st, att, lid, by, at, reason = parse(r)
+    local st, att, lid, by, at, reason, err = parse(r)
     local e = redis.call('XRANGE', x, sq .. '-0', sq .. '-0')
     if st == 'R' and e[1] then
       out[#out + 1] = '[' .. sq .. ',' .. S(att) .. ',' .. at .. ',' .. cjson.encode(reason)
-        .. ',' .. e[1][2][2] .. ']'
+        .. ',' .. e[1][2][2] .. ',' .. (err and cjson.encode(err) or 'null') .. ']'
     end
   end
 end

@@ -840,11 +840,13 @@ class RedisBackend(Backend):
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._settle_op(leases, "a", "", 0)
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
-        return await self._settle_op(leases, "n", reason, delay_ms)
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return await self._settle_op(leases, "n", _with_error(reason, error), delay_ms)
 
-    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
-        return await self._settle_op(leases, "r", reason, 0)
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        return await self._settle_op(leases, "r", _with_error(reason, error), 0)
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         if not leases:
@@ -891,9 +893,9 @@ class RedisBackend(Backend):
                 since = after[1] if after is not None and p == after[0] else 0
                 calls.append(("dead_letters", [x, d, r], [since, limit - len(out)]))
             for p, reply in zip(chunk, await self._eval(calls), strict=True):
-                for seq, attempts, at, reason, meta in json.loads(reply):
+                for seq, attempts, at, reason, meta, error in json.loads(reply):
                     out.append(DeadLetter(stream, group, p, seq, meta[0], attempts, reason,
-                                          int(at)))
+                                          int(at), error))
                     if len(out) >= limit:
                         return out
         return out
@@ -1197,3 +1199,8 @@ def _classify(exc: BaseException) -> SettleKind | None:
     if isinstance(exc, TimeoutError | ConnectionError):
         return SettleKind.AMBIGUOUS
     return None
+
+
+def _with_error(reason: str, error: str | None) -> str:
+    """The settle script's reason argument: the reason, then NUL and the error to record."""
+    return reason if error is None else f"{reason}\0{error}"
