@@ -1092,11 +1092,13 @@ class MongoBackend(Backend):
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._settle(list(leases), "ack", "", 0)
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int) -> list[SettleResult]:
-        return await self._settle(list(leases), "nack", reason, delay_ms)
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return await self._settle(list(leases), "nack", reason, delay_ms, error=error)
 
-    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
-        return await self._settle(list(leases), "reject", reason, 0)
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        return await self._settle(list(leases), "reject", reason, 0, error=error)
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         return await self._settle(list(leases), "renew", "", 0, lease_ms=lease_ms)
@@ -1109,6 +1111,7 @@ class MongoBackend(Backend):
         delay_ms: int,
         *,
         lease_ms: int = 0,
+        error: str | None = None,
     ) -> list[SettleResult]:
         if not leases:
             return []
@@ -1153,6 +1156,8 @@ class MongoBackend(Backend):
                 update = {"$set": {"st": "available", "rs": reason, "sb": op,
                                    "r": now + delay_ms, "tk": token}}
                 state = "available"
+            if error is not None:
+                update["$set"]["le"] = error  # the last error ("le"), kept until a redrive
             ops.append(UpdateOne({"_id": d["_id"], "lid": lease.lease_id, "st": "leased"},
                                  update))
             planned.append((i, d["_id"], g, state))
@@ -1259,7 +1264,7 @@ class MongoBackend(Backend):
         if after is not None:
             query["$or"] = [{"p": {"$gt": after[0]}}, {"p": after[0], "s": {"$gt": after[1]}}]
         docs = await self._deliveries.find(
-            query, {"p": 1, "s": 1, "a": 1, "rs": 1, "rj": 1}
+            query, {"p": 1, "s": 1, "a": 1, "rs": 1, "rj": 1, "le": 1}
         ).hint(_REJECTED_INDEX).sort([("p", ASCENDING), ("s", ASCENDING)]).limit(
             limit).to_list(None)
         if not docs:
@@ -1267,7 +1272,7 @@ class MongoBackend(Backend):
         events = await self._load_events(stream, [(d["p"], d["s"]) for d in docs])
         return [
             DeadLetter(stream, group, d["p"], d["s"], events[(d["p"], d["s"])].id, d["a"],
-                       d["rs"], d["rj"])
+                       d["rs"], d["rj"], d.get("le"))
             for d in docs
             if (d["p"], d["s"]) in events
         ]
@@ -1292,6 +1297,7 @@ class MongoBackend(Backend):
         result = await self._deliveries.update_many(query, {
             "$set": {"st": "available", "a": 0, "lid": None, "rc": None, "sb": None,
                      "r": now, "rs": ""},
+            "$unset": {"le": ""},
         })
         if not result.modified_count:
             return 0
