@@ -240,10 +240,12 @@ def test_runtime_delays_are_bounded() -> None:
         async def _ack(self, messages: list[Message]) -> None:
             return None
 
-        async def _nack(self, messages: list[Message], reason: str, delay_ms: int) -> None:
+        async def _nack(self, messages: list[Message], reason: str, delay_ms: int,
+                        error: str | None) -> None:
             return None
 
-        async def _reject(self, messages: list[Message], reason: str) -> None:
+        async def _reject(self, messages: list[Message], reason: str,
+                          error: str | None) -> None:
             return None
 
     assert Retry("later", delay_ms=MAX_DELAY_MS).delay_ms == MAX_DELAY_MS

@@ -35,6 +35,7 @@ from ._group import Group, GroupStats
 from ._lease import Lease
 from ._producer import Producer, ProducerStats
 from ._query import Page, Query
+from ._retry import RetryPolicy
 from ._rheo import Rheo
 from ._routing import partition_for
 from ._settle import Decision, SettleError, SettleKind, SettleResult, classify
@@ -75,6 +76,7 @@ __all__ = [
     "Query",
     "Reject",
     "Retry",
+    "RetryPolicy",
     "Rheo",
     "RheoError",
     "SettleError",

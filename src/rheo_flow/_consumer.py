@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from ._errors import InvalidArgument, NotStarted
 from ._event import Event
 from ._lease import Lease
+from ._retry import RetryPolicy
 from ._rheo import Partitions
 from ._validation import check_duration_ms
 
@@ -53,15 +54,19 @@ ACK = Ack()
 class Retry:
     """Outcome: a temporary failure; nack the lease for redelivery after ``delay_ms``.
 
-    Past the group's ``max_attempts`` the backend dead-letters the event instead.
+    ``delay_ms=None`` (the default) takes the delay from the group's
+    ``retry_policy`` (exponential backoff with jitter); ``0`` redelivers at once.
+    Past the group's ``max_attempts`` the backend dead-letters the event instead;
+    the reason stays on the dead letter as its ``last_error``.
     """
 
     reason: str
-    delay_ms: int = 0
+    delay_ms: int | None = None
 
     def __post_init__(self) -> None:
         _check_reason("Retry", self.reason)
-        check_duration_ms("Retry delay_ms", self.delay_ms)
+        if self.delay_ms is not None:
+            check_duration_ms("Retry delay_ms", self.delay_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +153,10 @@ class Consumer(ABC):
     """``"all"`` or a list of partition ids to consume."""
     max_attempts: int | None = None
     """Set the group's ``max_attempts`` when starting (``None`` keeps the backend's)."""
+    retry_policy: RetryPolicy | None = None
+    """The delay before a failed event is redelivered (handler errors, invalid outcomes,
+    :class:`Retry` without ``delay_ms``); ``None``: ``RetryPolicy()``, exponential
+    backoff from 1 s to 5 min with full jitter."""
 
     def __init__(self, **options: Any) -> None:
         self.options: dict[str, Any] = dict(options)
@@ -167,8 +176,9 @@ class Consumer(ABC):
         """Handle one leased event and return :data:`ACK`, :class:`Retry` or :class:`Reject`.
 
         Raising, or returning anything else, is a handler failure: the group logs
-        and counts it and nacks the lease for redelivery. Return ``Retry`` or
-        ``Reject`` for expected business failures instead of raising.
+        and counts it and nacks the lease for redelivery after the ``retry_policy``
+        delay, recording ``"Type: message"`` as the delivery's last error. Return
+        ``Retry`` or ``Reject`` for expected business failures instead of raising.
         """
 
     def start(self, rheo: Rheo, **options: Any) -> Group:

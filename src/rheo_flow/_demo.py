@@ -332,7 +332,8 @@ async def run_worker(
                 outcome = Retry(f"handler_error: {type(exc).__name__}: {exc}", RETRY_DELAY_MS)
             stats.handled += 1
             if isinstance(outcome, Retry):
-                retries.setdefault((outcome.reason, outcome.delay_ms), []).append(lease)
+                delay = RETRY_DELAY_MS if outcome.delay_ms is None else outcome.delay_ms
+                retries.setdefault((outcome.reason, delay), []).append(lease)
             elif isinstance(outcome, Reject):
                 rejects.setdefault(outcome.reason, []).append(lease)
             else:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 
+from ._lease import Lease
 from ._validation import MAX_ERROR
 
-__all__ = ["bounded", "error_text", "scrub"]
+__all__ = ["bounded", "error_text", "failure_fields", "scrub"]
 
 # ``scheme://user:password@`` in URLs, and ``password=...`` style options.
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@")
@@ -40,3 +41,14 @@ def bounded(text: str, limit: int = MAX_ERROR) -> str:
     text = scrub(text.replace("\x00", ""))
     text = text.encode("utf-8", "replace").decode("utf-8") if not text.isascii() else text
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def failure_fields(lease: Lease, consumer_id: str | None = None) -> dict[str, object]:
+    """The structured ``logging`` fields (``extra=``) of a handler failure on ``lease``."""
+    fields: dict[str, object] = {
+        "stream": lease.stream, "group": lease.group, "partition": lease.partition,
+        "sequence": lease.sequence, "attempt": lease.attempt, "event_id": lease.event.id,
+    }
+    if consumer_id is not None:
+        fields["consumer_id"] = consumer_id
+    return fields

@@ -38,11 +38,13 @@ from ._errors import (
     StoreLost,
 )
 from ._event import Event
+from ._failure import bounded, error_text, failure_fields
 from ._lease import Lease
 from ._producer import Producer
+from ._retry import RetryPolicy
 from ._rheo import MAX_FETCH, Rheo
 from ._settle import SettleResult, classify
-from ._settlement import SettleObserver, SettleOp, _outcome
+from ._settlement import SettleObserver, SettleOp, _outcome, dead_lettered
 from ._validation import (
     MAX_REASON,
     check_lease_ms,
@@ -56,7 +58,7 @@ log = logging.getLogger("rheo_flow.group")
 
 _OPTIONS = (
     "stream", "group", "max_demand", "concurrency", "fetch_size", "lease_ms", "poll_ms",
-    "consumer_id", "partitions", "max_attempts",
+    "consumer_id", "partitions", "max_attempts", "retry_policy",
 )
 _MAX_POLL_MS = 3_600_000
 
@@ -84,6 +86,10 @@ class GroupStats:
     """Nacks of :class:`~rheo_flow.Retry` outcomes that took effect."""
     rejected: int = 0
     """Rejects of :class:`~rheo_flow.Reject` outcomes that took effect."""
+    dead_lettered: int = 0
+    """Deliveries this group's settles dead-lettered: its rejects, and its nacks of a
+    last attempt (the backend rejects those with reason ``"max_attempts"``). A lease
+    that expired at its last attempt is dead-lettered by a later fetch, unseen here."""
     nacked: int = 0
     """Other nacks that took effect: handler failures, shutdown, failed settles."""
     handler_errors: int = 0
@@ -110,6 +116,8 @@ class _Finished:
     delay_ms: int = 0
     error: BaseException | None = None
     """What the handler raised (``handler_error``), for telemetry."""
+    last_error: str | None = None
+    """The failure recorded on the delivery (the dead letter's ``last_error``)."""
 
 
 class Group:
@@ -184,6 +192,13 @@ class Group:
         if max_attempts is not None:
             check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
         self._max_attempts: int | None = max_attempts
+        retry_policy = chosen["retry_policy"]
+        if retry_policy is None:
+            retry_policy = RetryPolicy()
+        elif not isinstance(retry_policy, RetryPolicy):
+            raise InvalidArgument(
+                f"retry_policy must be a RetryPolicy, got {type(retry_policy).__name__}")
+        self._retry_policy: RetryPolicy = retry_policy
         resolved = {
             **merged,
             "stream": self._stream,
@@ -197,6 +212,7 @@ class Group:
             "consumer_id": self._consumer_id,
             "partitions": self._partitions,
             "max_attempts": self._max_attempts,
+            "retry_policy": self._retry_policy,
         }
         self._options: Mapping[str, Any] = MappingProxyType(resolved)
         self._observer = observer
@@ -574,23 +590,32 @@ class Group:
         if isinstance(outcome, Ack):
             return None
         if isinstance(outcome, Retry):
-            return _Finished(lease, "retry", _reason(outcome.reason), outcome.delay_ms)
+            delay = outcome.delay_ms
+            if delay is None:
+                delay = self._retry_policy.delay_ms(lease.attempt)
+            reason = _reason(outcome.reason)
+            return _Finished(lease, "retry", reason, delay, last_error=bounded(reason))
         if isinstance(outcome, Reject):
             return _Finished(lease, "reject", _reason(outcome.reason))
         self.stats.invalid_outcomes += 1
         text = _short_repr(outcome)
-        log.error("handler of %s/%s returned an invalid outcome for p%d s%d: %s "
-                  "(expected ACK, Retry or Reject); nacking", self._stream, self._group,
-                  lease.partition, lease.sequence, text)
-        return _Finished(lease, "invalid_outcome", _reason(f"invalid_outcome: {text}"))
+        delay = self._retry_policy.delay_ms(lease.attempt)
+        log.error("handler of %s/%s returned an invalid outcome for p%d s%d (attempt %d): %s "
+                  "(expected ACK, Retry or Reject); nacking with a delay of %d ms",
+                  self._stream, self._group, lease.partition, lease.sequence, lease.attempt,
+                  text, delay, extra=failure_fields(lease, self._consumer_id))
+        reason = _reason(f"invalid_outcome: {text}")
+        return _Finished(lease, "invalid_outcome", reason, delay, last_error=bounded(reason))
 
     def _handler_failed(self, lease: Lease, exc: BaseException) -> _Finished:
         self.stats.handler_errors += 1
-        log.error("handler of %s/%s failed on p%d s%d (attempt %d); nacking",
-                  self._stream, self._group, lease.partition, lease.sequence, lease.attempt,
-                  exc_info=exc)
+        delay = self._retry_policy.delay_ms(lease.attempt)
+        log.error("handler of %s/%s failed on p%d s%d (attempt %d); nacking with a delay "
+                  "of %d ms", self._stream, self._group, lease.partition, lease.sequence,
+                  lease.attempt, delay, exc_info=exc,
+                  extra=failure_fields(lease, self._consumer_id))
         return _Finished(lease, "handler_error", _reason(f"handler_error: {_describe(exc)}"),
-                         error=exc)
+                         delay, error=exc, last_error=error_text(exc))
 
     # Settling ------------------------------------------------------------------
 
@@ -612,24 +637,24 @@ class Group:
             if acks:
                 await self._settle_batch("ack", acks)
             if others:
-                calls: dict[tuple[_Category, str, int], list[Lease]] = {}
+                calls: dict[tuple[_Category, str, int, str | None], list[Lease]] = {}
                 for item in others:
-                    calls.setdefault((item.category, item.reason, item.delay_ms),
-                                     []).append(item.lease)
-                for (category, reason, delay_ms), leases in calls.items():
-                    await self._settle_batch(category, leases, reason, delay_ms)
+                    calls.setdefault((item.category, item.reason, item.delay_ms,
+                                      item.last_error), []).append(item.lease)
+                for (category, reason, delay_ms, error), leases in calls.items():
+                    await self._settle_batch(category, leases, reason, delay_ms, error)
 
     async def _settle_batch(self, category: _Category, leases: list[Lease], reason: str = "",
-                            delay_ms: int = 0) -> None:
+                            delay_ms: int = 0, last_error: str | None = None) -> None:
         producer = self._producer
         self._settling = category
         try:
             if category == "ack":
                 await producer.ack(leases)
             elif category == "reject":
-                await producer.reject(leases, reason)
+                await producer.reject(leases, reason, last_error)
             else:
-                await producer.nack(leases, reason, delay_ms)
+                await producer.nack(leases, reason, delay_ms, last_error)
         except Exception as exc:
             # Not expected (the facade classifies backend errors); never lose the leases.
             error = classify(exc, self._rheo.backend.classify_error)
@@ -649,12 +674,14 @@ class Group:
         done = len(results) - len(failed)
         if op == "ack":
             stats.acked += done
-        elif op == "reject":
-            stats.rejected += done
-        elif self._settling == "retry":
-            stats.retried += done
         else:
-            stats.nacked += done
+            if op == "reject":
+                stats.rejected += done
+            elif self._settling == "retry":
+                stats.retried += done
+            else:
+                stats.nacked += done
+            stats.dead_lettered += dead_lettered(self._rheo, op, leases, results)
         observer = self._observer
         if observer is not None:
             for lease, result in zip(leases, results, strict=True):

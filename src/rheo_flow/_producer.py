@@ -30,7 +30,14 @@ from ._inflight import Inflight, wait_event
 from ._lease import Lease
 from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
 from ._settle import SettleResult, classify
-from ._settlement import BatchObserver, SettleObserver, SettleOp, per_outcome, settle
+from ._settlement import (
+    BatchObserver,
+    SettleObserver,
+    SettleOp,
+    dead_lettered,
+    per_outcome,
+    settle,
+)
 from ._validation import check_lease_ms, check_name, check_partition, check_positive_int
 
 __all__ = ["Producer", "ProducerStats"]
@@ -48,6 +55,7 @@ class ProducerStats:
     acked: int = 0
     nacked: int = 0
     rejected: int = 0
+    """Rejects that took effect."""
     confirmed: int = 0
     fetch_failures: int = 0
     renewals: int = 0
@@ -61,6 +69,9 @@ class ProducerStats:
     """Failed fetches, by classified kind."""
     renew_failures: Counter[str] = field(default_factory=Counter)
     """Renew results (or whole renew calls) that did not take effect, by classified kind."""
+    dead_lettered: int = 0
+    """Deliveries these settles dead-lettered: the rejects, and the nacks of a last
+    attempt (reason ``"max_attempts"``). Expiries dead-lettered by a fetch are not seen."""
 
     def copy(self) -> ProducerStats:
         """A detached copy."""
@@ -68,6 +79,7 @@ class ProducerStats:
             self.fetched, self.acked, self.nacked, self.rejected, self.confirmed,
             self.fetch_failures, self.renewals, dict(self.settle_failures), self.peak_inflight,
             self.skipped, Counter(self.fetch_failure_kinds), Counter(self.renew_failures),
+            self.dead_lettered,
         )
 
 
@@ -432,14 +444,18 @@ class Producer:
         return await self._settle("ack", leases)
 
     async def nack(
-        self, leases: Iterable[Lease], reason: str, delay_ms: int = 0
+        self, leases: Iterable[Lease], reason: str, delay_ms: int = 0, error: str | None = None
     ) -> list[SettleResult]:
-        """Return leases for redelivery after ``delay_ms``, release them, free demand."""
-        return await self._settle("nack", leases, reason, delay_ms)
+        """Return leases for redelivery after ``delay_ms``, release them, free demand.
 
-    async def reject(self, leases: Iterable[Lease], reason: str) -> list[SettleResult]:
+        ``error`` is recorded as the deliveries' last error.
+        """
+        return await self._settle("nack", leases, reason, delay_ms, error)
+
+    async def reject(self, leases: Iterable[Lease], reason: str, error: str | None = None
+                     ) -> list[SettleResult]:
         """Dead-letter leases for the group, release them and free demand."""
-        return await self._settle("reject", leases, reason)
+        return await self._settle("reject", leases, reason, 0, error)
 
     async def hand_back(self, leases: Iterable[Lease], reason: str = "shutdown"
                         ) -> list[SettleResult]:
@@ -479,14 +495,16 @@ class Producer:
         return released
 
     async def _settle(
-        self, op: SettleOp, leases: Iterable[Lease], reason: str = "", delay_ms: int = 0
+        self, op: SettleOp, leases: Iterable[Lease], reason: str = "", delay_ms: int = 0,
+        last_error: str | None = None,
     ) -> list[SettleResult]:
         items = leases if isinstance(leases, list) else list(leases)
         if not items:
             return []
         try:
             results = await settle(self._rheo, op, items, reason=reason, delay_ms=delay_ms,
-                                   inflight=self._inflight, observer=self._observer)
+                                   error=last_error, inflight=self._inflight,
+                                   observer=self._observer)
         finally:
             self._wake.set()
         stats = self._stats
@@ -502,8 +520,10 @@ class Producer:
         done = len(results) - failures
         if op == "ack":
             stats.acked += done
-        elif op == "nack":
+            return results
+        if op == "nack":
             stats.nacked += done
         else:
             stats.rejected += done
+        stats.dead_lettered += dead_lettered(self._rheo, op, items, results)
         return results

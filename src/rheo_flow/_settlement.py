@@ -19,7 +19,8 @@ from ._lease import Lease
 from ._rheo import Rheo
 from ._settle import Decision, SettleResult
 
-__all__ = ["BatchObserver", "SettleObserver", "SettleOp", "SettleOutcome", "per_outcome", "settle"]
+__all__ = ["BatchObserver", "SettleObserver", "SettleOp", "SettleOutcome", "dead_lettered",
+           "per_outcome", "settle"]
 
 log = logging.getLogger("rheo_flow.settle")
 
@@ -81,10 +82,13 @@ async def settle(
     *,
     reason: str = "",
     delay_ms: int = 0,
+    error: str | None = None,
     inflight: Inflight | None = None,
     observer: BatchObserver | None = None,
 ) -> list[SettleResult]:
     """Settle ``leases`` with ``op`` and apply the decision table to failures.
+
+    ``error`` (nack and reject) is recorded as the deliveries' last error.
 
     ``observer`` is called once per backend call (this one, then the follow-up
     nack of the failures the decision table sends back, if any).
@@ -92,10 +96,10 @@ async def settle(
     if not leases:
         return []
     if inflight is None:
-        results = await _call(rheo, op, leases, reason, delay_ms)
+        results = await _call(rheo, op, leases, reason, delay_ms, error)
     else:
         with inflight.settling(leases):
-            results = await _call(rheo, op, leases, reason, delay_ms)
+            results = await _call(rheo, op, leases, reason, delay_ms, error)
         inflight.release(leases)
     if observer is not None:
         observer(op, leases, results)
@@ -116,7 +120,7 @@ async def settle(
         kind = {r.lease_id: r.kind for r in results}
         first = kind[to_nack[0].lease_id]
         with _telemetry.follow_up(op):  # the nack span says which failed settle it follows
-            retry = await rheo.nack(to_nack, f"settle_failed: {first}")
+            retry = await _call(rheo, "nack", to_nack, f"settle_failed: {first}", 0, error)
         if observer is not None:
             observer("nack", to_nack, retry)
         for lease, result in zip(to_nack, retry, strict=True):
@@ -127,9 +131,30 @@ async def settle(
 
 
 async def _call(rheo: Rheo, op: SettleOp, leases: Sequence[Lease], reason: str,
-                delay_ms: int) -> list[SettleResult]:
+                delay_ms: int, error: str | None) -> list[SettleResult]:
     if op == "ack":
         return await rheo.ack(leases)
+    # ``error`` only when there is one: stand-ins for Rheo written before it need not take it.
+    extra = {} if error is None else {"error": error}
     if op == "nack":
-        return await rheo.nack(leases, reason or "nack", delay_ms=delay_ms)
-    return await rheo.reject(leases, reason or "reject")
+        return await rheo.nack(leases, reason or "nack", delay_ms=delay_ms, **extra)
+    return await rheo.reject(leases, reason or "reject", **extra)
+
+
+def dead_lettered(rheo: Rheo, op: SettleOp, leases: Sequence[Lease],
+                  results: Sequence[SettleResult]) -> int:
+    """How many deliveries one settle call dead-lettered: its rejects that took effect,
+    and its nacks that took effect on a last attempt (the backend rejects those with
+    reason ``"max_attempts"``). Repeats of an earlier settle do not count again."""
+    if op == "ack":
+        return 0
+    if op == "reject":
+        return sum(1 for result in results if result.error is None and not result.repeated)
+    limits = rheo._max_attempts
+    count = 0
+    for lease, result in zip(leases, results, strict=True):
+        if result.error is None and not result.repeated:
+            limit = limits.get((lease.stream, lease.group))
+            if limit is not None and lease.attempt >= limit:
+                count += 1
+    return count

@@ -7,7 +7,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 
 from .._errors import InvalidArgument
+from .._failure import bounded
 from .._producer import Producer
+from .._retry import RetryPolicy
 from .._validation import check_duration_ms
 from ._message import Message, MessageOutcome, OnFailure
 
@@ -15,22 +17,34 @@ __all__ = ["Acknowledger", "ProducerAcknowledger"]
 
 log = logging.getLogger("rheo_flow.pipeline")
 
-_GroupKey = tuple[MessageOutcome, str, int]
+_GroupKey = tuple[MessageOutcome, str, int, str | None]
 
 
 class Acknowledger(ABC):
     """Turns finished messages into settle calls.
 
     Successful messages are acked together; failed ones are grouped by
-    (``nack`` or ``reject``, reason, delay) so each group is one call. Messages
-    already settled (:meth:`Message.ack_immediately`) are skipped.
+    (``nack`` or ``reject``, reason, delay, error) so each group is one call.
+    Messages already settled (:meth:`Message.ack_immediately`) are skipped.
+
+    A retried message waits ``retry_delay_ms`` when given (the message's own, else
+    the acknowledger's), else the ``retry_policy`` delay of its attempt: drawn
+    once per (reason, attempt) and settle call, so that a batch that failed
+    together stays one nack.
     """
 
-    def __init__(self, *, on_failure: OnFailure = "retry", retry_delay_ms: int = 0) -> None:
+    def __init__(self, *, on_failure: OnFailure = "retry", retry_delay_ms: int | None = None,
+                 retry_policy: RetryPolicy | None = None) -> None:
         if on_failure not in ("retry", "reject"):
             raise InvalidArgument(f'on_failure must be "retry" or "reject", got {on_failure!r}')
+        if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
+            raise InvalidArgument(
+                f"retry_policy must be a RetryPolicy, got {type(retry_policy).__name__}")
         self.on_failure: OnFailure = on_failure
-        self.retry_delay_ms = check_duration_ms("retry_delay_ms", retry_delay_ms)
+        self.retry_delay_ms: int | None = (
+            None if retry_delay_ms is None else check_duration_ms("retry_delay_ms",
+                                                                  retry_delay_ms))
+        self.retry_policy: RetryPolicy = RetryPolicy() if retry_policy is None else retry_policy
 
     async def settle(self, successful: Iterable[Message], failed: Iterable[Message]) -> None:
         """Settle ``successful`` (status ``ok``) and ``failed`` messages."""
@@ -40,24 +54,31 @@ class Acknowledger(ABC):
                 m.outcome = "ack"
                 acks.append(m)
         groups: dict[_GroupKey, list[Message]] = {}
+        drawn: dict[tuple[str, int], int] = {}
         for m in failed:
             if m.outcome is not None:
                 continue
             reason = m.reason or "failed"
+            last_error = m.error if m.error is not None else bounded(reason)
             if (m.on_failure or self.on_failure) == "reject":
-                key: _GroupKey = ("reject", reason, 0)
+                key: _GroupKey = ("reject", reason, 0, last_error)
             else:
                 delay = self.retry_delay_ms if m.retry_delay_ms is None else m.retry_delay_ms
-                key = ("nack", reason, delay)
+                if delay is None:
+                    attempt = m.lease.attempt
+                    delay = drawn.get((reason, attempt))
+                    if delay is None:
+                        delay = drawn[(reason, attempt)] = self.retry_policy.delay_ms(attempt)
+                key = ("nack", reason, delay, last_error)
             m.outcome = key[0]
             groups.setdefault(key, []).append(m)
         if acks:
             await self._guarded(self._ack, acks)
-        for (op, reason, delay), messages in groups.items():
+        for (op, reason, delay, error), messages in groups.items():
             if op == "reject":
-                await self._guarded(self._reject, messages, reason)
+                await self._guarded(self._reject, messages, reason, error)
             else:
-                await self._guarded(self._nack, messages, reason, delay)
+                await self._guarded(self._nack, messages, reason, delay, error)
 
     async def _guarded(
         self, call: Callable[..., Awaitable[None]], messages: list[Message], *args: object
@@ -75,10 +96,12 @@ class Acknowledger(ABC):
     async def _ack(self, messages: list[Message]) -> None: ...
 
     @abstractmethod
-    async def _nack(self, messages: list[Message], reason: str, delay_ms: int) -> None: ...
+    async def _nack(self, messages: list[Message], reason: str, delay_ms: int,
+                    error: str | None) -> None: ...
 
     @abstractmethod
-    async def _reject(self, messages: list[Message], reason: str) -> None: ...
+    async def _reject(self, messages: list[Message], reason: str,
+                      error: str | None) -> None: ...
 
     def _abandon(self, messages: list[Message]) -> None:  # noqa: B027 - optional hook
         """Stop tracking messages whose settle raised."""
@@ -106,19 +129,22 @@ class ProducerAcknowledger(Acknowledger):
     """Settles through a :class:`~rheo_flow.Producer`, which frees its demand."""
 
     def __init__(
-        self, producer: Producer, *, on_failure: OnFailure = "retry", retry_delay_ms: int = 0
+        self, producer: Producer, *, on_failure: OnFailure = "retry",
+        retry_delay_ms: int | None = None, retry_policy: RetryPolicy | None = None,
     ) -> None:
-        super().__init__(on_failure=on_failure, retry_delay_ms=retry_delay_ms)
+        super().__init__(on_failure=on_failure, retry_delay_ms=retry_delay_ms,
+                         retry_policy=retry_policy)
         self.producer = producer
 
     async def _ack(self, messages: list[Message]) -> None:
         await self.producer.ack([m.lease for m in messages])
 
-    async def _nack(self, messages: list[Message], reason: str, delay_ms: int) -> None:
-        await self.producer.nack([m.lease for m in messages], reason, delay_ms)
+    async def _nack(self, messages: list[Message], reason: str, delay_ms: int,
+                    error: str | None) -> None:
+        await self.producer.nack([m.lease for m in messages], reason, delay_ms, error)
 
-    async def _reject(self, messages: list[Message], reason: str) -> None:
-        await self.producer.reject([m.lease for m in messages], reason)
+    async def _reject(self, messages: list[Message], reason: str, error: str | None) -> None:
+        await self.producer.reject([m.lease for m in messages], reason, error)
 
     def _abandon(self, messages: list[Message]) -> None:
         self.producer.confirm([m.lease for m in messages])

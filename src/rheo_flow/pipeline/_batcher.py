@@ -14,7 +14,7 @@ from .._errors import InvalidArgument
 from .._inflight import Inflight
 from ._acknowledger import Acknowledger
 from ._handler import Callbacks, run_handle_failed
-from ._message import BatchInfo, BatchTrigger, Message, describe_error
+from ._message import BatchInfo, BatchTrigger, Message, fail_on_error
 from ._partition import PartitionBy, Router, router
 
 __all__ = ["BatchSize", "Batcher", "BatcherStage"]
@@ -328,9 +328,7 @@ class BatcherStage:
                               "settling them by their status", self.name, len(missing))
                     returned = returned + missing
         except Exception as exc:
-            reason = describe_error("batch_error", exc)
-            for m in messages:
-                m.failed(reason)
+            fail_on_error(messages, "batch_error", exc, f"batcher {self.name}")
             returned = messages
         successful: list[Message] = []
         failed: list[Message] = []

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._errors import InvalidArgument
+from .._failure import error_text, failure_fields
 from .._lease import Lease
 from .._validation import MAX_REASON, check_duration_ms
 
@@ -23,6 +25,7 @@ __all__ = [
     "Status",
     "ack_immediately",
     "confirm_settled",
+    "fail_on_error",
 ]
 
 Status = Literal["ok", "failed"]
@@ -30,6 +33,8 @@ BatchMode = Literal["bulk", "flush"]
 OnFailure = Literal["retry", "reject"]
 MessageOutcome = Literal["ack", "nack", "reject"]
 BatchTrigger = Literal["size", "timeout", "flush", "drain", "deadline"]
+
+log = logging.getLogger("rheo_flow.pipeline")
 
 DEFAULT_BATCHER = "default"
 DEFAULT_BATCH_KEY = "default"
@@ -53,6 +58,7 @@ class Message:
         "batch_mode",
         "batcher",
         "data",
+        "error",
         "lease",
         "on_failure",
         "outcome",
@@ -72,6 +78,9 @@ class Message:
     status: Status
     reason: str | None
     """Why the message failed (``None`` while it is ok)."""
+    error: str | None
+    """``"Type: message"`` of what a stage raised on the message (``None`` otherwise): the
+    last error its nack or reject records (without it, the reason is recorded)."""
     on_failure: OnFailure | None
     """What a failure does: ``retry`` (nack) or ``reject``; ``None``: the pipeline default."""
     retry_delay_ms: int | None
@@ -87,6 +96,7 @@ class Message:
         self.batch_mode = "bulk"
         self.status = "ok"
         self.reason = None
+        self.error = None
         self.on_failure = None
         self.retry_delay_ms = None
         self.outcome = None
@@ -255,6 +265,23 @@ def failure_reason(reason: object) -> str:
     text = reason if isinstance(reason, str) else repr(reason)
     text = text.strip() or "failed"
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def fail_on_error(messages: list[Message], prefix: str, exc: BaseException, stage: str) -> None:
+    """Mark ``messages`` failed by what a stage raised, and log it once (with the first
+    message's stream, group, partition, sequence and attempt as structured fields)."""
+    reason = describe_error(prefix, exc)
+    error = error_text(exc)
+    for m in messages:
+        m.failed(reason)
+        m.error = error
+    first = messages[0].lease
+    fields = failure_fields(first)
+    fields["messages"] = len(messages)
+    log.error("%s failed on %s/%s p%d s%d (attempt %d)%s: %s", stage, first.stream,
+              first.group, first.partition, first.sequence, first.attempt,
+              f" and {len(messages) - 1} more messages" if len(messages) > 1 else "", error,
+              exc_info=exc, extra=fields)
 
 
 def describe_error(prefix: str, exc: BaseException) -> str:

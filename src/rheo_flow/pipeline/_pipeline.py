@@ -14,6 +14,7 @@ from .. import _telemetry
 from .._errors import AlreadyStarted, InvalidArgument, StoreLost
 from .._inflight import Inflight
 from .._producer import Producer
+from .._retry import RetryPolicy
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
 from ._acknowledger import Acknowledger, ProducerAcknowledger
 from ._batcher import Batcher, BatcherStage
@@ -51,8 +52,12 @@ class PipelineStats:
     acked: int
     nacked: int
     rejected: int
+    """Rejects that took effect (``on_failure="reject"``)."""
     batches: int
     settle_failures: dict[str, int]
+    dead_lettered: int = 0
+    """Deliveries the pipeline's settles dead-lettered: its rejects, and its nacks of a
+    last attempt (reason ``"max_attempts"``)."""
 
 
 class Stages:
@@ -148,8 +153,10 @@ class Pipeline:
     ``handler.handle_message`` in the processors, are batched per batcher and
     batch key, go through ``handler.handle_batch`` and are settled in batches:
     successes acked, failures nacked (``on_failure="retry"``, after
-    ``retry_delay_ms``) or rejected, per message (:meth:`Message.configure_ack`).
-    Without batchers, processors ack successful messages themselves.
+    ``retry_delay_ms`` or, without it, the ``retry_policy`` backoff) or rejected,
+    per message (:meth:`Message.configure_ack`). Each failure records its last
+    error on the delivery (what a stage raised, else the reason). Without
+    batchers, processors ack successful messages themselves.
 
     ``max_inflight`` defaults to room for every processor's demand twice over
     plus ``concurrency + 1`` batches per batcher.
@@ -173,7 +180,8 @@ class Pipeline:
         partitions: Partitions = "all",
         max_attempts: int | None = None,
         on_failure: OnFailure = "retry",
-        retry_delay_ms: int = 0,
+        retry_delay_ms: int | None = None,
+        retry_policy: RetryPolicy | None = None,
         shutdown_timeout: float = 30.0,
     ) -> None:
         self._callbacks = callbacks_of(handler)
@@ -193,7 +201,8 @@ class Pipeline:
             consumer_id=consumer_id, partitions=partitions, max_attempts=max_attempts,
         )
         self._acknowledger = ProducerAcknowledger(
-            self._producer, on_failure=on_failure, retry_delay_ms=retry_delay_ms)
+            self._producer, on_failure=on_failure, retry_delay_ms=retry_delay_ms,
+            retry_policy=retry_policy)
         self._context = context
         self._rate_limiter = _limiter(rate_limit)
         if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, int | float) \
@@ -241,9 +250,16 @@ class Pipeline:
         return self._acknowledger.on_failure
 
     @property
-    def retry_delay_ms(self) -> int:
-        """The delay before a retried message is redelivered, unless it says otherwise."""
+    def retry_delay_ms(self) -> int | None:
+        """The fixed delay before a retried message is redelivered, unless it says
+        otherwise; ``None``: the :attr:`retry_policy` delay of its attempt."""
         return self._acknowledger.retry_delay_ms
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The backoff of retried messages without a fixed delay (default
+        ``RetryPolicy()``: 1 s doubling to 5 min, full jitter)."""
+        return self._acknowledger.retry_policy
 
     @property
     def state(self) -> State:
@@ -298,6 +314,7 @@ class Pipeline:
             rejected=p.rejected,
             batches=0 if stages is None else sum(s.emitted for s in stages.batchers.values()),
             settle_failures=p.settle_failures,
+            dead_lettered=p.dead_lettered,
         )
 
     # Lifecycle -------------------------------------------------------------------

@@ -12,7 +12,7 @@ from .. import _telemetry
 from .._errors import InvalidArgument
 from ._acknowledger import Acknowledger
 from ._handler import Callbacks, run_handle_failed
-from ._message import Message, describe_error, failure_reason
+from ._message import Message, fail_on_error, failure_reason
 from ._partition import PartitionBy, Router, router
 
 __all__ = ["ProcessorStage", "Processors"]
@@ -172,9 +172,8 @@ class ProcessorStage:
                     raise TypeError(f"prepare_messages must return a list of messages, "
                                     f"got {type(messages).__name__}")
             except Exception as exc:
-                reason = describe_error("handler_error", exc)
-                for m in chunk:
-                    m.failed(reason)
+                fail_on_error(chunk, "handler_error", exc,
+                              f"prepare_messages of processor {self.config.name}")
                 await self._fail(chunk)
                 return
             if len(messages) != len(chunk):
@@ -208,7 +207,7 @@ class ProcessorStage:
                     m.failed(f"handler_error: no batcher named {m.batcher!r}")
                     failed.append(m)
             except Exception as exc:
-                m.failed(describe_error("handler_error", exc))
+                fail_on_error([m], "handler_error", exc, f"processor {name}")
                 failed.append(m)
         if failed:
             await self._fail(failed)

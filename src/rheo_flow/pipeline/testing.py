@@ -81,10 +81,11 @@ class _RecordingAcknowledger(Acknowledger):
     async def _ack(self, messages: list[Message]) -> None:
         self._result.successful.extend(messages)
 
-    async def _nack(self, messages: list[Message], reason: str, delay_ms: int) -> None:
+    async def _nack(self, messages: list[Message], reason: str, delay_ms: int,
+                    error: str | None) -> None:
         self._result.failed.extend(messages)
 
-    async def _reject(self, messages: list[Message], reason: str) -> None:
+    async def _reject(self, messages: list[Message], reason: str, error: str | None) -> None:
         self._result.failed.extend(messages)
 
     def _confirm(self, messages: list[Message]) -> None:
