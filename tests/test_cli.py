@@ -120,6 +120,9 @@ def test_dead_letters_of_a_group(demo_db: str) -> None:
     output = _plain(result.output)
     assert result.exit_code == 0, output
     assert "max_attempts" in output
+    assert "last error" in output
+    # The demo's poison event raises on every attempt: its dead letter says what.
+    assert "ValueError" in output, output
 
 
 def test_demo_on_an_existing_db_with_other_partitions_fails_clearly(demo_db: str) -> None:

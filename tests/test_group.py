@@ -24,6 +24,7 @@ from rheo_flow import (
     NotStarted,
     Reject,
     Retry,
+    RetryPolicy,
     Rheo,
     SettleOutcome,
     SettleResult,
@@ -404,7 +405,8 @@ async def test_handler_raise_is_nacked_with_handler_error(
     await append(rec_rheo, 1)
     attempts: list[int] = []
 
-    @consumer(stream="orders", group="billing", poll_ms=10)
+    @consumer(stream="orders", group="billing", poll_ms=10,
+              retry_policy=RetryPolicy.immediate())
     async def handle(event: Event, context: Mapping[str, Any]) -> Any:
         attempts.append(current_lease().attempt)
         if len(attempts) == 1:
@@ -424,7 +426,8 @@ async def test_handler_cancelling_itself_is_a_handler_error(
 ) -> None:
     await append(rec_rheo, 1)
 
-    @consumer(stream="orders", group="billing", poll_ms=10)
+    @consumer(stream="orders", group="billing", poll_ms=10,
+              retry_policy=RetryPolicy.immediate())
     async def handle(event: Event, context: Mapping[str, Any]) -> Any:
         if current_lease().attempt == 1:
             raise asyncio.CancelledError  # e.g. an inner task it awaited was cancelled
@@ -449,7 +452,8 @@ async def test_invalid_outcome_is_nacked(
 ) -> None:
     await append(rec_rheo, 1)
 
-    @consumer(stream="orders", group="billing", poll_ms=10)
+    @consumer(stream="orders", group="billing", poll_ms=10,
+              retry_policy=RetryPolicy.immediate())
     async def handle(event: Event, context: Mapping[str, Any]) -> Any:
         return returned if current_lease().attempt == 1 else ACK
 

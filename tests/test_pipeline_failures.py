@@ -119,6 +119,7 @@ def pipeline_for(rheo: Rheo, handler: PipelineHandler, **options: Any) -> Pipeli
         "processors": Processors(concurrency=2, max_demand=5),
         "batchers": {"default": Batcher(batch_size=5, batch_timeout=0.01)},
         "poll_ms": 10,
+        "retry_delay_ms": 0,  # the manual clock does not move: no backoff (tests/test_retry.py)
     }
     settings.update(options)
     return Pipeline(rheo, stream="jobs", group="workers", handler=handler, **settings)

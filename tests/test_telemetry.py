@@ -30,6 +30,7 @@ from rheo_flow import (
     Lease,
     ManualClock,
     NewEvent,
+    RetryPolicy,
     Rheo,
     SettleResult,
     consumer,
@@ -548,7 +549,8 @@ async def test_dead_letter_at_max_attempts(otel: Otel, rheo: Rheo, wait_until: W
     await rheo.create_stream("orders")
     await rheo.append("orders", NewEvent("t", id="poison"))
 
-    @consumer(stream="orders", group="billing", max_attempts=2)
+    @consumer(stream="orders", group="billing", max_attempts=2,
+              retry_policy=RetryPolicy.immediate())
     async def handle(event: Event, context: Any) -> Any:
         raise ValueError("cannot parse")
 
@@ -557,6 +559,8 @@ async def test_dead_letter_at_max_attempts(otel: Otel, rheo: Rheo, wait_until: W
             return bool(await rheo.dead_letters("orders", "billing"))
 
         await wait_until(dead_lettered)
+    [letter] = await rheo.dead_letters("orders", "billing")
+    assert (letter.reason, letter.last_error) == ("max_attempts", "ValueError: cannot parse")
     processes = otel.spans("process orders")
     assert len(processes) == 2
     for attempt, span in enumerate(processes, start=1):

@@ -200,8 +200,11 @@ def dead_letters(
         table = Table(title=f"dead letters of {stream}/{group}", title_justify="left")
         for column in ("partition", "sequence", "event id", "attempts", "reason"):
             table.add_column(column)
+        table.add_column("last error", overflow="fold")
         for d in letters:
-            table.add_row(str(d.partition), str(d.sequence), d.event_id, str(d.attempts), d.reason)
+            # Stored text, not markup: "[...]" in a reason or error must print as is.
+            table.add_row(str(d.partition), str(d.sequence), escape(d.event_id),
+                          str(d.attempts), escape(d.reason), escape(d.last_error or "-"))
         return table
 
     console.print(_run(console, go, url))

@@ -32,6 +32,7 @@ from rich.text import Text
 
 from ._consumer import ACK, Context, Outcome, Reject, Retry
 from ._event import Event, NewEvent
+from ._failure import bounded, error_text
 from ._lease import Lease
 from ._rheo import Rheo
 from ._settle import Decision, SettleResult
@@ -323,17 +324,20 @@ async def run_worker(
             await rheo.wait_for_append(STREAM, IDLE_WAIT_S)
             continue
         acks: list[Lease] = []
-        retries: dict[tuple[str, int], list[Lease]] = {}
+        retries: dict[tuple[str, int, str | None], list[Lease]] = {}
         rejects: dict[str, list[Lease]] = {}
         for lease in leases:
+            error: str | None = None
             try:
                 outcome = await handler(lease.event, {})
             except Exception as exc:  # a handler bug: retry, as the runtime does
-                outcome = Retry(f"handler_error: {type(exc).__name__}: {exc}", RETRY_DELAY_MS)
+                error = error_text(exc)  # what the dead letter will show
+                outcome = Retry(f"handler_error: {error}", RETRY_DELAY_MS)
             stats.handled += 1
             if isinstance(outcome, Retry):
                 delay = RETRY_DELAY_MS if outcome.delay_ms is None else outcome.delay_ms
-                retries.setdefault((outcome.reason, delay), []).append(lease)
+                retries.setdefault((outcome.reason, delay, error or bounded(outcome.reason)),
+                                   []).append(lease)
             elif isinstance(outcome, Reject):
                 rejects.setdefault(outcome.reason, []).append(lease)
             else:
@@ -346,9 +350,9 @@ async def run_worker(
         renack = [lease for lease, r in zip(acks, results, strict=True)
                   if r.decision is Decision.NACK]
         if renack:
-            retries.setdefault(("settle_failed", 0), []).extend(renack)
-        for (reason, delay_ms), items in retries.items():
-            results = await rheo.nack(items, reason, delay_ms=delay_ms)
+            retries.setdefault(("settle_failed", 0, None), []).extend(renack)
+        for (reason, delay_ms, last_error), items in retries.items():
+            results = await rheo.nack(items, reason, delay_ms=delay_ms, error=last_error)
             stats.record(results)
             stats.retried += sum(1 for lease, r in zip(items, results, strict=True)
                                  if r.ok and lease.attempt < MAX_ATTEMPTS)
