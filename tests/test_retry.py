@@ -378,3 +378,42 @@ async def test_a_raising_handler_leaves_its_error_on_the_dead_letter(
     assert (letter.event_id, letter.attempts, letter.reason) == ("poison", 2, "max_attempts")
     assert letter.last_error == "ConnectionError: cannot reach postgresql://app:***@db/orders"
     assert (group.stats.rejected, group.stats.dead_lettered) == (0, 1)
+
+
+# The facade ------------------------------------------------------------------------
+
+
+async def test_settle_errors_are_validated(rheo: Rheo) -> None:
+    await rheo.create_stream("orders")
+    await rheo.append("orders", NewEvent("t"))
+    [lease] = await rheo.fetch("orders", "g")
+    for bad, match in (("x" * 1_001, "longer than 1000"), ("a\x00b", "NUL"),
+                       (ValueError("x"), "string or None")):
+        with pytest.raises(InvalidArgument, match=match):
+            await rheo.nack(lease, "r", error=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match=match):
+            await rheo.reject(lease, "r", error=bad)  # type: ignore[arg-type]
+    assert all(r.ok for r in await rheo.reject(lease, "r", error="x" * 1_000))
+
+
+class Legacy(MemoryBackend):
+    """A backend written before ``error`` existed: its nack and reject do not take it."""
+
+    async def nack(self, leases: Sequence[Lease], reason: str,  # type: ignore[override]
+                   delay_ms: int) -> list[SettleResult]:
+        return await super().nack(leases, reason, delay_ms)
+
+    async def reject(self, leases: Sequence[Lease],  # type: ignore[override]
+                     reason: str) -> list[SettleResult]:
+        return await super().reject(leases, reason)
+
+
+async def test_a_backend_without_the_error_argument_keeps_working() -> None:
+    async with Rheo(Legacy()) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.append("orders", [NewEvent("t"), NewEvent("t")])
+        first, second = await rheo.fetch("orders", "g", limit=2)
+        assert (await rheo.nack(first, "later", error="OSError: disk"))[0].ok
+        assert (await rheo.reject(second, "bad", error="KeyError: 'sku'"))[0].ok
+        [letter] = await rheo.dead_letters("orders", "g")
+        assert (letter.reason, letter.last_error) == ("bad", None)
