@@ -155,8 +155,12 @@ async def case_dead_letters_pagination(env: CaseEnv) -> None:
 
 @case()
 async def case_dead_letters_keep_the_last_error(env: CaseEnv) -> None:
-    """A dead letter keeps the last error of a nack or reject: an explicit reject,
-    max attempts via nack and max attempts via lease expiry after a nack; redrive clears it."""
+    """Dead letters keep the last error of a nack or reject, through max attempts and expiry.
+
+    Checked for an explicit reject, max attempts via nack and max attempts via lease
+    expiry after a nack; a settle without an error keeps the earlier one; redrive
+    forgets it.
+    """
     stream = await env.stream()
     await env.append(stream, 4)
     await env.rheo.create_group(stream, "g", max_attempts=2)
