@@ -27,6 +27,7 @@ from .._errors import BackendUnavailable, RheoError
 from .._event import Event, NewEvent
 from .._group import Group
 from .._lease import Lease
+from .._retry import RetryPolicy
 from .._rheo import Rheo
 from .._settle import SettleKind, classify
 from .._settlement import SettleObserver, SettleOutcome, per_outcome
@@ -39,6 +40,8 @@ Role = Literal["producer", "group", "pipeline"]
 
 STOP_GRACE_S = 10.0
 """How long a stopping process may take before it exits outright."""
+RETRY_POLICY = RetryPolicy(base_ms=20, cap_ms=200)
+"""Poison events back off as in production, on a scale that fits a scenario's bound."""
 EXIT_HUNG = 70
 
 
@@ -164,7 +167,7 @@ async def consume_group(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder,
     @consumer(stream=cfg.stream, group=cfg.group, concurrency=cfg.concurrency,
               max_demand=cfg.concurrency * 4, fetch_size=cfg.concurrency * 2,
               lease_ms=cfg.lease_ms, poll_ms=50, max_attempts=cfg.max_attempts,
-              consumer_id=cfg.name)
+              consumer_id=cfg.name, retry_policy=RETRY_POLICY)
     async def handle(event: Event, context: Any) -> Outcome:
         lease = current_lease()
         _delivered(recorder, lease)
@@ -193,7 +196,7 @@ async def consume_pipeline(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder,
         processors=Processors(concurrency=cfg.concurrency, max_demand=4),
         batchers={"default": Batcher(batch_size=10, batch_timeout=0.05)},
         lease_ms=cfg.lease_ms, poll_ms=50, consumer_id=cfg.name,
-        max_attempts=cfg.max_attempts, shutdown_timeout=5.0,
+        max_attempts=cfg.max_attempts, shutdown_timeout=5.0, retry_policy=RETRY_POLICY,
     )
     pipeline.producer._observer = per_outcome(_observer(recorder))
     await pipeline.start()
