@@ -558,7 +558,7 @@ async def test_lease_changes_commit_synchronously(rheo: Rheo, schema: str,
     async with admin.transaction():
         await admin.fetchrow(sql.renew, *batch.args, 60_000)
         assert await admin.fetchval("SHOW synchronous_commit") == "on"
-        await admin.fetchrow(sql.settle, 2, *batch.args, "again", 0)
+        await admin.fetchrow(sql.settle, 2, *batch.args, "again", 0, None)
         assert await admin.fetchval("SHOW synchronous_commit") == "on"
     # Nor is it set for a function as a whole.
     configs = await admin.fetch(
