@@ -333,7 +333,9 @@ async def supervise(config: WorkerConfig, processes: int, child_argv: list[str])
                 if not stop.is_set() and not finished:
                     log.error("a worker process exited on its own: stopping the others")
                     forward(signal.SIGTERM)
-            codes = [c.returncode or 0 for c in children]
+            # A child killed by signal N reports -N; report it as a shell would.
+            codes = [128 - c.returncode if c.returncode and c.returncode < 0
+                     else c.returncode or 0 for c in children]
         finally:
             await health.close()
     return max(codes)
