@@ -372,3 +372,67 @@ async def test_run_until_empty_times_out_and_hands_back(sqlite_app: App) -> None
         assert not await stuck.start(rheo).run_until_empty(timeout=0.5)
         again = await rheo.fetch("jobs", "api", limit=EVENTS)
         assert len(again) == EVENTS  # handed back at the stop, not left to expire
+
+
+# drain(hand_back=True) in one process ---------------------------------------------
+
+
+async def test_group_drain_hand_back_returns_unstarted_leases_at_once(
+    rheo: Rheo, wait_until: WaitUntil
+) -> None:
+    await rheo.create_stream("jobs")
+    await rheo.append("jobs", [NewEvent("job", {"n": i}) for i in range(5)])
+    release = asyncio.Event()
+    started: list[int] = []
+
+    @consumer(stream="jobs", group="g", max_demand=5, lease_ms=LEASE_MS)
+    async def slow(event: object, context: object) -> object:
+        started.append(event.sequence)  # type: ignore[attr-defined]
+        await release.wait()
+        return ACK
+
+    async with slow.start(rheo) as group:
+        await wait_until(lambda: started == [1])
+        draining = asyncio.create_task(group.drain(10, hand_back=True))
+        await wait_until(lambda: group.inflight == 1, message="four handed back")
+        again = await rheo.fetch("jobs", "g", limit=10)  # no clock advance: not expired
+        assert [(lease.sequence, lease.attempt) for lease in again] == [
+            (2, 2), (3, 2), (4, 2), (5, 2)]
+        release.set()
+        assert await draining
+    assert started == [1]
+    assert group.stats.acked == 1
+    assert group.stats.nacked == 4
+
+
+async def test_pipeline_drain_hand_back_returns_queued_messages_at_once(
+    rheo: Rheo, wait_until: WaitUntil
+) -> None:
+    await rheo.create_stream("jobs")
+    await rheo.append("jobs", [NewEvent("job", {"n": i}) for i in range(5)])
+    release = asyncio.Event()
+
+    class Slow(PipelineHandler):
+        started: list[int] = []
+
+        async def handle_message(self, processor: str, message: Message,
+                                 context: object) -> Message:
+            self.started.append(message.lease.sequence)
+            await release.wait()
+            return message
+
+    handler = Slow()
+    pipeline = Pipeline(rheo, stream="jobs", group="p", handler=handler, max_inflight=5,
+                        lease_ms=LEASE_MS, processors=Processors(concurrency=1, max_demand=1))
+    await pipeline.start()
+    await wait_until(lambda: handler.started == [1])
+    draining = asyncio.create_task(pipeline.drain(10, hand_back=True))
+    await wait_until(lambda: len(pipeline.producer.inflight) == 1, message="four handed back")
+    again = await rheo.fetch("jobs", "p", limit=10)
+    assert [(lease.sequence, lease.attempt) for lease in again] == [
+        (2, 2), (3, 2), (4, 2), (5, 2)]
+    release.set()
+    assert await draining
+    assert handler.started == [1]
+    stats = pipeline.stats()
+    assert (stats.acked, stats.nacked) == (1, 4)
