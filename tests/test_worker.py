@@ -14,15 +14,16 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import WaitUntil
 from rheo_flow import ACK, NewEvent, Rheo, consumer
 from rheo_flow.pipeline import Message, Pipeline, PipelineHandler, Processors
+
+WaitUntil = Callable[..., Awaitable[None]]
 
 EVENTS = 10
 LEASE_MS = 60_000
