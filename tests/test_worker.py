@@ -296,6 +296,29 @@ async def test_two_processes(sqlite_app: App, wait_until: WaitUntil) -> None:
     assert not health.exists()
 
 
+def _gone(pid: int) -> bool:
+    """Whether a process has exited (reaped, or a zombie nobody reaped yet)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" in status
+
+
+async def test_children_drain_when_the_supervisor_is_killed(
+    sqlite_app: App, wait_until: WaitUntil
+) -> None:
+    app = sqlite_app
+    proc = await app.worker("app:jobs", "--url", app.url, "--processes", "2", block=False)
+    await wait_until(lambda: app.count("ready-") == 2, timeout=20)
+    children = [int(name.split("-")[1]) for name in app.markers("ready-")]
+    proc.kill()
+    await proc.wait()
+    await wait_until(lambda: all(map(_gone, children)), timeout=15,
+                     message="children exited after their supervisor died")
+    assert app.log(proc).count("the supervisor process") == 2
+
+
 async def test_until_empty_exits_once_the_backlog_is_settled(app: App) -> None:
     proc = await app.worker("app:both", "--url", app.url, "--until-empty", block=False)
     assert await app.exit_status(proc) == 0, app.log(proc)

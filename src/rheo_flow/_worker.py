@@ -39,6 +39,9 @@ log = logging.getLogger("rheo_flow.worker")
 Runtime = Group | Pipeline
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SUPERVISOR_ENV = "RHEO_WORKER_SUPERVISOR_PID"
+"""Set for the children of ``--processes``: the supervisor's process id."""
+_SUPERVISOR_CHECK_S = 1.0
 
 _EXPECTED = ("a Consumer class or instance, a @consumer function, a Pipeline, or a "
              "factory (sync or async) taking the Rheo instance and returning one of "
@@ -185,6 +188,7 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
     )
     signals = _Signals(health)
     signals.install()
+    orphaned = _watch_supervisor(signals.stop)
     await health.start()
     try:
         async with Rheo(config.url) as rheo:
@@ -200,10 +204,30 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
                 health.changed()
                 clean = await _drain(runtimes, config.grace_seconds)
     finally:
+        if orphaned is not None:
+            orphaned.cancel()
         await health.close()
     if ended_on_its_own:
         return 1
     return 0 if clean else 1
+
+
+def _watch_supervisor(stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """Under ``--processes``, drain when the supervisor is gone (killed with SIGKILL,
+    say): a child in a session of its own would otherwise run on unsupervised."""
+    expected = os.environ.get(_SUPERVISOR_ENV)
+    if not expected:
+        return None
+
+    async def watch() -> None:
+        while True:  # no event tells a process that its parent died: poll
+            if os.getppid() != int(expected):
+                log.warning("the supervisor process %s is gone: draining", expected)
+                stop.set()
+                return
+            await asyncio.sleep(_SUPERVISOR_CHECK_S)
+
+    return asyncio.create_task(watch(), name="rheo-worker-supervisor-watch")
 
 
 async def _wait_for_end(config: WorkerConfig, runtimes: list[Runtime],
@@ -316,7 +340,7 @@ async def supervise(config: WorkerConfig, processes: int, child_argv: list[str])
 
         for sig in _SIGNALS:
             loop.add_signal_handler(sig, forward, sig)
-        env = {**os.environ, "RHEO_URL": config.url}
+        env = {**os.environ, "RHEO_URL": config.url, _SUPERVISOR_ENV: str(os.getpid())}
         for path in files:
             # A session of its own: a terminal's Ctrl-C reaches the supervisor only,
             # which forwards it once (not twice, which would mean "exit now").
