@@ -381,7 +381,7 @@ async def test_ack_immediately_settles_once(db: Rheo, backend: ScriptedBackend,
     assert pipeline.stats().settle_failures == {}
 
 
-async def test_drain_timeout_cancels_and_leaves_leases_to_expire(
+async def test_drain_timeout_cancels_and_hands_the_leases_back(
     db: Rheo, wait_until: WaitUntil
 ) -> None:
     await add_jobs(db, 3)
@@ -397,8 +397,10 @@ async def test_drain_timeout_cancels_and_leaves_leases_to_expire(
     assert not await pipeline.drain(timeout=0.1)
     assert pipeline.state == "stopped"
     assert pipeline.producer.state == "stopped"
-    assert len(pipeline.producer.inflight) == 3  # not settled: left to expire
+    assert len(pipeline.producer.inflight) == 0  # handed back, not left to expire
     assert not await settled(db)
+    again = await db.fetch(pipeline.producer.stream, pipeline.producer.group, limit=10)
+    assert [lease.attempt for lease in again] == [2, 2, 2]
 
 
 async def test_a_message_for_an_unknown_batcher_fails(db: Rheo, wait_until: WaitUntil) -> None:

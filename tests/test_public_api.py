@@ -12,6 +12,7 @@ import pytest
 
 import rheo_flow
 import rheo_flow.backends
+import rheo_flow.pipeline
 import rheo_flow.testing.faults
 
 CHECKED = [rheo_flow, rheo_flow.backends, rheo_flow.testing.faults]
@@ -114,3 +115,17 @@ def test_backend_errors_carry_their_settle_kind() -> None:
         assert error.__name__ in rheo_flow.__all__
         assert error("message").kind == kind
         assert rheo_flow.SettleKind(kind)
+
+
+@pytest.mark.parametrize("cls", [rheo_flow.Group, rheo_flow.pipeline.Pipeline],
+                         ids=lambda c: c.__name__)
+def test_runtimes_run_until_empty_and_drain_with_hand_back(cls: type) -> None:
+    """What ``rheo-flow worker`` relies on is public API of both runtimes."""
+    run = inspect.signature(cls.run_until_empty)
+    assert list(run.parameters) == ["self", "timeout"]
+    assert "backlog" in (cls.run_until_empty.__doc__ or "")
+    drain = inspect.signature(cls.drain).parameters["hand_back"]
+    assert drain.kind is inspect.Parameter.KEYWORD_ONLY
+    assert drain.default is False
+    assert "hand_back=True" in (cls.drain.__doc__ or "")
+    assert "hand_back" in (rheo_flow.Producer.hand_back_inflight.__doc__ or "")

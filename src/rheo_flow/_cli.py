@@ -253,3 +253,8 @@ def main() -> None:
 from ._faults._cli import torture as _torture  # noqa: E402
 
 app.command("torture")(_torture)
+
+# Kept in its own module; registered here so that it is one of the commands.
+from ._worker_cli import worker as _worker  # noqa: E402
+
+app.command("worker")(_worker)

@@ -27,6 +27,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Self
 
 from . import _telemetry
+from ._backlog import wait_caught_up
 from ._backoff import Backoff
 from ._consumer import _CURRENT_LEASE, Ack, Consumer, Context, FunctionConsumer, Reject, Retry
 from ._errors import (
@@ -243,6 +244,8 @@ class Group:
         self._flush = asyncio.Event()
         self._done = asyncio.Event()
         self._closing = False
+        self._handing_back = False
+        """Set by ``drain(hand_back=True)``: leases no handler started go back."""
         self._feed_task: asyncio.Task[None] | None = None
         self._acker_task: asyncio.Task[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
@@ -354,6 +357,39 @@ class Group:
             await self._done.wait()
         finally:
             await self.stop()
+        self._raise_failure()
+
+    async def run_until_empty(self, timeout: float | None = None) -> bool:
+        """Start (unless started), consume until the backlog seen at the start is
+        settled, then drain and stop: for batch jobs and scripts.
+
+        It finishes once the group's frontier reaches the high water mark read
+        when it was called, on every consumed partition (every event appended
+        before then is acked or dead-lettered, by this or any other consumer of
+        the group); events appended later are not waited for, and those this
+        group already holds are finished or handed back as by
+        ``drain(hand_back=True)``. Returns True then, False when ``timeout``
+        seconds pass first (the group is stopped as by :meth:`stop`). Raises as
+        :meth:`run` when the group crashes.
+        """
+        if self._state == "new":
+            await self.start()
+        reached = False
+        try:
+            async with asyncio.timeout(timeout):
+                reached = await wait_caught_up(
+                    self._rheo, self._stream, self._group, self._partitions,
+                    interval=min(self._poll_ms / 1000, 1.0), stopped=self._done.is_set)
+                if reached and self._state == "running":
+                    await self.drain(hand_back=True)
+        except TimeoutError:
+            reached = False
+        finally:
+            await self.stop()
+        self._raise_failure()
+        return reached
+
+    def _raise_failure(self) -> None:
         if isinstance(self._failure, StoreLost):
             raise self._failure
         if self._failure is not None:
@@ -361,13 +397,19 @@ class Group:
                              f"{type(self._failure).__name__}: {self._failure}"
                              ) from self._failure
 
-    async def drain(self, timeout: float | None = None) -> bool:
+    async def drain(self, timeout: float | None = None, *, hand_back: bool = False) -> bool:
         """Stop fetching and wait until every inflight lease has settled.
 
         Renewal keeps running meanwhile. Returns True once nothing is inflight,
         False when ``timeout`` seconds pass first (the group keeps its leases and
         keeps renewing them; call :meth:`stop` to end it). The group does not
         fetch again after a drain.
+
+        With ``hand_back=True`` only the handlers already running are waited
+        for: leases no handler has started (and any a fetch under way still
+        returns) are handed back at once, nacked with reason ``"shutdown"`` and
+        no delay, so that another consumer takes them without waiting for their
+        expiry (what a worker does on SIGTERM).
         """
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float)
@@ -376,9 +418,21 @@ class Group:
             raise InvalidArgument(f"timeout must be None or seconds >= 0, got {timeout!r}")
         if self._state != "running":
             raise NotStarted(f"cannot drain {self!r}: it is not running")
+        if hand_back:
+            self._handing_back = True
+            self._producer.halt()
+            self._give_back(list(self._ready))
+            self._ready.clear()
         # The producer stops fetching (a fetch in progress hands its leases to the
-        # workers) and waits until the inflight set is empty, renewing meanwhile.
+        # workers, or back) and waits until the inflight set is empty, renewing
+        # meanwhile.
         return await self._producer.drain(timeout)
+
+    def _give_back(self, leases: list[Lease]) -> None:
+        """Queue unstarted leases for the acknowledger to hand back (one nack)."""
+        if leases:
+            self._others.extend(_Finished(lease, "shutdown", "shutdown") for lease in leases)
+            self._flush.set()
 
     async def stop(self) -> None:
         """Stop now: cancel fetching and running handlers, settle what finished, release.
@@ -470,7 +524,6 @@ class Group:
             if self._acker_task is not None:
                 await asyncio.wait([self._acker_task])
             if leftovers:
-                leftovers.sort(key=_position)
                 self._settling = "shutdown"
                 await producer.hand_back(leftovers, "shutdown")
         finally:
@@ -500,6 +553,9 @@ class Group:
             leases = await producer.demand(size)
             if not leases:
                 return  # draining or stopped
+            if self._handing_back:
+                self._give_back(leases)
+                return
             self.stats.fetched += len(leases)
             ready.extend(leases)
             self._work.set()
@@ -653,6 +709,8 @@ class Group:
                 await producer.ack(leases)
             elif category == "reject":
                 await producer.reject(leases, reason, last_error)
+            elif category == "shutdown":
+                await producer.hand_back(leases, reason)
             else:
                 await producer.nack(leases, reason, delay_ms, last_error)
         except Exception as exc:
@@ -723,10 +781,6 @@ def _check_partitions_shape(value: object) -> Literal["all"] | list[int]:
         if isinstance(p, bool) or not isinstance(p, int) or p < 0:
             raise InvalidArgument(f"partition ids must be integers >= 0, got {p!r}")
     return sorted(set(ids))
-
-
-def _position(lease: Lease) -> tuple[int, int]:
-    return (lease.event.partition, lease.event.sequence)
 
 
 async def _cancel_and_wait(tasks: Iterable[asyncio.Task[None] | None]) -> None:

@@ -461,10 +461,16 @@ class Producer:
                         ) -> list[SettleResult]:
         """Give leases whose handling never started or was cut short back to the group.
 
-        One nack for immediate redelivery, so that another consumer gets them
-        without waiting for their expiry (used on shutdown).
+        One nack for immediate redelivery (delay 0), in (partition, sequence)
+        order, so that another consumer gets them without waiting for their
+        expiry. Consumer groups and pipelines both use it when they shut down.
         """
-        return await self._settle("nack", leases, reason)
+        return await self._settle("nack", sorted(leases, key=_position), reason)
+
+    async def hand_back_inflight(self, reason: str = "shutdown") -> list[SettleResult]:
+        """:meth:`hand_back` every lease still inflight (once nothing will handle them)."""
+        return await self.hand_back([entry.lease for entry in self._inflight.entries()],
+                                    reason)
 
     def lost(self, lease: Lease) -> bool:
         """Whether a renew found ``lease`` stale (or it is no longer inflight): settling it
@@ -527,3 +533,7 @@ class Producer:
             stats.rejected += done
         stats.dead_lettered += dead_lettered(self._rheo, op, items, results)
         return results
+
+
+def _position(lease: Lease) -> tuple[int, int]:
+    return (lease.event.partition, lease.event.sequence)

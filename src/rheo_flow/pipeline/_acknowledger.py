@@ -92,6 +92,18 @@ class Acknowledger(ABC):
                           len(messages))
             self._abandon(messages)
 
+    async def hand_back(self, messages: Iterable[Message]) -> None:
+        """Give messages no stage has handled back to the group at once (a nack with
+        reason ``"shutdown"`` and no delay) so another consumer takes them."""
+        back = [m for m in messages if m.outcome is None]
+        for m in back:
+            m.outcome = "nack"
+        if back:
+            await self._guarded(self._hand_back, back)
+
+    async def _hand_back(self, messages: list[Message]) -> None:
+        await self._nack(messages, "shutdown", 0)
+
     @abstractmethod
     async def _ack(self, messages: list[Message]) -> None: ...
 
@@ -145,6 +157,9 @@ class ProducerAcknowledger(Acknowledger):
 
     async def _reject(self, messages: list[Message], reason: str, error: str | None) -> None:
         await self.producer.reject([m.lease for m in messages], reason, error)
+
+    async def _hand_back(self, messages: list[Message]) -> None:
+        await self.producer.hand_back([m.lease for m in messages])
 
     def _abandon(self, messages: list[Message]) -> None:
         self.producer.confirm([m.lease for m in messages])

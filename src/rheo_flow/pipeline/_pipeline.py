@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from .. import _telemetry
+from .._backlog import wait_caught_up
 from .._errors import AlreadyStarted, InvalidArgument, StoreLost
 from .._inflight import Inflight
 from .._producer import Producer
@@ -385,15 +386,54 @@ class Pipeline:
             await asyncio.gather(allowed, stopping, return_exceptions=True)
         return 0 if self._stopping.is_set() or allowed.cancelled() else allowed.result()
 
-    async def drain(self, timeout: float | None = None) -> bool:
+    async def run_until_empty(self, timeout: float | None = None) -> bool:
+        """Start (unless started), run until the backlog seen at the start is settled,
+        then drain: for batch jobs and scripts.
+
+        It finishes once the group's frontier reaches the high water mark read
+        when it was called, on every consumed partition (every event appended
+        before then is acked or dead-lettered, by this or any other consumer of
+        the group); events appended later are not waited for, and what the
+        pipeline already holds is finished or handed back as by
+        ``drain(hand_back=True)``. Returns True then, False when ``timeout``
+        seconds pass first (the pipeline is stopped as by :meth:`stop`).
+        """
+        if self._state == "new":
+            await self.start()
+        p = self._producer
+        reached = False
+        try:
+            async with asyncio.timeout(timeout):
+                reached = await wait_caught_up(
+                    p.rheo, p.stream, p.group, p.partitions,
+                    interval=min(p.poll_ms / 1000, 1.0), stopped=self._fetching_ended)
+                if self._state == "running":
+                    reached = await self.drain(hand_back=True) and reached
+        except TimeoutError:
+            reached = False
+        finally:
+            await self.stop()
+        return reached
+
+    def _fetching_ended(self) -> bool:
+        return self._state != "running" or (self._dispatcher is not None
+                                            and self._dispatcher.done())
+
+    async def drain(self, timeout: float | None = None, *, hand_back: bool = False) -> bool:
         """Stop fetching, finish the processors, flush every open batch (trigger
         ``drain``), settle everything and stop renewing, within ``timeout`` seconds
         (default ``shutdown_timeout``).
 
+        With ``hand_back=True`` the messages no processor has started are not
+        processed: they are handed back at once (nacked with reason
+        ``"shutdown"`` and no delay) so that another consumer takes them without
+        waiting for their expiry (what a worker does on SIGTERM); messages
+        already in processors or batches are finished and settled.
+
         Returns True after a clean drain: nothing is left inflight. On timeout the
-        stages are cancelled and what they held is left to expire (False). Raises
-        :class:`~rheo_flow.StoreLost` when fetching stopped because the backend lost
-        the stream's data.
+        stages are cancelled and what they held is handed back as by :meth:`stop`
+        (False). Raises :class:`~rheo_flow.StoreLost` when fetching stopped because
+        the backend lost the stream's data.
         """
         if self._state == "new":
             self._state = "stopped"
@@ -409,13 +449,15 @@ class Pipeline:
                 if self._dispatcher is not None:
                     await self._dispatcher
                 assert self._stages is not None
+                if hand_back:
+                    await self._acknowledger.hand_back(self._stages.processors.withdraw())
                 await self._stages.drain()
                 clean = await producer_drained
         except TimeoutError:
             clean = False
         if not clean:
             log.warning("pipeline drain timed out after %.1fs with %d leases inflight: "
-                        "left to expire", budget, len(self._producer.inflight))
+                        "handing them back", budget, len(self._producer.inflight))
             await self._halt()
             producer_drained.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -427,7 +469,10 @@ class Pipeline:
         return clean
 
     async def stop(self) -> None:
-        """Stop now: cancel the stages and renewal; leases inflight are left to expire."""
+        """Stop now: cancel the stages, hand back every lease still inflight (one nack
+        with reason ``"shutdown"``, as :meth:`Group.stop <rheo_flow.Group.stop>`
+        does) so that another consumer takes them without waiting for their
+        expiry, and stop renewing. For a graceful stop call :meth:`drain` first."""
         if self._state == "stopped":
             await self._producer.stop()
             return
@@ -448,6 +493,12 @@ class Pipeline:
                 await self._dispatcher
         if self._stages is not None:
             await self._stages.cancel()
+        if self._producer.inflight:
+            try:
+                await self._producer.hand_back_inflight()
+            except Exception:
+                log.exception("handing back %d leases failed; leaving them to expire",
+                              len(self._producer.inflight))
         await self._producer.stop()
 
     async def __aenter__(self) -> Self:

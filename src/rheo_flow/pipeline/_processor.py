@@ -127,6 +127,23 @@ class ProcessorStage:
             for i in range(0, len(bucket), demand):
                 put(bucket[i:i + demand])
 
+    def withdraw(self) -> list[Message]:
+        """Take the messages no processor has started out of the queues (call before
+        :meth:`close`); the caller settles them."""
+        taken: list[Message] = []
+        for queue in self._queues:
+            kept: list[list[Message] | None] = []
+            while not queue.empty():
+                chunk = queue.get_nowait()
+                if chunk is None:
+                    kept.append(chunk)
+                else:
+                    taken.extend(chunk)
+            for item in kept:
+                queue.put_nowait(item)
+        self.pending -= len(taken)
+        return taken
+
     async def close(self) -> None:
         """Let the tasks finish what is queued, then end them."""
         if self._route is None:

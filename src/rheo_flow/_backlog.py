@@ -1,0 +1,38 @@
+"""Waiting until a consumer group has caught up with the backlog it saw at the start."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ._rheo import Partitions, Rheo
+
+__all__ = ["wait_caught_up"]
+
+
+async def wait_caught_up(
+    rheo: Rheo,
+    stream: str,
+    group: str,
+    partitions: Partitions,
+    *,
+    interval: float,
+    stopped: Callable[[], bool],
+) -> bool:
+    """Wait until the group's frontier reaches the high water seen now, on every
+    consumed partition: every event appended before the call is settled (acked or
+    dead-lettered, by any consumer of the group).
+
+    Checks every ``interval`` seconds; returns True once caught up, False as soon
+    as ``stopped()`` is true (the runtime ended first). Events appended after the
+    call are not waited for, so a steady producer cannot keep it running forever.
+    """
+    high = await rheo.high_water(stream)
+    targets = {p: s for p, s in high.items() if partitions == "all" or p in partitions}
+    while True:
+        frontier = await rheo.frontier(stream, group)
+        if all(frontier.get(p, 0) >= s for p, s in targets.items()):
+            return True
+        if stopped():
+            return False
+        await asyncio.sleep(interval)

@@ -1,0 +1,365 @@
+"""A long-lived worker process: runs consumer groups and pipelines until told to stop.
+
+``rheo-flow worker MODULE:ATTR`` (see :mod:`rheo_flow._worker_cli`) loads what
+ATTR names, builds its runtimes on one :class:`~rheo_flow.Rheo` instance and
+runs them. The first SIGTERM or SIGINT starts a drain: fetching stops, leases
+no handler has started are handed back at once, running handlers and open
+batches finish and settle, all within a grace period; a second signal exits at
+once. Health is reported through a file touched while the runtimes are ready
+and a tiny HTTP endpoint (:mod:`rheo_flow._health`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._backlog import wait_caught_up
+from ._consumer import Consumer
+from ._errors import InvalidArgument
+from ._group import Group
+from ._health import Health
+from ._rheo import Rheo
+from .pipeline import Pipeline
+
+__all__ = ["WorkerConfig", "build_runtimes", "load_target", "run_worker"]
+
+log = logging.getLogger("rheo_flow.worker")
+
+Runtime = Group | Pipeline
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SUPERVISOR_ENV = "RHEO_WORKER_SUPERVISOR_PID"
+"""Set for the children of ``--processes``: the supervisor's process id."""
+_SUPERVISOR_CHECK_S = 1.0
+
+_EXPECTED = ("a Consumer class or instance, a @consumer function, a Pipeline, or a "
+             "factory (sync or async) taking the Rheo instance and returning one of "
+             "these or a list of them")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """What ``rheo-flow worker`` was asked to run, and how."""
+
+    target: str
+    """``MODULE:ATTR``."""
+    url: str
+    grace_seconds: float = 30.0
+    until_empty: bool = False
+    health_file: Path | None = None
+    health_port: int | None = None
+    health_host: str = "0.0.0.0"
+    health_interval: float = 5.0
+
+
+def load_target(spec: str) -> object:
+    """Import ``MODULE:ATTR`` (ATTR may be dotted); :class:`InvalidArgument` explains
+    what is wrong. The working directory is importable, as with ``python -m``."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name.strip() or not attr.strip():
+        raise InvalidArgument(f"expected MODULE:ATTR (e.g. myapp.workers:billing), got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name == exc.name
+                                     or module_name.startswith(exc.name + ".")):
+            raise InvalidArgument(f"cannot import {module_name!r}: no module named "
+                                  f"{exc.name!r} (is it on PYTHONPATH?)") from None
+        raise InvalidArgument(f"importing {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise InvalidArgument(
+            f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    found: Any = module
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise InvalidArgument(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not _runnable_kind(found) and not callable(found):
+        raise InvalidArgument(f"{spec} is a {type(found).__name__}: expected {_EXPECTED}")
+    return found
+
+
+def _runnable_kind(value: object) -> bool:
+    return (isinstance(value, Consumer | Group | Pipeline)
+            or (isinstance(value, type) and issubclass(value, Consumer)))
+
+
+async def build_runtimes(target: object, rheo: Rheo, spec: str = "target") -> list[Runtime]:
+    """The groups and pipelines ``target`` stands for, on ``rheo`` (not started)."""
+    made: Any = target
+    if not _runnable_kind(made):
+        made = made(rheo) if _takes_argument(made) else made()
+        if inspect.isawaitable(made):
+            made = await made
+    items: list[Any]
+    if _runnable_kind(made):
+        items = [made]
+    elif isinstance(made, Iterable) and not isinstance(made, str | bytes):
+        items = list(made)
+    else:
+        items = [made]
+    runtimes: list[Runtime] = []
+    for item in items:
+        if isinstance(item, type) and issubclass(item, Consumer):
+            item = item()
+        if isinstance(item, Consumer):
+            runtimes.append(item.start(rheo))
+        elif isinstance(item, Group | Pipeline):
+            runtimes.append(item)
+        else:
+            raise InvalidArgument(f"{spec} gave a {type(item).__name__}: expected {_EXPECTED}")
+    if not runtimes:
+        raise InvalidArgument(f"{spec} gave nothing to run: expected {_EXPECTED}")
+    return runtimes
+
+
+def _takes_argument(factory: Any) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+               for p in parameters)
+
+
+def _ready(runtime: Runtime) -> bool:
+    return runtime.running if isinstance(runtime, Group) else runtime.state == "running"
+
+
+async def _ended(runtime: Runtime) -> None:
+    """Returns when the runtime stopped on its own (a crash, a lost store)."""
+    if isinstance(runtime, Group):
+        await runtime._done.wait()
+    elif runtime._dispatcher is not None:
+        await asyncio.wait([runtime._dispatcher])
+
+
+class _Signals:
+    """The first SIGTERM/SIGINT asks for a drain; the second exits at once."""
+
+    def __init__(self, on_second: Health | None = None) -> None:
+        self.stop = asyncio.Event()
+        self._health = on_second
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, self._received, sig)
+
+    def _received(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if not self.stop.is_set():
+            log.info("%s received: draining (a second signal exits at once)", name)
+            self.stop.set()
+            return
+        log.warning("second signal (%s): exiting now; unsettled leases are left to expire",
+                    name)
+        if self._health is not None:
+            self._health.remove_file()
+        logging.shutdown()
+        os._exit(128 + sig)
+
+
+async def run_worker(config: WorkerConfig, target: object) -> int:
+    """Run ``target`` until a signal (or, with ``until_empty``, until the backlog
+    seen at the start is settled), drain, and return the exit status: 0 after a
+    clean drain, 1 when a runtime ended on its own or the grace period ran out."""
+    state = {"draining": False}
+    runtimes: list[Runtime] = []
+    health = Health(
+        ready=lambda: not state["draining"] and bool(runtimes) and all(map(_ready, runtimes)),
+        live=lambda: True, file=config.health_file, port=config.health_port,
+        host=config.health_host, interval=config.health_interval,
+    )
+    signals = _Signals(health)
+    signals.install()
+    orphaned = _watch_supervisor(signals.stop)
+    await health.start()
+    try:
+        async with Rheo(config.url) as rheo:
+            runtimes.extend(await build_runtimes(target, rheo, config.target))
+            try:
+                for runtime in runtimes:
+                    await runtime.start()
+                log.info("worker running %s", ", ".join(map(_describe, runtimes)))
+                health.changed()
+                ended_on_its_own = await _wait_for_end(config, runtimes, signals.stop)
+            finally:
+                state["draining"] = True
+                health.changed()
+                clean = await _drain(runtimes, config.grace_seconds)
+    finally:
+        if orphaned is not None:
+            orphaned.cancel()
+        await health.close()
+    if ended_on_its_own:
+        return 1
+    return 0 if clean else 1
+
+
+def _watch_supervisor(stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """Under ``--processes``, drain when the supervisor is gone (killed with SIGKILL,
+    say): a child in a session of its own would otherwise run on unsupervised."""
+    expected = os.environ.get(_SUPERVISOR_ENV)
+    if not expected:
+        return None
+
+    async def watch() -> None:
+        while True:  # no event tells a process that its parent died: poll
+            if os.getppid() != int(expected):
+                log.warning("the supervisor process %s is gone: draining", expected)
+                stop.set()
+                return
+            await asyncio.sleep(_SUPERVISOR_CHECK_S)
+
+    return asyncio.create_task(watch(), name="rheo-worker-supervisor-watch")
+
+
+async def _wait_for_end(config: WorkerConfig, runtimes: list[Runtime],
+                        stop: asyncio.Event) -> bool:
+    """Wait for the stop signal (or the backlog, with ``until_empty``); True when a
+    runtime ended on its own first."""
+    waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+    ended = [asyncio.ensure_future(_ended(r)) for r in runtimes]
+    caught_up: asyncio.Future[Any] | None = None
+    if config.until_empty:
+        caught_up = asyncio.ensure_future(asyncio.gather(*(_caught_up(r) for r in runtimes)))
+        waits.append(caught_up)
+    try:
+        done, _ = await asyncio.wait([*waits, *ended], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in [*waits, *ended]:
+            task.cancel()
+        await asyncio.gather(*waits, *ended, return_exceptions=True)
+    if caught_up is not None and caught_up in done:
+        log.info("the backlog seen at the start is settled: draining")
+        return False
+    if any(task in done for task in ended):
+        log.error("a runtime stopped on its own: draining the others and exiting")
+        return True
+    return False
+
+
+async def _caught_up(runtime: Runtime) -> None:
+    if isinstance(runtime, Group):
+        rheo, stream, group = runtime.options["rheo"], runtime.stream, runtime.group
+        partitions, poll_ms = runtime.options["partitions"], runtime.options["poll_ms"]
+    else:
+        p = runtime.producer
+        rheo, stream, group, partitions, poll_ms = p.rheo, p.stream, p.group, p.partitions, \
+            p.poll_ms
+    await wait_caught_up(rheo, stream, group, partitions, interval=min(poll_ms / 1000, 1.0),
+                         stopped=lambda: False)
+
+
+async def _drain(runtimes: list[Runtime], grace: float) -> bool:
+    """Drain every started runtime, handing back what no handler started, within
+    ``grace`` seconds; then stop them (what is left is handed back). True when
+    every drain was clean."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+
+    async def drain(runtime: Runtime) -> bool:
+        if not _ready(runtime):  # it never started, or it stopped on its own
+            return False
+        return await runtime.drain(max(0.0, deadline - loop.time()), hand_back=True)
+
+    results = await asyncio.gather(*(drain(r) for r in runtimes), return_exceptions=True)
+    for runtime, result in zip(runtimes, results, strict=True):
+        if isinstance(result, BaseException):
+            log.error("draining %s failed: %s", _describe(runtime), result)
+    await asyncio.gather(*(r.stop() for r in runtimes), return_exceptions=True)
+    clean = all(result is True for result in results)
+    if clean:
+        log.info("drained: every lease settled or handed back")
+    else:
+        log.warning("not drained within %.1fs: unfinished leases were handed back", grace)
+    return clean
+
+
+def _describe(runtime: Runtime) -> str:
+    if isinstance(runtime, Group):
+        return f"group {runtime.stream}/{runtime.group}"
+    return f"pipeline {runtime.producer.stream}/{runtime.producer.group}"
+
+
+async def supervise(config: WorkerConfig, processes: int, child_argv: list[str]) -> int:
+    """Run ``processes`` worker processes (``child_argv`` each) and pass signals on.
+
+    The first signal is forwarded (each child drains); a second one too (each
+    exits at once) and the supervisor exits with 128 + the signal. Health is
+    ready while every child reports ready; a child that exits on its own stops
+    the others. Returns the worst child status.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rheo-worker-") as tmp:
+        files = [Path(tmp) / f"child-{i}" for i in range(processes)]
+        children: list[asyncio.subprocess.Process] = []
+
+        def all_alive() -> bool:
+            return bool(children) and all(c.returncode is None for c in children)
+
+        def all_ready() -> bool:
+            return all_alive() and not stop.is_set() and all(
+                Health.fresh(f, config.health_interval) for f in files)
+
+        stop = asyncio.Event()
+        health = Health(ready=all_ready, live=all_alive, file=config.health_file,
+                        port=config.health_port, host=config.health_host,
+                        interval=config.health_interval)
+        loop = asyncio.get_running_loop()
+
+        def forward(sig: int) -> None:
+            second = stop.is_set()
+            stop.set()
+            for child in children:
+                if child.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.send_signal(sig)
+            if second:
+                log.warning("second signal: children told to exit now")
+                health.remove_file()
+                logging.shutdown()
+                os._exit(128 + sig)
+
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, forward, sig)
+        env = {**os.environ, "RHEO_URL": config.url, _SUPERVISOR_ENV: str(os.getpid())}
+        for path in files:
+            # A session of its own: a terminal's Ctrl-C reaches the supervisor only,
+            # which forwards it once (not twice, which would mean "exit now").
+            children.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "rheo_flow", "worker", *child_argv,
+                "--health-file", str(path), env=env, start_new_session=True))
+        await health.start()
+        try:
+            waits = {asyncio.ensure_future(c.wait()): c for c in children}
+            pending = set(waits)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                finished = config.until_empty and all(t.result() == 0 for t in done)
+                if not stop.is_set() and not finished:
+                    log.error("a worker process exited on its own: stopping the others")
+                    forward(signal.SIGTERM)
+            # A child killed by signal N reports -N; report it as a shell would.
+            codes = [128 - c.returncode if c.returncode and c.returncode < 0
+                     else c.returncode or 0 for c in children]
+        finally:
+            await health.close()
+    return max(codes)

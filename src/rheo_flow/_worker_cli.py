@@ -1,0 +1,149 @@
+"""``rheo-flow worker``: run consumer groups and pipelines as a service process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ._errors import InvalidArgument, RheoError
+from ._urls import redact_url, scrub_secrets
+from ._worker import WorkerConfig, load_target, run_worker, supervise
+
+__all__ = ["worker"]
+
+log = logging.getLogger("rheo_flow.worker")
+
+
+class LogFormat(StrEnum):
+    """How log records are written to stderr."""
+
+    text = "text"
+    json = "json"
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "process": record.process,
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _configure_logging(level: str, fmt: LogFormat) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt is LogFormat.json:
+        formatter: logging.Formatter = _JsonFormatter()
+        formatter.converter = time.gmtime
+    else:
+        formatter = logging.Formatter("%(asctime)s %(levelname)s [%(process)d] %(name)s: "
+                                      "%(message)s")
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _fail(message: str, status: int) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(status)
+
+
+def worker(
+    target: Annotated[str, typer.Argument(
+        metavar="MODULE:ATTR",
+        help="What to run: a Consumer class or instance, a @consumer function, a Pipeline "
+             "or a (sync or async) factory taking the Rheo instance and returning one "
+             "of these or a list of them.",
+    )],
+    url: Annotated[str | None, typer.Option(
+        envvar="RHEO_URL", show_envvar=True,
+        help="Backend URL: sqlite:///path.db, postgresql://..., redis://..., mongodb://...",
+    )] = None,
+    processes: Annotated[int, typer.Option(
+        min=1, max=256, help="Worker processes, each running the same runtimes.",
+    )] = 1,
+    grace_seconds: Annotated[float, typer.Option(
+        min=0, help="On SIGTERM/SIGINT, how long running handlers and batches may take "
+                    "to finish before what is left is handed back.",
+    )] = 30.0,
+    until_empty: Annotated[bool, typer.Option(
+        "--until-empty", help="Exit 0 once the backlog seen at the start is settled.",
+    )] = False,
+    health_file: Annotated[Path | None, typer.Option(
+        dir_okay=False, help="Touch this file while ready; removed when draining or exiting.",
+    )] = None,
+    health_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, help="Serve GET /healthz and /readyz on this port.",
+    )] = None,
+    health_host: Annotated[str, typer.Option(
+        help="Address the health endpoint listens on.",
+    )] = "0.0.0.0",
+    health_interval: Annotated[float, typer.Option(
+        min=0.05, help="Seconds between touches of the health file.",
+    )] = 5.0,
+    log_level: Annotated[str, typer.Option(
+        help="DEBUG, INFO, WARNING or ERROR.",
+    )] = "INFO",
+    log_format: Annotated[LogFormat, typer.Option(
+        case_sensitive=False, help="text or json (one object per line).",
+    )] = LogFormat.text,
+) -> None:
+    """Run consumer groups or pipelines until SIGTERM/SIGINT, then drain gracefully.
+
+    On the first signal the worker stops fetching, hands back at once the leases
+    no handler has started (another worker takes them without waiting for their
+    expiry), lets running handlers and open batches finish and settle, and exits
+    0 within --grace-seconds (1 when the grace period ran out: what was left
+    was handed back). A second signal exits at once. Exit status 2: bad usage.
+    """
+    level = log_level.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise _fail(f"unknown --log-level {log_level!r}", 2)
+    _configure_logging(level, log_format)
+    if not url:
+        raise _fail("no backend URL: pass --url or set RHEO_URL", 2)
+    try:
+        loaded = load_target(target)
+    except InvalidArgument as exc:
+        raise _fail(str(exc), 2) from None
+    config = WorkerConfig(
+        target=target, url=url, grace_seconds=grace_seconds, until_empty=until_empty,
+        health_file=health_file, health_port=health_port, health_host=health_host,
+        health_interval=health_interval,
+    )
+    try:
+        if processes > 1:
+            child_argv = [target, "--grace-seconds", str(grace_seconds),
+                          "--health-interval", str(health_interval),
+                          "--log-level", level, "--log-format", log_format.value]
+            if until_empty:
+                child_argv.append("--until-empty")
+            status = asyncio.run(supervise(config, processes, child_argv))
+        else:
+            status = asyncio.run(run_worker(config, loaded))
+    except InvalidArgument as exc:
+        raise _fail(scrub_secrets(str(exc), url), 2) from None
+    except RheoError as exc:
+        raise _fail(scrub_secrets(str(exc), url), 1) from None
+    except Exception as exc:
+        log.error("worker failed (%s): %s", redact_url(url),
+                  scrub_secrets(f"{type(exc).__name__}: {exc}", url))
+        log.debug("worker failure traceback", exc_info=exc)
+        raise typer.Exit(1) from None
+    raise typer.Exit(status)
