@@ -102,7 +102,7 @@ class Acknowledger(ABC):
             await self._guarded(self._hand_back, back)
 
     async def _hand_back(self, messages: list[Message]) -> None:
-        await self._nack(messages, "shutdown", 0)
+        await self._nack(messages, "shutdown", 0, None)
 
     @abstractmethod
     async def _ack(self, messages: list[Message]) -> None: ...
