@@ -29,6 +29,7 @@ __all__ = [
     "emit",
     "errors",
     "existing",
+    "interactive",
     "run",
 ]
 
@@ -105,11 +106,16 @@ def run(out: Console, make: Callable[[], Awaitable[T]], url: str | None = None) 
         raise typer.Exit(130) from None
 
 
+def interactive() -> bool:
+    """Whether a person can answer a question (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
 def confirm(out: Console, question: str, yes: bool) -> None:
     """Ask before a destructive command; ``--yes`` skips it, no terminal refuses it."""
     if yes:
         return
-    if not sys.stdin.isatty():
+    if not interactive():
         errors().print("[bold red]error:[/] refusing to "
                   f"{escape(question)} without --yes (stdin is not a terminal)")
         raise typer.Exit(2)
