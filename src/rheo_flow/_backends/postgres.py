@@ -1456,12 +1456,12 @@ async def _ensure_schema(conn: asyncpg.Connection, schema: str, *, apply: bool) 
     if not apply and version == 0:
         raise BackendError(
             f"PostgreSQL schema {schema!r} holds no rheo_flow tables: create them with "
-            "rheo-flow migrate URL  (or open with migrate=True)"
+            "rheo-flow migrate --url URL  (or open with migrate=True)"
         )
     if not apply:
         raise BackendError(
             f"PostgreSQL schema {schema!r} is at version {version}, this rheo-flow needs "
-            f"{SCHEMA_VERSION}: run  rheo-flow migrate URL  (or open with migrate=True)"
+            f"{SCHEMA_VERSION}: run  rheo-flow migrate --url URL  (or open with migrate=True)"
         )
     return await _apply_migrations(conn, schema)
 

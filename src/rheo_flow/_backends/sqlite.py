@@ -555,7 +555,7 @@ class SQLiteBackend(Backend):
         if not self._migrate and self._path != ":memory:":
             if not os.path.isfile(self._path):
                 raise BackendError(f"SQLite database {self._path!r} does not exist "
-                                   "(create it with  rheo-flow migrate URL)")
+                                   "(create it with  rheo-flow migrate --url URL)")
             # mode=rw: a file removed meanwhile is an error instead of a new database.
             target, uri = f"{Path(self._path).resolve().as_uri()}?mode=rw", True
         try:
@@ -575,7 +575,7 @@ class SQLiteBackend(Backend):
                     raise BackendError(
                         f"SQLite database {self._path!r} has "
                         + ("no rheo_flow schema" if version == 0 else f"schema version {version}")
-                        + f" (this rheo-flow needs {SCHEMA_VERSION}): run  rheo-flow migrate URL"
+                        + f" (this rheo-flow needs {SCHEMA_VERSION}): run  rheo-flow migrate --url URL"
                     )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             if self._path != ":memory:":
