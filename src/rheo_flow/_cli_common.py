@@ -134,8 +134,7 @@ def emit(out: Console, json: bool, title: str, columns: Iterable[str],
         return
     table = Table(title=title, title_justify="left")
     for column in columns:
-        right = column.endswith("#") or column in _NUMERIC
-        table.add_column(column.removesuffix("#"), justify="right" if right else "left")
+        table.add_column(column, justify="right" if column in _NUMERIC else "left")
     for row in rows:
         table.add_row(*(escape(c) for c in cells(row)))
     out.print(table)
@@ -143,5 +142,5 @@ def emit(out: Console, json: bool, title: str, columns: Iterable[str],
 
 _NUMERIC = frozenset({
     "partitions", "events", "retained", "partition", "sequence", "high water", "frontier",
-    "lag", "attempts", "max attempts", "removed", "low water",
+    "lag", "attempts", "max attempts", "removed", "low water", "settled",
 })

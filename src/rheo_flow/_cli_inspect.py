@@ -83,7 +83,7 @@ def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
         return rows
 
     emit(out, json, f"groups of {stream} on {redact_url(url)}",
-         ("group", "max attempts", "created", "settled#", "lag"), run(out, go, url),
+         ("group", "max attempts", "created", "settled", "lag"), run(out, go, url),
          lambda r: [r["group"], str(r["max_attempts"]), _time(r["created_at_ms"]),
                     f"{r['settled']:,}", f"{r['lag']:,}"])
 

@@ -575,7 +575,8 @@ class SQLiteBackend(Backend):
                     raise BackendError(
                         f"SQLite database {self._path!r} has "
                         + ("no rheo_flow schema" if version == 0 else f"schema version {version}")
-                        + f" (this rheo-flow needs {SCHEMA_VERSION}): run  rheo-flow migrate --url URL"
+                        + f" (this rheo-flow needs {SCHEMA_VERSION}): "
+                        "run  rheo-flow migrate --url URL"
                     )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             if self._path != ":memory:":
