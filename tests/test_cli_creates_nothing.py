@@ -113,3 +113,12 @@ def test_migrate_refuses_two_different_schemas(postgres_url: str, schemas: list[
     assert result.exit_code == 0, result.output
     assert schemas[1] in result.stdout
     assert _schema_exists(postgres_url, schemas[1])
+
+
+def test_existing_url_spelling() -> None:
+    from rheo_flow._cli_common import existing
+
+    assert existing("sqlite:///x.db") == "sqlite:///x.db?migrate=false"
+    assert (existing("postgresql://u:p%40ss@h/db?schema=a&migrate=true&x=%2F")
+            == "postgresql://u:p%40ss@h/db?schema=a&x=%2F&migrate=false")
+    assert existing("redis://h:6379/0") == "redis://h:6379/0"

@@ -6,7 +6,6 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Annotated, Any, TypeVar
-from urllib.parse import parse_qsl, urlencode
 
 import orjson
 import typer
@@ -78,8 +77,10 @@ def existing(url: str) -> str:
     if url.split("://", 1)[0].lower() not in _CREATING_SCHEMES:
         return url
     base, _, query = url.partition("?")
-    options = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "migrate"]
-    return f"{base}?{urlencode([*options, ('migrate', 'false')])}"
+    # Split by hand, not re-encoded: every other option keeps its spelling (and a
+    # secret in one stays recognisable to the error scrubber).
+    kept = [o for o in query.split("&") if o and o.partition("=")[0] != "migrate"]
+    return f"{base}?{'&'.join([*kept, 'migrate=false'])}"
 
 
 def run(out: Console, make: Callable[[], Awaitable[T]], url: str | None = None) -> T:
