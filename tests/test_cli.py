@@ -26,8 +26,19 @@ def _plain(text: str) -> str:
 def test_help_lists_every_command() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0, result.output
-    for command in ("demo", "streams", "lag", "dead-letters", "migrate"):
-        assert command in result.output
+    for command in ("demo", "streams", "groups", "lag", "dead-letters", "tail", "append",
+                    "redrive", "replay", "reset", "trim", "delete-stream", "delete-group",
+                    "migrate", "torture"):
+        assert re.search(rf"^  {command} ", result.output, re.M), command
+
+
+@pytest.mark.parametrize("command", ["demo", "streams", "lag", "tail", "append", "trim",
+                                     "delete-stream", "migrate"])
+def test_help_shows_no_bool_metavar(command: str) -> None:
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output
+    assert "--help" in result.output
 
 
 def test_no_arguments_shows_help() -> None:
@@ -100,14 +111,14 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_streams_lists_the_demo_stream(demo_db: str) -> None:
-    result = runner.invoke(app, ["streams", demo_db])
+    result = runner.invoke(app, ["streams", "--url", demo_db])
     output = _plain(result.output)
     assert result.exit_code == 0, output
     assert re.search(r"orders\s+3\s+150\s+150\s+billing, shipping", output), output
 
 
 def test_lag_shows_every_partition_caught_up(demo_db: str) -> None:
-    result = runner.invoke(app, ["lag", demo_db, "orders"])
+    result = runner.invoke(app, ["lag", "-u", demo_db, "orders"])
     output = _plain(result.output)
     assert result.exit_code == 0, output
     rows = re.findall(r"(billing|shipping)\s+(\d)\s+([\d,]+)\s+([\d,]+)\s+(\d+)", output)
@@ -116,7 +127,8 @@ def test_lag_shows_every_partition_caught_up(demo_db: str) -> None:
 
 
 def test_dead_letters_of_a_group(demo_db: str) -> None:
-    result = runner.invoke(app, ["dead-letters", demo_db, "orders", "billing"])
+    result = runner.invoke(app, ["dead-letters", "orders", "billing"],
+                           env={"RHEO_URL": demo_db})
     output = _plain(result.output)
     assert result.exit_code == 0, output
     assert "max_attempts" in output
@@ -134,13 +146,13 @@ def test_demo_on_an_existing_db_with_other_partitions_fails_clearly(demo_db: str
 
 
 def test_unknown_stream_is_an_error_not_a_traceback(demo_db: str) -> None:
-    result = runner.invoke(app, ["lag", demo_db, "nope"])
+    result = runner.invoke(app, ["lag", "--url", demo_db, "nope"])
     assert result.exit_code == 1
     assert "unknown stream 'nope'" in _plain(result.output)
 
 
 def test_passwords_never_printed() -> None:
-    result = runner.invoke(app, ["streams", "ftp://admin:hunter2@127.0.0.1/x"])
+    result = runner.invoke(app, ["streams", "--url", "ftp://admin:hunter2@127.0.0.1/x"])
     assert result.exit_code == 1
     assert "hunter2" not in result.output
     assert "***" in result.output
@@ -158,9 +170,9 @@ def test_migrate_postgres_applies_the_schema_once(postgres_url: str) -> None:
     url = f"{postgres_url}{'&' if '?' in postgres_url else '?'}schema={schema}"
     try:
         for _ in range(2):  # idempotent: the second run finds the version in place
-            result = runner.invoke(app, ["migrate", url])
+            result = runner.invoke(app, ["migrate", "--url", url])
             assert result.exit_code == 0, result.output
-            assert (f"schema version {SCHEMA_VERSION} is in place"
+            assert (f"schema {schema}: version {SCHEMA_VERSION} is in place"
                     in " ".join(_plain(result.output).split()))
 
         async def tables() -> set[str]:
@@ -187,11 +199,14 @@ def test_migrate_postgres_applies_the_schema_once(postgres_url: str) -> None:
 
 def test_migrate_sqlite_creates_the_file(tmp_path: Path) -> None:
     db = tmp_path / "m.db"
-    result = runner.invoke(app, ["migrate", f"sqlite:///{db}"])
+    result = runner.invoke(app, ["migrate", "--url", f"sqlite:///{db}"])
     assert result.exit_code == 0, result.output
     assert db.exists()
 
 
 def test_migrate_schema_option_is_postgres_only(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["migrate", f"sqlite:///{tmp_path / 'm.db'}", "--schema", "x"])
-    assert result.exit_code != 0
+    result = runner.invoke(app, ["migrate", "--url", f"sqlite:///{tmp_path / 'm.db'}",
+                                 "--schema", "x"])
+    assert result.exit_code == 2
+    assert "PostgreSQL only" in result.output
+    assert not (tmp_path / "m.db").exists()

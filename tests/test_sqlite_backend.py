@@ -618,3 +618,32 @@ def test_classify_error() -> None:
         sqlite3.ProgrammingError("Cannot operate on a closed database.")
     ) is SettleKind.BACKEND_UNAVAILABLE
     assert backend.classify_error(ValueError("x")) is None
+
+
+async def test_migrate_false_opens_existing_databases_only(tmp_path: Path) -> None:
+    missing = tmp_path / "typo.db"
+    with pytest.raises(BackendError, match="does not exist"):
+        await SQLiteBackend.from_url(f"sqlite:///{missing}?migrate=false").open()
+    assert not missing.exists()
+
+    foreign = tmp_path / "foreign.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE mine (x)")
+    conn.close()
+    with pytest.raises(BackendError, match=r"no rheo_flow schema.*rheo-flow migrate"):
+        await SQLiteBackend(foreign, migrate=False).open()
+    conn = sqlite3.connect(foreign)
+    try:  # untouched: no rheo_flow table, not switched to WAL
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        assert tables == {"mine"}
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    finally:
+        conn.close()
+
+    ours = tmp_path / "ours.db"
+    async with Rheo(SQLiteBackend(ours)) as rheo:
+        await rheo.create_stream("s")
+    async with Rheo(f"sqlite:///{ours}?migrate=false") as rheo:
+        assert await rheo.streams() == ["s"]
+    with pytest.raises(InvalidArgument, match="true or false"):
+        SQLiteBackend.from_url(f"sqlite:///{ours}?migrate=maybe")

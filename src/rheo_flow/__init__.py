@@ -29,6 +29,7 @@ from ._errors import (
     StoreLost,
     UnknownGroup,
     UnknownStream,
+    Unsupported,
 )
 from ._event import Event, NewEvent
 from ._group import Group, GroupStats
@@ -88,6 +89,7 @@ __all__ = [
     "StreamInfo",
     "UnknownGroup",
     "UnknownStream",
+    "Unsupported",
     "__version__",
     "classify",
     "consumer",

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._capabilities import Capabilities
+from ._errors import Unsupported
 from ._event import JSON, Event
 from ._lease import Lease
 from ._query import Query
@@ -261,6 +262,26 @@ class Backend(ABC):
         dropped and count as settled: a group's frontier is at least ``up_to[p]``
         afterwards, and their leases become stale.
         """
+
+    # Deletion ----------------------------------------------------------------
+
+    async def delete_stream(self, stream: str) -> None:
+        """Remove a stream with every event, group, delivery and dead letter of it.
+
+        :class:`~rheo_flow.UnknownStream` when missing. A stream created again with
+        the same name afterwards starts fresh: sequence 1, no group. This default
+        raises :class:`~rheo_flow.Unsupported`; every built-in backend overrides it.
+        """
+        raise Unsupported(self.name, "delete_stream")
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        """Remove a group with its progress, deliveries and dead letters (not the events).
+
+        :class:`~rheo_flow.UnknownStream` / :class:`~rheo_flow.UnknownGroup` when
+        missing; leases of the group's deliveries no longer settle. This default
+        raises :class:`~rheo_flow.Unsupported`; every built-in backend overrides it.
+        """
+        raise Unsupported(self.name, "delete_group")
 
     # Wake-ups ----------------------------------------------------------------
 

@@ -22,6 +22,7 @@ __all__ = [
     "StoreLost",
     "UnknownGroup",
     "UnknownStream",
+    "Unsupported",
 ]
 
 
@@ -129,3 +130,12 @@ class NotStarted(RheoError):
 
 class SetupRefused(RheoError):
     """A consumer's ``setup`` refused to start, or returned a context that is not a mapping."""
+
+
+class Unsupported(RheoError, NotImplementedError):
+    """The backend does not implement this operation (a third-party backend may not)."""
+
+    def __init__(self, backend: str, operation: str) -> None:
+        super().__init__(f"backend {backend!r} does not support {operation}()")
+        self.backend = backend
+        self.operation = operation

@@ -484,6 +484,38 @@ class Rheo:
                 bounds = {p: min(s, frontier.get(p, 0)) for p, s in bounds.items()}
         return await self._backend.trim(stream, bounds)
 
+    async def delete_stream(self, stream: str) -> None:
+        """Remove a stream and everything of it: events, groups, deliveries, dead letters.
+
+        Irreversible. Stop the stream's producers and consumers first: what they do
+        meanwhile is undefined. A stream created again with the same name starts
+        fresh (sequence 1, no group). :class:`~rheo_flow.UnknownStream` when missing.
+        """
+        check_name("stream", stream)
+        await self._backend.delete_stream(stream)
+        self._forget(stream)
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        """Remove a consumer group: its progress, deliveries and dead letters.
+
+        The stream's events and other groups stay. Leases the group handed out no
+        longer settle; a group created again with the same name starts afresh from
+        its start position. :class:`~rheo_flow.UnknownGroup` when missing.
+        """
+        check_name("stream", stream)
+        check_name("group", group)
+        await self._backend.delete_group(stream, group)
+        self._forget(stream, group)
+
+    def _forget(self, stream: str, group: str | None = None) -> None:
+        """Drop what this instance remembers of a deleted stream or group."""
+        if group is None:
+            self._partitions_cache.pop(stream, None)
+        for known in [k for k in self._known_groups | self._max_attempts.keys()
+                      if k[0] == stream and (group is None or k[1] == group)]:
+            self._known_groups.discard(known)
+            self._max_attempts.pop(known, None)
+
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         """Wait for an append (push wake-ups) or ``timeout`` seconds; True when woken."""
         check_name("stream", stream)

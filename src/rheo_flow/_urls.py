@@ -11,7 +11,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 from ._backend import Backend
 from ._errors import BackendUnavailable, InvalidArgument, MissingExtra
 
-__all__ = ["backend_from_url", "redact_url", "scrub_secrets", "url_secrets"]
+__all__ = ["backend_from_url", "redact_url", "scrub_secrets", "url_flag", "url_secrets"]
 
 # scheme -> (backend name, extra, driver module, "module:factory")
 _SCHEMES: dict[str, tuple[str, str | None, str | None, str]] = {
@@ -66,6 +66,16 @@ def _split(url: str) -> tuple[str, str, str, str, str]:
 def _is_secret(key: str) -> bool:
     name = unquote_plus(key).lower()
     return any(part in name for part in _SECRET_KEYS)
+
+
+def url_flag(name: str, value: str) -> bool:
+    """A boolean URL option (``true``/``false``, ``1``/``0``, ``on``/``off``, ``yes``/``no``)."""
+    lowered = value.lower()
+    if lowered in ("1", "true", "on", "yes"):
+        return True
+    if lowered in ("0", "false", "off", "no"):
+        return False
+    raise InvalidArgument(f"URL option {name} must be true or false, got {value!r}")
 
 
 def url_secrets(url: str) -> list[str]:

@@ -522,6 +522,20 @@ class MemoryBackend(Backend):
                     gp.frontier += 1
         return removed
 
+    async def delete_stream(self, stream: str) -> None:
+        s = self._streams.pop(stream, None)
+        if s is None:
+            raise UnknownStream(stream)
+        for key in [k for k in self._groups if k[0] == stream]:
+            del self._groups[key]
+        for w in s.waiters:  # woken waiters find the stream gone
+            if not w.done():
+                w.set_result(None)
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        self._group(stream, group)
+        del self._groups[(stream, group)]
+
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         s = self._stream(stream)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -1424,6 +1424,30 @@ class MongoBackend(Backend):
             await self._advance({(gid, p) for p in live})
         return removed
 
+    # Deletion ----------------------------------------------------------------
+
+    async def delete_stream(self, stream: str) -> None:
+        await self._ready()
+        await self._stream_doc(stream)
+        groups = await self._groups.find({"s": stream}, {"_id": 1}).to_list(None)
+        for doc in groups:
+            await self._delete_group(doc["_id"])
+        await self._events.delete_many({"st": stream})
+        await self._partitions.delete_many({"st": stream})
+        # The stream document goes last: an interrupted deletion leaves a stream
+        # that is still listed, and deleting it again finishes the job.
+        await self._streams.delete_one({"_id": stream})
+        self._append_locks.pop(stream, None)
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        await self._ready()
+        await self._delete_group((await self._group(stream, group)).id)
+
+    async def _delete_group(self, group_id: Any) -> None:
+        await self._deliveries.delete_many({"g": group_id})
+        await self._groups.delete_one({"_id": group_id})
+        self._rotation.pop(group_id, None)
+
     # Wake-ups ----------------------------------------------------------------
 
     async def wait_for_append(self, stream: str, timeout: float) -> bool:

@@ -49,7 +49,7 @@ from .._lease import Lease, make_lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from .._urls import check_hosts, redact_url, require_driver, unreachable
+from .._urls import check_hosts, redact_url, require_driver, unreachable, url_flag
 from ._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations, mark_sent
 from ._postgres_sql import (
     BOOTSTRAP,
@@ -206,15 +206,6 @@ def _check_size(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidArgument(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
-
-
-def _flag(name: str, value: str) -> bool:
-    lowered = value.lower()
-    if lowered in ("1", "true", "on", "yes"):
-        return True
-    if lowered in ("0", "false", "off", "no"):
-        return False
-    raise InvalidArgument(f"URL option {name} must be true or false, got {value!r}")
 
 
 def _driver() -> Any:
@@ -379,7 +370,7 @@ class PostgresBackend(Backend):
                     raise InvalidArgument(f"URL option {key} must be an integer, got {value!r}")
                 options[key] = int(value)
             elif key in ("listen", "migrate"):
-                options[key] = _flag(key, value)
+                options[key] = url_flag(key, value)
             elif key == "timeout_ms":
                 options[key] = check_timeout_ms(value)
             elif key == "schema":
@@ -1035,6 +1026,47 @@ class PostgresBackend(Backend):
                 break
         return out
 
+    async def delete_stream(self, stream: str) -> None:
+        pool = await self._ready()
+        q = self._q
+        async with pool.acquire() as conn, conn.transaction():
+            # Locking the stream row first orders this against appends and group creation.
+            stream_id = await conn.fetchval(
+                f"SELECT id FROM {q}.streams WHERE name = $1 FOR UPDATE", stream)
+            if stream_id is None:
+                raise UnknownStream(stream)
+            groups = [r[0] for r in await conn.fetch(
+                f"SELECT id FROM {q}.groups WHERE stream_id = $1 ORDER BY id", stream_id)]
+            await self._delete_groups(conn, groups)
+            await conn.execute(f"DELETE FROM {q}.events WHERE stream_id = $1", stream_id)
+            await conn.execute(f"DELETE FROM {q}.partitions WHERE stream_id = $1", stream_id)
+            await conn.execute(f"DELETE FROM {q}.streams WHERE id = $1", stream_id)
+        self._streams.pop(stream, None)
+        for key in [k for k in self._groups if k[0] == stream]:
+            del self._groups[key]
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        pool = await self._ready()
+        q = self._q
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT s.id, g.id FROM {q}.streams s LEFT JOIN {q}.groups g "
+                "ON g.stream_id = s.id AND g.name = $2 WHERE s.name = $1 FOR UPDATE OF s",
+                stream, group)
+            if row is None:
+                raise UnknownStream(stream)
+            if row[1] is None:
+                raise UnknownGroup(stream, group)
+            await self._delete_groups(conn, [row[1]])
+        self._groups.pop((stream, group), None)
+
+    async def _delete_groups(self, conn: asyncpg.Connection, groups: list[int]) -> None:
+        q = self._q
+        for table, column in (("deliveries", "group_id"), ("frontiers", "group_id"),
+                              ("cursors", "group_id"), ("groups", "id")):
+            await conn.execute(
+                f"DELETE FROM {q}.{table} WHERE {column} = ANY($1::integer[])", groups)
+
     async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
         meta = await self._stream(stream)
         parts = sorted(up_to)
@@ -1425,10 +1457,15 @@ async def _ensure_schema(conn: asyncpg.Connection, schema: str, *, apply: bool) 
         )
     if version == SCHEMA_VERSION:
         return version
+    if not apply and version == 0:
+        raise BackendError(
+            f"PostgreSQL schema {schema!r} holds no rheo_flow tables: create them with "
+            "rheo-flow migrate --url URL  (or open with migrate=True)"
+        )
     if not apply:
         raise BackendError(
             f"PostgreSQL schema {schema!r} is at version {version}, this rheo-flow needs "
-            f"{SCHEMA_VERSION}: run  rheo-flow migrate URL  (or open with migrate=True)"
+            f"{SCHEMA_VERSION}: run  rheo-flow migrate --url URL  (or open with migrate=True)"
         )
     return await _apply_migrations(conn, schema)
 

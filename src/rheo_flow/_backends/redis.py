@@ -52,7 +52,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -624,6 +624,51 @@ class RedisBackend(Backend):
             ma, created, _ = _text(record).split("|", 2)
             out.append(GroupInfo(stream, _text(name), int(ma), int(created)))
         return sorted(out, key=lambda g: g.group)
+
+    # Deletion ----------------------------------------------------------------
+
+    async def delete_stream(self, stream: str) -> None:
+        count, _ = await self._stream_record(stream)
+        groups = [_text(g) for g in await self._io(self._client.hkeys(self._groups_key(stream)))]
+        keys = [self._groups_key(stream), self._ids_key(stream)]
+        for p in range(count):
+            keys.extend(self._pkeys(stream, p))
+            for group in groups:
+                keys.extend(self._gkeys(stream, group, p)[2:])
+        # One MULTI/EXEC (one server, as for appends to several partitions): no
+        # reader sees a stream record whose partitions are gone.
+        pipe = self._client.pipeline(transaction=True)
+        pipe.unlink(*keys)
+        pipe.hdel(self._streams_key(), stream)
+        await self._io(pipe.execute())
+        self._forget(stream, None)
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        count = await self._require_group(stream, group)
+        pipe = self._client.pipeline(transaction=True)
+        for p in range(count):
+            keys = self._gkeys(stream, group, p)
+            pipe.xgroup_destroy(keys[0], group)
+            pipe.unlink(*keys[2:])
+        pipe.hdel(self._groups_key(stream), group)
+        await self._io(pipe.execute())
+        self._forget(stream, group)
+
+    def _forget(self, stream: str, group: str | None) -> None:
+        """Drop what this backend caches of a deleted stream (``group=None``) or group."""
+        if group is None:
+            self._partitions.pop(stream, None)
+            self._seen.pop(stream, None)
+            self._stale.pop(stream, None)
+        def gone(cache: Iterable[tuple[Any, ...]]) -> list[Any]:
+            return [k for k in cache if k[0] == stream and (group is None or k[1] == group)]
+
+        self._known_groups.difference_update(gone(self._known_groups))
+        for key in gone(self._consumers):
+            self._tracked -= len(self._consumers.pop(key))
+        for cache in (self._keys, self._valid_keys, self._rotation):
+            for key in gone(cache):
+                del cache[key]
 
     async def _require_group(self, stream: str, group: str) -> int:
         count = await self._partition_count(stream)

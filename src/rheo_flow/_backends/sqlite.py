@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Concatenate, Final, Generic, Literal, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, unquote
 
@@ -65,7 +66,7 @@ from .._lease import Lease, make_lease
 from .._query import Query
 from .._settle import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from .._urls import redact_url
+from .._urls import redact_url, url_flag
 from ._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from ._shared import (
     Waiters,
@@ -94,7 +95,7 @@ error recorded by a nack or reject."""
 
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5_000
 _SYNCHRONOUS: Final = ("NORMAL", "FULL", "EXTRA")
-_URL_OPTIONS: Final = ("busy_timeout_ms", "synchronous", "timeout_ms")
+_URL_OPTIONS: Final = ("busy_timeout_ms", "migrate", "synchronous", "timeout_ms")
 
 
 # In-process wake-ups: an append through any backend on a file wakes the waiters
@@ -411,6 +412,11 @@ class SQLiteBackend(Backend):
     The connection lives in one dedicated thread; operations open the backend on
     first use when :meth:`open` was not called.
 
+    ``migrate=False`` (URL option ``?migrate=false``) opens an existing database
+    only: a missing file, or one without the current rheo_flow schema, is an error
+    naming ``rheo-flow migrate``, and nothing is created (the CLI's read-only
+    commands open so).
+
     ``timeout_ms`` bounds how long a caller waits for its operation (by default
     ``busy_timeout_ms`` plus 10 s). An operation given up on may still commit in
     the backend thread: a write then raises :class:`~rheo_flow.OutcomeUnknown`.
@@ -429,6 +435,7 @@ class SQLiteBackend(Backend):
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         synchronous: str = "FULL",
         timeout_ms: int | None = None,
+        migrate: bool = True,
     ) -> None:
         if not isinstance(path, str | os.PathLike) or not os.fspath(path):
             raise InvalidArgument(f"SQLite database path must be a non-empty path, got {path!r}")
@@ -450,6 +457,7 @@ class SQLiteBackend(Backend):
         self._clock: Clock = clock or system_clock
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = mode
+        self._migrate = bool(migrate)
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
         self._open_lock = asyncio.Lock()
@@ -466,7 +474,8 @@ class SQLiteBackend(Backend):
         """Build from ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` or
         ``sqlite:///:memory:`` (one private in-memory database, gone on close).
 
-        Options go in the query string: ``?synchronous=normal&busy_timeout_ms=10000``.
+        Options go in the query string: ``?synchronous=normal&busy_timeout_ms=10000``,
+        ``?migrate=false`` (open an existing database only).
         """
         prefix = "sqlite://"
         if not isinstance(url, str) or not url.lower().startswith(prefix):
@@ -488,6 +497,8 @@ class SQLiteBackend(Backend):
                 )
             if name == "timeout_ms":
                 options[name] = check_timeout_ms(value)
+            elif name == "migrate":
+                options[name] = url_flag(name, value)
             elif name == "busy_timeout_ms":
                 if not value.isdigit():
                     raise InvalidArgument(
@@ -550,15 +561,33 @@ class SQLiteBackend(Backend):
 
     def _connect(self) -> sqlite3.Connection:
         """Runs in the backend thread: connect, configure, create or check the schema."""
+        target, uri = self._path, False
+        if not self._migrate and self._path != ":memory:":
+            if not os.path.isfile(self._path):
+                raise BackendError(f"SQLite database {self._path!r} does not exist "
+                                   "(create it with  rheo-flow migrate --url URL)")
+            # mode=rw: a file removed meanwhile is an error instead of a new database.
+            target, uri = f"{Path(self._path).resolve().as_uri()}?mode=rw", True
         try:
             conn = sqlite3.connect(
-                self._path,
+                target,
                 timeout=self._busy_timeout_ms / 1000,
                 isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE / COMMIT
+                uri=uri,
             )
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot open SQLite database {self._path!r}: {exc}") from exc
         try:
+            if not self._migrate:
+                # Checked before WAL is switched on: a file that is not ours stays untouched.
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version < SCHEMA_VERSION:
+                    raise BackendError(
+                        f"SQLite database {self._path!r} has "
+                        + ("no rheo_flow schema" if version == 0 else f"schema version {version}")
+                        + f" (this rheo-flow needs {SCHEMA_VERSION}): "
+                        "run  rheo-flow migrate --url URL"
+                    )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             if self._path != ":memory:":
                 # Persistent in the file; WAL lets readers run beside the one writer.
@@ -1302,6 +1331,12 @@ class SQLiteBackend(Backend):
     async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
         return await self._write(self._trim, stream, dict(up_to))
 
+    async def delete_stream(self, stream: str) -> None:
+        await self._write(_delete_stream, stream)
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        await self._write(_delete_group, stream, group)
+
     def _trim(
         self, conn: sqlite3.Connection, stream: str, up_to: dict[int, int]
     ) -> dict[int, int]:
@@ -1357,6 +1392,26 @@ _CODE_KINDS: Final[dict[int, SettleKind]] = {
     15: SettleKind.BACKEND_UNAVAILABLE,  # SQLITE_PROTOCOL
     26: SettleKind.BACKEND_UNAVAILABLE,  # SQLITE_NOTADB
 }
+
+
+def _delete_stream(conn: sqlite3.Connection, stream: str) -> None:
+    s = _stream(conn, stream)
+    groups = conn.execute("SELECT id FROM groups WHERE stream_id = ?", (s.id,)).fetchall()
+    for (group_id,) in groups:
+        _delete_group_rows(conn, group_id)
+    conn.execute("DELETE FROM events WHERE stream_id = ?", (s.id,))
+    conn.execute("DELETE FROM partitions WHERE stream_id = ?", (s.id,))
+    conn.execute("DELETE FROM streams WHERE id = ?", (s.id,))
+
+
+def _delete_group(conn: sqlite3.Connection, stream: str, group: str) -> None:
+    _delete_group_rows(conn, _group(conn, stream, group).id)
+
+
+def _delete_group_rows(conn: sqlite3.Connection, group_id: int) -> None:
+    for table, column in (("deliveries", "group_id"), ("group_partitions", "group_id"),
+                          ("groups", "id")):
+        conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (group_id,))
 
 
 class _Deliveries:

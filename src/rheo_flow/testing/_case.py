@@ -62,7 +62,7 @@ class Case:
         return None
 
 
-_AREAS = ["streams", "leases", "progress", "reads"]
+_AREAS = ["streams", "leases", "progress", "reads", "deletion"]
 
 
 def _area_rank(module: str) -> int:

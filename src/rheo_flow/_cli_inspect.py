@@ -1,0 +1,296 @@
+"""The read-only ``rheo-flow`` commands: streams, groups, lag, dead-letters, tail.
+
+They open the store with ``migrate=false`` (see :func:`existing`): a mistyped
+SQLite file or PostgreSQL schema is an error, never a new empty store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from ._cli_common import (
+    GroupArg,
+    JsonOption,
+    StreamArg,
+    UrlOption,
+    console,
+    emit,
+    existing,
+    run,
+)
+from ._event import Event
+from ._query import Query
+from ._rheo import Rheo
+from ._urls import redact_url
+
+__all__ = ["register"]
+
+
+Row = dict[str, Any]
+
+
+def streams(url: UrlOption, json: JsonOption = False) -> None:
+    """List the streams with their partitions, events appended and retained, and groups."""
+    out = console()
+
+    async def go() -> list[Row]:
+        rows = []
+        async with Rheo(existing(url)) as rheo:
+            for name in await rheo.streams():
+                info = await rheo.stream_info(name)
+                rows.append({
+                    "stream": name, "partitions": info.partitions,
+                    "events": sum(info.high_water.values()),
+                    "retained": sum(info.high_water[p] - info.low_water[p] + 1
+                                    for p in info.high_water),
+                    "groups": [g.group for g in await rheo.groups(name)],
+                    "created_at_ms": info.created_at_ms,
+                })
+        return rows
+
+    emit(out, json, redact_url(url), ("stream", "partitions", "events", "retained", "groups"),
+         run(out, go, url), lambda r: [r["stream"], str(r["partitions"]), f"{r['events']:,}",
+                                      f"{r['retained']:,}", ", ".join(r["groups"]) or "-"])
+
+
+def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
+    """List a stream's groups with max_attempts, creation time, frontier total and lag."""
+    out = console()
+
+    async def go() -> list[Row]:
+        async with Rheo(existing(url)) as rheo:
+            high = await rheo.high_water(stream)
+            rows = []
+            for g in await rheo.groups(stream):
+                frontier = await rheo.frontier(stream, g.group)
+                rows.append({
+                    "stream": stream, "group": g.group, "max_attempts": g.max_attempts,
+                    "created_at_ms": g.created_at_ms,
+                    "settled": sum(frontier.values()),
+                    "lag": sum(max(0, h - frontier.get(p, 0)) for p, h in high.items()),
+                })
+        return rows
+
+    emit(out, json, f"groups of {stream} on {redact_url(url)}",
+         ("group", "max attempts", "created", "settled", "lag"), run(out, go, url),
+         lambda r: [r["group"], str(r["max_attempts"]), _time(r["created_at_ms"]),
+                    f"{r['settled']:,}", f"{r['lag']:,}"])
+
+
+async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
+    high = await rheo.high_water(stream)
+    if group is not None:
+        await rheo.group_info(stream, group)
+    names = [group] if group is not None else [g.group for g in await rheo.groups(stream)]
+    rows = []
+    for name in names:
+        frontier = await rheo.frontier(stream, name)
+        for p, h in sorted(high.items()):
+            done = frontier.get(p, 0)
+            rows.append({"stream": stream, "group": name, "partition": p, "high_water": h,
+                         "frontier": done, "lag": max(0, h - done)})
+    return rows
+
+
+def _lag_table(title: str, rows: list[Row]) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("group")
+    for column in ("partition", "high water", "frontier", "lag"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(escape(r["group"]), str(r["partition"]), f"{r['high_water']:,}",
+                      f"{r['frontier']:,}", f"{r['lag']:,}")
+    return table
+
+
+def lag(
+    url: UrlOption,
+    stream: StreamArg,
+    group: Annotated[str | None, typer.Argument(
+        help="Group name (default: every group).", show_default=False)] = None,
+    json: JsonOption = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Refresh until interrupted (Ctrl-C).")] = False,
+    interval: Annotated[float, typer.Option(
+        min=0.1, max=3600, help="Seconds between refreshes with --watch.")] = 2.0,
+    count: Annotated[int | None, typer.Option(
+        min=1, help="With --watch: stop after this many refreshes.", show_default=False,
+    )] = None,
+) -> None:
+    """Show high water, frontier and lag per partition for one group or all of them.
+
+    With --watch the table refreshes in place on a terminal; elsewhere (and with
+    --json, whose lines then carry the time of the reading in "at_ms") each
+    reading is printed after the last.
+    """
+    out = console()
+    title = f"{stream} on {redact_url(url)}"
+    readings = 1 if not watch else count
+
+    async def go() -> None:
+        async with Rheo(existing(url)) as rheo:
+            live: Live | None = None
+            done = 0
+            try:
+                while readings is None or done < readings:
+                    if done:
+                        await asyncio.sleep(interval)
+                    rows = await _lag_rows(rheo, stream, group)
+                    done += 1
+                    if json:
+                        at = {"at_ms": int(time.time() * 1000)} if watch else {}
+                        for row in rows:
+                            out.out(orjson.dumps({**row, **at}).decode(), highlight=False)
+                    elif watch and out.is_terminal:
+                        if live is None:
+                            live = Live(console=out, auto_refresh=False)
+                            live.start()
+                        live.update(_lag_table(f"{title}  ({_time(None)})", rows),
+                                    refresh=True)
+                    else:
+                        out.print(_lag_table(title, rows))
+            finally:
+                if live is not None:
+                    live.stop()
+
+    run(out, go, url)
+
+
+def dead_letters(
+    url: UrlOption,
+    stream: StreamArg,
+    group: GroupArg,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many.")] = 50,
+    json: JsonOption = False,
+) -> None:
+    """List the dead letters (rejected deliveries) of a group."""
+    out = console()
+
+    async def go() -> list[Row]:
+        async with Rheo(existing(url)) as rheo:
+            await rheo.group_info(stream, group)
+            letters = await rheo.dead_letters(stream, group, limit=limit)
+        return [{"stream": d.stream, "group": d.group, "partition": d.partition,
+                 "sequence": d.sequence, "event_id": d.event_id, "attempts": d.attempts,
+                 "reason": d.reason, "last_error": d.last_error,
+                 "rejected_at_ms": d.rejected_at_ms} for d in letters]
+
+    emit(out, json, f"dead letters of {stream}/{group}",
+         ("partition", "sequence", "event id", "attempts", "reason", "last error", "rejected"),
+         run(out, go, url),
+         lambda r: [str(r["partition"]), str(r["sequence"]), r["event_id"], str(r["attempts"]),
+                    r["reason"], r["last_error"] or "-", _time(r["rejected_at_ms"])])
+
+
+def tail(
+    url: UrlOption,
+    stream: StreamArg,
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="Keep printing events as they are appended (Ctrl-C stops).",
+    )] = False,
+    group: Annotated[str | None, typer.Option(
+        "--group", "-g", help="Only events this group has not settled yet (after its "
+        "frontier), oldest first.", show_default=False)] = None,
+    limit: Annotated[int, typer.Option(
+        "--limit", "-n", min=1, max=10_000, help="How many events to print first.")] = 10,
+    poll: Annotated[float, typer.Option(
+        min=0.05, max=60, help="With --follow: longest wait between two looks (s).")] = 1.0,
+    json: JsonOption = False,
+) -> None:
+    """Print a stream's latest events (or a group's pending ones) without consuming them.
+
+    Reads with queries only: no group is created, no delivery is leased. Events
+    are ordered by append time across partitions.
+    """
+    out = console()
+    show = _event_printer(out, json)
+
+    async def go() -> None:
+        async with Rheo(existing(url)) as rheo:
+            info = await rheo.stream_info(stream)
+            if group is not None:
+                await rheo.group_info(stream, group)
+                frontier = await rheo.frontier(stream, group)
+                starts = {p: frontier.get(p, 0) + 1 for p in info.high_water}
+                events = await _read(rheo, stream, starts, limit)
+                events = sorted(events, key=_order)[:limit]
+            else:
+                starts = {p: max(1, h - limit + 1) for p, h in info.high_water.items()}
+                events = sorted(await _read(rheo, stream, starts, limit), key=_order)[-limit:]
+            for event in events:
+                show(event)
+            if not follow:
+                return
+            after = dict(info.high_water)
+            if group is not None:  # continue after what was shown, or the group's frontier
+                after = {p: s - 1 for p, s in starts.items()}
+                for event in events:
+                    after[event.partition] = max(after[event.partition], event.sequence)
+            while True:
+                await rheo.wait_for_append(stream, poll)
+                fresh = await _read(rheo, stream, {p: s + 1 for p, s in after.items()}, None)
+                for event in sorted(fresh, key=_order):
+                    after[event.partition] = max(after[event.partition], event.sequence)
+                    show(event)
+
+    run(out, go, url)
+
+
+async def _read(rheo: Rheo, stream: str, starts: dict[int, int], limit: int | None
+                ) -> list[Event]:
+    """Up to ``limit`` events per partition from its start sequence (``None``: all)."""
+    events: list[Event] = []
+    for p, start in starts.items():
+        query = Query(stream=stream, partitions=[p], from_sequence=start)
+        if limit is None:
+            events.extend([e async for e in rheo.stream_query(query)])
+        else:
+            events.extend((await rheo.query_page(query, limit=limit)).events)
+    return events
+
+
+def _order(event: Event) -> tuple[int, int, int]:
+    return event.appended_at_ms, event.partition, event.sequence
+
+
+def _event_printer(out: Console, json: bool) -> Callable[[Event], None]:
+    def show(event: Event) -> None:
+        if json:
+            out.out(orjson.dumps({
+                "stream": event.stream, "partition": event.partition,
+                "sequence": event.sequence, "id": event.id, "type": event.type,
+                "key": event.key, "data": event.data, "headers": dict(event.headers),
+                "appended_at_ms": event.appended_at_ms,
+            }).decode(), highlight=False)
+        else:
+            key = f" key={event.key}" if event.key is not None else ""
+            out.print(f"[dim]{_time(event.appended_at_ms)}[/] {event.partition}:{event.sequence} "
+                      f"[bold]{escape(event.type)}[/] id={escape(event.id)}{escape(key)} "
+                      f"{escape(orjson.dumps(event.data).decode())}")
+    return show
+
+
+def _time(ms: int | None) -> str:
+    """An epoch-millisecond time as UTC ISO 8601 (now when ``None``)."""
+    moment = datetime.now(UTC) if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the read-only commands to ``app``."""
+    app.command()(streams)
+    app.command()(groups)
+    app.command()(lag)
+    app.command("dead-letters")(dead_letters)
+    app.command()(tail)

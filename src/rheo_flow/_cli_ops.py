@@ -1,0 +1,319 @@
+"""The ``rheo-flow`` commands that change a store: append, redrive, replay, reset, trim,
+delete-stream, delete-group and migrate.
+
+Destructive ones ask first (``--yes`` skips the question; without a terminal
+they refuse unless given ``--yes``). All but ``migrate`` open the store with
+``migrate=false``: they never create a file or schema.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.markup import escape
+
+from ._cli_common import (
+    GroupArg,
+    JsonOption,
+    StreamArg,
+    UrlOption,
+    YesOption,
+    confirm,
+    console,
+    emit,
+    errors,
+    existing,
+    run,
+)
+from ._errors import InvalidArgument
+from ._rheo import MAX_APPEND, Rheo
+from ._stream import DeadLetter, StartPosition
+from ._urls import redact_url
+from ._validation import MAX_PARTITIONS
+
+__all__ = ["register"]
+
+PartitionOption = Annotated[list[int] | None, typer.Option(
+    "--partition", "-p", min=0, help="Only this partition (repeat for several; default: all).",
+    show_default=False)]
+
+
+def _done(json: bool, row: dict[str, Any], message: str) -> None:
+    """Report a change: a JSON line, or a check mark and ``message``."""
+    out = console()
+    if json:
+        out.out(orjson.dumps(row).decode(), highlight=False)
+    else:
+        out.print(f"[green]✓[/] {escape(message)}")
+
+
+def append(
+    url: UrlOption,
+    stream: StreamArg,
+    batch: Annotated[int, typer.Option(
+        min=1, max=MAX_APPEND, help="Events per append call.")] = 500,
+    create: Annotated[bool, typer.Option(
+        "--create", help="Create the stream first when it does not exist.")] = False,
+    partitions: Annotated[int, typer.Option(
+        min=1, max=MAX_PARTITIONS, help="Partitions of a stream made by --create.")] = 1,
+    json: JsonOption = False,
+) -> None:
+    """Append events read from stdin, one JSON object per line, and print where they went.
+
+    Each line is an event mapping: {"type": ..., "data": ..., "id": ..., "key": ...}
+    ("type" required; "partition" and "headers" are accepted too). Every line is
+    checked before anything is appended; blank lines are skipped. Appends are
+    idempotent on "id": a line whose id is already stored prints the stored event.
+    """
+    out = console()
+    items: list[dict[str, Any]] = []
+    for number, line in enumerate(sys.stdin, 1):
+        if not line.strip():
+            continue
+        try:
+            item = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            errors().print(f"[bold red]error:[/] line {number} is not JSON: {escape(str(exc))}")
+            raise typer.Exit(1) from None
+        if not isinstance(item, dict):
+            errors().print(f"[bold red]error:[/] line {number} is not a JSON object")
+            raise typer.Exit(1)
+        items.append(item)
+
+    async def go() -> list[dict[str, Any]]:
+        rows = []
+        async with Rheo(existing(url)) as rheo:
+            if create:
+                await rheo.create_stream(stream, partitions=partitions)
+            for start in range(0, len(items), batch):
+                for event in await rheo.append(stream, items[start:start + batch]):
+                    rows.append({"stream": stream, "id": event.id, "partition": event.partition,
+                                 "sequence": event.sequence})
+        return rows
+
+    emit(out, json, f"appended to {stream}", ("id", "partition", "sequence"),
+         run(out, go, url), lambda r: [r["id"], str(r["partition"]), str(r["sequence"])])
+
+
+def _position(text: str) -> tuple[int, int]:
+    partition, colon, sequence = text.partition(":")
+    if not (colon and partition.isdigit() and sequence.isdigit()):
+        raise typer.BadParameter(f"expected PARTITION:SEQUENCE, got {text!r}")
+    return int(partition), int(sequence)
+
+
+def redrive(
+    url: UrlOption,
+    stream: StreamArg,
+    group: GroupArg,
+    position: Annotated[list[str] | None, typer.Option(
+        "--position", help="Only the dead letter at PARTITION:SEQUENCE (repeat for several; "
+        "default: every dead letter).", show_default=False)] = None,
+    yes: YesOption = False,
+    json: JsonOption = False,
+) -> None:
+    """Make a group's dead letters deliverable again (attempt count reset)."""
+    out = console()
+    wanted = {_position(p) for p in position or ()}
+    what = "the dead letters at " + ", ".join(f"{p}:{s}" for p, s in sorted(wanted)) \
+        if wanted else "every dead letter"
+    confirm(out, f"redrive {what} of {stream}/{group}", yes)
+
+    async def go() -> int:
+        async with Rheo(existing(url)) as rheo:
+            await rheo.group_info(stream, group)
+            if not wanted:
+                return await rheo.redrive(stream, group)
+            letters: list[DeadLetter] = []
+            last = None
+            while page := await rheo.dead_letters(stream, group, limit=1000, after=last):
+                letters.extend(d for d in page if (d.partition, d.sequence) in wanted)
+                last = page[-1]
+            missing = wanted - {(d.partition, d.sequence) for d in letters}
+            if missing:
+                raise InvalidArgument("no dead letter at " + ", ".join(
+                    f"{p}:{s}" for p, s in sorted(missing)))
+            return await rheo.redrive(stream, group, letters)
+
+    count = run(out, go, url)
+    _done(json, {"stream": stream, "group": group, "redriven": count},
+          f"{stream}/{group}: {count} dead letter(s) redriven")
+
+
+def replay(
+    url: UrlOption,
+    stream: StreamArg,
+    group: GroupArg,
+    from_sequence: Annotated[int, typer.Option(
+        "--from", min=1, help="First sequence to deliver again.")] = 1,
+    partition: PartitionOption = None,
+    yes: YesOption = False,
+    json: JsonOption = False,
+) -> None:
+    """Deliver a group's events again from a sequence on (settled ones too)."""
+    out = console()
+    where = _partitions_text(partition)
+    confirm(out, f"replay {stream}/{group} from sequence {from_sequence} ({where})", yes)
+
+    async def go() -> None:
+        async with Rheo(existing(url)) as rheo:
+            await rheo.replay(stream, group, from_sequence=from_sequence,
+                              partitions=partition or "all")
+
+    run(out, go, url)
+    _done(json, {"stream": stream, "group": group, "from_sequence": from_sequence,
+                 "partitions": partition or "all"},
+          f"{stream}/{group}: replaying from sequence {from_sequence} ({where})")
+
+
+def _start(text: str) -> StartPosition:
+    if text in ("earliest", "latest"):
+        return text  # type: ignore[return-value]
+    if text.isdigit():
+        return int(text)
+    raise typer.BadParameter(f"expected earliest, latest or a sequence, got {text!r}")
+
+
+def reset(
+    url: UrlOption,
+    stream: StreamArg,
+    group: GroupArg,
+    to: Annotated[str, typer.Option(
+        "--to", help="earliest (deliver everything again), latest (skip everything) or a "
+        "sequence S (events up to S count as settled).", show_default=False)],
+    partition: PartitionOption = None,
+    yes: YesOption = False,
+    json: JsonOption = False,
+) -> None:
+    """Move a group to the earliest event, past the latest, or past a sequence."""
+    out = console()
+    position = _start(to)
+    where = _partitions_text(partition)
+    confirm(out, f"reset {stream}/{group} to {to} ({where})", yes)
+
+    async def go() -> None:
+        async with Rheo(existing(url)) as rheo:
+            await rheo.reset(stream, group, to=position, partitions=partition or "all")
+
+    run(out, go, url)
+    _done(json, {"stream": stream, "group": group, "to": position,
+                 "partitions": partition or "all"},
+          f"{stream}/{group}: reset to {to} ({where})")
+
+
+def trim(
+    url: UrlOption,
+    stream: StreamArg,
+    up_to: Annotated[int | None, typer.Option(
+        "--up-to", min=1, help="Remove events up to this sequence, in every partition "
+        "(default: as far as every group has settled).", show_default=False)] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Also remove events a group has not settled yet.")] = False,
+    yes: YesOption = False,
+    json: JsonOption = False,
+) -> None:
+    """Remove old events; unless --force, only those every group has settled."""
+    out = console()
+    bound = "what every group has settled" if up_to is None else f"sequence {up_to}"
+    confirm(out, f"trim {stream} up to {bound}{' (forced)' if force else ''}", yes)
+
+    async def go() -> dict[int, int]:
+        async with Rheo(existing(url)) as rheo:
+            return await rheo.trim(stream, up_to=up_to, force=force)
+
+    removed = run(out, go, url)
+    emit(out, json, f"trimmed {stream}", ("partition", "removed"),
+         [{"stream": stream, "partition": p, "removed": n} for p, n in sorted(removed.items())],
+         lambda r: [str(r["partition"]), f"{r['removed']:,}"])
+
+
+def delete_stream(url: UrlOption, stream: StreamArg, yes: YesOption = False,
+                  json: JsonOption = False) -> None:
+    """Delete a stream with all its events, groups, deliveries and dead letters."""
+    out = console()
+    confirm(out, f"delete stream {stream} with all its events and groups", yes)
+
+    async def go() -> None:
+        async with Rheo(existing(url)) as rheo:
+            await rheo.delete_stream(stream)
+
+    run(out, go, url)
+    _done(json, {"stream": stream, "deleted": True}, f"stream {stream} deleted")
+
+
+def delete_group(url: UrlOption, stream: StreamArg, group: GroupArg, yes: YesOption = False,
+                 json: JsonOption = False) -> None:
+    """Delete a group with its progress, deliveries and dead letters (events stay)."""
+    out = console()
+    confirm(out, f"delete group {group} of stream {stream}", yes)
+
+    async def go() -> None:
+        async with Rheo(existing(url)) as rheo:
+            await rheo.delete_group(stream, group)
+
+    run(out, go, url)
+    _done(json, {"stream": stream, "group": group, "deleted": True},
+          f"group {group} of stream {stream} deleted")
+
+
+def migrate(
+    url: UrlOption,
+    schema: Annotated[str | None, typer.Option(
+        help="PostgreSQL schema (default: the URL's ?schema= or rheo_flow; giving both is "
+        "an error).", show_default=False)] = None,
+    json: JsonOption = False,
+) -> None:
+    """Create or upgrade a backend's schema explicitly (safe to run concurrently).
+
+    PostgreSQL applies its versioned migrations under an advisory lock; the other
+    backends create their tables, indexes or keys when they open.
+    """
+    out = console()
+    postgres = url.split("://", 1)[0].lower() in ("postgresql", "postgres")
+    if schema is not None and not postgres:
+        raise typer.BadParameter("--schema applies to PostgreSQL only", param_hint="--schema")
+
+    async def go() -> str:
+        if postgres:
+            from ._urls import require_driver
+
+            require_driver("PostgreSQL", "postgres", "asyncpg")
+            from ._backends.postgres import DEFAULT_SCHEMA, PostgresBackend
+            from ._backends.postgres import migrate as pg_migrate
+
+            in_url = PostgresBackend.from_url(url).schema if "schema=" in url else None
+            if schema is not None and in_url is not None and schema != in_url:
+                raise InvalidArgument(f"the URL names schema {in_url!r} and --schema "
+                                      f"{schema!r}: give one")
+            target = in_url or schema or DEFAULT_SCHEMA
+            version = await pg_migrate(url, target)
+            return f"schema {target}: version {version} is in place"
+        async with Rheo(url):
+            pass
+        return "schema is in place"
+
+    message = run(out, go, url)
+    _done(json, {"url": redact_url(url), "result": message},
+          f"{redact_url(url)}: {message}")
+
+
+def _partitions_text(partitions: list[int] | None) -> str:
+    if not partitions:
+        return "every partition"
+    return "partition" + ("s " if len(partitions) > 1 else " ") + ", ".join(
+        str(p) for p in sorted(set(partitions)))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands that change a store to ``app``."""
+    app.command()(append)
+    app.command()(redrive)
+    app.command()(replay)
+    app.command()(reset)
+    app.command()(trim)
+    app.command("delete-stream")(delete_stream)
+    app.command("delete-group")(delete_group)
+    app.command()(migrate)
