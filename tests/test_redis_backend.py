@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -27,6 +28,7 @@ from rheo_flow import (
     Rheo,
     SettleKind,
 )
+from rheo_flow._faults._proxy import FaultProxy
 from rheo_flow._urls import backend_from_url
 from rheo_flow.backends import RedisBackend
 
@@ -744,3 +746,42 @@ async def test_event_data_round_trips_exactly(rheo: Rheo) -> None:
     assert again.data == data
     assert lease.event.data == data
     assert isinstance(lease.event.data["big"], int)
+
+
+async def test_a_fetch_resent_after_its_answer_was_lost_strands_nothing(
+        redis_url: str, wait_until: Any) -> None:
+    """redis-py resends a command whose answer never came; the fetch script then runs
+    twice with the same block token. The first run's leases must still expire and come
+    back, or the frontier stalls behind them for ever."""
+    prefix = _prefix()
+    url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}"
+    owner = RedisBackend.from_url(redis_url, prefix=prefix)
+    try:
+        await _resent_fetch(url, Rheo(owner), wait_until)
+    finally:
+        await owner.drop_all()
+        await owner.close()
+
+
+async def _resent_fetch(url: str, direct: Rheo, wait_until: Any) -> None:
+    async with FaultProxy.for_url(url) as proxy, direct:
+        await direct.create_stream("s", partitions=1)
+        await direct.create_group("s", "g")
+        await direct.append("s", [NewEvent("t", {"n": n}) for n in range(10)])
+        async with Rheo(proxy.url(url)) as rheo:
+            # Scripts loaded and the stream known: the next answer is the fetch's.
+            await rheo.ack(await rheo.fetch("s", "g", limit=1, lease_ms=5_000))
+            proxy.lose_replies(1)
+            await rheo.fetch("s", "g", limit=5, lease_ms=200)
+            assert proxy.stats.replies_lost == 1
+        acked: set[int] = set()
+
+        async def everything_acked() -> bool:
+            leases = await direct.fetch("s", "g", limit=10, lease_ms=5_000)
+            await direct.ack(leases)
+            acked.update(lease.event.sequence for lease in leases)
+            return sum((await direct.lag("s", "g")).values()) == 0
+
+        await wait_until(everything_acked, timeout=10, interval=0.05,
+                         message="every event delivered and acked")
+        assert acked == set(range(2, 11))

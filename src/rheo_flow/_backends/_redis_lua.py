@@ -315,7 +315,8 @@ return '[' .. snow .. ',[' .. table.concat(out, ',') .. ']]'
 """
 
 # KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, consumer, quota, lease_ms, lease id prefix,
-# block token. Returns LOST, 'NOGROUP' or an array: JSON [high_water, still_available, deadline,
+# block token. Returns LOST, 'NOGROUP', 'AGAIN' (this call already ran: its answer was lost)
+# or an array: JSON [high_water, still_available, deadline,
 # redelivered, [[seq, attempt, time, meta], ...]], then the data (JSON text) of each item.
 # The first `redelivered` items have lease ids
 # prefix .. 1, 2, ..., the new deliveries after them '<block token>:<seq>'.
@@ -328,6 +329,10 @@ local mm = redis.call('HMGET', m, 'hw', 'mk')
 if not mm[2] then return 'LOST' end
 local g = redis.call('HMGET', G, 'f', 'c', 'ma')
 if not g[1] then return 'NOGROUP' end
+-- The same call run again (the client resent it after its answer was lost): the
+-- first run's block keeps its leases until they expire; granting more under the
+-- same token would overwrite that block and strand its deliveries for ever.
+if redis.call('HEXISTS', B, btoken) == 1 then return 'AGAIN' end
 local f, c, ma = tonumber(g[1]), tonumber(g[2]), tonumber(g[3])
 local hw = tonumber(mm[1] or '0')
 local now = now_ms()

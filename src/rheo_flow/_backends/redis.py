@@ -753,6 +753,11 @@ class RedisBackend(Backend):
                 raise UnknownGroup(stream, group)
             if reply == b"LOST" or reply == LOST:
                 raise self._lost(stream)
+            if reply == b"AGAIN" or reply == "AGAIN":
+                # A resent call that had already run: its leases went unanswered and
+                # expire; fetch again for this partition.
+                left[p] = 1
+                continue
             high, remaining, deadline, redelivered, items = loads(reply[0])
             left[p] = remaining
             if high > seen[p]:
