@@ -61,7 +61,7 @@ async def _top(tmp_path: Path, size: tuple[int, int]
     """The store of :func:`_store` watched by a running app, once its dead letter shows."""
     url = f"sqlite:///{tmp_path / 'top.db'}"
     await _store(url)
-    app = TopApp(f"{url}?migrate=false", "orders", interval=0.2)
+    app = TopApp(url, "orders", interval=0.2)
     async with app.run_test(size=size) as pilot:
         await _until(pilot, lambda: "ValueError: bad input" in _text(app), "the dead letter")
         yield url, app, pilot
@@ -71,10 +71,12 @@ async def test_top_shows_lag_and_dead_letters_pauses_redrives_and_quits(tmp_path
     async with _top(tmp_path, (140, 40)) as (url, app, pilot):
         screen = _text(app)
         assert "billing" in screen
+        assert "migrate=false" not in screen  # the URL as given, not as opened
         # Partition 0: 3 appended, 2 acked then 1 rejected (settled): frontier 3, lag 0.
         assert "p0  high water 3  frontier 3  lag 0" in screen
         assert "p1  high water 3  frontier 0  lag 3" in screen
-        assert "settled 3   lag 3" in screen
+        assert "billing   max attempts 5   dead letters 1" in screen
+        assert "all  settled 3  lag 3  0.0 events/s" in screen
         assert "0:3 | 1 | boom | ValueError: bad input" in screen
 
         await pilot.press("p")
@@ -99,6 +101,13 @@ async def test_top_shows_lag_and_dead_letters_pauses_redrives_and_quits(tmp_path
         await pilot.press("s")
         await _until(pilot, lambda: app.stream == "audit" and "audit has no groups" in _text(app),
                      "the switch to the next stream")
+
+        async with Rheo(url) as rheo:  # a reading that fails shows, the app lives on
+            await rheo.delete_stream("audit")
+        await _until(pilot, lambda: "error: " in str(app.query_one("#status", Static).content)
+                     and "audit" in str(app.query_one("#status", Static).content),
+                     "the failed reading on the status line")
+        assert app.is_running
 
         await pilot.press("q")
         await _until(pilot, lambda: not app.is_running, "the app to exit")

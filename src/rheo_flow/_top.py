@@ -26,6 +26,7 @@ try:
 except ImportError:
     raise MissingExtra("top command", "tui", "textual") from None
 
+from ._cli_common import existing
 from ._rheo import Rheo
 from ._stream import DeadLetter
 from ._urls import redact_url, scrub_secrets
@@ -70,23 +71,25 @@ class _Reading:
     """One look at a stream: per group, its partitions and dead letters."""
 
     partitions: dict[str, list[_Partition]]
+    max_attempts: dict[str, int]
     dead_letters: list[DeadLetter]
 
 
 class TopApp(App[None]):
-    """The live view of one stream of the store at ``url`` (opened without creating anything).
+    """The live view of one stream of the store at ``url``, taking a reading every ``interval`` s.
 
-    ``url`` must already be what the store is opened with (see ``existing``);
-    ``interval`` is the number of seconds between two readings.
+    The store is opened with ``migrate=false`` (see ``existing``): a missing SQLite
+    file or PostgreSQL schema is an error, never a new store.
     """
 
     TITLE = "rheo-flow top"
+    ENABLE_COMMAND_PALETTE = False
     CSS = """
     #status { height: 1; background: $boost; padding: 0 1; }
     #groups { height: 1fr; }
     .group { height: 1; margin-top: 1; padding: 0 1; text-style: bold; }
     .row { height: 1; padding: 0 1; }
-    .row Static { width: 48; }
+    .row Static { width: 52; }
     .row Sparkline { width: 1fr; }
     #dead-title { height: 1; padding: 0 1; text-style: bold; }
     #dead { height: 12; }
@@ -122,13 +125,13 @@ class TopApp(App[None]):
         yield Static("dead letters (newest first)", id="dead-title", markup=False)
         table: DataTable[str] = DataTable(id="dead", cursor_type="row", zebra_stripes=True)
         table.add_columns("group", "partition:sequence", "attempts", "reason", "last error",
-                          "rejected")
+                          "rejected (UTC)")
         yield table
         yield Footer()
 
     async def on_mount(self) -> None:
         """Open the store, take the first reading and refresh every ``interval``."""
-        self._rheo = await Rheo(self.url).open()
+        self._rheo = await Rheo(existing(self.url)).open()
         await self.refresh_view()
         self.set_interval(self.interval, self._tick)
 
@@ -161,15 +164,17 @@ class TopApp(App[None]):
     async def _read(self, rheo: Rheo) -> _Reading:
         high = await rheo.high_water(self.stream)
         partitions: dict[str, list[_Partition]] = {}
+        attempts: dict[str, int] = {}
         letters: list[DeadLetter] = []
         for info in await rheo.groups(self.stream):
             frontier = await rheo.frontier(self.stream, info.group)
+            attempts[info.group] = info.max_attempts
             partitions[info.group] = [_Partition(p, h, frontier.get(p, 0))
                                       for p, h in sorted(high.items())]
             letters.extend(await rheo.dead_letters(self.stream, info.group,
                                                    limit=DEAD_LETTER_LIMIT))
         letters.sort(key=lambda d: (-d.rejected_at_ms, d.group, d.partition, d.sequence))
-        return _Reading(partitions, letters)
+        return _Reading(partitions, attempts, letters)
 
     async def _show(self, reading: _Reading) -> None:
         now = time.monotonic()
@@ -185,8 +190,12 @@ class TopApp(App[None]):
                 state.rates.append(state.rate)
             state.settled, state.at = settled, now
             lag = sum(p.lag for p in parts)
+            dead = sum(d.group == group for d in reading.dead_letters)
             self.query_one(f"#g-{n}", Static).update(
-                f"{group}   settled {settled:,}   lag {lag:,}   {state.rate:,.1f} events/s")
+                f"{group}   max attempts {reading.max_attempts[group]}   dead letters "
+                f"{dead:,}{'+' if dead == DEAD_LETTER_LIMIT else ''}")
+            self.query_one(f"#t-{n}", Static).update(
+                f"  all  settled {settled:,}  lag {lag:,}  {state.rate:,.1f} events/s")
             self.query_one(f"#gs-{n}", Sparkline).data = list(state.rates) or [0]
             for p in parts:
                 history = state.lags.setdefault(p.partition, deque(maxlen=HISTORY))
@@ -203,14 +212,15 @@ class TopApp(App[None]):
         box = self.query_one("#groups", VerticalScroll)
         await box.remove_children()
         widgets: list[Widget] = []
-        for slug, (_, partitions) in enumerate(layout):
+        for n, (_, partitions) in enumerate(layout):
+            widgets.append(Static("", id=f"g-{n}", classes="group", markup=False))
             widgets.append(Horizontal(
-                Static("", id=f"g-{slug}", markup=False),
-                Sparkline([0], id=f"gs-{slug}"), classes="row group"))
+                Static("", id=f"t-{n}", markup=False),
+                Sparkline([0], id=f"gs-{n}"), classes="row"))
             for p in partitions:
                 widgets.append(Horizontal(
-                    Static("", id=f"p-{slug}-{p}", markup=False),
-                    Sparkline([0], id=f"ps-{slug}-{p}"), classes="row"))
+                    Static("", id=f"p-{n}-{p}", markup=False),
+                    Sparkline([0], id=f"ps-{n}-{p}"), classes="row"))
         if not layout:
             widgets.append(Static(f"{self.stream} has no groups", classes="row",
                                   markup=False))

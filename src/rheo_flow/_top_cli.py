@@ -41,4 +41,4 @@ def top(
             await rheo.stream_info(stream)
 
     run(console(), check, url)
-    TopApp(target, stream, interval=interval).run()
+    TopApp(url, stream, interval=interval).run()
