@@ -1,7 +1,8 @@
 """The ``rheo-flow`` command line: the app, the live demo, and every command registered.
 
 The commands live in modules of their own: :mod:`._cli_inspect` (read-only),
-:mod:`._cli_ops` (changes), :mod:`._faults._cli` (torture).
+:mod:`._cli_ops` (changes), :mod:`._faults._cli` (torture), :mod:`._worker_cli`
+(worker), :mod:`._top_cli` (the live view).
 """
 
 from __future__ import annotations
