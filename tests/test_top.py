@@ -135,3 +135,16 @@ def test_top_without_textual_names_the_extra(monkeypatch: pytest.MonkeyPatch,
     assert result.exit_code == 2, result.output
     assert "pip install 'rheo-flow[tui]'" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_top_survives_a_redrive_that_fails(tmp_path: Path) -> None:
+    async with _top(tmp_path, (120, 30)) as (url, app, pilot):
+        await pilot.press("p")
+        async with Rheo(url) as rheo:
+            await rheo.delete_stream("orders")
+        await pilot.press("r")
+        await _until(pilot, lambda: any("UnknownStream" in n.message
+                                        for n in app._notifications),
+                     "the error notification")
+        assert app.is_running
+        assert app.query_one("#dead", DataTable).row_count == 1

@@ -151,13 +151,15 @@ class TopApp(App[None]):
         if self._rheo is None or self._lock.locked():
             return
         async with self._lock:
+            stream = self.stream
             try:
                 reading = await self._read(self._rheo)
             except Exception as exc:  # shown, not fatal: the store may come back
-                self.error = scrub_secrets(f"{type(exc).__name__}: {exc}", self.url)
+                self.error = self._message(exc)
             else:
                 self.error = None
-                await self._show(reading)
+                if stream == self.stream:  # else `s` was pressed meanwhile: a stale reading
+                    await self._show(reading)
             self.readings += 1
             self._status()
 
@@ -240,6 +242,9 @@ class TopApp(App[None]):
         if selected in self._letters:
             table.move_cursor(row=table.get_row_index(selected))
 
+    def _message(self, exc: Exception) -> str:
+        return scrub_secrets(f"{type(exc).__name__}: {exc}", self.url)
+
     def _status(self) -> None:
         state = "PAUSED (p resumes)" if self.paused else f"every {self.interval:g}s"
         text = (f"{self.stream} on {redact_url(self.url)}   {state}   "
@@ -257,7 +262,11 @@ class TopApp(App[None]):
         """Show the next stream of the store (in name order)."""
         if self._rheo is None:
             return
-        names = sorted(await self._rheo.streams())
+        try:
+            names = sorted(await self._rheo.streams())
+        except Exception as exc:  # a key press must not end the app
+            self.notify(self._message(exc), severity="error")
+            return
         if not names:
             return
         after = [n for n in names if n > self.stream]
@@ -273,7 +282,11 @@ class TopApp(App[None]):
         if self._rheo is None or letter is None:
             self.notify("no dead letter selected", severity="warning")
             return
-        count = await self._rheo.redrive(letter.stream, letter.group, [letter])
+        try:
+            count = await self._rheo.redrive(letter.stream, letter.group, [letter])
+        except Exception as exc:  # a key press must not end the app
+            self.notify(self._message(exc), severity="error")
+            return
         self.notify(f"redrove {count} dead letter of {letter.group} "
                     f"({letter.partition}:{letter.sequence})")
         await self.refresh_view()
