@@ -14,7 +14,8 @@ from rheo_flow._cli import app
 
 runner = CliRunner()
 
-READS = [["streams"], ["groups", "s"], ["lag", "s"], ["dead-letters", "s", "g"], ["tail", "s"]]
+READS = [["streams"], ["groups", "s"], ["lag", "s"], ["dead-letters", "s", "g"], ["tail", "s"],
+         ["top", "s"]]
 CHANGES = [["delete-stream", "s", "--yes"], ["delete-group", "s", "g", "--yes"],
            ["trim", "s", "--up-to", "1", "--yes"], ["reset", "s", "g", "--to", "latest", "--yes"],
            ["replay", "s", "g", "--yes"], ["redrive", "s", "g", "--yes"]]
@@ -44,6 +45,7 @@ def test_unknown_stream_and_group_are_errors(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'x.db'}"
     assert runner.invoke(app, ["migrate", "--url", url]).exit_code == 0
     for args, message in ((["groups", "nope"], "unknown stream 'nope'"),
+                          (["top", "nope"], "unknown stream 'nope'"),
                           (["tail", "nope"], "unknown stream 'nope'"),
                           (["dead-letters", "nope", "g"], "unknown stream 'nope'")):
         result = runner.invoke(app, [*args, "--url", url])

@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-DRIVERS = ("asyncpg", "redis", "pymongo", "motor")
+DRIVERS = ("asyncpg", "redis", "pymongo", "motor", "textual")
 TEST_TOOLS = ("pytest", "_pytest", "pytest_asyncio", "hypothesis")
 
 
@@ -121,6 +121,14 @@ def test_cli_and_sqlite_demo_work_without_extras(bare_python: Path) -> None:
                  "--quiet"], env={**os.environ, "COLUMNS": "120"})
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "✓ billing: all 60 events settled" in demo.stdout
+
+
+def test_top_without_the_tui_extra_names_it(bare_python: Path, tmp_path: Path) -> None:
+    script = bare_python.parent / "rheo-flow"
+    out = _run([str(script), "top", "orders", "--url", "sqlite:///t.db"], cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "pip install 'rheo-flow[tui]'" in out.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_torture_on_sqlite_works_without_extras(bare_python: Path, tmp_path: Path) -> None:

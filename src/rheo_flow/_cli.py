@@ -1,7 +1,8 @@
 """The ``rheo-flow`` command line: the app, the live demo, and every command registered.
 
 The commands live in modules of their own: :mod:`._cli_inspect` (read-only),
-:mod:`._cli_ops` (changes), :mod:`._faults._cli` (torture).
+:mod:`._cli_ops` (changes), :mod:`._faults._cli` (torture), :mod:`._worker_cli`
+(worker), :mod:`._top_cli` (the live view).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ._cli_common import console as cli_console
 from ._cli_common import run
 from ._demo import DemoConfig, run_demo
 from ._faults._cli import torture as _torture
+from ._top_cli import top as _top
 from ._worker_cli import worker as _worker
 
 __all__ = ["app", "main"]
@@ -112,6 +114,7 @@ _cli_ops.register(app)
 # Kept in their own modules; registered here so that they are commands of this app.
 app.command("torture")(_torture)
 app.command("worker")(_worker)
+app.command("top")(_top)
 
 
 def main() -> None:
