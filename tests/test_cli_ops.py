@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from rheo_flow import NewEvent, Rheo
+from rheo_flow import Group, NewEvent, Rheo, consumer
 from rheo_flow._cli import app
 
 runner = CliRunner()
@@ -275,3 +275,34 @@ def test_url_is_required() -> None:
     result = runner.invoke(app, ["streams"], env={"RHEO_URL": ""})
     assert result.exit_code == 2
     assert "--url" in result.output
+
+
+def test_dead_letter_of_a_raising_handler_shows_its_error(tmp_path: Path) -> None:
+    """What a handler raised reaches the dead letter and the command's table and JSON."""
+    url = f"sqlite:///{tmp_path / 'raising.db'}"
+
+    async def run_failing_group() -> None:
+        async with Rheo(url) as rheo:
+            await rheo.create_stream("orders", partitions=1)
+            await rheo.create_group("orders", "billing", max_attempts=1)
+            await rheo.append("orders", [NewEvent("order.placed", {"total": "12,50 EUR"})])
+
+            @consumer(stream="orders", group="billing", poll_ms=20)
+            async def handle(event: Any, context: Any) -> Any:
+                return int(event.data["total"])  # raises ValueError
+
+            async with Group(rheo, handle):
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 10
+                while not await rheo.dead_letters("orders", "billing"):
+                    assert loop.time() < deadline, "no dead letter within 10 s"
+                    await asyncio.sleep(0.02)  # polling the store against a deadline
+
+    asyncio.run(run_failing_group())
+    result = _cli(url, "dead-letters", "orders", "billing", "--json")
+    assert result.exit_code == 0, result.output
+    [row] = _lines(result.stdout)
+    assert row["last_error"] == "ValueError: invalid literal for int() with base 10: '12,50 EUR'"
+    table = runner.invoke(app, ["dead-letters", "orders", "billing"], env={
+        "RHEO_URL": url, "COLUMNS": "250"})
+    assert "ValueError: invalid literal for int()" in table.stdout
