@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import urlsplit
 
@@ -100,6 +101,25 @@ def redis_url() -> str:
 def mongo_url() -> str:
     """URL of the MongoDB test server (``RHEO_MONGO_URL``)."""
     return server_url("mongo")
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_url: str) -> Iterator[str]:
+    """The PostgreSQL test URL on a schema of this test only, dropped afterwards."""
+    import asyncpg
+
+    schema = f"rheo_test_{uuid.uuid4().hex[:12]}"
+    separator = "&" if "?" in postgres_url else "?"
+    yield f"{postgres_url}{separator}schema={schema}"
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(postgres_url)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
 
 
 @pytest.fixture

@@ -146,24 +146,6 @@ async def test_a_scenario_can_give_the_workers_and_the_checker_their_own_urls(
 
 
 @pytest.fixture
-def postgres_schema_url(postgres_url: str) -> Iterator[str]:
-    import asyncpg
-
-    schema = f"rheo_test_faults_{uuid.uuid4().hex[:10]}"
-    separator = "&" if "?" in postgres_url else "?"
-    yield f"{postgres_url}{separator}schema={schema}"
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(postgres_url)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
-
-
-@pytest.fixture
 def redis_prefix_url(redis_url: str) -> Iterator[str]:
     from redis.asyncio import Redis
 

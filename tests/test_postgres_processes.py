@@ -13,9 +13,7 @@ import asyncio
 import itertools
 import json
 import sys
-import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +28,9 @@ CRASH_LEASE_MS = 1_500
 
 
 @pytest.fixture
-def url(postgres_url: str) -> Iterator[str]:
+def url(postgres_schema_url: str) -> str:
     """A URL on a schema of this test only, dropped afterwards."""
-    import asyncpg
-
-    schema = f"rheo_test_procs_{uuid.uuid4().hex[:10]}"
-    separator = "&" if "?" in postgres_url else "?"
-    yield f"{postgres_url}{separator}schema={schema}"
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(postgres_url)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
+    return postgres_schema_url
 
 
 async def _worker(*args: str) -> Any:

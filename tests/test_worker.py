@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import sys
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,21 +130,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'events.db'}"
         return
-    postgres_url = request.getfixturevalue("postgres_url")
-    import asyncpg
-
-    schema = f"rheo_test_worker_{uuid.uuid4().hex[:10]}"
-    separator = "&" if "?" in postgres_url else "?"
-    yield f"{postgres_url}{separator}schema={schema}"
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(postgres_url)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
+    yield request.getfixturevalue("postgres_schema_url")
 
 
 @pytest.fixture
