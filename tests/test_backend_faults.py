@@ -286,16 +286,7 @@ async def test_close_without_open_leaves_no_postgres_connection(
         return count
 
     try:
-        rheo = Rheo(url)  # never opened: the first operation opens the backend
-        await rheo.create_stream("s")
-        await rheo.append("s", NewEvent("t"))
-        assert await connections() >= 1
-        await rheo.close()
-
-        async def none_left() -> bool:
-            return await connections() == 0
-
-        await wait_until(none_left, message="every connection closed")
+        await _close_without_open_closes_everything(url, connections, wait_until)
     finally:
         await admin.close()
         await _cleanup("postgres", url)
@@ -314,19 +305,27 @@ async def test_close_without_open_leaves_no_redis_connection(
         return sum(1 for c in await admin.client_list() if c.get("name") == name)
 
     try:
-        rheo = Rheo(url)
-        await rheo.create_stream("s")
-        await rheo.append("s", NewEvent("t"))
-        assert await connections() >= 1
-        await rheo.close()
-
-        async def none_left() -> bool:
-            return await connections() == 0
-
-        await wait_until(none_left, message="every connection closed")
+        await _close_without_open_closes_everything(url, connections, wait_until)
     finally:
         await admin.aclose()
         await _cleanup("redis", url)
+
+
+async def _close_without_open_closes_everything(
+    url: str, connections: Callable[[], Awaitable[int]], wait_until: WaitUntil
+) -> None:
+    """A Rheo never opened (its first operation opens the backend) leaves no
+    connection counted by ``connections`` once closed."""
+    rheo = Rheo(url)
+    await rheo.create_stream("s")
+    await rheo.append("s", NewEvent("t"))
+    assert await connections() >= 1
+    await rheo.close()
+
+    async def none_left() -> bool:
+        return await connections() == 0
+
+    await wait_until(none_left, message="every connection closed")
 
 
 async def test_close_without_open_releases_the_sqlite_file(tmp_path: Path) -> None:
