@@ -717,6 +717,10 @@ class RedisBackend(Backend):
                 shares = _fill(limit - got, [left[p] for p in more])
                 second = [(p, q) for p, q in zip(more, shares, strict=True) if q > 0]
                 await self._fetch_round(stream, group, consumer_id, lease_ms, second, per, left)
+                # A partition's second round may hold redeliveries below its first
+                # round's (each round takes the earliest due): keep sequence order.
+                for p, _ in second:
+                    per.get(p, []).sort(key=_sequence_of)
         lists = [per[p] for p in ids if per.get(p)]
         if len(lists) <= 1:
             return lists[0] if lists else []
@@ -1254,3 +1258,7 @@ def _classify(exc: BaseException) -> SettleKind | None:
 def _with_error(reason: str, error: str | None) -> str:
     """The settle script's reason argument: the reason, then NUL and the error to record."""
     return reason if error is None else f"{reason}\0{error}"
+
+
+def _sequence_of(lease: Lease) -> int:
+    return lease.event.sequence

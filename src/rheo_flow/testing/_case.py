@@ -50,6 +50,8 @@ class Case:
     """Capability flags that must be true; otherwise the case is skipped, visibly."""
     needs_peer: bool = False
     """The case needs a second backend over the same store (``harness.peer``)."""
+    rules: tuple[str, ...] = ()
+    """The rules of docs/contract.md the case checks (``area.rule`` names)."""
 
     def skip_reason(self, backend: Backend, harness: BackendHarness) -> str | None:
         """Why this case does not apply to ``backend``, or ``None`` when it does."""
@@ -62,7 +64,7 @@ class Case:
         return None
 
 
-_AREAS = ["streams", "leases", "progress", "reads", "deletion"]
+_AREAS = ["streams", "leases", "redelivery", "progress", "reads", "deletion"]
 
 
 def _area_rank(module: str) -> int:
@@ -75,9 +77,16 @@ CASES: list[Case] = []
 
 
 def case(
-    *, requires: Sequence[str] = (), needs_peer: bool = False
+    *, rules: Sequence[str] = (), requires: Sequence[str] = (), needs_peer: bool = False
 ) -> Callable[[CaseFunc], CaseFunc]:
-    """Register an async function ``case_<name>(env)`` as a conformance case."""
+    """Register an async function ``case_<name>(env)`` as a conformance case.
+
+    ``rules`` names the rules of the contract (docs/contract.md, ``area.rule``)
+    the case checks; every case of the kit cites at least one.
+    """
+    for rule in rules:
+        if not isinstance(rule, str) or rule.count(".") != 1:
+            raise ValueError(f"a rule is named area.rule, got {rule!r}")
 
     def register(func: CaseFunc) -> CaseFunc:
         name = func.__name__.removeprefix("case_")
@@ -87,7 +96,7 @@ def case(
         rank = _area_rank(func.__module__)
         # Keep CASES grouped by area whatever order the case modules are imported in.
         index = sum(1 for c in CASES if _area_rank(c.func.__module__) <= rank)
-        CASES.insert(index, Case(name, func, doc, tuple(requires), needs_peer))
+        CASES.insert(index, Case(name, func, doc, tuple(requires), needs_peer, tuple(rules)))
         return func
 
     return register

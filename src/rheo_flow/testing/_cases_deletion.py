@@ -15,7 +15,7 @@ async def _settle_fails(env: CaseEnv, leases: list[Lease], what: str) -> None:
         check(not result.ok, f"{what}: an ack of a deleted delivery succeeded ({result})")
 
 
-@case()
+@case(rules=["delete.stream"])
 async def case_delete_stream_removes_everything(env: CaseEnv) -> None:
     """delete_stream removes events, groups, deliveries and dead letters; the name starts fresh."""
     stream = await env.stream(partitions=2)
@@ -58,7 +58,7 @@ async def case_delete_stream_removes_everything(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "frontier after re-creation")
 
 
-@case()
+@case(rules=["delete.group"])
 async def case_delete_group_removes_its_state(env: CaseEnv) -> None:
     """delete_group removes a group's progress, deliveries and dead letters, nothing else."""
     stream = await env.stream(partitions=1)

@@ -13,7 +13,7 @@ from ._case import CaseEnv, case, check, check_equal, check_results, positions
 STALE = SettleKind.STALE_LEASE
 
 
-@case()
+@case(rules=["fetch.limit"])
 async def case_fetch_respects_limit(env: CaseEnv) -> None:
     """fetch returns at most ``limit`` leases, and all available work up to it."""
     stream = await env.stream(partitions=3)
@@ -28,7 +28,7 @@ async def case_fetch_respects_limit(env: CaseEnv) -> None:
     check_equal(len(set(positions(first + one + rest))), 10, "distinct events leased")
 
 
-@case()
+@case(rules=["fetch.partitions"])
 async def case_fetch_partition_filter(env: CaseEnv) -> None:
     """fetch(partitions=[...]) only leases events of those partitions."""
     stream = await env.stream(partitions=3)
@@ -43,7 +43,7 @@ async def case_fetch_partition_filter(env: CaseEnv) -> None:
     check_equal(await env.fetch(stream, "g"), [], "nothing left in any partition")
 
 
-@case()
+@case(rules=["fetch.order"])
 async def case_fetch_order_within_partition(env: CaseEnv) -> None:
     """Within a partition, events are delivered in sequence order."""
     stream = await env.stream(partitions=2)
@@ -60,7 +60,7 @@ async def case_fetch_order_within_partition(env: CaseEnv) -> None:
     check_equal(delivered[1], list(range(1, 8)), "delivery order in partition 1")
 
 
-@case()
+@case(rules=["lease.fields"])
 async def case_lease_fields(env: CaseEnv) -> None:
     """A lease names its group, consumer, event, attempt 1 and a deadline of now + lease_ms."""
     stream = await env.stream()
@@ -82,7 +82,7 @@ async def case_lease_fields(env: CaseEnv) -> None:
               f"deadline_ms {lease.deadline_ms} is not now + lease_ms ({low}..{high})")
 
 
-@case()
+@case(rules=["lease.exclusive"])
 async def case_lease_exclusive_under_concurrent_fetch(env: CaseEnv) -> None:
     """Concurrent fetches of one group never lease the same event twice."""
     stream = await env.stream(partitions=3)
@@ -100,7 +100,7 @@ async def case_lease_exclusive_under_concurrent_fetch(env: CaseEnv) -> None:
     check_equal(len(everything), 60, "every event leased exactly once")
 
 
-@case(needs_peer=True)
+@case(rules=["lease.exclusive"], needs_peer=True)
 async def case_peer_instances_compete(env: CaseEnv) -> None:
     """Two instances on one store share a group's work: no event twice, leases portable."""
     stream = await env.stream(partitions=2)
@@ -126,7 +126,7 @@ async def case_peer_instances_compete(env: CaseEnv) -> None:
     check_equal(sum((await env.rheo.lag(stream, "g")).values()), 0, "lag after acking all")
 
 
-@case()
+@case(rules=["settle.ack"])
 async def case_ack_is_final(env: CaseEnv) -> None:
     """An acked event is never delivered again to that group, even after its lease time."""
     stream = await env.stream()
@@ -141,7 +141,7 @@ async def case_ack_is_final(env: CaseEnv) -> None:
     check_equal(await env.fetch(stream, "g"), [], "nothing after acking everything")
 
 
-@case()
+@case(rules=["settle.repeat"])
 async def case_repeated_settle_is_ok_repeated(env: CaseEnv) -> None:
     """Repeating the settle that took effect, with the same lease, is ok with repeated=True."""
     stream = await env.stream()
@@ -162,7 +162,7 @@ async def case_repeated_settle_is_ok_repeated(env: CaseEnv) -> None:
                 "a repeated nack does not count as another attempt")
 
 
-@case()
+@case(rules=["settle.repeat", "settle.fencing"])
 async def case_other_settle_after_settle_is_stale(env: CaseEnv) -> None:
     """Once a lease is settled, another settle or a renew with it is stale_lease."""
     stream = await env.stream()
@@ -185,7 +185,7 @@ async def case_other_settle_after_settle_is_stale(env: CaseEnv) -> None:
     check_equal((again.sequence, again.attempt), (2, 2), "the nacked event comes back")
 
 
-@case()
+@case(rules=["settle.unknown_lease"])
 async def case_foreign_lease_is_invalid(env: CaseEnv) -> None:
     """A lease naming no delivery of this backend (stream, group, sequence) is invalid."""
     stream = await env.stream(partitions=2)
@@ -207,7 +207,7 @@ async def case_foreign_lease_is_invalid(env: CaseEnv) -> None:
     await env.ack_ok([real])
 
 
-@case()
+@case(rules=["settle.fencing"])
 async def case_receipt_mismatch(env: CaseEnv) -> None:
     """A lease whose id matches but whose receipt does not is receipt_mismatch."""
     stream = await env.stream()
@@ -223,7 +223,7 @@ async def case_receipt_mismatch(env: CaseEnv) -> None:
     await env.ack_ok([lease])
 
 
-@case()
+@case(rules=["settle.fencing", "lease.expiry"])
 async def case_fencing_after_expiry_and_release(env: CaseEnv) -> None:
     """An expired lease whose event was leased again can no longer ack, nack, reject or renew."""
     stream = await env.stream()
@@ -242,7 +242,7 @@ async def case_fencing_after_expiry_and_release(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "the newer lease settled")
 
 
-@case()
+@case(rules=["settle.expired_unreleased"])
 async def case_expired_lease_not_yet_released_may_settle(env: CaseEnv) -> None:
     """An expired lease may still settle while nobody has leased the event again."""
     stream = await env.stream()
@@ -256,7 +256,7 @@ async def case_expired_lease_not_yet_released_may_settle(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "frontier")
 
 
-@case()
+@case(rules=["settle.results"])
 async def case_settle_results_in_order(env: CaseEnv) -> None:
     """A settle batch returns one result per lease, in order, each classified on its own."""
     stream = await env.stream()
@@ -275,7 +275,7 @@ async def case_settle_results_in_order(env: CaseEnv) -> None:
     check_results(renewed, [leases[3], leases[0]], [None, STALE], "mixed renew batch")
 
 
-@case()
+@case(rules=["settle.results"])
 async def case_empty_batch_settles(env: CaseEnv) -> None:
     """Settling or renewing no leases returns no results, from the facade and the backend."""
     check_equal(await env.rheo.ack([]), [], "facade ack([])")
@@ -288,7 +288,7 @@ async def case_empty_batch_settles(env: CaseEnv) -> None:
     check_equal(await env.backend.renew([], 1000), [], "backend renew([])")
 
 
-@case()
+@case(rules=["settle.repeat"])
 async def case_concurrent_settles_of_one_lease(env: CaseEnv) -> None:
     """Racing settles of one lease: exactly one takes effect; the rest repeat or are stale."""
     stream = await env.stream()
@@ -307,7 +307,7 @@ async def case_concurrent_settles_of_one_lease(env: CaseEnv) -> None:
     check(all(r.kind == STALE for r in outcomes if not r.ok), "the losers are stale_lease")
 
 
-@case()
+@case(rules=["settle.renew"])
 async def case_renew_extends_deadline(env: CaseEnv) -> None:
     """renew moves the deadline to now + lease_ms: no redelivery after the old deadline."""
     stream = await env.stream()
@@ -331,7 +331,7 @@ async def case_renew_extends_deadline(env: CaseEnv) -> None:
     await env.ack_ok(again)
 
 
-@case()
+@case(rules=["lease.expiry"])
 async def case_expiry_redelivers_next_attempt(env: CaseEnv) -> None:
     """An expired lease is redelivered with attempt + 1, a new lease id, the same event."""
     stream = await env.stream()
@@ -350,7 +350,7 @@ async def case_expiry_redelivers_next_attempt(env: CaseEnv) -> None:
     await env.ack_ok([third])
 
 
-@case()
+@case(rules=["settle.nack"])
 async def case_nack_redelivers_immediately(env: CaseEnv) -> None:
     """nack with no delay makes the event available at once, with attempt + 1."""
     stream = await env.stream()
@@ -364,7 +364,7 @@ async def case_nack_redelivers_immediately(env: CaseEnv) -> None:
     await env.ack_ok([again])
 
 
-@case(requires=["delayed_nack"])
+@case(rules=["settle.nack"], requires=["delayed_nack"])
 async def case_nack_with_delay(env: CaseEnv) -> None:
     """nack(delay_ms) keeps the event back until the delay has passed."""
     stream = await env.stream()
@@ -386,7 +386,7 @@ async def case_nack_with_delay(env: CaseEnv) -> None:
     await env.ack_ok(again)
 
 
-@case()
+@case(rules=["settle.reject"])
 async def case_reject_dead_letters(env: CaseEnv) -> None:
     """reject dead-letters a delivery for its group: listed, never redelivered, settled."""
     stream = await env.stream()
@@ -410,7 +410,7 @@ async def case_reject_dead_letters(env: CaseEnv) -> None:
     check_equal(await env.rheo.dead_letters(stream, "other"), [], "other group's dead letters")
 
 
-@case()
+@case(rules=["attempts.max"])
 async def case_max_attempts_via_nack(env: CaseEnv) -> None:
     """A nack at attempt >= max_attempts dead-letters with reason "max_attempts"."""
     stream = await env.stream()
@@ -428,7 +428,7 @@ async def case_max_attempts_via_nack(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "dead-lettered counts as settled")
 
 
-@case()
+@case(rules=["attempts.max"])
 async def case_max_attempts_via_expiry(env: CaseEnv) -> None:
     """A lease that expires at attempt >= max_attempts is dead-lettered, not redelivered."""
     stream = await env.stream()
@@ -448,3 +448,46 @@ async def case_max_attempts_via_expiry(env: CaseEnv) -> None:
                   "ack of a lease that was dead-lettered on expiry")
     check_results(await env.rheo.ack(first[0]), first[:1], [STALE], "ack of the first lease")
     check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "frontier")
+
+
+@case(rules=["settle.repeat", "settle.results"])
+async def case_same_lease_twice_in_a_batch(env: CaseEnv) -> None:
+    """A batch naming one lease twice settles it once; the second occurrence is its repeat."""
+    stream = await env.stream()
+    await env.append(stream, 5)
+    acked, nacked, rejected, renewed, other = await env.fetch(stream, "g")
+    check_results(await env.rheo.ack([acked, other, acked]), [acked, other, acked],
+                  [None, None, None], "ack [a, b, a]", repeated=[False, False, True])
+    check_results(await env.rheo.nack([nacked, nacked], "r"), [nacked, nacked], [None, None],
+                  "nack [n, n]", repeated=[False, True])
+    check_results(await env.rheo.reject([rejected, rejected], "r"), [rejected, rejected],
+                  [None, None], "reject [r, r]", repeated=[False, True])
+    results = await env.rheo.renew([renewed, renewed], lease_ms=env.long_ms)
+    check_results(results, [renewed, renewed], [None, None], "renew [w, w]")
+    check(all(r.deadline_ms is not None for r in results), "both renews report a deadline")
+    [again] = await env.fetch(stream, "g")
+    check_equal((again.sequence, again.attempt), (nacked.sequence, 2),
+                "the nack named twice counts as one attempt")
+    check_equal([d.sequence for d in await env.rheo.dead_letters(stream, "g")],
+                [rejected.sequence], "the reject named twice is one dead letter")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "frontier")
+
+
+@case(rules=["settle.unknown_lease"])
+async def case_lease_on_unleased_sequence_is_stale(env: CaseEnv) -> None:
+    """A lease naming an appended sequence the group holds no lease for is stale_lease."""
+    stream = await env.stream()
+    await env.append(stream, 3)
+    [real] = await env.fetch(stream, "g", 1)
+    never_fetched = dataclasses.replace(real, event=dataclasses.replace(real.event, sequence=3))
+    for op, call in (("ack", env.rheo.ack(never_fetched)),
+                     ("nack", env.rheo.nack(never_fetched, "r")),
+                     ("reject", env.rheo.reject(never_fetched, "r")),
+                     ("renew", env.rheo.renew(never_fetched))):
+        check_results(await call, [never_fetched], [STALE], f"{op} naming sequence 3")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 0}, "nothing was settled")
+    check_equal(await env.rheo.dead_letters(stream, "g"), [], "nothing was rejected")
+    rest = await env.fetch(stream, "g")
+    check_equal([(lease.sequence, lease.attempt) for lease in rest], [(2, 1), (3, 1)],
+                "the never-fetched deliveries are untouched")
+    await env.ack_ok([real, *rest])

@@ -10,7 +10,7 @@ from ._case import CaseEnv, case, check, check_equal, check_results, positions
 STALE = SettleKind.STALE_LEASE
 
 
-@case()
+@case(rules=["group.lifecycle"])
 async def case_create_group_idempotent(env: CaseEnv) -> None:
     """create_group is idempotent; max_attempts updates an existing group, start does not."""
     stream = await env.stream()
@@ -32,7 +32,7 @@ async def case_create_group_idempotent(env: CaseEnv) -> None:
                 "groups sorted by name")
 
 
-@case()
+@case(rules=["group.start"])
 async def case_group_start_latest(env: CaseEnv) -> None:
     """A group created at "latest" only receives events appended afterwards."""
     stream = await env.stream(partitions=2)
@@ -47,7 +47,7 @@ async def case_group_start_latest(env: CaseEnv) -> None:
     check_equal(sorted(positions(fresh)), [(1, 2), (1, 3)], "only the new events")
 
 
-@case()
+@case(rules=["group.start"])
 async def case_group_start_sequence(env: CaseEnv) -> None:
     """A group created at a sequence receives the events after it (capped at the high water)."""
     stream = await env.stream()
@@ -63,7 +63,7 @@ async def case_group_start_sequence(env: CaseEnv) -> None:
                 "events appended after a start beyond the high water")
 
 
-@case()
+@case(rules=["group.independent"])
 async def case_groups_are_independent(env: CaseEnv) -> None:
     """Each group gets every event; consuming never deletes events."""
     stream = await env.stream(partitions=2)
@@ -89,7 +89,7 @@ async def case_groups_are_independent(env: CaseEnv) -> None:
     check_equal(len(await env.fetch(fresh_stream, "one")), 1, "streams do not share groups")
 
 
-@case()
+@case(rules=["frontier.contiguous"])
 async def case_frontier_contiguous_with_holes(env: CaseEnv) -> None:
     """The frontier is the highest S with 1..S all settled; a hole holds it back."""
     stream = await env.stream(partitions=3)
@@ -110,7 +110,7 @@ async def case_frontier_contiguous_with_holes(env: CaseEnv) -> None:
                 "the frontier jumps over settled deliveries once the hole closes")
 
 
-@case()
+@case(rules=["frontier.lag"])
 async def case_lag_is_high_water_minus_frontier(env: CaseEnv) -> None:
     """lag = high water - frontier per partition, holes included."""
     stream = await env.stream(partitions=2)
@@ -129,7 +129,7 @@ async def case_lag_is_high_water_minus_frontier(env: CaseEnv) -> None:
     check_equal(await env.rheo.lag(stream, "g"), {0: 0, 1: 2}, "lag after new appends")
 
 
-@case()
+@case(rules=["dead_letters.listing"])
 async def case_dead_letters_pagination(env: CaseEnv) -> None:
     """dead_letters pages by (partition, sequence) without duplicates or gaps."""
     stream = await env.stream(partitions=2)
@@ -153,7 +153,7 @@ async def case_dead_letters_pagination(env: CaseEnv) -> None:
     check_equal([p for page in pages for p in page], expected, "dead letters in order")
 
 
-@case()
+@case(rules=["settle.last_error"])
 async def case_dead_letters_keep_the_last_error(env: CaseEnv) -> None:
     """Dead letters keep the last error of a nack or reject, through max attempts and expiry.
 
@@ -203,7 +203,7 @@ async def case_dead_letters_keep_the_last_error(env: CaseEnv) -> None:
                 "a redrive forgets the last error")
 
 
-@case()
+@case(rules=["redrive.dead_letters_only", "settle.fencing"])
 async def case_redrive_all_and_selected(env: CaseEnv) -> None:
     """redrive makes dead letters deliverable again (attempt 1); their old leases are stale."""
     stream = await env.stream()
@@ -231,7 +231,7 @@ async def case_redrive_all_and_selected(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "final frontier")
 
 
-@case()
+@case(rules=["replay.from_sequence", "settle.fencing"])
 async def case_replay_from_sequence(env: CaseEnv) -> None:
     """replay re-delivers from a sequence (attempt 1), fences old leases, copies nothing."""
     stream = await env.stream()
@@ -256,7 +256,7 @@ async def case_replay_from_sequence(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, "frontier after re-acking")
 
 
-@case()
+@case(rules=["replay.from_sequence"])
 async def case_replay_selected_partitions(env: CaseEnv) -> None:
     """replay(partitions=[...]) only re-drives those partitions."""
     stream = await env.stream(partitions=2)
@@ -269,7 +269,7 @@ async def case_replay_selected_partitions(env: CaseEnv) -> None:
     check_equal(sorted(positions(again)), [(1, 2), (1, 3)], "replayed deliveries")
 
 
-@case()
+@case(rules=["reset.position", "settle.fencing"])
 async def case_reset_positions(env: CaseEnv) -> None:
     """reset to a sequence, "earliest" or "latest" sets what is left to deliver; fences leases."""
     stream = await env.stream()
@@ -299,3 +299,142 @@ async def case_reset_positions(env: CaseEnv) -> None:
                 "new events after reset latest")
     await env.rheo.reset(stream, "g", to=100)
     check_equal(await env.rheo.frontier(stream, "g"), {0: 7}, "reset beyond the high water")
+
+
+@case(rules=["reset.position", "frontier.contiguous", "trim.bound"])
+async def case_reset_forgets_dead_letters(env: CaseEnv) -> None:
+    """reset forgets a partition's dead letters; its frontier is the position, trim-safe."""
+    stream = await env.stream(partitions=2)
+    await env.append(stream, 5, partition=0)
+    await env.append(stream, 3, partition=1)
+    p0 = await env.fetch(stream, "g", partitions=[0])
+    p1 = await env.fetch(stream, "g", partitions=[1])
+    await env.ack_ok([p0[0], p0[2], p1[0]])
+    check_results(await env.rheo.reject([p0[1], p0[3], p1[1]], "bad"), [p0[1], p0[3], p1[1]],
+                  [None] * 3, "reject")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4, 1: 2}, "frontier before reset")
+    await env.rheo.reset(stream, "g", to=3, partitions=[0])
+    check_equal([(d.partition, d.sequence) for d in await env.rheo.dead_letters(stream, "g")],
+                [(1, 2)], "dead letters after resetting partition 0")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3, 1: 2}, "frontier after reset")
+    check_equal(await env.rheo.lag(stream, "g"), {0: 2, 1: 1}, "lag after reset")
+    check_results(await env.rheo.reject(p0[3], "bad"), [p0[3]], [STALE],
+                  "repeating a reject from before the reset")
+    if env.backend.capabilities.trim:
+        check_equal(await env.rheo.trim(stream, up_to={0: 5}), {0: 3},
+                    "an unforced trim after the reset stops at the frontier")
+    again = await env.drain(stream, "g", partitions=[0])
+    check_equal([(lease.sequence, lease.attempt) for lease in again], [(4, 1), (5, 1)],
+                "deliveries after the position start over")
+    await env.ack_ok(again)
+    check_equal(await env.rheo.redrive(stream, "g"), 1, "only the other partition's dead letter")
+
+    await env.rheo.reset(stream, "g", to="earliest")
+    check_equal(await env.rheo.dead_letters(stream, "g"), [], "dead letters after reset earliest")
+    low = (await env.rheo.stream_info(stream)).low_water
+    check_equal(await env.rheo.frontier(stream, "g"), {p: low[p] - 1 for p in (0, 1)},
+                "frontier after reset earliest")
+    everything = await env.drain(stream, "g")
+    check_equal({lease.attempt for lease in everything}, {1}, "attempts after reset earliest")
+    check_equal(len(everything), 5 - (low[0] - 1) + 3 - (low[1] - 1),
+                "every retained event is delivered again")
+
+
+@case(rules=["redrive.dead_letters_only"])
+async def case_redrive_touches_only_dead_letters(env: CaseEnv) -> None:
+    """redrive leaves acked, available and leased deliveries alone; a second run re-drives none."""
+    stream = await env.stream()
+    await env.append(stream, 4)
+    leases = await env.fetch(stream, "g")
+    check_results(await env.rheo.reject(leases, "bad"), leases, [None] * 4, "reject all")
+    dead = await env.rheo.dead_letters(stream, "g")
+    check_equal(await env.rheo.redrive(stream, "g", dead[:1]), 1, "redrive 1")
+    [one] = await env.fetch(stream, "g")
+    await env.ack_ok([one])
+    check_equal(await env.rheo.redrive(stream, "g", dead[:2]), 1,
+                "redrive of 1 (now acked) and 2 re-drives 2 only")
+    [two] = await env.fetch(stream, "g")
+    check_equal((two.sequence, two.attempt), (2, 1), "the re-driven delivery")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "frontier with 2 leased")
+    check_equal(await env.rheo.redrive(stream, "g", dead[:2]), 0, "the same redrive again")
+    check_results(await env.rheo.renew(two), [two], [None],
+                  "the lease of a re-driven delivery survives a second redrive")
+    check_equal(await env.rheo.redrive(stream, "g", dead[2:3]), 1, "redrive 3")
+    [three] = await env.fetch(stream, "g")
+    check_results(await env.rheo.nack(three, "later", delay_ms=0), [three], [None], "nack 3")
+    check_equal(await env.rheo.redrive(stream, "g", dead[2:3]), 0,
+                "redrive of a delivery that is available")
+    [three_again] = await env.fetch(stream, "g")
+    check_equal((three_again.sequence, three_again.attempt), (3, 2),
+                "an available delivery keeps its attempts through a redrive")
+    await env.ack_ok([two, three_again])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "frontier: 4 is still rejected")
+    check_equal(await env.rheo.redrive(stream, "g", dead), 1, "redrive every old dead letter")
+    [four] = await env.fetch(stream, "g")
+    check_equal((four.sequence, four.attempt), (4, 1), "only 4 was re-driven")
+    check_equal(await env.rheo.redrive(stream, "g"), 0, "redrive all with none left")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "frontier with 4 leased")
+
+
+@case(rules=["dead_letters.listing"])
+async def case_dead_letters_paging_every_size(env: CaseEnv) -> None:
+    """Paging dead letters over several partitions gives each once, in order, at every size."""
+    stream = await env.stream(partitions=3)
+    await env.append(stream, 4, partition=0)
+    await env.append(stream, 2, partition=1)
+    await env.append(stream, 3, partition=2)
+    leases = await env.drain(stream, "g")
+    kept = {(0, 3), (1, 1), (1, 2)}
+    await env.ack_ok([lease for lease in leases if (lease.partition, lease.sequence) in kept])
+    rejected = [lease for lease in leases if (lease.partition, lease.sequence) not in kept]
+    await env.rheo.reject(rejected, "bad")
+    expected = [(0, 1), (0, 2), (0, 4), (2, 1), (2, 2), (2, 3)]
+    listed = await env.rheo.dead_letters(stream, "g")
+    check_equal([(d.partition, d.sequence) for d in listed], expected, "every dead letter")
+    check_equal({d.event_id for d in listed},
+                {lease.event.id for lease in rejected}, "dead letters name their events")
+    for size in range(1, len(expected) + 2):
+        got: list[tuple[int, int]] = []
+        after = None
+        for _ in range(len(expected) + 2):
+            page = await env.rheo.dead_letters(stream, "g", limit=size, after=after)
+            check(len(page) <= size, f"a page of limit {size} holds {len(page)}")
+            if not page:
+                break
+            got += [(d.partition, d.sequence) for d in page]
+            after = page[-1]
+        check_equal(got, expected, f"dead letters paged by {size}")
+
+
+@case(rules=["dead_letters.rejected_at", "attempts.max"])
+async def case_dead_letter_times_by_path(env: CaseEnv) -> None:
+    """rejected_at_ms is the reject's time, the nack's time, or after an expired deadline."""
+    stream = await env.stream()
+    await env.append(stream, 3)
+    await env.rheo.create_group(stream, "g", max_attempts=1)
+    rejected, nacked, expired = await env.fetch(stream, "g", lease_ms=env.long_ms)
+    await env.advance(env.short_ms)
+    t0 = await env.now()
+    await env.rheo.reject(rejected, "bad")
+    t1 = await env.now()
+    await env.advance(env.short_ms)
+    t2 = await env.now()
+    await env.rheo.nack(nacked, "failed")
+    t3 = await env.now()
+    renewed = await env.rheo.renew(expired, lease_ms=env.short_ms)
+    deadline = renewed[0].deadline_ms or 0
+    await env.expire()
+    await env.advance(env.short_ms)
+    check_equal(await env.fetch(stream, "g"), [], "nothing to redeliver at max attempts")
+    t4 = await env.now()
+    dead = {d.sequence: d for d in await env.rheo.dead_letters(stream, "g")}
+    check_equal(sorted(dead), [1, 2, 3], "dead letters")
+    margin = env.margin_ms
+    for sequence, low, high, path in ((1, t0, t1, "an explicit reject"),
+                                      (2, t2, t3, "a nack at max attempts"),
+                                      (3, deadline, t4, "an expiry at max attempts")):
+        stamp = dead[sequence].rejected_at_ms
+        check(low - margin <= stamp <= high + margin,
+              f"rejected_at_ms of {path} is {stamp}, expected {low}..{high}")
+    check_equal(dead[2].reason, MAX_ATTEMPTS_REASON, "reason of a nack at max attempts")
+    check_equal(dead[3].reason, MAX_ATTEMPTS_REASON, "reason of an expiry at max attempts")

@@ -46,7 +46,7 @@ async def _mixed_stream(env: CaseEnv) -> tuple[str, list[Event]]:
     return stream, sorted(events, key=lambda e: (e.partition, e.sequence))
 
 
-@case()
+@case(rules=["query.pages"])
 async def case_query_pagination_complete(env: CaseEnv) -> None:
     """Query pages follow (partition, sequence) with no duplicate and no gap at any page size."""
     stream, expected = await _mixed_stream(env)
@@ -59,7 +59,7 @@ async def case_query_pagination_complete(env: CaseEnv) -> None:
     check_equal(last.cursor, None, "a page that holds everything is the last page")
 
 
-@case()
+@case(rules=["query.filters"])
 async def case_query_filters(env: CaseEnv) -> None:
     """Query filters on key, type, partitions and sequence bounds combine with AND."""
     stream, everything = await _mixed_stream(env)
@@ -89,7 +89,7 @@ def _matches(event: Event, spec: dict[str, Any]) -> bool:
     ])
 
 
-@case(requires=["time_range_query"])
+@case(rules=["query.filters"], requires=["time_range_query"])
 async def case_query_time_range(env: CaseEnv) -> None:
     """Query time bounds select since <= appended_at_ms < until."""
     stream = await env.stream(partitions=2)
@@ -107,7 +107,7 @@ async def case_query_time_range(env: CaseEnv) -> None:
     check_equal(window, [], "an empty time window")
 
 
-@case(requires=["trim"])
+@case(rules=["trim.bound"], requires=["trim"])
 async def case_trim_never_removes_unsettled(env: CaseEnv) -> None:
     """Without force, trim stops at the lowest frontier of the stream's groups."""
     stream = await env.stream()
@@ -131,7 +131,7 @@ async def case_trim_never_removes_unsettled(env: CaseEnv) -> None:
     check_equal(await env.rheo.trim(stream), {0: 2}, "trim up to every group's frontier")
 
 
-@case(requires=["trim"])
+@case(rules=["trim.removed", "settle.fencing"], requires=["trim"])
 async def case_trim_force_fences_and_skips(env: CaseEnv) -> None:
     """A forced trim removes events: never fetched again, their leases stale, frontier moved."""
     stream = await env.stream()
@@ -152,7 +152,7 @@ async def case_trim_force_fences_and_skips(env: CaseEnv) -> None:
     check_equal([e.sequence for e in page.events], [4, 5], "query skips trimmed events")
 
 
-@case(requires=["trim"])
+@case(rules=["trim.removed", "append.sequence"], requires=["trim"])
 async def case_trim_sequences_not_reused(env: CaseEnv) -> None:
     """After trimming everything, new events continue the sequence."""
     stream = await env.stream(partitions=2)
@@ -168,7 +168,7 @@ async def case_trim_sequences_not_reused(env: CaseEnv) -> None:
                 "a new group sees only the new events")
 
 
-@case(requires=["trim"])
+@case(rules=["trim.removed", "replay.from_sequence"], requires=["trim"])
 async def case_replay_after_trim(env: CaseEnv) -> None:
     """Replay from before the low water re-delivers only the retained events."""
     stream = await env.stream()
@@ -181,7 +181,7 @@ async def case_replay_after_trim(env: CaseEnv) -> None:
                 "replayed retained events")
 
 
-@case()
+@case(rules=["capabilities.declared"])
 async def case_capabilities_declaration(env: CaseEnv) -> None:
     """The backend declares valid capabilities; contradictory declarations are refused."""
     caps = env.backend.capabilities
@@ -204,7 +204,7 @@ async def case_capabilities_declaration(env: CaseEnv) -> None:
         raise ConformanceFailure(f"Capabilities({declaration}) should raise InvalidCapabilities")
 
 
-@case(requires=["push_wakeups"])
+@case(rules=["wakeup.append"], requires=["push_wakeups"])
 async def case_wakeup_on_append(env: CaseEnv) -> None:
     """A backend with push wake-ups wakes a waiter when its stream gets an append."""
     stream = await env.stream()
@@ -221,8 +221,56 @@ async def case_wakeup_on_append(env: CaseEnv) -> None:
         waiter.cancel()
 
 
-@case()
+@case(rules=["wakeup.append"])
 async def case_wait_for_append_times_out(env: CaseEnv) -> None:
     """wait_for_append on a quiet stream returns False after its timeout."""
     stream = await env.stream()
     check_equal(await env.rheo.wait_for_append(stream, 0.05), False, "wait on a quiet stream")
+
+
+@case(rules=["trim.removed", "frontier.contiguous", "frontier.lag"], requires=["trim"])
+async def case_trim_below_a_hole_walks_the_frontier(env: CaseEnv) -> None:
+    """A forced trim below a hole moves the frontier over every settled delivery after it."""
+    stream = await env.stream()
+    await env.append(stream, 6)
+    leases = await env.fetch(stream, "g")
+    one, two, three, four, five, six = leases
+    check_results(await env.rheo.reject(one, "bad"), [one], [None], "reject 1")
+    await env.ack_ok([three, five])
+    check_results(await env.rheo.reject(four, "bad"), [four], [None], "reject 4")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "frontier with a hole at 2")
+    check_equal(await env.rheo.trim(stream, up_to={0: 2}, force=True), {0: 2}, "removed")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 5},
+                "frontier after trimming the hole: 3, 4 and 5 are settled")
+    check_equal(await env.rheo.lag(stream, "g"), {0: 1}, "lag after the trim")
+    check_equal([d.sequence for d in await env.rheo.dead_letters(stream, "g")], [4],
+                "a trimmed dead letter is not listed")
+    check_results(await env.rheo.ack([two, six]), [two, six], [SettleKind.STALE_LEASE, None],
+                  "ack of the trimmed hole and of 6")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 6}, "frontier after acking 6")
+    check_equal(await env.rheo.lag(stream, "g"), {0: 0}, "lag after acking 6")
+
+
+@case(rules=["wakeup.own_stream"], requires=["push_wakeups"])
+async def case_wait_for_append_ignores_other_streams(env: CaseEnv) -> None:
+    """Appends to another stream do not wake a waiter; an append to its own stream does."""
+    mine = await env.stream()
+    other = await env.stream()
+    waiter = asyncio.create_task(env.rheo.wait_for_append(mine, 10.0))
+    loop = asyncio.get_running_loop()
+    try:
+        # The waiter must stay asleep through appends to the other stream (a quiet
+        # window of real time is the only way to see that nothing happens).
+        quiet_until = loop.time() + 0.4
+        while loop.time() < quiet_until:
+            await env.append(other, 1)
+            await asyncio.wait({waiter}, timeout=0.05)
+            check(not waiter.done(), "an append to another stream woke the waiter")
+        deadline = loop.time() + 10.0
+        while not waiter.done():
+            check(loop.time() < deadline, "no wake-up within 10 s of appending")
+            await env.append(mine, 1)
+            await asyncio.wait({waiter}, timeout=0.05)
+        check_equal(waiter.result(), True, "wait_for_append woken by its own stream")
+    finally:
+        waiter.cancel()

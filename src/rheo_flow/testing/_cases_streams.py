@@ -38,7 +38,7 @@ GOLDEN_ROUTES: dict[tuple[str, int], int] = {
 }
 
 
-@case()
+@case(rules=["append.routing"])
 async def case_routing_golden_values(env: CaseEnv) -> None:
     """Keys route to the same partitions in every version, process and backend."""
     for (key, count), expected in GOLDEN_ROUTES.items():
@@ -51,7 +51,7 @@ async def case_routing_golden_values(env: CaseEnv) -> None:
         check_equal(event.key, key, "stored key")
 
 
-@case()
+@case(rules=["append.routing", "append.sequence"])
 async def case_routing_same_key_same_partition(env: CaseEnv) -> None:
     """Every event of one key lands in one partition, in append order."""
     stream = await env.stream(partitions=5)
@@ -68,7 +68,7 @@ async def case_routing_same_key_same_partition(env: CaseEnv) -> None:
         check_equal(sequences, sorted(sequences), f"sequences of key {key!r} follow append order")
 
 
-@case()
+@case(rules=["append.sequence", "append.batch"])
 async def case_sequences_gapless_from_one(env: CaseEnv) -> None:
     """Each partition numbers its events 1, 2, 3, ... without gaps, in append order."""
     stream = await env.stream(partitions=4)
@@ -89,7 +89,7 @@ async def case_sequences_gapless_from_one(env: CaseEnv) -> None:
                 "high water per partition")
 
 
-@case()
+@case(rules=["append.sequence"])
 async def case_sequences_gapless_under_concurrent_appends(env: CaseEnv) -> None:
     """Concurrent appends never share or skip a sequence."""
     stream = await env.stream(partitions=3)
@@ -116,7 +116,7 @@ async def case_sequences_gapless_under_concurrent_appends(env: CaseEnv) -> None:
     check_equal(sum(info.high_water.values()), 60, "total high water")
 
 
-@case()
+@case(rules=["append.idempotent"])
 async def case_append_idempotent_event_id(env: CaseEnv) -> None:
     """Appending an id already in the stream returns the stored event, no new sequence."""
     stream = await env.stream(partitions=4)
@@ -135,7 +135,7 @@ async def case_append_idempotent_event_id(env: CaseEnv) -> None:
     check_equal(sorted(e.id for e in found), ["evt-1", "evt-2"], "ids stored")
 
 
-@case()
+@case(rules=["append.idempotent"])
 async def case_append_idempotent_within_batch(env: CaseEnv) -> None:
     """A batch naming one id twice stores it once."""
     stream = await env.stream()
@@ -148,7 +148,7 @@ async def case_append_idempotent_within_batch(env: CaseEnv) -> None:
     check_equal(dict((await env.rheo.stream_info(stream)).high_water), {0: 2}, "high water")
 
 
-@case()
+@case(rules=["append.routing"])
 async def case_append_explicit_partition(env: CaseEnv) -> None:
     """An explicit partition wins over the key; keys without partition use the hash."""
     stream = await env.stream(partitions=4)
@@ -181,7 +181,7 @@ ROUND_TRIP_DATA: list[object] = [
 ]
 
 
-@case()
+@case(rules=["append.round_trip"])
 async def case_event_round_trip(env: CaseEnv) -> None:
     """Type, data, key, id and headers come back unchanged from append, fetch and query."""
     stream = await env.stream(partitions=2)
@@ -207,7 +207,7 @@ async def case_event_round_trip(env: CaseEnv) -> None:
                 "queried events equal the stored ones")
 
 
-@case()
+@case(rules=["append.round_trip"])
 async def case_trace_context_headers(env: CaseEnv) -> None:
     """W3C trace-context headers (traceparent, tracestate) survive the round trip.
 
@@ -268,7 +268,7 @@ def _span_context(*, sampled: bool, state: list[tuple[str, str]]) -> SpanContext
     )
 
 
-@case()
+@case(rules=["append.timestamp"])
 async def case_append_timestamp(env: CaseEnv) -> None:
     """Events are stamped with the backend's time at append."""
     stream = await env.stream()
@@ -284,7 +284,7 @@ async def case_append_timestamp(env: CaseEnv) -> None:
           "an event appended later has a later timestamp")
 
 
-@case()
+@case(rules=["stream.lifecycle"])
 async def case_stream_info_water_marks(env: CaseEnv) -> None:
     """A new stream is empty (high water 0, low water 1); appends raise the high water."""
     before = await env.now()
@@ -300,7 +300,7 @@ async def case_stream_info_water_marks(env: CaseEnv) -> None:
     check_equal(dict(info.low_water), {0: 1, 1: 1, 2: 1}, "low water after appends")
 
 
-@case()
+@case(rules=["stream.lifecycle"])
 async def case_create_stream_idempotent(env: CaseEnv) -> None:
     """create_stream twice with the same partitions returns the same stream."""
     name = env.name("s")
@@ -316,7 +316,7 @@ async def case_create_stream_idempotent(env: CaseEnv) -> None:
     check_equal(names, sorted(names), "list_streams is sorted")
 
 
-@case()
+@case(rules=["stream.lifecycle"])
 async def case_create_stream_conflict(env: CaseEnv) -> None:
     """create_stream with another partition count is a ConflictError and changes nothing."""
     stream = await env.stream(partitions=2)
@@ -325,7 +325,7 @@ async def case_create_stream_conflict(env: CaseEnv) -> None:
     check_equal((await env.rheo.stream_info(stream)).partitions, 2, "partitions after conflict")
 
 
-@case()
+@case(rules=["stream.lifecycle", "group.lifecycle"])
 async def case_concurrent_create_is_idempotent(env: CaseEnv) -> None:
     """Concurrent create_stream / create_group calls all return the same stream or group."""
     name = env.name("s")
@@ -337,7 +337,7 @@ async def case_concurrent_create_is_idempotent(env: CaseEnv) -> None:
     check_equal([g.group for g in await env.rheo.groups(name)], ["g"], "groups of the stream")
 
 
-@case()
+@case(rules=["errors.unknown"])
 async def case_unknown_stream_errors(env: CaseEnv) -> None:
     """Operations on a missing stream raise UnknownStream and create nothing."""
     missing = env.name("missing")
@@ -356,7 +356,7 @@ async def case_unknown_stream_errors(env: CaseEnv) -> None:
     check(missing not in await env.rheo.streams(), "no stream was created")
 
 
-@case()
+@case(rules=["errors.unknown"])
 async def case_unknown_group_errors(env: CaseEnv) -> None:
     """Operations on a missing group raise UnknownGroup and create nothing."""
     stream = await env.stream()
@@ -374,7 +374,7 @@ async def case_unknown_group_errors(env: CaseEnv) -> None:
     check_equal(await env.rheo.groups(stream), [], "no group was created")
 
 
-@case()
+@case(rules=["errors.invalid_input", "append.batch"])
 async def case_invalid_append_changes_nothing(env: CaseEnv) -> None:
     """Bad names, partitions, data or headers raise InvalidArgument and write nothing."""
     stream = await env.stream(partitions=2)
@@ -405,7 +405,7 @@ async def case_invalid_append_changes_nothing(env: CaseEnv) -> None:
     check_equal(await env.rheo.groups(stream), [], "no group was created")
 
 
-@case()
+@case(rules=["errors.invalid_input"])
 async def case_invalid_fetch_and_settle_change_nothing(env: CaseEnv) -> None:
     """Bad limits, lease times, partitions or reasons raise InvalidArgument and change nothing."""
     stream = await env.stream(partitions=2)
@@ -439,7 +439,7 @@ def _nested(depth: int) -> Any:
     return data
 
 
-@case()
+@case(rules=["errors.invalid_input"])
 async def case_invalid_text_changes_nothing(env: CaseEnv) -> None:
     """Lone surrogates, over-deep data and names ending in a newline raise InvalidArgument."""
     stream = await env.stream(partitions=2)
@@ -483,7 +483,7 @@ async def case_invalid_text_changes_nothing(env: CaseEnv) -> None:
     check_equal(await env.rheo.groups(stream), [], "no group was created")
 
 
-@case()
+@case(rules=["errors.invalid_input"])
 async def case_out_of_range_arguments_change_nothing(env: CaseEnv) -> None:
     """Sequences past 2**63-1, delays past 2**31-1 ms and such raise InvalidArgument first."""
     stream = await env.stream(partitions=2)
@@ -539,7 +539,7 @@ async def case_out_of_range_arguments_change_nothing(env: CaseEnv) -> None:
                 "the delivery nacked with the longest delay is not redelivered at once")
 
 
-@case()
+@case(rules=["append.round_trip"])
 async def case_event_data_edge_strings(env: CaseEnv) -> None:
     """Valid JSON edge cases round trip: NUL and control characters, surrogate-free astral text."""
     stream = await env.stream()

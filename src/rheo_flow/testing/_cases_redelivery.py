@@ -1,0 +1,172 @@
+"""Cases about redeliveries: exclusivity, order and fencing of deliveries that come back.
+
+A backend can keep the lease rules for first deliveries and break them for
+deliveries that expired or were nacked (another code path in most stores), so
+each rule is checked again on both kinds of redelivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Literal
+
+from .._event import NewEvent
+from .._lease import Lease
+from .._settle import SettleKind
+from ._case import CaseEnv, case, check, check_equal, check_results, positions
+
+STALE = SettleKind.STALE_LEASE
+How = Literal["expiry", "nack"]
+HOWS: tuple[How, ...] = ("expiry", "nack")
+
+
+async def _bring_back(env: CaseEnv, leases: list[Lease], how: How) -> None:
+    """Make every lease's delivery eligible again: let short leases expire, or nack them.
+
+    The nacks go in reverse order, one call each, so that a backend ordering
+    redeliveries by the time they came back (not by sequence) is caught.
+    """
+    if how == "expiry":
+        await env.expire()
+        return
+    for lease in reversed(leases):
+        check_results(await env.rheo.nack(lease, "again", delay_ms=0), [lease], [None], "nack")
+
+
+async def _lease_all(env: CaseEnv, stream: str, group: str) -> list[Lease]:
+    """Lease every eligible delivery of the group on a short lease."""
+    return await env.drain(stream, group, lease_ms=env.short_ms)
+
+
+@case(rules=["lease.exclusive"])
+async def case_lease_exclusive_on_redeliveries(env: CaseEnv) -> None:
+    """Concurrent fetches never lease one redelivery twice, after expiry and after nack."""
+    for how in HOWS:
+        stream = await env.stream(partitions=3)
+        await env.rheo.append(stream, [NewEvent("t", key=f"k{i}") for i in range(45)])
+        first = await _lease_all(env, stream, "g")
+        check_equal(len(first), 45, f"{how}: first deliveries")
+        await _bring_back(env, first, how)
+        # New events behind the redeliveries: both kinds are fought over at once.
+        await env.rheo.append(stream, [NewEvent("t", key=f"n{i}") for i in range(15)])
+        batches = await asyncio.gather(*(
+            env.rheo.fetch(stream, "g", consumer_id=f"c{i}", limit=7, lease_ms=env.long_ms)
+            for i in range(12)
+        ))
+        leased = [lease for batch in batches for lease in batch]
+        check_equal(len(positions(leased)), len(set(positions(leased))),
+                    f"{how}: redeliveries leased twice by concurrent fetches")
+        everything = leased + await env.drain(stream, "g")
+        check_equal(len(everything), len(set(positions(everything))),
+                    f"{how}: redeliveries leased twice")
+        check_equal(len(everything), 60, f"{how}: every delivery leased once")
+        redelivered = set(positions(first))
+        for lease in everything:
+            expected = 2 if (lease.partition, lease.sequence) in redelivered else 1
+            check_equal(lease.attempt, expected, f"{how}: attempt of {lease.sequence}")
+        await env.ack_ok(everything)
+
+
+@case(rules=["lease.exclusive"], needs_peer=True)
+async def case_peer_instances_compete_on_redeliveries(env: CaseEnv) -> None:
+    """Two instances fighting over expired and nacked deliveries never lease one twice."""
+    async with env.peer() as other:
+        for how in HOWS:
+            stream = await env.stream(partitions=2)
+            await env.rheo.append(stream, [NewEvent("t", key=f"k{i}") for i in range(30)])
+            first = await _lease_all(env, stream, "g")
+            await _bring_back(env, first, how)
+            batches = await asyncio.gather(*(
+                rheo.fetch(stream, "g", limit=5, lease_ms=env.long_ms)
+                for rheo in [env.rheo, other] * 4
+            ))
+            leased = [lease for batch in batches for lease in batch]
+            leased += await other.fetch(stream, "g", limit=100, lease_ms=env.long_ms)
+            check_equal(len(positions(leased)), len(set(positions(leased))),
+                        f"{how}: redeliveries leased by both instances")
+            check_equal(len(leased), 30, f"{how}: redeliveries leased across instances")
+            check_equal({lease.attempt for lease in leased}, {2}, f"{how}: attempts")
+            check_results(await other.ack(leased), leased, [None] * 30, f"{how}: ack via peer")
+
+
+@case(rules=["fetch.order"])
+async def case_fetch_order_on_redeliveries(env: CaseEnv) -> None:
+    """Each fetch returns a partition's redeliveries and new events in sequence order."""
+    for how in HOWS:
+        for limit in (100, 3):
+            stream = await env.stream(partitions=2)
+            await env.append(stream, 10, partition=0)
+            await env.append(stream, 7, partition=1)
+            first = await _lease_all(env, stream, "g")
+            settled = [lease for lease in first if lease.sequence in (3, 6)]
+            await env.ack_ok(settled)
+            back = [lease for lease in first if lease not in settled]
+            if how == "expiry":
+                # Later sequences get the earlier deadlines: the order within a fetch
+                # must follow sequences, not deadlines.
+                for lease in reversed(back):
+                    check_results(await env.rheo.renew(lease, lease_ms=env.short_ms), [lease],
+                                  [None], "renew")
+            await _bring_back(env, back, how)
+            await env.append(stream, 2, partition=0)
+            delivered: dict[int, list[int]] = {0: [], 1: []}
+            for _ in range(30):
+                batch = await env.fetch(stream, "g", limit)
+                if not batch:
+                    break
+                for partition in (0, 1):
+                    got = [lease.sequence for lease in batch if lease.partition == partition]
+                    check_equal(got, sorted(got),
+                                f"{how}: one fetch(limit={limit}) in partition {partition}")
+                    delivered[partition] += got
+            check_equal(sorted(delivered[0]), [1, 2, 4, 5, 7, 8, 9, 10, 11, 12],
+                        f"{how}: deliveries of partition 0")
+            check_equal(sorted(delivered[1]), [1, 2, 4, 5, 7], f"{how}: deliveries of partition 1")
+            if limit == 100:
+                check_equal(delivered[0], [1, 2, 4, 5, 7, 8, 9, 10, 11, 12],
+                            f"{how}: one fetch of everything, partition 0")
+
+
+@case(rules=["settle.fencing", "settle.expired_unreleased"])
+async def case_fencing_on_redeliveries(env: CaseEnv) -> None:
+    """Each redelivery fences the lease before it; the current one settles, forged ones do not."""
+    for how in HOWS:
+        stream = await env.stream()
+        await env.append(stream, 1)
+        [one] = await env.fetch(stream, "g", lease_ms=env.short_ms)
+        await _bring_back(env, [one], how)
+        [two] = await env.fetch(stream, "g", lease_ms=env.short_ms)
+        check_equal((two.sequence, two.attempt), (1, 2), f"{how}: second delivery")
+        check(two.lease_id != one.lease_id, f"{how}: a redelivery gets a new lease id")
+        forged = dataclasses.replace(two, receipt=one.receipt)
+        if forged.receipt != two.receipt:
+            check_results(await env.rheo.ack(forged), [forged], [SettleKind.RECEIPT_MISMATCH],
+                          f"{how}: the current lease id with the old receipt")
+        old_receipt = dataclasses.replace(one, receipt=two.receipt)
+        for stale in (one, old_receipt):
+            check_results(await env.rheo.ack(stale), [stale], [STALE], f"{how}: ack, old lease")
+            check_results(await env.rheo.nack(stale, "r"), [stale], [STALE],
+                          f"{how}: nack, old lease")
+            check_results(await env.rheo.reject(stale, "r"), [stale], [STALE],
+                          f"{how}: reject, old lease")
+            check_results(await env.rheo.renew(stale), [stale], [STALE],
+                          f"{how}: renew, old lease")
+        await env.expire()  # the second lease runs out too; nobody has leased it again
+        [three] = await env.fetch(stream, "g")
+        check_equal(three.attempt, 3, f"{how}: third delivery")
+        check_results(await env.rheo.ack(two), [two], [STALE], f"{how}: ack of the second lease")
+        await env.ack_ok([three])
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, f"{how}: frontier")
+        check_equal(await env.rheo.dead_letters(stream, "g"), [], f"{how}: no dead letters")
+
+    stream = await env.stream()
+    await env.append(stream, 1)
+    [one] = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    await env.expire()
+    [two] = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    await env.expire()
+    check_results(await env.rheo.renew(two), [two], [None],
+                  "renew of an expired redelivery nobody leased again")
+    check_equal(await env.fetch(stream, "g"), [], "the renewed redelivery is not handed out")
+    await env.ack_ok([two])
