@@ -8,6 +8,7 @@ the ones that break what it drives.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -15,9 +16,18 @@ from hypothesis import Phase, settings
 
 from rheo_flow import GroupInfo, Lease, SettleKind, SettleResult
 from rheo_flow._backend import AppendRecord
-from rheo_flow._backends.memory import MemoryBackend, _Delivery, _Group, _GroupPartition
+from rheo_flow._backends.memory import (
+    MemoryBackend,
+    Op,
+    State,
+    _Delivery,
+    _Group,
+    _GroupPartition,
+    _Partition,
+    _Stream,
+)
 from rheo_flow._event import Event
-from rheo_flow._stream import StartPosition
+from rheo_flow._stream import DeadLetter, StartPosition
 from rheo_flow.testing import (
     CASES,
     BackendHarness,
@@ -151,6 +161,184 @@ class NackIgnoresDelay(MemoryBackend):
         return await super().nack(leases, reason, 0)
 
 
+class ResetKeepsDeadLetters(MemoryBackend):
+    """reset forgets deliveries but keeps the partition's dead letters."""
+
+    def _move_to(self, gp: _GroupPartition, part: _Partition, position: int) -> None:
+        kept = {seq: d for seq, d in gp.done.items() if d.state == "rejected"}
+        super()._move_to(gp, part, position)
+        gp.done.update(kept)
+
+
+class ResetFrontierAtHighWater(MemoryBackend):
+    """reset to a sequence leaves the frontier at the high water: trim-unsafe."""
+
+    def _move_to(self, gp: _GroupPartition, part: _Partition, position: int) -> None:
+        super()._move_to(gp, part, position)
+        gp.frontier = part.high_water
+
+
+class RedriveTouchesAcked(MemoryBackend):
+    """redrive of named positions also re-drives acked deliveries."""
+
+    async def redrive(self, stream: str, group: str,
+                      positions: Sequence[tuple[int, int]] | None) -> int:
+        count = await super().redrive(stream, group, positions)
+        g = self._group(stream, group)
+        for pid, seq in positions or ():
+            d = g.partitions[pid].done.get(seq)
+            if d is not None and d.state == "acked":
+                self._make_available(g.partitions[pid], d, self._clock())
+                g.partitions[pid].frontier = min(g.partitions[pid].frontier, seq - 1)
+                count += 1
+        return count
+
+
+class RedriveRestartsLive(MemoryBackend):
+    """redrive of a named position that is leased or available starts it over."""
+
+    async def redrive(self, stream: str, group: str,
+                      positions: Sequence[tuple[int, int]] | None) -> int:
+        count = await super().redrive(stream, group, positions)
+        g = self._group(stream, group)
+        for pid, seq in positions or ():
+            d = g.partitions[pid].active.get(seq)
+            if d is not None and d.attempt > 0:
+                self._make_available(g.partitions[pid], d, self._clock())
+                count += 1
+        return count
+
+
+class WakeOnAnyAppend(MemoryBackend):
+    """An append wakes the waiters of every stream."""
+
+    async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
+        events = await super().append(stream, records)
+        for other in self._streams.values():
+            for waiter in other.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        return events
+
+
+class DeadLetterPagesCompareSequencesOnly(MemoryBackend):
+    """dead_letters(after=...) skips by sequence alone, losing later partitions' entries."""
+
+    async def dead_letters(self, stream: str, group: str, limit: int,
+                           after: tuple[int, int] | None) -> list[DeadLetter]:
+        everything = await super().dead_letters(stream, group, 1_000_000, None)
+        if after is not None:
+            everything = [d for d in everything
+                          if (d.partition, d.sequence) > after and d.sequence > after[1]]
+        return everything[:limit]
+
+
+class TrimFrontierOnlyToBound(MemoryBackend):
+    """A forced trim raises the frontier to the bound but does not walk on."""
+
+    async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
+        groups = [g for (s, _), g in self._groups.items() if s == stream]
+        before = [[gp.frontier for gp in g.partitions] for g in groups]
+        high = [part.high_water for part in self._stream(stream).partitions]
+        removed = await super().trim(stream, up_to)
+        for g, frontiers in zip(groups, before, strict=True):
+            for pid, bound in up_to.items():
+                g.partitions[pid].frontier = max(frontiers[pid], min(bound, high[pid]))
+        return removed
+
+
+class DeadLetterTimeIsTheDeadline(MemoryBackend):
+    """A reject or a nack at max attempts stamps the lease's deadline as rejected_at_ms."""
+
+    def _settle_terminal(self, gp: _GroupPartition, d: _Delivery, state: State, reason: str,
+                         now: int, op: Op | None) -> None:
+        super()._settle_terminal(gp, d, state, reason, now, op)
+        if state == "rejected" and op is not None:
+            d.rejected_at_ms = d.deadline_ms
+
+
+class ExpiredDeadLetterTimeIsZero(MemoryBackend):
+    """A delivery dead-lettered on expiry gets rejected_at_ms 0."""
+
+    def _settle_terminal(self, gp: _GroupPartition, d: _Delivery, state: State, reason: str,
+                         now: int, op: Op | None) -> None:
+        super()._settle_terminal(gp, d, state, reason, now, op)
+        if state == "rejected" and op is None:
+            d.rejected_at_ms = 0
+
+
+class NackedRedeliveryKeepsItsLease(MemoryBackend):
+    """A nacked delivery is redelivered under its old lease id and receipt."""
+
+    async def fetch(self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+                    partitions: Sequence[int] | None) -> list[Lease]:
+        g = self._group(stream, group)
+        old = {(pid, seq): (d.lease_id, d.receipt)
+               for pid, gp in enumerate(g.partitions) for seq, d in gp.active.items()
+               if d.state == "available" and d.settled_by == "nack"}
+        leases = await super().fetch(stream, group, consumer_id, limit, lease_ms, partitions)
+        out = []
+        for lease in leases:
+            ids = old.get((lease.partition, lease.sequence))
+            if ids is not None and ids[0] is not None and ids[1] is not None:
+                d = g.partitions[lease.partition].active[lease.sequence]
+                d.lease_id, d.receipt = ids
+                lease = dataclasses.replace(lease, lease_id=ids[0], receipt=ids[1])
+            out.append(lease)
+        return out
+
+
+class RedeliveriesReversed(MemoryBackend):
+    """Within one fetch, a partition's redeliveries come in reverse sequence order."""
+
+    def _eligible(self, g: _Group, pid: int, s: _Stream, now: int, limit: int
+                  ) -> tuple[list[_Delivery], int]:
+        out, new = super()._eligible(g, pid, s, now, limit)
+        return out[::-1], new
+
+
+class RedeliveryLeaseNotRecorded(MemoryBackend):
+    """A re-leased delivery keeps its old, expired deadline: the next fetch leases it again."""
+
+    async def fetch(self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+                    partitions: Sequence[int] | None) -> list[Lease]:
+        leases = await super().fetch(stream, group, consumer_id, limit, lease_ms, partitions)
+        g = self._group(stream, group)
+        for lease in leases:
+            if lease.attempt > 1:
+                gp = g.partitions[lease.partition]
+                gp.active[lease.sequence].deadline_ms = self._clock() - 1
+                gp.due = 0
+        return leases
+
+
+class SecondOccurrenceInBatchIsStale(MemoryBackend):
+    """A lease named twice in one settle batch gets stale_lease the second time."""
+
+    def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int,
+                error: str | None = None) -> list[SettleResult]:
+        results = super()._settle(leases, op, reason, delay_ms, error)
+        seen: set[str] = set()
+        out = []
+        for lease, result in zip(leases, results, strict=True):
+            if lease.lease_id in seen:
+                result = SettleResult.failure(lease.lease_id, SettleKind.STALE_LEASE)
+            seen.add(lease.lease_id)
+            out.append(result)
+        return out
+
+
+class UnleasedSequenceIsInvalid(MemoryBackend):
+    """A lease naming an appended sequence without a delivery gets invalid, not stale_lease."""
+
+    def _find(self, lease: Lease) -> Found:
+        found = super()._find(lease)
+        if (isinstance(found, SettleResult) and found.kind == SettleKind.STALE_LEASE
+                and found.error is not None and "replayed" in found.error.reason):
+            return SettleResult.failure(lease.lease_id, SettleKind.INVALID)
+        return found
+
+
 # mutant -> cases it must fail (it may fail more)
 MUTANTS: dict[type[MemoryBackend], set[str]] = {
     NoFencing: {"fencing_after_expiry_and_release", "nack_redelivers_immediately"},
@@ -165,6 +353,20 @@ MUTANTS: dict[type[MemoryBackend], set[str]] = {
     TrimReusesSequences: {"trim_sequences_not_reused"},
     RejectAcks: {"reject_dead_letters"},
     NackIgnoresDelay: {"nack_with_delay"},
+    ResetKeepsDeadLetters: {"reset_forgets_dead_letters"},
+    ResetFrontierAtHighWater: {"reset_forgets_dead_letters", "reset_positions"},
+    RedriveTouchesAcked: {"redrive_touches_only_dead_letters"},
+    RedriveRestartsLive: {"redrive_touches_only_dead_letters"},
+    WakeOnAnyAppend: {"wait_for_append_ignores_other_streams"},
+    DeadLetterPagesCompareSequencesOnly: {"dead_letters_paging_every_size"},
+    TrimFrontierOnlyToBound: {"trim_below_a_hole_walks_the_frontier"},
+    DeadLetterTimeIsTheDeadline: {"dead_letter_times_by_path"},
+    ExpiredDeadLetterTimeIsZero: {"dead_letter_times_by_path"},
+    NackedRedeliveryKeepsItsLease: {"fencing_on_redeliveries"},
+    RedeliveriesReversed: {"fetch_order_on_redeliveries"},
+    RedeliveryLeaseNotRecorded: {"lease_exclusive_on_redeliveries"},
+    SecondOccurrenceInBatchIsStale: {"same_lease_twice_in_a_batch"},
+    UnleasedSequenceIsInvalid: {"lease_on_unleased_sequence_is_stale"},
 }
 
 # Mutants that break what the stateful machine drives: the model must catch them.

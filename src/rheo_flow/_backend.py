@@ -5,28 +5,11 @@ A backend owns consumer-group correctness (leases, fencing, the frontier); the
 calls a backend, so implementations receive well-formed arguments only. Every
 operation takes and returns batches: one round trip per call.
 
-The conformance kit (:mod:`rheo_flow.testing`) checks an implementation.
-
-Semantics every backend MUST follow (beyond docs/concepts.md):
-
-* ``fetch`` returns each event at most once per call, in sequence order within a
-  partition. A delivery is eligible when it is available (and its nack delay has
-  passed) or when its lease has expired; an expired one is re-leased with
-  ``attempt + 1``, unless that exceeds the group's ``max_attempts``: it is then
-  rejected (dead-lettered) with reason ``"max_attempts"`` instead.
-* A settle or renew is fenced on ``lease_id`` (and ``receipt``): once the
-  delivery has been leased again, replayed or reset, the old lease gets
-  ``stale_lease``. A lease that expired but was not yet re-leased may still
-  settle. Repeating the settle that already took effect with the same lease
-  succeeds with ``repeated=True``. A lease that names no delivery of this
-  backend (unknown stream, group or sequence) gets ``invalid``.
-* ``nack`` of a delivery at ``attempt >= max_attempts`` rejects it with reason
-  ``"max_attempts"``.
-* ``nack`` and ``reject`` record their ``error`` (when not ``None``) as the
-  delivery's last error, replacing an earlier one; ``None`` keeps what was
-  recorded. It survives re-leases, expiry and the dead-lettering past
-  ``max_attempts``, is listed by ``dead_letters`` (``DeadLetter.last_error``) and
-  is forgotten by ``redrive``, ``replay`` and ``reset``.
+The rules every backend follows are written once, in the repository's
+``docs/contract.md``, each under a name (``settle.fencing``,
+``frontier.contiguous``, ...); the docstrings below name the rules of each
+operation, and every case of the conformance kit (:mod:`rheo_flow.testing`)
+cites the rules it checks.
 """
 
 from __future__ import annotations
@@ -123,7 +106,8 @@ class Backend(ABC):
     async def create_stream(self, name: str, partitions: int) -> StreamInfo:
         """Create a stream, or return it when it exists with that partition count.
 
-        Raises :class:`~rheo_flow.ConflictError` when it exists with another count.
+        Raises :class:`~rheo_flow.ConflictError` when it exists with another count
+        (rule ``stream.lifecycle``).
         """
 
     @abstractmethod
@@ -139,7 +123,8 @@ class Backend(ABC):
         """Append records atomically, one stored event per record, in order.
 
         A record whose id is already in the stream yields the stored event (no new
-        sequence). Sequences are gapless per partition, starting at 1.
+        sequence). Sequences are gapless per partition, starting at 1 (rules
+        ``append.*``).
         """
 
     # Groups ------------------------------------------------------------------
@@ -176,12 +161,13 @@ class Backend(ABC):
     ) -> list[Lease]:
         """Claim up to ``limit`` eligible deliveries (``partitions=None``: all).
 
-        The group exists (the facade creates it on first use).
+        The group exists (the facade creates it on first use). Rules ``fetch.*``,
+        ``lease.*`` and ``attempts.max``.
         """
 
     @abstractmethod
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
-        """Mark deliveries acked; one result per lease, in order."""
+        """Mark deliveries acked; one result per lease, in order (rules ``settle.*``)."""
 
     @abstractmethod
     async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
@@ -209,13 +195,16 @@ class Backend(ABC):
 
     @abstractmethod
     async def frontier(self, stream: str, group: str) -> dict[int, int]:
-        """Contiguous frontier per partition: highest S with 1..S all acked or rejected."""
+        """Contiguous frontier per partition (rule ``frontier.contiguous``)."""
 
     @abstractmethod
     async def dead_letters(
         self, stream: str, group: str, limit: int, after: tuple[int, int] | None
     ) -> list[DeadLetter]:
-        """Rejected deliveries ordered by (partition, sequence), after a position."""
+        """Rejected deliveries ordered by (partition, sequence), after a position.
+
+        Rules ``dead_letters.listing`` and ``dead_letters.rejected_at``.
+        """
 
     @abstractmethod
     async def redrive(
@@ -223,7 +212,8 @@ class Backend(ABC):
     ) -> int:
         """Make rejected deliveries available again with attempt 0 (``None``: all).
 
-        Returns how many were re-driven.
+        Returns how many were re-driven; anything not rejected is left alone
+        (rule ``redrive.dead_letters_only``).
         """
 
     @abstractmethod
@@ -233,7 +223,7 @@ class Backend(ABC):
         """Make every delivery with sequence >= ``from_sequence`` available again (attempt 0).
 
         Leases on them become stale; the frontier moves back to ``from_sequence - 1``
-        (or stays lower). Events are not copied.
+        (or stays lower). Events are not copied (rule ``replay.from_sequence``).
         """
 
     @abstractmethod
@@ -244,7 +234,8 @@ class Backend(ABC):
 
         Events up to ``to`` count as settled (the frontier becomes ``to``, capped at
         the high water); later ones become available with attempt 0; leases on the
-        affected deliveries become stale.
+        affected deliveries become stale; dead letters of those partitions are
+        forgotten (rule ``reset.position``).
         """
 
     # Reads and retention -----------------------------------------------------
@@ -259,8 +250,9 @@ class Backend(ABC):
 
         The facade has already capped ``up_to`` at every group's frontier unless forced.
         Sequences are never reused after a trim. Deliveries of removed events are
-        dropped and count as settled: a group's frontier is at least ``up_to[p]``
-        afterwards, and their leases become stale.
+        dropped and count as settled: a group's frontier afterwards is the
+        contiguous frontier counting them as settled, and their leases become
+        stale (rule ``trim.removed``).
         """
 
     # Deletion ----------------------------------------------------------------
@@ -288,7 +280,8 @@ class Backend(ABC):
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         """Wait until something is appended to ``stream`` or ``timeout`` seconds pass.
 
-        Returns True when woken by an append. Backends without push wake-ups
+        Returns True when woken by an append to ``stream`` (or when the push
+        channel is lost; rule ``wakeup.own_stream``). Backends without push wake-ups
         (``capabilities.push_wakeups`` false) keep this default: it sleeps.
         """
         await asyncio.sleep(timeout)
