@@ -56,7 +56,9 @@ def _make_test(case: Case) -> Callable[[BackendConformance, BackendHarness, pyte
 
     test.__name__ = f"test_{case.name}"
     test.__qualname__ = f"BackendConformance.test_{case.name}"
-    test.__doc__ = case.doc
+    rules = ", ".join(f"`{rule}`" for rule in case.rules)
+    # The first line of the docstring is the matrix's "checks" column.
+    test.__doc__ = f"{case.doc} Rules: {rules}." if rules else case.doc
     return test
 
 
