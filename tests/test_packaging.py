@@ -1,7 +1,10 @@
 """Packaging: the package installs and imports with no extras, and names the extra it lacks.
 
-One virtualenv per session gets a plain ``pip install`` of the project (its
-core dependencies only, no driver); every check then runs inside it.
+One virtualenv per module gets a plain ``pip install`` of the project (its
+core dependencies only, no driver); most checks run inside it. Two more hold
+what a backend author installs: the ``testing`` extra (the conformance kit and
+its pytest plugin, with no ``-p`` flag), and pytest without Hypothesis (the
+plugin pytest loads at start-up must not break it).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,19 +32,38 @@ def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)  # type: ignore[call-overload,no-any-return]
 
 
-@pytest.fixture(scope="module")
-def bare_python(tmp_path_factory: pytest.TempPathFactory, ci: bool) -> Path:
-    """The interpreter of a fresh virtualenv holding the project without any extra."""
-    home = tmp_path_factory.mktemp("bare-venv")
+def _fresh_venv(tmp_path_factory: pytest.TempPathFactory, ci: bool, name: str,
+                *requirements: str) -> Path:
+    """The interpreter of a fresh virtualenv into which pip installed ``requirements``."""
+    home = tmp_path_factory.mktemp(name)
     venv.EnvBuilder(with_pip=True, clear=True).create(home)
     python = home / "bin" / "python"
-    install = _run([str(python), "-m", "pip", "install", "--quiet", str(ROOT)])
+    install = _run([str(python), "-m", "pip", "install", "--quiet", *requirements])
     if install.returncode != 0:
-        message = f"pip could not install the project in a fresh venv:\n{install.stderr[-3000:]}"
+        message = (f"pip could not install {' '.join(requirements)} in a fresh venv:\n"
+                   f"{install.stderr[-3000:]}")
         if ci:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     return python
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory, ci: bool) -> Path:
+    """The interpreter of a fresh virtualenv holding the project without any extra."""
+    return _fresh_venv(tmp_path_factory, ci, "bare-venv", str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def testing_python(tmp_path_factory: pytest.TempPathFactory, ci: bool) -> Path:
+    """A fresh virtualenv holding the project with the ``testing`` extra only."""
+    return _fresh_venv(tmp_path_factory, ci, "testing-venv", f"{ROOT}[testing]")
+
+
+@pytest.fixture(scope="module")
+def pytest_only_python(tmp_path_factory: pytest.TempPathFactory, ci: bool) -> Path:
+    """A fresh virtualenv holding the project and pytest, without Hypothesis."""
+    return _fresh_venv(tmp_path_factory, ci, "pytest-only-venv", str(ROOT), "pytest")
 
 
 def test_no_driver_is_installed(bare_python: Path) -> None:
@@ -63,7 +87,7 @@ def test_every_public_module_imports_without_extras(bare_python: Path) -> None:
             try:
                 importlib.import_module(name)
             except rheo_flow.MissingExtra as exc:
-                if not name.startswith("rheo_flow.testing") or exc.extra != "test":
+                if not name.startswith("rheo_flow.testing") or exc.extra != "testing":
                     raise
                 needs_tools.append(name)
             else:
@@ -163,3 +187,118 @@ def test_importing_rheo_flow_imports_no_driver() -> None:
     out = _run([sys.executable, "-c", code])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# A plugin run in a fresh venv sees pytest's defaults, whatever the outer run was told.
+PYTEST_ENV = {k: v for k, v in os.environ.items()
+              if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")}
+
+THIRD_PARTY_TEST = """
+import pytest
+from rheo_flow.testing import BackendConformance, BackendHarness, memory_harness
+
+
+class TestThirdPartyBackend(BackendConformance):
+    @pytest.fixture
+    def rheo_harness(self) -> BackendHarness:
+        return memory_harness()
+"""
+
+
+def test_testing_extra_runs_the_kit_and_writes_the_matrix_without_p(
+        testing_python: Path, tmp_path: Path) -> None:
+    pytest_script = str(testing_python.parent / "pytest")
+    found = _run([str(testing_python), "-m", "pip", "list", "--format=json"])
+    assert found.returncode == 0, found.stderr
+    installed = {p["name"].lower() for p in json.loads(found.stdout)}
+    # Just what the kit needs: no asyncio plugin, linters or type checker.
+    assert {"pytest", "hypothesis"} <= installed
+    assert not installed & {"pytest-asyncio", "mypy", "ruff", "opentelemetry-sdk"}
+
+    help_out = _run([pytest_script, "--help"], cwd=tmp_path, env=PYTEST_ENV)
+    assert help_out.returncode == 0, help_out.stderr
+    assert "--rheo-matrix=PATH" in help_out.stdout
+
+    (tmp_path / "test_my_backend.py").write_text(THIRD_PARTY_TEST)
+    quiet = ["-q", "-p", "no:cacheprovider", "test_my_backend.py"]
+    plain = _run([pytest_script, *quiet], cwd=tmp_path, env=PYTEST_ENV)
+    assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr
+    assert not list(tmp_path.glob("*.md"))  # nothing is written unless asked
+
+    run = _run([pytest_script, *quiet, "--rheo-matrix=out.md"], cwd=tmp_path, env=PYTEST_ENV)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    matrix = (tmp_path / "out.md").read_text()
+    header = next(line for line in matrix.splitlines() if line.startswith("| case "))
+    assert header.endswith("| memory |")
+    assert "| `routing_golden_values` |" in matrix
+    assert "| `stateful_model` |" in matrix
+
+    # The old command line, -p rheo_flow.testing.plugin, still works beside the entry point.
+    old = _run([pytest_script, *quiet, "-p", "rheo_flow.testing.plugin", "--rheo-matrix=old.md"],
+               cwd=tmp_path, env=PYTEST_ENV)
+    assert old.returncode == 0, old.stdout[-3000:] + old.stderr
+    assert (tmp_path / "old.md").read_text() == matrix
+
+
+def test_pytest_without_hypothesis_starts_and_names_the_testing_extra(
+        pytest_only_python: Path, tmp_path: Path) -> None:
+    pytest_script = str(pytest_only_python.parent / "pytest")
+    (tmp_path / "test_plugin_loaded.py").write_text(textwrap.dedent("""
+        import sys
+
+        def test_plugin_is_loaded_and_light(request):
+            assert request.config.pluginmanager.has_plugin("rheo_flow")
+            assert "hypothesis" not in sys.modules
+            assert "rheo_flow.testing" not in sys.modules
+    """))
+    run = _run([pytest_script, "-q", "-p", "no:cacheprovider", "test_plugin_loaded.py"],
+               cwd=tmp_path, env=PYTEST_ENV)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
+
+    # Asking for the matrix there is a usage error that names the extra, not a traceback.
+    matrix = _run([pytest_script, "-q", "-p", "no:cacheprovider", "--rheo-matrix=out.md",
+                   "test_plugin_loaded.py"], cwd=tmp_path, env=PYTEST_ENV)
+    assert matrix.returncode == 4, matrix.stdout + matrix.stderr
+    assert "pip install 'rheo-flow[testing]'" in matrix.stderr
+    assert not (tmp_path / "out.md").exists()
+
+    code = textwrap.dedent("""
+        import json, rheo_flow
+        try:
+            import rheo_flow.testing
+        except rheo_flow.MissingExtra as exc:
+            print(json.dumps({"message": str(exc), "extra": exc.extra, "module": exc.module}))
+    """)
+    out = _run([str(pytest_only_python), "-c", code])
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["extra"] == "testing"
+    assert report["module"] == "hypothesis"
+    assert "pip install 'rheo-flow[testing]'" in report["message"]
+
+
+def test_wheel_declares_the_pytest_plugin_and_the_testing_extra(tmp_path: Path) -> None:
+    build = _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                  "--wheel-dir", str(tmp_path), str(ROOT)])
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = tmp_path.glob("rheo_flow-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        info = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        entry_points = zf.read(f"{info}/entry_points.txt").decode()
+        metadata = zf.read(f"{info}/METADATA").decode()
+        assert "rheo_flow/_pytest_plugin.py" in zf.namelist()
+    assert "[pytest11]\nrheo_flow = rheo_flow._pytest_plugin" in entry_points
+    requires = [line.removeprefix("Requires-Dist: ") for line in metadata.splitlines()
+                if line.startswith("Requires-Dist: ")]
+    assert "Provides-Extra: testing" in metadata.splitlines()
+    testing = sorted(r.split(";")[0].strip() for r in requires if "extra == 'testing'" in r)
+    assert [r.split(">=")[0] for r in testing] == ["hypothesis", "pytest"]
+    assert all(">=" in r for r in testing)
+    # The repository's own test extra builds on it (hatchling writes it out expanded).
+    test = {r.split(";")[0].strip() for r in requires if "extra == 'test'" in r}
+    assert set(testing) < test
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    test_extra = declared["optional-dependencies"]["test"]
+    assert "rheo-flow[testing]" in test_extra
+    assert not [r for r in test_extra if r.startswith(("pytest>", "hypothesis"))]

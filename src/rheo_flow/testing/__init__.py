@@ -5,7 +5,7 @@ gapless sequences, idempotent appends, lease exclusivity and fencing, the
 settle vocabulary, renew and expiry, max attempts and dead letters, the
 contiguous frontier, replay and reset, queries, trimming, and a stateful test
 that runs random operation sequences against a reference model. It needs the
-``test`` extra (pytest and Hypothesis).
+``testing`` extra (pytest and Hypothesis): ``pip install 'rheo-flow[testing]'``.
 
 How to test your own backend: describe how to build a fresh one (a
 *harness*), then subclass :class:`BackendConformance`::
@@ -34,8 +34,9 @@ skip their cases with a reason naming the capability. Without pytest::
 
     failed = [r for r in run_cases(memory_harness()) if r.status == "fail"]
 
-``pytest -p rheo_flow.testing.plugin --rheo-matrix=matrix.md`` also writes a
-case-by-backend matrix.
+``pytest --rheo-matrix=matrix.md`` also writes a case-by-backend matrix (the
+option comes with the install: rheo-flow registers a pytest plugin, which does
+nothing without it).
 """
 
 try:
@@ -44,7 +45,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     from .._errors import MissingExtra
 
-    raise MissingExtra("conformance kit", "test", exc.name or "pytest") from None
+    raise MissingExtra("conformance kit", "testing", exc.name or "pytest") from None
 
 from ._case import CASES, Case, CaseEnv, ConformanceFailure, case
 from ._harness import BackendFactory, BackendHarness, memory_harness, sqlite_harness, url_harness
