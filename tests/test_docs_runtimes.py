@@ -2,9 +2,10 @@
 
 Every ```python block of both pages runs (in a fresh process, in a temporary
 directory, on ``memory://`` or a SQLite file there) and prints exactly what the
-comments next to its ``print`` calls say; the option tables and default values
-match the signatures; the tables of outcomes, triggers and counters list what
-the code has. The index links every page and benchmarks.md every suite.
+comments next to its ``print`` calls say; the option tables match the options
+schema (``rheo_flow._options``: names, defaults and ranges) and the signatures;
+the tables of outcomes, triggers and counters list what the code has. The index
+links every page and benchmarks.md every suite.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ from typing import Any, get_args
 import pytest
 
 from rheo_flow import Consumer, GroupStats, Producer, Rheo, SettleKind
+from rheo_flow._options import (
+    BATCHER,
+    CONSUMER,
+    PIPELINE,
+    PROCESSORS,
+    PRODUCER,
+    REQUIRED,
+    Runtime,
+)
 from rheo_flow.pipeline import (
     Batcher,
     BatchSize,
@@ -79,8 +89,9 @@ def test_every_page_has_runnable_examples(doc: str) -> None:
 # Tables ---------------------------------------------------------------------------------
 
 
-def _table(doc: str, heading: str) -> list[list[str]]:
-    """The body rows of the first table after the heading ``heading`` (any level)."""
+def _table(doc: str, heading: str, *, header: bool = False) -> list[list[str]]:
+    """The body rows of the first table after the heading ``heading`` (any level),
+    after its header row when ``header``."""
     text = (ROOT / doc).read_text()
     match = re.search(rf"^#+ {re.escape(heading)}$", text, flags=re.M)
     assert match, f"{doc} has no heading {heading!r}"
@@ -91,7 +102,7 @@ def _table(doc: str, heading: str) -> list[list[str]]:
         elif rows:
             break
     assert len(rows) > 2, f"no table under {heading!r} in {doc}"
-    return rows[2:]
+    return [rows[0], *rows[2:]] if header else rows[2:]
 
 
 def _names(cell: str) -> list[str]:
@@ -145,18 +156,41 @@ def test_stage_settings_match_their_dataclasses() -> None:
         assert shown == {f.name: f.default for f in dataclasses.fields(cls)}, cls.__name__
 
 
-def test_producer_defaults_match_the_signature() -> None:
-    text = (ROOT / "docs/pipeline.md").read_text()
-    section = text.split("## The producer on its own", 1)[1]
-    paragraph = section.split("Its options are", 1)[1].split(".\n", 1)[0]
-    shown = dict(re.findall(r"`([a-z_]+)(?:=([^`]+))?`", paragraph))
+def test_producer_options_table_matches_the_signature() -> None:
     parameters = inspect.signature(Producer).parameters
     options = {name: p.default for name, p in parameters.items()
                if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert set(shown) == set(options)
-    for name, value in shown.items():
-        if value:
-            assert ast.literal_eval(value) == options[name], name
+    rows = _table("docs/pipeline.md", "The producer on its own")
+    documented = {_names(row[0])[0]: _literal(row[1]) for row in rows}
+    assert documented == options
+
+
+OPTION_TABLES = [
+    ("docs/consumers.md", "Options", CONSUMER),
+    ("docs/pipeline.md", "Pipeline options", PIPELINE),
+    ("docs/pipeline.md", "Processors", PROCESSORS),
+    ("docs/pipeline.md", "Batchers", BATCHER),
+    ("docs/pipeline.md", "The producer on its own", PRODUCER),
+]
+
+
+@pytest.mark.parametrize(("doc", "heading", "runtime"), OPTION_TABLES,
+                         ids=[runtime.name for _, _, runtime in OPTION_TABLES])
+def test_option_table_matches_the_schema(doc: str, heading: str, runtime: Runtime) -> None:
+    """Every option the runtime takes with a default has a row, in the schema's order,
+    with the schema's default and range (the words of ``Runtime.range_of``)."""
+    head, *rows = _table(doc, heading, header=True)
+    assert head[:3] == [head[0], "default", "range"], f"{doc} {heading}: columns {head}"
+    documented = [_names(row[0])[0] for row in rows]
+    assert documented == [name for name, default in runtime.defaults.items()
+                          if default is not REQUIRED]
+    for name, row in zip(documented, rows, strict=True):
+        value = _literal(row[1])
+        if value is NotImplemented:  # `Processors()`, "computed": built from None
+            assert runtime.defaults[name] is None, name
+        else:
+            assert value == runtime.defaults[name], name
+        assert row[2] == runtime.range_of(name), name
 
 
 def test_default_max_inflight_is_the_documented_sum() -> None:

@@ -157,7 +157,7 @@ async def test_options_resolve_class_constructor_and_start(rheo: Rheo) -> None:
         ({"stream": None}, "has no stream"),
         ({"group": "bad name"}, "invalid group name"),
         ({"max_demand": 0}, "max_demand"),
-        ({"max_demand": 20_000}, "max_demand"),
+        ({"max_demand": 1_000_001}, "max_demand"),
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": 11, "max_demand": 10}, "cannot exceed max_demand"),
         ({"lease_ms": 5}, "lease_ms"),
@@ -317,7 +317,7 @@ async def test_fetch_size_defaults_to_max_demand_and_cannot_exceed_it(rec_rheo: 
     assert Group(rec_rheo, handle).options["fetch_size"] == 7
     with pytest.raises(InvalidArgument, match=r"fetch_size \(8\) cannot exceed max_demand \(7\)"):
         Group(rec_rheo, handle, fetch_size=8)
-    with pytest.raises(InvalidArgument, match="fetch_size must be a positive integer"):
+    with pytest.raises(InvalidArgument, match=r"fetch_size must be an integer \(1 to 1,000,000\)"):
         Group(rec_rheo, handle, fetch_size=0)
 
 
@@ -748,7 +748,7 @@ async def test_run_returns_when_stopped(rec_rheo: Rheo, wait_until: WaitUntil) -
 
 async def test_a_subclass_of_a_decorated_consumer_keeps_its_handle_event(
         rec_rheo: Rheo, wait_until: WaitUntil) -> None:
-    from rheo_flow._consumer import FunctionConsumer
+    from rheo_flow._group import FunctionConsumer
 
     await append(rec_rheo, 3)
     seen: list[str] = []

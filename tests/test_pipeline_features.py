@@ -353,7 +353,7 @@ async def test_settings_are_validated(rheo: Rheo) -> None:
         (lambda: Pipeline(rheo, stream="orders", group="g", handler=Echo(),
                           on_failure="drop"), "on_failure"),  # type: ignore[arg-type]
         (lambda: Pipeline(rheo, stream="orders", group="g", handler=Echo(),
-                          max_inflight=0), "max_demand"),
+                          max_inflight=0), "max_inflight"),
     ]:
         with pytest.raises(InvalidArgument, match=match):
             bad()

@@ -268,7 +268,7 @@ async def test_fetch_size_caps_each_fetch(db: Rheo) -> None:
         await producer.ack(rest)
     with pytest.raises(InvalidArgument, match=r"fetch_size \(9\) cannot exceed max_demand"):
         Producer(db, "orders", "g", max_demand=8, fetch_size=9)
-    with pytest.raises(InvalidArgument, match="fetch_size must be a positive integer"):
+    with pytest.raises(InvalidArgument, match=r"fetch_size must be an integer \(1 to 1,000,000\)"):
         Producer(db, "orders", "g", fetch_size=0)
 
 
@@ -348,7 +348,7 @@ async def test_inflight_tracks_a_fetch_under_one_expiry_and_renews_lease_by_leas
         db: Rheo) -> None:
     from rheo_flow import Lease
     from rheo_flow._inflight import Inflight
-    from rheo_flow._settle import SettleError, SettleKind, SettleResult
+    from rheo_flow._settle_results import SettleError, SettleKind, SettleResult
 
     await append(db, 4)
     await db.create_group("orders", "billing")
@@ -396,8 +396,8 @@ async def test_settle_calls_a_batch_observer_once_per_backend_call(db: Rheo) -> 
     from typing import cast
 
     from rheo_flow import Lease
-    from rheo_flow._settle import SettleError, SettleKind, SettleResult
-    from rheo_flow._settlement import settle
+    from rheo_flow._settle_calls import settle
+    from rheo_flow._settle_results import SettleError, SettleKind, SettleResult
 
     await append(db, 3)
     await db.create_group("orders", "billing")
@@ -433,8 +433,8 @@ async def test_a_renew_during_a_settle_call_leaves_the_settling_leases_alone(db:
 
     from rheo_flow import Lease
     from rheo_flow._inflight import Inflight
-    from rheo_flow._settle import SettleResult
-    from rheo_flow._settlement import settle
+    from rheo_flow._settle_calls import settle
+    from rheo_flow._settle_results import SettleResult
 
     await append(db, 4)
     await db.create_group("orders", "billing")

@@ -13,7 +13,6 @@ from ._backend import Backend
 from ._backoff import Backoff
 from ._capabilities import Capabilities
 from ._clock import ManualClock
-from ._consumer import ACK, Ack, Consumer, Outcome, Reject, Retry, consumer, current_lease
 from ._errors import (
     AlreadyStarted,
     BackendError,
@@ -32,15 +31,16 @@ from ._errors import (
     Unsupported,
 )
 from ._event import Event, NewEvent
-from ._group import Group, GroupStats
+from ._group import Consumer, Group, GroupStats, consumer
 from ._lease import Lease
+from ._outcome import ACK, Ack, Outcome, Reject, Retry, current_lease
 from ._producer import Producer, ProducerStats
 from ._query import Page, Query
 from ._retry import RetryPolicy
 from ._rheo import Rheo
 from ._routing import partition_for
-from ._settle import Decision, SettleError, SettleKind, SettleResult, classify
-from ._settlement import SettleOutcome
+from ._settle_calls import SettleOutcome
+from ._settle_results import Decision, SettleError, SettleKind, SettleResult, classify
 from ._stream import DeadLetter, GroupInfo, StreamInfo
 
 __version__ = "0.1.0"

@@ -25,7 +25,7 @@ from ._errors import Unsupported
 from ._event import JSON, Event
 from ._lease import Lease
 from ._query import Query
-from ._settle import SettleKind, SettleResult
+from ._settle_results import SettleKind, SettleResult
 from ._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 
 __all__ = ["AppendRecord", "Backend"]

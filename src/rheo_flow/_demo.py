@@ -30,12 +30,12 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ._consumer import ACK, Context, Outcome, Reject, Retry
 from ._event import Event, NewEvent
 from ._failure import bounded, error_text
 from ._lease import Lease
+from ._outcome import ACK, Context, Outcome, Reject, Retry
 from ._rheo import Rheo
-from ._settle import Decision, SettleResult
+from ._settle_results import Decision, SettleResult
 from ._stream import DeadLetter
 from ._urls import redact_url
 

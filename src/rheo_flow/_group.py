@@ -1,4 +1,12 @@
-"""The consumer-group runtime: a worker pool over the demand-driven :class:`Producer`.
+"""Consumer groups: the :class:`Consumer` an application writes, and the :class:`Group`
+runtime that runs it (a worker pool over the demand-driven :class:`Producer`).
+
+A :class:`Consumer` implements :meth:`Consumer.handle_event` (and optionally
+:meth:`Consumer.setup`); :meth:`Consumer.start` builds the :class:`Group` that
+fetches, renews and settles for it. A plain async function becomes a consumer
+with the :func:`consumer` decorator. The two classes share one module because
+each needs the other: ``start`` builds a Group, a Group checks and runs a
+Consumer. What a handler returns (the outcomes) is in :mod:`rheo_flow._outcome`.
 
 One :class:`Group` runs one :class:`~rheo_flow.Consumer` for one
 (instance, stream, group) in this process. The :class:`~rheo_flow.Producer`
@@ -20,16 +28,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from abc import ABC, abstractmethod
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeAlias
 
 from . import _telemetry
 from ._backlog import wait_caught_up
 from ._backoff import Backoff
-from ._consumer import _CURRENT_LEASE, Ack, Consumer, Context, FunctionConsumer, Reject, Retry
 from ._errors import (
     AlreadyStarted,
     InvalidArgument,
@@ -41,27 +49,18 @@ from ._errors import (
 from ._event import Event
 from ._failure import bounded, error_text, failure_fields
 from ._lease import Lease
+from ._options import CONSUMER, GROUP, validate
+from ._outcome import _CURRENT_LEASE, Ack, Context, Outcome, Reject, Retry
 from ._producer import Producer
 from ._retry import RetryPolicy
-from ._rheo import MAX_FETCH, Rheo
-from ._settle import SettleResult, classify
-from ._settlement import SettleObserver, SettleOp, _outcome, dead_lettered
-from ._validation import (
-    MAX_REASON,
-    check_lease_ms,
-    check_name,
-    check_positive_int,
-)
+from ._rheo import Partitions, Rheo
+from ._settle_calls import SettleObserver, SettleOp, _outcome, dead_lettered
+from ._settle_results import SettleResult, classify
+from ._validation import MAX_REASON
 
-__all__ = ["Group", "GroupStats"]
+__all__ = ["Consumer", "Group", "GroupStats", "consumer"]
 
 log = logging.getLogger("rheo_flow.group")
-
-_OPTIONS = (
-    "stream", "group", "max_demand", "concurrency", "fetch_size", "lease_ms", "poll_ms",
-    "consumer_id", "partitions", "max_attempts", "retry_policy",
-)
-_MAX_POLL_MS = 3_600_000
 
 _REGISTRY: dict[tuple[str, str, str], Group] = {}
 """Running groups of this process, by (instance id, stream, group)."""
@@ -121,6 +120,161 @@ class _Finished:
     """The failure recorded on the delivery (the dead letter's ``last_error``)."""
 
 
+class Consumer(ABC):
+    """Base class of a consumer group's handler.
+
+    Options are class attributes (defaults), constructor keyword arguments, or
+    keyword arguments of :meth:`start`, the later winning. Keys that are not
+    options of the runtime are application keys: they reach :meth:`setup`
+    untouched, unless they look like a misspelt option (``concurency``), which
+    raises :class:`~rheo_flow.InvalidArgument` suggesting the option::
+
+        class RiskConsumer(Consumer):
+            stream = "market-events"
+            group = "risk"
+            concurrency = 8
+
+            async def setup(self, options):
+                return {"counter": options["counter"]}
+
+            async def handle_event(self, event, context):
+                context["counter"].increment()
+                return ACK
+
+        async with RiskConsumer().start(rheo, counter=counter) as group:
+            ...
+
+    A consumer holds no per-event state: handlers run concurrently, so shared
+    mutable state belongs to objects referenced from the context.
+    """
+
+    stream: str | None = None
+    """The stream to consume (required)."""
+    group: str | None = None
+    """The consumer group (required)."""
+    max_demand: int = 100
+    """Bound on outstanding leases (fetched and not yet settled)."""
+    concurrency: int = 1
+    """How many handlers run at once."""
+    fetch_size: int | None = None
+    """Most leases one fetch asks for (``None``: ``max_demand``). Below ``max_demand``
+    (half of it, say) the next fetch runs while the last batch is handled and
+    settled, which pays off on a backend that serves calls in parallel (PostgreSQL)."""
+    lease_ms: int = 30_000
+    """Lease duration; inflight leases are renewed about every ``lease_ms / 2``."""
+    poll_ms: int = 200
+    """Idle poll interval when the backend cannot push wake-ups (and their upper bound)."""
+    consumer_id: str | None = None
+    """This worker's identity; generated by :meth:`Rheo.new_consumer_id` when ``None``."""
+    partitions: Partitions = "all"
+    """``"all"`` or a list of partition ids to consume."""
+    max_attempts: int | None = None
+    """Set the group's ``max_attempts`` when starting (``None`` keeps the backend's)."""
+    retry_policy: RetryPolicy | None = None
+    """The delay before a failed event is redelivered (handler errors, invalid outcomes,
+    :class:`Retry` without ``delay_ms``); ``None``: ``RetryPolicy()``, exponential
+    backoff from 1 s to 5 min with full jitter."""
+
+    def __init__(self, **options: Any) -> None:
+        CONSUMER.check_keys(options)
+        self.options: dict[str, Any] = dict(options)
+        """Options given to the constructor (they override the class attributes)."""
+
+    async def setup(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Build the read-only handler context once, when the group starts.
+
+        ``options`` holds every resolved option (``rheo`` included) and every
+        application key. Return a mapping; raise :class:`~rheo_flow.SetupRefused`
+        to refuse to start. The default returns an empty context.
+        """
+        return {}
+
+    @abstractmethod
+    async def handle_event(self, event: Event, context: Context) -> Outcome:
+        """Handle one leased event and return :data:`ACK`, :class:`Retry` or :class:`Reject`.
+
+        Raising, or returning anything else, is a handler failure: the group logs
+        and counts it and nacks the lease for redelivery after the ``retry_policy``
+        delay, recording ``"Type: message"`` as the delivery's last error. Return
+        ``Retry`` or ``Reject`` for expected business failures instead of raising.
+        """
+
+    def start(self, rheo: Rheo, **options: Any) -> Group:
+        """The :class:`~rheo_flow.Group` running this consumer on ``rheo``.
+
+        Use it as an async context manager (``async with consumer.start(rheo):``)
+        or call :meth:`Group.run`. ``options`` override the consumer's own.
+        """
+        return Group(rheo, self, **options)
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} stream={self._option('stream')!r} "
+                f"group={self._option('group')!r}>")
+
+    def _option(self, name: str) -> Any:
+        return self.options.get(name, getattr(self, name, None))
+
+
+Handler: TypeAlias = Callable[[Event, Context], Awaitable[Outcome]]
+"""An async function handling one event (see :func:`consumer`)."""
+Setup: TypeAlias = Callable[[Mapping[str, Any]], Awaitable[Mapping[str, Any]]]
+"""An async function building the handler context (see :func:`consumer`)."""
+
+
+class FunctionConsumer(Consumer):
+    """A :class:`Consumer` around plain async functions (built by :func:`consumer`)."""
+
+    def __init__(self, handler: Handler, setup: Setup | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self._handler = handler
+        self._setup = setup
+        self.name: str = getattr(handler, "__name__", "handler")
+        """The decorated function's name."""
+
+    async def setup(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Run the setup function given to :func:`consumer`, if any."""
+        if self._setup is None:
+            return {}
+        return await self._setup(options)
+
+    async def handle_event(self, event: Event, context: Context) -> Outcome:
+        """Run the decorated function."""
+        return await self._handler(event, context)
+
+    async def __call__(self, event: Event, context: Context) -> Outcome:
+        """Call the decorated function directly (handy in unit tests)."""
+        return await self._handler(event, context)
+
+    def __repr__(self) -> str:
+        return (f"<consumer {self.name} stream={self._option('stream')!r} "
+                f"group={self._option('group')!r}>")
+
+
+def consumer(*, setup: Setup | None = None, **options: Any) -> Callable[[Handler], Consumer]:
+    """Turn an async ``handler(event, context) -> Outcome`` function into a :class:`Consumer`.
+
+    ``options`` are the consumer's options and application keys (a key that looks
+    like a misspelt option is refused); ``setup`` is an optional async function
+    building the context::
+
+        @consumer(stream="orders", group="billing", concurrency=8)
+        async def bill(event, context):
+            return ACK
+
+        async with bill.start(rheo) as group:
+            ...
+    """
+
+    CONSUMER.check_keys(options, "@consumer")
+
+    def wrap(handler: Handler) -> Consumer:
+        if not callable(handler):
+            raise InvalidArgument(f"@consumer decorates an async function, got {handler!r}")
+        return FunctionConsumer(handler, setup, **options)
+
+    return wrap
+
+
 class Group:
     """The runtime of one consumer group in this process.
 
@@ -155,51 +309,35 @@ class Group:
             raise InvalidArgument(f"expected a Rheo instance, got {type(rheo).__name__}")
         if not isinstance(consumer, Consumer):
             raise InvalidArgument(f"expected a Consumer, got {type(consumer).__name__}")
-        if observer is not None and not callable(observer):
-            raise InvalidArgument(f"observer must be callable, got {observer!r}")
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise InvalidArgument(f"backoff must be a Backoff, got {type(backoff).__name__}")
+        validate("observer", observer)
+        validate("backoff", backoff)
         merged = {**consumer.options, **options}
         if "rheo" in merged:
             raise InvalidArgument("pass the Rheo instance to start() or Group(), not as an option")
-        chosen = {name: merged.pop(name, getattr(consumer, name, None)) for name in _OPTIONS}
+        CONSUMER.check_keys(consumer.options)
+        GROUP.check_keys(options)
+        _check_class_options(consumer)
+        values = {name: merged.pop(name, getattr(consumer, name, None)) for name in GROUP.names}
+        _require(consumer, values, "stream", "group")
+        chosen = GROUP.resolve(values)
         self._rheo = rheo
         self._consumer = consumer
-        self._stream = _required_name(consumer, "stream", chosen["stream"])
-        self._group = _required_name(consumer, "group", chosen["group"])
-        self._max_demand = check_positive_int("max_demand", chosen["max_demand"],
-                                              maximum=MAX_FETCH)
-        self._concurrency = check_positive_int("concurrency", chosen["concurrency"])
-        if self._concurrency > self._max_demand:
-            raise InvalidArgument(
-                f"concurrency ({self._concurrency}) cannot exceed max_demand "
-                f"({self._max_demand}): a handler needs a lease to work on"
-            )
+        self._stream: str = chosen["stream"]
+        self._group: str = chosen["group"]
+        self._max_demand: int = chosen["max_demand"]
+        self._concurrency: int = chosen["concurrency"]
         fetch_size = chosen["fetch_size"]
-        self._fetch_size = (self._max_demand if fetch_size is None
-                            else check_positive_int("fetch_size", fetch_size))
-        if self._fetch_size > self._max_demand:
-            raise InvalidArgument(
-                f"fetch_size ({self._fetch_size}) cannot exceed max_demand "
-                f"({self._max_demand}): a group never holds more leases than max_demand"
-            )
-        self._lease_ms = check_lease_ms(chosen["lease_ms"])
-        self._poll_ms = check_positive_int("poll_ms", chosen["poll_ms"], maximum=_MAX_POLL_MS)
+        self._fetch_size: int = self._max_demand if fetch_size is None else fetch_size
+        self._lease_ms: int = chosen["lease_ms"]
+        self._poll_ms: int = chosen["poll_ms"]
         consumer_id = chosen["consumer_id"]
-        self._consumer_id = (rheo.new_consumer_id() if consumer_id is None
-                             else check_name("consumer", consumer_id))
-        self._partitions = _check_partitions_shape(chosen["partitions"])
-        max_attempts = chosen["max_attempts"]
-        if max_attempts is not None:
-            check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
-        self._max_attempts: int | None = max_attempts
+        self._consumer_id: str = (rheo.new_consumer_id() if consumer_id is None
+                                  else consumer_id)
+        self._partitions: Literal["all"] | list[int] = chosen["partitions"]
+        self._max_attempts: int | None = chosen["max_attempts"]
         retry_policy = chosen["retry_policy"]
-        if retry_policy is None:
-            retry_policy = RetryPolicy()
-        elif not isinstance(retry_policy, RetryPolicy):
-            raise InvalidArgument(
-                f"retry_policy must be a RetryPolicy, got {type(retry_policy).__name__}")
-        self._retry_policy: RetryPolicy = retry_policy
+        self._retry_policy: RetryPolicy = (RetryPolicy() if retry_policy is None
+                                           else retry_policy)
         resolved = {
             **merged,
             "stream": self._stream,
@@ -760,27 +898,25 @@ def _handler_of(consumer: Consumer) -> Callable[[Event, Context], Awaitable[Any]
     return consumer.handle_event
 
 
-def _required_name(consumer: Consumer, kind: str, value: object) -> str:
-    if value is None:
-        raise InvalidArgument(
-            f"{type(consumer).__name__} has no {kind}: set the {kind!r} class attribute "
-            f"or pass {kind}=..."
-        )
-    return check_name(kind, value)
+def _require(consumer: Consumer, values: Mapping[str, Any], *kinds: str) -> None:
+    for kind in kinds:
+        if values[kind] is None:
+            raise InvalidArgument(
+                f"{type(consumer).__name__} has no {kind}: set the {kind!r} class attribute "
+                f"or pass {kind}=..."
+            )
 
 
-def _check_partitions_shape(value: object) -> Literal["all"] | list[int]:
-    if value == "all":
-        return "all"
-    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
-        raise InvalidArgument(f'partitions must be "all" or a list of ids, got {value!r}')
-    ids = list(value)
-    if not ids:
-        raise InvalidArgument('partitions must not be empty (use "all" for every partition)')
-    for p in ids:
-        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-            raise InvalidArgument(f"partition ids must be integers >= 0, got {p!r}")
-    return sorted(set(ids))
+def _check_class_options(consumer: Consumer) -> None:
+    """Refuse class attributes of a Consumer subclass that look like misspelt options
+    (``concurency = 8``): plain values, not methods or descriptors."""
+    for cls in type(consumer).__mro__:
+        if cls is Consumer or cls is FunctionConsumer or not issubclass(cls, Consumer):
+            continue
+        keys = [name for name, value in vars(cls).items()
+                if not name.startswith("_") and not callable(value)
+                and not hasattr(value, "__get__")]
+        CONSUMER.check_keys(keys, f"class attribute of {cls.__name__}")
 
 
 async def _cancel_and_wait(tasks: Iterable[asyncio.Task[None] | None]) -> None:

@@ -17,7 +17,7 @@ from operator import attrgetter
 from typing import Protocol
 
 from ._lease import Lease
-from ._settle import Decision, SettleResult
+from ._settle_results import Decision, SettleResult
 
 __all__ = ["Inflight", "InflightEntry", "wait_event"]
 

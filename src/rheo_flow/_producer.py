@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
@@ -28,9 +28,9 @@ from ._backoff import Backoff
 from ._errors import AlreadyStarted, InvalidArgument, NotStarted, StoreLost
 from ._inflight import Inflight, wait_event
 from ._lease import Lease
+from ._options import PRODUCER
 from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
-from ._settle import SettleResult, classify
-from ._settlement import (
+from ._settle_calls import (
     BatchObserver,
     SettleObserver,
     SettleOp,
@@ -38,7 +38,8 @@ from ._settlement import (
     per_outcome,
     settle,
 )
-from ._validation import check_lease_ms, check_name, check_partition, check_positive_int
+from ._settle_results import SettleResult, classify
+from ._validation import check_partition, check_positive_int
 
 __all__ = ["Producer", "ProducerStats"]
 
@@ -122,39 +123,27 @@ class Producer:
         if not isinstance(rheo, Rheo):
             raise InvalidArgument(f"rheo must be a Rheo instance, got {type(rheo).__name__}")
         self._rheo = rheo
-        self._stream = check_name("stream", stream)
-        self._group = check_name("group", group)
-        self._max_demand = check_positive_int("max_demand", max_demand, maximum=1_000_000)
-        self._fetch_size = (self._max_demand if fetch_size is None
-                            else check_positive_int("fetch_size", fetch_size))
-        if self._fetch_size > self._max_demand:
-            raise InvalidArgument(
-                f"fetch_size ({self._fetch_size}) cannot exceed max_demand "
-                f"({self._max_demand}): never more than max_demand leases are held"
-            )
-        self._lease_ms = check_lease_ms(lease_ms)
-        self._poll_ms = check_positive_int("poll_ms", poll_ms, maximum=3_600_000)
-        self._consumer_id = (
-            check_name("consumer_id", consumer_id) if consumer_id is not None
-            else rheo.new_consumer_id()
+        chosen = PRODUCER.resolve({
+            "stream": stream, "group": group, "max_demand": max_demand,
+            "fetch_size": fetch_size, "lease_ms": lease_ms, "poll_ms": poll_ms,
+            "consumer_id": consumer_id, "partitions": partitions,
+            "max_attempts": max_attempts, "backoff": backoff, "observer": observer,
+            "shutdown_timeout": shutdown_timeout,
+        })
+        self._stream: str = chosen["stream"]
+        self._group: str = chosen["group"]
+        self._max_demand: int = chosen["max_demand"]
+        self._fetch_size: int = self._max_demand if fetch_size is None else fetch_size
+        self._lease_ms: int = chosen["lease_ms"]
+        self._poll_ms: int = chosen["poll_ms"]
+        self._consumer_id: str = (
+            consumer_id if consumer_id is not None else rheo.new_consumer_id()
         )
-        if partitions != "all" and (
-            isinstance(partitions, str) or not isinstance(partitions, Sequence) or not partitions
-        ):
-            raise InvalidArgument(
-                f'partitions must be "all" or a non-empty list of ids, got {partitions!r}'
-            )
-        self._partitions: Partitions = partitions
-        if max_attempts is not None:
-            check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
-        self._max_attempts = max_attempts
+        self._partitions: Partitions = chosen["partitions"]
+        self._max_attempts: int | None = max_attempts
         self._backoff = backoff or Backoff()
         self._observer: BatchObserver | None = None if observer is None else per_outcome(observer)
         """Called once per settle call (a runtime over the producer sets its own)."""
-        if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, int | float) \
-                or shutdown_timeout < 0:
-            raise InvalidArgument(f"shutdown_timeout must be a non-negative number of seconds, "
-                                  f"got {shutdown_timeout!r}")
         self._shutdown_timeout = float(shutdown_timeout)
         self._inflight = Inflight(self._max_demand)
         self._state: State = "new"

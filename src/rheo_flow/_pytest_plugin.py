@@ -50,7 +50,7 @@ def register_recorder(config: pytest.Config) -> None:
     from rheo_flow._errors import MissingExtra
 
     try:
-        from rheo_flow.testing.plugin import MatrixRecorder
+        from rheo_flow.testing._recorder import MatrixRecorder
     except MissingExtra as exc:
         raise pytest.UsageError(f"--rheo-matrix: {exc}") from None
     config.pluginmanager.register(MatrixRecorder(Path(path)), RECORDER_NAME)

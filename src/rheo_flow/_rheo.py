@@ -19,7 +19,7 @@ from ._errors import InvalidArgument
 from ._event import Event, NewEvent
 from ._lease import Lease
 from ._query import Page, Query, decode_cursor, encode_cursor
-from ._settle import SettleResult, classify
+from ._settle_results import SettleResult, classify
 from ._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from ._urls import backend_from_url
 from ._validation import (

@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ._backlog import wait_caught_up
-from ._consumer import Consumer
 from ._errors import InvalidArgument
-from ._group import Group
+from ._group import Consumer, Group
 from ._health import Health
 from ._rheo import Rheo
 from .pipeline import Pipeline

@@ -26,7 +26,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from ._errors import InvalidArgument
-from ._settle import SettleKind
+from ._settle_results import SettleKind
 from ._telemetry import STATE
 from ._telemetry._names import INSTRUMENTATION_NAME, OTHER, PROCESS_ERROR_TYPES
 

@@ -24,7 +24,7 @@ from contextvars import ContextVar
 from typing import Any, Final, Protocol, TypeVar
 
 from .._errors import BackendError, BackendUnavailable, InvalidArgument, OutcomeUnknown, RheoError
-from .._settle import SettleKind, classify
+from .._settle_results import SettleKind, classify
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",

@@ -7,7 +7,7 @@ from collections.abc import Hashable, Sequence
 
 from .._lease import Lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult
+from .._settle_results import SettleKind, SettleResult
 from .._stream import StartPosition
 
 __all__ = [

@@ -21,7 +21,7 @@ from .._errors import ConflictError, UnknownGroup, UnknownStream
 from .._event import Event, make_event_json
 from .._lease import Lease, make_lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult, settle_ok
+from .._settle_results import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._validation import check_record_text
 from ._shared import fence, missing_delivery, query_window, round_robin

@@ -79,7 +79,7 @@ from .._errors import (
 from .._event import Event
 from .._lease import Lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult
+from .._settle_results import SettleKind, SettleResult
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import check_hosts, redact_url, scrub_secrets
 from ._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations

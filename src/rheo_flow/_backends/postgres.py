@@ -47,7 +47,7 @@ from .._errors import (
 from .._event import Event, decode_json, make_event_json
 from .._lease import Lease, make_lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult, settle_ok
+from .._settle_results import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import check_hosts, redact_url, require_driver, unreachable, url_flag
 from ._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations, mark_sent

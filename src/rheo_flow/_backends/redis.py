@@ -75,7 +75,7 @@ from .._errors import (
 from .._event import Event, make_event_json
 from .._lease import Lease, make_lease
 from .._query import Query
-from .._settle import SettleKind, SettleResult, settle_ok
+from .._settle_results import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._urls import redact_url, url_secrets
 from .._validation import NAME_PATTERN

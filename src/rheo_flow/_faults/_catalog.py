@@ -1,16 +1,22 @@
-"""The built-in, worker-level scenarios (imported once by :func:`scenarios`).
+"""The catalogue of scenarios: the built-in, worker-level ones, and :func:`scenarios`.
 
 Scenarios that fault the backend server or the network register themselves in
-modules imported here too.
+modules imported here too, so every module that reads the catalogue (through
+:func:`scenarios`) finds the built-in scenarios registered.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ._scenario import RunControl, RunSettings, Scenario, register
+from ._scenario import _REGISTRY, RunControl, RunSettings, Scenario, register
 
-__all__ = ["AMBIGUOUS_APPEND", "BASELINE", "KILL_RESTART", "POISON", "STOP_CONT"]
+__all__ = ["AMBIGUOUS_APPEND", "BASELINE", "KILL_RESTART", "POISON", "STOP_CONT", "scenarios"]
+
+
+def scenarios() -> dict[str, Scenario]:
+    """Every registered scenario, by name (the built-in ones included)."""
+    return dict(_REGISTRY)
 
 
 async def _kill_and_restart(run: RunControl) -> None:

@@ -15,10 +15,11 @@ from rich.markup import escape
 
 from .._errors import RheoError
 from .._urls import redact_url
+from ._catalog import scenarios
 from ._checker import Report
 from ._render import report_dict, report_table
 from ._runner import STREAM_PREFIX, run_torture, selected_scenarios
-from ._scenario import RunSettings, Workload, scenarios
+from ._scenario import RunSettings, Workload
 
 __all__ = ["torture"]
 

@@ -17,6 +17,7 @@ import tenacity
 from .._errors import InvalidArgument
 from .._query import Query
 from .._rheo import Rheo
+from ._catalog import scenarios
 from ._checker import FinalState, Report, check
 from ._history import read_history
 from ._scenario import (
@@ -28,7 +29,6 @@ from ._scenario import (
     WorkerProcess,
     Workload,
     backend_family,
-    scenarios,
 )
 from ._worker import WorkerConfig, event_id, is_poison
 

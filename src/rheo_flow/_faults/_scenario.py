@@ -47,7 +47,6 @@ __all__ = [
     "backend_family",
     "direct_endpoints",
     "register",
-    "scenarios",
 ]
 
 Workload = Literal["group", "pipeline"]
@@ -185,13 +184,6 @@ def register(scenario: Scenario) -> Scenario:
         raise InvalidArgument(f"a scenario named {scenario.name!r} is already registered")
     _REGISTRY[scenario.name] = scenario
     return scenario
-
-
-def scenarios() -> dict[str, Scenario]:
-    """Every registered scenario, by name (the built-in ones included)."""
-    from . import _catalog  # noqa: F401 - registers the built-in scenarios
-
-    return dict(_REGISTRY)
 
 
 @dataclass(frozen=True, slots=True)

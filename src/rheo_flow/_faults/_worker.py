@@ -22,15 +22,15 @@ from typing import Any, Literal
 
 import orjson
 
-from .._consumer import ACK, Outcome, consumer, current_lease
 from .._errors import BackendUnavailable, RheoError
 from .._event import Event, NewEvent
-from .._group import Group
+from .._group import Group, consumer
 from .._lease import Lease
+from .._outcome import ACK, Outcome, current_lease
 from .._retry import RetryPolicy
 from .._rheo import Rheo
-from .._settle import SettleKind, classify
-from .._settlement import SettleObserver, SettleOutcome, per_outcome
+from .._settle_calls import SettleObserver, SettleOutcome, per_outcome
+from .._settle_results import SettleKind, classify
 from ._history import Recorder
 from ._history import SettleOp as RecordedOp
 

@@ -20,7 +20,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
-from .._settle import Decision, SettleKind, SettleResult, classify
+from .._settle_results import Decision, SettleKind, SettleResult, classify
 from . import _names as n
 from ._context import carrier, creation_context, links
 from ._metrics import Instruments, instruments

@@ -15,21 +15,27 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from . import _names as n
 from ._metrics import instruments
 from ._state import STATE
 
-if TYPE_CHECKING:
-    from .._rheo import Rheo
-
-__all__ = ["LagTracker", "track_lag"]
+__all__ = ["LagSource", "LagTracker", "track_lag"]
 
 log = logging.getLogger("rheo_flow.telemetry")
 
 
-def track_lag(rheo: Rheo, stream: str, group: str,
+class LagSource(Protocol):
+    """Where a :class:`LagTracker` reads the lag: a :class:`~rheo_flow.Rheo` (the runtimes
+    that track lag are above this package, so it names what it calls, not the class)."""
+
+    async def lag(self, stream: str, group: str) -> dict[int, int]:
+        """``high_water - frontier`` per partition."""
+        ...
+
+
+def track_lag(rheo: LagSource, stream: str, group: str,
               partitions: Literal["all"] | Sequence[int] = "all") -> LagTracker | None:
     """Report the lag of ``group`` on ``stream`` (the given partitions) until closed.
 
@@ -44,7 +50,7 @@ def track_lag(rheo: Rheo, stream: str, group: str,
 class LagTracker:
     """The cached lag of one runtime's (stream, group, partitions)."""
 
-    def __init__(self, rheo: Rheo, stream: str, group: str,
+    def __init__(self, rheo: LagSource, stream: str, group: str,
                  partitions: Literal["all"] | Sequence[int]) -> None:
         self._rheo = rheo
         self._stream = stream

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from .. import _telemetry
 from .._errors import InvalidArgument
 from .._inflight import Inflight
+from .._options import BATCHER
 from ._acknowledger import Acknowledger
 from ._handler import Callbacks, run_handle_failed
 from ._message import BatchInfo, BatchTrigger, Message, fail_on_error
@@ -75,20 +75,9 @@ class Batcher:
     partition_by: PartitionBy | None = None
 
     def __post_init__(self) -> None:
-        size = self.batch_size
-        if not isinstance(size, BatchSize) and (
-                isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 100_000):
-            raise InvalidArgument(
-                f"batch_size must be an integer in 1..100000 or a BatchSize, got {size!r}")
-        timeout = self.batch_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
-                math.isfinite(timeout) and 0 < timeout <= 86_400):
-            raise InvalidArgument(
-                f"batch_timeout must be a number of seconds in (0, 86400], got {timeout!r}")
-        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or not (
-                1 <= self.concurrency <= 10_000):
-            raise InvalidArgument(
-                f"batcher concurrency must be an integer in 1..10000, got {self.concurrency!r}")
+        if not isinstance(self.batch_size, BatchSize):
+            BATCHER.validate("batch_size", self.batch_size)
+        BATCHER.resolve({"batch_timeout": self.batch_timeout, "concurrency": self.concurrency})
         if self.partition_by is not None:
             router(self.partition_by, 1, "batcher")
 

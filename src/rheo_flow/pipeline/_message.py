@@ -5,15 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from .._errors import InvalidArgument
 from .._failure import error_text, failure_fields
 from .._lease import Lease
 from .._validation import MAX_REASON, check_duration_ms
-
-if TYPE_CHECKING:
-    from ._acknowledger import Acknowledger
 
 __all__ = [
     "BatchInfo",
@@ -38,6 +35,20 @@ log = logging.getLogger("rheo_flow.pipeline")
 
 DEFAULT_BATCHER = "default"
 DEFAULT_BATCH_KEY = "default"
+
+
+class Settler(Protocol):
+    """What settles a message: the pipeline's acknowledger. Its classes
+    (``pipeline._acknowledger.Acknowledger``) build on :class:`Message`, so this module
+    names only the two calls a message makes on it."""
+
+    async def settle(self, successful: Iterable[Message], failed: Iterable[Message]) -> None:
+        """Settle ``successful`` (status ``ok``) and ``failed`` messages."""
+        ...
+
+    def confirm(self, messages: Iterable[Message]) -> list[Message]:
+        """Record messages whose leases were acked elsewhere as acked."""
+        ...
 
 
 class Message:
@@ -88,7 +99,7 @@ class Message:
     outcome: MessageOutcome | None
     """How the pipeline settled the lease: ``ack``, ``nack`` or ``reject`` (``None`` before)."""
 
-    def __init__(self, lease: Lease, acknowledger: Acknowledger | None = None) -> None:
+    def __init__(self, lease: Lease, acknowledger: Settler | None = None) -> None:
         self.lease = lease
         self.data = lease.event.data
         self.batcher = DEFAULT_BATCHER
@@ -233,7 +244,7 @@ class Message:
 async def ack_immediately(messages: Iterable[Message]) -> list[Message]:
     """Settle several messages now, in batched calls (see :meth:`Message.ack_immediately`)."""
     pending = [m for m in messages if m.outcome is None]
-    by_acker: dict[int, tuple[Acknowledger, list[Message]]] = {}
+    by_acker: dict[int, tuple[Settler, list[Message]]] = {}
     for m in pending:
         acker = m._acknowledger
         if acker is None:

@@ -14,6 +14,7 @@ from .. import _telemetry
 from .._backlog import wait_caught_up
 from .._errors import AlreadyStarted, InvalidArgument, StoreLost
 from .._inflight import Inflight
+from .._options import MAX_DEMAND, PIPELINE
 from .._producer import Producer
 from .._retry import RetryPolicy
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
@@ -193,8 +194,16 @@ class Pipeline:
                                   f"{type(processors).__name__}")
         self._processors = processors
         self._batchers = _check_batchers(batchers)
+        PIPELINE.resolve({"max_inflight": max_inflight, "on_failure": on_failure,
+                          "retry_delay_ms": retry_delay_ms, "retry_policy": retry_policy,
+                          "shutdown_timeout": shutdown_timeout})
         if max_inflight is None:
             max_inflight = default_max_inflight(processors, self._batchers)
+            if max_inflight > MAX_DEMAND:
+                raise InvalidArgument(
+                    f"the default max_inflight ({max_inflight}: room for the processors' "
+                    f"demand twice over and concurrency + 1 batches per batcher) is above "
+                    f"{MAX_DEMAND:,}: pass max_inflight")
         else:
             _warn_if_batches_cannot_fill(max_inflight, self._batchers)
         self._producer = Producer(
@@ -206,10 +215,6 @@ class Pipeline:
             retry_policy=retry_policy)
         self._context = context
         self._rate_limiter = _limiter(rate_limit)
-        if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, int | float) \
-                or shutdown_timeout <= 0:
-            raise InvalidArgument(f"shutdown_timeout must be a positive number of seconds, "
-                                  f"got {shutdown_timeout!r}")
         self._shutdown_timeout = float(shutdown_timeout)
         self._stages: Stages | None = None
         self._dispatcher: asyncio.Task[None] | None = None

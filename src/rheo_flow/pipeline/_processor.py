@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _telemetry
-from .._errors import InvalidArgument
+from .._options import PROCESSORS
 from ._acknowledger import Acknowledger
 from ._handler import Callbacks, run_handle_failed
 from ._message import Message, fail_on_error, failure_reason
@@ -18,8 +18,6 @@ from ._partition import PartitionBy, Router, router
 __all__ = ["ProcessorStage", "Processors"]
 
 log = logging.getLogger("rheo_flow.pipeline")
-
-MAX_CONCURRENCY = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,17 +39,10 @@ class Processors:
     """The name handlers receive as ``processor``."""
 
     def __post_init__(self) -> None:
-        _check_count("processors concurrency", self.concurrency, MAX_CONCURRENCY)
-        _check_count("processors max_demand", self.max_demand, 100_000)
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidArgument(f"processors name must be a non-empty string, got {self.name!r}")
+        PROCESSORS.resolve({"concurrency": self.concurrency, "max_demand": self.max_demand,
+                            "name": self.name})
         if self.partition_by is not None:
             router(self.partition_by, 1, "processors")
-
-
-def _check_count(what: str, value: object, maximum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-        raise InvalidArgument(f"{what} must be an integer in 1..{maximum}, got {value!r}")
 
 
 class ProcessorStage:

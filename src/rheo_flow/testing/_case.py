@@ -12,7 +12,7 @@ from .._backend import Backend
 from .._event import Event, NewEvent
 from .._lease import Lease
 from .._rheo import Rheo
-from .._settle import SettleKind, SettleResult
+from .._settle_results import SettleKind, SettleResult
 from ._harness import BackendHarness
 
 __all__ = [
@@ -64,7 +64,7 @@ class Case:
         return None
 
 
-_AREAS = ["streams", "leases", "redelivery", "progress", "reads", "deletion"]
+_AREAS = ["streams", "leases", "redelivery", "batches", "progress", "reads", "deletion"]
 
 
 def _area_rank(module: str) -> int:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from .._errors import UnknownGroup, UnknownStream
+from .._errors import StoreLost, UnknownGroup, UnknownStream
 from .._event import NewEvent
 from .._lease import Lease
 from .._query import Query
-from ._case import CaseEnv, case, check, check_equal, expect_error, positions
+from ._case import (
+    CaseEnv,
+    ConformanceFailure,
+    case,
+    check,
+    check_equal,
+    expect_error,
+    positions,
+)
 
 
 async def _settle_fails(env: CaseEnv, leases: list[Lease], what: str) -> None:
@@ -90,3 +98,22 @@ async def case_delete_group_removes_its_state(env: CaseEnv) -> None:
     check_equal({lease.attempt for lease in again}, {1}, "attempts of the new group")
     await _settle_fails(env, leases[2:], "after the group was re-created")
     await env.ack_ok(again)
+
+
+@case(rules=["delete.seen_elsewhere"], needs_peer=True)
+async def case_deletion_seen_by_another_instance(env: CaseEnv) -> None:
+    """An instance that used a stream or group gets UnknownGroup/UnknownStream once it is gone."""
+    stream = await env.stream()
+    await env.append(stream, 2)
+    await env.ack_ok(await env.fetch(stream, "g", 1))
+    async with env.peer() as other:
+        await other.delete_group(stream, "g")
+        await expect_error(UnknownGroup, env.fetch(stream, "g"),
+                           "fetch of a group another instance deleted")
+        await other.delete_stream(stream)
+        try:
+            await env.fetch(stream, "g")
+        except (UnknownStream, StoreLost):
+            pass
+        else:
+            raise ConformanceFailure("a fetch of a stream another instance deleted succeeded")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 from .._backend import MAX_ATTEMPTS_REASON
 from .._event import NewEvent
-from .._settle import SettleKind
+from .._lease import Lease
+from .._settle_results import SettleKind
 from ._case import CaseEnv, case, check, check_equal, check_results, positions
 
 STALE = SettleKind.STALE_LEASE
@@ -187,17 +189,27 @@ async def case_other_settle_after_settle_is_stale(env: CaseEnv) -> None:
 
 @case(rules=["settle.unknown_lease"])
 async def case_foreign_lease_is_invalid(env: CaseEnv) -> None:
-    """A lease naming no delivery of this backend (stream, group, sequence) is invalid."""
+    """A lease that could never have been issued (stream, group, partition, sequence) is invalid.
+
+    Unknown stream or group, sequence 0, a partition equal to the partition count,
+    and a sequence above its own partition's high water (though below another's).
+    """
     stream = await env.stream(partitions=2)
     await env.append(stream, 2, partition=0)
     [real, _] = await env.fetch(stream, "g")
-    ghost_stream = dataclasses.replace(
-        real, event=dataclasses.replace(real.event, stream=env.name("ghost")))
-    ghost_group = dataclasses.replace(real, group="no-such-group")
-    ghost_sequence = dataclasses.replace(
-        real, event=dataclasses.replace(real.event, sequence=999))
-    foreign = [ghost_stream, ghost_group, ghost_sequence]
-    invalid = [SettleKind.INVALID] * 3
+
+    def forged(**event: Any) -> Lease:
+        return dataclasses.replace(real, event=dataclasses.replace(real.event, **event))
+
+    foreign = [
+        forged(stream=env.name("ghost")),
+        dataclasses.replace(real, group="no-such-group"),
+        forged(sequence=999),
+        forged(sequence=0),
+        forged(partition=2),
+        forged(partition=1, sequence=2),
+    ]
+    invalid = [SettleKind.INVALID] * len(foreign)
     check_results(await env.rheo.ack(foreign), foreign, invalid, "ack of foreign leases")
     check_results(await env.rheo.nack(foreign, "r"), foreign, invalid, "nack of foreign leases")
     check_results(await env.rheo.reject(foreign, "r"), foreign, invalid,
@@ -421,6 +433,8 @@ async def case_max_attempts_via_nack(env: CaseEnv) -> None:
     [second] = await env.fetch(stream, "g")
     check_equal(second.attempt, 2, "second attempt")
     check_results(await env.rheo.nack(second, "boom"), [second], [None], "nack at max attempts")
+    check_results(await env.rheo.nack(second, "boom"), [second], [None],
+                  "repeating the nack that dead-lettered", repeated=[True])
     check_equal(await env.fetch(stream, "g"), [], "no third attempt")
     [dead] = await env.rheo.dead_letters(stream, "g")
     check_equal((dead.sequence, dead.attempts, dead.reason), (1, 2, MAX_ATTEMPTS_REASON),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON
 from .._query import Query
-from .._settle import SettleKind
+from .._settle_results import SettleKind
+from .._stream import GroupInfo
 from ._case import CaseEnv, case, check, check_equal, check_results, positions
 
 STALE = SettleKind.STALE_LEASE
@@ -24,8 +25,10 @@ async def case_create_group_idempotent(env: CaseEnv) -> None:
                 "create_group again returns the existing group")
     check_equal(await env.rheo.frontier(stream, "b"), {0: 0}, "start applies at creation only")
     updated = await env.rheo.create_group(stream, "b", max_attempts=7)
-    check_equal(updated.max_attempts, 7, "max_attempts of an existing group is updated")
+    check_equal(updated, GroupInfo(stream, "b", 7, info.created_at_ms),
+                "max_attempts of an existing group is updated, nothing else")
     check_equal(await env.rheo.group_info(stream, "b"), updated, "group_info")
+    check_equal(await env.rheo.groups(stream), [updated], "groups lists the whole GroupInfo")
     await env.rheo.create_group(stream, "c")
     await env.rheo.create_group(stream, "a")
     check_equal([g.group for g in await env.rheo.groups(stream)], ["a", "b", "c"],
@@ -438,3 +441,24 @@ async def case_dead_letter_times_by_path(env: CaseEnv) -> None:
               f"rejected_at_ms of {path} is {stamp}, expected {low}..{high}")
     check_equal(dead[2].reason, MAX_ATTEMPTS_REASON, "reason of a nack at max attempts")
     check_equal(dead[3].reason, MAX_ATTEMPTS_REASON, "reason of an expiry at max attempts")
+
+
+@case(rules=["redrive.dead_letters_only", "frontier.contiguous", "frontier.lag"])
+async def case_redrive_reopens_the_frontier(env: CaseEnv) -> None:
+    """A re-driven delivery is a hole again: later settles do not carry the frontier past it."""
+    stream = await env.stream()
+    await env.append(stream, 3)
+    one, two, three = await env.fetch(stream, "g")
+    check_results(await env.rheo.reject(two, "bad"), [two], [None], "reject 2")
+    await env.ack_ok([one, three])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "frontier before the redrive")
+    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "frontier after the redrive")
+    [again] = await env.fetch(stream, "g")
+    check_equal((again.sequence, again.attempt), (2, 1), "the re-driven delivery")
+    await env.append(stream, 1)
+    await env.ack_ok(await env.fetch(stream, "g"))
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "2 is still a hole")
+    check_equal(await env.rheo.lag(stream, "g"), {0: 3}, "lag with the hole")
+    await env.ack_ok([again])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "frontier once 2 is acked")

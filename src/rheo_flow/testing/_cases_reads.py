@@ -9,7 +9,8 @@ from .._capabilities import Capabilities
 from .._errors import InvalidArgument, InvalidCapabilities
 from .._event import Event, NewEvent
 from .._query import Query
-from .._settle import SettleKind
+from .._rheo import Rheo
+from .._settle_results import SettleKind
 from ._case import (
     CaseEnv,
     ConformanceFailure,
@@ -274,3 +275,63 @@ async def case_wait_for_append_ignores_other_streams(env: CaseEnv) -> None:
         check_equal(waiter.result(), True, "wait_for_append woken by its own stream")
     finally:
         waiter.cancel()
+
+
+@case(rules=["trim.removed", "append.idempotent", "settle.fencing"], requires=["trim"])
+async def case_trim_edges(env: CaseEnv) -> None:
+    """Trim at the bound: a repeated ack is stale, a trimmed id is new, other streams' groups."""
+    decoy = await env.stream()
+    await env.rheo.create_group(decoy, "g")
+    stream = await env.stream()
+    await env.rheo.append(stream, [NewEvent("t", {"n": i}, id=f"x{i}") for i in range(4)])
+    leases = await env.fetch(stream, "g", 2)
+    await env.ack_ok(leases)
+    check_equal(await env.rheo.trim(stream, up_to=2), {0: 2}, "removed")
+    check_results(await env.rheo.ack(leases), leases, [SettleKind.STALE_LEASE] * 2,
+                  "repeating an ack of events trimmed at the bound")
+    [again] = await env.rheo.append(stream, NewEvent("t", {"new": True}, id="x1"))
+    check_equal((again.sequence, again.data), (5, {"new": True}),
+                "a trimmed event's id appended again is a new event")
+    check_equal(await env.rheo.trim(stream, up_to=3, force=True), {0: 1}, "forced trim of 3")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3},
+                "the group's frontier after the trim (another stream has a group too)")
+    check_equal([lease.sequence for lease in await env.drain(stream, "g")], [4, 5],
+                "retained events after the trims")
+    check_equal(await env.rheo.frontier(decoy, "g"), {0: 0}, "the other stream's group")
+
+
+@case(rules=["wakeup.own_stream", "wakeup.append"], requires=["push_wakeups"])
+async def case_waiters_do_not_block_each_other(env: CaseEnv) -> None:
+    """A waiter that timed out does not keep another waiter of its stream from waking."""
+    stream = await env.stream()
+    short = asyncio.create_task(env.rheo.wait_for_append(stream, 0.05))
+    long = asyncio.create_task(env.rheo.wait_for_append(stream, 10.0))
+    try:
+        check_equal(await short, False, "the short wait times out")
+        await _append_until_woken(env, stream, long, env.rheo)
+    finally:
+        long.cancel()
+
+
+@case(rules=["wakeup.append"], requires=["push_wakeups"], needs_peer=True)
+async def case_wakeup_from_another_instance(env: CaseEnv) -> None:
+    """An append through another instance over the same store wakes a waiter."""
+    stream = await env.stream()
+    async with env.peer() as other:
+        waiter = asyncio.create_task(env.rheo.wait_for_append(stream, 10.0))
+        try:
+            await _append_until_woken(env, stream, waiter, other)
+        finally:
+            waiter.cancel()
+
+
+async def _append_until_woken(env: CaseEnv, stream: str, waiter: asyncio.Task[bool],
+                              through: Rheo) -> None:
+    """Append to ``stream`` through ``through`` until ``waiter`` returns; it must say True."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10.0
+    while not waiter.done():
+        check(loop.time() < deadline, "no wake-up within 10 s of appending")
+        await through.append(stream, NewEvent("t"))
+        await asyncio.wait({waiter}, timeout=0.05)
+    check_equal(waiter.result(), True, "wait_for_append woken by an append")

@@ -13,7 +13,7 @@ from typing import Literal
 
 from .._event import NewEvent
 from .._lease import Lease
-from .._settle import SettleKind
+from .._settle_results import SettleKind
 from ._case import CaseEnv, case, check, check_equal, check_results, positions
 
 STALE = SettleKind.STALE_LEASE

@@ -129,10 +129,15 @@ async def case_append_idempotent_event_id(env: CaseEnv) -> None:
                                            NewEvent("x", id="evt-1", key="a")])
     check_equal(mixed[1], first, "a known id inside a batch returns the stored event")
     check_equal(mixed[0].sequence, first.sequence + 1, "the new event takes the next sequence")
+    known_first = await env.rheo.append(stream, [NewEvent("x", id="evt-1", key="a"),
+                                                 NewEvent("x", id="evt-3", key="a")])
+    check_equal(known_first[0], first, "a known id first in a batch returns the stored event")
+    check_equal((known_first[1].id, known_first[1].sequence), ("evt-3", first.sequence + 2),
+                "a new event after a known id in a batch is stored")
     info = await env.rheo.stream_info(stream)
-    check_equal(sum(info.high_water.values()), 2, "events stored")
+    check_equal(sum(info.high_water.values()), 3, "events stored")
     found = [e async for e in env.rheo.stream_query(Query(stream=stream))]
-    check_equal(sorted(e.id for e in found), ["evt-1", "evt-2"], "ids stored")
+    check_equal(sorted(e.id for e in found), ["evt-1", "evt-2", "evt-3"], "ids stored")
 
 
 @case(rules=["append.idempotent"])
@@ -288,8 +293,10 @@ async def case_append_timestamp(env: CaseEnv) -> None:
 async def case_stream_info_water_marks(env: CaseEnv) -> None:
     """A new stream is empty (high water 0, low water 1); appends raise the high water."""
     before = await env.now()
-    stream = await env.stream(partitions=3)
+    stream = env.name("s")
+    created = await env.rheo.create_stream(stream, partitions=3)
     info = await env.rheo.stream_info(stream)
+    check_equal(created, info, "create_stream returns the stream's info")
     check_equal((info.name, info.partitions), (stream, 3), "name and partitions")
     check_equal(dict(info.high_water), {0: 0, 1: 0, 2: 0}, "high water of a new stream")
     check_equal(dict(info.low_water), {0: 1, 1: 1, 2: 1}, "low water of a new stream")
@@ -349,10 +356,12 @@ async def case_unknown_stream_errors(env: CaseEnv) -> None:
         "groups": lambda: env.rheo.groups(missing),
         "query_page": lambda: env.rheo.query_page(Query(stream=missing)),
         "frontier": lambda: env.rheo.frontier(missing, "g"),
+        "delete_stream": lambda: env.rheo.delete_stream(missing),
     }
     for what, call in calls.items():
         exc = await expect_error(UnknownStream, call(), f"{what} on a missing stream")
         check(missing in str(exc), f"the {what} error names the stream")
+        check_equal(getattr(exc, "stream", None), missing, f"the stream the {what} error names")
     check(missing not in await env.rheo.streams(), "no stream was created")
 
 
@@ -370,7 +379,9 @@ async def case_unknown_group_errors(env: CaseEnv) -> None:
         "reset": lambda: env.rheo.reset(stream, "nope"),
     }
     for what, call in calls.items():
-        await expect_error(UnknownGroup, call(), f"{what} on a missing group")
+        exc = await expect_error(UnknownGroup, call(), f"{what} on a missing group")
+        check_equal((getattr(exc, "stream", None), getattr(exc, "group", None)),
+                    (stream, "nope"), f"the stream and group the {what} error names")
     check_equal(await env.rheo.groups(stream), [], "no group was created")
 
 

@@ -21,90 +21,12 @@ once, whichever of the two plugins pytest loads first.
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from pathlib import Path
-
 import pytest
 
 from .._pytest_plugin import ENTRY_POINT_NAME, add_matrix_option, register_recorder
-from ._case import CASES
-from ._matrix import Cell, update_matrix
-from ._suite import HARNESS_NAME, BackendConformance
+from ._recorder import STATEFUL_CASE, MatrixRecorder, case_order
 
 __all__ = ["STATEFUL_CASE", "MatrixRecorder", "case_order"]
-
-_RANK = {"pass": 0, "skip": 1, "fail": 2}
-
-STATEFUL_CASE = "stateful_model"
-"""The matrix row of :meth:`BackendConformance.test_stateful_model`."""
-
-
-def case_order() -> list[str]:
-    """Every row of the matrix, in kit order."""
-    return [c.name for c in CASES] + [STATEFUL_CASE]
-
-
-def _identify(item: pytest.Item) -> tuple[str, str] | None:
-    cls = getattr(item, "cls", None)
-    if cls is None or not issubclass(cls, BackendConformance):
-        return None
-    name = getattr(item, "originalname", item.name).removeprefix("test_")
-    backend = item.stash.get(HARNESS_NAME, None)
-    if backend is None:
-        callspec = getattr(item, "callspec", None)
-        param = callspec.params.get("rheo_harness") if callspec is not None else None
-        backend = param if isinstance(param, str) else (
-            callspec.id if callspec is not None else "backend")
-    return name, backend
-
-
-def _detail(report: pytest.TestReport) -> str:
-    if report.skipped and isinstance(report.longrepr, tuple):
-        return str(report.longrepr[2]).removeprefix("Skipped: ")
-    text = report.longreprtext.strip().splitlines()
-    # The last lines of a failure hold the exception and its message.
-    errors = [line for line in text if line.startswith("E ")]
-    return " ".join(line[1:].strip() for line in errors[:3]) or (text[-1] if text else "")
-
-
-class MatrixRecorder:
-    """Collects conformance results and writes them to ``path`` at the end of the session."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.results: dict[tuple[str, str], Cell] = {}
-        self.docs: dict[str, str] = {}
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """Record the outcome of each phase of a conformance test."""
-        report = yield
-        identity = _identify(item)
-        if identity is None:
-            return report
-        function = getattr(item, "function", None)
-        doc = (getattr(function, "__doc__", None) or "").strip().splitlines()
-        self.docs[identity[0]] = doc[0] if doc else ""
-        previous = self.results.get(identity)
-        if report.failed:
-            cell: Cell = ("fail", _detail(report))
-        elif report.skipped:
-            cell = ("skip", _detail(report))
-        elif report.when == "call":
-            cell = ("pass", "")
-        else:
-            return report
-        # A test's worst phase decides its cell: fail over skip over pass.
-        if previous is None or _RANK[cell[0]] > _RANK[previous[0]]:
-            self.results[identity] = cell
-        return report
-
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Merge this run's cells into the matrix file."""
-        if self.results:
-            update_matrix(self.path, self.results, self.docs, case_order())
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:

@@ -23,6 +23,7 @@ A new scenario is a :class:`Scenario` with an async ``disrupt(run)`` taking a
 :class:`RunControl`, added with :func:`register`. See docs/reliability.md.
 """
 
+from ..._faults._catalog import scenarios
 from ..._faults._checker import FinalState, Report, StaleSettle, check
 from ..._faults._history import (
     AppendRecord,
@@ -47,7 +48,6 @@ from ..._faults._scenario import (
     backend_family,
     direct_endpoints,
     register,
-    scenarios,
 )
 from ..._faults._worker import WorkerConfig
 

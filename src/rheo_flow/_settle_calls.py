@@ -1,4 +1,5 @@
-"""Settling through the decision table, shared by consumer groups and producers.
+"""Settle calls in the runtimes: settling through the decision table, shared by
+consumer groups and producers (the vocabulary is in :mod:`rheo_flow._settle_results`).
 
 :func:`settle` performs one batched ack / nack / reject, releases the leases from
 the runtime's inflight set and applies the runtime decision of every failure:
@@ -17,7 +18,7 @@ from . import _telemetry
 from ._inflight import Inflight
 from ._lease import Lease
 from ._rheo import Rheo
-from ._settle import Decision, SettleResult
+from ._settle_results import Decision, SettleResult
 
 __all__ = ["BatchObserver", "SettleObserver", "SettleOp", "SettleOutcome", "dead_lettered",
            "per_outcome", "settle"]

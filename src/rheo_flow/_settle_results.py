@@ -1,4 +1,5 @@
-"""The settlement vocabulary shared by every runtime and backend.
+"""What a settle returns, and how its failures are classified: the settlement
+vocabulary shared by every backend and runtime (the model layer).
 
 A handler can succeed and its ack can still fail. :func:`classify` maps every
 settle, renew and fetch error to exactly one :class:`SettleKind`, and each kind

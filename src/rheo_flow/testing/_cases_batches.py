@@ -1,0 +1,132 @@
+"""Cases about batches: settles whose batch is not clean, large batches, fair fetches.
+
+Backends often settle a clean batch in one statement and fall back to another
+path when a lease in it is stale or repeated, or when a batch is larger than
+one statement takes; the rules must hold on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .._backend import MAX_ATTEMPTS_REASON
+from .._errors import UnknownStream
+from .._event import NewEvent
+from .._lease import Lease
+from .._settle_results import SettleKind
+from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, positions
+
+STALE = SettleKind.STALE_LEASE
+LARGE = 300
+"""A batch larger than one statement of most stores takes (SQLite binds, IN lists)."""
+
+
+@case(rules=["settle.results", "settle.renew"])
+async def case_renew_batch_results(env: CaseEnv) -> None:
+    """A renew batch answers every lease: a settled one stale, the live ones ok, not repeated."""
+    stream = await env.stream()
+    await env.append(stream, 3)
+    settled, live, other = await env.fetch(stream, "g")
+    await env.ack_ok([settled])
+    results = await env.rheo.renew([settled, live, other], lease_ms=env.long_ms)
+    check_results(results, [settled, live, other], [STALE, None, None], "renew [acked, a, b]",
+                  repeated=[False, False, False])
+    check(all(r.repeated is False for r in results), "renew results say repeated=False")
+
+
+@case(rules=["settle.last_error", "attempts.max", "settle.renew", "settle.reject"])
+async def case_settle_effects_in_mixed_batches(env: CaseEnv) -> None:
+    """A batch holding a stale lease settles the others fully: errors, max attempts, deadlines."""
+    stream = await env.stream()
+    await env.append(stream, 5)
+    await env.rheo.create_group(stream, "g", max_attempts=2)
+    acked, rejected, nacked, _expiring, last = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    await env.ack_ok([acked])
+    check_results(await env.rheo.renew([acked, rejected, nacked, last], lease_ms=env.long_ms),
+                  [acked, rejected, nacked, last], [STALE, None, None, None], "renew")
+    check_results(await env.rheo.reject([acked, rejected], "bad", error="E1"),
+                  [acked, rejected], [STALE, None], "reject [acked, live]")
+    check_results(await env.rheo.nack([acked, nacked], "again", error="E2"),
+                  [acked, nacked], [STALE, None], "nack [acked, live]")
+    await env.expire()  # the fourth lease was not renewed: it comes back, attempt 2
+    again = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    check_equal([(lease.sequence, lease.attempt) for lease in again], [(3, 2), (4, 2)],
+                "redeliveries: the nacked one and the expired one, not the renewed ones")
+    nacked_again, renewed_again = again
+    check_results(await env.rheo.nack([acked, nacked_again], "again"), [acked, nacked_again],
+                  [STALE, None], "nack at max attempts in a mixed batch")
+    check_results(await env.rheo.renew([acked, renewed_again], lease_ms=env.long_ms),
+                  [acked, renewed_again], [STALE, None], "renew of a redelivery, mixed batch")
+    await env.expire()
+    check_equal(await env.fetch(stream, "g"), [], "renewed leases are not handed out again")
+    dead = {d.sequence: (d.reason, d.last_error) for d in await env.rheo.dead_letters(stream, "g")}
+    check_equal(dead, {2: ("bad", "E1"), 3: (MAX_ATTEMPTS_REASON, "E2")},
+                "dead letters of mixed batches, with reasons and last errors")
+    check_results(await env.rheo.ack([acked, renewed_again, last]), [acked, renewed_again, last],
+                  [None, None, None], "ack [acked, live, live]", repeated=[True, False, False])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, "frontier")
+
+
+@case(rules=["settle.results", "settle.repeat", "append.idempotent", "lease.exclusive"])
+async def case_large_batches(env: CaseEnv) -> None:
+    """Batches of hundreds in one partition: fetch, settle, renew and re-append them all."""
+    stream = await env.stream()
+    events = await env.rheo.append(stream, [NewEvent("t", {"n": i}, id=f"big-{i}")
+                                            for i in range(LARGE)])
+    leases: list[Lease] = []
+    for _ in range(LARGE):
+        batch = await env.fetch(stream, "g", LARGE - len(leases))
+        leases += batch
+        if not batch or len(leases) >= LARGE:
+            break
+    check_equal([lease.sequence for lease in leases], list(range(1, LARGE + 1)),
+                f"{LARGE} leases in sequence order")
+    renewed = await env.rheo.renew(leases, lease_ms=env.long_ms)
+    check_results(renewed, leases, [None] * LARGE, f"renew of {LARGE}")
+    await env.ack_ok([leases[LARGE // 2]])
+    results = await env.rheo.ack(leases)
+    check_results(results, leases, [None] * LARGE, f"ack of {LARGE}, one acked already",
+                  repeated=[i == LARGE // 2 for i in range(LARGE)])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: LARGE}, "frontier")
+    again = await env.rheo.append(stream, [NewEvent("t", {"other": i}, id=f"big-{i}")
+                                           for i in range(LARGE)])
+    check_equal(again, events, f"re-appending {LARGE} stored ids returns the stored events")
+    check_equal((await env.rheo.stream_info(stream)).high_water[0], LARGE, "no new sequences")
+    more = await env.drain(stream, "h", limit=LARGE)
+    check_results(await env.rheo.reject(more, "bad"), more, [None] * LARGE, f"reject {LARGE}")
+    check_equal(len(await env.rheo.dead_letters(stream, "h", limit=1000)), LARGE, "dead letters")
+
+
+@case(rules=["fetch.fair"])
+async def case_small_fetches_serve_every_partition(env: CaseEnv) -> None:
+    """Fetches smaller than the partitions with work take turns: no partition starves."""
+    stream = await env.stream(partitions=3)
+    for p in range(3):
+        await env.append(stream, 5, partition=p)
+    for limit in (1, 2):
+        served: set[int] = set()
+        for _ in range(3):
+            batch = await env.fetch(stream, f"g{limit}", limit)
+            served |= {lease.partition for lease in batch}
+        check_equal(served, {0, 1, 2}, f"partitions served by three fetch(limit={limit})")
+
+
+@case(rules=["errors.isolated"])
+async def case_failing_call_fails_alone(env: CaseEnv) -> None:
+    """A call that raises fails alone: concurrent calls on the same instance are unaffected."""
+    stream = await env.stream()
+    missing = env.name("missing")
+    results = await asyncio.gather(
+        env.rheo.append(stream, NewEvent("t", {"n": 1})),
+        env.rheo.append(missing, NewEvent("t", {"n": 2})),
+        env.rheo.append(stream, NewEvent("t", {"n": 3})),
+        env.rheo.fetch(missing, "g"),
+        return_exceptions=True,
+    )
+    check(isinstance(results[1], UnknownStream) and isinstance(results[3], UnknownStream),
+          f"the calls on a missing stream raise UnknownStream, got {results[1]!r}, {results[3]!r}")
+    for i in (0, 2):
+        check(isinstance(results[i], list), f"a concurrent append failed with {results[i]!r}")
+    check_equal(sorted(positions(await env.drain(stream, "g"))), [(0, 1), (0, 2)],
+                "both appends were stored")
+    await expect_error(UnknownStream, env.rheo.stream_info(missing), "nothing was created")
