@@ -16,7 +16,7 @@ from typing import Literal
 from .._backend import MAX_ATTEMPTS_REASON
 from .._event import Event
 from .._lease import Lease
-from .._settle import SettleResult
+from .._settle_results import SettleResult
 from ._case import ConformanceFailure, check, check_equal
 
 __all__ = ["GroupModel", "Outcome", "outcome_of"]
