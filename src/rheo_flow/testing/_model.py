@@ -6,6 +6,12 @@ already been dead-lettered, whether a delivery whose delay ends during a call
 was eligible), the model accepts either outcome and learns from what the
 backend answered. Times are backend epoch milliseconds; a call is bracketed by
 the times read just before and just after it.
+
+``reset`` and ``trim`` settle deliveries without a lease: a reset counts the
+events up to its position as settled (state ``skipped``: no dead letter, never
+delivered until a replay) and forgets every delivery of the partition; a trim
+removes events, so the model drops their deliveries and moves the partition's
+low water past them. Either way the old leases become stale.
 """
 
 from __future__ import annotations
@@ -17,17 +23,22 @@ from .._backend import MAX_ATTEMPTS_REASON
 from .._event import Event
 from .._lease import Lease
 from .._settle_results import SettleResult
+from .._stream import StartPosition
 from ._case import ConformanceFailure, check, check_equal
 
 __all__ = ["GroupModel", "Outcome", "outcome_of"]
 
 Position = tuple[int, int]
-State = Literal["available", "leased", "acked", "rejected"]
+State = Literal["available", "leased", "acked", "rejected", "skipped"]
+"""``skipped``: settled by a reset (counted as settled, no dead letter, no lease)."""
 Op = Literal["ack", "nack", "reject", "renew"]
 Outcome = Literal["ok", "repeated", "stale_lease", "receipt_mismatch", "invalid", "other"]
 
 _IMMEDIATE = -(2**62)
 """``ready`` time of a delivery that is eligible at once."""
+
+_SETTLED: frozenset[State] = frozenset({"acked", "rejected", "skipped"})
+"""States that count as settled for the frontier."""
 
 
 def outcome_of(result: SettleResult) -> Outcome:
@@ -67,7 +78,10 @@ class GroupModel:
         self.margin = margin_ms
         self.deliveries: dict[Position, _Delivery] = {}
         self.events_by_id: dict[str, Event] = {}
+        """Retained events by id (an id whose event was trimmed may be appended anew)."""
         self.high_water = [0] * partitions
+        self.low_water = [1] * partitions
+        """Lowest retained sequence per partition; deliveries below it were trimmed."""
 
     # Appends ---------------------------------------------------------------
 
@@ -106,12 +120,19 @@ class GroupModel:
         return (d.state == "leased" and d.deadline_ms < t0 - self.margin
                 and d.attempt < self.max_attempts)
 
-    def delivery(self, position: Position) -> _Delivery:
-        """The model of one delivery."""
+    def trimmed(self, position: Position) -> bool:
+        """Was the event at ``position`` appended and then trimmed?"""
+        p, s = position
+        return 0 <= p < self.partitions and 0 < s < self.low_water[p]
+
+    def delivery(self, position: Position, context: str = "") -> _Delivery:
+        """The model of one delivery; ``context`` prefixes the failure when there is none."""
         try:
             return self.deliveries[position]
         except KeyError:
-            raise ConformanceFailure(f"{position} was never appended") from None
+            what = "was trimmed" if self.trimmed(position) else "was never appended"
+            prefix = f"{context} " if context else ""
+            raise ConformanceFailure(f"{prefix}{position}, which {what}") from None
 
     # Fetch -----------------------------------------------------------------
 
@@ -132,7 +153,7 @@ class GroupModel:
             check(last.get(lease.partition, 0) < lease.sequence,
                   f"fetch returned partition {lease.partition} out of sequence order")
             last[lease.partition] = lease.sequence
-            d = self.delivery(pos)
+            d = self.delivery(pos, "fetch leased")
             check(self.may_be_eligible(d, t1),
                   f"fetch leased {pos} which is {d.state} (attempt {d.attempt}, "
                   f"deadline {d.deadline_ms}, ready {d.ready_lo}, now {t0}..{t1})")
@@ -158,7 +179,10 @@ class GroupModel:
 
     def expect(self, lease: Lease, op: Op, t1: int) -> set[Outcome]:
         """The outcomes the contract allows for ``op`` with ``lease`` now."""
-        d = self.delivery((lease.partition, lease.sequence))
+        position = (lease.partition, lease.sequence)
+        if self.trimmed(position):
+            return {"stale_lease"}
+        d = self.delivery(position)
         if d.lease_id != lease.lease_id:
             return {"stale_lease"}
         if d.state == "leased":
@@ -170,7 +194,9 @@ class GroupModel:
     def apply(self, lease: Lease, op: Op, result: SettleResult, *, reason: str, delay_ms: int,
               lease_ms: int, t0: int, t1: int) -> None:
         """Record a settle or renew result (already checked against :meth:`expect`)."""
-        d = self.deliveries[(lease.partition, lease.sequence)]
+        d = self.deliveries.get((lease.partition, lease.sequence))
+        if d is None:  # trimmed: the lease was stale
+            return
         outcome = outcome_of(result)
         if outcome == "stale_lease" and d.state == "leased" and d.lease_id == lease.lease_id:
             # A doomed delivery: the backend dead-lettered it when its lease expired.
@@ -220,6 +246,80 @@ class GroupModel:
             check_equal(d.state, "rejected", f"state of redriven {pos}")
             self._restart(d)
 
+    def reset_position(self, partition: int, to: StartPosition) -> int:
+        """Where ``reset(to=...)`` moves ``partition``: the last sequence counted as settled.
+
+        ``"earliest"`` is 0, ``"latest"`` the high water; the position is capped at
+        the high water and is at least the low water - 1 (trimmed events stay settled).
+        """
+        high = self.high_water[partition]
+        position = 0 if to == "earliest" else high if to == "latest" else int(to)
+        return max(self.low_water[partition] - 1, min(position, high))
+
+    def reset(self, partition: int, to: StartPosition) -> None:
+        """``reset`` forgets every delivery of ``partition`` (dead letters included).
+
+        Events up to the position count as settled; later ones are to deliver again
+        with attempt 1; every lease on the partition becomes stale.
+        """
+        position = self.reset_position(partition, to)
+        for s in range(self.low_water[partition], self.high_water[partition] + 1):
+            d = self.deliveries[(partition, s)]
+            self._restart(d)
+            if s <= position:
+                d.state = "skipped"
+
+    # Trims -----------------------------------------------------------------
+
+    def check_trim(self, requested: dict[int, int], removed: dict[int, int], *, force: bool,
+                   t1: int) -> None:
+        """Check what ``trim`` removed per partition, then drop the removed events.
+
+        ``requested`` is the bound the call asked for per partition. A forced trim
+        removes every retained event up to it (capped at the high water). Without
+        ``force`` the facade caps the bound at the group's frontier, which the model
+        knows within :meth:`frontier_bounds`. Retained events are contiguous, so the
+        count removed tells where the trim stopped.
+        """
+        check(set(requested) <= set(removed) <= set(range(self.partitions)),
+              f"trim of partitions {sorted(requested)} reported {sorted(removed)}")
+        frontier = self.frontier_bounds(t1)
+        for p in range(self.partitions):
+            if p not in requested:
+                check_equal(removed.get(p, 0), 0, f"trim removed from partition {p}, not asked")
+                continue
+            floor = self.low_water[p] - 1
+            want = min(requested[p], self.high_water[p])
+            if force:
+                low = high = max(floor, want)
+            else:
+                low = max(floor, min(want, frontier[p][0]))
+                high = max(floor, min(want, frontier[p][1]))
+            got = removed[p]
+            check(low - floor <= got <= high - floor,
+                  f"trim of partition {p} up to {requested[p]} (force={force}) removed {got}, "
+                  f"expected {low - floor if low == high else f'{low - floor}..{high - floor}'}")
+            self._remove(p, floor + got)
+
+    def bound_below_settled(self, partition: int) -> int | None:
+        """A trim bound that leaves the frontier to walk on: just below the first settled
+        delivery past an unsettled one (``None``: there is no such delivery)."""
+        hole = False
+        for s in range(self.low_water[partition], self.high_water[partition] + 1):
+            settled = self.deliveries[(partition, s)].state in _SETTLED
+            if hole and settled:
+                return s - 1
+            hole = hole or not settled
+        return None
+
+    def _remove(self, partition: int, bound: int) -> None:
+        """Events of ``partition`` up to ``bound`` are gone: deliveries, leases, ids."""
+        for s in range(self.low_water[partition], bound + 1):
+            d = self.deliveries.pop((partition, s))
+            if self.events_by_id.get(d.event.id) == d.event:
+                del self.events_by_id[d.event.id]
+        self.low_water[partition] = max(self.low_water[partition], bound + 1)
+
     # Observations ----------------------------------------------------------
 
     def check_dead_letters(self, listed: dict[Position, tuple[int, str]], t1: int) -> None:
@@ -229,7 +329,7 @@ class GroupModel:
                 check(pos in listed, f"rejected {pos} is missing from dead_letters")
                 check_equal(listed[pos], (d.attempt, d.reason), f"dead letter {pos}")
         for pos, (attempts, reason) in listed.items():
-            d = self.delivery(pos)
+            d = self.delivery(pos, "dead_letters lists")
             if d.state == "rejected":
                 continue
             check(self.doomed(d, t1), f"dead_letters lists {pos} which is {d.state}")
@@ -237,14 +337,17 @@ class GroupModel:
             self._reject(d, MAX_ATTEMPTS_REASON, None)
 
     def frontier_bounds(self, t1: int) -> list[tuple[int, int]]:
-        """Per partition, the lowest and highest frontier the contract allows now."""
+        """Per partition, the lowest and highest frontier the contract allows now.
+
+        Trimmed events count as settled: the frontier is at least the low water - 1.
+        """
         bounds = []
         for p in range(self.partitions):
-            low = high = 0
+            low = high = self.low_water[p] - 1
             low_open = True
-            for s in range(1, self.high_water[p] + 1):
+            for s in range(self.low_water[p], self.high_water[p] + 1):
                 d = self.deliveries[(p, s)]
-                terminal = d.state in ("acked", "rejected")
+                terminal = d.state in _SETTLED
                 if low_open and terminal:
                     low = s
                 else:
@@ -269,9 +372,19 @@ class GroupModel:
         return [d.lease_id for d in self.deliveries.values()
                 if d.state == "leased" and d.lease_id is not None]
 
+    def is_newest_lease(self, lease: Lease) -> bool:
+        """Is ``lease`` the newest lease of its (retained) delivery?"""
+        d = self.deliveries.get((lease.partition, lease.sequence))
+        return d is not None and d.lease_id == lease.lease_id
+
+    def check_low_water(self, low_water: dict[int, int]) -> None:
+        """The backend's low water per partition is the model's."""
+        check_equal([low_water.get(p) for p in range(self.partitions)], self.low_water,
+                    "low water")
+
     def unsettled(self) -> list[Position]:
-        """Deliveries that are neither acked nor rejected."""
-        return [p for p, d in self.deliveries.items() if d.state not in ("acked", "rejected")]
+        """Retained deliveries that are not settled (acked, rejected or skipped by a reset)."""
+        return [p for p, d in self.deliveries.items() if d.state not in _SETTLED]
 
     def latest_ready(self) -> int:
         """When every nack delay has surely passed."""

@@ -1,15 +1,24 @@
 """The stateful conformance test: random operation sequences against the reference model.
 
-Hypothesis drives appends, fetches (alone and concurrent), acks, nacks,
-rejects, renews, expiries, clock advances, replays and redrives against a
-fresh backend from a harness, checking every answer against
-:class:`~rheo_flow.testing._model.GroupModel` and, after each step, the high
-water, the dead letters and the frontier. Each example ends by draining the
-group and comparing what is left with the model: nothing lost, nothing
-unexpected.
+Hypothesis drives appends (with duplicate ids, also of trimmed events), fetches
+(alone and concurrent), acks, nacks (with delays), rejects, renews (short and
+long), expiries, clock advances, replays, redrives, resets, trims (forced and
+capped at the frontier, when the backend declares ``trim``) and paged
+dead-letter listings against a fresh backend from a harness, checking every
+answer against :class:`~rheo_flow.testing._model.GroupModel` and, after each
+step, the high and low water, the dead letters and the frontier. Each example
+ends by draining the group and comparing what is left with the model: nothing
+lost, nothing unexpected.
 
 Hypothesis calls the machine synchronously, so the machine owns an event loop
 and runs each step to completion on it.
+
+Two profiles set how hard it searches (:func:`stateful_settings`): ``fast``
+(the default) stops at the first failure and reports it unshrunk, with its
+step sequence, so a broken backend is reported within seconds; ``full`` runs
+more and longer examples and shrinks a failure to a minimal step sequence,
+which may take minutes. ``RHEO_STATEFUL_PROFILE`` picks one;
+``RHEO_STATEFUL_EXAMPLES`` and ``RHEO_STATEFUL_STEPS`` override its counts.
 """
 
 from __future__ import annotations
@@ -17,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final, TypeVar
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -36,11 +47,18 @@ from .._backend import Backend
 from .._event import NewEvent
 from .._lease import Lease
 from .._rheo import Rheo
-from ._case import LONG_MS, check, check_equal
+from .._stream import DeadLetter, StartPosition
+from ._case import LONG_MS, ConformanceFailure, check, check_equal
 from ._harness import BackendHarness
 from ._model import GroupModel, Op, outcome_of
 
-__all__ = ["conformance_state_machine", "run_stateful", "stateful_settings"]
+__all__ = [
+    "PROFILES",
+    "StatefulProfile",
+    "conformance_state_machine",
+    "run_stateful",
+    "stateful_settings",
+]
 
 T = TypeVar("T")
 
@@ -49,6 +67,8 @@ MAX_ATTEMPTS = 2
 KEYS = ["a", "b", "c", "d", "e"]
 CONSUMERS = ["c1", "c2"]
 STEP_TIMEOUT_S = 60.0
+PARTITION_CHOICES: list[list[int] | None] = [None, [0], [1]]
+"""Which partitions a reset or trim acts on (``None``: every partition)."""
 
 
 def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMachine]:
@@ -60,7 +80,7 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
                              st.sampled_from([LONG_MS - 1, LONG_MS, LONG_MS + 1, 2 * LONG_MS]))
     else:
         advances = st.integers(1, 30)
-    picks = st.lists(st.integers(0, 99), max_size=4)
+    picks = st.lists(st.integers(0, 99), min_size=1, max_size=4)
     stale_picks = st.lists(st.integers(0, 99), max_size=2)
 
     class ConformanceMachine(RuleBasedStateMachine):
@@ -80,6 +100,7 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
             self.model = GroupModel(self.stream, self.group, PARTITIONS, MAX_ATTEMPTS,
                                     harness.clock_margin_ms)
             self.nack_delays = [0]
+            self.can_trim = False
 
         # Plumbing ----------------------------------------------------------
 
@@ -107,17 +128,25 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
             return [self.leases[i] for i in self.model.current_lease_ids()]
 
         def choose(self, indexes: Sequence[int], stale_indexes: Sequence[int]) -> list[Lease]:
+            """Current leases by ``indexes``, and leases no longer current by ``stale_indexes``.
+
+            An odd stale index picks, when there is one, a lease that settled its delivery
+            last (settling it again with the same op is ``repeated``); resets and trims
+            leave many other stale leases, which would drown those out.
+            """
             current = self.current()
             current_ids = {lease.lease_id for lease in current}
             stale = [lease for lease in self.leases.values() if lease.lease_id not in current_ids]
+            last = [lease for lease in stale if self.model.is_newest_lease(lease)]
             chosen: dict[str, Lease] = {}
             for i in indexes:
                 if current:
                     lease = current[i % len(current)]
                     chosen[lease.lease_id] = lease
             for i in stale_indexes:
-                if stale:
-                    lease = stale[i % len(stale)]
+                pool = last if i % 2 and last else stale
+                if pool:
+                    lease = pool[i // 2 % len(pool)]
                     chosen[lease.lease_id] = lease
             return list(chosen.values())
 
@@ -135,6 +164,7 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
             await self.rheo.create_group(self.stream, self.group, max_attempts=MAX_ATTEMPTS)
             if backend.capabilities.delayed_nack:
                 self.nack_delays = [0, 0, 1, 1_000, LONG_MS] if exact else [0, 0, 20]
+            self.can_trim = backend.capabilities.trim
 
         def teardown(self) -> None:
             try:
@@ -159,9 +189,11 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
                 self.counter += 1
                 events.append(NewEvent("sm.event", {"n": self.counter}, id=f"e{self.counter}",
                                        key=key, partition=partition))
-            known = list(self.model.events_by_id)
+            # Every id appended so far: a retained one returns the stored event, a
+            # trimmed one is appended anew.
+            known = self.counter - len(events)
             if known and duplicate % 3 == 0:
-                events.append(NewEvent("sm.again", {"dup": True}, id=known[duplicate % len(known)],
+                events.append(NewEvent("sm.again", {"dup": True}, id=f"e{duplicate % known + 1}",
                                        key=KEYS[0]))
             stored = self.run(self.rheo.append(self.stream, events))
             check_equal(len(stored), len(events), "one stored event per appended event")
@@ -217,9 +249,9 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
         def reject(self, indexes: list[int], stale_indexes: list[int]) -> None:
             self.run(self._settle("reject", self.choose(indexes, stale_indexes)))
 
-        @rule(indexes=picks, stale_indexes=stale_picks)
-        def renew(self, indexes: list[int], stale_indexes: list[int]) -> None:
-            self.run(self._settle("renew", self.choose(indexes, stale_indexes), lease_ms=LONG_MS))
+        @rule(indexes=picks, stale_indexes=stale_picks, lease_ms=st.sampled_from(lease_times))
+        def renew(self, indexes: list[int], stale_indexes: list[int], lease_ms: int) -> None:
+            self.run(self._settle("renew", self.choose(indexes, stale_indexes), lease_ms=lease_ms))
 
         @rule(indexes=st.lists(st.integers(0, 99), min_size=1, max_size=3))
         def expire(self, indexes: list[int]) -> None:
@@ -245,7 +277,8 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
             self.run(harness.advance_time(self.backend, ms))
 
         @precondition(lambda self: any(self.model.high_water))
-        @rule(partition=st.integers(0, PARTITIONS - 1), back=st.integers(0, 4))
+        @rule(partition=st.integers(0, PARTITIONS - 1),
+              back=st.sampled_from([0, 1, 2, 3, 4, 10_000]))
         def replay(self, partition: int, back: int) -> None:
             from_sequence = max(1, self.model.high_water[partition] - back)
             self.run(self.rheo.replay(self.stream, self.group, from_sequence=from_sequence,
@@ -263,6 +296,99 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
             count = await self.rheo.redrive(self.stream, self.group, chosen)
             check_equal(count, len(chosen), "redrive count")
             self.model.redriven([(d.partition, d.sequence) for d in chosen])
+
+        @rule(partitions=st.sampled_from(PARTITION_CHOICES),
+              to=st.one_of(st.sampled_from(["earliest", "latest"]), st.integers(-2, 6)))
+        def reset(self, partitions: list[int] | None, to: str | int) -> None:
+            """Reset to earliest, latest, or a sequence ``to`` below the highest high water."""
+            selected = list(range(PARTITIONS)) if partitions is None else partitions
+            position: StartPosition
+            if to == "earliest":
+                position = "earliest"
+            elif to == "latest":
+                position = "latest"
+            else:
+                position = max(0, max(self.model.high_water[p] for p in selected) - int(to))
+            self.run(self.rheo.reset(self.stream, self.group, to=position,
+                                     partitions="all" if partitions is None else partitions))
+            for p in selected:
+                self.model.reset(p, position)
+
+        @precondition(lambda self: self.can_trim)
+        @rule(partitions=st.sampled_from(PARTITION_CHOICES),
+              step=st.sampled_from([0, 1, 2, 3, 5, 10_000, None]), force=st.booleans())
+        def trim(self, partitions: list[int] | None, step: int | None, force: bool) -> None:
+            """Trim ``step`` events past the lowest low water, or as far as possible (``None``)."""
+            selected = list(range(PARTITIONS)) if partitions is None else partitions
+            if step is None:
+                bound = 2**62  # what the facade asks for with up_to=None
+            else:
+                bound = min(self.model.low_water[p] - 1 for p in selected) + step
+            up_to: int | dict[int, int] | None
+            if step is None and partitions is None:
+                up_to = None
+            elif partitions is None:
+                up_to = bound
+            else:
+                up_to = dict.fromkeys(selected, bound)
+            self.run(self._trim(dict.fromkeys(selected, bound), up_to, force))
+
+        # Preconditions may only depend on what was drawn, never on the backend's
+        # answers (on a real clock, or with concurrent fetches, those vary between
+        # runs of one example, which Hypothesis reports as flaky).
+        @precondition(lambda self: self.can_trim)
+        @rule(partitions=st.sampled_from(PARTITION_CHOICES))
+        def trim_past_hole(self, partitions: list[int] | None) -> None:
+            """Force a trim over an unsettled delivery to just below a settled one, where
+            the frontier must walk on over the settled events past the bound (one event
+            past the low water in a partition without such a delivery)."""
+            selected = list(range(PARTITIONS)) if partitions is None else partitions
+            bounds = {p: self.model.low_water[p] if (b := self.model.bound_below_settled(p))
+                      is None else b for p in selected}
+            self.run(self._trim(bounds, bounds, True))
+
+        async def _trim(self, requested: dict[int, int], up_to: int | dict[int, int] | None,
+                        force: bool) -> None:
+            removed = await self.rheo.trim(self.stream, up_to=up_to, force=force)
+            self.model.check_trim(requested, removed, force=force, t1=await self.now())
+
+        @rule(limit=st.integers(1, 3))
+        def page_dead_letters(self, limit: int) -> None:
+            self.run(self._page_dead_letters(limit))
+
+        async def _page_dead_letters(self, limit: int) -> None:
+            """Paging with ``after=`` the last one listed gives the whole list, once each."""
+            paged: list[DeadLetter] = []
+            after: DeadLetter | None = None
+            for _ in range(len(self.model.deliveries) + 2):
+                page = await self.rheo.dead_letters(self.stream, self.group, limit=limit,
+                                                    after=after)
+                check(len(page) <= limit, f"dead_letters(limit={limit}) returned {len(page)}")
+                paged += page
+                if len(page) < limit:
+                    break
+                after = page[-1]
+            else:
+                raise ConformanceFailure(
+                    f"paging dead_letters(limit={limit}) did not end: {len(paged)} listed")
+            t1 = await self.now()
+            positions = [(d.partition, d.sequence) for d in paged]
+            check_equal(len(set(positions)), len(positions),
+                        f"paging dead_letters(limit={limit}) lists each once")
+            check_equal(positions, sorted(positions),
+                        f"paging dead_letters(limit={limit}) in (partition, sequence) order")
+            self.model.check_dead_letters(
+                {(d.partition, d.sequence): (d.attempts, d.reason) for d in paged}, t1)
+            whole = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
+            if exact:
+                check_equal(paged, whole, f"paging dead_letters(limit={limit}) gives the full list")
+            else:
+                # On a real clock a doomed delivery may be dead-lettered in between:
+                # the full list may add such ones (checked next), never drop one.
+                by_position = {(d.partition, d.sequence): d for d in whole}
+                check_equal([by_position.get(p) for p in positions], paged,
+                            f"paging dead_letters(limit={limit}) gives the full list")
+            await self._check_dead_letters()
 
         async def _settle(self, op: Op, leases: list[Lease], *, delay_ms: int = 0,
                           lease_ms: int = LONG_MS) -> list[Any]:
@@ -306,6 +432,7 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
             info = await self.rheo.stream_info(self.stream)
             check_equal([info.high_water[p] for p in range(PARTITIONS)], self.model.high_water,
                         "high water")
+            self.model.check_low_water(dict(info.low_water))
             await self._check_dead_letters()
             frontier = await self.rheo.frontier(self.stream, self.group)
             self.model.check_frontier(frontier, await self.now())
@@ -349,20 +476,72 @@ def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMac
     return ConformanceMachine
 
 
-def stateful_settings() -> settings:
-    """Example and step counts, from ``RHEO_STATEFUL_EXAMPLES`` / ``RHEO_STATEFUL_STEPS``."""
+@dataclass(frozen=True, slots=True)
+class StatefulProfile:
+    """How hard :func:`run_stateful` searches."""
+
+    max_examples: int
+    stateful_step_count: int
+    shrink: bool
+    """Shrink a failure to a minimal step sequence before reporting it (slow)."""
+
+
+PROFILES: Final[Mapping[str, StatefulProfile]] = MappingProxyType({
+    # Stop at the first failure and report it as found: seconds.
+    "fast": StatefulProfile(max_examples=25, stateful_step_count=50, shrink=False),
+    # A wider search, and a failure shrunk to a minimal step sequence: minutes.
+    "full": StatefulProfile(max_examples=200, stateful_step_count=100, shrink=True),
+})
+"""The search profiles of :func:`stateful_settings`, by name."""
+
+DEFAULT_PROFILE = "fast"
+_NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
+
+
+def stateful_settings(profile: str | None = None) -> settings:
+    """Hypothesis settings of the stateful test for ``profile`` (``"fast"`` or ``"full"``).
+
+    ``profile=None`` reads ``RHEO_STATEFUL_PROFILE`` (default ``fast``).
+    ``RHEO_STATEFUL_EXAMPLES`` and ``RHEO_STATEFUL_STEPS`` override the example and
+    step counts of either profile. Both stop at the first failure
+    (``report_multiple_bugs=False``) and report it with its step sequence;
+    ``fast`` reports it as found, ``full`` shrinks it first.
+    """
+    name = (profile if profile is not None
+            else os.environ.get("RHEO_STATEFUL_PROFILE", "") or DEFAULT_PROFILE)
+    chosen = PROFILES.get(name.strip().lower())
+    if chosen is None:
+        raise ValueError(f"unknown stateful profile {name!r}; known: {', '.join(PROFILES)}")
     return settings(
-        max_examples=int(os.environ.get("RHEO_STATEFUL_EXAMPLES", "25")),
-        stateful_step_count=int(os.environ.get("RHEO_STATEFUL_STEPS", "30")),
+        max_examples=_count("RHEO_STATEFUL_EXAMPLES", chosen.max_examples),
+        stateful_step_count=_count("RHEO_STATEFUL_STEPS", chosen.stateful_step_count),
+        phases=tuple(Phase) if chosen.shrink else _NO_SHRINK,
+        report_multiple_bugs=False,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
 
 
-def run_stateful(harness: BackendHarness, *, config: settings | None = None) -> None:
-    """Run the stateful test against ``harness``; raises on the first (shrunk) failure.
+def _count(variable: str, default: int) -> int:
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{variable} must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{variable} must be a positive integer, got {raw!r}")
+    return value
 
-    ``config`` overrides :func:`stateful_settings` (e.g. ``settings(max_examples=200)``).
+
+def run_stateful(harness: BackendHarness, *, config: settings | None = None,
+                 profile: str | None = None) -> None:
+    """Run the stateful test against ``harness``; raises on the first failure.
+
+    ``profile`` picks the search (:func:`stateful_settings`; default
+    ``RHEO_STATEFUL_PROFILE`` or ``fast``). ``config`` replaces the settings
+    altogether (e.g. ``settings(max_examples=200)``).
     """
     run_state_machine_as_test(conformance_state_machine(harness),
-                              settings=config or stateful_settings())
+                              settings=config or stateful_settings(profile))
