@@ -32,6 +32,9 @@ async def case_renew_batch_results(env: CaseEnv) -> None:
     check_results(results, [settled, live, other], [STALE, None, None], "renew [acked, a, b]",
                   repeated=[False, False, False])
     check(all(r.repeated is False for r in results), "renew results say repeated=False")
+    clean = await env.rheo.renew([live, other], lease_ms=env.long_ms)
+    check_results(clean, [live, other], [None, None], "renew [a, b]")
+    check(all(r.repeated is False for r in clean), "renew results say repeated=False")
 
 
 @case(rules=["settle.last_error", "attempts.max", "settle.renew", "settle.reject"])
@@ -55,6 +58,8 @@ async def case_settle_effects_in_mixed_batches(env: CaseEnv) -> None:
     nacked_again, renewed_again = again
     check_results(await env.rheo.nack([acked, nacked_again], "again"), [acked, nacked_again],
                   [STALE, None], "nack at max attempts in a mixed batch")
+    check_equal([d.sequence for d in await env.rheo.dead_letters(stream, "g")], [2, 3],
+                "the nack at max attempts dead-lettered at once")
     check_results(await env.rheo.renew([acked, renewed_again], lease_ms=env.long_ms),
                   [acked, renewed_again], [STALE, None], "renew of a redelivery, mixed batch")
     await env.expire()
@@ -100,15 +105,17 @@ async def case_large_batches(env: CaseEnv) -> None:
 @case(rules=["fetch.fair"])
 async def case_small_fetches_serve_every_partition(env: CaseEnv) -> None:
     """Fetches smaller than the partitions with work take turns: no partition starves."""
-    stream = await env.stream(partitions=3)
-    for p in range(3):
-        await env.append(stream, 5, partition=p)
-    for limit in (1, 2):
-        served: set[int] = set()
-        for _ in range(3):
-            batch = await env.fetch(stream, f"g{limit}", limit)
-            served |= {lease.partition for lease in batch}
-        check_equal(served, {0, 1, 2}, f"partitions served by three fetch(limit={limit})")
+    for count in (2, 3, 4):
+        stream = await env.stream(partitions=count)
+        for p in range(count):
+            await env.append(stream, 5, partition=p)
+        for limit in range(1, count):
+            served: set[int] = set()
+            for _ in range(count):
+                batch = await env.fetch(stream, f"g{limit}", limit)
+                served |= {lease.partition for lease in batch}
+            check_equal(served, set(range(count)),
+                        f"partitions served by {count} fetch(limit={limit}) of {count} partitions")
 
 
 @case(rules=["errors.isolated"])

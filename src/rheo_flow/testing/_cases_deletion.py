@@ -108,8 +108,10 @@ async def case_deletion_seen_by_another_instance(env: CaseEnv) -> None:
     await env.ack_ok(await env.fetch(stream, "g", 1))
     async with env.peer() as other:
         await other.delete_group(stream, "g")
-        await expect_error(UnknownGroup, env.fetch(stream, "g"),
-                           "fetch of a group another instance deleted")
+        exc = await expect_error(UnknownGroup, env.fetch(stream, "g"),
+                                 "fetch of a group another instance deleted")
+        check_equal((getattr(exc, "stream", None), getattr(exc, "group", None)), (stream, "g"),
+                    "the stream and group the error names")
         await other.delete_stream(stream)
         try:
             await env.fetch(stream, "g")
