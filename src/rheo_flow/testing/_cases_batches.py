@@ -12,7 +12,6 @@ import asyncio
 from .._backend import MAX_ATTEMPTS_REASON
 from .._errors import UnknownStream
 from .._event import NewEvent
-from .._lease import Lease
 from .._settle_results import SettleKind
 from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, positions
 
@@ -78,12 +77,7 @@ async def case_large_batches(env: CaseEnv) -> None:
     stream = await env.stream()
     events = await env.rheo.append(stream, [NewEvent("t", {"n": i}, id=f"big-{i}")
                                             for i in range(LARGE)])
-    leases: list[Lease] = []
-    for _ in range(LARGE):
-        batch = await env.fetch(stream, "g", LARGE - len(leases))
-        leases += batch
-        if not batch or len(leases) >= LARGE:
-            break
+    leases = await env.drain(stream, "g", limit=LARGE)
     check_equal([lease.sequence for lease in leases], list(range(1, LARGE + 1)),
                 f"{LARGE} leases in sequence order")
     renewed = await env.rheo.renew(leases, lease_ms=env.long_ms)

@@ -144,16 +144,24 @@ async def case_dead_letters_pagination(env: CaseEnv) -> None:
     await env.ack_ok(acked)
     check_results(await env.rheo.reject(rejected, "bad"), rejected, [None] * 6, "reject")
     expected = sorted(positions(rejected))
+    pages = await _dead_letter_pages(env, stream, "g", 4, max_pages=10)
+    check_equal([len(p) for p in pages], [4, 2], "page sizes with limit=4")
+    check_equal([p for page in pages for p in page], expected, "dead letters in order")
+
+
+async def _dead_letter_pages(env: CaseEnv, stream: str, group: str, size: int, *,
+                             max_pages: int) -> list[list[tuple[int, int]]]:
+    """Page through a group's dead letters ``size`` at a time; positions per page."""
     pages: list[list[tuple[int, int]]] = []
     after = None
-    for _ in range(10):
-        page = await env.rheo.dead_letters(stream, "g", limit=4, after=after)
+    for _ in range(max_pages):
+        page = await env.rheo.dead_letters(stream, group, limit=size, after=after)
+        check(len(page) <= size, f"a page of limit {size} holds {len(page)}")
         if not page:
             break
         pages.append([(d.partition, d.sequence) for d in page])
         after = page[-1]
-    check_equal([len(p) for p in pages], [4, 2], "page sizes with limit=4")
-    check_equal([p for page in pages for p in page], expected, "dead letters in order")
+    return pages
 
 
 @case(rules=["settle.last_error"])
@@ -397,15 +405,8 @@ async def case_dead_letters_paging_every_size(env: CaseEnv) -> None:
     check_equal({d.event_id for d in listed},
                 {lease.event.id for lease in rejected}, "dead letters name their events")
     for size in range(1, len(expected) + 2):
-        got: list[tuple[int, int]] = []
-        after = None
-        for _ in range(len(expected) + 2):
-            page = await env.rheo.dead_letters(stream, "g", limit=size, after=after)
-            check(len(page) <= size, f"a page of limit {size} holds {len(page)}")
-            if not page:
-                break
-            got += [(d.partition, d.sequence) for d in page]
-            after = page[-1]
+        pages = await _dead_letter_pages(env, stream, "g", size, max_pages=len(expected) + 2)
+        got = [p for page in pages for p in page]
         check_equal(got, expected, f"dead letters paged by {size}")
 
 
