@@ -1,0 +1,58 @@
+"""The one retry loop of backends and sinks."""
+
+from __future__ import annotations
+
+import pytest
+
+from rheo_flow._call_retry import retrying, retrying_sync
+
+
+class _Conflict(Exception):
+    pass
+
+
+async def test_retries_what_it_is_told_to_until_it_succeeds() -> None:
+    calls = 0
+    async for attempt in retrying(when=lambda e: isinstance(e, _Conflict), attempts=5,
+                                  first_wait_s=0.0001, max_wait_s=0.0001):
+        with attempt:
+            calls += 1
+            if calls < 3:
+                raise _Conflict
+    assert calls == 3
+
+
+async def test_reraises_the_last_error_when_attempts_run_out() -> None:
+    calls = 0
+
+    async def run() -> None:
+        nonlocal calls
+        async for attempt in retrying(when=lambda e: isinstance(e, _Conflict), attempts=4,
+                                      first_wait_s=0.0001, max_wait_s=0.0001):
+            with attempt:
+                calls += 1
+                raise _Conflict
+
+    with pytest.raises(_Conflict):
+        await run()
+    assert calls == 4
+
+
+def test_other_errors_pass_through_at_once() -> None:
+    calls = 0
+
+    def run() -> None:
+        nonlocal calls
+        for attempt in retrying_sync(when=lambda e: isinstance(e, _Conflict), within_s=5):
+            with attempt:
+                calls += 1
+                raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        run()
+    assert calls == 1
+
+
+def test_a_retry_needs_a_bound() -> None:
+    with pytest.raises(ValueError, match="needs a bound"):
+        retrying(when=lambda e: True)
