@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -81,3 +84,10 @@ def test_frontier_covers_exactly_the_contiguous_settled_run(
     assert moved >= frontier
     assert all(s in settled for s in range(frontier + 1, moved + 1))
     assert moved + 1 not in settled
+
+
+def test_the_building_blocks_example_in_the_docs_runs() -> None:
+    root = Path(__file__).resolve().parents[1]
+    blocks = re.findall(r"```python\n(.*?)```", (root / "docs/conformance.md").read_text(), re.S)
+    [example] = [b for b in blocks if "advance_frontier" in b]
+    exec(compile(example, "docs/conformance.md", "exec"), {})
