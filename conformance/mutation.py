@@ -1,12 +1,14 @@
 """Mutation testing of the conformance kit: how much of the backends' behaviour it pins.
 
 Runs mutmut (configured in ``[tool.mutmut]`` of pyproject.toml) over the in-memory
-and SQLite backends (``memory.py``, ``sqlite.py`` and the ``_shared.py`` they both
-use), with ``pytest conformance`` on ``RHEO_BACKENDS=memory,sqlite`` as the test
-suite, from scratch (``mutants/`` is deleted first). Then it summarises the
-results per file, lists every mutant the kit did not kill with a short diff, and
-applies the triage file ``conformance/mutation-equivalent.toml``: survivors judged
-*equivalent* (no change the contract can observe) leave the denominator::
+and SQLite backends and the lease rules they share (the files of :data:`MUTATED`:
+``memory.py``, the modules of the ``sqlite`` package, ``_shared.py`` and
+``_transitions.py``; this list replaces pyproject's ``only_mutate``), with
+``pytest conformance`` on ``RHEO_BACKENDS=memory,sqlite`` as the test suite, from
+scratch (``mutants/`` is deleted first). Then it summarises the results per file,
+lists every mutant the kit did not kill with a short diff, and applies the triage
+file ``conformance/mutation-equivalent.toml``: survivors judged *equivalent* (no
+change the contract can observe) leave the denominator::
 
     score = (killed + timeout) / (total - equivalent)
 
@@ -17,6 +19,7 @@ Usage (from the repository root or anywhere)::
 
     .venv/bin/python conformance/mutation.py [--max-children N] [--json | --markdown]
     .venv/bin/python conformance/mutation.py --report-only   # re-triage the last run
+    .venv/bin/python conformance/mutation.py --files   # list what would be mutated, and stop
 
 The summary is printed (text, ``--json`` or ``--markdown``) and written to
 ``mutants/mutation-summary.json`` and ``mutants/mutation-summary.md`` (``mutants/``
@@ -36,6 +39,7 @@ without its example database (the stateful test draws the same examples each run
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as dt
 import fnmatch
 import json
@@ -54,6 +58,15 @@ ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
 EQUIVALENTS = Path(__file__).resolve().parent / "mutation-equivalent.toml"
 BACKENDS = "memory,sqlite"
+MUTATED = [
+    "src/rheo_flow/_backends/memory.py",
+    "src/rheo_flow/_backends/sqlite/*.py",
+    "src/rheo_flow/_backends/_shared.py",
+    "src/rheo_flow/_backends/_transitions.py",
+]
+"""mutmut's ``only_mutate``: the files whose mutants the kit should kill (globs).
+
+The SQL of the SQLite backend is in ``.sql`` files, which mutmut does not mutate."""
 
 # mutmut's exit codes, as its stats module reads them (mutmut 3.x).
 STATUS_BY_EXIT_CODE: dict[int | None, str] = {
@@ -66,10 +79,21 @@ DETECTED = {"killed", "timeout", "caught by type check", "segfault"}
 """Statuses in which the suite did not pass the mutant."""
 
 # Run in a fresh interpreter: Hypothesis derandomized and without its database (so a
-# failure found for one mutant is not replayed against the next), and a check, right
-# after mutmut has set up sys.path, that rheo_flow comes from mutants/ (not from an
-# editable install of another checkout).
-_BOOT = """
+# failure found for one mutant is not replayed against the next), mutmut's
+# configuration with MUTATED as its only_mutate (ONLY_MUTATE is set before this runs),
+# and a check, right after mutmut has set up sys.path, that rheo_flow comes from
+# mutants/ (not from an editable install of another checkout).
+_CONFIGURE = """
+import mutmut.configuration as c
+_load = c._load_config
+def _load_config():
+    config = _load()
+    config.only_mutate = list(ONLY_MUTATE)
+    return config
+c._load_config = _load_config
+c.reset_config()
+"""
+_BOOT = _CONFIGURE + """
 import importlib.util, sys
 from pathlib import Path
 from hypothesis import settings
@@ -200,7 +224,7 @@ def run_mutmut(max_children: int) -> float:
     start = time.monotonic()
     # mutmut's spinner and counters go to stderr, so that stdout stays the summary.
     proc = subprocess.run(
-        [sys.executable, "-c", _BOOT, "run", "--max-children", str(max_children)],
+        [sys.executable, "-c", _boot(_BOOT), "run", "--max-children", str(max_children)],
         cwd=ROOT, env=env, stdout=sys.stderr, check=False,
     )
     elapsed = time.monotonic() - start
@@ -208,6 +232,65 @@ def run_mutmut(max_children: int) -> float:
     if proc.returncode != 0:
         raise SystemExit(f"mutmut run failed (exit {proc.returncode})")
     return elapsed
+
+
+def _boot(code: str) -> str:
+    """``code`` to run with ``python -c``, after ``ONLY_MUTATE = MUTATED``."""
+    return f"ONLY_MUTATE = {MUTATED!r}\n{code}"
+
+
+def mutated_files() -> list[str]:
+    """The files mutmut would mutate, as its own configuration (with MUTATED) selects them.
+
+    Exits when a pattern of MUTATED matches no file: a moved or renamed module.
+    """
+    listing = _CONFIGURE + """
+from mutmut.utils.file_utils import walk_mutatable_files
+for path in walk_mutatable_files():
+    print(path)
+"""
+    out = subprocess.run([sys.executable, "-c", _boot(listing)], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.split()
+    files = sorted(Path(p).as_posix() for p in out)
+    unmatched = [pattern for pattern in MUTATED
+                 if not any(fnmatch.fnmatch(f, pattern) for f in files)]
+    if unmatched:
+        raise SystemExit(f"MUTATED patterns that match no file: {unmatched}")
+    return files
+
+
+def _functions(path: Path) -> dict[str, list[str]]:
+    """The functions of a module as mutmut names them (``function`` or ``Class.method``),
+    with their source lines."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found: dict[str, list[str]] = {}
+
+    def add(name: str, node: ast.stmt) -> None:
+        found[name] = lines[node.lineno - 1:node.end_lineno]
+
+    for node in ast.parse("\n".join(lines)).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            add(node.name, node)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    add(f"{node.name}.{item.name}", item)
+    return found
+
+
+def stray_entries(entries: list[Entry], files: list[str]) -> list[str]:
+    """Triage entries that match no code: their file glob names no mutated file, their
+    function glob no function of those files, or their ``original`` no line of those
+    functions (code that moved, was renamed or rewritten)."""
+    functions = {f: _functions(ROOT / f) for f in files}
+    stray = []
+    for e in entries:
+        named = [source for f in files if e.file is None or fnmatch.fnmatchcase(f, f"*{e.file}")
+                 for name, source in functions[f].items()
+                 if e.function is None or fnmatch.fnmatchcase(name, e.function)]
+        if not any(_contains(e.original, source) for source in named):
+            stray.append(e.label())
+    return stray
 
 
 def _function_of(name: str) -> str:
@@ -363,9 +446,22 @@ def main(argv: list[str] | None = None) -> int:
     out.add_argument("--markdown", action="store_true", help="print a markdown section")
     parser.add_argument("--report-only", action="store_true",
                         help="do not run mutmut; summarise the results in mutants/")
+    parser.add_argument("--files", action="store_true",
+                        help="list the files mutmut would mutate and check the triage "
+                        "file, then stop (a quick self-check)")
     args = parser.parse_args(argv)
 
     entries = load_entries(EQUIVALENTS)  # a broken triage file fails before the long run
+    if args.files:
+        files = mutated_files()
+        print("\n".join(files))
+        stray = stray_entries(entries, files)
+        if stray:
+            raise SystemExit(f"{EQUIVALENTS.name}: entries naming no mutated file or no "
+                             f"function of one: {stray}")
+        print(f"{len(entries)} triage entries, each naming a function of a mutated file",
+              file=sys.stderr)
+        return 0
     elapsed = None
     if args.report_only:
         if not MUTANTS.exists():

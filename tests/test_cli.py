@@ -164,7 +164,7 @@ def test_migrate_postgres_applies_the_schema_once(postgres_url: str) -> None:
 
     import asyncpg
 
-    from rheo_flow._backends._postgres_sql import SCHEMA_VERSION
+    from rheo_flow._backends.postgres._migrations import SCHEMA_VERSION
 
     schema = f"rheo_cli_{uuid.uuid4().hex[:8]}"
     url = f"{postgres_url}{'&' if '?' in postgres_url else '?'}schema={schema}"

@@ -16,10 +16,9 @@ from hypothesis import Phase, settings
 
 from rheo_flow import GroupInfo, Lease, SettleKind, SettleResult
 from rheo_flow._backend import AppendRecord
+from rheo_flow._backends._transitions import Op, Settled
 from rheo_flow._backends.memory import (
     MemoryBackend,
-    Op,
-    State,
     _Delivery,
     _Group,
     _GroupPartition,
@@ -164,17 +163,17 @@ class NackIgnoresDelay(MemoryBackend):
 class ResetKeepsDeadLetters(MemoryBackend):
     """reset forgets deliveries but keeps the partition's dead letters."""
 
-    def _move_to(self, gp: _GroupPartition, part: _Partition, position: int) -> None:
+    def _move_to(self, gp: _GroupPartition, part: _Partition, start: StartPosition) -> None:
         kept = {seq: d for seq, d in gp.done.items() if d.state == "rejected"}
-        super()._move_to(gp, part, position)
+        super()._move_to(gp, part, start)
         gp.done.update(kept)
 
 
 class ResetFrontierAtHighWater(MemoryBackend):
     """reset to a sequence leaves the frontier at the high water: trim-unsafe."""
 
-    def _move_to(self, gp: _GroupPartition, part: _Partition, position: int) -> None:
-        super()._move_to(gp, part, position)
+    def _move_to(self, gp: _GroupPartition, part: _Partition, start: StartPosition) -> None:
+        super()._move_to(gp, part, start)
         gp.frontier = part.high_water
 
 
@@ -214,10 +213,8 @@ class WakeOnAnyAppend(MemoryBackend):
 
     async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
         events = await super().append(stream, records)
-        for other in self._streams.values():
-            for waiter in other.waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+        for other in self._streams:
+            self._waiters.wake(other)
         return events
 
 
@@ -250,20 +247,18 @@ class TrimFrontierOnlyToBound(MemoryBackend):
 class DeadLetterTimeIsTheDeadline(MemoryBackend):
     """A reject or a nack at max attempts stamps the lease's deadline as rejected_at_ms."""
 
-    def _settle_terminal(self, gp: _GroupPartition, d: _Delivery, state: State, reason: str,
-                         now: int, op: Op | None) -> None:
-        super()._settle_terminal(gp, d, state, reason, now, op)
-        if state == "rejected" and op is not None:
+    def _apply(self, gp: _GroupPartition, d: _Delivery, outcome: Settled) -> None:
+        super()._apply(gp, d, outcome)
+        if outcome.state == "rejected" and outcome.settled_by is not None:
             d.rejected_at_ms = d.deadline_ms
 
 
 class ExpiredDeadLetterTimeIsZero(MemoryBackend):
     """A delivery dead-lettered on expiry gets rejected_at_ms 0."""
 
-    def _settle_terminal(self, gp: _GroupPartition, d: _Delivery, state: State, reason: str,
-                         now: int, op: Op | None) -> None:
-        super()._settle_terminal(gp, d, state, reason, now, op)
-        if state == "rejected" and op is None:
+    def _apply(self, gp: _GroupPartition, d: _Delivery, outcome: Settled) -> None:
+        super()._apply(gp, d, outcome)
+        if outcome.state == "rejected" and outcome.settled_by is None:
             d.rejected_at_ms = 0
 
 

@@ -11,6 +11,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -29,13 +30,13 @@ from rheo_flow import (
     consumer,
 )
 from rheo_flow._backends import postgres as pg
-from rheo_flow._backends._postgres_sql import (
+from rheo_flow._backends.postgres._migrations import (
     BOOTSTRAP,
     MIGRATIONS,
     SCHEMA_VERSION,
     VERSION_TABLE,
-    render,
 )
+from rheo_flow._backends.postgres._sql import render
 from rheo_flow._urls import backend_from_url
 from rheo_flow.backends import PostgresBackend
 
@@ -156,7 +157,7 @@ async def test_host_pool_is_used_and_never_closed(postgres_url: str, schema: str
             await rheo.create_stream("s")
             waiter = asyncio.create_task(rheo.wait_for_append("s", 10))
             # The LISTEN connection of a host pool is one held from it.
-            await wait_until(lambda: backend._listener is not None)
+            await wait_until(lambda: backend._listener.connection is not None)
             await rheo.append("s", NewEvent("t"))
             assert await waiter
             [lease] = await rheo.fetch("s", "g")
@@ -191,16 +192,34 @@ async def test_concurrent_migrations_apply_once(postgres_url: str, schema: str,
         await b.close()
 
 
+RELEASES = Path(__file__).parent / "fixtures" / "postgres_releases"
+"""The server-side functions as earlier releases defined them, per schema version."""
+RELEASED_FUNCTIONS = {
+    1: ("v1_advance_frontiers", "v1_fetch", "v1_settle", "v1_renew"),
+    2: ("v2_fetch", "v2_settle", "v2_renew", "v2_advance_frontiers"),
+    3: ("v3_fetch",),
+}
+
+
+async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> None:
+    """Leave ``schema`` as the release at schema ``version`` (1..3) left it: its tables
+    (the migrations up to it) and the functions it defined, version by version."""
+    for migration in MIGRATIONS[:version]:
+        scripts = [*(BOOTSTRAP.statements if migration.version == 1 else ()),
+                   *migration.statements,
+                   *((RELEASES / f"{name}.sql").read_text()
+                     for name in RELEASED_FUNCTIONS[migration.version])]
+        for statement in scripts:
+            await admin.execute(render(statement, schema))
+        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
+                            "VALUES ($1, 'old')", migration.version)
+
+
 @pytest.mark.parametrize("version", [1, 2, 3])
 async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, version: int,
                                                    admin: asyncpg.Connection) -> None:
     # A database left at an older version by an earlier release.
-    for migration in MIGRATIONS[:version]:
-        for statement in (*(BOOTSTRAP if migration.version == 1 else ()),
-                          *migration.statements):
-            await admin.execute(render(statement, schema))
-        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
-                            "VALUES ($1, 'old')", migration.version)
+    await _as_released(admin, schema, version)
     with pytest.raises(BackendError, match=f"at version {version}"):
         await PostgresBackend.from_url(url + "&migrate=false").open()
     async with Rheo(PostgresBackend.from_url(url)) as rheo:
@@ -223,14 +242,37 @@ async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, versi
         assert (dead.reason, dead.last_error) == ("bad", "KeyError: 'sku'")
 
 
+
+_FUNCTION_DEFS = """
+SELECT p.proname, pg_get_function_identity_arguments(p.oid),
+       replace(replace(pg_get_functiondef(p.oid), $1, 'S'), $2, 'S')
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = $2 ORDER BY 1, 2
+"""
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+async def test_an_upgraded_schema_has_the_functions_of_a_fresh_one(
+        postgres_url: str, url: str, schema: str, version: int,
+        admin: asyncpg.Connection) -> None:
+    await _as_released(admin, schema, version)
+    await PostgresBackend.from_url(url).open()
+    fresh = f"rheo_test_{uuid.uuid4().hex[:12]}"
+    try:
+        backend = PostgresBackend.from_url(_with_schema(postgres_url, fresh))
+        await backend.open()
+        await backend.close()
+        upgraded = await admin.fetch(_FUNCTION_DEFS, f'"{schema}"', schema)
+        expected = await admin.fetch(_FUNCTION_DEFS, f'"{fresh}"', fresh)
+    finally:
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{fresh}" CASCADE')
+    assert [tuple(r) for r in upgraded] == [tuple(r) for r in expected]
+    assert {r[0] for r in expected} == {"advance_frontiers", "fetch", "renew", "settle"}
+
+
 async def test_dead_letters_of_version_3_carry_over_without_an_error(
         url: str, schema: str, admin: asyncpg.Connection) -> None:
-    for migration in MIGRATIONS[:3]:
-        for statement in (*(BOOTSTRAP if migration.version == 1 else ()),
-                          *migration.statements):
-            await admin.execute(render(statement, schema))
-        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
-                            "VALUES ($1, 'old')", migration.version)
+    await _as_released(admin, schema, 3)
     q = f'"{schema}"'
     stream_id = await admin.fetchval(
         f"INSERT INTO {q}.streams (name, partitions, created_at_ms) VALUES ('s', 1, 0) "
@@ -273,12 +315,7 @@ async def test_state_written_at_version_2_carries_over_the_upgrade(
         url: str, schema: str, admin: asyncpg.Connection) -> None:
     # Version 2 as an earlier release left it: events appended, a group with
     # leases handed out by version 2's fetch and one of them acked.
-    for migration in MIGRATIONS[:2]:
-        for statement in (*(BOOTSTRAP if migration.version == 1 else ()),
-                          *migration.statements):
-            await admin.execute(render(statement, schema))
-        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
-                            "VALUES ($1, 'old')", migration.version)
+    await _as_released(admin, schema, 2)
     q = f'"{schema}"'
     ids = [str(uuid.uuid4()) for _ in range(3)] + ["order-7", "Zürich", "a b"]
     stream_id = await admin.fetchval(
@@ -701,7 +738,7 @@ async def test_wait_for_append_is_woken_by_another_process_append(url: str,
         backend = waiter_side.backend
         assert isinstance(backend, PostgresBackend)
         waiter = asyncio.create_task(waiter_side.wait_for_append("s", 30))
-        await wait_until(lambda: "s" in backend._waiters)
+        await wait_until(lambda: "s" in backend._listener.waiters)
         await appender.append("other", NewEvent("t"))  # another stream does not wake it
         await appender.append("s", NewEvent("t"))
         assert await waiter, "woken by the append (not timed out)"
@@ -717,7 +754,7 @@ async def test_an_append_between_fetch_and_wait_is_not_lost(url: str,
         assert await consumer_side.fetch("s", "g") == []
         # The append lands after that fetch looked, before anyone waits.
         await appender.append("s", NewEvent("t"))
-        await wait_until(lambda: backend._notes.get("s", 0) >= 1)
+        await wait_until(lambda: backend._listener.notes.get("s", 0) >= 1)
         # Nothing else will be appended: only the missed notification can end this wait.
         assert await consumer_side.wait_for_append("s", 30)
         assert len(await consumer_side.fetch("s", "g")) == 1
@@ -738,7 +775,7 @@ async def test_consumer_is_woken_by_notify_not_by_polling(rheo: Rheo,
     async with record.start(rheo) as group:
         backend = rheo.backend
         assert isinstance(backend, PostgresBackend)
-        await wait_until(lambda: "s" in backend._waiters)  # idle, waiting an hour
+        await wait_until(lambda: "s" in backend._listener.waiters)  # idle, waiting an hour
         await rheo.append("s", NewEvent("t", {"n": 1}))
         await wait_until(lambda: seen == [1], timeout=10)
         await wait_until(lambda: group.stats.acked == 1)
@@ -752,7 +789,7 @@ async def test_without_listen_it_polls(url: str) -> None:
         assert time.monotonic() - started >= 0.04, "it slept for the timeout"
         backend = rheo.backend
         assert isinstance(backend, PostgresBackend)
-        assert backend._listener is None
+        assert backend._listener.connection is None
 
 
 async def test_a_lost_listen_connection_wakes_waiters_and_reconnects(
@@ -760,14 +797,19 @@ async def test_a_lost_listen_connection_wakes_waiters_and_reconnects(
     await rheo.create_stream("s")
     backend = rheo.backend
     assert isinstance(backend, PostgresBackend)
+    listener = backend._listener
+
+    def listening() -> bool:
+        return listener.connection is not None and "s" in listener.waiters
+
     waiter = asyncio.create_task(rheo.wait_for_append("s", 30))
-    await wait_until(lambda: backend._listener is not None and "s" in backend._waiters)
-    pid = backend._listener.get_server_pid()  # type: ignore[union-attr]
+    await wait_until(listening)
+    pid = listener.connection.get_server_pid()  # type: ignore[union-attr]
     await admin.execute("SELECT pg_terminate_backend($1)", pid)
     assert await asyncio.wait_for(waiter, 10), "waiters wake up to fetch at once"
     # The next wait reconnects and is woken by appends again.
     again = asyncio.create_task(rheo.wait_for_append("s", 30))
-    await wait_until(lambda: backend._listener is not None and "s" in backend._waiters)
+    await wait_until(listening)
     await rheo.append("s", NewEvent("t"))
     assert await asyncio.wait_for(again, 10)
 

@@ -437,7 +437,7 @@ async def test_group_consumes_everything_while_scripts_are_flushed(
 async def test_trim_in_chunks_and_ids_can_come_back(
     rheo: Rheo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rheo_flow._backends import redis as module
+    from rheo_flow._backends.redis import _events as module
 
     monkeypatch.setattr(module, "_TRIM_CHUNK", 3)
     await rheo.create_stream("s", partitions=2)

@@ -31,6 +31,7 @@ from rheo_flow import (
     UnknownStream,
 )
 from rheo_flow._backends import sqlite as sqlite_module
+from rheo_flow._backends.sqlite import _sql
 from rheo_flow._urls import backend_from_url
 from rheo_flow.backends import MemoryBackend, SQLiteBackend
 
@@ -475,7 +476,7 @@ async def test_fetch_uses_partial_index_whatever_the_acked_count(db: Path) -> No
     try:
         params = (1, 0, 2**62, 2**62)
         plan = " ".join(row[3] for row in conn.execute(
-            "EXPLAIN QUERY PLAN " + sqlite_module._ELIGIBLE_SQL, params))
+            "EXPLAIN QUERY PLAN " + _sql.ELIGIBLE, params))
         assert "COVERING INDEX deliveries_active" in plan
         assert "SCAN" not in plan
         (indexed,) = conn.execute(
@@ -493,7 +494,7 @@ async def test_fetch_uses_partial_index_whatever_the_acked_count(db: Path) -> No
             return 0
 
         conn.set_progress_handler(count, 1)
-        rows = conn.execute(sqlite_module._ELIGIBLE_SQL, params).fetchall()
+        rows = conn.execute(_sql.ELIGIBLE, params).fetchall()
         conn.set_progress_handler(None, 1)
         assert [seq for seq, _ in rows] == [10_001, 10_002, 10_003]
         assert steps < 500, steps

@@ -15,6 +15,8 @@ import pytest
 
 from rheo_flow import ManualClock, NewEvent, Query, Rheo, SettleKind, UnknownStream
 from rheo_flow._backends import sqlite as sqlite_module
+from rheo_flow._backends.sqlite import _sql
+from rheo_flow._backends.sqlite._writer import Writer
 from rheo_flow.backends import SQLiteBackend
 
 
@@ -131,7 +133,7 @@ async def test_settle_and_frontier_statements_use_keys_not_history(db: Path) -> 
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         head = ("why", 0, 0, 5, "max_attempts", 1)
-        for sql in [*sqlite_module._SETTLE_SQL.values(), sqlite_module._RENEW_SQL]:
+        for sql in [*_sql.SETTLE.values(), _sql.RENEW]:
             error = (None,) if "?11" in sql else ()  # nack and reject record an error
             plan = " ".join(row[3] for row in conn.execute(
                 "EXPLAIN QUERY PLAN " + sql, (*head, 0, 1, "x", "y", *error)))
@@ -146,15 +148,15 @@ async def test_settle_and_frontier_statements_use_keys_not_history(db: Path) -> 
             return 0
 
         plan = [row[3] for row in conn.execute(
-            "EXPLAIN QUERY PLAN " + sqlite_module._ADVANCE_SQL, (1, 0))]
+            "EXPLAIN QUERY PLAN " + _sql.ADVANCE_FRONTIER, (1, 0))]
         assert "COVERING INDEX deliveries_active" in plan[-1], plan
 
         conn.execute("BEGIN")
         conn.set_progress_handler(count, 1)
-        changed = conn.executemany(sqlite_module._SETTLE_SQL["ack"], [
+        changed = conn.executemany(_sql.SETTLE["ack"], [
             (*head, 0, lease.sequence, lease.lease_id, lease.receipt) for lease in pending
         ]).rowcount
-        conn.execute(sqlite_module._ADVANCE_SQL, (1, 0))
+        conn.execute(_sql.ADVANCE_FRONTIER, (1, 0))
         conn.set_progress_handler(None, 1)
         (frontier,) = conn.execute("SELECT frontier FROM group_partitions").fetchone()
         conn.execute("ROLLBACK")
@@ -186,7 +188,7 @@ async def test_schema_1_file_is_migrated_in_place(db: Path) -> None:
         conn.execute("INSERT INTO old SELECT * FROM deliveries")
         conn.execute("DROP TABLE deliveries")
         conn.execute("ALTER TABLE old RENAME TO deliveries")
-        for statement in sqlite_module._DELIVERIES_INDEXES:
+        for statement in _sql.DELIVERIES_INDEXES:
             conn.execute(statement)
         conn.execute("PRAGMA user_version = 1")
         conn.execute("COMMIT")
@@ -237,8 +239,9 @@ async def test_batch_with_a_lease_from_elsewhere_is_answered_lease_by_lease(rheo
 async def _queued(backend: SQLiteBackend, *calls: Awaitable[Any]) -> list[Any]:
     """Run ``calls`` while the backend thread is held, so that they queue up."""
     gate = threading.Event()
-    assert backend._executor is not None
-    blocker = asyncio.wrap_future(backend._executor.submit(gate.wait, 10))
+    executor = backend._writer.executor
+    assert executor is not None
+    blocker = asyncio.wrap_future(executor.submit(gate.wait, 10))
     tasks = [asyncio.ensure_future(call) for call in calls]
     await asyncio.sleep(0)  # every call reaches the queue
     gate.set()
@@ -251,18 +254,18 @@ async def test_operations_queued_together_share_one_commit_and_keep_their_errors
 ) -> None:
     batches: list[int] = []
     alone: list[int] = []
-    together, single = SQLiteBackend._run_together, SQLiteBackend._run_alone
+    together, single = Writer._run_together, Writer._run_alone
 
-    def record_together(self: SQLiteBackend, jobs: list[Any]) -> Any:
+    def record_together(self: Writer, jobs: list[Any]) -> Any:
         batches.append(len(jobs))
         return together(self, jobs)
 
-    def record_alone(self: SQLiteBackend, job: Any) -> Any:
+    def record_alone(self: Writer, job: Any) -> Any:
         alone.append(1)
         return single(self, job)
 
-    monkeypatch.setattr(SQLiteBackend, "_run_together", record_together)
-    monkeypatch.setattr(SQLiteBackend, "_run_alone", record_alone)
+    monkeypatch.setattr(Writer, "_run_together", record_together)
+    monkeypatch.setattr(Writer, "_run_alone", record_alone)
     backend = SQLiteBackend(db, synchronous="FULL")
     async with Rheo(backend) as rheo:
         await rheo.create_stream("s")

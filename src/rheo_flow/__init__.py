@@ -31,12 +31,13 @@ from ._errors import (
     Unsupported,
 )
 from ._event import Event, NewEvent
-from ._group import Consumer, Group, GroupStats, consumer
+from ._group import Consumer, Group, consumer
+from ._group_loop import GroupStats
 from ._lease import Lease
 from ._outcome import ACK, Ack, Outcome, Reject, Retry, current_lease
 from ._producer import Producer, ProducerStats
 from ._query import Page, Query
-from ._retry import RetryPolicy
+from ._retry_policy import RetryPolicy
 from ._rheo import Rheo
 from ._routing import partition_for
 from ._settle_calls import SettleOutcome

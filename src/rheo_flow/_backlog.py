@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ._rheo import Partitions, Rheo
 
-__all__ = ["wait_caught_up"]
+if TYPE_CHECKING:
+    from ._producer import Producer
+
+__all__ = ["wait_caught_up", "wait_producer_caught_up"]
 
 
 async def wait_caught_up(
@@ -36,3 +40,11 @@ async def wait_caught_up(
         if stopped():
             return False
         await asyncio.sleep(interval)
+
+
+async def wait_producer_caught_up(producer: Producer, *, stopped: Callable[[], bool]) -> bool:
+    """:func:`wait_caught_up` for what ``producer`` consumes, checking every poll
+    interval (at most every second): the wait of a runtime's ``run_until_empty``."""
+    return await wait_caught_up(producer.rheo, producer.stream, producer.group,
+                                producer.partitions,
+                                interval=min(producer.poll_ms / 1000, 1.0), stopped=stopped)

@@ -13,7 +13,7 @@ import re
 from ._lease import Lease
 from ._validation import MAX_ERROR
 
-__all__ = ["bounded", "error_text", "failure_fields", "scrub"]
+__all__ = ["bounded", "describe", "error_text", "failure_fields", "scrub", "truncated"]
 
 # ``scheme://user:password@`` in URLs, and ``password=...`` style options.
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@")
@@ -30,9 +30,21 @@ def scrub(text: str) -> str:
     return _SECRET_OPTION.sub(lambda m: f"{m[1]}{_MASK}", text)
 
 
+def describe(exc: BaseException) -> str:
+    """``"Type: message"`` of ``exc`` (just ``"Type"`` when the message is empty), as is."""
+    text = str(exc)
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+def truncated(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, ending in ``...`` when cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def error_text(exc: BaseException, limit: int = MAX_ERROR) -> str:
     """``"Type: message"`` of ``exc``: secrets masked, NUL removed, at most ``limit`` characters."""
-    return bounded(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, limit)
+    return bounded(describe(exc), limit)
 
 
 def bounded(text: str, limit: int = MAX_ERROR) -> str:
@@ -40,7 +52,7 @@ def bounded(text: str, limit: int = MAX_ERROR) -> str:
     at most ``limit`` characters."""
     text = scrub(text.replace("\x00", ""))
     text = text.encode("utf-8", "replace").decode("utf-8") if not text.isascii() else text
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return truncated(text, limit)
 
 
 def failure_fields(lease: Lease, consumer_id: str | None = None) -> dict[str, object]:

@@ -18,8 +18,9 @@ from typing import Protocol
 
 from ._lease import Lease
 from ._settle_results import Decision, SettleResult
+from ._waiting import wait_event
 
-__all__ = ["Inflight", "InflightEntry", "wait_event"]
+__all__ = ["Inflight", "InflightEntry"]
 
 log = logging.getLogger("rheo_flow.inflight")
 
@@ -196,21 +197,6 @@ class Inflight:
                 return False
             await self.wait_changed(remaining)
         return True
-
-
-async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait until ``event`` is set or ``timeout`` seconds pass; True when set.
-
-    Built on ``asyncio.timeout`` rather than ``asyncio.wait_for``, which on
-    Python 3.11 can swallow a cancellation arriving just as the event is set
-    (a runtime's stop must never be lost that way).
-    """
-    if event.is_set():
-        return True
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
-    return event.is_set()
 
 
 class _Renewer(Protocol):

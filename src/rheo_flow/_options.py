@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 from ._backoff import Backoff
 from ._errors import InvalidArgument
-from ._retry import RetryPolicy
+from ._retry_policy import RetryPolicy
 from ._validation import MAX_DELAY_MS, MAX_LEASE_MS, check_name
 
 __all__ = [

@@ -26,7 +26,7 @@ from typing import Literal, Self
 
 from ._backoff import Backoff
 from ._errors import AlreadyStarted, InvalidArgument, NotStarted, StoreLost
-from ._inflight import Inflight, wait_event
+from ._inflight import Inflight
 from ._lease import Lease
 from ._options import PRODUCER
 from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
@@ -40,6 +40,7 @@ from ._settle_calls import (
 )
 from ._settle_results import SettleResult, classify
 from ._validation import check_partition, check_positive_int
+from ._waiting import first_of, wait_event
 
 __all__ = ["Producer", "ProducerStats"]
 
@@ -382,14 +383,8 @@ class Producer:
         if not self._rheo.capabilities.push_wakeups:
             await wait_event(self._poke, timeout)
             return
-        woken = asyncio.ensure_future(self._rheo.wait_for_append(self._stream, timeout))
-        poked = asyncio.ensure_future(self._poke.wait())
-        try:
-            await asyncio.wait((woken, poked), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (woken, poked):
-                task.cancel()
-            await asyncio.gather(woken, poked, return_exceptions=True)
+        woken, _ = await first_of(self._rheo.wait_for_append(self._stream, timeout),
+                                  self._poke.wait())
         if not woken.cancelled() and woken.exception() is not None:
             # A wake-up channel that fails at once must not turn idling into spinning.
             log.debug("wait_for_append on %s failed: %s", self._stream, woken.exception())

@@ -5,15 +5,14 @@ from __future__ import annotations
 import inspect
 import os
 import socket
-import time
 import uuid
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Any, Literal, Self
 
 from . import _telemetry
-from ._backend import AppendRecord, Backend, make_append_record
+from ._append_records import append_records
+from ._backend import Backend
 from ._capabilities import Capabilities
 from ._errors import InvalidArgument
 from ._event import Event, NewEvent
@@ -23,13 +22,9 @@ from ._settle_results import SettleResult, classify
 from ._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from ._urls import backend_from_url
 from ._validation import (
-    MAX_ID,
     MAX_PARTITIONS,
-    MAX_TYPE,
     check_duration_ms,
     check_error,
-    check_event_id,
-    check_headers,
     check_key,
     check_lease_ms,
     check_name,
@@ -41,7 +36,6 @@ from ._validation import (
     check_text,
     check_timeout_s,
     check_type,
-    encode_json,
     invalid_text,
 )
 
@@ -186,7 +180,7 @@ class Rheo:
         if partition is not None:
             check_partition(partition, count)
         try:
-            records = _records(items, count, key, partition)
+            records = append_records(items, count, key, partition)
             return await _telemetry.send(self._backend, stream, records)
         except Exception as exc:
             # A lone surrogate in a type, id, key or header is left to the encoders
@@ -521,78 +515,6 @@ class Rheo:
         check_name("stream", stream)
         timeout = check_timeout_s("timeout", timeout)
         return await self._backend.wait_for_append(stream, timeout)
-
-
-_EVENT_FIELDS: Final = frozenset({"type", "data", "id", "key", "partition", "headers"})
-_UUID_VARIANT: Final = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
-"""Hex digit -> an RFC 4122 variant digit (10xx) keeping the digit's low two random bits."""
-
-
-def _records(
-    items: Sequence[NewEvent | Mapping[str, Any]], count: int, key: str | None,
-    partition: int | None,
-) -> list[AppendRecord]:
-    """Validate and route ``items``: one pass, with a cheap path for well-formed events."""
-    records: list[AppendRecord] = []
-    append = records.append
-    crc32 = zlib.crc32
-    random_hex = ""  # random bits of the generated ids, drawn for the whole batch at once
-    time_prefix = ""
-    generated = 0
-    for item in items:
-        if isinstance(item, NewEvent):
-            type_, data, event_id = item.type, item.data, item.id
-            event_key, target, headers = item.key, item.partition, item.headers
-        elif isinstance(item, Mapping):
-            if not item.keys() <= _EVENT_FIELDS:
-                unknown = set(item) - _EVENT_FIELDS
-                raise InvalidArgument(f"unknown event fields: {', '.join(sorted(unknown))}")
-            if "type" not in item:
-                raise InvalidArgument("an event needs a 'type'")
-            type_, data, event_id = item["type"], item.get("data"), item.get("id")
-            event_key, target = item.get("key"), item.get("partition")
-            headers = item.get("headers", _NO_HEADERS)
-        else:
-            raise InvalidArgument(f"events must be NewEvent or mappings, got {type(item).__name__}")
-        if event_key is None:
-            event_key = key
-        elif event_key.__class__ is not str:
-            check_key(event_key)
-        if event_id is None:
-            if not random_hex:
-                # Time-ordered ids (UUID version 7: milliseconds, then random bits) land
-                # next to each other in the stores' unique id index, where random ids
-                # touch a different index page per insert once a stream is large.
-                random_hex = os.urandom(10 * len(items)).hex()
-                millis = f"{time.time_ns() // 1_000_000 & 0xFFFFFFFFFFFF:012x}"
-                time_prefix = f"{millis[:8]}-{millis[8:]}-7"
-            o = 20 * generated
-            generated += 1
-            event_id = (f"{time_prefix}{random_hex[o:o + 3]}-"
-                        f"{_UUID_VARIANT[random_hex[o + 3]]}{random_hex[o + 4:o + 7]}-"
-                        f"{random_hex[o + 7:o + 19]}")
-        elif event_id.__class__ is not str or not 0 < len(event_id) <= MAX_ID:
-            check_event_id(event_id)
-        if target is None:
-            target = partition
-        if target is not None:
-            if target.__class__ is not int or not 0 <= target < count:
-                target = check_partition(target, count)
-        elif count == 1:
-            target = 0
-        else:
-            # By the key, else by the id: random for generated ids, and a retried
-            # append of the same event lands where the first one did.
-            target = crc32((event_id if event_key is None else event_key).encode()) % count
-        if type_.__class__ is not str or not 0 < len(type_) <= MAX_TYPE:
-            check_type(type_)
-        headers = {} if headers.__class__ is dict and not headers else check_headers(headers)
-        append(make_append_record(target, event_id, type_, event_key, data, encode_json(data),
-                                  headers))
-    return records
-
-
-_NO_HEADERS: Final[Mapping[str, str]] = {}
 
 
 def _takes_error(backend: Backend) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import BackendError, InvalidArgument
+from ._failure import describe
 
 __all__ = ["Decision", "SettleError", "SettleKind", "SettleResult", "classify", "settle_ok"]
 
@@ -145,7 +146,7 @@ def classify(exc: BaseException, backend_classifier: ErrorClassifier | None = No
     rheo_flow's own errors; then generic Python errors. Anything else is
     ``failed``: a definite failure on which nothing was committed.
     """
-    reason = _describe(exc)
+    reason = describe(exc)
     if backend_classifier is not None:
         kind = backend_classifier(exc)
         if kind is not None:
@@ -162,9 +163,3 @@ def classify(exc: BaseException, backend_classifier: ErrorClassifier | None = No
     if isinstance(exc, OSError):
         return SettleError(SettleKind.BACKEND_UNAVAILABLE, reason)
     return SettleError(SettleKind.FAILED, reason)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    name = type(exc).__name__
-    return f"{name}: {text}" if text else name

@@ -6,13 +6,13 @@ runs them. The first SIGTERM or SIGINT starts a drain: fetching stops, leases
 no handler has started are handed back at once, running handlers and open
 batches finish and settle, all within a grace period; a second signal exits at
 once. Health is reported through a file touched while the runtimes are ready
-and a tiny HTTP endpoint (:mod:`rheo_flow._health`).
+and a tiny HTTP endpoint (:mod:`rheo_flow._health`). With ``--processes`` a
+supervisor (:mod:`rheo_flow._worker_supervisor`) runs several such processes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import logging
@@ -24,21 +24,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._backlog import wait_caught_up
+from ._backlog import wait_producer_caught_up
 from ._errors import InvalidArgument
 from ._group import Consumer, Group
 from ._health import Health
 from ._rheo import Rheo
 from .pipeline import Pipeline
 
-__all__ = ["WorkerConfig", "build_runtimes", "load_target", "run_worker"]
+__all__ = ["SIGNALS", "SUPERVISOR_ENV", "WorkerConfig", "build_runtimes", "load_target",
+           "run_worker"]
 
 log = logging.getLogger("rheo_flow.worker")
 
 Runtime = Group | Pipeline
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_SUPERVISOR_ENV = "RHEO_WORKER_SUPERVISOR_PID"
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""The signals that start a drain (a second one exits at once)."""
+SUPERVISOR_ENV = "RHEO_WORKER_SUPERVISOR_PID"
 """Set for the children of ``--processes``: the supervisor's process id."""
 _SUPERVISOR_CHECK_S = 1.0
 
@@ -157,7 +159,7 @@ class _Signals:
 
     def install(self) -> None:
         loop = asyncio.get_running_loop()
-        for sig in _SIGNALS:
+        for sig in SIGNALS:
             loop.add_signal_handler(sig, self._received, sig)
 
     def _received(self, sig: int) -> None:
@@ -214,7 +216,7 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
 def _watch_supervisor(stop: asyncio.Event) -> asyncio.Task[None] | None:
     """Under ``--processes``, drain when the supervisor is gone (killed with SIGKILL,
     say): a child in a session of its own would otherwise run on unsupervised."""
-    expected = os.environ.get(_SUPERVISOR_ENV)
+    expected = os.environ.get(SUPERVISOR_ENV)
     if not expected:
         return None
 
@@ -255,15 +257,8 @@ async def _wait_for_end(config: WorkerConfig, runtimes: list[Runtime],
 
 
 async def _caught_up(runtime: Runtime) -> None:
-    if isinstance(runtime, Group):
-        rheo, stream, group = runtime.options["rheo"], runtime.stream, runtime.group
-        partitions, poll_ms = runtime.options["partitions"], runtime.options["poll_ms"]
-    else:
-        p = runtime.producer
-        rheo, stream, group, partitions, poll_ms = p.rheo, p.stream, p.group, p.partitions, \
-            p.poll_ms
-    await wait_caught_up(rheo, stream, group, partitions, interval=min(poll_ms / 1000, 1.0),
-                         stopped=lambda: False)
+    producer = runtime._producer if isinstance(runtime, Group) else runtime.producer
+    await wait_producer_caught_up(producer, stopped=lambda: False)
 
 
 async def _drain(runtimes: list[Runtime], grace: float) -> bool:
@@ -295,70 +290,3 @@ def _describe(runtime: Runtime) -> str:
     if isinstance(runtime, Group):
         return f"group {runtime.stream}/{runtime.group}"
     return f"pipeline {runtime.producer.stream}/{runtime.producer.group}"
-
-
-async def supervise(config: WorkerConfig, processes: int, child_argv: list[str]) -> int:
-    """Run ``processes`` worker processes (``child_argv`` each) and pass signals on.
-
-    The first signal is forwarded (each child drains); a second one too (each
-    exits at once) and the supervisor exits with 128 + the signal. Health is
-    ready while every child reports ready; a child that exits on its own stops
-    the others. Returns the worst child status.
-    """
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="rheo-worker-") as tmp:
-        files = [Path(tmp) / f"child-{i}" for i in range(processes)]
-        children: list[asyncio.subprocess.Process] = []
-
-        def all_alive() -> bool:
-            return bool(children) and all(c.returncode is None for c in children)
-
-        def all_ready() -> bool:
-            return all_alive() and not stop.is_set() and all(
-                Health.fresh(f, config.health_interval) for f in files)
-
-        stop = asyncio.Event()
-        health = Health(ready=all_ready, live=all_alive, file=config.health_file,
-                        port=config.health_port, host=config.health_host,
-                        interval=config.health_interval)
-        loop = asyncio.get_running_loop()
-
-        def forward(sig: int) -> None:
-            second = stop.is_set()
-            stop.set()
-            for child in children:
-                if child.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        child.send_signal(sig)
-            if second:
-                log.warning("second signal: children told to exit now")
-                health.remove_file()
-                logging.shutdown()
-                os._exit(128 + sig)
-
-        for sig in _SIGNALS:
-            loop.add_signal_handler(sig, forward, sig)
-        env = {**os.environ, "RHEO_URL": config.url, _SUPERVISOR_ENV: str(os.getpid())}
-        for path in files:
-            # A session of its own: a terminal's Ctrl-C reaches the supervisor only,
-            # which forwards it once (not twice, which would mean "exit now").
-            children.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "rheo_flow", "worker", *child_argv,
-                "--health-file", str(path), env=env, start_new_session=True))
-        await health.start()
-        try:
-            waits = {asyncio.ensure_future(c.wait()): c for c in children}
-            pending = set(waits)
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                finished = config.until_empty and all(t.result() == 0 for t in done)
-                if not stop.is_set() and not finished:
-                    log.error("a worker process exited on its own: stopping the others")
-                    forward(signal.SIGTERM)
-            # A child killed by signal N reports -N; report it as a shell would.
-            codes = [128 - c.returncode if c.returncode and c.returncode < 0
-                     else c.returncode or 0 for c in children]
-        finally:
-            await health.close()
-    return max(codes)

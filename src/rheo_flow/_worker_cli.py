@@ -15,7 +15,8 @@ import typer
 
 from ._errors import InvalidArgument, RheoError
 from ._urls import redact_url, scrub_secrets
-from ._worker import WorkerConfig, load_target, run_worker, supervise
+from ._worker import WorkerConfig, load_target, run_worker
+from ._worker_supervisor import supervise
 
 __all__ = ["worker"]
 
@@ -118,25 +119,27 @@ def worker(
     _configure_logging(level, log_format)
     if not url:
         raise _fail("no backend URL: pass --url or set RHEO_URL", 2)
-    try:
-        loaded = load_target(target)
-    except InvalidArgument as exc:
-        raise _fail(str(exc), 2) from None
     config = WorkerConfig(
         target=target, url=url, grace_seconds=grace_seconds, until_empty=until_empty,
         health_file=health_file, health_port=health_port, health_host=health_host,
         health_interval=health_interval,
     )
+    raise typer.Exit(_run(config, processes, level, log_format))
+
+
+def _run(config: WorkerConfig, processes: int, level: str, log_format: LogFormat) -> int:
+    """Load the target and run it (in ``processes`` child processes when more than one);
+    the exit status, or :class:`typer.Exit` with 2 for bad usage, 1 for a failure."""
+    url = config.url
+    try:
+        loaded = load_target(config.target)
+    except InvalidArgument as exc:
+        raise _fail(str(exc), 2) from None
     try:
         if processes > 1:
-            child_argv = [target, "--grace-seconds", str(grace_seconds),
-                          "--health-interval", str(health_interval),
-                          "--log-level", level, "--log-format", log_format.value]
-            if until_empty:
-                child_argv.append("--until-empty")
-            status = asyncio.run(supervise(config, processes, child_argv))
-        else:
-            status = asyncio.run(run_worker(config, loaded))
+            return asyncio.run(supervise(config, processes,
+                                         _child_argv(config, level, log_format)))
+        return asyncio.run(run_worker(config, loaded))
     except InvalidArgument as exc:
         raise _fail(scrub_secrets(str(exc), url), 2) from None
     except RheoError as exc:
@@ -146,4 +149,13 @@ def worker(
                   scrub_secrets(f"{type(exc).__name__}: {exc}", url))
         log.debug("worker failure traceback", exc_info=exc)
         raise typer.Exit(1) from None
-    raise typer.Exit(status)
+
+
+def _child_argv(config: WorkerConfig, level: str, log_format: LogFormat) -> list[str]:
+    """The arguments of each child process of ``--processes`` (the URL goes in RHEO_URL)."""
+    argv = [config.target, "--grace-seconds", str(config.grace_seconds),
+            "--health-interval", str(config.health_interval),
+            "--log-level", level, "--log-format", log_format.value]
+    if config.until_empty:
+        argv.append("--until-empty")
+    return argv

@@ -6,15 +6,16 @@ building a backend whose driver is missing raises
 :class:`~rheo_flow.MissingExtra` naming the extra to install.
 
 A third-party backend subclasses :class:`Backend` and may use the same pieces
-the shipped Python-side backends use, so the lease rules are not written again:
-:func:`settle_delivery`, :func:`renew_delivery` and :func:`expire` decide what a
-settle, renew or expiry does to one delivery; :func:`advance_frontier` moves a
-frontier over settled positions; :func:`fence` and :func:`missing_delivery`
-classify a lease that no longer holds its delivery; :func:`round_robin`,
-:func:`query_window` and :func:`start_position` are the fair fetch order, the
-read window of a query and a group's start; :class:`Waiters` parks idle
-consumers until an append; :func:`make_lease` builds leases in bulk. The
-conformance kit (:mod:`rheo_flow.testing`) then checks the result.
+the shipped Python-side backends use, so the lease rules are not written
+again: :func:`settle_delivery`, :func:`renew_delivery` and :func:`expire`
+decide what a settle, renew or expiry does to one delivery;
+:func:`advance_frontier` moves a frontier over settled positions;
+:func:`fence` and :func:`missing_delivery` classify a lease that no longer
+holds its delivery; :func:`round_robin`, :func:`query_window`,
+:func:`query_matches` and :func:`start_position` are the fair fetch order, the
+read window and filters of a query and a group's start; :class:`Waiters`
+parks idle consumers until an append; :func:`make_lease` builds leases in
+bulk. The conformance kit (:mod:`rheo_flow.testing`) then checks the result.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ._backends._shared import (
     Waiters,
     fence,
     missing_delivery,
+    query_matches,
     query_window,
     round_robin,
     start_position,
@@ -63,6 +65,7 @@ __all__ = [
     "make_lease",
     "missing_delivery",
     "not_leased",
+    "query_matches",
     "query_window",
     "renew_delivery",
     "round_robin",

@@ -21,6 +21,7 @@ This module adjusts that behaviour:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
@@ -66,9 +67,7 @@ def is_enabled() -> bool:
 def set_tracer_provider(provider: TracerProvider | None) -> None:
     """Use ``provider`` for rheo_flow's spans instead of the global one (``None``: the
     global provider again)."""
-    if provider is not None and not isinstance(provider, TracerProvider):
-        raise InvalidArgument(
-            f"expected an opentelemetry TracerProvider or None, got {type(provider).__name__}")
+    _check_provider(provider, TracerProvider)
     STATE.tracer_provider = provider
     STATE.reset_cache()
 
@@ -76,11 +75,15 @@ def set_tracer_provider(provider: TracerProvider | None) -> None:
 def set_meter_provider(provider: MeterProvider | None) -> None:
     """Use ``provider`` for rheo_flow's metrics instead of the global one (``None``: the
     global provider again)."""
-    if provider is not None and not isinstance(provider, MeterProvider):
-        raise InvalidArgument(
-            f"expected an opentelemetry MeterProvider or None, got {type(provider).__name__}")
+    _check_provider(provider, MeterProvider)
     STATE.meter_provider = provider
     STATE.reset_cache()
+
+
+def _check_provider(provider: object, kind: type[Any]) -> None:
+    if provider is not None and not isinstance(provider, kind):
+        raise InvalidArgument(
+            f"expected an opentelemetry {kind.__name__} or None, got {type(provider).__name__}")
 
 
 def configure(*, create_spans: bool | None = None, lag_refresh: float | None = None) -> None:

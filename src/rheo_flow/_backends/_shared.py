@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable, Sequence
 
+from .._event import Event
 from .._lease import Lease
 from .._query import Query
 from .._settle_results import SettleKind, SettleResult
@@ -14,6 +15,7 @@ __all__ = [
     "Waiters",
     "fence",
     "missing_delivery",
+    "query_matches",
     "query_window",
     "round_robin",
     "start_position",
@@ -64,6 +66,20 @@ def missing_delivery(lease: Lease, high_water: int) -> SettleResult:
     return SettleResult.failure(
         lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend"
     )
+
+
+def query_matches(query: Query, event: Event) -> bool:
+    """Whether ``event`` passes a query's filters (key, type, append-time range).
+
+    For backends that filter in Python after reading a query's sequence window.
+    """
+    if query.key is not None and event.key != query.key:
+        return False
+    if query.type is not None and event.type != query.type:
+        return False
+    if query.since_ms is not None and event.appended_at_ms < query.since_ms:
+        return False
+    return not (query.until_ms is not None and event.appended_at_ms >= query.until_ms)
 
 
 def query_window(

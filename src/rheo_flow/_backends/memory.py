@@ -3,18 +3,20 @@
 All state lives in dicts; every operation runs without awaiting, so it is atomic
 with respect to other tasks on the event loop. Time comes from an injectable
 clock so lease expiry is deterministic in tests.
+
+What a settle, renew or expiry does to a delivery, and how far the frontier
+moves, is decided by the lease rules of ``_transitions``; this module stores
+their outcomes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
-from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON, AppendRecord, Backend
+from .._backend import DEFAULT_MAX_ATTEMPTS, AppendRecord, Backend
 from .._capabilities import Capabilities
 from .._clock import Clock, system_clock
 from .._errors import ConflictError, UnknownGroup, UnknownStream
@@ -24,20 +26,35 @@ from .._query import Query
 from .._settle_results import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._validation import check_record_text
-from ._shared import fence, missing_delivery, query_window, round_robin
+from ._shared import (
+    Waiters,
+    fence,
+    missing_delivery,
+    query_matches,
+    query_window,
+    round_robin,
+    start_position,
+)
+from ._transitions import (
+    TERMINAL,
+    DeliveryState,
+    Op,
+    Settled,
+    advance_frontier,
+    expire,
+    renew_delivery,
+    settle_delivery,
+)
 
 __all__ = ["MemoryBackend"]
 
 _NEVER = 2**63
 
-State = Literal["available", "leased", "acked", "rejected"]
-Op = Literal["ack", "nack", "reject"]
-
 
 @dataclass(slots=True)
 class _Delivery:
     sequence: int
-    state: State = "available"
+    state: DeliveryState = "available"
     attempt: int = 0
     lease_id: str | None = None
     receipt: str | None = None
@@ -63,7 +80,6 @@ class _Stream:
     partitions: list[_Partition]
     created_at_ms: int
     ids: dict[str, Event] = field(default_factory=dict)
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -97,6 +113,7 @@ class MemoryBackend(Backend):
         self._clock: Clock = clock or system_clock
         self._streams: dict[str, _Stream] = {}
         self._groups: dict[tuple[str, str], _Group] = {}
+        self._waiters = Waiters()  # idle consumers, by stream name
         # Lease ids only need to be unique within this backend: a random prefix
         # and a counter are, for a fraction of a uuid4's cost.
         self._lease_prefix = os.urandom(8).hex()
@@ -171,10 +188,7 @@ class MemoryBackend(Backend):
             s.ids[r.id] = event
             out.append(event)
         if records:
-            waiters, s.waiters = s.waiters, []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+            self._waiters.wake(stream)
         return out
 
     # Groups ------------------------------------------------------------------
@@ -192,7 +206,7 @@ class MemoryBackend(Backend):
         g = _Group(info, [_GroupPartition() for _ in s.partitions])
         self._groups[(stream, group)] = g
         for i, part in enumerate(s.partitions):
-            self._move_to(g.partitions[i], part, _start_sequence(start, part))
+            self._move_to(g.partitions[i], part, start)
         return info
 
     def _group(self, stream: str, group: str) -> _Group:
@@ -272,8 +286,9 @@ class MemoryBackend(Backend):
                 if ready_at > now:
                     due = min(due, ready_at)
                     continue
-                if d.attempt >= g.info.max_attempts:
-                    self._settle_terminal(gp, d, "rejected", MAX_ATTEMPTS_REASON, now, None)
+                dead = expire(d.attempt, g.info.max_attempts, now)
+                if dead is not None:
+                    self._apply(gp, d, dead)
                     continue
                 out.append(d)
             # What is taken now is leased (its deadline lowers ``due`` again) or
@@ -310,44 +325,32 @@ class MemoryBackend(Backend):
                 append(found)
                 continue
             g, gp, d = found
-            if d.state != "leased":
-                if d.settled_by == op:
-                    append(SettleResult.success(lease.lease_id, repeated=True))
-                else:
-                    append(SettleResult.failure(
-                        lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
-                    ))
+            outcome = settle_delivery(lease, d.state, d.settled_by, d.attempt,
+                                      g.info.max_attempts, op, reason, delay_ms, now)
+            if isinstance(outcome, SettleResult):
+                append(outcome)
                 continue
             if error is not None:
                 d.last_error = error
-            if op == "ack":
-                self._settle_terminal(gp, d, "acked", "", now, op)
-            elif op == "reject":
-                self._settle_terminal(gp, d, "rejected", reason, now, op)
-            elif d.attempt >= g.info.max_attempts:
-                self._settle_terminal(gp, d, "rejected", MAX_ATTEMPTS_REASON, now, op)
-            else:
-                d.state = "available"
-                d.available_at_ms = available = now + delay_ms
-                d.reason = reason
-                d.settled_by = op
-                if available < gp.due:
-                    gp.due = available
+            self._apply(gp, d, outcome)
             append(settle_ok(lease.lease_id))
         return results
 
-    def _settle_terminal(
-        self, gp: _GroupPartition, d: _Delivery, state: State, reason: str, now: int, op: Op | None
-    ) -> None:
-        d.state = state
-        d.reason = reason
-        d.settled_by = op
-        if state == "rejected":
-            d.rejected_at_ms = now
-        gp.active.pop(d.sequence, None)
-        gp.done[d.sequence] = d
-        while gp.frontier + 1 in gp.done:
-            gp.frontier += 1
+    def _apply(self, gp: _GroupPartition, d: _Delivery, outcome: Settled) -> None:
+        """Store what a settle or an expiry made of delivery ``d``."""
+        d.state = state = outcome.state
+        d.reason = outcome.reason
+        d.settled_by = outcome.settled_by
+        if state in TERMINAL:  # for good: kept apart, the frontier may move over it
+            if outcome.rejected_at_ms is not None:
+                d.rejected_at_ms = outcome.rejected_at_ms
+            gp.active.pop(d.sequence, None)
+            gp.done[d.sequence] = d
+            gp.frontier = advance_frontier(gp.frontier, gp.done)
+        elif outcome.available_at_ms is not None:
+            d.available_at_ms = available = outcome.available_at_ms
+            if available < gp.due:
+                gp.due = available
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return self._settle(leases, "ack", "", 0)
@@ -369,14 +372,11 @@ class MemoryBackend(Backend):
                 results.append(found)
                 continue
             _, gp, d = found
-            if d.state != "leased":
-                results.append(SettleResult.failure(
-                    lease.lease_id, SettleKind.STALE_LEASE, f"already settled by {d.settled_by}"
-                ))
-                continue
-            d.deadline_ms = now + lease_ms
-            gp.due = min(gp.due, d.deadline_ms)  # a renew may shorten a lease
-            results.append(SettleResult.success(lease.lease_id, deadline_ms=d.deadline_ms))
+            result = renew_delivery(lease, d.state, d.settled_by, now, lease_ms)
+            if result.deadline_ms is not None:
+                d.deadline_ms = result.deadline_ms
+                gp.due = min(gp.due, d.deadline_ms)  # a renew may shorten a lease
+            results.append(result)
         return results
 
     # Progress ----------------------------------------------------------------
@@ -448,10 +448,7 @@ class MemoryBackend(Backend):
             # Trimmed events are gone and count as settled: replay starts at the low water.
             start = max(from_sequence, s.partitions[pid].low_water)
             # Forgetting a delivery fences its lease; it is materialised again, attempt 1.
-            for seq in [q for q in gp.active if q >= start]:
-                del gp.active[seq]
-            for seq in [q for q in gp.done if q >= start]:
-                del gp.done[seq]
+            _forget(gp, start, _NEVER)
             gp.cursor = min(gp.cursor, start - 1)
             gp.frontier = min(gp.frontier, start - 1)
 
@@ -462,11 +459,11 @@ class MemoryBackend(Backend):
         g = self._group(stream, group)
         for pid in partitions:
             part = s.partitions[pid]
-            self._move_to(g.partitions[pid], part, _start_sequence(to, part))
+            self._move_to(g.partitions[pid], part, to)
 
-    def _move_to(self, gp: _GroupPartition, part: _Partition, position: int) -> None:
-        """Forget every delivery: 1..position count as settled, the rest is to deliver."""
-        position = max(part.low_water - 1, min(position, part.high_water))
+    def _move_to(self, gp: _GroupPartition, part: _Partition, start: StartPosition) -> None:
+        """Forget every delivery: up to ``start`` counts as settled, the rest is to deliver."""
+        position = start_position(start, part.high_water, part.low_water)
         gp.active.clear()
         gp.done.clear()
         gp.cursor = position
@@ -487,7 +484,7 @@ class MemoryBackend(Backend):
             assert hi is not None
             for seq in range(lo, hi + 1):
                 e = part.events.get(seq)
-                if e is None or not _matches(query, e):
+                if e is None or not query_matches(query, e):
                     continue
                 out.append(e)
                 if len(out) >= limit:
@@ -512,57 +509,29 @@ class MemoryBackend(Backend):
                 if gs != stream:
                     continue
                 gp = g.partitions[pid]
-                for seq in [q for q in gp.active if q <= bound]:
-                    del gp.active[seq]
-                for seq in [q for q in gp.done if q <= bound]:
-                    del gp.done[seq]
+                _forget(gp, 0, bound)
                 gp.cursor = max(gp.cursor, bound)
-                gp.frontier = max(gp.frontier, bound)
-                while gp.frontier + 1 in gp.done:
-                    gp.frontier += 1
+                gp.frontier = advance_frontier(max(gp.frontier, bound), gp.done)
         return removed
 
     async def delete_stream(self, stream: str) -> None:
-        s = self._streams.pop(stream, None)
-        if s is None:
+        if self._streams.pop(stream, None) is None:
             raise UnknownStream(stream)
         for key in [k for k in self._groups if k[0] == stream]:
             del self._groups[key]
-        for w in s.waiters:  # woken waiters find the stream gone
-            if not w.done():
-                w.set_result(None)
+        self._waiters.wake(stream)  # woken waiters find the stream gone
 
     async def delete_group(self, stream: str, group: str) -> None:
         self._group(stream, group)
         del self._groups[(stream, group)]
 
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
-        s = self._stream(stream)
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        s.waiters.append(waiter)
-        try:
-            await asyncio.wait_for(waiter, timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            if waiter in s.waiters:
-                s.waiters.remove(waiter)
+        self._stream(stream)
+        return await self._waiters.wait(stream, timeout)
 
 
-def _start_sequence(start: StartPosition, part: _Partition) -> int:
-    if start == "earliest":
-        return 0
-    if start == "latest":
-        return part.high_water
-    return int(start)
-
-
-def _matches(q: Query, e: Event) -> bool:
-    if q.key is not None and e.key != q.key:
-        return False
-    if q.type is not None and e.type != q.type:
-        return False
-    if q.since_ms is not None and e.appended_at_ms < q.since_ms:
-        return False
-    return not (q.until_ms is not None and e.appended_at_ms >= q.until_ms)
+def _forget(gp: _GroupPartition, first: int, last: int) -> None:
+    """Drop the deliveries of sequences ``first..last``: their leases are fenced."""
+    for kept in (gp.active, gp.done):
+        for seq in [q for q in kept if first <= q <= last]:
+            del kept[seq]

@@ -153,106 +153,37 @@ def check(
     fails (they are expected among the dead letters).
     """
     poison_ids = frozenset(poison)
-    acknowledged: set[str] = set()
-    maybe: set[str] = set()
-    attempted: set[str] = set()
-    positions: dict[str, set[tuple[int, int]]] = defaultdict(set)
-    ambiguous_calls = failed_calls = 0
-    for a in history.appends:
-        attempted.update(a.ids)
-        if a.outcome == "ok":
-            acknowledged.update(a.ids)
-            for event_id, position in zip(a.ids, a.positions, strict=False):
-                positions[event_id].add(position)
-        elif a.outcome == "ambiguous":
-            ambiguous_calls += 1
-            maybe.update(a.ids)
-        else:
-            failed_calls += 1
-    appended = acknowledged | maybe
-
-    duplicate_appends = {i for i, p in positions.items() if len(p) > 1}
-    stored = final.stored
-    if stored is not None:
-        duplicate_appends |= {i for i, p in stored.items() if len(p) > 1}
-        for event_id, stored_at in stored.items():
-            if event_id in acknowledged and positions[event_id] - set(stored_at):
-                duplicate_appends.add(event_id)  # acknowledged at a position it is not at
-
+    appends = _Appends.of(history, final.stored)
     by_event: dict[str, list[DeliveryRecord]] = defaultdict(list)
     for d in history.deliveries:
         by_event[d.event_id].append(d)
-    unexpected = {i for i in by_event if i not in appended}
-    if stored is not None:
-        unexpected |= {i for i in stored if i not in appended}
-
-    acked: set[str] = set()
-    ambiguous_acks: set[str] = set()
-    stale_rejected = ambiguous_settles = 0
-    stale_accepted: list[StaleSettle] = []
-    for s in history.settles:
-        if s.result is None or s.result == "ambiguous":  # it may have committed
-            ambiguous_settles += 1
-            if s.op == "ack":
-                ambiguous_acks.add(s.event_id)
-            continue
-        if s.result in ("stale_lease", "receipt_mismatch"):
-            stale_rejected += 1
-        if s.result != "ok":
-            continue
-        if s.op == "ack":
-            acked.add(s.event_id)
-        stale = _stale(s, by_event.get(s.event_id, ()))
-        if stale is not None:
-            stale_accepted.append(stale)
-
-    def position_of(event_id: str) -> tuple[int, int] | None:
-        known = positions.get(event_id)
-        if known:
-            return min(known)
-        if stored is not None and stored.get(event_id):
-            return stored[event_id][0]
-        seen = by_event.get(event_id)
-        return (seen[0].partition, seen[0].sequence) if seen else None
-
-    def covered(event_id: str) -> bool:
-        where = position_of(event_id)
-        return where is not None and final.frontier.get(where[0], 0) >= where[1]
-
-    must_settle = set(acknowledged)
-    if stored is not None:
-        must_settle |= {i for i in maybe if stored.get(i)}
-    lost: set[str] = set()
-    unfinished: set[str] = set()
-    for event_id in must_settle:
-        if event_id in acked or event_id in final.dead_letters:
-            continue
-        if event_id in ambiguous_acks and covered(event_id):
-            continue
-        missing = stored is not None and not stored.get(event_id)
-        if missing or covered(event_id):
-            lost.add(event_id)
-        else:
-            unfinished.add(event_id)
-
+    unexpected = {i for i in by_event if i not in appends.appended}
+    if final.stored is not None:
+        unexpected |= {i for i in final.stored if i not in appends.appended}
+    settles = _Settles.of(history, by_event)
+    must_settle = set(appends.acknowledged)
+    if final.stored is not None:
+        must_settle |= {i for i in appends.maybe if final.stored.get(i)}
+    lost, unfinished = _unsettled(must_settle, appends, settles, by_event, final)
     lag = sum(max(0, high - final.frontier.get(p, 0)) for p, high in final.high_water.items())
     return Report(
         scenario=scenario,
         workload=workload,
         backend=backend,
-        attempted=len(attempted),
-        acknowledged=len(acknowledged),
-        ambiguous_appends=ambiguous_calls,
-        failed_appends=failed_calls,
+        attempted=len(appends.attempted),
+        acknowledged=len(appends.acknowledged),
+        ambiguous_appends=appends.ambiguous_calls,
+        failed_appends=appends.failed_calls,
         delivered=len(by_event),
         deliveries=len(history.deliveries),
-        acked=len(acked),
+        acked=len(settles.acked),
         lost=tuple(sorted(lost)),
         unexpected=tuple(sorted(unexpected)),
-        duplicate_appends=tuple(sorted(duplicate_appends)),
-        stale_accepted=tuple(sorted(stale_accepted, key=lambda x: (x.event_id, x.attempt))),
-        stale_rejected=stale_rejected,
-        ambiguous_settles=ambiguous_settles,
+        duplicate_appends=tuple(sorted(appends.duplicates)),
+        stale_accepted=tuple(sorted(settles.stale_accepted,
+                                    key=lambda x: (x.event_id, x.attempt))),
+        stale_rejected=settles.stale_rejected,
+        ambiguous_settles=settles.ambiguous,
         unfinished=tuple(sorted(unfinished)),
         lag=lag,
         dead_letters=len(final.dead_letters),
@@ -263,6 +194,122 @@ def check(
         elapsed_s=elapsed_s,
         error=error,
     )
+
+
+@dataclass(slots=True)
+class _Appends:
+    """What the recorded appends say: which ids were tried, acknowledged or maybe
+    appended, where the acknowledged ones went, and which were appended twice."""
+
+    attempted: set[str] = field(default_factory=set)
+    acknowledged: set[str] = field(default_factory=set)
+    maybe: set[str] = field(default_factory=set)
+    positions: dict[str, set[tuple[int, int]]] = field(
+        default_factory=lambda: defaultdict(set))
+    """The positions ``ok`` appends returned, by id."""
+    ambiguous_calls: int = 0
+    failed_calls: int = 0
+    duplicates: set[str] = field(default_factory=set)
+
+    @property
+    def appended(self) -> set[str]:
+        """Acknowledged or maybe appended."""
+        return self.acknowledged | self.maybe
+
+    @classmethod
+    def of(cls, history: History,
+           stored: Mapping[str, tuple[tuple[int, int], ...]] | None) -> _Appends:
+        """The appends of ``history``, their duplicates checked against ``stored``."""
+        found = cls()
+        for a in history.appends:
+            found.attempted.update(a.ids)
+            if a.outcome == "ok":
+                found.acknowledged.update(a.ids)
+                for event_id, position in zip(a.ids, a.positions, strict=False):
+                    found.positions[event_id].add(position)
+            elif a.outcome == "ambiguous":
+                found.ambiguous_calls += 1
+                found.maybe.update(a.ids)
+            else:
+                found.failed_calls += 1
+        found.duplicates = {i for i, p in found.positions.items() if len(p) > 1}
+        if stored is not None:
+            found.duplicates |= {i for i, p in stored.items() if len(p) > 1}
+            for event_id, stored_at in stored.items():
+                if event_id in found.acknowledged and found.positions[event_id] - set(stored_at):
+                    found.duplicates.add(event_id)  # acknowledged at a position it is not at
+        return found
+
+
+@dataclass(slots=True)
+class _Settles:
+    """What the recorded settles say: acks that took effect, acks that may have, and
+    stale settles refused and accepted."""
+
+    acked: set[str] = field(default_factory=set)
+    ambiguous_acks: set[str] = field(default_factory=set)
+    ambiguous: int = 0
+    stale_rejected: int = 0
+    stale_accepted: list[StaleSettle] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, history: History, by_event: Mapping[str, list[DeliveryRecord]]) -> _Settles:
+        """The settles of ``history``, each ``ok`` one checked against ``by_event``."""
+        found = cls()
+        for s in history.settles:
+            if s.result is None or s.result == "ambiguous":  # it may have committed
+                found.ambiguous += 1
+                if s.op == "ack":
+                    found.ambiguous_acks.add(s.event_id)
+                continue
+            if s.result in ("stale_lease", "receipt_mismatch"):
+                found.stale_rejected += 1
+            if s.result != "ok":
+                continue
+            if s.op == "ack":
+                found.acked.add(s.event_id)
+            stale = _stale(s, by_event.get(s.event_id, ()))
+            if stale is not None:
+                found.stale_accepted.append(stale)
+        return found
+
+
+def _unsettled(must_settle: set[str], appends: _Appends, settles: _Settles,
+               by_event: Mapping[str, list[DeliveryRecord]], final: FinalState
+               ) -> tuple[set[str], set[str]]:
+    """The events of ``must_settle`` not settled: those lost, and those unfinished."""
+    stored = final.stored
+
+    def covered(event_id: str) -> bool:
+        where = _position_of(event_id, appends.positions, stored, by_event)
+        return where is not None and final.frontier.get(where[0], 0) >= where[1]
+
+    lost: set[str] = set()
+    unfinished: set[str] = set()
+    for event_id in must_settle:
+        if event_id in settles.acked or event_id in final.dead_letters:
+            continue
+        if event_id in settles.ambiguous_acks and covered(event_id):
+            continue
+        missing = stored is not None and not stored.get(event_id)
+        if missing or covered(event_id):
+            lost.add(event_id)
+        else:
+            unfinished.add(event_id)
+    return lost, unfinished
+
+
+def _position_of(event_id: str, positions: Mapping[str, set[tuple[int, int]]],
+                 stored: Mapping[str, tuple[tuple[int, int], ...]] | None,
+                 by_event: Mapping[str, list[DeliveryRecord]]) -> tuple[int, int] | None:
+    """Where ``event_id`` is: as appended, else as stored, else as first delivered."""
+    known = positions.get(event_id)
+    if known:
+        return min(known)
+    if stored is not None and stored.get(event_id):
+        return stored[event_id][0]
+    seen = by_event.get(event_id)
+    return (seen[0].partition, seen[0].sequence) if seen else None
 
 
 def _stale(settle: SettleRecord, deliveries: Iterable[DeliveryRecord]) -> StaleSettle | None:

@@ -19,7 +19,7 @@ from ._catalog import scenarios
 from ._checker import Report
 from ._render import report_dict, report_table
 from ._runner import STREAM_PREFIX, run_torture, selected_scenarios
-from ._scenario import RunSettings, Workload
+from ._scenario import RunSettings, Scenario, Workload
 
 __all__ = ["torture"]
 
@@ -82,66 +82,93 @@ def torture(
     events were not settled within the time bound.
     """
     console = Console(highlight=False)
+    wanted = _workloads(workload)
+    chosen, runs = _plan(console, url, scenario or (), wanted, seconds)
+    settings = RunSettings(events=events, workers=workers, partitions=partitions,
+                           seconds=min(seconds / runs, PACE_S), lease_ms=lease_ms)
+    try:
+        reports = asyncio.run(_run(console, url, chosen, settings, wanted, runs,
+                                   keep_histories, seconds, json_output))
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        raise _failed(console, url, exc) from None
+    _conclude(console, url, reports, json_output)
+
+
+def _workloads(workload: list[str] | None) -> list[Workload]:
+    """The workloads asked for with --workload (default: both)."""
     if workload:
         bad = [w for w in workload if w not in ("group", "pipeline")]
         if bad:
             raise typer.BadParameter(f"unknown workload {bad[0]!r}: use group or pipeline",
                                      param_hint="--workload")
+    return [w for w in ("group", "pipeline") if not workload or w in workload]
+
+
+def _plan(console: Console, url: str, names: list[str] | tuple[()], wanted: list[Workload],
+          seconds: float) -> tuple[list[Scenario], int]:
+    """The scenarios to run and how many runs they make; exits with status 2 when
+    nothing applies or ``seconds`` is too short for them."""
     try:
-        chosen = selected_scenarios(url, scenario or ())
+        chosen = selected_scenarios(url, names)
     except RheoError as exc:
         console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    wanted: list[Workload] = [w for w in ("group", "pipeline") if not workload or w in workload]
-    cells = sum(1 for s in chosen for w in s.workloads if w in wanted)
-    if cells == 0:
+    runs = sum(1 for s in chosen for w in s.workloads if w in wanted)
+    if runs == 0:
         console.print("[bold red]error:[/] no scenario applies to this backend and workload")
         raise typer.Exit(2)
-    per_run = seconds / cells
-    if per_run < MIN_CELL_S:
-        console.print(f"[bold red]error:[/] {cells} runs need --seconds of at least "
-                      f"{cells * MIN_CELL_S:.0f}")
+    if seconds / runs < MIN_CELL_S:
+        console.print(f"[bold red]error:[/] {runs} runs need --seconds of at least "
+                      f"{runs * MIN_CELL_S:.0f}")
         raise typer.Exit(2)
-    settings = RunSettings(events=events, workers=workers, partitions=partitions,
-                           seconds=min(per_run, PACE_S), lease_ms=lease_ms)
+    return chosen, runs
+
+
+async def _run(console: Console, url: str, chosen: list[Scenario], settings: RunSettings,
+               wanted: list[Workload], runs: int, keep_histories: Path | None, seconds: float,
+               json_output: bool) -> list[Report]:
+    """Every run, one after the other, each reported as it ends (a line, or JSON)."""
     if not json_output:
-        console.print(f"torture on {escape(redact_url(url))}: {cells} runs within "
+        console.print(f"torture on {escape(redact_url(url))}: {runs} runs within "
                       f"{seconds:.0f} s, streams {STREAM_PREFIX}<run id>-<scenario>-<workload>")
+    reports = []
+    async for report in run_torture(url, chosen, settings, workloads=wanted,
+                                    work_dir=keep_histories, total_s=seconds):
+        reports.append(report)
+        if json_output:
+            sys.stdout.write(orjson.dumps(report_dict(report)).decode() + "\n")
+            sys.stdout.flush()
+        else:
+            mark = "[green]✓[/]" if report.ok and report.complete else "[red]✗[/]"
+            console.print(f"{mark} {report.scenario} / {report.workload}: "
+                          f"{report.elapsed_s:.1f} s, stream {report.stream}")
+            for note in report.notes:
+                console.print(f"    {escape(note)}")
+    return reports
 
-    async def go() -> list[Report]:
-        reports = []
-        async for report in run_torture(url, chosen, settings, workloads=wanted,
-                                        work_dir=keep_histories, total_s=seconds):
-            reports.append(report)
-            if json_output:
-                sys.stdout.write(orjson.dumps(report_dict(report)).decode() + "\n")
-                sys.stdout.flush()
-            else:
-                mark = "[green]✓[/]" if report.ok and report.complete else "[red]✗[/]"
-                console.print(f"{mark} {report.scenario} / {report.workload}: "
-                              f"{report.elapsed_s:.1f} s, stream {report.stream}")
-                for note in report.notes:
-                    console.print(f"    {escape(note)}")
-        return reports
 
-    try:
-        reports = asyncio.run(go())
-    except KeyboardInterrupt:
-        console.print("interrupted")
-        raise typer.Exit(130) from None
-    except RheoError as exc:
-        console.print(f"[bold red]error:[/] {escape(_masked(str(exc), url))}")
-        raise typer.Exit(EXIT_VIOLATION) from None
-    except Exception as exc:
-        message = _masked(f"{type(exc).__name__}: {exc}", url)
-        console.print(f"[bold red]error ({escape(redact_url(url))}):[/] {escape(message)}")
-        raise typer.Exit(EXIT_VIOLATION) from None
+def _conclude(console: Console, url: str, reports: list[Report], json_output: bool) -> None:
+    """The summary table (unless JSON), then the exit status when not every run was
+    clean: 1 on a violation, 3 when something was left unsettled."""
     if not json_output:
         console.print(report_table(reports, f"torture on {redact_url(url)}"))
     if not all(r.ok for r in reports):
         raise typer.Exit(EXIT_VIOLATION)
     if not all(r.complete for r in reports):
         raise typer.Exit(EXIT_INCOMPLETE)
+
+
+def _failed(console: Console, url: str, exc: Exception) -> typer.Exit:
+    """Print why the command failed (the URL's password masked); exit status 1."""
+    if isinstance(exc, RheoError):
+        console.print(f"[bold red]error:[/] {escape(_masked(str(exc), url))}")
+    else:
+        message = _masked(f"{type(exc).__name__}: {exc}", url)
+        console.print(f"[bold red]error ({escape(redact_url(url))}):[/] {escape(message)}")
+    return typer.Exit(EXIT_VIOLATION)
 
 
 def _masked(text: str, url: str) -> str:

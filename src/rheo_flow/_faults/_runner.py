@@ -143,19 +143,8 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
                family: str) -> Report:
     started = time.monotonic()
     prefix = stream.removeprefix(STREAM_PREFIX)
-    base = WorkerConfig(
-        role=workload, name="w", url=endpoints.workload_url, stream=stream, group=GROUP,
-        history_dir=str(dirs["history"]), ready_dir=str(dirs["ready"]),
-        lease_ms=settings.lease_ms, max_attempts=settings.max_attempts,
-        concurrency=settings.concurrency, work_ms=settings.handler_ms,
-        poison_every=settings.poison_every,
-        lifetime_s=deadline - time.monotonic() + SHUTDOWN_S + 30)
-    workers = [WorkerProcess(replace(base, name=f"w{i}"), dirs["logs"])
-               for i in range(settings.workers)]
-    producer = WorkerProcess(replace(
-        base, role="producer", name="p0", events=settings.events, batch=settings.batch,
-        rate=settings.events / settings.produce_s, lose_every=settings.lose_every,
-        id_prefix=prefix), dirs["logs"])
+    workers, producer = _processes(workload, settings, endpoints, stream, prefix, dirs,
+                                   lifetime_s=deadline - time.monotonic() + SHUTDOWN_S + 30)
     poison = [event_id(prefix, n) for n in range(settings.events)
               if is_poison(n, settings.poison_every)]
     error: str | None = None
@@ -199,6 +188,25 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
     notes = [] if control is None else list(control.notes)
     notes += _crashes([producer, *workers], dirs["logs"])
     return replace(report, notes=tuple(notes), stream=stream)
+
+
+def _processes(workload: Workload, settings: RunSettings, endpoints: Endpoints, stream: str,
+               prefix: str, dirs: dict[str, Path], *, lifetime_s: float
+               ) -> tuple[list[WorkerProcess], WorkerProcess]:
+    """The run's worker processes and its producer process (not started)."""
+    base = WorkerConfig(
+        role=workload, name="w", url=endpoints.workload_url, stream=stream, group=GROUP,
+        history_dir=str(dirs["history"]), ready_dir=str(dirs["ready"]),
+        lease_ms=settings.lease_ms, max_attempts=settings.max_attempts,
+        concurrency=settings.concurrency, work_ms=settings.handler_ms,
+        poison_every=settings.poison_every, lifetime_s=lifetime_s)
+    workers = [WorkerProcess(replace(base, name=f"w{i}"), dirs["logs"])
+               for i in range(settings.workers)]
+    producer = WorkerProcess(replace(
+        base, role="producer", name="p0", events=settings.events, batch=settings.batch,
+        rate=settings.events / settings.produce_s, lose_every=settings.lose_every,
+        id_prefix=prefix), dirs["logs"])
+    return workers, producer
 
 
 class _RunFailed(Exception):

@@ -151,7 +151,7 @@ async def _wait_re_lease(run: RunControl, stalled: str) -> bool:
     schema = params.get("schema", DEFAULT_SCHEMA)
     conn = await asyncpg.connect(run.url.split("?", 1)[0])
     try:
-        # state 1 is "leased" (see the deliveries table in _postgres_sql).
+        # state 1 is "leased" (see the deliveries table in _backends/postgres/_migrations.py).
         sql = (f'SELECT EXISTS (SELECT 1 FROM "{schema}".deliveries WHERE state = 1 '
                "AND attempt > 1 AND consumer_id <> $1)")
         deadline = time.monotonic() + min(max(5 * lease_s, 5.0), run.remaining())

@@ -27,7 +27,7 @@ from .._event import Event, NewEvent
 from .._group import Group, consumer
 from .._lease import Lease
 from .._outcome import ACK, Outcome, current_lease
-from .._retry import RetryPolicy
+from .._retry_policy import RetryPolicy
 from .._rheo import Rheo
 from .._settle_calls import SettleObserver, SettleOutcome, per_outcome
 from .._settle_results import SettleKind, classify

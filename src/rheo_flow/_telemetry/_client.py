@@ -24,7 +24,7 @@ from .._settle_results import Decision, SettleKind, SettleResult, classify
 from . import _names as n
 from ._context import carrier, creation_context, links
 from ._metrics import Instruments, instruments
-from ._state import STATE, tracer
+from ._state import OFF, STATE, Off, tracer
 
 if TYPE_CHECKING:
     from .._backend import AppendRecord, Backend
@@ -240,25 +240,9 @@ def decision_for(op: str, kind: SettleKind) -> Decision:
     return decision
 
 
-class _NoSettling:
-    """The context manager of a settle with telemetry off: yields ``None``."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        return None
-
-
-_NO_SETTLING = _NoSettling()
-
-
 def settling(
     op: str, leases: Sequence[Lease], backend: Backend, max_attempts: Mapping[tuple[str, str], int]
-) -> Settling | _NoSettling:
+) -> Settling | Off:
     """A context manager around one settle (or renew) call; yields a :class:`Settling`
     to hand the results to, or ``None`` when telemetry is off.
 
@@ -268,7 +252,7 @@ def settling(
     tracer_ = tracer()
     bundle = instruments()
     if tracer_ is None and bundle is None:
-        return _NO_SETTLING
+        return OFF
     return Settling(tracer_, bundle, op, leases, backend, max_attempts)
 
 

@@ -25,7 +25,7 @@ from . import _names as n
 from ._client import common, fail
 from ._context import link, links
 from ._metrics import Instruments, instruments
-from ._state import tracer
+from ._state import OFF, Off, tracer
 
 if TYPE_CHECKING:
     from .._lease import Lease
@@ -37,22 +37,6 @@ __all__ = ["EventProcessing", "MessagesProcessing", "detached", "process_event",
 log = logging.getLogger("rheo_flow.telemetry")
 
 _PROCESS_NAME_CATEGORIES = frozenset({n.HANDLER_ERROR, n.BATCH_ERROR, n.INVALID_OUTCOME})
-
-
-class _Nothing:
-    """The context manager of a process step with telemetry off: yields ``None``."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        return None
-
-
-_NOTHING = _Nothing()
 
 
 @contextmanager
@@ -106,13 +90,13 @@ class _Step:
 # Consumer groups: one span per event --------------------------------------------
 
 
-def process_event(lease: Lease, consumer_id: str) -> EventProcessing | _Nothing:
+def process_event(lease: Lease, consumer_id: str) -> EventProcessing | Off:
     """A context manager around one handler call of a consumer group; yields an
     :class:`EventProcessing` to report the outcome to, or ``None`` when telemetry is off."""
     tracer_ = tracer()
     bundle = instruments()
     if tracer_ is None and bundle is None:
-        return _NOTHING
+        return OFF
     return EventProcessing(tracer_, bundle, lease, consumer_id)
 
 
@@ -176,15 +160,15 @@ class EventProcessing(_Step):
 
 def process_messages(
     messages: Sequence[Message], stage: str, stage_name: str, info: BatchInfo | None = None
-) -> MessagesProcessing | _Nothing:
+) -> MessagesProcessing | Off:
     """A context manager around one pipeline step over ``messages`` (a processor's chunk
     or a batcher's batch); failures are read from the messages' status at exit."""
     if not messages:
-        return _NOTHING
+        return OFF
     tracer_ = tracer()
     bundle = instruments()
     if tracer_ is None and bundle is None:
-        return _NOTHING
+        return OFF
     return MessagesProcessing(tracer_, bundle, messages, stage, stage_name, info)
 
 

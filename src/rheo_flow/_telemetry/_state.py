@@ -10,6 +10,7 @@ lookup returns ``None`` and every instrumented call skips its telemetry.
 from __future__ import annotations
 
 import os
+from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import metrics, trace
@@ -24,7 +25,7 @@ except ImportError:  # another API layout: the public getter is used
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["ENV_SWITCH", "STATE", "LagSource", "State", "tracer"]
+__all__ = ["ENV_SWITCH", "OFF", "STATE", "LagSource", "Off", "State", "tracer"]
 
 ENV_SWITCH = "RHEO_FLOW_TELEMETRY"
 """Set to ``off`` (or ``0`` / ``false`` / ``no``) to start with instrumentation disabled."""
@@ -147,3 +148,20 @@ def tracer() -> trace.Tracer | None:
         else:
             state._tracer = provider.get_tracer(INSTRUMENTATION_NAME, _version())
     return state._tracer
+
+
+class Off:
+    """The context manager of an instrumented step while telemetry is off: yields ``None``."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
+
+
+OFF = Off()
+"""The one :class:`Off` instance."""

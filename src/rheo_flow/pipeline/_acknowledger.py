@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from .._errors import InvalidArgument
 from .._failure import bounded
 from .._producer import Producer
-from .._retry import RetryPolicy
+from .._retry_policy import RetryPolicy
 from .._validation import check_duration_ms
 from ._message import Message, MessageOutcome, OnFailure
 

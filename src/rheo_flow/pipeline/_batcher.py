@@ -15,7 +15,8 @@ from .._options import BATCHER
 from ._acknowledger import Acknowledger
 from ._handler import Callbacks, run_handle_failed
 from ._message import BatchInfo, BatchTrigger, Message, fail_on_error
-from ._partition import PartitionBy, Router, router
+from ._partition import PartitionBy, router
+from ._stage_tasks import StageTasks
 
 __all__ = ["BatchSize", "Batcher", "BatcherStage"]
 
@@ -102,11 +103,12 @@ class _Open:
         self.handle: asyncio.TimerHandle | None = None
 
 
-_Item = tuple[list[Message], BatchInfo] | None
-
-
-class BatcherStage:
+class BatcherStage(StageTasks[tuple[list[Message], BatchInfo]]):
     """One named batcher: its open batches and its batch processor tasks."""
+
+    kind = "batcher"
+    _label = "batcher"
+    _failure_log = "%s %s failed on a batch of %d; leaving their leases to expire"
 
     def __init__(
         self,
@@ -120,38 +122,24 @@ class BatcherStage:
         lease_ms: int | None = None,
         on_batch: Callable[[BatchInfo, list[Message]], None] | None = None,
     ) -> None:
+        super().__init__(name, config.concurrency, config.partition_by, acknowledger)
         self.name = name
         self.config = config
         self._callbacks = callbacks
         self._context = context
-        self._acknowledger = acknowledger
         self._inflight = inflight
         self._margin = None if lease_ms is None else lease_ms / 1000 * DEADLINE_MARGIN
         self._on_batch = on_batch
-        n = config.concurrency
-        self._route: Router | None = (
-            None if config.partition_by is None else router(config.partition_by, n, "batcher")
-        )
-        self._queues: list[asyncio.Queue[_Item]] = [
-            asyncio.Queue() for _ in range(n if self._route is not None else 1)
-        ]
         self._count = config.max_messages
         self._measure = None if isinstance(config.batch_size, int) else config.batch_size
         self._open: dict[tuple[int, Hashable], _Open] = {}
-        self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.pending = 0
-        """Messages in open batches or in batches not yet settled."""
-        self.peak = 0
         self.emitted = 0
 
     def start(self) -> None:
         """Start the batch processor tasks."""
         self._loop = asyncio.get_running_loop()
-        for i in range(self.config.concurrency):
-            queue = self._queues[i] if self._route is not None else self._queues[0]
-            self._tasks.append(asyncio.create_task(
-                self._run(queue), name=f"rheo-batcher-{self.name}-{i}"))
+        super().start()
 
     # Filling -----------------------------------------------------------------
 
@@ -168,7 +156,7 @@ class BatcherStage:
             self._emit(key, batch, "size")
             batch = self._new(key, part, m)
         batch.messages.append(m)
-        self.pending += 1
+        self.pending += 1  # what _queued(1) does, without a call per message
         if self.pending > self.peak:
             self.peak = self.pending
         if measure is None:
@@ -260,14 +248,7 @@ class BatcherStage:
     async def close(self) -> None:
         """Flush open batches (trigger ``drain``), let the tasks finish, then end them."""
         self.flush_all("drain")
-        if self._route is None:
-            for _ in self._tasks:
-                self._queues[0].put_nowait(None)
-        else:
-            for queue in self._queues:
-                queue.put_nowait(None)
-        await asyncio.gather(*self._tasks)
-        self._tasks.clear()
+        await super().close()
 
     def cancel(self) -> list[asyncio.Task[None]]:
         """Cancel the tasks and timers (what they hold is left to expire); returns the tasks."""
@@ -275,28 +256,17 @@ class BatcherStage:
             if batch.handle is not None:
                 batch.handle.cancel()
                 batch.handle = None
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        return tasks
+        return super().cancel()
 
-    async def _run(self, queue: asyncio.Queue[_Item]) -> None:
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            messages, info = item
-            try:
-                if self._on_batch is not None:
-                    self._on_batch(info, messages)
-                with _telemetry.process_messages(messages, "batcher", self.name, info):
-                    await self._process(messages, info)
-            except Exception:
-                log.exception("batcher %s failed on a batch of %d; leaving their leases "
-                              "to expire", self.name, len(messages))
-                self._acknowledger.abandon(messages)
-            finally:
-                self.pending -= len(messages)
+    def _messages(self, item: tuple[list[Message], BatchInfo]) -> list[Message]:
+        return item[0]
+
+    async def _handle(self, item: tuple[list[Message], BatchInfo]) -> None:
+        messages, info = item
+        if self._on_batch is not None:
+            self._on_batch(info, messages)
+        with _telemetry.process_messages(messages, "batcher", self.name, info):
+            await self._process(messages, info)
 
     async def _process(self, messages: list[Message], info: BatchInfo) -> None:
         handle_batch = self._callbacks.handle_batch

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .._errors import InvalidArgument
-from .._failure import error_text, failure_fields
+from .._failure import error_text, failure_fields, truncated
 from .._lease import Lease
 from .._validation import MAX_REASON, check_duration_ms
 
@@ -274,8 +274,7 @@ def confirm_settled(messages: Iterable[Message]) -> list[Message]:
 def failure_reason(reason: object) -> str:
     """A non-empty settle reason of bounded length."""
     text = reason if isinstance(reason, str) else repr(reason)
-    text = text.strip() or "failed"
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+    return truncated(text.strip() or "failed", MAX_REASON)
 
 
 def fail_on_error(messages: list[Message], prefix: str, exc: BaseException, stage: str) -> None:

@@ -5,28 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
 from .. import _telemetry
-from .._backlog import wait_caught_up
+from .._backlog import wait_producer_caught_up
 from .._errors import AlreadyStarted, InvalidArgument, StoreLost
-from .._inflight import Inflight
 from .._options import MAX_DEMAND, PIPELINE
 from .._producer import Producer
-from .._retry import RetryPolicy
+from .._retry_policy import RetryPolicy
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
-from ._acknowledger import Acknowledger, ProducerAcknowledger
-from ._batcher import Batcher, BatcherStage
-from ._handler import Callbacks, HandlerLike, callbacks_of
-from ._message import BatchInfo, Message, OnFailure
-from ._processor import Processors, ProcessorStage
+from .._waiting import first_of
+from ._acknowledger import ProducerAcknowledger
+from ._batcher import Batcher
+from ._handler import HandlerLike, callbacks_of
+from ._message import Message, OnFailure
+from ._processor import Processors
 from ._rate_limiter import RateLimit, RateLimiter
+from ._stages import Stages
 from ._topology import ProducerTopology, Topology, batcher_topology, processor_topology
 
-__all__ = ["Pipeline", "PipelineStats", "Stages"]
+__all__ = ["Pipeline", "PipelineStats"]
 
 log = logging.getLogger("rheo_flow.pipeline")
 
@@ -60,81 +61,6 @@ class PipelineStats:
     dead_lettered: int = 0
     """Deliveries the pipeline's settles dead-lettered: its rejects, and its nacks of a
     last attempt (reason ``"max_attempts"``)."""
-
-
-class Stages:
-    """Processors and batchers wired to an acknowledger (the pipeline minus the producer).
-
-    The test helpers run it without a backend.
-    """
-
-    def __init__(
-        self,
-        processors: Processors,
-        batchers: Mapping[str, Batcher],
-        callbacks: Callbacks,
-        context: Any,
-        acknowledger: Acknowledger,
-        *,
-        inflight: Inflight | None = None,
-        lease_ms: int | None = None,
-        on_batch: Callable[[BatchInfo, list[Message]], None] | None = None,
-    ) -> None:
-        self.batchers = {
-            name: BatcherStage(name, config, callbacks, context, acknowledger,
-                               inflight=inflight, lease_ms=lease_ms, on_batch=on_batch)
-            for name, config in batchers.items()
-        }
-        self.processors = ProcessorStage(
-            processors, callbacks, context, acknowledger,
-            self._forward if self.batchers else None,
-        )
-
-    def _forward(self, m: Message) -> bool:
-        stage = self.batchers.get(m.batcher)
-        if stage is None:
-            return False
-        stage.add(m)
-        return True
-
-    def start(self) -> None:
-        """Start every task."""
-        for stage in self.batchers.values():
-            stage.start()
-        self.processors.start()
-
-    def submit(self, messages: list[Message]) -> None:
-        """Hand fetched messages to the processors."""
-        self.processors.submit(messages)
-
-    @property
-    def in_processors(self) -> int:
-        """Messages queued for or inside processors."""
-        return self.processors.pending
-
-    @property
-    def peak_in_batchers(self) -> int:
-        """The sum of every batcher's peak (an upper bound of their joint peak)."""
-        return sum(stage.peak for stage in self.batchers.values())
-
-    @property
-    def in_batchers(self) -> int:
-        """Messages in open batches or batches being handled."""
-        return sum(stage.pending for stage in self.batchers.values())
-
-    async def drain(self) -> None:
-        """Finish the processors, flush every open batch (trigger ``drain``), settle."""
-        await self.processors.close()
-        await asyncio.gather(*(stage.close() for stage in self.batchers.values()))
-
-    async def cancel(self, grace: float = 1.0) -> None:
-        """Cancel every task (what they hold is left to expire) and wait up to ``grace``
-        seconds for them to end."""
-        tasks = self.processors.cancel()
-        for stage in self.batchers.values():
-            tasks += stage.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace)
 
 
 class Pipeline:
@@ -381,14 +307,7 @@ class Pipeline:
 
     async def _wait_for_rate(self, limiter: RateLimiter) -> int:
         """The next window's allowance, or 0 when the pipeline stops meanwhile."""
-        allowed = asyncio.ensure_future(limiter.available())
-        stopping = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait((allowed, stopping), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            allowed.cancel()
-            stopping.cancel()
-            await asyncio.gather(allowed, stopping, return_exceptions=True)
+        allowed, _ = await first_of(limiter.available(), self._stopping.wait())
         return 0 if self._stopping.is_set() or allowed.cancelled() else allowed.result()
 
     async def run_until_empty(self, timeout: float | None = None) -> bool:
@@ -409,9 +328,7 @@ class Pipeline:
         reached = False
         try:
             async with asyncio.timeout(timeout):
-                reached = await wait_caught_up(
-                    p.rheo, p.stream, p.group, p.partitions,
-                    interval=min(p.poll_ms / 1000, 1.0), stopped=self._fetching_ended)
+                reached = await wait_producer_caught_up(p, stopped=self._fetching_ended)
                 if self._state == "running":
                     reached = await self.drain(hand_back=True) and reached
         except TimeoutError:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +12,8 @@ from .._options import PROCESSORS
 from ._acknowledger import Acknowledger
 from ._handler import Callbacks, run_handle_failed
 from ._message import Message, fail_on_error, failure_reason
-from ._partition import PartitionBy, Router, router
+from ._partition import PartitionBy, router
+from ._stage_tasks import StageTasks
 
 __all__ = ["ProcessorStage", "Processors"]
 
@@ -45,8 +45,11 @@ class Processors:
             router(self.partition_by, 1, "processors")
 
 
-class ProcessorStage:
+class ProcessorStage(StageTasks[list[Message]]):
     """The running processor tasks and their inboxes."""
+
+    kind = "processor"
+    _label = "processors"
 
     def __init__(
         self,
@@ -56,33 +59,13 @@ class ProcessorStage:
         acknowledger: Acknowledger,
         forward: Callable[[Message], bool] | None,
     ) -> None:
+        super().__init__(config.name, config.concurrency, config.partition_by, acknowledger)
         self.config = config
         self._callbacks = callbacks
         self._context = context
-        self._acknowledger = acknowledger
         self._forward = forward
         """Hands a successful message to its batcher; False when there is no such batcher.
         ``None``: no batchers, successful messages are acked by the processor."""
-        n = config.concurrency
-        self._route: Router | None = (
-            None if config.partition_by is None else router(config.partition_by, n, "processors")
-        )
-        count = n if self._route is not None else 1
-        self._queues: list[asyncio.Queue[list[Message] | None]] = [
-            asyncio.Queue() for _ in range(count)
-        ]
-        self._tasks: list[asyncio.Task[None]] = []
-        self.pending = 0
-        """Messages submitted and not yet passed on or settled."""
-        self.peak = 0
-
-    def start(self) -> None:
-        """Start the tasks."""
-        n = self.config.concurrency
-        for i in range(n):
-            queue = self._queues[i] if self._route is not None else self._queues[0]
-            self._tasks.append(asyncio.create_task(
-                self._run(queue), name=f"rheo-processor-{self.config.name}-{i}"))
 
     def submit(self, messages: list[Message]) -> None:
         """Queue fetched messages for the processors (never blocks: the producer's
@@ -90,9 +73,7 @@ class ProcessorStage:
         size = len(messages)
         if not size:
             return
-        self.pending += size
-        if self.pending > self.peak:
-            self.peak = self.pending
+        self._queued(size)
         demand = self.config.max_demand
         route = self._route
         if route is None:
@@ -135,38 +116,12 @@ class ProcessorStage:
         self.pending -= len(taken)
         return taken
 
-    async def close(self) -> None:
-        """Let the tasks finish what is queued, then end them."""
-        if self._route is None:
-            for _ in self._tasks:
-                self._queues[0].put_nowait(None)
-        else:
-            for queue in self._queues:
-                queue.put_nowait(None)
-        await asyncio.gather(*self._tasks)
-        self._tasks.clear()
+    def _messages(self, item: list[Message]) -> list[Message]:
+        return item
 
-    def cancel(self) -> list[asyncio.Task[None]]:
-        """Cancel the tasks (what they hold is left to expire); returns them."""
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        return tasks
-
-    async def _run(self, queue: asyncio.Queue[list[Message] | None]) -> None:
-        while True:
-            chunk = await queue.get()
-            if chunk is None:
-                return
-            try:
-                with _telemetry.process_messages(chunk, "processor", self.config.name):
-                    await self._process(chunk)
-            except Exception:
-                log.exception("processor %s failed on %d messages; leaving their leases "
-                              "to expire", self.config.name, len(chunk))
-                self._acknowledger.abandon(chunk)
-            finally:
-                self.pending -= len(chunk)
+    async def _handle(self, item: list[Message]) -> None:
+        with _telemetry.process_messages(item, "processor", self.config.name):
+            await self._process(item)
 
     async def _process(self, chunk: list[Message]) -> None:
         callbacks = self._callbacks

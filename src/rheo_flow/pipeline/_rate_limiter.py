@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .._errors import InvalidArgument
+from .._waiting import first_of
 
 __all__ = ["RateLimit", "RateLimiter"]
 
@@ -96,14 +97,7 @@ class RateLimiter:
                 await self._sleep(end - now)
                 continue
             # Real time: an update may raise the limit before the window ends.
-            sleeper = asyncio.ensure_future(self._sleep(end - now))
-            changed = asyncio.ensure_future(self._changed.wait())
-            try:
-                await asyncio.wait((sleeper, changed), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                sleeper.cancel()
-                changed.cancel()
-                await asyncio.gather(sleeper, changed, return_exceptions=True)
+            await first_of(self._sleep(end - now), self._changed.wait())
 
     def consume(self, count: int) -> None:
         """Count ``count`` messages against the current window."""

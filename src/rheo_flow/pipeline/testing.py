@@ -23,17 +23,18 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._errors import InvalidArgument
 from .._event import Event
 from .._lease import Lease
 from ._acknowledger import Acknowledger
 from ._batcher import Batcher
-from ._handler import callbacks_of
+from ._handler import Callbacks, callbacks_of
 from ._message import BatchInfo, BatchMode, Message, OnFailure
-from ._pipeline import Pipeline, Stages
+from ._pipeline import Pipeline
 from ._processor import Processors
+from ._stages import Stages
 
 __all__ = ["PipelineTestResult", "test_batch", "test_message"]
 
@@ -152,32 +153,15 @@ async def test_batch(
     items = list(data)
     if not items:
         raise InvalidArgument("test_batch needs at least one item of data")
-    if isinstance(target, Pipeline):
-        callbacks = target._callbacks
-        context = target.context if context is None else context
-        processors = target.processors if processors is None else processors
-        batchers = target.batchers if batchers is None else batchers
-        on_failure = on_failure or target.on_failure
-        if retry_delay_ms is None:
-            retry_delay_ms = target.retry_delay_ms
-    else:
-        callbacks = callbacks_of(target)
-        processors = processors or Processors(concurrency=1)
-        if batchers is None:
-            batchers = {"default": Batcher()} if callbacks.handle_batch is not None else {}
+    settings = _settings(target, context, processors, batchers, on_failure, retry_delay_ms)
     result = PipelineTestResult()
-    acknowledger = _RecordingAcknowledger(result, on_failure or "retry", retry_delay_ms or 0)
-    stages = Stages(processors, batchers, callbacks, context, acknowledger,
+    acknowledger = _RecordingAcknowledger(result, settings.on_failure or "retry",
+                                          settings.retry_delay_ms or 0)
+    stages = Stages(settings.processors, settings.batchers, settings.callbacks,
+                    settings.context, acknowledger,
                     on_batch=lambda info, batch: result.batches.append((info, list(batch))))
-    now = time.time_ns() // 1_000_000
     messages = []
-    for i, item in enumerate(items, start=1):
-        event = Event(stream="test", partition=partition, sequence=i, id=f"test-{i}",
-                      type=type, data=item, key=key, headers=dict(headers or {}),
-                      appended_at_ms=now)
-        lease = Lease(lease_id=uuid.uuid4().hex, receipt="test", group="test",
-                      consumer_id="test", event=event, attempt=attempt,
-                      deadline_ms=now + 30_000)
+    for lease in _leases(items, key, partition, type, headers, attempt):
         message = Message(lease, acknowledger).put_batch_mode(batch_mode)
         if metadata:
             message.metadata.update(metadata)
@@ -189,6 +173,52 @@ async def test_batch(
     finally:
         await stages.cancel()
     return result
+
+
+class _Settings(NamedTuple):
+    """What a pipeline would run the test messages with."""
+
+    callbacks: Callbacks
+    context: Any
+    processors: Processors
+    batchers: Mapping[str, Batcher]
+    on_failure: OnFailure | None
+    retry_delay_ms: int | None
+
+
+def _settings(target: Pipeline | object, context: Any, processors: Processors | None,
+              batchers: Mapping[str, Batcher] | None, on_failure: OnFailure | None,
+              retry_delay_ms: int | None) -> _Settings:
+    """The settings given, the others from the pipeline ``target`` (or the defaults a
+    pipeline of the handler ``target`` would have)."""
+    if isinstance(target, Pipeline):
+        if retry_delay_ms is None:
+            retry_delay_ms = target.retry_delay_ms
+        return _Settings(
+            target._callbacks, target.context if context is None else context,
+            target.processors if processors is None else processors,
+            target.batchers if batchers is None else batchers,
+            on_failure or target.on_failure, retry_delay_ms)
+    callbacks = callbacks_of(target)
+    if batchers is None:
+        batchers = {"default": Batcher()} if callbacks.handle_batch is not None else {}
+    return _Settings(callbacks, context, processors or Processors(concurrency=1), batchers,
+                     on_failure, retry_delay_ms)
+
+
+def _leases(items: list[Any], key: str | None, partition: int, type: str,
+            headers: Mapping[str, str] | None, attempt: int) -> list[Lease]:
+    """A lease of a synthetic event per item: sequences 1, 2, ... in ``partition``."""
+    now = time.time_ns() // 1_000_000
+    leases = []
+    for i, item in enumerate(items, start=1):
+        event = Event(stream="test", partition=partition, sequence=i, id=f"test-{i}",
+                      type=type, data=item, key=key, headers=dict(headers or {}),
+                      appended_at_ms=now)
+        leases.append(Lease(lease_id=uuid.uuid4().hex, receipt="test", group="test",
+                            consumer_id="test", event=event, attempt=attempt,
+                            deadline_ms=now + 30_000))
+    return leases
 
 
 test_message.__test__ = False  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from .._call_retry import retrying
 from .._errors import InvalidArgument
 from .._urls import redact_url, require_driver, unreachable
 from ._frontier import (
@@ -39,7 +40,7 @@ from ._frontier import (
     split_replayed,
 )
 from ._mapping import Column, RowMapping, event_columns, quote_ident, quote_table
-from ._sink import CommitInfo, Load, RowBatch, Sink, WriteReport, check_load
+from ._sink import CommitInfo, Load, RowBatch, Sink, SinkStats, WriteReport, check_load
 
 if TYPE_CHECKING:
     import asyncpg
@@ -224,34 +225,18 @@ class PostgresSink(Sink):
     # Writing -----------------------------------------------------------------------
 
     async def _write_rows(self, rows: RowBatch) -> WriteReport:
-        driver = _driver()
         pool = self._pool
         if pool is None:
             raise InvalidArgument(f"the PostgreSQL sink of {self._table} is not open")
-        staged = self._load == "staged"
-        conflicts = 0
+        load = _LoadAttempts(self._progress_name, self._stats, staged=self._load == "staged")
+        report: WriteReport | None = None
         async with pool.acquire() as conn:
-            while True:
-                try:
-                    return await self._transaction(conn, rows, staged)
-                except driver.UniqueViolationError as exc:
-                    if getattr(exc, "table_name", None) == self._progress_name:
-                        # Two batches of one group merged spans at once: retry with
-                        # the spans the other one committed.
-                        conflicts += 1
-                        if conflicts >= _CONFLICT_RETRIES:
-                            raise
-                        continue
-                    if staged:
-                        raise
-                    # A row is already in the table: redo the batch through the staging
-                    # table, whose INSERT skips rows already present.
-                    self._stats.fallbacks += 1
-                    staged = True
-                except (driver.DeadlockDetectedError, driver.SerializationError):
-                    conflicts += 1
-                    if conflicts >= _CONFLICT_RETRIES:
-                        raise
+            # The fallback to the staged load is one more attempt, not a conflict.
+            async for attempt in retrying(when=load.retry, attempts=_CONFLICT_RETRIES + 1):
+                with attempt:
+                    report = await self._transaction(conn, rows, load.staged)
+        assert report is not None
+        return report
 
     async def _transaction(self, conn: asyncpg.Connection, rows: RowBatch, staged: bool
                            ) -> WriteReport:
@@ -325,6 +310,40 @@ class PostgresSink(Sink):
         return isinstance(exc, driver.DataError | driver.IntegrityConstraintViolationError
                           | TypeError | ValueError | OverflowError) \
             and not isinstance(exc, InvalidArgument)
+
+
+class _LoadAttempts:
+    """What a failed write of one batch does next (the ``when`` of its retry loop).
+
+    Two batches of one group merging spans at once (a unique violation on the
+    progress table), a deadlock or a serialization failure: retry, up to
+    ``_CONFLICT_RETRIES`` tries in all. A row already in the table (any other
+    unique violation) under the direct ``COPY``: redo the batch through the
+    staging table, whose INSERT skips rows already present.
+    """
+
+    def __init__(self, progress_table: str, stats: SinkStats, *, staged: bool) -> None:
+        self._progress_table = progress_table
+        self._stats = stats
+        self.staged = staged
+        """Whether the next attempt loads through the staging table."""
+        self._conflicts = 0
+
+    def retry(self, exc: BaseException) -> bool:
+        """Whether to try again after ``exc`` (switching to the staged load if it says so)."""
+        driver = _driver()
+        if isinstance(exc, driver.UniqueViolationError) and (
+                getattr(exc, "table_name", None) != self._progress_table):
+            if self.staged:
+                return False
+            self._stats.fallbacks += 1
+            self.staged = True
+            return True
+        if isinstance(exc, driver.UniqueViolationError | driver.DeadlockDetectedError
+                      | driver.SerializationError):
+            self._conflicts += 1
+            return self._conflicts < _CONFLICT_RETRIES
+        return False
 
 
 class _Statements:

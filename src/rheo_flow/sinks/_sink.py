@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 from .._errors import InvalidArgument
+from .._failure import truncated
 from ._mapping import MappingError, RowMapping
 
 if TYPE_CHECKING:
@@ -353,5 +354,4 @@ class Sink(ABC):
 
 
 def _bounded(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+    return truncated(" ".join(text.split()), MAX_REASON)

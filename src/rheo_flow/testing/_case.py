@@ -154,6 +154,15 @@ class CaseEnv:
         await self.rheo.create_stream(name, partitions=partitions)
         return name
 
+    async def stream_with(self, *counts: int, partitions: int | None = None) -> str:
+        """A new stream of ``partitions`` partitions (default: one per count) where
+        partition ``p`` holds ``counts[p]`` events, appended one call per partition."""
+        stream = await self.stream(len(counts) if partitions is None else partitions)
+        for partition, count in enumerate(counts):
+            if count:
+                await self.append(stream, count, partition=partition)
+        return stream
+
     async def append(
         self, stream: str, count: int, *, key: str | None = None, partition: int | None = None,
         type: str = "test.event",

@@ -48,9 +48,7 @@ async def case_fetch_partition_filter(env: CaseEnv) -> None:
 @case(rules=["fetch.order"])
 async def case_fetch_order_within_partition(env: CaseEnv) -> None:
     """Within a partition, events are delivered in sequence order."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 10, partition=0)
-    await env.append(stream, 7, partition=1)
+    stream = await env.stream_with(10, 7)
     delivered: dict[int, list[int]] = {0: [], 1: []}
     for _ in range(20):
         batch = await env.fetch(stream, "g", 3)
@@ -194,8 +192,7 @@ async def case_foreign_lease_is_invalid(env: CaseEnv) -> None:
     Unknown stream or group, sequence 0, a partition equal to the partition count,
     and a sequence above its own partition's high water (though below another's).
     """
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 2, partition=0)
+    stream = await env.stream_with(2, partitions=2)
     [real, _] = await env.fetch(stream, "g")
 
     def forged(**event: Any) -> Lease:

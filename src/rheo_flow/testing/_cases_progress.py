@@ -38,9 +38,7 @@ async def case_create_group_idempotent(env: CaseEnv) -> None:
 @case(rules=["group.start"])
 async def case_group_start_latest(env: CaseEnv) -> None:
     """A group created at "latest" only receives events appended afterwards."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 3, partition=0)
-    await env.append(stream, 1, partition=1)
+    stream = await env.stream_with(3, 1)
     await env.rheo.create_group(stream, "late", start="latest")
     check_equal(await env.rheo.frontier(stream, "late"), {0: 3, 1: 1}, "frontier at creation")
     check_equal(await env.rheo.lag(stream, "late"), {0: 0, 1: 0}, "lag at creation")
@@ -69,9 +67,7 @@ async def case_group_start_sequence(env: CaseEnv) -> None:
 @case(rules=["group.independent"])
 async def case_groups_are_independent(env: CaseEnv) -> None:
     """Each group gets every event; consuming never deletes events."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 2, partition=0)
-    await env.append(stream, 2, partition=1)
+    stream = await env.stream_with(2, 2)
     first = await env.drain(stream, "one")
     second = await env.drain(stream, "two")
     check_equal(sorted(positions(first)), sorted(positions(second)), "both groups get all")
@@ -95,9 +91,7 @@ async def case_groups_are_independent(env: CaseEnv) -> None:
 @case(rules=["frontier.contiguous"])
 async def case_frontier_contiguous_with_holes(env: CaseEnv) -> None:
     """The frontier is the highest S with 1..S all settled; a hole holds it back."""
-    stream = await env.stream(partitions=3)
-    await env.append(stream, 4, partition=0)
-    await env.append(stream, 1, partition=2)
+    stream = await env.stream_with(4, 0, 1)
     await env.rheo.create_group(stream, "g")
     check_equal(await env.rheo.frontier(stream, "g"), {0: 0, 1: 0, 2: 0}, "initial frontier")
     l1, l2, l3, l4 = await env.fetch(stream, "g", partitions=[0])
@@ -116,9 +110,7 @@ async def case_frontier_contiguous_with_holes(env: CaseEnv) -> None:
 @case(rules=["frontier.lag"])
 async def case_lag_is_high_water_minus_frontier(env: CaseEnv) -> None:
     """lag = high water - frontier per partition, holes included."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 5, partition=0)
-    await env.append(stream, 3, partition=1)
+    stream = await env.stream_with(5, 3)
     await env.rheo.create_group(stream, "g")
     check_equal(await env.rheo.lag(stream, "g"), {0: 5, 1: 3}, "lag before consuming")
     p0 = await env.fetch(stream, "g", partitions=[0])
@@ -135,9 +127,7 @@ async def case_lag_is_high_water_minus_frontier(env: CaseEnv) -> None:
 @case(rules=["dead_letters.listing"])
 async def case_dead_letters_pagination(env: CaseEnv) -> None:
     """dead_letters pages by (partition, sequence) without duplicates or gaps."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 4, partition=0)
-    await env.append(stream, 3, partition=1)
+    stream = await env.stream_with(4, 3)
     leases = await env.drain(stream, "g", limit=3)
     rejected = [lease for lease in leases if (lease.partition, lease.sequence) != (0, 2)]
     acked = [lease for lease in leases if (lease.partition, lease.sequence) == (0, 2)]
@@ -270,9 +260,7 @@ async def case_replay_from_sequence(env: CaseEnv) -> None:
 @case(rules=["replay.from_sequence"])
 async def case_replay_selected_partitions(env: CaseEnv) -> None:
     """replay(partitions=[...]) only re-drives those partitions."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 3, partition=0)
-    await env.append(stream, 3, partition=1)
+    stream = await env.stream_with(3, 3)
     await env.ack_ok(await env.drain(stream, "g"))
     await env.rheo.replay(stream, "g", from_sequence=2, partitions=[1])
     check_equal(await env.rheo.frontier(stream, "g"), {0: 3, 1: 1}, "frontier after replay")
@@ -315,9 +303,7 @@ async def case_reset_positions(env: CaseEnv) -> None:
 @case(rules=["reset.position", "frontier.contiguous", "trim.bound"])
 async def case_reset_forgets_dead_letters(env: CaseEnv) -> None:
     """reset forgets a partition's dead letters; its frontier is the position, trim-safe."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 5, partition=0)
-    await env.append(stream, 3, partition=1)
+    stream = await env.stream_with(5, 3)
     p0 = await env.fetch(stream, "g", partitions=[0])
     p1 = await env.fetch(stream, "g", partitions=[1])
     await env.ack_ok([p0[0], p0[2], p1[0]])
@@ -390,10 +376,7 @@ async def case_redrive_touches_only_dead_letters(env: CaseEnv) -> None:
 @case(rules=["dead_letters.listing"])
 async def case_dead_letters_paging_every_size(env: CaseEnv) -> None:
     """Paging dead letters over several partitions gives each once, in order, at every size."""
-    stream = await env.stream(partitions=3)
-    await env.append(stream, 4, partition=0)
-    await env.append(stream, 2, partition=1)
-    await env.append(stream, 3, partition=2)
+    stream = await env.stream_with(4, 2, 3)
     leases = await env.drain(stream, "g")
     kept = {(0, 3), (1, 1), (1, 2)}
     await env.ack_ok([lease for lease in leases if (lease.partition, lease.sequence) in kept])

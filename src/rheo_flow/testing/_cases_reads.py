@@ -156,9 +156,7 @@ async def case_trim_force_fences_and_skips(env: CaseEnv) -> None:
 @case(rules=["trim.removed", "append.sequence"], requires=["trim"])
 async def case_trim_sequences_not_reused(env: CaseEnv) -> None:
     """After trimming everything, new events continue the sequence."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 3, partition=0)
-    await env.append(stream, 2, partition=1)
+    stream = await env.stream_with(3, 2)
     check_equal(await env.rheo.trim(stream, up_to=10, force=True), {0: 3, 1: 2}, "removed")
     info = await env.rheo.stream_info(stream)
     check_equal(dict(info.high_water), {0: 3, 1: 2}, "high water survives the trim")

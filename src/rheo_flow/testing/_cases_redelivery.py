@@ -95,9 +95,7 @@ async def case_fetch_order_on_redeliveries(env: CaseEnv) -> None:
     """Each fetch returns a partition's redeliveries and new events in sequence order."""
     for how in HOWS:
         for limit in (100, 3):
-            stream = await env.stream(partitions=2)
-            await env.append(stream, 10, partition=0)
-            await env.append(stream, 7, partition=1)
+            stream = await env.stream_with(10, 7)
             first = await _lease_all(env, stream, "g")
             settled = [lease for lease in first if lease.sequence in (3, 6)]
             await env.ack_ok(settled)

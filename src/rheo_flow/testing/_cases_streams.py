@@ -388,8 +388,7 @@ async def case_unknown_group_errors(env: CaseEnv) -> None:
 @case(rules=["errors.invalid_input", "append.batch"])
 async def case_invalid_append_changes_nothing(env: CaseEnv) -> None:
     """Bad names, partitions, data or headers raise InvalidArgument and write nothing."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 1, partition=0)
+    stream = await env.stream_with(1, partitions=2)
     good = NewEvent("t", {"ok": True}, id="good")
     bad_batches: dict[str, list[NewEvent]] = {
         "non-JSON data": [good, NewEvent("t", {"x": object()})],
@@ -419,8 +418,7 @@ async def case_invalid_append_changes_nothing(env: CaseEnv) -> None:
 @case(rules=["errors.invalid_input"])
 async def case_invalid_fetch_and_settle_change_nothing(env: CaseEnv) -> None:
     """Bad limits, lease times, partitions or reasons raise InvalidArgument and change nothing."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 2, partition=0)
+    stream = await env.stream_with(2, partitions=2)
     await env.rheo.create_group(stream, "g")
     bad_fetches: dict[str, dict[str, Any]] = {
         "limit=0": {"limit": 0},
@@ -497,8 +495,7 @@ async def case_invalid_text_changes_nothing(env: CaseEnv) -> None:
 @case(rules=["errors.invalid_input"])
 async def case_out_of_range_arguments_change_nothing(env: CaseEnv) -> None:
     """Sequences past 2**63-1, delays past 2**31-1 ms and such raise InvalidArgument first."""
-    stream = await env.stream(partitions=2)
-    await env.append(stream, 2, partition=0)
+    stream = await env.stream_with(2, partitions=2)
     [lease] = await env.fetch(stream, "g", 1)
     before = await env.rheo.stream_info(stream)
     huge = 2**70

@@ -1,0 +1,283 @@
+"""Fetching: claiming deliveries with fenced updates and inserts, without locks.
+
+A claim round reads the eligible deliveries of each partition (after its
+frontier, on the index of active deliveries) and counts the sequences past its
+cursor that have no delivery yet. It then sends one unordered ``bulk_write``:
+a conditional update per existing delivery, filtered on exactly the state that
+was read, and an insert per new delivery, whose unique ``_id`` lets exactly one
+claimant win each sequence. Only the writes that matched are leases; a round
+that lost every claim to other consumers is tried again (``_CLAIM_ROUNDS``).
+Expired deliveries at ``max_attempts`` met on the way become dead letters in the
+same bulk write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pymongo import ASCENDING, InsertOne, UpdateOne
+from pymongo import errors as mongo_errors
+
+from ..._call_retry import retrying
+from ..._lease import Lease
+from .._shared import round_robin
+from .._transitions import Settled, expire
+from ._core import MongoCore
+from ._documents import Group, delivery_id, settled_update
+from ._errors import DUPLICATE_KEY
+from ._frontier import advance
+from ._schema import ACTIVE_INDEX
+
+__all__ = ["FetchOps"]
+
+_CLAIM_ROUNDS: Final = 3
+"""Fetch retries (only while it has leased nothing) after losing every claim to others."""
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """One delivery a fetch tries to lease, and where its write sits in the bulk."""
+
+    partition: int
+    sequence: int
+    attempt: int
+    lease_id: str
+    index: int
+    """Position of the claiming write in the bulk write."""
+    doc_id: Any
+    """The existing delivery's ``_id``; ``None`` for a new delivery (an insert)."""
+
+    @property
+    def receipt(self) -> str:
+        return f"{self.partition}-{self.sequence}-{self.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What a claim round found, per partition fetched from (in the order of ``ids``)."""
+
+    ready: list[list[Doc]]
+    """The eligible existing deliveries, in sequence order."""
+    fresh: list[int]
+    """How many sequences past the cursor (no delivery yet) to lease."""
+    expired: list[tuple[int, Doc, Settled]]
+    """(partition, delivery, what it becomes): expired leases at ``max_attempts``."""
+
+
+class _AllLost(Exception):
+    """A claim round leased nothing: other consumers won every claim."""
+
+
+class FetchOps(MongoCore):
+    """``fetch``: lease eligible deliveries, round-robin over the partitions."""
+
+    async def fetch(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> list[Lease]:
+        await self._ready()
+        g = await self._group(stream, group)
+        ids = list(range(len(g.parts))) if partitions is None else list(partitions)
+        if not ids or limit <= 0:
+            return []
+        ids = self._rotate(g.id, ids)
+        highs = await self._highs(stream, ids)
+        leases: list[Lease] = []
+        try:
+            async for attempt in retrying(when=lambda e: isinstance(e, _AllLost),
+                                          attempts=_CLAIM_ROUNDS):
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        g = await self._group(stream, group)
+                    leases, lost = await self._claim(g, ids, consumer_id, limit, lease_ms, highs)
+                    if not leases and lost:
+                        raise _AllLost
+        except _AllLost:
+            return []
+        return leases
+
+    def _rotate(self, group_id: Any, ids: list[int]) -> list[int]:
+        """``ids`` starting one further on than the last fetch of the group, as in the reference."""
+        rotation = (self._rotation.get(group_id, 0) + 1) % len(ids)
+        self._rotation[group_id] = rotation
+        return ids[rotation:] + ids[:rotation]
+
+    async def _claim(
+        self,
+        g: Group,
+        ids: list[int],
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        highs: dict[int, int],
+    ) -> tuple[list[Lease], int]:
+        """One claim round: returns the leases won and how many claims were lost."""
+        now = self._clock()
+        found = await self._find(g, ids, now, limit, highs)
+        deadline = now + lease_ms
+        ops, wanted = _claim_writes(g, ids, found, limit, consumer_id, deadline)
+        if not ops:
+            return [], 0
+        winners = await self._write_claims(ops, wanted)
+        await self._pass_cursors(g, wanted)
+        if found.expired:
+            await advance(self._groups, self._deliveries, {(g.id, p) for p, _, _ in found.expired})
+        lost = len(wanted) - len(winners)
+        if not winners:
+            return [], lost
+        return await self._leases(g, winners, consumer_id, deadline), lost
+
+    async def _find(
+        self, g: Group, ids: list[int], now: int, limit: int, highs: dict[int, int]
+    ) -> _Found:
+        found = await asyncio.gather(*(self._candidates(g, p, now, limit) for p in ids))
+        ready: list[list[Doc]] = []
+        fresh: list[int] = []
+        expired: list[tuple[int, Doc, Settled]] = []
+        for p, (eligible, doomed) in zip(ids, found, strict=True):
+            ready.append(eligible)
+            expired.extend((p, d, settled) for d, settled in doomed)
+            fresh.append(max(0, min(limit - len(eligible), highs[p] - g.parts[p]["c"])))
+        return _Found(ready, fresh, expired)
+
+    async def _candidates(
+        self, g: Group, p: int, now: int, limit: int
+    ) -> tuple[list[Doc], list[tuple[Doc, Settled]]]:
+        """Up to ``limit`` eligible deliveries of a partition in sequence order, and the
+        expired ones met on the way that reached ``max_attempts`` (to dead-letter).
+
+        Every delivery up to the frontier is settled, so the walk starts after it on the
+        index of active deliveries: its cost follows the deliveries in flight, never the
+        history.
+        """
+        ready: list[Doc] = []
+        doomed: list[tuple[Doc, Settled]] = []
+        after = g.parts[p]["f"]
+        while len(ready) < limit:
+            want = limit - len(ready)
+            docs = await self._deliveries.find(
+                {"g": g.id, "p": p, "s": {"$gt": after}, "r": {"$exists": True, "$lte": now}},
+                {"_id": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "r": 1},
+            ).hint(ACTIVE_INDEX).sort("s", ASCENDING).limit(want).to_list(None)
+            for d in docs:
+                settled = expire(d["a"], g.max_attempts, now)
+                if settled is None:
+                    ready.append(d)
+                else:
+                    doomed.append((d, settled))
+            if len(docs) < want:
+                break
+            after = docs[-1]["s"]
+        return ready, doomed
+
+    async def _write_claims(self, ops: list[Any], wanted: list[_Claim]) -> list[_Claim]:
+        """Send the round's writes; the claims won (inserted, or updated under our lease id)."""
+        failed: set[int] = set()
+        try:
+            result = await self._deliveries.bulk_write(ops, ordered=False)
+            matched = result.matched_count
+        except mongo_errors.BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            if any(e.get("code") != DUPLICATE_KEY for e in errors):
+                raise
+            failed = {e["index"] for e in errors}
+            matched = exc.details.get("nMatched", 0)
+        updates = [c for c in wanted if c.doc_id is not None]
+        lost: set[int] = set()
+        if matched < len(ops) - (len(wanted) - len(updates)):
+            lost = await self._taken_by_others(updates)
+        return [c for c in wanted if c.index not in failed and c.index not in lost]
+
+    async def _taken_by_others(self, updates: list[_Claim]) -> set[int]:
+        """Some fenced updates missed: read back which deliveries hold our lease ids."""
+        docs = await self._deliveries.find(
+            {"_id": {"$in": [c.doc_id for c in updates]}}, {"_id": 1, "lid": 1}
+        ).to_list(None)
+        holders = {d["_id"]: d.get("lid") for d in docs}
+        return {c.index for c in updates if holders.get(c.doc_id) != c.lease_id}
+
+    async def _pass_cursors(self, g: Group, wanted: list[_Claim]) -> None:
+        """Move the cursors past every sequence inserted here or found taken.
+
+        Unless the group moved meanwhile (its epoch changed): then the move decided
+        the cursor.
+        """
+        tops: dict[int, int] = {}
+        for c in wanted:
+            if c.doc_id is None:
+                tops[c.partition] = max(tops.get(c.partition, 0), c.sequence)
+        if tops:
+            await self._groups.bulk_write([
+                UpdateOne({"_id": g.id, f"parts.{p}.e": g.parts[p]["e"]},
+                          {"$max": {f"parts.{p}.c": top}})
+                for p, top in tops.items()
+            ], ordered=False)
+
+    async def _leases(
+        self, g: Group, winners: list[_Claim], consumer_id: str, deadline: int
+    ) -> list[Lease]:
+        """The leases of the claims won whose events still exist."""
+        events = await self._load_events(g.stream, [(c.partition, c.sequence) for c in winners])
+        missing = [c.lease_id for c in winners if (c.partition, c.sequence) not in events]
+        if missing:
+            # Trimmed while we claimed: the delivery has no event any more; give it up.
+            await self._deliveries.delete_many({"g": g.id, "lid": {"$in": missing}})
+        return [
+            Lease(lease_id=c.lease_id, receipt=c.receipt, group=g.name, consumer_id=consumer_id,
+                  event=events[(c.partition, c.sequence)], attempt=c.attempt,
+                  deadline_ms=deadline)
+            for c in winners
+            if (c.partition, c.sequence) in events
+        ]
+
+
+def _claim_writes(
+    g: Group, ids: list[int], found: _Found, limit: int, consumer_id: str, deadline: int
+) -> tuple[list[Any], list[_Claim]]:
+    """The round's bulk write: the expired deliveries' dead-lettering, then the claims.
+
+    Claims are taken round-robin, one partition after the other; in a partition
+    the existing deliveries come before the new sequences.
+    """
+    ops: list[Any] = [UpdateOne(_fenced(d), settled_update(s)) for _, d, s in found.expired]
+    wanted: list[_Claim] = []
+    sizes = [len(ready) + fresh for ready, fresh in zip(found.ready, found.fresh, strict=True)]
+    for i, depth in round_robin(sizes, limit):
+        p, ready = ids[i], found.ready[i]
+        if depth < len(ready):
+            doc = ready[depth]
+            claim = _Claim(p, doc["s"], doc["a"] + 1, uuid.uuid4().hex, len(ops), doc["_id"])
+            ops.append(UpdateOne(_fenced(doc), {"$set": _leased(claim, consumer_id, deadline)}))
+        else:
+            seq = g.parts[p]["c"] + depth - len(ready) + 1
+            claim = _Claim(p, seq, 1, uuid.uuid4().hex, len(ops), None)
+            ops.append(InsertOne({
+                "_id": delivery_id(g.id, p, seq), "g": g.id, "p": p, "s": seq,
+                **_leased(claim, consumer_id, deadline), "rs": "", "rj": 0,
+            }))
+        wanted.append(claim)
+    return ops, wanted
+
+
+def _fenced(d: Doc) -> Doc:
+    """A filter on exactly the state that was read: anyone else's change makes it miss."""
+    return {"_id": d["_id"], "st": d["st"], "lid": d["lid"], "a": d["a"], "r": d["r"]}
+
+
+def _leased(claim: _Claim, consumer_id: str, deadline: int) -> Doc:
+    """The fields of a delivery leased by ``claim`` until ``deadline``."""
+    return {
+        "st": "leased", "a": claim.attempt, "lid": claim.lease_id, "rc": claim.receipt,
+        "c": consumer_id, "dl": deadline, "r": deadline, "sb": None,
+    }

@@ -1,0 +1,129 @@
+"""The documents: their ``_id``s, events to and from documents, groups as read, settle updates.
+
+Field names are short (they are stored in every document):
+
+* event: ``st`` stream, ``p`` partition, ``n`` sequence, ``id``, ``t`` type,
+  ``k`` key, ``d`` data (JSON text), ``h`` headers (JSON text, absent when
+  empty), ``at`` appended at;
+* group: ``s`` stream, ``n`` name, ``ma`` max attempts, ``at`` created at,
+  ``parts`` per partition;
+* delivery: ``g`` group id, ``p`` partition, ``s`` sequence, ``st`` state,
+  ``a`` attempt, ``lid`` lease id, ``rc`` receipt, ``c`` consumer, ``dl``
+  deadline, ``r`` ready at (only while available or leased), ``sb`` settled
+  by, ``rs`` reason, ``rj`` rejected at, ``le`` last error, ``tk`` the token
+  of the settle call that wrote it last.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..._backend import AppendRecord
+from ..._event import Event
+from ..._stream import GroupInfo
+from .._transitions import Settled
+
+__all__ = [
+    "DELIVERY_FIELDS",
+    "Group",
+    "delivery_id",
+    "event_document",
+    "event_id",
+    "event_of",
+    "partition_id",
+    "settled_update",
+]
+
+DELIVERY_FIELDS: Final = {
+    "_id": 1, "p": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "rc": 1, "sb": 1,
+}
+"""The fields of a delivery a settle decides on."""
+
+
+def partition_id(stream: str, partition: int) -> str:
+    """A partition document's ``_id``."""
+    # Names match [A-Za-z0-9_.-]: a "/" cannot be part of one.
+    return f"{stream}/{partition}"
+
+
+def event_id(stream: str, partition: int, sequence: int) -> str:
+    """An event document's ``_id``: its position, so lookups by position use ``_id``."""
+    return f"{stream}/{partition}/{sequence}"
+
+
+def delivery_id(group_id: Any, partition: int, sequence: int) -> str:
+    """A delivery document's ``_id``: unique per (group, partition, sequence)."""
+    return f"{group_id}/{partition}/{sequence}"
+
+
+def event_document(stream: str, record: AppendRecord, sequence: int, now: int) -> dict[str, Any]:
+    """The document storing ``record`` at ``sequence`` of its partition."""
+    doc: dict[str, Any] = {
+        "_id": event_id(stream, record.partition, sequence),
+        "st": stream, "p": record.partition, "n": sequence, "id": record.id, "t": record.type,
+        "k": record.key, "d": record.data_json, "at": now,
+    }
+    if record.headers:
+        doc["h"] = json.dumps(dict(record.headers), separators=(",", ":"))
+    return doc
+
+
+def event_of(doc: Mapping[str, Any]) -> Event:
+    """The event an event document stores."""
+    headers = doc.get("h")
+    return Event(
+        stream=doc["st"],
+        partition=doc["p"],
+        sequence=doc["n"],
+        id=doc["id"],
+        type=doc["t"],
+        data=json.loads(doc["d"]),
+        key=doc.get("k"),
+        headers=json.loads(headers) if headers else {},
+        appended_at_ms=doc["at"],
+    )
+
+
+@dataclass(slots=True)
+class Group:
+    """A group document as read: its id, settings and per-partition progress."""
+
+    id: Any
+    stream: str
+    name: str
+    max_attempts: int
+    created_at_ms: int
+    parts: list[dict[str, int]]
+    """Per partition: ``c`` cursor, ``f`` frontier, ``e`` epoch."""
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any]) -> Group:
+        """The group a group document stores."""
+        return cls(doc["_id"], doc["s"], doc["n"], doc["ma"], doc["at"], list(doc["parts"]))
+
+    def info(self) -> GroupInfo:
+        """The group as the contract describes it."""
+        return GroupInfo(self.stream, self.name, self.max_attempts, self.created_at_ms)
+
+
+def settled_update(settled: Settled, **fields: Any) -> dict[str, Any]:
+    """The update storing ``settled`` (and ``fields``) in a delivery document.
+
+    A settled-for-good delivery loses its ready time ``r``, which takes it off
+    the index of active deliveries; a nacked one is ready again at its
+    ``available_at_ms``.
+    """
+    changes: dict[str, Any] = {
+        "st": settled.state, "rs": settled.reason, "sb": settled.settled_by, **fields,
+    }
+    if settled.available_at_ms is not None:
+        changes["r"] = settled.available_at_ms
+    if settled.rejected_at_ms is not None:
+        changes["rj"] = settled.rejected_at_ms
+    update: dict[str, Any] = {"$set": changes}
+    if settled.terminal:
+        update["$unset"] = {"r": ""}
+    return update

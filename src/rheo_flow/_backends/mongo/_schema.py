@@ -1,0 +1,99 @@
+"""The collections' indexes, the stored schema version and the collection prefix.
+
+Six collections, named with the backend's prefix: ``streams``, ``partitions``,
+``events``, ``groups``, ``deliveries`` and ``meta`` (the schema version). The
+package docstring describes what each document holds.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from pymongo import ASCENDING, ReturnDocument
+from pymongo import errors as mongo_errors
+
+from ..._errors import BackendError, InvalidArgument
+
+__all__ = [
+    "ACTIVE_INDEX",
+    "DEFAULT_PREFIX",
+    "REJECTED_INDEX",
+    "SCHEMA_VERSION",
+    "check_prefix",
+    "check_schema",
+    "create_indexes",
+]
+
+SCHEMA_VERSION: Final = 1
+"""Stored in the ``meta`` collection; bump it (with a migration) on any layout change."""
+DEFAULT_PREFIX: Final = "rheo_"
+_PREFIX_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.\-]{0,64}$")
+
+ACTIVE_INDEX: Final = "active"
+"""Available and leased deliveries (those carrying ``r``) by group, partition, sequence."""
+REJECTED_INDEX: Final = "rejected"
+"""Dead letters by group, partition, sequence."""
+
+
+def check_prefix(prefix: object) -> None:
+    """Refuse a collection prefix MongoDB would not take in a collection name."""
+    if not isinstance(prefix, str) or not _PREFIX_PATTERN.match(prefix):
+        raise InvalidArgument(
+            "collection_prefix must be at most 64 characters from [A-Za-z0-9_.-], "
+            f"got {prefix!r}"
+        )
+
+
+async def check_schema(meta: Any, where: str) -> None:
+    """Record this version in a new store; refuse a store written by a newer rheo-flow.
+
+    ``where`` names the collections in the error (prefix and database).
+    """
+    doc = await meta.find_one_and_update(
+        {"_id": "schema"},
+        {"$setOnInsert": {"v": SCHEMA_VERSION}},
+        upsert=True,
+        return_document=ReturnDocument.AFTER,
+    )
+    version = doc.get("v", 0) if doc else SCHEMA_VERSION
+    if version > SCHEMA_VERSION:
+        raise BackendError(
+            f"MongoDB collections {where} have schema version {version}, newer than this "
+            f"rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
+        )
+
+
+def _index_specs(
+    events: Any, groups: Any, deliveries: Any
+) -> list[tuple[Any, list[tuple[str, int]], dict[str, Any]]]:
+    return [
+        (events, [("st", ASCENDING), ("p", ASCENDING), ("n", ASCENDING)],
+         {"name": "stream_partition_sequence", "unique": True}),
+        (events, [("st", ASCENDING), ("id", ASCENDING)],
+         {"name": "stream_event_id", "unique": True}),
+        (groups, [("s", ASCENDING), ("n", ASCENDING)],
+         {"name": "stream_group", "unique": True}),
+        (deliveries, [("g", ASCENDING), ("p", ASCENDING), ("s", ASCENDING)],
+         {"name": "group_partition_sequence", "unique": True}),
+        # Only available and leased deliveries carry "r" (when they become ready):
+        # fetch walks these, never the acked ones.
+        (deliveries,
+         [("g", ASCENDING), ("p", ASCENDING), ("s", ASCENDING), ("r", ASCENDING)],
+         {"name": ACTIVE_INDEX, "partialFilterExpression": {"r": {"$exists": True}}}),
+        (deliveries,
+         [("g", ASCENDING), ("st", ASCENDING), ("p", ASCENDING), ("s", ASCENDING)],
+         {"name": REJECTED_INDEX, "partialFilterExpression": {"st": "rejected"}}),
+    ]
+
+
+async def create_indexes(events: Any, groups: Any, deliveries: Any) -> None:
+    """Create every index (a no-op for those that exist with the same definition)."""
+    for collection, keys, options in _index_specs(events, groups, deliveries):
+        try:
+            await collection.create_index(keys, **options)
+        except mongo_errors.OperationFailure as exc:
+            raise BackendError(
+                f"cannot create index {options['name']!r} on {collection.name}: {exc} "
+                "(an index of that name with another definition exists?)"
+            ) from exc

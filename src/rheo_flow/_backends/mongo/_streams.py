@@ -1,0 +1,154 @@
+"""Streams and groups: creating, describing and listing them; reading events by query."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from bson import ObjectId
+from pymongo import ASCENDING
+from pymongo import errors as mongo_errors
+
+from ..._backend import DEFAULT_MAX_ATTEMPTS
+from ..._errors import ConflictError
+from ..._event import Event
+from ..._query import Query
+from ..._stream import GroupInfo, StartPosition, StreamInfo
+from .._shared import query_window, start_position
+from ._core import MongoCore
+from ._documents import Group, event_of, partition_id
+
+__all__ = ["StreamOps"]
+
+
+class StreamOps(MongoCore):
+    """The operations on streams and groups as such, and queries."""
+
+    async def create_stream(self, name: str, partitions: int) -> StreamInfo:
+        await self._ready()
+        now = self._clock()
+        try:
+            await self._streams.insert_one({"_id": name, "np": partitions, "at": now})
+        except mongo_errors.DuplicateKeyError:
+            existing = await self._stream_doc(name)
+            if existing["np"] != partitions:
+                raise ConflictError(
+                    f"stream {name!r} exists with {existing['np']} partitions, not {partitions}"
+                ) from None
+            return await self._stream_info(existing)
+        # Partition documents are also created on demand (append upserts its counter):
+        # a creator that dies here leaves a usable stream.
+        with contextlib.suppress(mongo_errors.BulkWriteError):
+            await self._partitions.insert_many(
+                [{"_id": partition_id(name, p), "st": name, "p": p, "hw": 0, "lw": 1}
+                 for p in range(partitions)],
+                ordered=False,
+            )
+        return StreamInfo(name, partitions, now, dict.fromkeys(range(partitions), 0),
+                          dict.fromkeys(range(partitions), 1))
+
+    async def _stream_info(self, doc: Mapping[str, Any]) -> StreamInfo:
+        waters = await self._waters(doc["_id"], range(doc["np"]))
+        return StreamInfo(
+            doc["_id"], doc["np"], doc["at"],
+            {p: high for p, (high, _) in waters.items()},
+            {p: low for p, (_, low) in waters.items()},
+        )
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        await self._ready()
+        return await self._stream_info(await self._stream_doc(name))
+
+    async def list_streams(self) -> list[str]:
+        await self._ready()
+        docs = await self._streams.find({}, {"_id": 1}).sort("_id", ASCENDING).to_list(None)
+        return [d["_id"] for d in docs]
+
+    async def create_group(
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+    ) -> GroupInfo:
+        await self._ready()
+        s = await self._stream_doc(stream)
+        existing = await self._groups.find_one({"s": stream, "n": group})
+        if existing is None:
+            existing, created = await self._insert_group(s, group, start, max_attempts)
+            if created:
+                return Group.of(existing).info()
+        g = Group.of(existing)
+        if max_attempts is not None and max_attempts != g.max_attempts:
+            await self._groups.update_one({"_id": g.id}, {"$set": {"ma": max_attempts}})
+            g.max_attempts = max_attempts
+        return g.info()
+
+    async def _insert_group(
+        self, s: Mapping[str, Any], group: str, start: StartPosition, max_attempts: int | None
+    ) -> tuple[dict[str, Any], bool]:
+        """Create the group: its document, and False when another creator made it first."""
+        waters = await self._waters(s["_id"], range(s["np"]))
+        parts = []
+        for p in range(s["np"]):
+            position = start_position(start, *waters[p])
+            parts.append({"c": position, "f": position, "e": 0})
+        doc = {
+            "_id": ObjectId(), "s": s["_id"], "n": group,
+            "ma": max_attempts or DEFAULT_MAX_ATTEMPTS, "at": self._clock(), "parts": parts,
+        }
+        try:
+            await self._groups.insert_one(doc)
+            return doc, True
+        except mongo_errors.DuplicateKeyError:
+            existing: dict[str, Any] | None = await self._groups.find_one(
+                {"s": s["_id"], "n": group})
+            if existing is None:  # pragma: no cover - groups are never deleted
+                raise
+            return existing, False
+
+    async def group_info(self, stream: str, group: str) -> GroupInfo:
+        await self._ready()
+        return (await self._group(stream, group)).info()
+
+    async def list_groups(self, stream: str) -> list[GroupInfo]:
+        await self._ready()
+        await self._stream_doc(stream)
+        docs = await self._groups.find({"s": stream}, {"parts": 0}).sort(
+            "n", ASCENDING).to_list(None)
+        return [GroupInfo(stream, d["n"], d["ma"], d["at"]) for d in docs]
+
+    async def query(self, query: Query, limit: int, after: tuple[int, int] | None) -> list[Event]:
+        await self._ready()
+        s = await self._stream_doc(query.stream)
+        parts = range(s["np"]) if query.partitions is None else sorted(query.partitions)
+        waters = await self._waters(query.stream, list(parts))
+        filters = _filters(query)
+        out: list[Event] = []
+        for p in parts:
+            high, low = waters[p]
+            window = query_window(query, p, after, low, high)
+            if window is None:
+                continue
+            lo, hi = window
+            docs = await self._events.find(
+                {"st": query.stream, "p": p, "n": {"$gte": lo, "$lte": hi}, **filters}
+            ).sort("n", ASCENDING).limit(limit - len(out)).to_list(None)
+            out.extend(event_of(d) for d in docs)
+            if len(out) >= limit:
+                break
+        return out
+
+
+def _filters(query: Query) -> dict[str, Any]:
+    """The event fields a query filters on besides the position (key, type, time)."""
+    filters: dict[str, Any] = {}
+    if query.key is not None:
+        filters["k"] = query.key
+    if query.type is not None:
+        filters["t"] = query.type
+    if query.since_ms is not None or query.until_ms is not None:
+        at: dict[str, int] = {}
+        if query.since_ms is not None:
+            at["$gte"] = query.since_ms
+        if query.until_ms is not None:
+            at["$lt"] = query.until_ms
+        filters["at"] = at
+    return filters

@@ -1,0 +1,209 @@
+"""Settle and renew batches of the PostgreSQL backend, as the server-side functions take them.
+
+A batch is checked here first: leases this backend could not have issued are
+answered locally, exact duplicates fold onto their first occurrence, and the
+rest travel as five array literals sorted by delivery (so concurrent batches
+lock rows in one order). The function's answer (the positions that did not take
+effect, with a code each) becomes one :class:`~rheo_flow.SettleResult` per lease.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Final, Literal
+
+from ..._lease import Lease
+from ..._settle_results import SettleKind, SettleResult, settle_ok
+from ._sql import BIGINT_MAX
+
+__all__ = ["OP_CODES", "Op", "SettleBatch"]
+
+Op = Literal["ack", "nack", "reject"]
+OP_CODES: Final[dict[Op, int]] = {"ack": 1, "nack": 2, "reject": 3}
+"""The settle function's ``p_op`` for each operation."""
+_OP_NAMES: Final[dict[int | None, str]] = {
+    1: "ack", 2: "nack", 3: "reject", None: "expiry past max_attempts",
+}
+_NIL_UUID: Final = "00000000000000000000000000000000"
+_LEASE_ID: Final = re.compile(r"[0-9a-f]{32}")
+_LEASE_IDS: Final = re.compile(r"(?:[0-9a-f]{32},)+")
+"""Lease ids joined and followed by commas: a whole batch checked by one match."""
+_MAX_ATTEMPT: Final = 10**9
+"""Receipts name attempts of at most 9 digits."""
+
+
+class SettleBatch:
+    """A settle or renew batch: invalid leases answered locally, exact duplicates
+    folded onto their first occurrence, the rest as arrays sorted by delivery
+    (so concurrent batches lock rows in one order).
+
+    ``groups`` maps (stream, group) to (group id, partitions) for every group the
+    batch names that exists. :attr:`args` are the five array parameters of the
+    settle and renew statements (empty when nothing is left to send).
+    """
+
+    def __init__(self, leases: Sequence[Lease],
+                 groups: Mapping[tuple[str, str], tuple[int, int]]) -> None:
+        self.leases = leases
+        self.results: list[SettleResult | None] = [None] * len(leases)
+        self.duplicates: list[tuple[int, int]] = []
+        self.order: list[int] = []
+        self.args: tuple[str, ...] = ()
+        if leases and not self._common(leases, groups):
+            self._general(leases, groups)
+
+    def _common(self, leases: Sequence[Lease],
+                groups: Mapping[tuple[str, str], tuple[int, int]]) -> bool:
+        """The batch as one fetch hands it back (one group, every lease well formed,
+        no two alike), checked with no per-lease fallbacks: the lease ids by one
+        match over the whole batch. False (nothing recorded) for anything else,
+        which :meth:`_general` then answers lease by lease."""
+        first = leases[0]
+        group = first.group
+        stream = first.event.stream
+        found = groups.get((stream, group))
+        if found is None:
+            return False
+        gid, partitions = found
+        ids = [lease.lease_id for lease in leases]
+        if not all(type(lease_id) is str for lease_id in ids):
+            return False
+        if (_LEASE_IDS.fullmatch(",".join(ids) + ",") is None
+                or len(set(ids)) != len(ids)):
+            return False
+        entries: list[tuple[int, int, int, int]] = []
+        append = entries.append
+        for i, lease in enumerate(leases):
+            event = lease.event
+            part, seq, attempt = event.partition, event.sequence, lease.attempt
+            if (type(part) is not int or type(seq) is not int or type(attempt) is not int
+                    or not 0 <= part < partitions or not 0 < seq <= BIGINT_MAX
+                    or not 0 < attempt < _MAX_ATTEMPT
+                    or lease.group != group or event.stream != stream
+                    or lease.receipt != f"{part}-{seq}-{attempt}"):
+                return False
+            append((part, seq, attempt, i))
+        entries.sort()
+        self.order = order = [e[3] for e in entries]
+        self.args = (
+            "{" + ",".join([str(gid)] * len(entries)) + "}",
+            "{" + ",".join([str(e[0]) for e in entries]) + "}",
+            "{" + ",".join([str(e[1]) for e in entries]) + "}",
+            "{" + ",".join([ids[i] for i in order]) + "}",
+            "{" + ",".join([str(e[2]) for e in entries]) + "}",
+        )
+        return True
+
+    def _general(self, leases: Sequence[Lease],
+                 groups: Mapping[tuple[str, str], tuple[int, int]]) -> None:
+        """Any batch: invalid leases answered here, duplicates folded, the rest sorted."""
+        firsts: dict[tuple[str, str, str, str, int, int], int] = {}
+        entries: list[tuple[int, int, int, str, int, int]] = []
+        lease_pattern = _LEASE_ID.fullmatch
+        for i, lease in enumerate(leases):
+            event = lease.event
+            stream, part, seq = event.stream, event.partition, event.sequence
+            found = groups.get((stream, lease.group))
+            if found is None or type(part) is not int or not 0 <= part < found[1]:
+                self.results[i] = SettleResult.failure(
+                    lease.lease_id, SettleKind.INVALID, "lease names no group of this backend")
+                continue
+            if type(seq) is not int or not 0 < seq <= BIGINT_MAX:
+                self.results[i] = SettleResult.failure(
+                    lease.lease_id, SettleKind.INVALID, "lease names no delivery of this backend")
+                continue
+            lease_id, receipt = lease.lease_id, lease.receipt
+            key = (lease_id, receipt, stream, lease.group, part, seq)
+            if key in firsts:
+                self.duplicates.append((i, firsts[key]))
+                continue
+            firsts[key] = i
+            # Our lease ids are 32 lowercase hex digits and receipts
+            # "{partition}-{sequence}-{attempt}"; anything else matches nothing.
+            if type(lease_id) is not str or lease_pattern(lease_id) is None:
+                lease_id = _NIL_UUID
+            attempt = lease.attempt
+            if (type(attempt) is not int or not 0 < attempt < _MAX_ATTEMPT
+                    or receipt != f"{part}-{seq}-{attempt}"):
+                # Not the receipt this lease was issued with: the receipt decides.
+                attempt = _receipt_attempt(receipt, part, seq)
+            entries.append((found[0], part, seq, lease_id, attempt, i))
+        entries.sort()
+        self.order = [e[5] for e in entries]
+        self.args = (
+            tuple("{" + ",".join(map(str, column)) + "}"
+                  for column in zip(*entries, strict=True))[:5]
+            if entries else ()
+        )
+
+    def apply(self, bad_idx: list[int] | None, bad_code: list[int] | None,
+              bad_by: list[int | None] | None, deadline_ms: int | None) -> None:
+        """Record the function's answer: listed positions failed, the rest took effect."""
+        leases, results = self.leases, self.results
+        if not bad_idx:  # the common case: every lease took effect
+            if deadline_ms is None:
+                for i in self.order:
+                    results[i] = settle_ok(leases[i].lease_id)
+            else:
+                for i in self.order:
+                    results[i] = SettleResult(leases[i].lease_id, None, False, deadline_ms)
+            return
+        assert bad_code is not None
+        assert bad_by is not None
+        bad = {i: (c, b) for i, c, b in zip(bad_idx, bad_code, bad_by, strict=True)}
+        for position, i in enumerate(self.order, start=1):
+            code, by = bad.get(position, (0, None))
+            results[i] = _result(leases[i].lease_id, code, by, deadline_ms)
+
+    def finish(self, *, renew: bool) -> list[SettleResult]:
+        """Every lease's result, in the batch's order; duplicates answered as their first."""
+        for i, first in self.duplicates:
+            prior = self.results[first]
+            assert prior is not None
+            lease_id = self.leases[i].lease_id
+            if prior.ok:
+                self.results[i] = (
+                    SettleResult.success(lease_id, deadline_ms=prior.deadline_ms) if renew
+                    else SettleResult.success(lease_id, repeated=True)
+                )
+            else:
+                self.results[i] = SettleResult(lease_id, prior.error)
+        out: list[SettleResult] = []
+        for r in self.results:
+            assert r is not None
+            out.append(r)
+        return out
+
+
+def _receipt_attempt(receipt: object, part: int, seq: int) -> int:
+    """The attempt a receipt names for (part, seq), or -1 (matches no delivery)."""
+    if type(receipt) is str:
+        head, _, tail = receipt.rpartition("-")
+        if (tail.isascii() and tail.isdigit() and len(tail) < 10
+                and head == f"{part}-{seq}"):
+            return int(tail)
+    return -1
+
+
+_FAILURES: Final[dict[int, tuple[SettleKind, str]]] = {
+    2: (SettleKind.STALE_LEASE, "the delivery was leased again"),
+    3: (SettleKind.RECEIPT_MISMATCH, "receipt does not match the lease"),
+    5: (SettleKind.STALE_LEASE, "the delivery was replayed, reset or trimmed"),
+    6: (SettleKind.INVALID, "lease names no delivery of this backend"),
+}
+"""The settle function's failure codes (see functions/settle.sql) but 4 (settled by
+another operation, named in the message) and 7 (changed concurrently: the default)."""
+
+
+def _result(lease_id: str, code: int, by: int | None, deadline_ms: int | None) -> SettleResult:
+    if code == 0:
+        return SettleResult(lease_id, None, False, deadline_ms)
+    if code == 1:
+        return SettleResult.success(lease_id, repeated=True)
+    if code == 4:
+        return SettleResult.failure(lease_id, SettleKind.STALE_LEASE,
+                                    f"already settled by {_OP_NAMES.get(by, by)}")
+    kind, message = _FAILURES.get(
+        code, (SettleKind.FAILED, "the delivery changed concurrently; retry"))
+    return SettleResult.failure(lease_id, kind, message)

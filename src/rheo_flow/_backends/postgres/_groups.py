@@ -1,0 +1,149 @@
+"""Consumer groups of the PostgreSQL backend and their progress: creating and listing
+them, frontiers, dead letters, redrive, replay and reset.
+
+Replay and reset move a group's cursors and frontiers in one transaction that
+takes the cursor rows first (the lock order of every claim); deleting a
+delivery fences its lease, and the event is materialised again at attempt 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ..._backend import DEFAULT_MAX_ATTEMPTS
+from ..._errors import UnknownGroup
+from ..._stream import DeadLetter, GroupInfo, StartPosition
+from ._core import PostgresCore
+from ._sql import BIGINT_MAX, INTEGER_MAX
+
+__all__ = ["GroupOps"]
+
+
+def _position_param(start: StartPosition) -> int | None:
+    """A start position as the SQL parameter: a sequence, or NULL for the high water."""
+    if start == "earliest":
+        return 0
+    if start == "latest":
+        return None
+    return min(int(start), BIGINT_MAX)
+
+
+class _Rewind(NamedTuple):
+    """The statements of one way to move a group back: per-partition positions, the
+    deliveries they drop, and the moves of cursors and frontiers to them."""
+
+    positions: str
+    deliveries: str
+    cursors: str
+    frontiers: str
+
+
+class GroupOps(PostgresCore):
+    """Group operations: create, describe, list; frontier, dead letters, redrive, replay,
+    reset."""
+
+    async def create_group(
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+    ) -> GroupInfo:
+        meta = await self._stream(stream)
+        pool = await self._ready()
+        sql = self._sql
+        position = _position_param(start)
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(sql.insert_group, meta.id, group,
+                                      max_attempts or DEFAULT_MAX_ATTEMPTS)
+            if row is not None:
+                await conn.execute(sql.start_cursors, row[0], meta.id, position)
+                await conn.execute(sql.start_frontiers, row[0], meta.id, position)
+            else:
+                row = await conn.fetchrow(sql.group, meta.id, group)
+                assert row is not None
+                if max_attempts is not None and max_attempts != row[1]:
+                    row = await conn.fetchrow(sql.set_max_attempts, row[0], max_attempts)
+                    assert row is not None
+        self._groups[(stream, group)] = row[0]
+        return GroupInfo(stream, group, row[1], row[2])
+
+    async def group_info(self, stream: str, group: str) -> GroupInfo:
+        meta = await self._stream(stream)
+        pool = await self._ready()
+        row = await pool.fetchrow(self._sql.group, meta.id, group)
+        if row is None:
+            raise UnknownGroup(stream, group)
+        self._groups[(stream, group)] = row[0]
+        return GroupInfo(stream, group, row[1], row[2])
+
+    async def list_groups(self, stream: str) -> list[GroupInfo]:
+        meta = await self._stream(stream)
+        pool = await self._ready()
+        rows = await pool.fetch(self._sql.list_groups, meta.id)
+        return [GroupInfo(stream, r[0], r[1], r[2]) for r in rows]
+
+    # Progress ----------------------------------------------------------------
+
+    async def frontier(self, stream: str, group: str) -> dict[int, int]:
+        gid = await self._group_id(stream, group)
+        pool = await self._ready()
+        rows = await pool.fetch(self._sql.frontier, gid)
+        return {r[0]: r[1] for r in rows}
+
+    async def dead_letters(
+        self, stream: str, group: str, limit: int, after: tuple[int, int] | None
+    ) -> list[DeadLetter]:
+        meta = await self._stream(stream)
+        gid = await self._group_id(stream, group)
+        part, seq = after if after is not None else (-1, -1)
+        pool = await self._ready()
+        rows = await pool.fetch(self._sql.dead_letters, gid, meta.id, part, seq, limit)
+        return [DeadLetter(stream, group, *r) for r in rows]
+
+    async def redrive(
+        self, stream: str, group: str, positions: Sequence[tuple[int, int]] | None
+    ) -> int:
+        gid = await self._group_id(stream, group)
+        pool = await self._ready()
+        parts: list[int] | None = None
+        seqs: list[int] | None = None
+        if positions is not None:
+            wanted = sorted({(p, s) for p, s in positions if 0 <= p <= INTEGER_MAX
+                             and 0 < s <= BIGINT_MAX})
+            parts, seqs = [p for p, _ in wanted], [s for _, s in wanted]
+        count: int = await pool.fetchval(self._sql.redrive, gid, parts, seqs)
+        return count
+
+    async def replay(
+        self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
+    ) -> None:
+        sql = self._sql
+        await self._rewind(
+            stream, group, partitions, min(from_sequence, BIGINT_MAX),
+            _Rewind(sql.replay_starts, sql.replay_deliveries, sql.lower_cursors,
+                    sql.lower_frontiers))
+
+    async def reset(
+        self, stream: str, group: str, to: StartPosition, partitions: Sequence[int]
+    ) -> None:
+        sql = self._sql
+        await self._rewind(
+            stream, group, partitions, _position_param(to),
+            _Rewind(sql.reset_positions, sql.reset_deliveries, sql.set_cursors,
+                    sql.set_frontiers))
+
+    async def _rewind(self, stream: str, group: str, partitions: Sequence[int],
+                      position: int | None, how: _Rewind) -> None:
+        """Move the group's ``partitions`` to the positions ``how`` finds for ``position``."""
+        meta = await self._stream(stream)
+        gid = await self._group_id(stream, group)
+        parts = sorted(set(partitions))
+        if not parts:
+            return
+        pool = await self._ready()
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._sql.lock_cursors, gid, parts)
+            rows = await conn.fetch(how.positions, meta.id, parts, position)
+            positions = ([r[0] for r in rows], [r[1] for r in rows])
+            await conn.execute(how.deliveries, gid, *positions)
+            await conn.execute(how.cursors, gid, *positions)
+            await conn.execute(self._sql.lock_frontiers, gid, positions[0])
+            await conn.execute(how.frontiers, gid, *positions)

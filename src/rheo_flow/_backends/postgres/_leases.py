@@ -1,0 +1,151 @@
+"""Leases of the PostgreSQL backend: fetch, and the fenced settles and renewals.
+
+Each is ONE round trip to a server-side function (defined in ``functions/``):
+
+* ``fetch`` claims eligible deliveries with ``FOR UPDATE SKIP LOCKED`` (expired
+  leases with attempt + 1, or dead-lettered past ``max_attempts``), then
+  materialises new deliveries past the group's cursor, in round-robin order
+  across partitions and sequence order within each;
+* ``ack`` / ``nack`` / ``reject`` / ``renew`` take the whole batch as arrays (see
+  :class:`~._batch.SettleBatch`); a delivery changes only while it is still
+  leased under the very lease (and receipt) that settles it, and settles that
+  finish deliveries move the stored contiguous frontier forward in the same call.
+
+Lease deadlines come from the database clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..._errors import InvalidArgument, UnknownGroup
+from ..._event import decode_json, make_event_json
+from ..._lease import Lease, make_lease
+from ..._settle_results import SettleResult
+from ._batch import OP_CODES, Op, SettleBatch
+from ._core import PostgresCore, StreamMeta
+from ._pool import PoolCalls
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["LeaseOps"]
+
+
+class LeaseOps(PostgresCore):
+    """Lease operations: fetch, ack, nack, reject, renew, and acks in a caller's transaction."""
+
+    async def fetch(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> list[Lease]:
+        meta = await self._stream(stream)
+        gid = await self._group_id(stream, group)
+        ids = list(range(meta.partitions)) if partitions is None else list(partitions)
+        if not ids:
+            return []
+        rotation = (self._rotation.get(gid, 0) + 1) % len(ids)
+        self._rotation[gid] = rotation
+        ids = ids[rotation:] + ids[:rotation]
+        self._listener.fetching(stream)
+        pool = await self._ready()
+        try:
+            rows = await pool.fetch(self._sql.fetch, gid, ids, limit, lease_ms, consumer_id)
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) == "RF001":  # the group was deleted
+                self._forget()
+                raise UnknownGroup(stream, group) from None
+            raise
+        leases: list[Lease] = []
+        append = leases.append
+        # This loop runs once per leased event: data stays JSON text until read.
+        for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at in rows:
+            event = make_event_json(stream, part, seq, event_id, type_, data, key,
+                                    decode_json(heads) if heads is not None else {}, at)
+            append(make_lease(lease_uuid.bytes.hex(), f"{part}-{seq}-{attempt}", group, consumer_id,
+                              event, attempt, deadline))
+        return leases
+
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        return await self._settle(leases, "ack", "", 0)
+
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return await self._settle(leases, "nack", reason, delay_ms, error)
+
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        return await self._settle(leases, "reject", reason, 0, error)
+
+    async def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int,
+                      error: str | None = None, conn: asyncpg.Connection | None = None
+                      ) -> list[SettleResult]:
+        """Settle on ``conn`` (the caller's transaction), else on a pooled connection."""
+        batch = await self._batch(leases)
+        if batch.args:
+            on: asyncpg.Connection | PoolCalls = conn if conn is not None else await self._ready()
+            row = await on.fetchrow(
+                self._sql.settle, OP_CODES[op], *batch.args, reason, delay_ms, error
+            )
+            assert row is not None
+            batch.apply(row[0], row[1], row[2], None)
+        return batch.finish(renew=False)
+
+    async def ack_in_transaction(self, conn: asyncpg.Connection, leases: Sequence[Lease]
+                                 ) -> list[SettleResult]:
+        """Ack ``leases`` on the caller's connection, inside its open transaction.
+
+        The acks (and the frontier moves they cause) commit or roll back together
+        with whatever else the caller wrote in that transaction: a sink writing
+        rows and acking their leases at once has an exactly-once effect. ``conn``
+        must reach this backend's database. Row locks on the settled deliveries
+        and their frontiers are held until the caller's transaction ends, so keep
+        it short after this call. Results are as for :meth:`ack`.
+        """
+        if not conn.is_in_transaction():
+            raise InvalidArgument(
+                "ack_in_transaction needs a connection inside a transaction "
+                "(async with conn.transaction(): ...)"
+            )
+        return await self._settle(leases, "ack", "", 0, None, conn)
+
+    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
+        batch = await self._batch(leases)
+        if batch.args:
+            pool = await self._ready()
+            row = await pool.fetchrow(self._sql.renew, *batch.args, lease_ms)
+            assert row is not None
+            batch.apply(row[1], row[2], row[3], row[0])
+        return batch.finish(renew=True)
+
+    async def _batch(self, leases: Sequence[Lease]) -> SettleBatch:
+        """Resolve the groups a batch names (one query for those not cached yet)."""
+        groups: dict[tuple[str, str], tuple[int, int]] = {}
+        missing: set[tuple[str, str]] = set()
+        for lease in leases:
+            key = (lease.stream, lease.group)
+            if key in groups or key in missing:
+                continue
+            gid = self._groups.get(key)
+            meta = self._streams.get(lease.stream)
+            if gid is not None and meta is not None:
+                groups[key] = (gid, meta.partitions)
+            else:
+                missing.add(key)
+        if missing:
+            pool = await self._ready()
+            names = sorted(missing)
+            for row in await pool.fetch(
+                self._sql.groups_by_name, [s for s, _ in names], [g for _, g in names]
+            ):
+                key = (row[0], row[1])
+                groups[key] = (row[2], row[3])
+                self._groups[key] = row[2]
+                self._streams.setdefault(row[0], StreamMeta(row[4], row[3], row[5]))
+        return SettleBatch(leases, groups)

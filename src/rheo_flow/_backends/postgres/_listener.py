@@ -1,0 +1,135 @@
+"""Wake-ups of idle PostgreSQL consumers through ``LISTEN``/``NOTIFY``.
+
+Every append sends one ``NOTIFY`` on the schema's channel with the stream's name
+as payload. A :class:`Listener` holds one dedicated connection that listens on
+it while anything waits; when that connection cannot be had, callers poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final
+
+from .._shared import Waiters
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["LISTEN_RETRY_S", "Listener"]
+
+log = logging.getLogger("rheo_flow.postgres")
+
+LISTEN_RETRY_S: Final = 5.0
+"""After a failed LISTEN connection, poll for this long before trying again."""
+
+
+class Listener:
+    """The LISTEN connection of one backend, its waiters and notification counters.
+
+    ``connect`` opens the connection (a dedicated one, or one held from the host's
+    pool) and ``release`` gives it back. The counters close the race between a
+    fetch and the wait after it: see :meth:`fetching` and :meth:`wait`.
+    """
+
+    def __init__(self, channel: str, connect: Callable[[], Awaitable[asyncpg.Connection]],
+                 release: Callable[[asyncpg.Connection], Awaitable[None]]) -> None:
+        self._channel = channel
+        self._connect = connect
+        self._release = release
+        self.connection: asyncpg.Connection | None = None
+        """The listening connection, while there is one."""
+        self._task: asyncio.Task[bool] | None = None
+        self._failed_at = -LISTEN_RETRY_S
+        self.waiters = Waiters()
+        """Who waits for an append, by stream."""
+        self.notes: dict[str, int] = {}
+        """Notifications received, by stream."""
+        self._seen: dict[str, int] = {}
+
+    def fetching(self, stream: str) -> None:
+        """Record that a fetch of ``stream`` starts: it sees every append notified so far."""
+        if self.connection is not None:
+            self._seen[stream] = self.notes.get(stream, 0)
+
+    async def wait(self, stream: str, timeout: float) -> bool:
+        """Wait for a notification of ``stream``, or ``timeout`` seconds (False).
+
+        A notification that arrived after the latest fetch of the stream started
+        (so that fetch may have missed its events) returns at once instead of
+        being lost between the fetch and the wait.
+        """
+        notes = self.notes.get(stream, 0)
+        if stream in self._seen and notes > self._seen[stream]:
+            self._seen[stream] = notes
+            return True
+        return await self.waiters.wait(stream, timeout)
+
+    async def ensure(self) -> bool:
+        """Whether a LISTEN connection is up, making one unless one failed just now."""
+        if self.connection is not None and not self.connection.is_closed():
+            return True
+        if time.monotonic() - self._failed_at < LISTEN_RETRY_S:
+            return False
+        task = self._task
+        if task is None or task.done():
+            task = self._task = asyncio.get_running_loop().create_task(self._start())
+        # A waiter cancelled while the connection is being made (a consumer that
+        # fetched meanwhile) must not abort it half-way: the next wait uses it.
+        return await asyncio.shield(task)
+
+    async def _start(self) -> bool:
+        try:
+            conn = await self._connect()
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        try:
+            await conn.add_listener(self._channel, self._on_notify)
+        except Exception as exc:
+            self._failed(exc)
+            await self._drop(conn)
+            return False
+        conn.add_termination_listener(self._on_lost)
+        self.connection = conn
+        return True
+
+    def _failed(self, exc: Exception) -> None:
+        self._failed_at = time.monotonic()
+        log.warning("LISTEN on %s failed (%s: %s); polling for %.0fs",
+                    self._channel, type(exc).__name__, exc, LISTEN_RETRY_S)
+
+    def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        stream = str(payload)
+        self.notes[stream] = self.notes.get(stream, 0) + 1
+        self.waiters.wake(stream)
+
+    def _on_lost(self, conn: object) -> None:
+        if self.connection is conn:
+            self.connection = None
+        # Wake everyone: they fetch now, and the next wait reconnects (or polls).
+        self.waiters.wake_all()
+
+    async def stop(self) -> None:
+        """Close the connection (letting one being made finish first) and wake every waiter."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            with contextlib.suppress(Exception):
+                await task
+        conn, self.connection = self.connection, None
+        if conn is not None:
+            conn.remove_termination_listener(self._on_lost)
+            with contextlib.suppress(Exception):
+                await conn.remove_listener(self._channel, self._on_notify)
+            await self._drop(conn)
+        self._on_lost(None)
+
+    async def _drop(self, conn: asyncpg.Connection) -> None:
+        try:
+            await self._release(conn)
+        except Exception as exc:  # closing must not fail the caller's shutdown
+            log.debug("closing the LISTEN connection failed: %s", exc)
+            conn.terminate()

@@ -1,0 +1,150 @@
+"""The PostgreSQL backend's schema: its versions, and bringing a database up to date.
+
+Each version is a :class:`Migration` whose SQL files (in ``migrations/``) change
+tables and indexes; the versions applied are recorded in ``rheo_schema_version``.
+The server-side functions (``functions/``: fetch, settle, renew,
+advance_frontiers) are not versioned: after the pending migrations, in the same
+transaction, every function is installed at its current definition with
+``CREATE OR REPLACE``, so a schema at any version ends with the same functions
+as a fresh one. The function definitions of earlier releases are kept as test
+fixtures, to build the databases those releases left behind.
+
+Tables (migration 1):
+
+* ``streams``, ``partitions`` — stream metadata; ``partitions`` holds the high
+  and low water per partition and is the row an append locks;
+* ``events`` — one row per event, keyed by (stream, partition, sequence), with a
+  unique (stream, event id) for idempotent appends;
+* ``groups``; ``cursors`` (per group and partition: the highest materialised
+  sequence) and ``frontiers`` (the stored contiguous frontier). They are two
+  tables so that a fetch moving a cursor and a settle moving a frontier never
+  wait on one another's row lock;
+* ``deliveries`` — a row per (group, partition, sequence) once fetch first
+  leases it. ``state``: 0 available, 1 leased, 2 acked, 3 rejected;
+  ``settled_by``: 1 ack, 2 nack, 3 reject.
+
+Partial indexes keep fetch cost independent of the acked history and of the
+backlog: ``deliveries_available`` holds only available rows, ``deliveries_leased``
+only leased rows (with their deadline in the key, so expiry is checked inside
+the index), ``deliveries_rejected`` only dead letters, all by sequence; fetch
+scans them from the group's frontier on. Acked rows live in the primary key
+alone. Events nobody fetched yet have no delivery row at all.
+
+Lock order, followed by every function and statement so that none can deadlock:
+``partitions`` → ``cursors`` → ``deliveries`` → ``frontiers``, rows of one table
+in key order. Fetch takes deliveries and cursors with ``SKIP LOCKED`` (which never
+waits), and blocks on one cursor only while it holds no lock at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from ..._errors import BackendError
+from ._pool import driver
+from ._sql import Statements, load, render
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["BOOTSTRAP", "FUNCTIONS", "MIGRATIONS", "SCHEMA_VERSION", "VERSION_TABLE",
+           "Migration", "ensure_schema"]
+
+log = logging.getLogger("rheo_flow.postgres")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema version: the SQL files (``migrations/<name>.sql``, or ``functions/``
+    for :data:`FUNCTIONS`) applied in order."""
+
+    version: int
+    description: str
+    files: tuple[str, ...]
+
+    @property
+    def statements(self) -> tuple[str, ...]:
+        """Each file's SQL (one or more statements), ``{s}`` not yet rendered."""
+        folder = "functions" if self is FUNCTIONS else "migrations"
+        return tuple(load(f"{folder}/{name}.sql") for name in self.files)
+
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(1, "streams, events, groups, deliveries and the fetch/settle/renew functions",
+              ("v1_tables",)),
+    Migration(2, "fetch, settle and renew with plans that do not depend on table statistics",
+              ()),
+    Migration(3, "fetch commits durably (version 2's fetch committed asynchronously); "
+                 "event ids compare bytewise",
+              ("v3_event_ids_bytewise",)),
+    Migration(4, "deliveries keep the last error recorded by a nack or reject",
+              ("v4_last_error",)),
+)
+"""Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
+
+SCHEMA_VERSION: Final = MIGRATIONS[-1].version
+"""The schema version this code needs; a database at a newer one is refused."""
+
+VERSION_TABLE: Final = "rheo_schema_version"
+
+BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", ("bootstrap",))
+"""Run under the migration lock before the migrations (never recorded as a version)."""
+
+FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
+                             ("advance_frontiers", "fetch", "settle", "renew"))
+"""Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
+
+
+def _newer(schema: str, version: int) -> BackendError:
+    return BackendError(
+        f"PostgreSQL schema {schema!r} is at version {version}, newer than this "
+        f"rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
+    )
+
+
+async def ensure_schema(conn: asyncpg.Connection, schema: str, *, apply: bool) -> int:
+    """Check the schema version; create or upgrade it when ``apply`` (else refuse)."""
+    sql = Statements.for_schema(schema)
+    asyncpg = driver()
+    try:
+        version: int = await conn.fetchval(sql.schema_version)
+    except asyncpg.UndefinedTableError:
+        version = 0
+    if version > SCHEMA_VERSION:
+        raise _newer(schema, version)
+    if version == SCHEMA_VERSION:
+        return version
+    if not apply and version == 0:
+        raise BackendError(
+            f"PostgreSQL schema {schema!r} holds no rheo_flow tables: create them with "
+            "rheo-flow migrate --url URL  (or open with migrate=True)"
+        )
+    if not apply:
+        raise BackendError(
+            f"PostgreSQL schema {schema!r} is at version {version}, this rheo-flow needs "
+            f"{SCHEMA_VERSION}: run  rheo-flow migrate --url URL  (or open with migrate=True)"
+        )
+    return await _apply_migrations(conn, schema, sql)
+
+
+async def _apply_migrations(conn: asyncpg.Connection, schema: str, sql: Statements) -> int:
+    async with conn.transaction():
+        await conn.execute(sql.migration_lock, f"rheo_flow.migrate:{schema}")
+        if not await conn.fetchval(sql.table_exists, render("{s}." + VERSION_TABLE, schema)):
+            for script in BOOTSTRAP.statements:
+                await conn.execute(render(script, schema))
+        version: int = await conn.fetchval(sql.schema_version)
+        if version > SCHEMA_VERSION:
+            raise _newer(schema, version)
+        for migration in MIGRATIONS:
+            if migration.version <= version:
+                continue
+            for script in migration.statements:
+                await conn.execute(render(script, schema))
+            await conn.execute(sql.record_version, migration.version, migration.description)
+            log.info("applied rheo_flow schema migration %d to %s", migration.version, schema)
+        for script in FUNCTIONS.statements:
+            await conn.execute(render(script, schema))
+        return SCHEMA_VERSION

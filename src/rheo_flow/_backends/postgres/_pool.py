@@ -1,0 +1,146 @@
+"""Connections of the PostgreSQL backend: the driver, the pool and how operations use it.
+
+asyncpg is imported only when a backend is built (:func:`driver`), so importing
+rheo_flow never needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlsplit
+
+from ..._urls import require_driver, unreachable
+from .._guard import mark_sent
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["PoolCalls", "connect", "connect_listener", "create_pool", "driver"]
+
+
+def driver() -> Any:
+    """The asyncpg module, or the error naming the ``postgres`` extra when it is missing."""
+    require_driver("PostgreSQL", "postgres", "asyncpg")
+    import asyncpg
+
+    return asyncpg
+
+
+class PoolCalls:
+    """The asyncpg pool as operations use it.
+
+    Each call marks its request as sent once it holds a connection (see
+    :func:`~rheo_flow._backends._guard.mark_sent`), and a call cancelled mid-way
+    (the operation timeout, or its caller) terminates its connection: asyncpg
+    would otherwise cancel the statement over a new connection and hold the old
+    one until the server confirms, which never happens while the network stalls.
+    """
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection for several statements."""
+        pool = self._pool
+        conn = await pool.acquire()
+        mark_sent()
+        try:
+            yield conn
+        except asyncio.CancelledError:
+            conn.terminate()
+            raise
+        finally:
+            await pool.release(conn)
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        """``Connection.fetch`` on a pooled connection."""
+        rows: list[Any] = await self._call("fetch", sql, args)
+        return rows
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        """``Connection.fetchrow`` on a pooled connection."""
+        return await self._call("fetchrow", sql, args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """``Connection.fetchval`` on a pooled connection."""
+        return await self._call("fetchval", sql, args)
+
+    async def _call(self, method: str, sql: str, args: tuple[Any, ...]) -> Any:
+        # Not through acquire(): one call is the hot path, a context manager costs.
+        pool = self._pool
+        conn = await pool.acquire()
+        mark_sent()
+        try:
+            return await getattr(conn, method)(sql, *args)
+        except asyncio.CancelledError:
+            conn.terminate()
+            raise
+        finally:
+            await pool.release(conn)
+
+
+def _server_settings(url: str, settings: dict[str, str], name: str) -> dict[str, str]:
+    """``settings`` plus ``application_name=name`` unless the URL names the application."""
+    if not any(key == "application_name" for key, _ in parse_qsl(urlsplit(url).query)):
+        settings["application_name"] = name
+    return settings
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release hook of an owned pool: nothing to reset.
+
+    asyncpg's default runs ``RESET ALL; UNLISTEN *; ...`` on every release: a
+    round trip per operation. This backend never changes session state on pooled
+    connections (LISTEN has its own connection, transactions are scoped), and
+    asyncpg still rolls back a transaction left open before calling this.
+    """
+
+
+@contextlib.contextmanager
+def _reaching(url: str) -> Iterator[None]:
+    """Connecting: a server that cannot be reached raises the unreachable error naming ``url``."""
+    asyncpg = driver()
+    try:
+        yield
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise unreachable("PostgreSQL", url, exc) from None
+
+
+async def create_pool(url: str, min_size: int, max_size: int, timeout_ms: int) -> asyncpg.Pool:
+    """A pool of the backend's own."""
+    with _reaching(url):
+        pool: asyncpg.Pool = await driver().create_pool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout_ms / 1000,
+            # JIT compiling the claim statements would cost more than running them.
+            server_settings=_server_settings(url, {"jit": "off"}, "rheo_flow"),
+            reset=_keep_session,
+        )
+    return pool
+
+
+async def connect(url: str, shown: str) -> asyncpg.Connection:
+    """One connection outside any pool (to migrate a schema); errors name the URL ``shown``."""
+    with _reaching(shown):
+        conn: asyncpg.Connection = await driver().connect(url)
+    return conn
+
+
+async def connect_listener(url: str, timeout_ms: int) -> asyncpg.Connection:
+    """The dedicated LISTEN connection of a backend that owns its pool.
+
+    Errors propagate as asyncpg raised them: the listener reports them and polls.
+    """
+    conn: asyncpg.Connection = await driver().connect(
+        url, server_settings=_server_settings(url, {}, "rheo_flow.listen"),
+        timeout=timeout_ms / 1000,
+    )
+    return conn

@@ -1,0 +1,111 @@
+-- settle: the fenced ack / nack / reject of a batch. It locks the batch's
+-- deliveries still leased under these very leases in key order (the batch
+-- arrives sorted), then updates them by address; a racing settle of the same
+-- lease waits on the row lock and then no longer matches (the row is re-checked
+-- once the lock is granted). The frontier steps of advance_frontiers are
+-- inlined: a settle is the hot caller, and a nested call costs as much as the
+-- two statements. Each leftover batch element looks its delivery up by key.
+--
+-- p_error is the error to record (NULL keeps the recorded one); it defaults to
+-- NULL, so a process still running a release from before schema version 4
+-- (eight arguments) keeps settling across the upgrade.
+
+CREATE OR REPLACE FUNCTION {s}.settle(p_op smallint, p_groups integer[], p_parts integer[],
+                                      p_seqs bigint[], p_leases uuid[], p_atts integer[],
+                                      p_reason text, p_delay_ms bigint, p_error text DEFAULT NULL,
+                                      OUT bad_idx bigint[], OUT bad_code smallint[],
+                                      OUT bad_by smallint[])
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+AS $fn$
+DECLARE
+    v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    v_tids tid[];
+    v_spent tid[];
+    v_done bigint[];
+    v_tg integer[];
+    v_tp integer[];
+BEGIN
+    WITH hit AS (
+        -- spent: a nack of this attempt dead-letters (only nack needs max_attempts).
+        SELECT l.tid, u.idx, u.g, u.part,
+               p_op = 3 OR p_op = 1 OR (p_op = 2 AND u.att >= (
+                   SELECT gr.max_attempts FROM {s}.groups gr WHERE gr.id = u.g)) AS final
+
+    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+         AS u(g, part, seq, lease, att, idx)
+    CROSS JOIN LATERAL (
+        -- "state + 0": a plain "state = 1" would let the planner walk
+        -- deliveries_leased (its predicate) per lease; the key finds each row.
+        SELECT d.ctid AS tid FROM {s}.deliveries d
+        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
+          AND d.state + 0 = 1 AND d.lease_id = u.lease AND d.attempt = u.att
+        FOR UPDATE) l
+    )
+    SELECT array_agg(hit.tid), array_agg(hit.tid) FILTER (WHERE hit.final AND p_op = 2),
+           array_agg(hit.idx),
+           array_agg(hit.g) FILTER (WHERE hit.final), array_agg(hit.part) FILTER (WHERE hit.final)
+    INTO v_tids, v_spent, v_done, v_tg, v_tp
+    FROM hit;
+
+    IF v_tids IS NOT NULL THEN
+        UPDATE {s}.deliveries d SET
+            state = CASE WHEN p_op = 1 THEN 2 WHEN p_op = 3 THEN 3
+                         WHEN d.ctid = ANY (v_spent) THEN 3 ELSE 0 END,
+            settled_by = p_op,
+            last_error = COALESCE(p_error, d.last_error),
+            reason = CASE WHEN p_op = 1 THEN '' WHEN p_op = 3 THEN p_reason
+                          WHEN d.ctid = ANY (v_spent) THEN 'max_attempts' ELSE p_reason END,
+            available_at_ms = CASE WHEN p_op = 2 THEN v_now + p_delay_ms
+                                   ELSE d.available_at_ms END,
+            rejected_at_ms = CASE WHEN p_op = 3 OR (p_op = 2 AND d.ctid = ANY (v_spent))
+                                  THEN v_now ELSE d.rejected_at_ms END
+        WHERE d.ctid = ANY (v_tids);
+    END IF;
+    IF v_tg IS NOT NULL THEN
+    PERFORM 1 FROM {s}.frontiers f
+        JOIN (SELECT DISTINCT g, p FROM unnest(v_tg, v_tp) AS u(g, p)) u
+          ON f.group_id = u.g AND f.part = u.p
+        ORDER BY f.group_id, f.part
+        FOR UPDATE OF f;
+    UPDATE {s}.frontiers f SET frontier = n.top
+    FROM (
+        SELECT f2.group_id, f2.part, LEAST(
+            COALESCE((SELECT d.seq FROM {s}.deliveries d
+                      WHERE d.group_id = f2.group_id AND d.part = f2.part
+                        AND d.seq > f2.frontier AND d.state < 2
+                      ORDER BY d.seq LIMIT 1), 9223372036854775807),
+            (SELECT c.cursor + 1 FROM {s}.cursors c
+             WHERE c.group_id = f2.group_id AND c.part = f2.part)) - 1 AS top
+        FROM {s}.frontiers f2
+        JOIN (SELECT DISTINCT g, p FROM unnest(v_tg, v_tp) AS u(g, p)) u
+          ON f2.group_id = u.g AND f2.part = u.p
+    ) n
+    WHERE f.group_id = n.group_id AND f.part = n.part AND n.top > f.frontier;
+    END IF;
+    IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
+
+    SELECT array_agg(u.idx ORDER BY u.idx),
+           array_agg(CASE
+               WHEN d.seq IS NULL THEN
+                   CASE WHEN u.seq >= 1 AND u.seq <= pt.high_water THEN 5 ELSE 6 END
+               WHEN d.lease_id IS DISTINCT FROM u.lease THEN 2
+               WHEN d.attempt <> u.att THEN 3
+               WHEN d.state = 1 THEN 7
+               WHEN p_op <> 0 AND d.settled_by = p_op THEN 1
+               ELSE 4 END::smallint ORDER BY u.idx),
+           array_agg(d.settled_by ORDER BY u.idx)
+    INTO bad_idx, bad_code, bad_by
+    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+         AS u(g, part, seq, lease, att, idx)
+    LEFT JOIN LATERAL (
+        SELECT d.seq, d.lease_id, d.attempt, d.state, d.settled_by FROM {s}.deliveries d
+        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq OFFSET 0) d ON true
+    LEFT JOIN LATERAL (
+        SELECT pt.high_water FROM {s}.groups gr
+        JOIN {s}.partitions pt ON pt.stream_id = gr.stream_id AND pt.part = u.part
+        WHERE gr.id = u.g OFFSET 0) pt ON true
+    WHERE u.idx <> ALL (COALESCE(v_done, '{}'::bigint[]));
+    END IF;
+END
+$fn$;

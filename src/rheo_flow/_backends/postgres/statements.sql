@@ -1,0 +1,306 @@
+-- Every statement the PostgreSQL backend runs, one per "-- name:" section.
+-- {s} stands for the quoted schema name; everything else travels as bind
+-- parameters. Comment lines are documentation and are not sent. The lock order
+-- every statement follows is described in _migrations.py.
+
+-- Streams ---------------------------------------------------------------------
+
+-- name: stream
+SELECT id, partitions, created_at_ms FROM {s}.streams WHERE name = $1
+
+-- name: insert_stream
+INSERT INTO {s}.streams (name, partitions, created_at_ms)
+VALUES ($1, $2, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (name) DO NOTHING
+RETURNING id, partitions, created_at_ms
+
+-- name: insert_partitions
+INSERT INTO {s}.partitions (stream_id, part) SELECT $1, generate_series(0, $2 - 1)
+
+-- name: partitions
+SELECT part, high_water, low_water FROM {s}.partitions WHERE stream_id = $1 ORDER BY part
+
+-- name: list_streams
+SELECT name FROM {s}.streams ORDER BY name COLLATE "C"
+
+-- Numbers new events under the partition row locks (taken in partition order),
+-- inserts them, moves the high water, and sends ONE notification. The batch
+-- travels as a few texts, not as arrays asyncpg encodes element by element:
+-- partitions as an array literal, ids, types and keys as JSON arrays of
+-- strings, and the events' data as one JSON array of their JSON texts (each
+-- element reaches the table exactly as encoded); headers, rarely set, as an
+-- array of JSON texts. A duplicate event id makes the insert fail as a whole:
+-- the caller then separates the ids already stored and appends the rest.
+-- name: append
+WITH r AS (
+    SELECT * FROM ROWS FROM (unnest($2::text::integer[]), json_array_elements_text($3::json),
+                             json_array_elements_text($4::json),
+                             json_array_elements_text($5::json), json_array_elements($6::json),
+                             unnest($7::text[]))
+        WITH ORDINALITY AS r(part, event_id, type, key, data, headers, idx)
+), t AS (
+    SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms
+), locked AS (
+    SELECT p.part, p.high_water FROM {s}.partitions p
+    WHERE p.stream_id = $1 AND p.part IN (SELECT DISTINCT r.part FROM r)
+    ORDER BY p.part
+    FOR UPDATE
+), numbered AS (
+    SELECT r.idx, r.part, r.event_id, r.type, r.key, r.data, r.headers,
+           l.high_water + row_number() OVER (PARTITION BY r.part ORDER BY r.idx) AS seq
+    FROM r JOIN locked l ON l.part = r.part
+), inserted AS (
+    INSERT INTO {s}.events (stream_id, part, seq, appended_at_ms, event_id, type, key, data,
+                            headers)
+    SELECT $1, n.part, n.seq, t.ms, n.event_id, n.type, n.key, n.data, n.headers::json
+    FROM numbered n CROSS JOIN t
+), moved AS (
+    UPDATE {s}.partitions p SET high_water = m.top
+    FROM (SELECT n.part, max(n.seq) AS top FROM numbered n GROUP BY n.part) m
+    WHERE p.stream_id = $1 AND p.part = m.part
+)
+SELECT (SELECT t.ms FROM t) AS appended_at_ms,
+       (SELECT array_agg(n.seq ORDER BY n.idx) FROM numbered n) AS seqs,
+       (SELECT pg_notify($8, $9)) AS notified
+
+-- name: stored_events
+SELECT part, seq, event_id, type, key, data::text, headers::text, appended_at_ms
+FROM {s}.events WHERE stream_id = $1 AND event_id = ANY($2::text[])
+
+-- A filter left NULL matches every event.
+-- name: query_events
+SELECT part, seq, event_id, type, key, data::text, headers::text, appended_at_ms
+FROM {s}.events WHERE stream_id = $1 AND part = $2 AND seq BETWEEN $3 AND $4
+    AND ($6::text IS NULL OR key = $6) AND ($7::text IS NULL OR type = $7)
+    AND ($8::bigint IS NULL OR appended_at_ms >= $8)
+    AND ($9::bigint IS NULL OR appended_at_ms < $9)
+ORDER BY seq LIMIT $5
+
+-- Groups ----------------------------------------------------------------------
+
+-- name: group
+SELECT g.id, g.max_attempts, g.created_at_ms FROM {s}.groups g
+WHERE g.stream_id = $1 AND g.name = $2
+
+-- name: groups_by_name
+SELECT u.stream, u.grp, g.id, s.partitions, s.id, s.created_at_ms
+FROM unnest($1::text[], $2::text[]) AS u(stream, grp)
+JOIN {s}.streams s ON s.name = u.stream
+JOIN {s}.groups g ON g.stream_id = s.id AND g.name = u.grp
+
+-- name: insert_group
+INSERT INTO {s}.groups (stream_id, name, max_attempts, created_at_ms)
+VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+ON CONFLICT (stream_id, name) DO NOTHING
+RETURNING id, max_attempts, created_at_ms
+
+-- A new group's cursors and frontiers start at the position ($3; NULL: the high
+-- water), never below the low water.
+-- name: start_cursors
+INSERT INTO {s}.cursors (group_id, part, cursor)
+SELECT $1, p.part,
+       GREATEST(p.low_water - 1, LEAST(COALESCE($3::bigint, p.high_water), p.high_water))
+FROM {s}.partitions p WHERE p.stream_id = $2
+
+-- name: start_frontiers
+INSERT INTO {s}.frontiers (group_id, part, frontier)
+SELECT $1, p.part,
+       GREATEST(p.low_water - 1, LEAST(COALESCE($3::bigint, p.high_water), p.high_water))
+FROM {s}.partitions p WHERE p.stream_id = $2
+
+-- name: set_max_attempts
+UPDATE {s}.groups SET max_attempts = $2 WHERE id = $1 RETURNING id, max_attempts, created_at_ms
+
+-- name: list_groups
+SELECT name, max_attempts, created_at_ms FROM {s}.groups
+WHERE stream_id = $1 ORDER BY name COLLATE "C"
+
+-- Leases ----------------------------------------------------------------------
+
+-- A settle or renew batch travels as five array literals (text the server
+-- parses), not as arrays asyncpg encodes element by element: every element is
+-- an integer or a validated 32-digit hex lease id, so the literals need no quoting.
+-- name: fetch
+SELECT * FROM {s}.fetch($1, $2, $3, $4, $5)
+
+-- name: settle
+SELECT * FROM {s}.settle($1, $2::text::integer[], $3::text::integer[], $4::text::bigint[],
+                         $5::text::uuid[], $6::text::integer[], $7, $8, $9)
+
+-- name: renew
+SELECT * FROM {s}.renew($1::text::integer[], $2::text::integer[], $3::text::bigint[],
+                        $4::text::uuid[], $5::text::integer[], $6)
+
+-- Progress --------------------------------------------------------------------
+
+-- name: frontier
+SELECT part, frontier FROM {s}.frontiers WHERE group_id = $1 ORDER BY part
+
+-- name: dead_letters
+SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms, d.last_error
+FROM {s}.deliveries d JOIN {s}.events e
+    ON e.stream_id = $2 AND e.part = d.part AND e.seq = d.seq
+WHERE d.group_id = $1 AND d.state = 3 AND (d.part, d.seq) > ($3, $4)
+ORDER BY d.part, d.seq LIMIT $5
+
+-- Dead letters back to available, attempt 0: all of the group's ($2 NULL) or
+-- those at the positions ($2, $3); the frontiers drop below the lowest.
+-- name: redrive
+WITH back AS (
+    UPDATE {s}.deliveries d SET state = 0, attempt = 0, lease_id = NULL,
+        settled_by = NULL, reason = '', last_error = NULL,
+        available_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+    WHERE d.group_id = $1 AND d.state = 3
+        AND ($2::integer[] IS NULL OR (d.part, d.seq) IN (SELECT u.p, u.s FROM
+            unnest($2::integer[], $3::bigint[]) AS u(p, s)))
+    RETURNING d.part, d.seq
+), lowered AS (
+    UPDATE {s}.frontiers f SET frontier = LEAST(f.frontier, m.low - 1)
+    FROM (SELECT back.part, min(back.seq) AS low FROM back GROUP BY back.part) m
+    WHERE f.group_id = $1 AND f.part = m.part
+)
+SELECT count(*) FROM back
+
+-- Replay and reset take the cursor rows first (the lock order of every claim),
+-- then the frontier rows before moving them.
+-- name: lock_cursors
+SELECT 1 FROM {s}.cursors WHERE group_id = $1 AND part = ANY($2::integer[])
+ORDER BY part FOR UPDATE
+
+-- name: lock_frontiers
+SELECT 1 FROM {s}.frontiers WHERE group_id = $1 AND part = ANY($2::integer[])
+ORDER BY part FOR UPDATE
+
+-- Trimmed events are gone and count as settled: replay starts at the low water.
+-- name: replay_starts
+SELECT part, GREATEST($3::bigint, low_water) FROM {s}.partitions
+WHERE stream_id = $1 AND part = ANY($2::integer[]) ORDER BY part
+
+-- Deleting a delivery fences its lease; it is materialised again, attempt 1.
+-- name: replay_deliveries
+DELETE FROM {s}.deliveries d USING unnest($2::integer[], $3::bigint[]) AS u(p, s)
+WHERE d.group_id = $1 AND d.part = u.p AND d.seq >= u.s
+
+-- name: lower_cursors
+UPDATE {s}.cursors t SET cursor = LEAST(t.cursor, u.s - 1)
+FROM unnest($2::integer[], $3::bigint[]) AS u(p, s) WHERE t.group_id = $1 AND t.part = u.p
+
+-- name: lower_frontiers
+UPDATE {s}.frontiers t SET frontier = LEAST(t.frontier, u.s - 1)
+FROM unnest($2::integer[], $3::bigint[]) AS u(p, s) WHERE t.group_id = $1 AND t.part = u.p
+
+-- name: reset_positions
+SELECT part, GREATEST(low_water - 1, LEAST(COALESCE($3::bigint, high_water), high_water))
+FROM {s}.partitions WHERE stream_id = $1 AND part = ANY($2::integer[]) ORDER BY part
+
+-- name: reset_deliveries
+DELETE FROM {s}.deliveries d USING unnest($2::integer[], $3::bigint[]) AS u(p, s)
+WHERE d.group_id = $1 AND d.part = u.p
+
+-- name: set_cursors
+UPDATE {s}.cursors t SET cursor = u.s
+FROM unnest($2::integer[], $3::bigint[]) AS u(p, s) WHERE t.group_id = $1 AND t.part = u.p
+
+-- name: set_frontiers
+UPDATE {s}.frontiers t SET frontier = u.s
+FROM unnest($2::integer[], $3::bigint[]) AS u(p, s) WHERE t.group_id = $1 AND t.part = u.p
+
+-- Deletion --------------------------------------------------------------------
+
+-- Locking the stream row first orders a deletion against appends and group creation.
+-- name: lock_stream
+SELECT id FROM {s}.streams WHERE name = $1 FOR UPDATE
+
+-- name: lock_stream_of_group
+SELECT s.id, g.id FROM {s}.streams s LEFT JOIN {s}.groups g
+    ON g.stream_id = s.id AND g.name = $2
+WHERE s.name = $1 FOR UPDATE OF s
+
+-- name: stream_groups
+SELECT id FROM {s}.groups WHERE stream_id = $1 ORDER BY id
+
+-- name: delete_deliveries
+DELETE FROM {s}.deliveries WHERE group_id = ANY($1::integer[])
+
+-- name: delete_frontiers
+DELETE FROM {s}.frontiers WHERE group_id = ANY($1::integer[])
+
+-- name: delete_cursors
+DELETE FROM {s}.cursors WHERE group_id = ANY($1::integer[])
+
+-- name: delete_groups
+DELETE FROM {s}.groups WHERE id = ANY($1::integer[])
+
+-- name: delete_events
+DELETE FROM {s}.events WHERE stream_id = $1
+
+-- name: delete_partitions
+DELETE FROM {s}.partitions WHERE stream_id = $1
+
+-- name: delete_stream
+DELETE FROM {s}.streams WHERE id = $1
+
+-- Trimming --------------------------------------------------------------------
+
+-- name: lock_partitions
+SELECT part, high_water FROM {s}.partitions WHERE stream_id = $1
+    AND part = ANY($2::integer[]) ORDER BY part FOR UPDATE
+
+-- Removes the events up to each partition's bound; the count removed by partition.
+-- name: trim_events
+WITH gone AS (
+    DELETE FROM {s}.events e USING unnest($2::integer[], $3::bigint[]) AS u(p, b)
+    WHERE e.stream_id = $1 AND e.part = u.p AND e.seq <= u.b
+    RETURNING e.part
+) SELECT gone.part, count(*) FROM gone GROUP BY gone.part
+
+-- name: raise_low_water
+UPDATE {s}.partitions p SET low_water = GREATEST(p.low_water, u.b + 1)
+FROM unnest($2::integer[], $3::bigint[]) AS u(p, b)
+WHERE p.stream_id = $1 AND p.part = u.p
+
+-- Deliveries of removed events are dropped (fencing their leases) and count as
+-- settled: each group's cursors and frontiers move up to the bound, then on.
+-- The (group, partition, bound) triples arrive in key order.
+-- name: lock_trimmed_cursors
+SELECT 1 FROM {s}.cursors c JOIN unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
+    ON c.group_id = u.g AND c.part = u.p
+ORDER BY c.group_id, c.part FOR UPDATE OF c
+
+-- name: trim_deliveries
+DELETE FROM {s}.deliveries d USING unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
+WHERE d.group_id = u.g AND d.part = u.p AND d.seq <= u.b
+
+-- name: raise_cursors
+UPDATE {s}.cursors c SET cursor = GREATEST(c.cursor, u.b)
+FROM unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
+WHERE c.group_id = u.g AND c.part = u.p
+
+-- name: lock_trimmed_frontiers
+SELECT 1 FROM {s}.frontiers f JOIN unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
+    ON f.group_id = u.g AND f.part = u.p
+ORDER BY f.group_id, f.part FOR UPDATE OF f
+
+-- name: raise_frontiers
+UPDATE {s}.frontiers f SET frontier = GREATEST(f.frontier, u.b)
+FROM unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
+WHERE f.group_id = u.g AND f.part = u.p
+
+-- name: advance_frontiers
+SELECT {s}.advance_frontiers($1::integer[], $2::integer[])
+
+-- Schema versions -------------------------------------------------------------
+
+-- name: schema_version
+SELECT COALESCE(max(version), 0) FROM {s}.rheo_schema_version
+
+-- Several processes may start at once: one migrates, the others wait on this
+-- lock (released with the transaction) and then find the schema current.
+-- name: migration_lock
+SELECT pg_advisory_xact_lock(hashtextextended($1, 0))
+
+-- name: table_exists
+SELECT to_regclass($1) IS NOT NULL
+
+-- name: record_version
+INSERT INTO {s}.rheo_schema_version (version, description) VALUES ($1, $2)

@@ -1,0 +1,56 @@
+"""The Redis Streams backend, on redis-py's asyncio client.
+
+Layout (``P`` is the key prefix, ``s`` a stream, ``p`` a partition, ``g`` a group).
+Every key of one partition shares the hash tag ``{P:s:p}``, so a Redis Cluster
+can spread partitions over shards and each Lua script stays on one slot:
+
+* ``{P:s:p}:x`` — the Redis stream of the partition. The entry id of the event
+  with sequence ``n`` is ``n-0``; the entry holds ``meta`` (JSON ``[id, type,
+  key, headers]``), ``data`` (JSON) and ``time`` (append time, server clock).
+* ``{P:s:p}:m`` — high water ``hw``, low water ``lw``, last append time ``ts``.
+* ``{P:s:p}:i`` — event id -> sequence (idempotent appends).
+* ``{P:s:p}:g:<g>`` — the group's frontier ``f``, cursor ``c`` and
+  ``max_attempts``; the Redis consumer group ``<g>`` on ``:x`` delivers new
+  entries (``XREADGROUP``) and mirrors who holds what in its PEL.
+* ``{P:s:p}:g:<g>:d`` — one delivery record per materialised sequence (state,
+  attempt, lease id, who settled it); ``:z`` — available and leased deliveries
+  by the time they become eligible; ``:r`` — dead letters by sequence. As in
+  the reference backend, acked and rejected records stay (they answer a
+  repeated settle) until replay, reset or trim removes them.
+* ``{P:s:p}:g:<g>:b`` — blocks: the new deliveries of one fetch share one record
+  ``first|last|deadline`` under the fetch's token (their lease ids are
+  ``<token>:<seq>``, attempt 1) instead of a delivery record and a ``:z`` entry
+  each; ``:y`` holds the blocks still to expire, by deadline. Past the frontier
+  such a delivery is leased, behind it acked by its block lease: an ack that
+  moves the frontier over it writes nothing more. It gets its own record when
+  acked out of order, nacked, rejected or renewed, or when its block expires (a
+  fetch then writes records for the entries still leased). Replay, reset and
+  trim clip or drop the blocks they reach.
+* ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
+  which partition owns an event id (streams with several partitions).
+
+Every fetch, settle batch and renew tick is one round trip: one script per
+partition, pipelined, with JSON requests and replies (orjson on this side). A
+fetch whose partitions turn out uneven may take a second one to fill its limit;
+an append to a multi-partition stream first records which partition owns each
+event id. The layout is cluster-ready;
+two mechanisms assume one server (or a primary with replicas): appends to
+several partitions are one ``MULTI``/``EXEC``, and the wake-up is one ``XREAD``
+over every partition of the stream. Lease deadlines, nack delays and append times use the
+Redis server's clock (``TIME`` inside the scripts). A fetch finds due work
+through the ``:z`` sorted set rather than ``XAUTOCLAIM``, whose single idle
+threshold cannot express per-fetch lease times or nack delays; expired
+entries are taken over with ``XCLAIM`` so the PEL still shows the holder.
+
+Modules: ``_backend`` (the class: construction and lifecycle), one mixin module per
+group of operations (``_streams``, ``_events``, ``_groups``, ``_fetch``, ``_settle``,
+``_dead_letters``, ``_wakeups``) on ``_core``'s shared state, ``_keys`` (key names),
+``_scripts`` and ``lua/`` (the scripts), ``_codec`` (entries and replies), ``_errors``
+(error classification) and ``_driver`` (the redis-py import).
+"""
+
+from __future__ import annotations
+
+from ._backend import RedisBackend
+
+__all__ = ["RedisBackend"]

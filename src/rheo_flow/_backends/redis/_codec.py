@@ -1,0 +1,111 @@
+"""How events and records travel to and from Redis.
+
+A stream entry holds ``meta`` (JSON ``[id, type, key, headers]``), ``data``
+(JSON) and ``time`` (append time, server clock); the scripts reply with those
+texts as stored, so the data of an event is decoded only when first read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ..._backend import AppendRecord
+from ..._event import Event, make_event_json
+from ..._lease import Lease, make_lease
+
+__all__ = [
+    "appended_events",
+    "encode_metas",
+    "entry_event",
+    "fetched_leases",
+    "group_record",
+    "stream_record",
+    "text",
+]
+
+
+def text(value: Any) -> str:
+    """A reply as text, in either response mode of redis-py."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def stream_record(record: Any) -> tuple[int, int]:
+    """(partitions, created_ms) of a stream record ``partitions|created_ms``."""
+    count, created = (int(v) for v in text(record).split("|"))
+    return count, created
+
+
+def group_record(record: Any) -> tuple[str, str, str]:
+    """(max_attempts, created_ms, start) of a group record ``max_attempts|created_ms|start``."""
+    ma, created, start = text(record).split("|", 2)
+    return ma, created, start
+
+
+def encode_metas(records: Sequence[AppendRecord]) -> list[str]:
+    """The ``meta`` field of each record's entry; a string no store can hold fails here."""
+    dumps = orjson.dumps
+    return [dumps((r.id, r.type, r.key, r.headers if type(r.headers) is dict
+                   else dict(r.headers))).decode() for r in records]
+
+
+def appended_events(
+    stream: str, partition: int, records: Sequence[AppendRecord], reply: list[Any]
+) -> list[Event]:
+    """The events of one partition's append reply ``[time, items]`` (see ``append.lua``)."""
+    at, items = reply
+    out: list[Event] = []
+    add = out.append
+    built: dict[int, Event] = {}
+    for r, item in zip(records, items, strict=True):
+        if type(item) is int:
+            event = built.get(item)
+            if event is None:
+                headers = r.headers
+                event = built[item] = make_event_json(
+                    stream, partition, item, r.id, r.type, r.data_json, r.key,
+                    dict(headers) if headers else {}, at)
+        else:
+            seq, stored_at, meta, data = item
+            event = make_event_json(stream, partition, seq, meta[0], meta[1], data, meta[2],
+                                    meta[3], stored_at)
+        add(event)
+    return out
+
+
+def fetched_leases(
+    stream: str, partition: int, group: str, consumer_id: str, token: str,
+    head: Sequence[Any], datas: Sequence[Any],
+) -> list[Lease]:
+    """The leases of one partition's fetch reply: its decoded JSON ``head`` and the data
+    texts after it (see ``fetch.lua``); ``token`` is the block token the fetch sent.
+
+    Items are ``[seq, attempt, time, [id, type, key, headers]]``: the redelivered ones
+    first (lease ids ``<token>.1``, ``<token>.2``, ...), then the new ones, one block
+    (lease ids ``<token>:<seq>``).
+    """
+    _, _, deadline, redelivered, items = head
+    prefix = f"{token}."
+    block = f"{token}:"
+    return [
+        make_lease(
+            f"{prefix}{n}" if n <= redelivered else f"{block}{seq}", f"{seq}-0",
+            group, consumer_id,
+            make_event_json(stream, partition, seq, meta[0], meta[1], data, meta[2], meta[3],
+                            at),
+            attempt, deadline)
+        for n, ((seq, attempt, at, meta), data) in enumerate(zip(items, datas, strict=True), 1)
+    ]
+
+
+def entry_event(stream: str, partition: int, entry_id: Any, fields: Mapping[Any, Any]
+                ) -> Event:
+    """The event of a stream entry as ``XRANGE`` returns it."""
+    values = {text(k): v for k, v in fields.items()}
+    meta = json.loads(values["meta"])
+    seq = int(text(entry_id).split("-", 1)[0])
+    return Event(stream, partition, seq, meta[0], meta[1], json.loads(values["data"]), meta[2],
+                 meta[3], int(values["time"]))

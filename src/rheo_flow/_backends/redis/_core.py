@@ -1,0 +1,163 @@
+"""What every group of Redis backend operations shares: the client, the key layout,
+the script runner, error translation and the caches of what this process knows.
+
+:class:`RedisCore` is the base of the operation mixins that make up
+:class:`~rheo_flow._backends.redis.RedisBackend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from ..._errors import BackendError, StoreLost, UnknownGroup, UnknownStream
+from ..._settle_results import SettleKind
+from ._codec import stream_record, text
+from ._driver import aioredis, rex
+from ._errors import classify, store_lost, translate
+from ._keys import KeyLayout
+from ._scripts import ScriptCall, ScriptRunner
+
+__all__ = ["RedisCore"]
+
+T = TypeVar("T")
+
+
+class RedisCore:
+    """The state and helpers the Redis backend's operations share."""
+
+    _client: aioredis.Redis
+    _keys: KeyLayout
+    _scripts: ScriptRunner
+    _url: str | None
+    """The redacted URL of an owned client (None for a host client)."""
+    _secrets: list[str]
+    """What must never appear in an error message (the URL's password)."""
+    _partitions: dict[str, int]
+    """Partition counts of the streams known to exist."""
+    _known_groups: set[tuple[str, str]]
+    _rotation: dict[tuple[str, str], int]
+    """Per (stream, group), how many multi-partition fetches ran (the first partition)."""
+    _seen: dict[str, list[int]]
+    _stale: dict[str, set[int]]
+    _valid_keys: dict[tuple[Any, Any, Any], bool]
+    """(stream, group, partition) of settled leases -> whether it can name a delivery."""
+    _consumers: dict[tuple[str, str], set[str]]
+    """The Redis consumers fetches created, per (stream, group); ``_tracked`` counts them."""
+    _tracked: int
+
+    def _init_caches(self) -> None:
+        self._partitions = {}
+        self._known_groups = set()
+        self._rotation = {}
+        self._seen = {}
+        self._stale = {}
+        self._valid_keys = {}
+        self._consumers = {}
+        self._tracked = 0
+
+    # Errors ------------------------------------------------------------------
+
+    def classify_error(self, exc: BaseException) -> SettleKind | None:
+        """Map redis-py exceptions: unreachable -> backend_unavailable, lost
+        mid-request or timed out -> ambiguous, script or command errors -> failed."""
+        return classify(exc)
+
+    def _scrub(self, message: str) -> str:
+        for secret in self._secrets:
+            message = message.replace(secret, "***")
+        return message
+
+    def _error_prefix(self) -> str:
+        return f"Redis at {self._url}" if self._url else "Redis"
+
+    def _translate(self, exc: BaseException) -> BackendError:
+        return translate(exc, self._error_prefix(), self._scrub)
+
+    def _lost(self, stream: str) -> StoreLost:
+        return store_lost(self._error_prefix(), stream)
+
+    async def _io(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except (rex.RedisError, OSError) as exc:
+            raise self._translate(exc) from None
+
+    async def _eval(self, calls: Sequence[ScriptCall], *, transaction: bool = False
+                    ) -> list[Any]:
+        """Run scripts ``(name, keys, args)`` in one round trip; their replies in order."""
+        return await self._scripts.run(calls, transaction=transaction)
+
+    # Streams and groups ------------------------------------------------------
+
+    async def _partition_count(self, stream: str) -> int:
+        count = self._partitions.get(stream)
+        if count is None:
+            count, _ = await self._stream_record(stream)
+        return count
+
+    async def _stream_record(self, stream: str) -> tuple[int, int]:
+        """(partitions, created_ms) of a stream, its partitions marked as present."""
+        record = await self._io(self._client.hget(self._keys.streams, stream))
+        if record is None:
+            if stream in self._partitions:
+                raise self._lost(stream)
+            raise UnknownStream(stream)
+        count, created = stream_record(record)
+        if stream not in self._partitions:
+            # Streams created before the markers existed get theirs now, while their
+            # record shows they exist.
+            await self._mark(stream, count, created)
+            self._partitions[stream] = count
+        return count, created
+
+    async def _mark(self, stream: str, count: int, created: int) -> None:
+        """Write the presence marker of every partition (see ``append.lua``)."""
+        pipe = self._client.pipeline(transaction=False)
+        for p in range(count):
+            pipe.hsetnx(self._keys.partition(stream, p)[1], "mk", created)
+        await self._io(pipe.execute())
+
+    async def _require_group(self, stream: str, group: str) -> int:
+        """The stream's partition count, once the group is known to exist."""
+        count = await self._partition_count(stream)
+        if (stream, group) not in self._known_groups:
+            exists = await self._io(self._client.hexists(self._keys.groups(stream), group))
+            if not exists:
+                raise UnknownGroup(stream, group)
+            self._known_groups.add((stream, group))
+        return count
+
+    async def _group_names(self, stream: str) -> list[str]:
+        """The names of the stream's groups, sorted."""
+        names = await self._io(self._client.hkeys(self._keys.groups(stream)))
+        return sorted(text(n) for n in names)
+
+    def _seen_for(self, stream: str) -> list[int]:
+        """Per partition, the high water a wake-up waits past (-1: not known yet).
+
+        Only a fetch sets it for the partitions it covered: an append after that
+        fetch must wake the waiter, so nothing else may move it past such events.
+        """
+        count = self._partitions[stream]
+        seen = self._seen.get(stream)
+        if seen is None or len(seen) != count:
+            seen = self._seen[stream] = [-1] * count
+        return seen
+
+    def _forget(self, stream: str, group: str | None) -> None:
+        """Drop what this backend caches of a deleted stream (``group=None``) or group."""
+        if group is None:
+            self._partitions.pop(stream, None)
+            self._seen.pop(stream, None)
+            self._stale.pop(stream, None)
+
+        def gone(cache: Iterable[tuple[Any, ...]]) -> list[Any]:
+            return [k for k in cache if k[0] == stream and (group is None or k[1] == group)]
+
+        self._known_groups.difference_update(gone(self._known_groups))
+        for key in gone(self._consumers):
+            self._tracked -= len(self._consumers.pop(key))
+        for cache in (self._keys.cache, self._valid_keys, self._rotation):
+            for key in gone(cache):
+                del cache[key]

@@ -1,0 +1,16 @@
+"""redis-py, imported in one place: without the ``redis`` extra installed, importing
+the Redis backend raises :class:`~rheo_flow.MissingExtra`."""
+
+from __future__ import annotations
+
+from ..._errors import MissingExtra
+
+try:
+    import redis.asyncio as aioredis
+    from redis import exceptions as rex
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialWithJitterBackoff
+except ImportError:  # pragma: no cover - exercised without the extra installed
+    raise MissingExtra("Redis", "redis", "redis") from None
+
+__all__ = ["ExponentialWithJitterBackoff", "Retry", "aioredis", "rex"]

@@ -1,0 +1,130 @@
+"""The events of a Redis stream: appending them, reading them back, trimming them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import orjson
+
+from ..._backend import AppendRecord
+from ..._event import Event
+from ..._query import Query
+from .._shared import query_matches, query_window
+from ._codec import appended_events, encode_metas, entry_event, text
+from ._core import RedisCore
+from ._scripts import LOST, ScriptCall, is_reply
+
+__all__ = ["EventOperations"]
+
+_TRIM_CHUNK: Final = 5_000
+"""The most events one trim script removes (a long trim takes several calls)."""
+_QUERY_CHUNK: Final = 500
+
+
+class EventOperations(RedisCore):
+    """Append, query and trim."""
+
+    async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
+        count = await self._partition_count(stream)
+        if not records:
+            return []
+        metas = encode_metas(records)
+        targets = [r.partition for r in records]
+        if count > 1:
+            targets = await self._owners(stream, records)
+        by_partition: dict[int, list[int]] = {}
+        for index, partition in enumerate(targets):
+            by_partition.setdefault(partition, []).append(index)
+        dumps = orjson.dumps
+        calls: list[ScriptCall] = []
+        for partition, indexes in by_partition.items():
+            rows = [(records[i].id, metas[i], records[i].data_json) for i in indexes]
+            calls.append(("append", self._keys.partition(stream, partition), [dumps(rows)]))
+        replies = await self._eval(calls, transaction=len(calls) > 1)
+        if any(is_reply(reply, LOST) for reply in replies):
+            raise self._lost(stream)
+        loads = orjson.loads
+        if len(calls) == 1 and len(by_partition[targets[0]]) == len(records):
+            [reply] = replies
+            [(partition, _)] = by_partition.items()
+            return appended_events(stream, partition, records, loads(reply))
+        events: list[Event | None] = [None] * len(records)
+        for (partition, indexes), reply in zip(by_partition.items(), replies, strict=True):
+            built = appended_events(stream, partition, [records[i] for i in indexes],
+                                    loads(reply))
+            for index, event in zip(indexes, built, strict=True):
+                events[index] = event
+        return [e for e in events if e is not None]
+
+    async def _owners(self, stream: str, records: Sequence[AppendRecord]) -> list[int]:
+        """The partition each record goes to in a multi-partition stream.
+
+        An id is owned by the partition it was first appended to, even when a
+        retry routes it elsewhere (no key, another key, another partition).
+        """
+        payload = orjson.dumps([[r.id, r.partition] for r in records])
+        [owners] = await self._eval([("claim_ids", [self._keys.ids(stream)], [payload])])
+        return [int(p) for p in text(owners).split(",")]
+
+    async def query(self, query: Query, limit: int, after: tuple[int, int] | None) -> list[Event]:
+        stream = query.stream
+        count = await self._partition_count(stream)
+        pids = range(count) if query.partitions is None else sorted(query.partitions)
+        out: list[Event] = []
+        for pid in pids:
+            window = query_window(query, pid, after, 1, None)
+            if window is not None and await self._query_partition(query, pid, window, limit,
+                                                                  out):
+                break
+        return out
+
+    async def _query_partition(
+        self, query: Query, pid: int, window: tuple[int, int | None], limit: int,
+        out: list[Event],
+    ) -> bool:
+        """Add the partition's matching events in ``window`` to ``out``; True once it
+        holds ``limit``."""
+        stream = query.stream
+        lo, hi = window
+        key = self._keys.partition(stream, pid)[0]
+        low = f"{lo}-0"
+        high = "+" if hi is None else f"{hi}-0"
+        while True:
+            size = min(_QUERY_CHUNK, max(limit - len(out), 50))
+            entries: Any = await self._io(self._client.xrange(key, low, high, count=size))
+            for entry_id, fields in entries:
+                event = entry_event(stream, pid, entry_id, fields)
+                if query.until_ms is not None and event.appended_at_ms >= query.until_ms:
+                    # Append times never decrease within a partition.
+                    return False
+                if query_matches(query, event):
+                    out.append(event)
+                    if len(out) >= limit:
+                        return True
+            if len(entries) < size:
+                return False
+            low = f"({text(entries[-1][0])}"
+
+    async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
+        count = await self._partition_count(stream)
+        groups = await self._group_names(stream)
+        removed: dict[int, int] = {}
+        for partition, bound in up_to.items():
+            keys = list(self._keys.partition(stream, partition))
+            for group in groups:
+                keys.extend(self._keys.group(stream, group, partition)[2:])
+            total = 0
+            more = True
+            while more:
+                [reply] = await self._eval([(
+                    "trim", keys,
+                    [bound, _TRIM_CHUNK, "1" if count > 1 else "0", *groups],
+                )])
+                done, more, ids = json.loads(reply)
+                total += done
+                if ids:
+                    await self._io(self._client.hdel(self._keys.ids(stream), *ids))
+            removed[partition] = total
+        return removed

@@ -1,0 +1,171 @@
+"""Fetching leases from the Redis backend, and the Redis consumers fetches create.
+
+A fetch is one round trip: one ``fetch.lua`` call per partition, pipelined. A
+fetch whose partitions turn out uneven may take a second one to fill its limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from typing import Final
+
+import orjson
+
+from ..._errors import BackendError, UnknownGroup
+from ..._lease import Lease
+from .._shared import round_robin
+from ._codec import fetched_leases
+from ._core import RedisCore
+from ._scripts import LOST, ScriptCall, is_reply
+
+__all__ = ["FetchOperations"]
+
+_MAX_TRACKED_CONSUMERS: Final = 10_000
+_FORGET_CHUNK: Final = 500
+"""How many consumer names one ``forget_consumers`` call takes."""
+
+
+class FetchOperations(RedisCore):
+    """``fetch``, and forgetting the Redis consumers it created."""
+
+    async def fetch(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> list[Lease]:
+        count = await self._partition_count(stream)
+        ids = list(range(count)) if partitions is None else list(partitions)
+        if not ids:
+            return []
+        self._track_consumer(stream, group, consumer_id)
+        if len(ids) > 1:
+            # Start with another partition each time so no partition is always last.
+            turn = self._rotation.get((stream, group), 0) + 1
+            self._rotation[(stream, group)] = turn
+            shift = turn % len(ids)
+            ids = ids[shift:] + ids[:shift]
+        per: dict[int, list[Lease]] = {}
+        left: dict[int, int] = {}
+        quotas = [limit // len(ids) + (1 if i < limit % len(ids) else 0)
+                  for i in range(len(ids))]
+        await self._fetch_round(stream, group, consumer_id, lease_ms,
+                                list(zip(ids, quotas, strict=True)), per, left)
+        got = sum(len(v) for v in per.values())
+        if got < limit and len(ids) > 1:
+            await self._fill_up(stream, group, consumer_id, lease_ms, limit - got, ids, per,
+                                left)
+        lists = [per[p] for p in ids if per.get(p)]
+        if len(lists) <= 1:
+            return lists[0] if lists else []
+        # Round-robin across partitions, each in sequence order.
+        sizes = [len(x) for x in lists]
+        return [lists[i][depth] for i, depth in round_robin(sizes, sum(sizes))]
+
+    async def _fill_up(
+        self, stream: str, group: str, consumer_id: str, lease_ms: int, wanted: int,
+        ids: Sequence[int], per: dict[int, list[Lease]], left: dict[int, int],
+    ) -> None:
+        """The second round of an uneven fetch: ``wanted`` more leases, from the
+        partitions the first round says still have some."""
+        more = [p for p in ids if left.get(p, 0) > 0]
+        if not more:
+            return
+        shares = _fill(wanted, [left[p] for p in more])
+        second = [(p, q) for p, q in zip(more, shares, strict=True) if q > 0]
+        await self._fetch_round(stream, group, consumer_id, lease_ms, second, per, left)
+        # A partition's second round may hold redeliveries below its first
+        # round's (each round takes the earliest due): keep sequence order.
+        for p, _ in second:
+            per.get(p, []).sort(key=_sequence_of)
+
+    async def _fetch_round(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        lease_ms: int,
+        quotas: Sequence[tuple[int, int]],
+        per: dict[int, list[Lease]],
+        left: dict[int, int],
+    ) -> None:
+        """One round trip: up to ``quota`` leases from each partition into ``per``;
+        ``left`` gets how many more each partition has due."""
+        token = os.urandom(8).hex()
+        calls: list[ScriptCall] = [
+            ("fetch", self._keys.group(stream, group, p),
+             [group, consumer_id, quota, lease_ms, f"{token}.{p}.", f"{token}.{p}"])
+            for p, quota in quotas
+        ]
+        replies = await self._eval(calls)
+        seen = self._seen_for(stream)
+        stale = self._stale.get(stream)
+        loads = orjson.loads
+        for (p, _), reply in zip(quotas, replies, strict=True):
+            if is_reply(reply, "NOGROUP"):
+                raise UnknownGroup(stream, group)
+            if is_reply(reply, LOST):
+                raise self._lost(stream)
+            if is_reply(reply, "AGAIN"):
+                # A resent call that had already run: its leases went unanswered and
+                # expire; fetch again for this partition.
+                left[p] = 1
+                continue
+            head = loads(reply[0])
+            high = head[0]
+            left[p] = head[1]
+            if high > seen[p]:
+                seen[p] = high
+            if stale:
+                stale.discard(p)
+            if head[4]:
+                per.setdefault(p, []).extend(fetched_leases(
+                    stream, p, group, consumer_id, f"{token}.{p}", head, reply[1:]))
+
+    def _track_consumer(self, stream: str, group: str, consumer_id: str) -> None:
+        names = self._consumers.setdefault((stream, group), set())
+        if consumer_id not in names and self._tracked < _MAX_TRACKED_CONSUMERS:
+            names.add(consumer_id)
+            self._tracked += 1
+
+    async def _forget_consumers(self) -> None:
+        """Delete the Redis consumers fetches created that hold nothing (best effort)."""
+        used, self._consumers, self._tracked = self._consumers, {}, 0
+        calls: list[ScriptCall] = []
+        for (stream, group), names in used.items():
+            count = self._partitions.get(stream, 0)
+            ordered = sorted(names)
+            for start in range(0, len(ordered), _FORGET_CHUNK):
+                chunk = ordered[start:start + _FORGET_CHUNK]
+                calls.extend(("forget_consumers", [self._keys.partition(stream, p)[0]],
+                              [group, *chunk]) for p in range(count))
+        with contextlib.suppress(BackendError):
+            await self._eval(calls)
+
+
+def _fill(total: int, capacity: Sequence[int]) -> list[int]:
+    """Share ``total`` round-robin over slots of the given capacities."""
+    shares = [0] * len(capacity)
+    active = [i for i, c in enumerate(capacity) if c > 0]
+    while total > 0 and active:
+        step = max(1, total // len(active))
+        still = []
+        for i in active:
+            if total == 0:
+                break
+            give = min(step, capacity[i] - shares[i], total)
+            shares[i] += give
+            total -= give
+            if shares[i] < capacity[i]:
+                still.append(i)
+        active = still
+    return shares
+
+
+def _sequence_of(lease: Lease) -> int:
+    return lease.event.sequence

@@ -1,0 +1,97 @@
+"""Consumer groups of the Redis backend: their records, their frontier, and moving it
+(replay, reset)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..._backend import DEFAULT_MAX_ATTEMPTS
+from ..._errors import UnknownGroup
+from ..._stream import GroupInfo, StartPosition
+from ._codec import group_record, text
+from ._core import RedisCore
+from ._scripts import is_reply
+
+__all__ = ["GroupOperations"]
+
+
+class GroupOperations(RedisCore):
+    """The group operations of the contract."""
+
+    async def create_group(
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+    ) -> GroupInfo:
+        count = await self._partition_count(stream)
+        [record] = await self._eval([(
+            "group_record", [self._keys.groups(stream)],
+            [group, "" if max_attempts is None else max_attempts, DEFAULT_MAX_ATTEMPTS,
+             str(start)],
+        )])
+        ma, created, spec = group_record(record)
+        # Every creator initialises every partition from the winner's start position,
+        # so a racing creator never returns before the group exists everywhere.
+        await self._eval([
+            ("init_group", self._keys.group(stream, group, p)[:3], [group, spec, ma])
+            for p in range(count)
+        ])
+        self._known_groups.add((stream, group))
+        return GroupInfo(stream, group, int(ma), int(created))
+
+    async def group_info(self, stream: str, group: str) -> GroupInfo:
+        await self._partition_count(stream)
+        record = await self._io(self._client.hget(self._keys.groups(stream), group))
+        if record is None:
+            raise UnknownGroup(stream, group)
+        ma, created, _ = group_record(record)
+        return GroupInfo(stream, group, int(ma), int(created))
+
+    async def list_groups(self, stream: str) -> list[GroupInfo]:
+        await self._partition_count(stream)
+        records = await self._io(self._client.hgetall(self._keys.groups(stream)))
+        out = []
+        for name, record in records.items():
+            ma, created, _ = group_record(record)
+            out.append(GroupInfo(stream, text(name), int(ma), int(created)))
+        return sorted(out, key=lambda g: g.group)
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        count = await self._require_group(stream, group)
+        pipe = self._client.pipeline(transaction=True)
+        for p in range(count):
+            keys = self._keys.group(stream, group, p)
+            pipe.xgroup_destroy(keys[0], group)
+            pipe.unlink(*keys[2:])
+        pipe.hdel(self._keys.groups(stream), group)
+        await self._io(pipe.execute())
+        self._forget(stream, group)
+
+    async def frontier(self, stream: str, group: str) -> dict[int, int]:
+        count = await self._partition_count(stream)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hexists(self._keys.groups(stream), group)
+        for p in range(count):
+            pipe.hget(self._keys.group(stream, group, p)[2], "f")
+        exists, *values = await self._io(pipe.execute())
+        if not exists:
+            raise UnknownGroup(stream, group)
+        return {p: int(v or 0) for p, v in enumerate(values)}
+
+    async def replay(
+        self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
+    ) -> None:
+        await self._require_group(stream, group)
+        await self._group_scripts("replay", stream, group, partitions, str(from_sequence))
+
+    async def reset(
+        self, stream: str, group: str, to: StartPosition, partitions: Sequence[int]
+    ) -> None:
+        await self._require_group(stream, group)
+        await self._group_scripts("reset", stream, group, partitions, str(to))
+
+    async def _group_scripts(
+        self, script: str, stream: str, group: str, partitions: Sequence[int], arg: str
+    ) -> None:
+        calls = [(script, self._keys.group(stream, group, p), [group, arg]) for p in partitions]
+        for reply in await self._eval(calls):
+            if is_reply(reply, "NOGROUP"):
+                raise UnknownGroup(stream, group)

@@ -1,0 +1,147 @@
+"""The Lua scripts of the Redis backend, and running them in one round trip.
+
+Each script is a file of ``lua/``, loaded once: its text is the shared helpers
+(``common.lua``, and ``lookup.lua`` for settle and renew) followed by its own.
+Every script touches the keys of ONE partition (one hash tag) or one
+stream-level key, so a Redis Cluster can place partitions on different
+shards. Requests and replies are compact strings (JSON or code letters): one
+bulk string per reply is decoded by one ``orjson.loads`` on the client.
+
+Delivery records (field = sequence in the ``:d`` hash of a group partition)
+are ``state|attempt|lease_id|settled_by|rejected_at_ms|reason``, then NUL and
+the last error when one was recorded (a nack's or reject's; NUL never occurs in
+a reason or error), with state
+``L`` (leased), ``A`` (available), ``K`` (acked) or ``R`` (rejected) and
+settled_by ``a`` / ``n`` / ``r`` (ack, nack, reject), ``-`` (dead-lettered on
+expiry) or empty. The ``:z`` sorted set holds the available and leased
+deliveries scored by when they become eligible (available-at or deadline), so
+a fetch finds due work in O(log n) whatever the lease time of each one.
+New deliveries start in a block (``:b`` record ``first|last|deadline`` under a
+token, ``:y`` the unexpired blocks by deadline). A delivery without a record of
+its own that a block covers has lease id ``<token>:<seq>`` and attempt 1: it is
+leased when past the group's frontier ``f``, acked by that lease when at or
+behind it. So an ack that moves the frontier over its deliveries writes no
+record for them; one that does not (out of order) writes ``K`` records, as
+does anything that moves the frontier back (redrive). A block's deliveries get
+records of their own when settled otherwise, renewed or expired.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from importlib.resources import files
+from typing import Any, Final, TypeAlias
+
+from ..._errors import BackendError
+from ._driver import aioredis, rex
+from ._errors import is_no_script
+
+__all__ = ["LOST", "SCRIPTS", "ScriptCall", "ScriptRunner", "is_reply"]
+
+LOST: Final = "LOST"
+"""The reply of append and fetch when the partition's presence marker ``mk`` (written
+when its stream was created) is gone: the server lost its data."""
+
+_PRELUDES: Final[dict[str, tuple[str, ...]]] = {
+    "settle": ("common", "lookup"),
+    "renew": ("common", "lookup"),
+}
+"""The shared files a script starts with, when not just ``common``."""
+_NAMES: Final = (
+    "create_stream", "group_record", "init_group", "claim_ids", "append", "fetch", "settle",
+    "renew", "replay", "reset", "trim", "dead_letters", "redrive", "forget_consumers",
+)
+_LUA: Final = files(__name__.rpartition(".")[0]).joinpath("lua")
+
+
+def _source(name: str) -> str:
+    parts = (*_PRELUDES.get(name, ("common",)), name)
+    return "".join(_LUA.joinpath(f"{part}.lua").read_text(encoding="utf-8") for part in parts)
+
+
+SCRIPTS: Final[dict[str, str]] = {name: _source(name) for name in _NAMES}
+"""Script name -> Lua source (each with the shared helpers prepended)."""
+_SHAS: Final = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in SCRIPTS.items()}
+
+ScriptCall: TypeAlias = tuple[str, Sequence[str], Sequence[Any]]
+"""One script call: the script's name, its keys and its arguments."""
+
+
+def is_reply(reply: Any, word: str) -> bool:
+    """Whether a script replied with the status ``word`` (in either response mode)."""
+    return reply == word or (type(reply) is bytes and reply == word.encode())
+
+
+class ScriptRunner:
+    """Runs script calls on a client, in one round trip per batch.
+
+    Scripts run by ``EVALSHA``. One the server does not know (first use,
+    restart, ``SCRIPT FLUSH`` at any moment, even between two calls of one
+    pipeline) did not run: those calls run again by ``EVAL``, which carries
+    the script's source (so no flush can race the retry) and caches it for
+    the next ``EVALSHA``.
+    """
+
+    __slots__ = ("_client", "_translate")
+
+    def __init__(
+        self, client: aioredis.Redis, translate: Callable[[BaseException], BackendError]
+    ) -> None:
+        self._client = client
+        self._translate = translate
+
+    async def run(self, calls: Sequence[ScriptCall], *, transaction: bool = False) -> list[Any]:
+        """Run the calls (in one ``MULTI``/``EXEC`` with ``transaction``); their replies
+        in order. An error reply raises its translation."""
+        if not calls:
+            return []
+        if len(calls) == 1 and not transaction:
+            return [await self._run_one(*calls[0])]
+        results = await self._pipeline(calls, transaction, by_source=False)
+        missing = [i for i, r in enumerate(results) if is_no_script(r)]
+        if missing:
+            again = await self._pipeline([calls[i] for i in missing], transaction,
+                                         by_source=True)
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
+        for result in results:
+            if isinstance(result, BaseException):
+                raise self._translate(result)
+        return results
+
+    async def _run_one(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._client.evalsha(_SHAS[name], len(keys), *keys, *args)
+        except rex.NoScriptError:
+            pass
+        except (rex.RedisError, OSError) as exc:
+            raise self._translate(exc) from None
+        try:
+            return await self._client.eval(SCRIPTS[name], len(keys), *keys, *args)
+        except (rex.RedisError, OSError) as exc:
+            raise self._translate(exc) from None
+
+    async def _pipeline(
+        self, calls: Sequence[ScriptCall], transaction: bool, *, by_source: bool,
+    ) -> list[Any]:
+        """One round trip; an error reply stays in its place in the list."""
+        pipe = self._client.pipeline(transaction=transaction)
+        if by_source:
+            for name, keys, args in calls:
+                pipe.eval(SCRIPTS[name], len(keys), *keys, *args)
+        else:
+            shas = _SHAS
+            for name, keys, args in calls:
+                pipe.evalsha(shas[name], len(keys), *keys, *args)
+        try:
+            return list(await pipe.execute(raise_on_error=False))
+        except rex.NoScriptError as exc:
+            # A transaction the server refused as a whole: nothing in it ran.
+            return [exc] * len(calls)
+        except rex.ExecAbortError as exc:
+            if "NOSCRIPT" in str(exc) or "No matching script" in str(exc):
+                return [rex.NoScriptError(str(exc))] * len(calls)
+            raise self._translate(exc) from None
+        except (rex.RedisError, OSError) as exc:
+            raise self._translate(exc) from None

@@ -1,0 +1,231 @@
+"""Settling and renewing leases on the Redis backend.
+
+Every settle batch and renew tick is one round trip: one ``settle.lua`` or
+``renew.lua`` call per group partition the leases point at, pipelined, each
+answering with one code letter per lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Any, Final
+
+import orjson
+
+from ..._lease import Lease
+from ..._settle_results import SettleKind, SettleResult, settle_ok
+from ..._validation import NAME_PATTERN
+from ._codec import text
+from ._core import RedisCore
+from ._scripts import ScriptCall
+
+__all__ = ["SettleOperations"]
+
+# Settle codes returned by the scripts: code -> (kind, reason); "o" and "r" succeed.
+_CODES: Final[dict[str, tuple[SettleKind, str]]] = {
+    "S": (SettleKind.STALE_LEASE, "the delivery was leased again"),
+    "K": (SettleKind.STALE_LEASE, "already settled by ack"),
+    "N": (SettleKind.STALE_LEASE, "already settled by nack"),
+    "J": (SettleKind.STALE_LEASE, "already settled by reject"),
+    "X": (SettleKind.STALE_LEASE, "dead-lettered after max_attempts when its lease expired"),
+    "P": (SettleKind.STALE_LEASE, "the delivery was replayed, reset or trimmed"),
+    "M": (SettleKind.RECEIPT_MISMATCH, "receipt does not match the lease"),
+    "I": (SettleKind.INVALID, "lease names no group of this backend"),
+    "Q": (SettleKind.INVALID, "lease names no delivery of this backend"),
+}
+_OK: Final = SettleResult.success
+_NOT_A_LEASE: Final = "lease names no group of this backend"
+_MAX_VALID_KEYS: Final = 4096
+# What a settle sends per lease (the attempt lets the script recognise a current lease
+# by one string compare), what a renew sends, and where a lease points.
+_SETTLE_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "attempt")
+_RENEW_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "consumer_id")
+_KEY: Final = attrgetter("event.stream", "group", "event.partition")
+
+_Buckets = dict[tuple[str, str, int], list[int]]
+
+
+class SettleOperations(RedisCore):
+    """``ack``, ``nack``, ``reject`` and ``renew``."""
+
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        return await self._settle_op(leases, "a", "", 0)
+
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return await self._settle_op(leases, "n", _with_error(reason, error), delay_ms)
+
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        return await self._settle_op(leases, "r", _with_error(reason, error), 0)
+
+    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
+        if not leases:
+            return []
+        results, replies = await self._settle(
+            leases, "renew",
+            lambda group, payload: [group, lease_ms, payload],
+            _RENEW_ROW,
+        )
+        for indexes, reply in replies:
+            deadline_text, codes = reply.split(":", 1)
+            deadline = int(deadline_text)
+            for index, code in zip(indexes, codes, strict=True):
+                lease_id = leases[index].lease_id
+                results[index] = (SettleResult.success(lease_id, deadline_ms=deadline)
+                                  if code == "o" else _result(lease_id, code))
+        return [r for r in results if r is not None]
+
+    async def _settle_op(
+        self, leases: Sequence[Lease], op: str, reason: str, delay_ms: int
+    ) -> list[SettleResult]:
+        if not leases:
+            return []
+        results, replies = await self._settle(
+            leases, "settle",
+            lambda group, payload: [group, op, reason, delay_ms, payload],
+            _SETTLE_ROW, run=op == "a",
+        )
+        if len(replies) == 1 and len(replies[0][0]) == len(leases):
+            indexes, codes = replies[0]
+            if codes.count("o") == len(codes):
+                return [settle_ok(lease.lease_id) for lease in leases]
+        for indexes, codes in replies:
+            for index, code in zip(indexes, codes, strict=True):
+                results[index] = _result(leases[index].lease_id, code)
+        return [r for r in results if r is not None]
+
+    async def _settle(
+        self,
+        leases: Sequence[Lease],
+        script: str,
+        args: Callable[[str, bytes], list[Any]],
+        row: Callable[[Lease], tuple[Any, ...]],
+        run: bool = False,
+    ) -> tuple[list[SettleResult | None], list[tuple[list[int], str]]]:
+        """Run ``script`` for the leases, one call per group partition; the results of
+        the leases that name no delivery, and per call the lease indexes and codes."""
+        results: list[SettleResult | None] = [None] * len(leases)
+        dumps = orjson.dumps
+        one = self._one_bucket(leases, row)
+        calls: list[ScriptCall]
+        if one is not None:
+            (stream, group, partition), rows = one
+            buckets: _Buckets = {one[0]: list(range(len(leases)))}
+            request = args(group, dumps(rows))
+            if run:
+                request.extend(_run_form(rows))
+            calls = [(script, self._keys.group(stream, group, partition), request)]
+        else:
+            buckets = self._buckets(leases, results)
+            calls = [
+                (script, self._keys.group(stream, group, partition),
+                 args(group, dumps([row(leases[i]) for i in indexes])))
+                for (stream, group, partition), indexes in buckets.items()
+            ]
+        replies = await self._eval(calls)
+        return results, [(indexes, text(reply))
+                         for indexes, reply in zip(buckets.values(), replies, strict=True)]
+
+    def _buckets(self, leases: Sequence[Lease], results: list[SettleResult | None]) -> _Buckets:
+        """Lease indexes by the partition they point at; ``results`` gets ``invalid``
+        for every lease that cannot name a delivery of this backend."""
+        buckets: _Buckets = {}
+        for index, lease in enumerate(leases):
+            key = self._lease_key(lease)
+            if key is not None:
+                bucket = buckets.get(key)
+                if bucket is None:
+                    bucket = buckets[key] = []
+                bucket.append(index)
+            else:
+                results[index] = SettleResult.failure(
+                    getattr(lease, "lease_id", ""), SettleKind.INVALID, _NOT_A_LEASE)
+        return buckets
+
+    def _lease_key(self, lease: Lease) -> tuple[str, str, int] | None:
+        """Where a lease points (stream, group, partition); None when it cannot name a
+        delivery of this backend."""
+        valid = self._valid_keys
+        try:
+            event = lease.event
+            key = (event.stream, lease.group, event.partition)
+            ok = valid.get(key)
+            if ok is None:
+                ok = _lease_key_ok(key)
+                if len(valid) >= _MAX_VALID_KEYS:
+                    valid.clear()
+                valid[key] = ok
+            seq = event.sequence
+            # True == 1 as a dict key: the cached answer may be for another type.
+            ok = (ok and type(key[2]) is int and type(seq) is int and seq >= 0
+                  and type(lease.lease_id) is str and type(lease.receipt) is str)
+        except (AttributeError, TypeError):
+            return None
+        return key if ok else None
+
+    def _one_bucket(
+        self, leases: Sequence[Lease], row: Callable[[Lease], tuple[Any, ...]]
+    ) -> tuple[tuple[str, str, int], list[tuple[Any, ...]]] | None:
+        """The common batch: well-formed leases of one group partition, with their rows."""
+        try:
+            keys = list(map(_KEY, leases))
+            rows = list(map(row, leases))
+        except AttributeError:
+            return None
+        key = keys[0]
+        if keys.count(key) != len(keys):
+            return None
+        try:
+            ok = self._valid_keys.get(key)
+        except TypeError:
+            return None
+        if ok is None:
+            return None
+        # True == 1: the cached answer may be for another type of partition.
+        if not (ok and type(key[2]) is int and all(
+                type(seq) is int and seq >= 0 and type(receipt) is str and type(lid) is str
+                for seq, receipt, lid, _ in rows)):
+            return None
+        return key, rows
+
+
+def _run_form(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """The run form of settle rows ``(seq, receipt, lease_id, attempt)`` (see
+    ``settle.lua``): ``[token, first, last]`` when the leases are the block leases
+    ``<token>:<seq>`` of consecutive sequences with receipts ``<seq>-0``, else empty."""
+    first = rows[0][0]
+    last = rows[-1][0]
+    if last - first + 1 != len(rows):
+        return []
+    token, colon, tail = rows[0][2].rpartition(":")
+    if not colon or tail != str(first):
+        return []
+    seqs = range(first, last + 1)
+    if ([r[1] for r in rows] != [f"{n}-0" for n in seqs]
+            or [r[2] for r in rows] != [f"{token}:{n}" for n in seqs]):
+        return []
+    return [token, first, last]
+
+
+def _lease_key_ok(key: tuple[Any, Any, Any]) -> bool:
+    """Whether (stream, group, partition) can name a delivery of this backend."""
+    stream, group, partition = key
+    return (type(stream) is str and NAME_PATTERN.match(stream) is not None
+            and type(group) is str and NAME_PATTERN.match(group) is not None
+            and type(partition) is int and partition >= 0)
+
+
+def _result(lease_id: str, code: str) -> SettleResult:
+    if code == "o":
+        return settle_ok(lease_id)
+    if code == "r":
+        return _OK(lease_id, repeated=True)
+    kind, reason = _CODES.get(code, (SettleKind.FAILED, f"unexpected reply {code!r}"))
+    return SettleResult.failure(lease_id, kind, reason)
+
+
+def _with_error(reason: str, error: str | None) -> str:
+    """The settle script's reason argument: the reason, then NUL and the error to record."""
+    return reason if error is None else f"{reason}\0{error}"

@@ -1,0 +1,60 @@
+"""Stream records of the Redis backend: creating, describing, listing and deleting streams."""
+
+from __future__ import annotations
+
+from ..._errors import ConflictError
+from ..._stream import StreamInfo
+from ._codec import stream_record, text
+from ._core import RedisCore
+
+__all__ = ["StreamOperations"]
+
+
+class StreamOperations(RedisCore):
+    """The stream operations of the contract."""
+
+    async def create_stream(self, name: str, partitions: int) -> StreamInfo:
+        [record] = await self._eval([("create_stream", [self._keys.streams],
+                                      [name, partitions])])
+        count, created = stream_record(record)
+        if count != partitions:
+            raise ConflictError(
+                f"stream {name!r} exists with {count} partitions, not {partitions}"
+            )
+        await self._mark(name, count, created)
+        self._partitions[name] = count
+        return await self._info(name, count, created)
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        count, created = await self._stream_record(name)
+        return await self._info(name, count, created)
+
+    async def _info(self, name: str, count: int, created: int) -> StreamInfo:
+        pipe = self._client.pipeline(transaction=False)
+        for p in range(count):
+            pipe.hmget(self._keys.partition(name, p)[1], "hw", "lw")
+        rows = await self._io(pipe.execute())
+        high = {p: int(row[0] or 0) for p, row in enumerate(rows)}
+        low = {p: int(row[1] or 1) for p, row in enumerate(rows)}
+        return StreamInfo(name, count, created, high, low)
+
+    async def list_streams(self) -> list[str]:
+        names = await self._io(self._client.hkeys(self._keys.streams))
+        return sorted(text(n) for n in names)
+
+    async def delete_stream(self, stream: str) -> None:
+        count, _ = await self._stream_record(stream)
+        groups = await self._group_names(stream)
+        layout = self._keys
+        keys = [layout.groups(stream), layout.ids(stream)]
+        for p in range(count):
+            keys.extend(layout.partition(stream, p))
+            for group in groups:
+                keys.extend(layout.group(stream, group, p)[2:])
+        # One MULTI/EXEC (one server, as for appends to several partitions): no
+        # reader sees a stream record whose partitions are gone.
+        pipe = self._client.pipeline(transaction=True)
+        pipe.unlink(*keys)
+        pipe.hdel(layout.streams, stream)
+        await self._io(pipe.execute())
+        self._forget(stream, None)

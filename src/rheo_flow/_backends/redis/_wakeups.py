@@ -1,0 +1,89 @@
+"""Push wake-ups of the Redis backend: a blocking ``XREAD`` over every partition of a
+stream, past the high water the last fetch saw (one server, or a primary with replicas)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any, Final
+
+from ._codec import text
+from ._core import RedisCore
+from ._driver import aioredis
+
+__all__ = ["WakeupOperations", "block_cap_ms"]
+
+_BLOCK_SLACK_MS: Final = 150
+_POLL_S: Final = 0.05
+
+
+def block_cap_ms(client: aioredis.Redis) -> int | None:
+    """The longest blocking read the client's socket timeout allows (None: no limit)."""
+    timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    if isinstance(timeout, int | float) and timeout > 0:
+        # Blocking reads must return before the client's socket timeout fires, and
+        # Redis ends a block up to 1/hz late (100 ms by default).
+        return int(timeout * 1000) - _BLOCK_SLACK_MS
+    return None
+
+
+class WakeupOperations(RedisCore):
+    """``wait_for_append``."""
+
+    _block_cap_ms: int | None
+
+    async def wait_for_append(self, stream: str, timeout: float) -> bool:
+        """Block on ``XREAD`` over every partition of the stream, past the high water
+        the last fetch saw; True as soon as something was appended after it."""
+        count = await self._partition_count(stream)
+        seen = self._seen_for(stream)
+        stale = self._stale.setdefault(stream, set())
+        unknown = sorted({p for p in range(count) if seen[p] < 0} | stale)
+        if unknown:
+            # No fetch covered these partitions since the last wake-up: wait past now.
+            await self._catch_up(stream, unknown, seen)
+            stale.difference_update(unknown)
+        keys = {self._keys.partition(stream, p)[0]: p for p in range(count)}
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, timeout)
+        while True:
+            remaining = end - loop.time()
+            if remaining <= 0:
+                return False
+            streams: dict[Any, Any] = {key: f"{seen[p]}-0" for key, p in keys.items()}
+            reply = await self._read(streams, remaining)
+            if reply:
+                # Only the first new entry was read: unless a fetch covers these
+                # partitions first, the next wait starts past their high water.
+                for key in _woken_keys(reply):
+                    stale.add(keys[text(key)])
+                return True
+
+    async def _catch_up(self, stream: str, partitions: list[int], seen: list[int]) -> None:
+        """Move ``seen`` of the partitions to their current high water."""
+        pipe = self._client.pipeline(transaction=False)
+        for p in partitions:
+            pipe.hget(self._keys.partition(stream, p)[1], "hw")
+        for p, value in zip(partitions, await self._io(pipe.execute()), strict=True):
+            seen[p] = max(seen[p], int(value or 0))
+
+    async def _read(self, streams: dict[Any, Any], remaining: float) -> Any:
+        """One ``XREAD`` of the first new entry, blocking up to ``remaining`` seconds
+        (rounded up: a wait never ends before its timeout) or the client's cap."""
+        remaining_ms = math.ceil(remaining * 1000)
+        cap = self._block_cap_ms
+        if cap is not None and cap < 10:
+            # The client's socket timeout leaves no room for a blocking read: poll.
+            reply = await self._io(self._client.xread(streams, count=1))
+            if not reply:
+                await asyncio.sleep(min(_POLL_S, remaining))
+            return reply
+        block = remaining_ms if cap is None else min(remaining_ms, cap)
+        return await self._io(self._client.xread(streams, count=1, block=block))
+
+
+def _woken_keys(reply: Any) -> list[Any]:
+    """The stream keys an ``XREAD`` reply has entries for (RESP2 list or RESP3 map)."""
+    if isinstance(reply, dict):
+        return list(reply)
+    return [item[0] for item in reply]

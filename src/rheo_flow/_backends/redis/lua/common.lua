@@ -1,0 +1,199 @@
+-- Helpers every script starts with (prepended by _scripts.py): the server clock, number
+-- formats, chunked variadic commands, delivery records and blocks (formats: _scripts.py).
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function S(n) return string.format('%d', n) end
+local function eid(n) return string.format('%d-0', n) end
+local CHUNK = 2000
+-- Variadic commands in chunks: Lua's unpack has a stack limit.
+local function bulk(head, list)
+  local n = #list
+  local i = 1
+  while i <= n do
+    local j = math.min(i + CHUNK - 1, n)
+    local args = {}
+    for k = 1, #head do args[k] = head[k] end
+    for k = i, j do args[#args + 1] = list[k] end
+    redis.call(unpack(args))
+    i = j + 1
+  end
+end
+local function hmget(key, fields)
+  local out = {}
+  local n = #fields
+  local i = 1
+  while i <= n do
+    local j = math.min(i + CHUNK - 1, n)
+    local part = redis.call('HMGET', key, unpack(fields, i, j))
+    for k = 1, #part do out[#out + 1] = part[k] end
+    i = j + 1
+  end
+  return out
+end
+-- The hash fields of the sequences a..b.
+local function seq_fields(a, b)
+  local out = {}
+  for s = a, b do out[#out + 1] = S(s) end
+  return out
+end
+-- HDEL the fields of the sequences a..b, a chunk at a time (the range may be long).
+local function hdel_range(H, a, b)
+  local fields = {}
+  for s = a, b do
+    fields[#fields + 1] = S(s)
+    if #fields >= CHUNK then
+      redis.call('HDEL', H, unpack(fields))
+      fields = {}
+    end
+  end
+  if #fields > 0 then redis.call('HDEL', H, unpack(fields)) end
+end
+-- The sequences a..b (as fields) that have no delivery record of their own in D.
+local function unrecorded(D, a, b)
+  local fields = seq_fields(a, b)
+  local cur = hmget(D, fields)
+  local out = {}
+  for i, sq in ipairs(fields) do
+    if not cur[i] then out[#out + 1] = sq end
+  end
+  return out
+end
+-- The available and leased deliveries of the sequences a..b leave Z and the PEL.
+local function drop_active(x, group, Z, a, b)
+  local zr, acks = {}, {}
+  for _, sq in ipairs(redis.call('ZRANGE', Z, 0, -1)) do
+    local n = tonumber(sq)
+    if n >= a and n <= b then
+      zr[#zr + 1] = sq
+      acks[#acks + 1] = sq .. '-0'
+    end
+  end
+  if #zr > 0 then
+    bulk({'ZREM', Z}, zr)
+    bulk({'XACK', x, group}, acks)
+  end
+end
+-- The last error follows the reason after a NUL (absent when none was recorded).
+local function parse(r)
+  local st, att, lid, by, at, reason =
+    string.match(r, '^(%a)|(%d+)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  local err = nil
+  local cut = reason and string.find(reason, '\0', 1, true)
+  if cut then
+    err = string.sub(reason, cut + 1)
+    reason = string.sub(reason, 1, cut - 1)
+  end
+  return st, tonumber(att), lid, by, at, reason, err
+end
+local function rec(st, att, lid, by, at, reason, err)
+  local r = st .. '|' .. S(att) .. '|' .. lid .. '|' .. by .. '|' .. at .. '|' .. reason
+  if err then r = r .. '\0' .. err end
+  return r
+end
+-- Move the frontier over every acked or rejected delivery right after it.
+local function advance(D, f)
+  local step = 16
+  while true do
+    local fields = {}
+    for k = 1, step do fields[k] = S(f + k) end
+    local recs = redis.call('HMGET', D, unpack(fields))
+    local moved = 0
+    for k = 1, step do
+      local r = recs[k]
+      if not r then break end
+      local b = string.byte(r, 1)
+      if b ~= 75 and b ~= 82 then break end
+      moved = k
+    end
+    f = f + moved
+    if moved < step then return f end
+    if step < 1024 then step = step * 2 end
+  end
+end
+-- A block record: first and last sequence, deadline (as text).
+local function blockspec(spec)
+  local first, last, dl = string.match(spec, '^(%d+)|(%d+)|(%d+)$')
+  return tonumber(first), tonumber(last), dl
+end
+-- Expired blocks: their entries past the frontier without a record of their own get one
+-- ('L', due at the block's deadline); the part at or behind the frontier stays.
+local function expire(D, Z, B, Y, tokens, f)
+  if #tokens == 0 then return end
+  local specs = hmget(B, tokens)
+  local gone = {}
+  for k, t in ipairs(tokens) do
+    local spec = specs[k]
+    if spec then
+      local first, last, dl = blockspec(spec)
+      if last > f then
+        local hs, za = {}, {}
+        for _, sq in ipairs(unrecorded(D, math.max(first, f + 1), last)) do
+          hs[#hs + 1] = sq
+          hs[#hs + 1] = 'L|1|' .. t .. ':' .. sq .. '|||'
+          za[#za + 1] = dl
+          za[#za + 1] = sq
+        end
+        if #hs > 0 then
+          bulk({'HSET', D}, hs)
+          bulk({'ZADD', Z}, za)
+        end
+        if first <= f then
+          redis.call('HSET', B, t, S(first) .. '|' .. S(f) .. '|' .. dl)
+        else
+          gone[#gone + 1] = t
+        end
+      end
+    end
+  end
+  if #gone > 0 then bulk({'HDEL', B}, gone) end
+  bulk({'ZREM', Y}, tokens)
+end
+-- Every block keeps only its part inside [lo, hi].
+local function clip(B, Y, lo, hi)
+  local all = redis.call('HGETALL', B)
+  local gone, keep = {}, {}
+  for k = 1, #all, 2 do
+    local first, last, dl = blockspec(all[k + 1])
+    local a, b = math.max(first, lo), math.min(last, hi)
+    if a > b then
+      gone[#gone + 1] = all[k]
+    elseif a ~= first or b ~= last then
+      keep[#keep + 1] = all[k]
+      keep[#keep + 1] = S(a) .. '|' .. S(b) .. '|' .. dl
+    end
+  end
+  if #gone > 0 then
+    bulk({'HDEL', B}, gone)
+    bulk({'ZREM', Y}, gone)
+  end
+  if #keep > 0 then bulk({'HSET', B}, keep) end
+end
+-- Before the frontier moves back to lo - 1: the block entries in [lo, hi] (all behind
+-- it, so acked by their block lease) get an ack record of their own.
+local function own_acks(D, B, lo, hi)
+  local all = redis.call('HGETALL', B)
+  for k = 1, #all, 2 do
+    local first, last = blockspec(all[k + 1])
+    local a, b = math.max(first, lo), math.min(last, hi)
+    if a <= b then
+      local hs = {}
+      for _, sq in ipairs(unrecorded(D, a, b)) do
+        hs[#hs + 1] = sq
+        hs[#hs + 1] = 'K|1|' .. all[k] .. ':' .. sq .. '|a||'
+      end
+      if #hs > 0 then bulk({'HSET', D}, hs) end
+    end
+  end
+end
+-- The position a start spec ('earliest', 'latest' or a sequence) names, within the stream.
+local function resolve(spec, hw, lw)
+  local pos
+  if spec == 'earliest' then pos = 0
+  elseif spec == 'latest' then pos = hw
+  else pos = tonumber(spec) end
+  if pos > hw then pos = hw end
+  if pos < lw - 1 then pos = lw - 1 end
+  return pos
+end

@@ -1,0 +1,145 @@
+-- KEYS: the group partition's x, m, G, D, Z, R, B, Y. ARGV: group, op (a|n|r), reason
+-- (then NUL and the error to record, if any), delay_ms,
+-- JSON [[seq, receipt, lease_id, attempt], ...]. Returns one code letter per lease (see
+-- _settle.py). The attempt only serves the fast path: a lease whose record is exactly
+-- 'L|attempt|lease_id|||' and whose receipt is its entry id is current, with no parsing.
+-- An ack may add the run form of the same leases: block token t, first, last: the
+-- leases are exactly '<t>:<seq>' with receipt '<seq>-0' for every seq of first..last,
+-- in order (the client checked those forms; the script checks the state and falls back
+-- to the JSON when the run is not the frontier's next one).
+local group, op, reason, delay = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local given = nil
+local cut = string.find(reason, '\0', 1, true)
+if cut then
+  given = string.sub(reason, cut + 1)
+  reason = string.sub(reason, 1, cut - 1)
+end
+local g = redis.call('HMGET', G, 'f', 'ma')
+if g[1] and ARGV[6] and op == 'a' then
+  -- The run form (see above): every lease of the run is current exactly when its block
+  -- covers it, the frontier is right before it and none of its deliveries has a
+  -- record of its own. Then the ack moves the frontier over it and writes no record.
+  local f = tonumber(g[1])
+  local first, last = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local spec = first == f + 1 and redis.call('HGET', B, ARGV[6])
+  if spec then
+    local bf, bl = blockspec(spec)
+    local own = false
+    if first >= bf and last <= bl and redis.call('HLEN', D) > 0 then
+      for _, r in ipairs(hmget(D, seq_fields(first, last))) do
+        if r then own = true break end
+      end
+    end
+    if first >= bf and last <= bl and not own then
+      local ids = {}
+      for n = first, last do ids[#ids + 1] = eid(n) end
+      bulk({'XACK', x, group}, ids)
+      local nf = advance(D, last)
+      redis.call('HSET', G, 'f', S(nf))
+      -- A block wholly behind the frontier has nothing left to expire.
+      if bl <= nf then redis.call('ZREM', Y, ARGV[6]) end
+      return string.rep('o', last - first + 1)
+    end
+  end
+end
+local leases = cjson.decode(ARGV[5])
+if not g[1] then return string.rep('I', #leases) end
+local f, ma = tonumber(g[1]), tonumber(g[2])
+local now = now_ms()
+local snow = S(now)
+local hw, fields, state, virt, blocks = lookup(leases, f)
+local codes, dirty, zrem, zadd, radd, acks, vacks = {}, {}, {}, {}, {}, {}, {}
+local front = false
+for k, l in ipairs(leases) do
+  local sq = fields[k]
+  local cur = state[sq]
+  local code, st, att, lid, by, err
+  local a = l[4]
+  if virt[sq] and l[2] == sq .. '-0' then
+    st, att, lid = 'L', 1, l[3]
+  elseif cur and type(a) == 'number' and a % 1 == 0 and type(l[3]) == 'string'
+      and cur == 'L|' .. S(a) .. '|' .. l[3] .. '|||' and l[2] == sq .. '-0' then
+    st, att, lid = 'L', a, l[3]
+  else
+    code, st, att, lid, by, err = check(l, cur, hw)
+  end
+  if given then err = given end
+  if not code then
+    if st ~= 'L' then
+      if by == op then code = 'r' else code = BY[by] or 'X' end
+    else
+      code = 'o'
+      local r
+      local terminal = true
+      if op == 'a' then
+        r = 'K|' .. S(att) .. '|' .. lid .. '|a||'
+      elseif op == 'r' then
+        r = rec('R', att, lid, 'r', snow, reason, err)
+      elseif att >= ma then
+        r = rec('R', att, lid, 'n', snow, 'max_attempts', err)
+      else
+        r = rec('A', att, lid, 'n', '', '', err)
+        terminal = false
+        zadd[#zadd + 1] = S(now + delay)
+        zadd[#zadd + 1] = sq
+      end
+      if terminal then
+        if not virt[sq] then zrem[#zrem + 1] = sq end
+        acks[#acks + 1] = sq .. '-0'
+        if op ~= 'a' then
+          radd[#radd + 1] = sq
+          radd[#radd + 1] = sq
+        end
+        if l[1] == f + 1 then front = true end
+      end
+      state[sq] = r
+      if virt[sq] and op == 'a' then
+        -- Written below only if the frontier does not pass it.
+        vacks[#vacks + 1] = l
+      else
+        dirty[#dirty + 1] = sq
+        dirty[#dirty + 1] = r
+      end
+      virt[sq] = nil
+    end
+  end
+  codes[k] = code
+end
+local nf = f
+if front then
+  -- This batch's records first (D may hold older ones for them), then D's.
+  while true do
+    local r = state[S(nf + 1)]
+    if r then
+      local b = string.byte(r, 1)
+      if b ~= 75 and b ~= 82 then break end
+      nf = nf + 1
+    else
+      local before = nf
+      nf = advance(D, nf)
+      if nf == before then break end
+    end
+  end
+end
+for _, l in ipairs(vacks) do
+  if l[1] > nf then
+    local sq = S(l[1])
+    dirty[#dirty + 1] = sq
+    dirty[#dirty + 1] = state[sq]
+  end
+end
+if #dirty > 0 then bulk({'HSET', D}, dirty) end
+if #zrem > 0 then bulk({'ZREM', Z}, zrem) end
+if #zadd > 0 then bulk({'ZADD', Z}, zadd) end
+if #radd > 0 then bulk({'ZADD', R}, radd) end
+if #acks > 0 then bulk({'XACK', x, group}, acks) end
+if nf > f then
+  redis.call('HSET', G, 'f', S(nf))
+  -- A block wholly behind the frontier has nothing left to expire.
+  local done = {}
+  for t, b in pairs(blocks) do
+    if b and b[2] <= nf then done[#done + 1] = t end
+  end
+  if #done > 0 then bulk({'ZREM', Y}, done) end
+end
+return table.concat(codes)

@@ -1,0 +1,318 @@
+"""The :class:`SQLiteBackend` class: settings, lifecycle, and the contract's operations.
+
+Each operation is one function of this package run in the backend thread
+(:mod:`._writer`) inside one transaction: reads open with ``BEGIN``, writes
+with ``BEGIN IMMEDIATE``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+from urllib.parse import parse_qsl, unquote
+
+from ..._backend import AppendRecord, Backend
+from ..._capabilities import Capabilities
+from ..._clock import Clock, system_clock
+from ..._errors import InvalidArgument
+from ..._event import Event
+from ..._lease import Lease
+from ..._query import Query
+from ..._settle_results import SettleKind, SettleResult
+from ..._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ..._urls import redact_url, url_flag
+from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
+from .._shared import Waiters
+from . import _catalog, _events, _progress, _settle
+from ._errors import classify_error
+from ._fetch import Fetcher
+from ._schema import connect
+from ._writer import Writer
+
+__all__ = ["DEFAULT_BUSY_TIMEOUT_MS", "SQLiteBackend"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+DEFAULT_BUSY_TIMEOUT_MS: Final = 5_000
+_SYNCHRONOUS: Final = ("NORMAL", "FULL", "EXTRA")
+_URL_OPTIONS: Final = ("busy_timeout_ms", "migrate", "synchronous", "timeout_ms")
+
+# In-process wake-ups: an append through any backend on a file wakes the waiters
+# of every backend on that file in this process (whatever their loop). Appends by
+# other processes are not seen here; callers wait with a timeout (``poll_ms``),
+# which is the cross-process fallback.
+_APPEND_WAITERS: Final = Waiters()
+
+
+@guard_operations(tracks_sending=False)
+class SQLiteBackend(Backend):
+    """Durable single-node backend in one SQLite file (``sqlite:///events.db``).
+
+    Several processes on one machine may share the file: claims and settles run in
+    ``BEGIN IMMEDIATE`` transactions, so no delivery is ever leased twice. It is
+    still ``distributed=False``: SQLite is not a network store, so competing
+    consumers on several machines need PostgreSQL, Redis or MongoDB.
+
+    ``synchronous`` is SQLite's durability setting. ``"FULL"`` (the default, and
+    SQLite's own) syncs the write-ahead log on every commit, so an acknowledged
+    write survives a power loss; ``"NORMAL"`` skips that sync and is much faster,
+    still surviving a crash of the process but possibly losing the last commits
+    on a crash of the machine. ``busy_timeout_ms`` bounds how long a write waits for
+    another process's transaction. ``clock`` returns epoch milliseconds (lease
+    deadlines use it); tests pass a :class:`~rheo_flow.ManualClock`.
+
+    The connection lives in one dedicated thread; operations open the backend on
+    first use when :meth:`open` was not called.
+
+    ``migrate=False`` (URL option ``?migrate=false``) opens an existing database
+    only: a missing file, or one without the current rheo_flow schema, is an error
+    naming ``rheo-flow migrate``, and nothing is created (the CLI's read-only
+    commands open so).
+
+    ``timeout_ms`` bounds how long a caller waits for its operation (by default
+    ``busy_timeout_ms`` plus 10 s). An operation given up on may still commit in
+    the backend thread: a write then raises :class:`~rheo_flow.OutcomeUnknown`.
+    """
+
+    name = "sqlite"
+    _CAPABILITIES = Capabilities(
+        durable=True, distributed=False, push_wakeups=True, server_clock=False
+    )
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        synchronous: str = "FULL",
+        timeout_ms: int | None = None,
+        migrate: bool = True,
+    ) -> None:
+        if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+            raise InvalidArgument(f"SQLite database path must be a non-empty path, got {path!r}")
+        if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or (
+            busy_timeout_ms < 0
+        ):
+            raise InvalidArgument(
+                f"busy_timeout_ms must be a non-negative integer, got {busy_timeout_ms!r}"
+            )
+        mode = synchronous.upper() if isinstance(synchronous, str) else synchronous
+        if mode not in _SYNCHRONOUS:
+            raise InvalidArgument(
+                f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, got {synchronous!r}"
+            )
+        self._timeout_ms = (busy_timeout_ms + DEFAULT_TIMEOUT_MS if timeout_ms is None
+                            else check_timeout_ms(timeout_ms))
+        self._deadline_grace_ms = 0
+        self._path = os.fspath(path)
+        self._clock: Clock = clock or system_clock
+        self._writer = Writer(
+            functools.partial(connect, self._path, busy_timeout_ms, mode, bool(migrate)),
+            self._path)
+        self._fetcher = Fetcher(self._clock, self._path)
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock | None = None) -> SQLiteBackend:
+        """Build from ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` or
+        ``sqlite:///:memory:`` (one private in-memory database, gone on close).
+
+        Options go in the query string: ``?synchronous=normal&busy_timeout_ms=10000``,
+        ``?migrate=false`` (open an existing database only).
+        """
+        prefix = "sqlite://"
+        if not isinstance(url, str) or not url.lower().startswith(prefix):
+            raise InvalidArgument(f"not an SQLite URL: {url!r} (expected sqlite:///path.db)")
+        rest, _, query = url[len(prefix):].partition("?")
+        if not rest.startswith("/"):
+            raise InvalidArgument(
+                f"SQLite URL {redact_url(url)!r} names a host; use sqlite:///relative.db "
+                "or sqlite:////absolute/path.db"
+            )
+        path = unquote(rest[1:])
+        if not path:
+            raise InvalidArgument(f"SQLite URL {redact_url(url)!r} has no database path")
+        return cls(path, clock=clock, **_url_options(query))
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Durable, single-node, client clock; in-process push wake-ups.
+
+        Appends made in this process wake its idle consumers at once; appends by
+        other processes on the same file are seen at the consumers' next poll.
+        """
+        return self._CAPABILITIES
+
+    @property
+    def path(self) -> str:
+        """The database file (``":memory:"`` for a private in-memory database)."""
+        return self._path
+
+    # Lifecycle and errors ----------------------------------------------------
+
+    async def open(self) -> None:
+        await self._writer.open()
+
+    async def close(self) -> None:
+        await self._writer.close()
+
+    def _error_prefix(self) -> str:
+        return f"SQLite database {self._path!r}"
+
+    def _scrub(self, text: str) -> str:
+        return text  # SQLite's messages hold no credentials
+
+    def classify_error(self, exc: BaseException) -> SettleKind | None:
+        """Map ``sqlite3`` errors by their primary result code (see ``_errors.classify_error``)."""
+        return classify_error(exc)
+
+    async def _read(
+        self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        return await self._writer.run(False, lambda conn: fn(conn, *args, **kw))
+
+    async def _write(
+        self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        return await self._writer.run(True, lambda conn: fn(conn, *args, **kw))
+
+    # Streams -----------------------------------------------------------------
+
+    async def create_stream(self, name: str, partitions: int) -> StreamInfo:
+        return await self._write(_catalog.create_stream, self._clock, name, partitions)
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        return await self._read(
+            lambda conn: _catalog.stream_info(conn, _catalog.get_stream(conn, name)))
+
+    async def list_streams(self) -> list[str]:
+        return await self._read(_catalog.list_streams)
+
+    async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
+        events = await self._write(_events.append, self._clock, stream, list(records))
+        if events:
+            _APPEND_WAITERS.wake((self._wake_key, stream))
+        return events
+
+    @property
+    def _wake_key(self) -> str:
+        # A private :memory: database is only visible to this backend object.
+        if self._path == ":memory:":
+            return f":memory:{id(self)}"
+        return os.path.realpath(self._path)
+
+    async def wait_for_append(self, stream: str, timeout: float) -> bool:
+        """Wait for an append made in this process, or ``timeout`` seconds."""
+        return await _APPEND_WAITERS.wait((self._wake_key, stream), timeout)
+
+    # Groups ------------------------------------------------------------------
+
+    async def create_group(
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+    ) -> GroupInfo:
+        return await self._write(_catalog.create_group, self._clock, stream, group, start,
+                                 max_attempts)
+
+    async def group_info(self, stream: str, group: str) -> GroupInfo:
+        return await self._read(lambda conn: _catalog.get_group(conn, stream, group).info())
+
+    async def list_groups(self, stream: str) -> list[GroupInfo]:
+        return await self._read(_catalog.list_groups, stream)
+
+    # Leases ------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> list[Lease]:
+        ids = None if partitions is None else list(partitions)
+        return await self._write(self._fetcher.fetch, stream, group, consumer_id, limit,
+                                 lease_ms, ids)
+
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        return await self._write(_settle.settle, self._clock, list(leases), "ack", "", 0)
+
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return await self._write(_settle.settle, self._clock, list(leases), "nack", reason,
+                                 delay_ms, error)
+
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        return await self._write(_settle.settle, self._clock, list(leases), "reject", reason, 0,
+                                 error)
+
+    async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
+        return await self._write(_settle.renew, self._clock, list(leases), lease_ms)
+
+    # Progress ----------------------------------------------------------------
+
+    async def frontier(self, stream: str, group: str) -> dict[int, int]:
+        return await self._read(_progress.frontier, stream, group)
+
+    async def dead_letters(
+        self, stream: str, group: str, limit: int, after: tuple[int, int] | None
+    ) -> list[DeadLetter]:
+        return await self._read(_progress.dead_letters, stream, group, limit, after)
+
+    async def redrive(
+        self, stream: str, group: str, positions: Sequence[tuple[int, int]] | None
+    ) -> int:
+        wanted = None if positions is None else sorted(set(positions))
+        return await self._write(_progress.redrive, self._clock, stream, group, wanted)
+
+    async def replay(
+        self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
+    ) -> None:
+        await self._write(_progress.replay, stream, group, from_sequence, list(partitions))
+
+    async def reset(
+        self, stream: str, group: str, to: StartPosition, partitions: Sequence[int]
+    ) -> None:
+        await self._write(_progress.reset, stream, group, to, list(partitions))
+
+    # Reads and retention -----------------------------------------------------
+
+    async def query(self, query: Query, limit: int, after: tuple[int, int] | None) -> list[Event]:
+        return await self._read(_events.query, query, limit, after)
+
+    async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
+        return await self._write(_events.trim, stream, dict(up_to))
+
+    async def delete_stream(self, stream: str) -> None:
+        await self._write(_catalog.delete_stream, stream)
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        await self._write(_catalog.delete_group, stream, group)
+
+
+def _url_options(query: str) -> dict[str, Any]:
+    """The keyword arguments of an SQLite URL's query string, checked."""
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in _URL_OPTIONS:
+            raise InvalidArgument(
+                f"unknown SQLite URL option {name!r}; known: {', '.join(_URL_OPTIONS)}"
+            )
+        if name == "timeout_ms":
+            options[name] = check_timeout_ms(value)
+        elif name == "migrate":
+            options[name] = url_flag(name, value)
+        elif name == "busy_timeout_ms":
+            if not value.isdigit():
+                raise InvalidArgument(
+                    f"busy_timeout_ms must be a non-negative integer, got {value!r}"
+                )
+            options[name] = int(value)
+        else:
+            options[name] = value
+    return options

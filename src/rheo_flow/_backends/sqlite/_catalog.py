@@ -1,0 +1,180 @@
+"""Streams and groups: their rows looked up by name, and the operations on them.
+
+Every function runs in the backend thread inside the operation's transaction
+(``conn`` is the backend's connection); ``clock`` gives creation times.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from ..._backend import DEFAULT_MAX_ATTEMPTS
+from ..._clock import Clock
+from ..._errors import ConflictError, UnknownGroup, UnknownStream
+from ..._stream import GroupInfo, StartPosition, StreamInfo
+from .._shared import start_position
+from . import _sql as sql
+
+__all__ = [
+    "Group",
+    "Stream",
+    "create_group",
+    "create_stream",
+    "delete_group",
+    "delete_stream",
+    "find_group",
+    "find_stream",
+    "get_group",
+    "get_stream",
+    "list_groups",
+    "list_streams",
+    "stream_info",
+    "waters",
+]
+
+
+@dataclass(slots=True)
+class Stream:
+    """A row of ``streams``."""
+
+    id: int
+    name: str
+    partitions: int
+    created_at_ms: int
+
+
+@dataclass(slots=True)
+class Group:
+    """A row of ``groups``, with its stream's."""
+
+    id: int
+    stream: Stream
+    name: str
+    max_attempts: int
+    created_at_ms: int
+
+    def info(self) -> GroupInfo:
+        """The group as the contract describes it."""
+        return GroupInfo(self.stream.name, self.name, self.max_attempts, self.created_at_ms)
+
+
+def find_stream(conn: sqlite3.Connection, name: str) -> Stream | None:
+    """The stream named ``name``, or ``None``."""
+    row = conn.execute(sql.FIND_STREAM, (name,)).fetchone()
+    return None if row is None else Stream(*row)
+
+
+def get_stream(conn: sqlite3.Connection, name: str) -> Stream:
+    """The stream named ``name``; :class:`~rheo_flow.UnknownStream` if there is none."""
+    s = find_stream(conn, name)
+    if s is None:
+        raise UnknownStream(name)
+    return s
+
+
+def find_group(conn: sqlite3.Connection, s: Stream, name: str) -> Group | None:
+    """The group ``name`` of stream ``s``, or ``None``."""
+    row = conn.execute(sql.FIND_GROUP, (s.id, name)).fetchone()
+    return None if row is None else Group(row[0], s, name, row[1], row[2])
+
+
+def get_group(conn: sqlite3.Connection, stream: str, name: str) -> Group:
+    """The group, in one statement; UnknownStream or UnknownGroup names what is missing."""
+    row = conn.execute(sql.GROUP_OF_STREAM, (name, stream)).fetchone()
+    if row is None:
+        raise UnknownStream(stream)
+    if row[3] is None:
+        raise UnknownGroup(stream, name)
+    return Group(row[3], Stream(row[0], stream, row[1], row[2]), name, row[4], row[5])
+
+
+def waters(conn: sqlite3.Connection, stream_id: int) -> dict[int, tuple[int, int]]:
+    """Every partition's high and low water, by partition."""
+    return {part: (high, low) for part, high, low in conn.execute(sql.WATERS, (stream_id,))}
+
+
+def stream_info(conn: sqlite3.Connection, s: Stream) -> StreamInfo:
+    """The stream as the contract describes it."""
+    found = waters(conn, s.id)
+    return StreamInfo(s.name, s.partitions, s.created_at_ms,
+                      {part: high for part, (high, _) in found.items()},
+                      {part: low for part, (_, low) in found.items()})
+
+
+def create_stream(conn: sqlite3.Connection, clock: Clock, name: str,
+                  partitions: int) -> StreamInfo:
+    """Create the stream, or return it when it exists with as many partitions."""
+    existing = find_stream(conn, name)
+    if existing is not None:
+        if existing.partitions != partitions:
+            raise ConflictError(
+                f"stream {name!r} exists with {existing.partitions} partitions, "
+                f"not {partitions}"
+            )
+        return stream_info(conn, existing)
+    now = clock()
+    stream_id = conn.execute(sql.INSERT_STREAM, (name, partitions, now)).lastrowid
+    assert stream_id is not None
+    conn.executemany(sql.INSERT_PARTITION, [(stream_id, p) for p in range(partitions)])
+    return stream_info(conn, Stream(stream_id, name, partitions, now))
+
+
+def list_streams(conn: sqlite3.Connection) -> list[str]:
+    """Every stream's name, sorted."""
+    return [r[0] for r in conn.execute(sql.LIST_STREAMS)]
+
+
+def create_group(
+    conn: sqlite3.Connection,
+    clock: Clock,
+    stream: str,
+    group: str,
+    start: StartPosition,
+    max_attempts: int | None,
+) -> GroupInfo:
+    """Create the group at ``start``, or return it (with ``max_attempts`` changed if given)."""
+    s = get_stream(conn, stream)
+    g = find_group(conn, s, group)
+    if g is not None:
+        if max_attempts is not None and max_attempts != g.max_attempts:
+            conn.execute(sql.SET_MAX_ATTEMPTS, (max_attempts, g.id))
+            g.max_attempts = max_attempts
+        return g.info()
+    now = clock()
+    attempts = max_attempts or DEFAULT_MAX_ATTEMPTS
+    group_id = conn.execute(sql.INSERT_GROUP, (s.id, group, attempts, now)).lastrowid
+    assert group_id is not None
+    rows = []
+    for part, (high, low) in waters(conn, s.id).items():
+        position = start_position(start, high, low)
+        rows.append((group_id, part, position, position))
+    conn.executemany(sql.INSERT_GROUP_PARTITION, rows)
+    return GroupInfo(stream, group, attempts, now)
+
+
+def list_groups(conn: sqlite3.Connection, stream: str) -> list[GroupInfo]:
+    """Every group of the stream, sorted by name."""
+    s = get_stream(conn, stream)
+    return [GroupInfo(stream, name, max_attempts, created)
+            for name, max_attempts, created in conn.execute(sql.LIST_GROUPS, (s.id,))]
+
+
+def delete_stream(conn: sqlite3.Connection, stream: str) -> None:
+    """Delete the stream, its events and its groups."""
+    s = get_stream(conn, stream)
+    for (group_id,) in conn.execute(sql.GROUP_IDS, (s.id,)).fetchall():
+        _delete_group_rows(conn, group_id)
+    for statement in (sql.DELETE_STREAM_EVENTS, sql.DELETE_STREAM_PARTITIONS, sql.DELETE_STREAM):
+        conn.execute(statement, (s.id,))
+
+
+def delete_group(conn: sqlite3.Connection, stream: str, group: str) -> None:
+    """Delete the group and its deliveries."""
+    _delete_group_rows(conn, get_group(conn, stream, group).id)
+
+
+def _delete_group_rows(conn: sqlite3.Connection, group_id: int) -> None:
+    """Delete every row of the group: its deliveries, progress and the group itself."""
+    for statement in sql.DELETE_GROUP:
+        conn.execute(statement, (group_id,))

@@ -1,0 +1,87 @@
+"""Where a group stands: its frontier and dead letters, and what moves it back.
+
+The frontier is stored per (group, partition) and only ever advanced from its
+stored value (:func:`advance_frontier`), never recomputed by counting acked
+rows. Redrive, replay and reset move it back with the deliveries they reopen or
+forget.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ..._clock import Clock
+from ..._stream import DeadLetter, StartPosition
+from .._shared import start_position
+from . import _sql as sql
+from ._catalog import get_group, waters
+
+__all__ = ["advance_frontier", "dead_letters", "frontier", "redrive", "replay", "reset"]
+
+
+def advance_frontier(conn: sqlite3.Connection, group_id: int, part: int) -> None:
+    """Move the stored frontier up to the first pending delivery, or to the cursor.
+
+    Every sequence up to the cursor has a delivery row (fetch creates them in
+    order; replay, reset and trim move the cursor with what they delete), so the
+    settled run after the frontier ends right before the lowest available or
+    leased row: one probe of the partial index, whatever the acked history.
+    """
+    conn.execute(sql.ADVANCE_FRONTIER, (group_id, part))
+
+
+def frontier(conn: sqlite3.Connection, stream: str, group: str) -> dict[int, int]:
+    """Every partition's frontier."""
+    g = get_group(conn, stream, group)
+    return dict(conn.execute(sql.FRONTIERS, (g.id,)).fetchall())
+
+
+def dead_letters(conn: sqlite3.Connection, stream: str, group: str, limit: int,
+                 after: tuple[int, int] | None) -> list[DeadLetter]:
+    """Up to ``limit`` dead letters after the position ``after``, in position order."""
+    g = get_group(conn, stream, group)
+    part, seq = after if after is not None else (-1, -1)
+    return [DeadLetter(stream, group, *row)
+            for row in conn.execute(sql.DEAD_LETTERS, (g.stream.id, g.id, part, seq, limit))]
+
+
+def redrive(conn: sqlite3.Connection, clock: Clock, stream: str, group: str,
+            positions: list[tuple[int, int]] | None) -> int:
+    """Make the dead letters (all, or those at ``positions``) deliverable again, attempt 0."""
+    g = get_group(conn, stream, group)
+    now = clock()
+    if positions is None:
+        count = conn.execute(sql.REDRIVE, (now, g.id, g.stream.id)).rowcount
+    else:
+        count = conn.executemany(
+            sql.REDRIVE_AT, [(now, g.id, g.stream.id, part, seq) for part, seq in positions]
+        ).rowcount
+    if count:
+        conn.execute(sql.FRONTIER_BEFORE_PENDING, (g.id,))
+    return count
+
+
+def replay(conn: sqlite3.Connection, stream: str, group: str, from_sequence: int,
+           partitions: list[int]) -> None:
+    """Forget the deliveries from ``from_sequence`` on: they are delivered again."""
+    g = get_group(conn, stream, group)
+    low = {part: low for part, (_, low) in waters(conn, g.stream.id).items()}
+    # Trimmed events are gone and count as settled: replay starts at the low water.
+    starts = [(part, max(from_sequence, low[part])) for part in partitions]
+    # Deleting a delivery fences its lease; it is materialised again, attempt 1.
+    conn.executemany(sql.DELETE_DELIVERIES_FROM,
+                     [(g.id, part, start) for part, start in starts])
+    conn.executemany(sql.REWIND, [(start - 1, start - 1, g.id, part) for part, start in starts])
+
+
+def reset(conn: sqlite3.Connection, stream: str, group: str, to: StartPosition,
+          partitions: list[int]) -> None:
+    """Forget every delivery of ``partitions`` and start them at ``to``."""
+    g = get_group(conn, stream, group)
+    found = waters(conn, g.stream.id)
+    conn.executemany(sql.DELETE_PARTITION_DELIVERIES, [(g.id, part) for part in partitions])
+    moves = []
+    for part in partitions:
+        position = start_position(to, *found[part])
+        moves.append((position, position, g.id, part))
+    conn.executemany(sql.MOVE_TO, moves)

@@ -1,0 +1,141 @@
+"""Opening a database file: the connection's settings, WAL, and the schema created,
+checked or migrated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+from typing import Final
+
+from ..._call_retry import retrying_sync
+from ..._errors import BackendError, BackendUnavailable
+from . import _sql as sql
+from ._errors import is_locked
+
+__all__ = ["SCHEMA_VERSION", "connect"]
+
+SCHEMA_VERSION: Final = 3
+"""Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change.
+
+1: first schema. 2: the ``deliveries`` state CHECK is written with ``OR`` instead
+of ``IN (...)``: SQLite evaluates a CHECK on every inserted and updated row, and
+an ``IN`` list of four builds a temporary lookup table each time, which made
+every delivery write about twice as dear. 3: ``deliveries.last_error``, the last
+error recorded by a nack or reject."""
+
+def connect(path: str, busy_timeout_ms: int, synchronous: str,
+            migrate: bool) -> sqlite3.Connection:
+    """Runs in the backend thread: connect, configure, create or check the schema.
+
+    ``migrate=False`` opens an existing database of the current schema only and
+    changes nothing else.
+    """
+    conn = _open_file(path, busy_timeout_ms, migrate)
+    try:
+        if not migrate:
+            # Checked before WAL is switched on: a file that is not ours stays untouched.
+            _check_current(conn, path)
+        conn.execute(sql.SET_BUSY_TIMEOUT.format(ms=busy_timeout_ms))
+        if path != ":memory:":
+            # Persistent in the file; WAL lets readers run beside the one writer.
+            _enable_wal(conn, busy_timeout_ms / 1000)
+        conn.execute(sql.SET_SYNCHRONOUS.format(mode=synchronous))
+        _install(conn, path)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise BackendUnavailable(f"cannot open SQLite database {path!r}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _open_file(path: str, busy_timeout_ms: int, migrate: bool) -> sqlite3.Connection:
+    target, uri = path, False
+    if not migrate and path != ":memory:":
+        if not os.path.isfile(path):
+            raise BackendError(f"SQLite database {path!r} does not exist "
+                               "(create it with  rheo-flow migrate --url URL)")
+        # mode=rw: a file removed meanwhile is an error instead of a new database.
+        target, uri = f"{Path(path).resolve().as_uri()}?mode=rw", True
+    try:
+        return sqlite3.connect(
+            target,
+            timeout=busy_timeout_ms / 1000,
+            isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE / COMMIT
+            uri=uri,
+        )
+    except sqlite3.Error as exc:
+        raise BackendUnavailable(f"cannot open SQLite database {path!r}: {exc}") from exc
+
+
+def _check_current(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse a file without the current schema (nothing may be created or migrated)."""
+    version = conn.execute(sql.GET_VERSION).fetchone()[0]
+    if version < SCHEMA_VERSION:
+        raise BackendError(
+            f"SQLite database {path!r} has "
+            + ("no rheo_flow schema" if version == 0 else f"schema version {version}")
+            + f" (this rheo-flow needs {SCHEMA_VERSION}): run  rheo-flow migrate --url URL"
+        )
+
+
+def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Switch the file to WAL, retrying while another connection holds it.
+
+    Changing the journal mode takes an exclusive lock without going through
+    SQLite's busy handler: two processes opening a new file at once get
+    "database is locked" at once instead of waiting ``busy_timeout_ms``.
+    """
+    for attempt in retrying_sync(when=is_locked, within_s=timeout_s,
+                                 first_wait_s=0.002, max_wait_s=0.05):
+        with attempt:
+            conn.execute(sql.SET_WAL)
+
+
+def _install(conn: sqlite3.Connection, path: str) -> None:
+    """Create the schema in a new file or migrate an older one, all or nothing.
+
+    IMMEDIATE: two processes opening a new file at once create the schema once.
+    """
+    conn.execute(sql.BEGIN_WRITE)
+    try:
+        version = conn.execute(sql.GET_VERSION).fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise BackendError(
+                f"SQLite database {path!r} has schema version {version}, newer "
+                f"than this rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
+            )
+        if version == 1:
+            _migrate_1_to_2(conn)  # rebuilt as the current table: last_error too
+        elif version == 2:
+            _migrate_2_to_3(conn)
+        elif version < SCHEMA_VERSION:
+            for statement in sql.SCHEMA:
+                conn.execute(statement)
+        if version < SCHEMA_VERSION:
+            conn.execute(sql.SET_VERSION.format(version=SCHEMA_VERSION))
+        conn.execute(sql.COMMIT)
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute(sql.ROLLBACK)
+        raise
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    """Rebuild ``deliveries`` with schema 2's CHECK (a CHECK cannot be altered in
+    place); runs inside the opening ``BEGIN IMMEDIATE``, so all or nothing."""
+    conn.execute(sql.CREATE_DELIVERIES.format(table="deliveries_v2"))
+    conn.execute(sql.COPY_DELIVERIES_1_TO_2)
+    conn.execute(sql.DROP_DELIVERIES)  # and its indexes
+    conn.execute(sql.RENAME_DELIVERIES_V2)
+    for statement in sql.DELIVERIES_INDEXES:
+        conn.execute(statement)
+
+
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    """Add ``deliveries.last_error`` (NULL on existing rows: no error was recorded)."""
+    conn.execute(sql.ADD_LAST_ERROR)

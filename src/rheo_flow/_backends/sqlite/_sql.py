@@ -1,0 +1,172 @@
+"""Every SQL statement of the SQLite backend, by name.
+
+The text lives in two files of this package: ``schema.sql`` (tables, indexes,
+migrations, connection settings) and ``statements.sql`` (what the operations
+run). This module loads them once and names each statement; the other modules
+use these names and hold no SQL of their own.
+
+One templating style: ``{name}`` in a statement is another piece of the same
+file when one has that name (a shared WHERE clause or column list, spliced in
+here), else a slot the caller fills with ``str.format`` (an IN list's
+placeholders, a table name, a PRAGMA value). Values always go in as SQLite's own
+``?`` / ``?N`` parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from importlib.resources import files
+from typing import Any, Final
+
+__all__ = ["in_lists"]
+
+_NAME: Final = re.compile(r"^-- name: (\w+)[ \t]*$", re.MULTILINE)
+_PIECE: Final = re.compile(r"\{(\w+)\}")
+
+
+def _load(filename: str) -> dict[str, str]:
+    """The statements of ``filename`` by name, with this file's pieces spliced in."""
+    text = files(__name__.rpartition(".")[0]).joinpath(filename).read_text(encoding="utf-8")
+    parts = _NAME.split(text)  # the header, then each name and the text after it
+    raw: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [line.rstrip() for line in body.splitlines()
+                 if line.strip() and not line.lstrip().startswith("--")]
+        raw[name] = "\n".join(lines)
+    return {name: _splice(raw, body) for name, body in raw.items()}
+
+
+def _splice(pieces: dict[str, str], text: str) -> str:
+    return _PIECE.sub(
+        lambda m: _splice(pieces, pieces[m[1]]) if m[1] in pieces else m[0], text)
+
+
+_SCHEMA: Final = _load("schema.sql")
+_STATEMENTS: Final = _load("statements.sql")
+
+# Schema (schema.sql) ---------------------------------------------------------------
+
+CREATE_DELIVERIES: Final = _SCHEMA["create_deliveries"]
+"""The ``deliveries`` table; ``{table}`` is its name (a migration builds a new one)."""
+DELIVERIES_INDEXES: Final = (
+    _SCHEMA["index_deliveries_active"], _SCHEMA["index_deliveries_rejected"])
+SCHEMA: Final = (
+    *(_SCHEMA[f"create_{table}"]
+      for table in ("streams", "partitions", "events", "groups", "group_partitions")),
+    CREATE_DELIVERIES.format(table="deliveries"),
+    *DELIVERIES_INDEXES,
+)
+"""A new file's schema, in order."""
+COPY_DELIVERIES_1_TO_2: Final = _SCHEMA["copy_deliveries_1_to_2"]
+DROP_DELIVERIES: Final = _SCHEMA["drop_deliveries"]
+RENAME_DELIVERIES_V2: Final = _SCHEMA["rename_deliveries_v2"]
+ADD_LAST_ERROR: Final = _SCHEMA["add_last_error"]
+GET_VERSION: Final = _SCHEMA["get_version"]
+SET_VERSION: Final = _SCHEMA["set_version"]
+SET_BUSY_TIMEOUT: Final = _SCHEMA["set_busy_timeout"]
+SET_WAL: Final = _SCHEMA["set_wal"]
+SET_SYNCHRONOUS: Final = _SCHEMA["set_synchronous"]
+
+# Transactions ----------------------------------------------------------------------
+
+BEGIN_READ: Final = _STATEMENTS["begin_read"]
+BEGIN_WRITE: Final = _STATEMENTS["begin_write"]
+COMMIT: Final = _STATEMENTS["commit"]
+ROLLBACK: Final = _STATEMENTS["rollback"]
+SAVEPOINT: Final = _STATEMENTS["savepoint"]
+ROLLBACK_TO_SAVEPOINT: Final = _STATEMENTS["rollback_to_savepoint"]
+RELEASE_SAVEPOINT: Final = _STATEMENTS["release_savepoint"]
+
+# Streams, partitions and groups ----------------------------------------------------
+
+FIND_STREAM: Final = _STATEMENTS["find_stream"]
+INSERT_STREAM: Final = _STATEMENTS["insert_stream"]
+INSERT_PARTITION: Final = _STATEMENTS["insert_partition"]
+LIST_STREAMS: Final = _STATEMENTS["list_streams"]
+WATERS: Final = _STATEMENTS["waters"]
+HIGH_WATERS: Final = _STATEMENTS["high_waters"]
+SET_HIGH_WATER: Final = _STATEMENTS["set_high_water"]
+SET_LOW_WATER: Final = _STATEMENTS["set_low_water"]
+GROUP_IDS: Final = _STATEMENTS["group_ids"]
+DELETE_STREAM_EVENTS: Final = _STATEMENTS["delete_stream_events"]
+DELETE_STREAM_PARTITIONS: Final = _STATEMENTS["delete_stream_partitions"]
+DELETE_STREAM: Final = _STATEMENTS["delete_stream"]
+FIND_GROUP: Final = _STATEMENTS["find_group"]
+GROUP_OF_STREAM: Final = _STATEMENTS["group_of_stream"]
+SET_MAX_ATTEMPTS: Final = _STATEMENTS["set_max_attempts"]
+INSERT_GROUP: Final = _STATEMENTS["insert_group"]
+INSERT_GROUP_PARTITION: Final = _STATEMENTS["insert_group_partition"]
+LIST_GROUPS: Final = _STATEMENTS["list_groups"]
+DELETE_GROUP: Final = (
+    _STATEMENTS["delete_group_deliveries"], _STATEMENTS["delete_group_partitions"],
+    _STATEMENTS["delete_group"])
+"""A group's rows, table by table (each takes the group id)."""
+
+# Events ----------------------------------------------------------------------------
+
+INSERT_EVENT: Final = _STATEMENTS["insert_event"]
+INSERT_NEW_EVENT: Final = _STATEMENTS["insert_new_event"]
+DELETE_EVENTS_AFTER: Final = _STATEMENTS["delete_events_after"]
+DELETE_EVENTS_UP_TO: Final = _STATEMENTS["delete_events_up_to"]
+EVENTS_BY_ID: Final = _STATEMENTS["events_by_id"]
+EVENTS_BY_SEQUENCE: Final = _STATEMENTS["events_by_sequence"]
+EVENTS_BETWEEN: Final = _STATEMENTS["events_between"]
+QUERY_EVENTS: Final = _STATEMENTS["query_events"]
+"""``{filters}``: the query's conditions among :data:`QUERY_FILTERS`."""
+QUERY_FILTERS: Final = (
+    _STATEMENTS["with_key"], _STATEMENTS["with_type"], _STATEMENTS["appended_since"],
+    _STATEMENTS["appended_before"])
+"""The conditions on key, type, appended since, appended before (one value each)."""
+
+# Leases ----------------------------------------------------------------------------
+
+PROGRESS: Final = _STATEMENTS["progress"]
+ELIGIBLE: Final = _STATEMENTS["eligible"]
+EXPIRE: Final = _STATEMENTS["expire"]
+LEASE_AGAIN: Final = _STATEMENTS["lease_again"]
+LEASE_NEW: Final = _STATEMENTS["lease_new"]
+SET_CURSOR: Final = _STATEMENTS["set_cursor"]
+SETTLE_GROUP: Final = _STATEMENTS["settle_group"]
+SETTLE: Final[dict[str, str]] = {
+    op: _STATEMENTS[f"settle_{op}"] for op in ("ack", "nack", "reject")}
+"""The fenced settle of one lease, by op (parameters: see ``fenced`` in statements.sql)."""
+RENEW: Final = _STATEMENTS["renew"]
+DELIVERY_ROWS: Final = _STATEMENTS["delivery_rows"]
+WRITE_BACK: Final = _STATEMENTS["write_back"]
+
+# Progress --------------------------------------------------------------------------
+
+ADVANCE_FRONTIER: Final = _STATEMENTS["advance_frontier"]
+FRONTIERS: Final = _STATEMENTS["frontiers"]
+DEAD_LETTERS: Final = _STATEMENTS["dead_letters"]
+REDRIVE: Final = _STATEMENTS["redrive"]
+REDRIVE_AT: Final = _STATEMENTS["redrive_at"]
+FRONTIER_BEFORE_PENDING: Final = _STATEMENTS["frontier_before_pending"]
+DELETE_DELIVERIES_FROM: Final = _STATEMENTS["delete_deliveries_from"]
+REWIND: Final = _STATEMENTS["rewind"]
+DELETE_PARTITION_DELIVERIES: Final = _STATEMENTS["delete_partition_deliveries"]
+MOVE_TO: Final = _STATEMENTS["move_to"]
+DELETE_DELIVERIES_UP_TO: Final = _STATEMENTS["delete_deliveries_up_to"]
+CATCH_UP: Final = _STATEMENTS["catch_up"]
+
+# IN lists --------------------------------------------------------------------------
+
+# SQLite's default variable limit was 999 before 3.32; stay below it. IN lists are
+# padded to a few fixed sizes so the statement cache keeps hitting.
+_IN_SIZES: Final = (1, 8, 64, 256, 900)
+
+
+def in_lists(
+    statement: str, params: tuple[Any, ...], values: list[Any]
+) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """``statement`` with its ``{values}`` slot as ``(?, ?, ...)``, covering ``values``.
+
+    Yields one statement and its parameters (``params``, then a chunk of
+    ``values`` padded to a fixed size) per chunk.
+    """
+    for start in range(0, len(values), _IN_SIZES[-1]):
+        chunk = values[start:start + _IN_SIZES[-1]]
+        size = next(n for n in _IN_SIZES if n >= len(chunk))
+        padded = chunk + [chunk[-1]] * (size - len(chunk))
+        yield statement.format(values="(" + ", ".join("?" * size) + ")"), (*params, *padded)

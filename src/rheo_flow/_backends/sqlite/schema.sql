@@ -1,0 +1,131 @@
+-- The rheo_flow schema of an SQLite file (the version is _schema.SCHEMA_VERSION),
+-- its migrations and the connection settings.
+--
+-- Each statement follows the "-- name:" line that names it (_sql.py loads them);
+-- comment lines are left out of the statement text. {slot} is filled in with
+-- str.format where the statement is used; parameters are SQLite's own ? / ?N.
+
+-- name: create_streams
+CREATE TABLE IF NOT EXISTS streams (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    partitions INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL
+)
+
+-- name: create_partitions
+CREATE TABLE IF NOT EXISTS partitions (
+    stream_id INTEGER NOT NULL,
+    part INTEGER NOT NULL,
+    high_water INTEGER NOT NULL DEFAULT 0,
+    low_water INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY (stream_id, part)
+) WITHOUT ROWID
+
+-- name: create_events
+-- A rowid table (not WITHOUT ROWID): payloads can be large, and SQLite keeps
+-- large rows out of the key b-tree only in rowid tables.
+CREATE TABLE IF NOT EXISTS events (
+    stream_id INTEGER NOT NULL,
+    part INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    event_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    key TEXT,
+    data TEXT NOT NULL,
+    headers TEXT,
+    appended_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (stream_id, part, seq),
+    UNIQUE (stream_id, event_id)
+)
+
+-- name: create_groups
+CREATE TABLE IF NOT EXISTS groups (
+    id INTEGER PRIMARY KEY,
+    stream_id INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    UNIQUE (stream_id, name)
+)
+
+-- name: create_group_partitions
+CREATE TABLE IF NOT EXISTS group_partitions (
+    group_id INTEGER NOT NULL,
+    part INTEGER NOT NULL,
+    cursor INTEGER NOT NULL,
+    frontier INTEGER NOT NULL,
+    PRIMARY KEY (group_id, part)
+) WITHOUT ROWID
+
+-- name: create_deliveries
+-- {table}: "deliveries", or the new table a migration rebuilds it into. The CHECK
+-- is written with OR, not IN (...): SQLite evaluates it on every inserted and
+-- updated row, and an IN list builds a temporary lookup table each time.
+CREATE TABLE IF NOT EXISTS {table} (
+    group_id INTEGER NOT NULL,
+    part INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state = 'available' OR state = 'leased' OR state = 'acked'
+                              OR state = 'rejected'),
+    attempt INTEGER NOT NULL,
+    lease_id TEXT,
+    receipt TEXT,
+    consumer_id TEXT,
+    deadline_ms INTEGER NOT NULL DEFAULT 0,
+    available_at_ms INTEGER NOT NULL DEFAULT 0,
+    settled_by TEXT,
+    reason TEXT NOT NULL DEFAULT '',
+    rejected_at_ms INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    PRIMARY KEY (group_id, part, seq)
+) WITHOUT ROWID
+
+-- name: index_deliveries_active
+-- Only non-terminal rows, and every column fetch reads (covering): fetch cost
+-- follows the inflight and redeliverable rows, never the acked ones.
+CREATE INDEX IF NOT EXISTS deliveries_active
+    ON deliveries (group_id, part, seq, state, available_at_ms, deadline_ms, attempt)
+    WHERE state IN ('available', 'leased')
+
+-- name: index_deliveries_rejected
+CREATE INDEX IF NOT EXISTS deliveries_rejected
+    ON deliveries (group_id, part, seq) WHERE state = 'rejected'
+
+-- Migrations ----------------------------------------------------------------------
+
+-- name: copy_deliveries_1_to_2
+-- Schema 1 had no last_error: it stays NULL (no error was recorded).
+INSERT INTO deliveries_v2 (group_id, part, seq, state, attempt, lease_id, receipt,
+                           consumer_id, deadline_ms, available_at_ms, settled_by, reason,
+                           rejected_at_ms)
+SELECT group_id, part, seq, state, attempt, lease_id, receipt, consumer_id, deadline_ms,
+       available_at_ms, settled_by, reason, rejected_at_ms
+FROM deliveries
+
+-- name: drop_deliveries
+-- Its indexes go with it.
+DROP TABLE deliveries
+
+-- name: rename_deliveries_v2
+ALTER TABLE deliveries_v2 RENAME TO deliveries
+
+-- name: add_last_error
+ALTER TABLE deliveries ADD COLUMN last_error TEXT
+
+-- Connection settings -------------------------------------------------------------
+
+-- name: get_version
+PRAGMA user_version
+
+-- name: set_version
+PRAGMA user_version = {version}
+
+-- name: set_busy_timeout
+PRAGMA busy_timeout = {ms}
+
+-- name: set_wal
+PRAGMA journal_mode = WAL
+
+-- name: set_synchronous
+PRAGMA synchronous = {mode}

@@ -1,0 +1,294 @@
+-- Every statement the SQLite backend's operations run (the schema is in schema.sql).
+--
+-- Each statement follows the "-- name:" line that names it (_sql.py loads them);
+-- comment lines are left out of the statement text. {name} is another piece of
+-- this file when one has that name (spliced in on loading), else a slot filled in
+-- with str.format where the statement is used. Parameters are SQLite's own ? / ?N.
+
+-- Transactions --------------------------------------------------------------------
+
+-- name: begin_read
+BEGIN
+
+-- name: begin_write
+-- IMMEDIATE takes the write lock before reading anything.
+BEGIN IMMEDIATE
+
+-- name: commit
+COMMIT
+
+-- name: rollback
+ROLLBACK
+
+-- name: savepoint
+SAVEPOINT rheo_settle
+
+-- name: rollback_to_savepoint
+ROLLBACK TO rheo_settle
+
+-- name: release_savepoint
+RELEASE rheo_settle
+
+-- Streams and partitions ----------------------------------------------------------
+
+-- name: find_stream
+SELECT id, name, partitions, created_at_ms FROM streams WHERE name = ?
+
+-- name: insert_stream
+INSERT INTO streams (name, partitions, created_at_ms) VALUES (?, ?, ?)
+
+-- name: insert_partition
+INSERT INTO partitions (stream_id, part) VALUES (?, ?)
+
+-- name: list_streams
+SELECT name FROM streams ORDER BY name
+
+-- name: waters
+SELECT part, high_water, low_water FROM partitions WHERE stream_id = ? ORDER BY part
+
+-- name: high_waters
+SELECT part, high_water FROM partitions WHERE stream_id = ?
+
+-- name: set_high_water
+UPDATE partitions SET high_water = ? WHERE stream_id = ? AND part = ?
+
+-- name: set_low_water
+UPDATE partitions SET low_water = ? WHERE stream_id = ? AND part = ?
+
+-- name: group_ids
+SELECT id FROM groups WHERE stream_id = ?
+
+-- name: delete_stream_events
+DELETE FROM events WHERE stream_id = ?
+
+-- name: delete_stream_partitions
+DELETE FROM partitions WHERE stream_id = ?
+
+-- name: delete_stream
+DELETE FROM streams WHERE id = ?
+
+-- Events --------------------------------------------------------------------------
+
+-- name: event_columns
+-- The columns events are decoded from (_events.decode), in this order.
+part, seq, event_id, type, key, data, headers, appended_at_ms
+
+-- name: insert_event
+INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, appended_at_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: insert_new_event
+-- An id the stream already holds is skipped (the caller sees it in the change count).
+{insert_event} ON CONFLICT (stream_id, event_id) DO NOTHING
+
+-- name: delete_events_after
+DELETE FROM events WHERE stream_id = ? AND part = ? AND seq > ?
+
+-- name: delete_events_up_to
+DELETE FROM events WHERE stream_id = ? AND part = ? AND seq <= ?
+
+-- name: events_by_id
+-- {values}: an IN list (_sql.in_lists).
+SELECT {event_columns} FROM events WHERE stream_id = ? AND event_id IN {values}
+
+-- name: events_by_sequence
+SELECT {event_columns} FROM events WHERE stream_id = ? AND part = ? AND seq IN {values}
+
+-- name: events_between
+SELECT {event_columns} FROM events WHERE stream_id = ? AND part = ? AND seq BETWEEN ? AND ?
+
+-- name: query_events
+-- {filters}: the query's conditions among the four below, each with its value.
+SELECT {event_columns} FROM events
+WHERE stream_id = ? AND part = ? AND seq BETWEEN ? AND ?{filters}
+ORDER BY seq LIMIT ?
+
+-- name: with_key
+ AND key = ?
+
+-- name: with_type
+ AND type = ?
+
+-- name: appended_since
+ AND appended_at_ms >= ?
+
+-- name: appended_before
+ AND appended_at_ms < ?
+
+-- Groups --------------------------------------------------------------------------
+
+-- name: find_group
+SELECT id, max_attempts, created_at_ms FROM groups WHERE stream_id = ? AND name = ?
+
+-- name: group_of_stream
+-- The stream, and its group if there is one (NULLs otherwise), in one statement.
+SELECT s.id, s.partitions, s.created_at_ms, g.id, g.max_attempts, g.created_at_ms
+FROM streams AS s LEFT JOIN groups AS g ON g.stream_id = s.id AND g.name = ?
+WHERE s.name = ?
+
+-- name: set_max_attempts
+UPDATE groups SET max_attempts = ? WHERE id = ?
+
+-- name: insert_group
+INSERT INTO groups (stream_id, name, max_attempts, created_at_ms) VALUES (?, ?, ?, ?)
+
+-- name: insert_group_partition
+INSERT INTO group_partitions (group_id, part, cursor, frontier) VALUES (?, ?, ?, ?)
+
+-- name: list_groups
+SELECT name, max_attempts, created_at_ms FROM groups WHERE stream_id = ? ORDER BY name
+
+-- name: delete_group_deliveries
+DELETE FROM deliveries WHERE group_id = ?
+
+-- name: delete_group_partitions
+DELETE FROM group_partitions WHERE group_id = ?
+
+-- name: delete_group
+DELETE FROM groups WHERE id = ?
+
+-- Fetch ---------------------------------------------------------------------------
+
+-- name: progress
+-- What fetch needs of the group: its settings and every partition's cursor and
+-- high water, in one statement.
+SELECT g.id, g.max_attempts, s.id, s.partitions, gp.part, gp.cursor, p.high_water
+FROM streams AS s
+JOIN groups AS g ON g.stream_id = s.id AND g.name = ?
+JOIN group_partitions AS gp ON gp.group_id = g.id
+JOIN partitions AS p ON p.stream_id = s.id AND p.part = gp.part
+WHERE s.name = ?
+
+-- name: eligible
+-- The per-partition scan of fetch: eligible existing deliveries in sequence order.
+-- INDEXED BY makes a missing or unusable partial index an error instead of a
+-- silent fall back to the primary key (which also walks acked rows).
+SELECT seq, attempt FROM deliveries INDEXED BY deliveries_active
+WHERE group_id = ? AND part = ? AND state IN ('available', 'leased')
+  AND ((state = 'available' AND available_at_ms <= ?)
+       OR (state = 'leased' AND deadline_ms <= ?))
+ORDER BY seq
+
+-- name: expire
+-- A delivery whose lease expired at max attempts becomes what _transitions.expire says.
+UPDATE deliveries SET state = ?, reason = ?, settled_by = ?, rejected_at_ms = ?
+WHERE group_id = ? AND part = ? AND seq = ?
+
+-- name: lease_again
+UPDATE deliveries SET state = 'leased', attempt = ?, lease_id = ?, receipt = ?,
+    consumer_id = ?, deadline_ms = ?, settled_by = NULL
+WHERE group_id = ? AND part = ? AND seq = ?
+
+-- name: lease_new
+-- New deliveries of one partition's sequence range, leased at once; ?2 is the
+-- fetch's lease id prefix, ?4 the number of the range's first lease in the fetch.
+-- The lease id and receipt are built exactly as _fetch.py builds them in Python.
+INSERT INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt,
+                        consumer_id, deadline_ms)
+SELECT ?1, part, seq, 'leased', 1, ?2 || printf('%08x', seq - ?3 + ?4),
+       part || '-' || seq || '-1', ?5, ?6
+FROM events WHERE stream_id = ?7 AND part = ?8 AND seq BETWEEN ?3 AND ?9
+
+-- name: set_cursor
+UPDATE group_partitions SET cursor = ? WHERE group_id = ? AND part = ?
+
+-- Settle and renew ----------------------------------------------------------------
+
+-- name: settle_group
+SELECT g.id, g.max_attempts, s.partitions FROM streams AS s
+JOIN groups AS g ON g.stream_id = s.id AND g.name = ? WHERE s.name = ?
+
+-- name: fenced
+-- Settles and renews of a batch of leases of one group: one fenced UPDATE run by
+-- executemany, each row found by its primary key. ?1..?5 are the batch's
+-- constants (reason, now, available at, max attempts, the max attempts reason),
+-- ?6..?10 the lease's group, part, seq, lease id and receipt; ?11 a settle's error.
+ WHERE group_id = ?6 AND part = ?7 AND seq = ?8 AND state = 'leased'
+   AND lease_id = ?9 AND receipt = ?10
+
+-- name: settle_ack
+UPDATE deliveries SET state = 'acked', settled_by = 'ack', reason = ''{fenced}
+
+-- name: settle_reject
+UPDATE deliveries SET state = 'rejected', settled_by = 'reject', reason = ?1,
+    rejected_at_ms = ?2, last_error = COALESCE(?11, last_error){fenced}
+
+-- name: settle_nack
+-- A nack of the last allowed attempt dead-letters the delivery.
+UPDATE deliveries SET settled_by = 'nack',
+    last_error = COALESCE(?11, last_error),
+    state = CASE WHEN attempt >= ?4 THEN 'rejected' ELSE 'available' END,
+    reason = CASE WHEN attempt >= ?4 THEN ?5 ELSE ?1 END,
+    rejected_at_ms = CASE WHEN attempt >= ?4 THEN ?2 ELSE rejected_at_ms END,
+    available_at_ms = CASE WHEN attempt >= ?4 THEN available_at_ms ELSE ?3 END{fenced}
+
+-- name: renew
+UPDATE deliveries SET deadline_ms = ?1{fenced}
+
+-- name: delivery_rows
+-- The columns of _deliveries.Row, in its order; {values}: an IN list.
+SELECT seq, state, attempt, lease_id, receipt, settled_by, reason,
+       available_at_ms, rejected_at_ms, deadline_ms, last_error
+FROM deliveries WHERE group_id = ? AND part = ? AND seq IN {values}
+
+-- name: write_back
+UPDATE deliveries SET state = ?, reason = ?, settled_by = ?, available_at_ms = ?,
+    rejected_at_ms = ?, deadline_ms = ?, last_error = ?
+WHERE group_id = ? AND part = ? AND seq = ?
+
+-- Progress ------------------------------------------------------------------------
+
+-- name: advance_frontier
+-- The frontier moved over the settled run after it (see _progress.advance_frontier).
+UPDATE group_partitions SET frontier = MAX(frontier, COALESCE((
+    SELECT MIN(seq) - 1 FROM deliveries INDEXED BY deliveries_active
+    WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')), cursor))
+WHERE group_id = ?1 AND part = ?2
+
+-- name: frontiers
+SELECT part, frontier FROM group_partitions WHERE group_id = ? ORDER BY part
+
+-- name: dead_letters
+SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms, d.last_error
+FROM deliveries AS d INDEXED BY deliveries_rejected
+JOIN events AS e ON e.stream_id = ? AND e.part = d.part AND e.seq = d.seq
+WHERE d.group_id = ? AND d.state = 'rejected' AND (d.part, d.seq) > (?, ?)
+ORDER BY d.part, d.seq LIMIT ?
+
+-- name: redrive
+-- Every dead letter of the group whose event is still stored starts over.
+UPDATE deliveries SET state = 'available', attempt = 0, lease_id = NULL, receipt = NULL,
+    settled_by = NULL, available_at_ms = ?, reason = '', last_error = NULL
+WHERE group_id = ? AND state = 'rejected' AND EXISTS (SELECT 1 FROM events AS e
+    WHERE e.stream_id = ? AND e.part = deliveries.part AND e.seq = deliveries.seq)
+
+-- name: redrive_at
+{redrive} AND part = ? AND seq = ?
+
+-- name: frontier_before_pending
+-- Redriven deliveries are pending again: the frontier cannot stay past them.
+UPDATE group_partitions SET frontier = MIN(frontier, COALESCE((
+    SELECT MIN(d.seq) - 1 FROM deliveries AS d INDEXED BY deliveries_active
+    WHERE d.group_id = group_partitions.group_id AND d.part = group_partitions.part
+      AND d.state IN ('available', 'leased')), frontier))
+WHERE group_id = ?
+
+-- name: delete_deliveries_from
+DELETE FROM deliveries WHERE group_id = ? AND part = ? AND seq >= ?
+
+-- name: rewind
+UPDATE group_partitions SET cursor = MIN(cursor, ?), frontier = MIN(frontier, ?)
+WHERE group_id = ? AND part = ?
+
+-- name: delete_partition_deliveries
+DELETE FROM deliveries WHERE group_id = ? AND part = ?
+
+-- name: move_to
+UPDATE group_partitions SET cursor = ?, frontier = ? WHERE group_id = ? AND part = ?
+
+-- name: delete_deliveries_up_to
+DELETE FROM deliveries WHERE group_id = ? AND part = ? AND seq <= ?
+
+-- name: catch_up
+UPDATE group_partitions SET cursor = MAX(cursor, ?), frontier = MAX(frontier, ?)
+WHERE group_id = ? AND part = ?

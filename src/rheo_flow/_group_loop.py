@@ -1,0 +1,393 @@
+"""The loop of one consumer group: the feeder, the handler workers and the acknowledger.
+
+A :class:`GroupLoop` runs over the group's :class:`~rheo_flow.Producer` (which
+fetches, renews and frees demand); the :class:`~rheo_flow.Group` starts its
+tasks and stops them:
+
+* the feeder takes leases from the producer in batches, only while fewer than
+  ``concurrency`` are waiting for a worker;
+* ``concurrency`` workers run the handler on queued leases, straight from one
+  shared queue (no task or future per event);
+* the acknowledger settles whatever handlers finished since it last woke, one
+  backend call per (operation, reason), through the shared decision table.
+
+:class:`GroupStats` are the counters the loop keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, TypeAlias
+
+from . import _telemetry
+from ._event import Event
+from ._failure import bounded, describe, error_text, failure_fields, truncated
+from ._lease import Lease
+from ._outcome import _CURRENT_LEASE, Ack, Context, Reject, Retry
+from ._producer import Producer
+from ._retry_policy import RetryPolicy
+from ._settle_calls import SettleObserver, SettleOp, _outcome, dead_lettered
+from ._settle_results import SettleResult, classify
+from ._validation import MAX_REASON
+
+__all__ = ["EventHandler", "GroupLoop", "GroupStats", "short_repr"]
+
+log = logging.getLogger("rheo_flow.group")
+
+_Category = Literal["ack", "retry", "reject", "handler_error", "invalid_outcome", "shutdown"]
+
+EventHandler: TypeAlias = Callable[[Event, Context], Awaitable[Any]]
+"""What handles one event (a consumer's ``handle_event``, or the function it wraps)."""
+
+
+@dataclass(slots=True)
+class GroupStats:
+    """Counters of one :class:`Group` (updated by the runtime; read them freely).
+
+    ``acked``, ``retried``, ``rejected`` and ``nacked`` count settles that took
+    effect; failure counters are keyed by the classified
+    :class:`~rheo_flow.SettleKind` value (``"stale_lease"``, ...).
+    """
+
+    fetched: int = 0
+    """Leases received from fetch."""
+    acked: int = 0
+    """Acks that took effect."""
+    retried: int = 0
+    """Nacks of :class:`~rheo_flow.Retry` outcomes that took effect."""
+    rejected: int = 0
+    """Rejects of :class:`~rheo_flow.Reject` outcomes that took effect."""
+    dead_lettered: int = 0
+    """Deliveries this group's settles dead-lettered: its rejects, and its nacks of a
+    last attempt (the backend rejects those with reason ``"max_attempts"``). A lease
+    that expired at its last attempt is dead-lettered by a later fetch, unseen here."""
+    nacked: int = 0
+    """Other nacks that took effect: handler failures, shutdown, failed settles."""
+    handler_errors: int = 0
+    """Handlers that raised."""
+    invalid_outcomes: int = 0
+    """Handlers that returned something other than ACK, Retry or Reject."""
+    skipped: int = 0
+    """Leases lost (found stale on renew) before their handler started."""
+    settle_failures: Counter[str] = field(default_factory=Counter)
+    """Settle results that did not take effect, by kind."""
+    fetch_failures: Counter[str] = field(default_factory=Counter)
+    """Failed fetches, by kind."""
+    renew_failures: Counter[str] = field(default_factory=Counter)
+    """Renew results that did not take effect, by kind."""
+
+
+@dataclass(slots=True)
+class _Finished:
+    """A handled lease waiting for the acknowledger (acks travel as bare leases)."""
+
+    lease: Lease
+    category: _Category
+    reason: str = ""
+    delay_ms: int = 0
+    error: BaseException | None = None
+    """What the handler raised (``handler_error``), for telemetry."""
+    last_error: str | None = None
+    """The failure recorded on the delivery (the dead letter's ``last_error``)."""
+
+
+class GroupLoop:
+    """The feeder, workers and acknowledger of one group over its ``producer``.
+
+    The group runs :meth:`feed`, :meth:`work` (once per worker slot) and
+    :meth:`acknowledge` as tasks, and sets :attr:`context` once ``setup`` built it.
+    The producer calls :meth:`observe` once per settle call.
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        handle_event: EventHandler,
+        *,
+        concurrency: int,
+        retry_policy: RetryPolicy,
+        stats: GroupStats,
+        observer: SettleObserver | None,
+    ) -> None:
+        self._producer = producer
+        self._handle_event = handle_event
+        self._concurrency = concurrency
+        self._retry_policy = retry_policy
+        self._stats = stats
+        self._observer = observer
+        self.context: Context = MappingProxyType({})
+        """The read-only handler context (set by the group once ``setup`` built it)."""
+        self._ready: deque[Lease] = deque()
+        """Fetched leases waiting for a worker."""
+        self._current: list[Lease | None] = [None] * concurrency
+        """The lease each worker is handling."""
+        self._acks: list[Lease] = []
+        self._others: list[_Finished] = []
+        self._settling: _Category = "ack"
+        """The category the acknowledger is settling (read by :meth:`observe`)."""
+        self._work = asyncio.Event()
+        self._room = asyncio.Event()
+        self._flush = asyncio.Event()
+        self._closing = False
+        self._handing_back = False
+        """Set by :meth:`hand_back_unstarted`: leases no handler started go back."""
+
+    # Feeding -------------------------------------------------------------------
+
+    async def feed(self) -> None:
+        """Take leases from the producer in batches while workers are short of work."""
+        producer = self._producer
+        ready = self._ready
+        room = self._room
+        size = producer.fetch_size
+        while True:
+            if len(ready) >= self._concurrency:
+                room.clear()
+                await room.wait()
+                continue
+            leases = await producer.demand(size)
+            if not leases:
+                return  # draining or stopped
+            if self._handing_back:
+                self._give_back(leases)
+                return
+            self._stats.fetched += len(leases)
+            ready.extend(leases)
+            self._work.set()
+
+    def hand_back_unstarted(self) -> None:
+        """Stop fetching and hand back every lease no handler started (and those a
+        fetch under way still returns), for ``drain(hand_back=True)``."""
+        self._handing_back = True
+        self._producer.halt()
+        self._give_back(list(self._ready))
+        self._ready.clear()
+
+    def _give_back(self, leases: list[Lease]) -> None:
+        """Queue unstarted leases for the acknowledger to hand back (one nack)."""
+        if leases:
+            self._others.extend(_Finished(lease, "shutdown", "shutdown") for lease in leases)
+            self._flush.set()
+
+    def close(self) -> list[Lease]:
+        """Once the feeder and workers are gone: let the acknowledger finish what is
+        queued and end, and return the leases that were handling or waiting."""
+        leftovers = [lease for lease in self._current if lease is not None]
+        leftovers.extend(self._ready)
+        self._ready.clear()
+        self._current = [None] * self._concurrency
+        self._closing = True
+        self._flush.set()
+        return leftovers
+
+    async def hand_back(self, leases: list[Lease]) -> None:
+        """Hand back the leases :meth:`close` returned (one nack, reason ``"shutdown"``)."""
+        self._settling = "shutdown"
+        await self._producer.hand_back(leases, "shutdown")
+
+    # Handling ------------------------------------------------------------------
+
+    async def work(self, slot: int) -> None:
+        """One worker: handle queued leases one at a time, forever."""
+        ready = self._ready
+        work = self._work
+        room = self._room
+        flush = self._flush
+        current = self._current
+        acks = self._acks
+        producer = self._producer
+        handle_event = self._handle_event
+        lost_ids = producer.inflight.lost_ids
+        concurrency = self._concurrency
+        while True:
+            if not ready:
+                work.clear()
+                await work.wait()
+                continue
+            context = self.context
+            traced = _telemetry.tracer() is not None or _telemetry.instruments() is not None
+            while ready:
+                lease = ready.popleft()
+                if len(ready) < concurrency:
+                    room.set()
+                if lost_ids and producer.lost(lease):
+                    producer.skip(lease)
+                    self._stats.skipped += 1
+                    continue
+                current[slot] = lease
+                if traced:
+                    finished = await self._handle_traced(lease)
+                else:
+                    # The handler call of _handle, inlined: no coroutine per event.
+                    token = _CURRENT_LEASE.set(lease)
+                    try:
+                        outcome = await handle_event(lease.event, context)
+                    except asyncio.CancelledError as exc:
+                        task = asyncio.current_task()
+                        if task is None or task.cancelling():
+                            raise
+                        finished = self._handler_failed(lease, exc)
+                    except Exception as exc:
+                        finished = self._handler_failed(lease, exc)
+                    else:
+                        finished = None if outcome.__class__ is Ack else self._classify(
+                            lease, outcome)
+                    finally:
+                        _CURRENT_LEASE.reset(token)
+                current[slot] = None
+                if finished is None:
+                    acks.append(lease)
+                else:
+                    self._others.append(finished)
+                flush.set()
+
+    async def _handle_traced(self, lease: Lease) -> _Finished | None:
+        """One handler call inside its telemetry ``process`` span."""
+        with _telemetry.process_event(lease, self._producer.consumer_id) as processing:
+            finished = await self._handle(lease)
+            if processing is not None:
+                if finished is None:
+                    processing.outcome("ack")
+                else:
+                    processing.outcome(finished.category, finished.error)
+        return finished
+
+    async def _handle(self, lease: Lease) -> _Finished | None:
+        token = _CURRENT_LEASE.set(lease)
+        try:
+            outcome = await self._handle_event(lease.event, self.context)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            return self._handler_failed(lease, exc)
+        except Exception as exc:
+            return self._handler_failed(lease, exc)
+        finally:
+            _CURRENT_LEASE.reset(token)
+        return None if outcome.__class__ is Ack else self._classify(lease, outcome)
+
+    def _classify(self, lease: Lease, outcome: object) -> _Finished | None:
+        """What a handler's return value asks for (``None``: ack)."""
+        if isinstance(outcome, Ack):
+            return None
+        if isinstance(outcome, Retry):
+            delay = outcome.delay_ms
+            if delay is None:
+                delay = self._retry_policy.delay_ms(lease.attempt)
+            reason = _reason(outcome.reason)
+            return _Finished(lease, "retry", reason, delay, last_error=bounded(reason))
+        if isinstance(outcome, Reject):
+            return _Finished(lease, "reject", _reason(outcome.reason))
+        self._stats.invalid_outcomes += 1
+        text = short_repr(outcome)
+        delay = self._retry_policy.delay_ms(lease.attempt)
+        p = self._producer
+        log.error("handler of %s/%s returned an invalid outcome for p%d s%d (attempt %d): %s "
+                  "(expected ACK, Retry or Reject); nacking with a delay of %d ms",
+                  p.stream, p.group, lease.partition, lease.sequence, lease.attempt,
+                  text, delay, extra=failure_fields(lease, p.consumer_id))
+        reason = _reason(f"invalid_outcome: {text}")
+        return _Finished(lease, "invalid_outcome", reason, delay, last_error=bounded(reason))
+
+    def _handler_failed(self, lease: Lease, exc: BaseException) -> _Finished:
+        self._stats.handler_errors += 1
+        delay = self._retry_policy.delay_ms(lease.attempt)
+        p = self._producer
+        log.error("handler of %s/%s failed on p%d s%d (attempt %d); nacking with a delay "
+                  "of %d ms", p.stream, p.group, lease.partition, lease.sequence,
+                  lease.attempt, delay, exc_info=exc, extra=failure_fields(lease, p.consumer_id))
+        return _Finished(lease, "handler_error", _reason(f"handler_error: {describe(exc)}"),
+                         delay, error=exc, last_error=error_text(exc))
+
+    # Settling ------------------------------------------------------------------
+
+    async def acknowledge(self) -> None:
+        """The acknowledger: settle what finished, until :meth:`close` and all is settled."""
+        flush = self._flush
+        while True:
+            if not self._acks and not self._others:
+                if self._closing:
+                    return
+                flush.clear()
+                await flush.wait()
+                continue
+            # Everything that finished since the last wake-up goes out together.
+            # Workers append to these very lists: copy and empty them in place.
+            acks = self._acks[:]
+            self._acks.clear()
+            others = self._others[:]
+            self._others.clear()
+            if acks:
+                await self._settle_batch("ack", acks)
+            if others:
+                calls: dict[tuple[_Category, str, int, str | None], list[Lease]] = {}
+                for item in others:
+                    calls.setdefault((item.category, item.reason, item.delay_ms,
+                                      item.last_error), []).append(item.lease)
+                for (category, reason, delay_ms, error), leases in calls.items():
+                    await self._settle_batch(category, leases, reason, delay_ms, error)
+
+    async def _settle_batch(self, category: _Category, leases: list[Lease], reason: str = "",
+                            delay_ms: int = 0, last_error: str | None = None) -> None:
+        producer = self._producer
+        self._settling = category
+        try:
+            if category == "ack":
+                await producer.ack(leases)
+            elif category == "reject":
+                await producer.reject(leases, reason, last_error)
+            elif category == "shutdown":
+                await producer.hand_back(leases, reason)
+            else:
+                await producer.nack(leases, reason, delay_ms, last_error)
+        except Exception as exc:
+            # Not expected (the facade classifies backend errors); never lose the leases.
+            error = classify(exc, producer.rheo.backend.classify_error)
+            self._stats.settle_failures[error.kind.value] += len(leases)
+            producer.confirm(leases)
+            log.error("settling %d leases of %s/%s failed: %s; leaving them to expire",
+                      len(leases), producer.stream, producer.group, error.reason, exc_info=exc)
+
+    def observe(self, op: SettleOp, leases: Sequence[Lease],
+                results: Sequence[SettleResult]) -> None:
+        """Count one settle call's results (called by the producer's settle) and pass
+        them on, one :class:`~rheo_flow.SettleOutcome` per lease, to the observer."""
+        stats = self._stats
+        failed = [result.error for result in results if result.error is not None]
+        for error in failed:
+            stats.settle_failures[error.kind.value] += 1
+        done = len(results) - len(failed)
+        if op == "ack":
+            stats.acked += done
+        else:
+            if op == "reject":
+                stats.rejected += done
+            elif self._settling == "retry":
+                stats.retried += done
+            else:
+                stats.nacked += done
+            stats.dead_lettered += dead_lettered(self._producer.rheo, op, leases, results)
+        observer = self._observer
+        if observer is not None:
+            for lease, result in zip(leases, results, strict=True):
+                try:
+                    observer(_outcome(op, lease, result))
+                except Exception:
+                    log.exception("settle observer of %s/%s failed", self._producer.stream,
+                                  self._producer.group)
+
+
+def short_repr(value: object, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters (for messages about bad values)."""
+    return truncated(repr(value), limit)
+
+
+def _reason(text: str) -> str:
+    """A settle reason the facade accepts: bounded length."""
+    return truncated(text, MAX_REASON)
