@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import run as runner
+from benchmarks import scaling as scaling_suite
 from benchmarks import sqlite as sqlite_suite
 from benchmarks._common import Result
 
@@ -40,3 +42,11 @@ async def test_sqlite_suite_contenders_finish_their_work() -> None:
                       sqlite_suite.raw_consume, sqlite_suite.rheo_group,
                       sqlite_suite.rheo_fetch_ack):
         assert await contender(1_500) > 0
+
+
+async def test_scaling_workers_drain_the_backlog_together(tmp_path: Path) -> None:
+    # run_workers raises unless every event was acked by the worker processes and the
+    # group's lag reached zero; two processes share the backlog of one SQLite file.
+    run = await scaling_suite.run_workers(f"sqlite:///{tmp_path}/scaling.db", 2, 600)
+    assert run.rate > 0
+    assert run.worker_cpu_us > 0
