@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rheo_flow._call_retry import retrying, retrying_sync
+from rheo_flow._call_retry import retried, retrying, retrying_sync
 
 
 class _Conflict(Exception):
@@ -56,3 +56,49 @@ def test_other_errors_pass_through_at_once() -> None:
 def test_a_retry_needs_a_bound() -> None:
     with pytest.raises(ValueError, match="needs a bound"):
         retrying(when=lambda e: True)
+
+
+async def test_retried_passes_the_attempt_number_and_returns_the_result() -> None:
+    seen: list[int] = []
+
+    async def call(attempt: int) -> str:
+        seen.append(attempt)
+        if attempt < 3:
+            raise _Conflict
+        return "done"
+
+    assert await retried(call, when=lambda e: isinstance(e, _Conflict), attempts=5,
+                         first_wait_s=0.0001, max_wait_s=0.0001) == "done"
+    assert seen == [1, 2, 3]
+
+
+async def test_retried_keeps_the_attempt_bound_and_reraises() -> None:
+    seen: list[int] = []
+
+    async def call(attempt: int) -> None:
+        seen.append(attempt)
+        raise _Conflict
+
+    with pytest.raises(_Conflict):
+        await retried(call, when=lambda e: isinstance(e, _Conflict), attempts=4,
+                      first_wait_s=0.0001, max_wait_s=0.0001)
+    assert seen == [1, 2, 3, 4]
+    seen.clear()
+    with pytest.raises(_Conflict):
+        await retried(call, when=lambda e: isinstance(e, _Conflict), attempts=1)
+    assert seen == [1]
+
+
+async def test_retried_lets_other_errors_through_at_once() -> None:
+    seen: list[int] = []
+
+    async def call(attempt: int) -> None:
+        seen.append(attempt)
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        await retried(call, when=lambda e: isinstance(e, _Conflict), within_s=5)
+    assert seen == [1]
+    with pytest.raises(ValueError, match="needs a bound"):
+        await retried(call, when=lambda e: True)
+    assert seen == [1]

@@ -2,11 +2,18 @@
 
 Every retry loop of the backends and sinks (a write conflict, a lock, a
 duplicate key raced by a concurrent writer, a transient driver error) goes
-through :func:`retrying` or :func:`retrying_sync`: tenacity's schedule with a
-small exponential wait and full jitter, bounded by attempts, by time, or both;
-the last error is re-raised when the budget runs out.
+through :func:`retried`, :func:`retrying` or :func:`retrying_sync`: tenacity's
+schedule with a small exponential wait and full jitter, bounded by attempts, by
+time, or both; the last error is re-raised when the budget runs out.
 
-Usage::
+:func:`retried` is for hot paths (a fetch, a settle, an append): the first try
+runs as a plain call, and tenacity's loop (tens of microseconds to enter) only
+starts once a retryable error happened, on the same schedule::
+
+    events = await retried(lambda attempt: append(exact=attempt > 1),
+                           when=is_conflict, attempts=8)
+
+:func:`retrying` is the loop itself, for calls off the hot path::
 
     async for attempt in retrying(when=is_conflict, attempts=8):
         with attempt:
@@ -18,11 +25,28 @@ a different thing: how long a nacked event waits.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import tenacity
 
-__all__ = ["retrying", "retrying_sync"]
+__all__ = ["retried", "retrying", "retrying_sync"]
+
+T = TypeVar("T")
+
+
+def _stop(attempts: int | None, within_s: float | None) -> tenacity.stop.stop_base:
+    if attempts is None and within_s is None:
+        raise ValueError("a retry needs a bound: attempts, within_s or both")
+    stops: list[tenacity.stop.stop_base] = []
+    if attempts is not None:
+        stops.append(tenacity.stop_after_attempt(attempts))
+    if within_s is not None:
+        stops.append(tenacity.stop_after_delay(within_s))
+    return stops[0] if len(stops) == 1 else tenacity.stop_any(*stops)
 
 
 def _options(
@@ -32,14 +56,7 @@ def _options(
     first_wait_s: float,
     max_wait_s: float,
 ) -> dict[str, object]:
-    if attempts is None and within_s is None:
-        raise ValueError("a retry needs a bound: attempts, within_s or both")
-    stops: list[tenacity.stop.stop_base] = []
-    if attempts is not None:
-        stops.append(tenacity.stop_after_attempt(attempts))
-    if within_s is not None:
-        stops.append(tenacity.stop_after_delay(within_s))
-    stop = stops[0] if len(stops) == 1 else tenacity.stop_any(*stops)
+    stop = _stop(attempts, within_s)
     return {
         "retry": tenacity.retry_if_exception(when),
         "stop": stop,
@@ -80,3 +97,42 @@ def retrying_sync(
     return tenacity.Retrying(
         **_options(when, attempts, within_s, first_wait_s, max_wait_s)  # type: ignore[arg-type]
     )
+
+
+async def retried(
+    call: Callable[[int], Awaitable[T]],
+    *,
+    when: Callable[[BaseException], bool],
+    attempts: int | None = None,
+    within_s: float | None = None,
+    first_wait_s: float = 0.002,
+    max_wait_s: float = 0.05,
+) -> T:
+    """``await call(attempt)`` (attempt 1, 2, ...), retried as :func:`retrying` would.
+
+    The first try is a plain call; only a retryable failure enters tenacity's loop,
+    for what is left of the bounds and with the waits the loop would have drawn
+    from the second try on, so the schedule is the same.
+    """
+    _stop(attempts, within_s)  # the same bound check, before the first try
+    started = time.monotonic()
+    try:
+        return await call(1)
+    except BaseException as exc:
+        spent = time.monotonic() - started
+        if (not when(exc) or attempts == 1
+                or (within_s is not None and spent >= within_s)):
+            raise
+    await asyncio.sleep(random.uniform(0, min(max_wait_s, first_wait_s)))
+    rest = tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception(when),
+        stop=_stop(None if attempts is None else attempts - 1,
+                   None if within_s is None else within_s - (time.monotonic() - started)),
+        # Wait n of this loop is wait n + 1 of a loop started with the first try.
+        wait=tenacity.wait_random_exponential(multiplier=2 * first_wait_s, max=max_wait_s),
+        reraise=True,
+    )
+    async for attempt in rest:
+        with attempt:
+            return await call(attempt.retry_state.attempt_number + 1)
+    raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover

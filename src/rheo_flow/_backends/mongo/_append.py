@@ -22,7 +22,7 @@ from pymongo import DESCENDING, ReturnDocument, UpdateOne
 from pymongo import errors as mongo_errors
 
 from ..._backend import AppendRecord
-from ..._call_retry import retrying
+from ..._call_retry import retried
 from ..._errors import UnknownStream
 from ..._event import Event
 from ._client import resolve
@@ -109,13 +109,11 @@ class AppendOps(MongoCore):
         duplicate keys (an id appended concurrently) for up to ``_APPEND_BUDGET_S``."""
         session = await resolve(self._client.start_session())
         try:
-            async for attempt in retrying(when=lambda e: is_transient(e) or is_duplicate(e),
-                                          within_s=_APPEND_BUDGET_S):
-                with attempt:
-                    result = await _transact(session, work, attempt.retry_state.attempt_number > 1)
+            return await retried(lambda attempt: _transact(session, work, attempt > 1),
+                                 when=lambda e: is_transient(e) or is_duplicate(e),
+                                 within_s=_APPEND_BUDGET_S)
         finally:
             await resolve(session.end_session())
-        return result
 
     # Without transactions ----------------------------------------------------
 
@@ -130,11 +128,9 @@ class AppendOps(MongoCore):
         await self._stream_doc(stream)
         if not records:
             return []
-        events: list[Event] = []
-        async for attempt in retrying(when=_lost_race, within_s=_APPEND_BUDGET_S):
-            with attempt:
-                events = await self._insert_next(
-                    stream, records, exact=attempt.retry_state.attempt_number > 1)
+        events = await retried(
+            lambda attempt: self._insert_next(stream, records, exact=attempt > 1),
+            when=_lost_race, within_s=_APPEND_BUDGET_S)
         tops: dict[int, int] = {}
         for event in events:
             tops[event.partition] = max(tops.get(event.partition, 0), event.sequence)

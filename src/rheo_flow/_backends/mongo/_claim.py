@@ -22,7 +22,7 @@ from typing import Any, Final
 from pymongo import ASCENDING, InsertOne, UpdateOne
 from pymongo import errors as mongo_errors
 
-from ..._call_retry import retrying
+from ..._call_retry import retried
 from ..._lease import Lease
 from .._shared import round_robin
 from .._transitions import Settled, expire
@@ -93,19 +93,21 @@ class FetchOps(MongoCore):
             return []
         ids = self._rotate(g.id, ids)
         highs = await self._highs(stream, ids)
-        leases: list[Lease] = []
+
+        async def claim(attempt: int) -> list[Lease]:
+            nonlocal g
+            if attempt > 1:
+                g = await self._group(stream, group)
+            leases, lost = await self._claim(g, ids, consumer_id, limit, lease_ms, highs)
+            if not leases and lost:
+                raise _AllLost
+            return leases
+
         try:
-            async for attempt in retrying(when=lambda e: isinstance(e, _AllLost),
-                                          attempts=_CLAIM_ROUNDS):
-                with attempt:
-                    if attempt.retry_state.attempt_number > 1:
-                        g = await self._group(stream, group)
-                    leases, lost = await self._claim(g, ids, consumer_id, limit, lease_ms, highs)
-                    if not leases and lost:
-                        raise _AllLost
+            return await retried(claim, when=lambda e: isinstance(e, _AllLost),
+                                 attempts=_CLAIM_ROUNDS)
         except _AllLost:
             return []
-        return leases
 
     def _rotate(self, group_id: Any, ids: list[int]) -> list[int]:
         """``ids`` starting one further on than the last fetch of the group, as in the reference."""

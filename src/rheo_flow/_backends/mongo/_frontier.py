@@ -14,7 +14,7 @@ import logging
 from collections.abc import Set
 from typing import Any, Final
 
-from ..._call_retry import retrying
+from ..._call_retry import retried
 from .._transitions import TERMINAL, advance_frontier
 from ._documents import delivery_id
 
@@ -50,13 +50,16 @@ async def advance(groups: Any, deliveries: Any, touched: Set[GroupPartition]) ->
     pending = set(touched)
     if not pending:
         return
+
+    async def advance_pending(attempt: int) -> None:
+        nonlocal pending
+        pending = await _advance_once(groups, deliveries, pending)
+        if pending:
+            raise _GroupsMoved(pending)
+
     try:
-        async for attempt in retrying(when=lambda e: isinstance(e, _GroupsMoved),
-                                      attempts=_ADVANCE_TRIES):
-            with attempt:
-                pending = await _advance_once(groups, deliveries, pending)
-                if pending:
-                    raise _GroupsMoved(pending)
+        await retried(advance_pending, when=lambda e: isinstance(e, _GroupsMoved),
+                      attempts=_ADVANCE_TRIES)
     except _GroupsMoved as exc:  # pragma: no cover - needs eight group moves racing one settle
         log.warning("frontier of %s left behind by concurrent group moves", exc.pending)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from ..._backend import AppendRecord
-from ..._call_retry import retrying
+from ..._call_retry import retried
 from ..._errors import BackendError, ConflictError, InvalidArgument
 from ..._event import Event, decode_json, make_event_json
 from ..._query import Query
@@ -122,21 +122,14 @@ class StreamOps(PostgresCore):
                              records: list[AppendRecord]) -> dict[str, Event]:
         """The events of ``records`` (distinct ids) by id, appending those not stored yet."""
         stored: dict[str, Event] = {}
+
+        async def append_fresh(attempt: int) -> None:
+            fresh = [r for r in records if r.id not in stored]
+            if fresh:
+                await self._append_fresh(pool, stream, meta, fresh, stored)
+
         try:
-            # The first try runs outside the retry loop: it nearly always succeeds, and
-            # entering the loop costs tens of microseconds, a sizeable part of a small append.
-            await self._append_fresh(pool, stream, meta, records, stored)
-        except Exception as exc:
-            if not _duplicate_id(exc):
-                raise
-        else:
-            return stored
-        try:
-            async for attempt in retrying(when=_duplicate_id, attempts=_APPEND_ATTEMPTS - 1):
-                with attempt:
-                    fresh = [r for r in records if r.id not in stored]
-                    if fresh:
-                        await self._append_fresh(pool, stream, meta, fresh, stored)
+            await retried(append_fresh, when=_duplicate_id, attempts=_APPEND_ATTEMPTS)
         except Exception as exc:
             if not _duplicate_id(exc):
                 raise
