@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,9 +113,9 @@ async def _backlog(url: str, stream: str, events: int) -> None:
         await rheo.close()
 
 
-async def _wait_for(what: str, check: object, timeout: float) -> None:
+async def _wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         if time.monotonic() > deadline:
             raise TimeoutError(f"scaling benchmark: {what} within {timeout:.0f}s")
         await asyncio.sleep(0.01)
