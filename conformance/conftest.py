@@ -3,8 +3,12 @@
 Select backends with ``RHEO_BACKENDS`` (comma list; default: every shipped
 backend whose module exists). Server backends read their URL from
 ``RHEO_POSTGRES_URL``, ``RHEO_REDIS_URL`` and ``RHEO_MONGO_URL`` (defaults: the
-local servers). A backend whose server cannot be reached is skipped with a
-message naming its variable, and fails the run when ``CI=true``.
+local servers); the ``pgbouncer`` column is the PostgreSQL backend through
+PgBouncer in transaction pooling, at ``RHEO_PGBOUNCER_URL`` (default: the
+``.ci/pgbouncer.sh`` one, ``?pooler=transaction``), with wake-ups over a
+``listen_url`` to the server itself (``RHEO_POSTGRES_URL``) unless the URL names
+one. A backend whose server cannot be reached is skipped with a message naming
+its variable, and fails the run when ``CI=true``.
 
 With ``RHEO_MATRIX_PATH`` set, a run merges its results into the matrix at
 that path (``RHEO_MATRIX_PATH=docs/conformance-matrix.md pytest conformance``
@@ -72,9 +76,19 @@ BACKENDS: dict[str, BackendEntry] = {
         "rheo_flow._backends.postgres", lambda ctx: _postgres_harness(ctx.url),
         "RHEO_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test",
     ),
+    "pgbouncer": BackendEntry(
+        "rheo_flow._backends.postgres", lambda ctx: _pgbouncer_harness(ctx.url),
+        "RHEO_PGBOUNCER_URL", "postgresql://postgres@127.0.0.1:6432/test?pooler=transaction",
+    ),
     "redis": BackendEntry(
         "rheo_flow._backends.redis", lambda ctx: _redis_harness(ctx.url),
         "RHEO_REDIS_URL", "redis://127.0.0.1:6379/0",
+    ),
+    # The same RedisBackend on a Redis Cluster (a RedisCluster client, partitions
+    # spread over the primaries).
+    "redis-cluster": BackendEntry(
+        "rheo_flow._backends.redis", lambda ctx: _redis_harness(ctx.url, "redis-cluster"),
+        "RHEO_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7000",
     ),
     # The same MongoBackend around the two client types it accepts: PyMongo's
     # AsyncMongoClient (built from the URL) and a host's Motor client.
@@ -159,12 +173,31 @@ _PG_SCHEMA = f"rheo_conformance_{os.getpid()}"
 """The PostgreSQL run's own schema, dropped when the session ends."""
 
 
+_PGBOUNCER_SCHEMA = f"rheo_conformance_pgbouncer_{os.getpid()}"
+"""The PgBouncer run's own schema (apart from the direct run's), dropped when the session ends."""
+
+
 def _postgres_harness(url: str) -> BackendHarness:
     separator = "&" if "?" in url else "?"
     return url_harness("postgres", f"{url}{separator}schema={_PG_SCHEMA}")
 
 
-def _redis_harness(url: str) -> BackendHarness:
+def _direct_postgres_url() -> str:
+    """The PostgreSQL server itself (``RHEO_POSTGRES_URL``), behind the PgBouncer column."""
+    return os.environ.get("RHEO_POSTGRES_URL") or BACKENDS["postgres"].default_url
+
+
+def _pgbouncer_harness(url: str) -> BackendHarness:
+    """PostgreSQL through PgBouncer; LISTEN over a direct ``listen_url`` unless one is named."""
+    from urllib.parse import quote
+
+    url = f"{url}{'&' if '?' in url else '?'}schema={_PGBOUNCER_SCHEMA}"
+    if "listen_url=" not in url:
+        url += f"&listen_url={quote(_direct_postgres_url(), safe='')}"
+    return url_harness("pgbouncer", url)
+
+
+def _redis_harness(url: str, name: str = "redis") -> BackendHarness:
     """Redis on its server clock, each test under a fresh key prefix deleted afterwards."""
     import uuid
     from collections.abc import AsyncIterator
@@ -191,23 +224,30 @@ def _redis_harness(url: str) -> BackendHarness:
         assert isinstance(backend, RedisBackend)
         return await backend.server_time_ms()
 
-    return BackendHarness(name="redis", factory=factory, peer=peer, now=now)
+    return BackendHarness(name=name, factory=factory, peer=peer, now=now)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _drop_postgres_schema() -> Iterator[None]:
-    """Remove the PostgreSQL run's schema (if the run made one) after the session."""
+    """Remove the PostgreSQL runs' schemas (if the run made them) after the session.
+
+    Over a direct connection (``RHEO_POSTGRES_URL``): the PgBouncer column's schema
+    lives on the server behind it.
+    """
     yield
-    if "postgres" not in SELECTED or not _shipped("postgres"):
+    schemas = [schema for name, schema in (("postgres", _PG_SCHEMA),
+                                           ("pgbouncer", _PGBOUNCER_SCHEMA))
+               if name in SELECTED]
+    if not schemas or not _shipped("postgres"):
         return
 
     async def drop() -> None:
         import asyncpg
 
-        url = os.environ.get("RHEO_POSTGRES_URL") or BACKENDS["postgres"].default_url
-        conn = await asyncpg.connect(url)
+        conn = await asyncpg.connect(_direct_postgres_url())
         try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{_PG_SCHEMA}" CASCADE')
+            for schema in schemas:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
 

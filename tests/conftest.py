@@ -6,6 +6,10 @@ Servers are named by environment variables (with local defaults):
 * ``RHEO_REDIS_URL`` (``redis://127.0.0.1:6379/0``)
 * ``RHEO_MONGO_URL`` (``mongodb://127.0.0.1:37017/rheo_test``: the emulator that
   ``.ci/mongo-emulator.sh`` starts)
+* ``RHEO_PGBOUNCER_URL`` (``postgresql://postgres@127.0.0.1:6432/test?pooler=transaction``:
+  the PgBouncer in transaction pooling that ``.ci/pgbouncer.sh`` starts)
+* ``RHEO_REDIS_CLUSTER_URL`` (``redis+cluster://127.0.0.1:7000``: the three-primary
+  cluster that ``.ci/redis-cluster.sh`` starts)
 
 A test that needs a server it cannot reach is skipped with a message naming the
 variable, except under ``CI=true``, where it fails: CI starts every server.
@@ -33,6 +37,9 @@ SERVERS: dict[str, tuple[str, str, int]] = {
     "postgres": ("RHEO_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test", 5432),
     "redis": ("RHEO_REDIS_URL", "redis://127.0.0.1:6379/0", 6379),
     "mongo": ("RHEO_MONGO_URL", "mongodb://127.0.0.1:37017/rheo_test", 37017),
+    "pgbouncer": ("RHEO_PGBOUNCER_URL",
+                  "postgresql://postgres@127.0.0.1:6432/test?pooler=transaction", 6432),
+    "redis-cluster": ("RHEO_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7000", 7000),
 }
 
 _reachable: dict[str, str | None] = {}
@@ -44,7 +51,7 @@ def in_ci() -> bool:
 
 
 def server_url(kind: str) -> str:
-    """The URL of a test server (``postgres``, ``redis`` or ``mongo``), or skip / fail.
+    """The URL of a test server (a key of :data:`SERVERS`), or skip / fail.
 
     Skips with a message naming the variable when the server cannot be reached;
     fails instead under ``CI=true``.
@@ -95,6 +102,18 @@ def postgres_url() -> str:
 def redis_url() -> str:
     """URL of the Redis test server (``RHEO_REDIS_URL``)."""
     return server_url("redis")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url() -> str:
+    """URL of PgBouncer in front of the PostgreSQL test server (``RHEO_PGBOUNCER_URL``)."""
+    return server_url("pgbouncer")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> str:
+    """URL of the Redis Cluster test server (``RHEO_REDIS_CLUSTER_URL``)."""
+    return server_url("redis-cluster")
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,9 @@ Four processes consume 20,000 events of one group in batches of 200 while a fift
 leases a batch with a short lease and dies without settling it. On the server
 clock, no event is ever leased while an earlier lease on it is still live; every
 event is acked exactly once, the abandoned batch comes back with attempt 2, and
-the frontier reaches the high water mark.
+the frontier reaches the high water mark. The same runs directly against the server
+and through PgBouncer in transaction pooling (``RHEO_PGBOUNCER_URL``, see
+tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from _pgbouncer import through_pgbouncer
 from rheo_flow import NewEvent, Rheo
 
 WORKER = Path(__file__).with_name("_pg_worker.py")
@@ -27,10 +31,14 @@ WORKERS = 4
 CRASH_LEASE_MS = 1_500
 
 
-@pytest.fixture
-def url(postgres_schema_url: str) -> str:
-    """A URL on a schema of this test only, dropped afterwards."""
-    return postgres_schema_url
+@pytest.fixture(params=["direct", "pgbouncer"])
+def url(request: pytest.FixtureRequest, postgres_url: str, postgres_schema_url: str) -> str:
+    """A URL on a schema of this test only (dropped afterwards): the server's, or PgBouncer's
+    in front of it (wake-ups LISTEN on the server)."""
+    if request.param == "direct":
+        return postgres_schema_url
+    schema = dict(parse_qsl(urlsplit(postgres_schema_url).query))["schema"]
+    return through_pgbouncer(request.getfixturevalue("pgbouncer_url"), postgres_url, schema)
 
 
 async def _worker(*args: str) -> Any:

@@ -1,4 +1,8 @@
-"""Four OS processes compete for one Redis consumer group (see tests/_redis_worker.py)."""
+"""Four OS processes compete for one Redis consumer group (see tests/_redis_worker.py).
+
+The same runs on one Redis server and on the Redis Cluster test server
+(``RHEO_REDIS_CLUSTER_URL``), where the partitions live on several primaries.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rheo_flow import NewEvent, Rheo
 from rheo_flow.backends import RedisBackend
@@ -29,11 +35,18 @@ async def _worker(*args: str) -> Any:
     return json.loads(out)
 
 
+@pytest.fixture(params=["single", "cluster"])
+def url(request: pytest.FixtureRequest) -> str:
+    """One Redis server's URL, or the Redis Cluster's."""
+    return str(request.getfixturevalue("redis_url" if request.param == "single"
+                                       else "redis_cluster_url"))
+
+
 async def test_four_processes_share_a_group_without_double_leases(
-    redis_url: str, tmp_path: Path
+    url: str, tmp_path: Path
 ) -> None:
     prefix = f"rheo-test-mp-{uuid.uuid4().hex[:10]}"
-    backend = RedisBackend.from_url(redis_url, prefix=prefix)
+    backend = RedisBackend.from_url(url, prefix=prefix)
     try:
         async with Rheo(backend) as rheo:
             await rheo.create_stream("jobs", partitions=PARTITIONS)
@@ -44,7 +57,7 @@ async def test_four_processes_share_a_group_without_double_leases(
             ready = tmp_path / "ready"
             ready.mkdir()
             reports = await asyncio.gather(*(
-                _worker("compete", redis_url, prefix, "jobs", "workers", f"w{i}", str(ready),
+                _worker("compete", url, prefix, "jobs", "workers", f"w{i}", str(ready),
                         str(WORKERS))
                 for i in range(WORKERS)
             ))

@@ -23,6 +23,10 @@ _SCHEMES: dict[str, tuple[str, str | None, str | None, str]] = {
                  "rheo_flow._backends.postgres:PostgresBackend.from_url"),
     "redis": ("Redis", "redis", "redis", "rheo_flow._backends.redis:RedisBackend.from_url"),
     "rediss": ("Redis", "redis", "redis", "rheo_flow._backends.redis:RedisBackend.from_url"),
+    "redis+cluster": ("Redis", "redis", "redis",
+                      "rheo_flow._backends.redis:RedisBackend.from_url"),
+    "rediss+cluster": ("Redis", "redis", "redis",
+                       "rheo_flow._backends.redis:RedisBackend.from_url"),
     "mongodb": ("MongoDB", "mongo", "pymongo", "rheo_flow._backends.mongo:MongoBackend.from_url"),
     "mongodb+srv": ("MongoDB", "mongo", "pymongo",
                     "rheo_flow._backends.mongo:MongoBackend.from_url"),
@@ -87,21 +91,26 @@ def url_secrets(url: str) -> list[str]:
     _, colon, password = userinfo.removesuffix("@").partition(":")
     if colon and password:
         found.add(password)
+    nested: list[str] = []
     for item in re.split(r"[&;]", query.removeprefix("?").split("#", 1)[0]):
         key, eq, value = item.partition("=")
         if eq and value and _is_secret(key):
             found.add(value)
+        elif eq and "://" in unquote_plus(value):
+            nested.extend(url_secrets(unquote_plus(value)))
     for value in list(found):
         found.update({unquote(value), unquote_plus(value), quote(unquote_plus(value), safe=""),
                       quote_plus(unquote_plus(value))})
+    found.update(nested)
     return sorted((v for v in found if v), key=len, reverse=True)
 
 
 def redact_url(url: str) -> str:
     """The URL with every secret replaced by ``***`` (safe for logs, errors and reprs).
 
-    Masks the password of ``user:password@`` and the value of every query option
-    naming a password, passphrase, secret, token or credential.
+    Masks the password of ``user:password@``, the value of every query option
+    naming a password, passphrase, secret, token or credential, and the secrets of
+    a URL given as an option's value (PostgreSQL's ``listen_url``).
     """
     if not isinstance(url, str):
         return "<not a url>"
@@ -110,9 +119,22 @@ def redact_url(url: str) -> str:
     if colon and password:
         userinfo = f"{user}:{_MASK}@"
     if query:
-        query = re.sub(r"(?<=[?&;])([^&;=#]+)=([^&;#]*)",
-                       lambda m: f"{m[1]}={_MASK}" if m[2] and _is_secret(m[1]) else m[0], query)
+        query = re.sub(r"(?<=[?&;])([^&;=#]+)=([^&;#]*)", _redact_option, query)
     return f"{scheme}{userinfo}{hosts}{path}{query}"
+
+
+def _redact_option(match: re.Match[str]) -> str:
+    """One ``key=value`` of a query, its value masked when secret or redacted when a URL."""
+    key, value = match[1], match[2]
+    if value and _is_secret(key):
+        return f"{key}={_MASK}"
+    decoded = unquote_plus(value)
+    if "://" not in decoded:
+        return match[0]
+    redacted = redact_url(decoded)
+    if redacted == decoded:
+        return match[0]
+    return f"{key}={redacted if '://' in value else quote(redacted, safe='*')}"
 
 
 def scrub_secrets(text: str, url: str | None) -> str:

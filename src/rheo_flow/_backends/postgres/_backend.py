@@ -42,8 +42,19 @@ class PostgresBackend(StreamOps, GroupOps, LeaseOps, RetentionOps):
     :class:`~rheo_flow.BackendUnavailable` when nothing was sent yet, else
     :class:`~rheo_flow.OutcomeUnknown` for a write (a settle reports ``ambiguous``).
 
+    ``pooler="transaction"`` says that the connections go through a proxy pooling
+    server sessions per transaction (PgBouncer's ``pool_mode = transaction``): the
+    owned pool then keeps no prepared statements across calls and sends no
+    ``jit`` setting, and nothing relies on session state. A LISTEN through such a
+    proxy hears nothing, so wake-ups need ``listen_url``, a URL of the server
+    itself for the one LISTEN connection; without it idle consumers poll (and
+    ``capabilities.push_wakeups`` is false). A host's pool behind such a proxy
+    must be made with ``statement_cache_size=0``. ``listen_url`` also serves
+    without a pooler: the LISTEN connection then goes there.
+
     URL options (query string): ``schema``, ``pool_min_size``, ``pool_max_size``,
-    ``listen``, ``migrate``, ``timeout_ms``; anything else is passed on to asyncpg.
+    ``listen``, ``migrate``, ``timeout_ms``, ``pooler``, ``listen_url``
+    (percent-encoded); anything else is passed on to asyncpg.
     """
 
     name = "postgres"
@@ -63,7 +74,7 @@ async def migrate(url_or_pool: str | asyncpg.Pool | asyncpg.Connection,
         backend = PostgresBackend.from_url(url_or_pool)
         schema = backend.schema if "schema=" in url_or_pool else check_schema(schema)
         assert backend._url is not None
-        conn = await connect(backend._url, shown=url_or_pool)
+        conn = await connect(backend._url, shown=url_or_pool, pooler=backend.pooler)
         try:
             return await ensure_schema(conn, schema, apply=True)
         finally:

@@ -15,14 +15,14 @@ from ..._urls import check_hosts, redact_url, url_flag
 from .._guard import check_timeout_ms
 from ._sql import SCHEMA_NAME
 
-__all__ = ["DEFAULT_SCHEMA", "URL_OPTIONS", "channel", "check_schema", "check_size",
-           "split_url"]
+__all__ = ["DEFAULT_SCHEMA", "POOLERS", "URL_OPTIONS", "channel", "check_listen_url",
+           "check_pooler", "check_schema", "check_size", "split_url"]
 
 DEFAULT_SCHEMA: Final = "rheo_flow"
 """The schema used when neither the URL nor the constructor names one."""
 
 URL_OPTIONS: Final = ("schema", "pool_min_size", "pool_max_size", "listen", "migrate",
-                      "timeout_ms")
+                      "timeout_ms", "pooler", "listen_url")
 """The query options a URL gives the backend; every other one is passed on to asyncpg."""
 
 
@@ -34,6 +34,37 @@ def check_schema(schema: object) -> str:
             "A-Z a-z 0-9 _ starting with a letter or underscore"
         )
     return schema
+
+
+POOLERS: Final = ("none", "transaction")
+"""What stands between the backend and PostgreSQL: nothing (``"none"``, the default), or a
+proxy pooling server connections per transaction (``"transaction"``: PgBouncer's
+``pool_mode = transaction``, and the like)."""
+
+
+def check_pooler(pooler: object) -> str | None:
+    """``"transaction"``, or None for a direct connection (``None`` or ``"none"``)."""
+    if pooler is None or pooler == "none":
+        return None
+    if pooler == "transaction":
+        return "transaction"
+    raise InvalidArgument(
+        f"pooler must be one of {', '.join(POOLERS)}, got {redact_url(str(pooler))!r}"
+    )
+
+
+def check_listen_url(url: object) -> str | None:
+    """The asyncpg URL of ``listen_url`` (a ``postgresql://`` URL of the server itself, for
+    LISTEN), without the backend's own options it may carry; or None."""
+    if url is None:
+        return None
+    if not isinstance(url, str) or url.split("://", 1)[0].lower() not in (
+        "postgresql", "postgres"
+    ):
+        raise InvalidArgument(
+            f"listen_url must be a postgresql:// URL, got {redact_url(str(url))!r}"
+        )
+    return split_url(url)[0]
 
 
 def check_size(name: str, value: object, minimum: int) -> int:

@@ -19,7 +19,15 @@ from ..._settle_results import SettleKind
 from ..._urls import check_hosts, redact_url
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms
 from . import _errors
-from ._config import DEFAULT_SCHEMA, channel, check_schema, check_size, split_url
+from ._config import (
+    DEFAULT_SCHEMA,
+    channel,
+    check_listen_url,
+    check_pooler,
+    check_schema,
+    check_size,
+    split_url,
+)
 from ._listener import Listener
 from ._migrations import ensure_schema
 from ._pool import PoolCalls, connect_listener, create_pool, driver
@@ -57,6 +65,8 @@ class PostgresCore(Backend):
         pool_min_size: int = 1,
         pool_max_size: int = 10,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        pooler: str | None = None,
+        listen_url: str | None = None,
     ) -> None:
         if (pool is None) == (url is None):
             raise InvalidArgument("PostgresBackend needs exactly one of pool= or url=")
@@ -78,7 +88,13 @@ class PostgresCore(Backend):
         self._pool: asyncpg.Pool | None = pool
         self._calls: PoolCalls | None = None if pool is None else PoolCalls(pool)
         self._owns_pool = pool is None
-        self._listen = bool(listen)
+        self._pooler = check_pooler(pooler)
+        self._listen_url = check_listen_url(listen_url)
+        if self._listen_url is not None and not listen:
+            raise InvalidArgument("listen_url names a LISTEN connection, but listen is off")
+        # Through a transaction pooler a LISTEN on a pooled session would hear nothing
+        # once the transaction ends: push wake-ups only over a direct listen_url.
+        self._listen = bool(listen) and (self._pooler is None or self._listen_url is not None)
         self._migrate = bool(migrate)
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=self._listen, skip_locked=True,
@@ -104,8 +120,13 @@ class PostgresCore(Backend):
     @property
     def capabilities(self) -> Capabilities:
         """Durable, distributed, SKIP LOCKED claims, server clock; LISTEN/NOTIFY wake-ups
-        unless built with ``listen=False``."""
+        unless built with ``listen=False``, or through a pooler without ``listen_url``."""
         return self._capabilities
+
+    @property
+    def pooler(self) -> str | None:
+        """``"transaction"`` when connections go through a transaction-pooling proxy."""
+        return self._pooler
 
     @property
     def schema(self) -> str:
@@ -126,7 +147,7 @@ class PostgresCore(Backend):
             if self._pool is None:
                 assert self._url is not None
                 self._pool = await create_pool(self._url, self._pool_min, self._pool_max,
-                                               self._timeout_ms)
+                                               self._timeout_ms, self._pooler)
                 self._calls = PoolCalls(self._pool)
             pool = self._pool
             calls = self._calls
@@ -206,10 +227,11 @@ class PostgresCore(Backend):
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         """Wait for a ``NOTIFY`` from an append to ``stream``, or ``timeout`` seconds.
 
-        Falls back to sleeping when ``listen`` is off or no LISTEN connection can
-        be had. A notification that arrived after this backend's latest fetch of
-        the stream started (so that fetch may have missed its events) returns at
-        once instead of being lost between the fetch and the wait.
+        Falls back to sleeping when ``listen`` is off (or there is a pooler and no
+        ``listen_url``) or no LISTEN connection can be had. A notification that
+        arrived after this backend's latest fetch of the stream started (so that
+        fetch may have missed its events) returns at once instead of being lost
+        between the fetch and the wait.
         """
         await self._stream(stream)
         if not self._listen or not await self._listener.ensure():
@@ -218,6 +240,8 @@ class PostgresCore(Backend):
         return await self._listener.wait(stream, timeout)
 
     async def _listen_connection(self) -> asyncpg.Connection:
+        if self._listen_url is not None:
+            return await connect_listener(self._listen_url, self._timeout_ms)
         if self._owns_pool:
             assert self._url is not None
             return await connect_listener(self._url, self._timeout_ms)
@@ -227,7 +251,7 @@ class PostgresCore(Backend):
         return held
 
     async def _release_listen_connection(self, conn: asyncpg.Connection) -> None:
-        if self._owns_pool:
+        if self._owns_pool or self._listen_url is not None:
             await conn.close(timeout=5)
         else:
             assert self._pool is not None

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
+from ..._errors import BackendUnavailable
 from ..._urls import require_driver, unreachable
 from .._guard import mark_sent
 
@@ -109,28 +110,50 @@ def _reaching(url: str) -> Iterator[None]:
     try:
         yield
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise unreachable("PostgreSQL", url, exc) from None
+        error = unreachable("PostgreSQL", url, exc)
+        if "unsupported startup parameter" in str(exc):
+            # PgBouncer's answer to a session setting it does not pass on (jit).
+            error = BackendUnavailable(
+                f"{error} (a connection pooler such as PgBouncer is in front: add "
+                "pooler=transaction to the URL, or pass pooler='transaction')")
+        raise error from None
 
 
-async def create_pool(url: str, min_size: int, max_size: int, timeout_ms: int) -> asyncpg.Pool:
-    """A pool of the backend's own."""
+def _pooled_options(pooler: str | None) -> dict[str, Any]:
+    """The asyncpg options of connections through a pooler (none for a direct one).
+
+    Behind a transaction-pooling proxy each transaction may run on another server
+    session: asyncpg's statement cache is off (it would name prepared statements
+    that the next session does not have; an uncached statement is prepared
+    unnamed and parsed again with its execution), and no startup parameter beyond
+    those a proxy passes on (PgBouncer refuses others, such as ``jit``).
+    """
+    return {} if pooler is None else {"statement_cache_size": 0}
+
+
+async def create_pool(url: str, min_size: int, max_size: int, timeout_ms: int,
+                      pooler: str | None = None) -> asyncpg.Pool:
+    """A pool of the backend's own, direct or through ``pooler`` (see :func:`_pooled_options`)."""
+    # JIT compiling the claim statements would cost more than running them; a session
+    # setting, so only on direct connections (through a pooler: the server's default).
+    settings = {"jit": "off"} if pooler is None else {}
     with _reaching(url):
         pool: asyncpg.Pool = await driver().create_pool(
             url,
             min_size=min_size,
             max_size=max_size,
             timeout=timeout_ms / 1000,
-            # JIT compiling the claim statements would cost more than running them.
-            server_settings=_server_settings(url, {"jit": "off"}, "rheo_flow"),
+            server_settings=_server_settings(url, settings, "rheo_flow"),
             reset=_keep_session,
+            **_pooled_options(pooler),
         )
     return pool
 
 
-async def connect(url: str, shown: str) -> asyncpg.Connection:
+async def connect(url: str, shown: str, pooler: str | None = None) -> asyncpg.Connection:
     """One connection outside any pool (to migrate a schema); errors name the URL ``shown``."""
     with _reaching(shown):
-        conn: asyncpg.Connection = await driver().connect(url)
+        conn: asyncpg.Connection = await driver().connect(url, **_pooled_options(pooler))
     return conn
 
 

@@ -11,9 +11,10 @@ from ..._capabilities import Capabilities
 from ..._errors import BackendError, InvalidArgument
 from ..._urls import redact_url, url_secrets
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
+from ._cluster import cluster_client, is_cluster_url
 from ._dead_letters import DeadLetterOperations
-from ._driver import ExponentialWithJitterBackoff, aioredis, rex
-from ._errors import SentAwareRetry
+from ._driver import Client, ExponentialWithJitterBackoff, RedisCluster, aioredis, rex
+from ._errors import DRIVER_ERRORS, SentAwareRetry
 from ._events import EventOperations
 from ._fetch import FetchOperations
 from ._groups import GroupOperations
@@ -38,8 +39,9 @@ class RedisBackend(
     """Durable, distributed backend on Redis Streams (Redis 6.2 or later).
 
     Build it from a URL (``redis://[:password@]host:port/db?prefix=myapp``,
-    ``rediss://`` for TLS) or around a host-owned ``redis.asyncio.Redis``
-    client::
+    ``rediss://`` for TLS; ``redis+cluster://host:port[,host:port]/`` for a Redis
+    Cluster) or around a host-owned ``redis.asyncio.Redis`` or
+    ``redis.asyncio.RedisCluster`` client::
 
         backend = RedisBackend(client=my_client, prefix="orders")
 
@@ -68,7 +70,7 @@ class RedisBackend(
 
     def __init__(
         self,
-        client: aioredis.Redis | None = None,
+        client: Client | None = None,
         *,
         url: str | None = None,
         prefix: str = DEFAULT_PREFIX,
@@ -88,14 +90,17 @@ class RedisBackend(
             assert url is not None
             self._client = self._owned_client(url)
             self._owned = True
-        self._scripts = ScriptRunner(self._client, self._translate)
+        self._cluster = isinstance(self._client, RedisCluster)
+        self._scripts = ScriptRunner(self._client, self._translate, cluster=self._cluster)
         self._block_cap_ms = block_cap_ms(self._client)
         self._init_caches()
 
-    def _owned_client(self, url: str) -> aioredis.Redis:
+    def _owned_client(self, url: str) -> Client:
         """A client built from the URL, its options checked now."""
         try:
             self._secrets = url_secrets(url)
+            if is_cluster_url(url):
+                return cluster_client(url, self._timeout_ms)
             client = aioredis.Redis.from_url(
                 url, socket_timeout=self._timeout_ms / 1000,
                 socket_connect_timeout=self._timeout_ms / 1000,
@@ -105,7 +110,7 @@ class RedisBackend(
             pool = client.connection_pool
             # An option redis-py does not know fails here, not at the first command.
             pool.connection_class(**pool.connection_kwargs)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, rex.RedisClusterException) as exc:
             raise InvalidArgument(
                 f"invalid Redis URL {redact_url(url)!r}: {self._scrub(str(exc))}"
             ) from None
@@ -113,7 +118,9 @@ class RedisBackend(
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str | None = None) -> RedisBackend:
-        """A backend owning a client built from a ``redis://`` or ``rediss://`` URL.
+        """A backend owning a client built from a ``redis://`` or ``rediss://`` URL, or
+        a Redis Cluster client from ``redis+cluster://host:port[,host:port...]/``
+        (``rediss+cluster://`` for TLS).
 
         The key prefix is ``prefix``, else the URL's ``prefix`` query parameter,
         else ``"rheo"``; ``timeout_ms`` sets the operation timeout; every other
@@ -143,7 +150,7 @@ class RedisBackend(
         return self._CAPABILITIES
 
     @property
-    def client(self) -> aioredis.Redis:
+    def client(self) -> Client:
         """The redis-py client in use (host-owned or built from the URL)."""
         return self._client
 
@@ -164,7 +171,7 @@ class RedisBackend(
             # Some managed servers refuse INFO: settle for a PING.
             await self._io(self._client.ping())
             return
-        except (rex.RedisError, OSError) as exc:
+        except DRIVER_ERRORS as exc:
             raise self._translate(exc) from None
         version = str(info.get("redis_version", "0"))
         numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
@@ -211,9 +218,10 @@ class RedisBackend(
         return deleted
 
 
-def _host_client(client: object) -> aioredis.Redis:
-    if not isinstance(client, aioredis.Redis):
+def _host_client(client: object) -> Client:
+    if not isinstance(client, aioredis.Redis | RedisCluster):
         raise InvalidArgument(
-            f"client must be a redis.asyncio.Redis, got {type(client).__name__}"
+            "client must be a redis.asyncio.Redis or redis.asyncio.RedisCluster, "
+            f"got {type(client).__name__}"
         )
     return client

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from ..._errors import BackendError, StoreLost, UnknownGroup, UnknownStream
 from ..._settle_results import SettleKind
 from ._codec import stream_record, text
-from ._driver import aioredis, rex
-from ._errors import classify, store_lost, translate
+from ._driver import Client
+from ._errors import DRIVER_ERRORS, classify, store_lost, translate
 from ._keys import KeyLayout
 from ._scripts import ScriptCall, ScriptRunner
 
@@ -26,7 +26,9 @@ T = TypeVar("T")
 class RedisCore:
     """The state and helpers the Redis backend's operations share."""
 
-    _client: aioredis.Redis
+    _client: Client
+    _cluster: bool
+    """Whether the client is a ``RedisCluster`` (no multi-slot transaction or read)."""
     _keys: KeyLayout
     _scripts: ScriptRunner
     _url: str | None
@@ -80,7 +82,7 @@ class RedisCore:
     async def _io(self, call: Awaitable[T]) -> T:
         try:
             return await call
-        except (rex.RedisError, OSError) as exc:
+        except DRIVER_ERRORS as exc:
             raise self._translate(exc) from None
 
     async def _eval(self, calls: Sequence[ScriptCall], *, transaction: bool = False

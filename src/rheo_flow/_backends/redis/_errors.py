@@ -14,9 +14,14 @@ from ..._errors import BackendError, BackendUnavailable, OutcomeUnknown, StoreLo
 from ..._settle_results import SettleKind
 from ._driver import Retry, rex
 
-__all__ = ["SentAwareRetry", "classify", "is_no_script", "store_lost", "translate"]
+__all__ = ["DRIVER_ERRORS", "SentAwareRetry", "classify", "is_no_script", "store_lost",
+           "translate"]
 
 T = TypeVar("T")
+
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    rex.RedisError, rex.RedisClusterException, OSError)
+"""What redis-py (single server or cluster) and the socket layer raise."""
 
 
 def classify(exc: BaseException) -> SettleKind | None:
@@ -32,7 +37,10 @@ def classify(exc: BaseException) -> SettleKind | None:
             return SettleKind.BACKEND_UNAVAILABLE
         # The request may have run before the connection went away.
         return SettleKind.AMBIGUOUS
-    if isinstance(exc, rex.ReadOnlyError):
+    if isinstance(exc, rex.ReadOnlyError | rex.ClusterDownError | rex.TryAgainError
+                  | rex.RedisClusterException):
+        # Refused before running: a replica, a cluster without a primary for the
+        # slot (failover under way), a slot being migrated, or no node reachable.
         return SettleKind.BACKEND_UNAVAILABLE
     if isinstance(exc, rex.DataError):
         return SettleKind.INVALID

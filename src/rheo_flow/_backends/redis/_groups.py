@@ -56,12 +56,17 @@ class GroupOperations(RedisCore):
 
     async def delete_group(self, stream: str, group: str) -> None:
         count = await self._require_group(stream, group)
-        pipe = self._client.pipeline(transaction=True)
+        if self._cluster:
+            # Partitions live in many slots: the record goes first (no reader sees
+            # a group whose partitions are gone), then each partition's keys.
+            await self._io(self._client.hdel(self._keys.groups(stream), group))
+        pipe = self._client.pipeline(transaction=not self._cluster)
         for p in range(count):
             keys = self._keys.group(stream, group, p)
             pipe.xgroup_destroy(keys[0], group)
-            pipe.unlink(*keys[2:])
-        pipe.hdel(self._keys.groups(stream), group)
+            pipe.execute_command("UNLINK", *keys[2:])
+        if not self._cluster:
+            pipe.hdel(self._keys.groups(stream), group)
         await self._io(pipe.execute())
         self._forget(stream, group)
 

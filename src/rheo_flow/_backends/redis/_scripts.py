@@ -28,14 +28,15 @@ records of their own when settled otherwise, renewed or expired.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable, Sequence
 from importlib.resources import files
 from typing import Any, Final, TypeAlias
 
-from ..._errors import BackendError
-from ._driver import aioredis, rex
-from ._errors import is_no_script
+from ..._errors import BackendError, OutcomeUnknown
+from ._driver import Client, rex
+from ._errors import DRIVER_ERRORS, is_no_script
 
 __all__ = ["LOST", "SCRIPTS", "ScriptCall", "ScriptRunner", "is_reply"]
 
@@ -81,14 +82,20 @@ class ScriptRunner:
     pipeline) did not run: those calls run again by ``EVAL``, which carries
     the script's source (so no flush can race the retry) and caches it for
     the next ``EVALSHA``.
+
+    On a Redis Cluster (``cluster``) a batch is one concurrent ``EVALSHA`` per call
+    instead (redis-py's cluster pipeline refuses ``EVALSHA``; each call goes to the
+    primary of its keys' slot), and no batch is a transaction.
     """
 
-    __slots__ = ("_client", "_translate")
+    __slots__ = ("_client", "_cluster", "_translate")
 
     def __init__(
-        self, client: aioredis.Redis, translate: Callable[[BaseException], BackendError]
+        self, client: Client, translate: Callable[[BaseException], BackendError],
+        *, cluster: bool = False,
     ) -> None:
         self._client = client
+        self._cluster = cluster
         self._translate = translate
 
     async def run(self, calls: Sequence[ScriptCall], *, transaction: bool = False) -> list[Any]:
@@ -96,8 +103,10 @@ class ScriptRunner:
         in order. An error reply raises its translation."""
         if not calls:
             return []
-        if len(calls) == 1 and not transaction:
+        if len(calls) == 1 and (not transaction or self._cluster):
             return [await self._run_one(*calls[0])]
+        if self._cluster:
+            return await self._run_concurrently(calls, atomic=transaction)
         results = await self._pipeline(calls, transaction, by_source=False)
         missing = [i for i, r in enumerate(results) if is_no_script(r)]
         if missing:
@@ -110,16 +119,39 @@ class ScriptRunner:
                 raise self._translate(result)
         return results
 
+    async def _run_concurrently(self, calls: Sequence[ScriptCall], *, atomic: bool
+                                ) -> list[Any]:
+        """Every call at once (a cluster); the first error raises once all ended.
+
+        A batch meant to be ``atomic`` (an append to several partitions) that failed
+        only in part raises :class:`~rheo_flow.OutcomeUnknown`: some of it is stored,
+        and running it again (same event ids) completes it.
+        """
+        results = await asyncio.gather(*(self._run_one(*call) for call in calls),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            return results
+        for error in errors:
+            if not isinstance(error, Exception):
+                raise error
+        if atomic and len(errors) < len(results):
+            raise OutcomeUnknown(
+                f"{errors[0]} (the other partitions of the batch were written: append "
+                "it again, with the same event ids, to complete it)")
+        ambiguous = [e for e in errors if isinstance(e, OutcomeUnknown)]
+        raise (ambiguous or errors)[0]
+
     async def _run_one(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             return await self._client.evalsha(_SHAS[name], len(keys), *keys, *args)
         except rex.NoScriptError:
             pass
-        except (rex.RedisError, OSError) as exc:
+        except DRIVER_ERRORS as exc:
             raise self._translate(exc) from None
         try:
             return await self._client.eval(SCRIPTS[name], len(keys), *keys, *args)
-        except (rex.RedisError, OSError) as exc:
+        except DRIVER_ERRORS as exc:
             raise self._translate(exc) from None
 
     async def _pipeline(
@@ -143,5 +175,5 @@ class ScriptRunner:
             if "NOSCRIPT" in str(exc) or "No matching script" in str(exc):
                 return [rex.NoScriptError(str(exc))] * len(calls)
             raise self._translate(exc) from None
-        except (rex.RedisError, OSError) as exc:
+        except DRIVER_ERRORS as exc:
             raise self._translate(exc) from None

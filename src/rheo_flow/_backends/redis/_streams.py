@@ -51,10 +51,15 @@ class StreamOperations(RedisCore):
             keys.extend(layout.partition(stream, p))
             for group in groups:
                 keys.extend(layout.group(stream, group, p)[2:])
-        # One MULTI/EXEC (one server, as for appends to several partitions): no
-        # reader sees a stream record whose partitions are gone.
-        pipe = self._client.pipeline(transaction=True)
-        pipe.unlink(*keys)
-        pipe.hdel(layout.streams, stream)
-        await self._io(pipe.execute())
+        if self._cluster:
+            # The keys live in many slots: the record goes first, so no reader
+            # sees a stream record whose partitions are gone.
+            await self._io(self._client.hdel(layout.streams, stream))
+            await self._io(self._client.unlink(*keys))
+        else:
+            # One MULTI/EXEC: no reader sees a stream record whose partitions are gone.
+            pipe = self._client.pipeline(transaction=True)
+            pipe.unlink(*keys)
+            pipe.hdel(layout.streams, stream)
+            await self._io(pipe.execute())
         self._forget(stream, None)

@@ -1,5 +1,8 @@
-"""Push wake-ups of the Redis backend: a blocking ``XREAD`` over every partition of a
-stream, past the high water the last fetch saw (one server, or a primary with replicas)."""
+"""Push wake-ups of the Redis backend: a blocking ``XREAD`` past the high water the
+last fetch saw, over every partition of a stream at once on one server (or a primary
+with replicas); on a Redis Cluster one blocking ``XREAD`` per partition (each in its
+own slot), run concurrently on connections of their own, the first to return ending
+the others."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import Any, Final
 
 from ._codec import text
 from ._core import RedisCore
-from ._driver import aioredis
+from ._driver import Client, RedisCluster
 
 __all__ = ["WakeupOperations", "block_cap_ms"]
 
@@ -17,9 +20,11 @@ _BLOCK_SLACK_MS: Final = 150
 _POLL_S: Final = 0.05
 
 
-def block_cap_ms(client: aioredis.Redis) -> int | None:
+def block_cap_ms(client: Client) -> int | None:
     """The longest blocking read the client's socket timeout allows (None: no limit)."""
-    timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    kwargs = (client.connection_kwargs if isinstance(client, RedisCluster)
+              else client.connection_pool.connection_kwargs)
+    timeout = kwargs.get("socket_timeout")
     if isinstance(timeout, int | float) and timeout > 0:
         # Blocking reads must return before the client's socket timeout fires, and
         # Redis ends a block up to 1/hz late (100 ms by default).
@@ -51,11 +56,12 @@ class WakeupOperations(RedisCore):
             if remaining <= 0:
                 return False
             streams: dict[Any, Any] = {key: f"{seen[p]}-0" for key, p in keys.items()}
-            reply = await self._read(streams, remaining)
-            if reply:
+            woken = (await self._read_each(streams, remaining) if self._cluster
+                     else _woken_keys(await self._read(streams, remaining)))
+            if woken:
                 # Only the first new entry was read: unless a fetch covers these
                 # partitions first, the next wait starts past their high water.
-                for key in _woken_keys(reply):
+                for key in woken:
                     stale.add(keys[text(key)])
                 return True
 
@@ -66,6 +72,23 @@ class WakeupOperations(RedisCore):
             pipe.hget(self._keys.partition(stream, p)[1], "hw")
         for p, value in zip(partitions, await self._io(pipe.execute()), strict=True):
             seen[p] = max(seen[p], int(value or 0))
+
+    async def _read_each(self, streams: dict[Any, Any], remaining: float) -> list[Any]:
+        """A cluster's wake-up: one blocking read per partition, concurrently; the keys
+        of the reads that found an entry once the first one returned."""
+        reads = [asyncio.ensure_future(self._read({key: after}, remaining))
+                 for key, after in streams.items()]
+        try:
+            done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+        woken: list[Any] = []
+        for read in reads:
+            if read in done or not (read.cancelled() or read.exception()):
+                woken.extend(_woken_keys(read.result()))
+        return woken
 
     async def _read(self, streams: dict[Any, Any], remaining: float) -> Any:
         """One ``XREAD`` of the first new entry, blocking up to ``remaining`` seconds
@@ -84,6 +107,8 @@ class WakeupOperations(RedisCore):
 
 def _woken_keys(reply: Any) -> list[Any]:
     """The stream keys an ``XREAD`` reply has entries for (RESP2 list or RESP3 map)."""
+    if not reply:
+        return []
     if isinstance(reply, dict):
         return list(reply)
     return [item[0] for item in reply]
