@@ -13,7 +13,9 @@ if [[ "${1:-start}" == "stop" ]]; then
 fi
 
 if ! command -v pgbouncer >/dev/null 2>&1 && [[ ! -x /usr/sbin/pgbouncer ]]; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q pgbouncer >/dev/null 2>&1 ||
+    { apt-get update -q >/dev/null && apt-get install -y -q pgbouncer >/dev/null; }
 fi
 BIN="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
 
