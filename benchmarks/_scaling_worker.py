@@ -1,6 +1,7 @@
 """One worker process of the ``scaling`` suite: a consumer group draining a shared backlog.
 
-Run as ``python benchmarks/_scaling_worker.py URL STREAM DIR NAME FETCH_SIZE``: it opens
+Run as ``python -m benchmarks._scaling_worker URL STREAM DIR NAME FETCH_SIZE`` from the
+repository root: it opens
 the store, marks itself ready in ``DIR``, waits for ``DIR/go``, runs a ``Group``
 with a no-op handler until ``DIR/stop`` appears, and writes how many events it
 acked, and the CPU time it spent from ``go`` to ``stop``, to ``DIR/NAME.json``.

@@ -81,5 +81,6 @@ AMBIGUOUS_APPEND = register(Scenario(
     "ambiguous-append", "every 3rd append's answer is dropped and the producer is killed "
     "mid-run: appends are retried with the same ids", _kill_producer, tune=_lose_answers))
 
-# Server and network faults (PostgreSQL and Redis) register themselves on import.
-from . import _network_faults, _server_faults  # noqa: E402, F401
+# Server, network and cluster faults (PostgreSQL, Redis, Redis Cluster) register
+# themselves on import.
+from . import _cluster_faults, _network_faults, _server_faults  # noqa: E402, F401

@@ -54,17 +54,19 @@ Workload = Literal["group", "pipeline"]
 
 BACKEND_FAMILIES = {
     "sqlite": "sqlite", "postgresql": "postgres", "postgres": "postgres",
-    "redis": "redis", "rediss": "redis", "mongodb": "mongo", "mongodb+srv": "mongo",
+    "redis": "redis", "rediss": "redis", "redis+cluster": "redis-cluster",
+    "rediss+cluster": "redis-cluster", "mongodb": "mongo", "mongodb+srv": "mongo",
     "memory": "memory",
 }
 """URL scheme -> backend family (what :attr:`Scenario.backends` names)."""
 
-DURABLE = frozenset({"sqlite", "postgres", "redis", "mongo"})
+DURABLE = frozenset({"sqlite", "postgres", "redis", "redis-cluster", "mongo"})
 """Backends shared by separate processes (every one but ``memory``)."""
 
 
 def backend_family(url: str) -> str:
-    """The backend family of a URL (``sqlite``, ``postgres``, ``redis``, ``mongo``, ``memory``)."""
+    """The backend family of a URL (``sqlite``, ``postgres``, ``redis``, ``redis-cluster``,
+    ``mongo``, ``memory``)."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     family = BACKEND_FAMILIES.get(scheme)
     if family is None:

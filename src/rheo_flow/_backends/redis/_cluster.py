@@ -17,7 +17,7 @@ _DEFAULT_PORT: Final = 6379
 
 def is_cluster_url(url: str) -> bool:
     """Whether the URL names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
-    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+    return urlsplit(url).scheme.lower() in CLUSTER_SCHEMES
 
 
 def cluster_client(url: str, timeout_ms: int) -> RedisCluster:
