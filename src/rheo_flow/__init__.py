@@ -43,8 +43,7 @@ from ._routing import partition_for
 from ._settle_calls import SettleOutcome
 from ._settle_results import Decision, SettleError, SettleKind, SettleResult, classify
 from ._stream import DeadLetter, GroupInfo, StreamInfo
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "ACK",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import metrics, trace
 
+from .._version import __version__
 from ._names import INSTRUMENTATION_NAME
 
 try:
@@ -125,12 +126,7 @@ STATE = State()
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rheo-flow")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        return "0"
+    return __version__
 
 
 def tracer() -> trace.Tracer | None:
