@@ -3,6 +3,7 @@ rows, retries, and the pipeline integration (SinkHandler, sink_batcher)."""
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
 from typing import Any
@@ -204,6 +205,10 @@ async def test_sink_batcher_triggers_by_count_bytes_and_age() -> None:
     assert [info.size for info, _ in result.batches] == [3, 1, 2]
     assert [info.trigger for info, _ in result.batches] == ["size", "size", "drain"]
     assert data_bytes(messages([{"n": 1}])[0]) == len('{"n":1}')
+    # Sized as the sinks write it: a date is its ISO text, a non-ASCII letter two bytes.
+    assert data_bytes(messages([{"d": datetime.date(2026, 12, 2), "s": "é"}])[0]) == len(
+        '{"d":"2026-12-02","s":"xx"}')
+    assert data_bytes(messages([{"x": {1, 2}}])[0]) > 0  # not encodable: never raises
     with pytest.raises(InvalidArgument, match="max_bytes"):
         sink_batcher(max_bytes=0)
 

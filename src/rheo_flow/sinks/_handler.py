@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -16,18 +15,24 @@ from ..pipeline import (
     PipelineHandler,
     confirm_settled,
 )
+from ._json import dumps
 from ._sink import RowStatus, Sink
 
 __all__ = ["SinkHandler", "data_bytes", "sink_batcher"]
 
 log = logging.getLogger("rheo_flow.sinks")
 
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-
-
 def data_bytes(message: Message) -> int:
-    """A message's size for byte-based batching: the length of its data as compact JSON."""
-    return len(_encode(message.data))
+    """A message's size for byte-based batching: the length of its data as compact JSON
+    (the sinks' own encoding, so dates and the like count as the text they are written as).
+
+    Data the sinks cannot encode is sized by its ``repr``: batching must not fail on
+    it; the sink dead-letters it when it maps the row, with the encoder's error.
+    """
+    try:
+        return len(dumps(message.data).encode())
+    except (TypeError, ValueError):
+        return len(repr(message.data).encode())
 
 
 def sink_batcher(
