@@ -11,8 +11,9 @@ same backend in the same run, so the ratio is the speed-up.
 Backends: SQLite (a file of its own), PostgreSQL (``RHEO_POSTGRES_URL``), Redis
 (``RHEO_REDIS_URL``), MongoDB (``RHEO_MONGO_URL``), and, when their variables
 are set, Redis Cluster (``RHEO_REDIS_CLUSTER_URL``) and PostgreSQL through
-PgBouncer (``RHEO_PGBOUNCER_URL``). A backend whose server cannot be reached is
-left out with a note on standard error.
+PgBouncer (``RHEO_PGBOUNCER_URL``); ``RHEO_SCALING_BACKENDS`` (a comma list of
+those names) runs only some. A backend whose server cannot be reached is left
+out with a note on standard error.
 
 On a machine with two cores, the parent, the workers and the server share them:
 beyond two workers the figure is expected to stay flat (docs/scaling.md). So
@@ -226,7 +227,10 @@ async def run(quick: bool) -> list[Result]:
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="rheo-scaling-sqlite-") as directory:
         urls = {"sqlite": f"sqlite:///{directory}/scaling.db", **_server_urls()}
+        wanted = [n for n in os.environ.get("RHEO_SCALING_BACKENDS", "").split(",") if n]
         for name, url in urls.items():
+            if wanted and name not in wanted:
+                continue
             problem = await _reachable(url)
             if problem is not None:
                 print(f"scaling: {name} left out ({problem})", file=sys.stderr)
