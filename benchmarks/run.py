@@ -5,6 +5,9 @@ A suite is a module ``benchmarks/<suite>.py`` exposing
 :data:`SUITES` maps a suite name to its module when they differ. ``--json`` prints
 one JSON object per result line (``name``, ``backend``, ``value``, ``unit``,
 ``baseline``, ``ratio``, and ``baseline_name`` and ``note`` when set); otherwise a table.
+``--plot DIR`` also writes PNG charts of the results into DIR (``benchmarks/_plot.py``,
+needs matplotlib: the ``bench`` extra); ``--plot-from FILE --plot DIR`` charts the
+results saved by an earlier ``--json`` run instead of running the suite.
 """
 
 from __future__ import annotations
@@ -88,10 +91,22 @@ def print_table(suite: str, results: list[Result]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the suite, print its results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("suite", help=f"one of: {', '.join(available())}")
+    parser.add_argument("suite", nargs="?", help=f"one of: {', '.join(available())}")
     parser.add_argument("--quick", action="store_true", help="a short run (under a minute)")
     parser.add_argument("--json", action="store_true", help="one JSON object per result line")
+    parser.add_argument("--plot", metavar="DIR", type=Path,
+                        help="also write PNG charts of the results into DIR")
+    parser.add_argument("--plot-from", metavar="FILE", type=Path,
+                        help="with --plot: chart the JSON lines of an earlier --json run")
     args = parser.parse_args(argv)
+    if args.plot_from is not None:
+        if args.plot is None:
+            parser.error("--plot-from needs --plot DIR")
+        plot(args.suite or args.plot_from.stem, _plot_module().from_json_lines(args.plot_from),
+             args.plot)
+        return 0
+    if args.suite is None:
+        parser.error("a suite is required")
     run = load(args.suite)
     results = asyncio.run(run(args.quick))
     if args.json:
@@ -99,7 +114,22 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r.as_json()))
     else:
         print_table(args.suite, results)
+    if args.plot is not None:
+        plot(args.suite, results, args.plot)
     return 0
+
+
+def _plot_module() -> Any:
+    # Lazily: matplotlib is an optional dependency, needed only for --plot.
+    from benchmarks import _plot
+
+    return _plot
+
+
+def plot(suite: str, results: list[Result], directory: Path) -> None:
+    """Write the charts of ``results`` into ``directory``; name them on stderr."""
+    for path in _plot_module().write_charts(suite, results, directory):
+        print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -50,3 +51,37 @@ async def test_scaling_workers_drain_the_backlog_together(tmp_path: Path) -> Non
     run = await scaling_suite.run_workers(f"sqlite:///{tmp_path}/scaling.db", 2, 600)
     assert run.rate > 0
     assert run.worker_cpu_us > 0
+
+
+def test_plot_writes_one_png_per_chart(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from benchmarks import _plot
+
+    results = [
+        *(Result.compared(f"consume+ack, {n} worker processes", backend, 100.0 * n,
+                          "events/s", 100.0, baseline_name="1-process")
+          for backend in ("sqlite", "redis") for n in (1, 2, 4)),
+        Result("append-to-handler p50, polling", "postgres", 3.0, "ms"),
+        Result("append-to-handler p99, polling", "postgres", 9.0, "ms"),
+        Result.compared("append batch 1000 vs raw insert", "sqlite", 5.0, "events/s", 10.0),
+    ]
+    assert set(_plot.charts(results)) == {
+        "consume+ack, N worker processes (events/s)",
+        "append-to-handler pN, polling (ms)",
+        "events/s",
+    }
+    written = _plot.write_charts("synthetic", results, tmp_path / "charts", command="x")
+    assert len(written) == 3
+    assert sorted(p.name for p in (tmp_path / "charts").iterdir()) == sorted(
+        p.name for p in written)
+    assert all(p.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") for p in written)
+
+
+def test_plot_reads_back_json_lines(tmp_path: Path) -> None:
+    from benchmarks import _plot
+
+    saved = [Result.compared("x, 2 workers", "b", 2.0, "events/s", 1.0, baseline_name="one"),
+             Result("y", "b", 1.0, "ms")]
+    lines = tmp_path / "results.json"
+    lines.write_text("".join(f"{json.dumps(r.as_json())}\n" for r in saved) + "done\n")
+    assert _plot.from_json_lines(lines) == saved
