@@ -101,7 +101,10 @@ async def _compete(url: str, tmp_path: Path) -> None:
     assert len(acked) == EVENTS, "each event acked exactly once"
     assert all(ok and not repeated for _, _, ok, repeated in acked)
     assert {(part, seq) for part, seq, _, _ in acked} == set(leases)
-    assert all(len(report["leased"]) > 0 for report in competitors), "the load was shared"
+    # They competed: at least two took work. (Which ones, and how much, is the
+    # scheduler's: through PgBouncer on a busy machine one may start after the rest
+    # have drained the backlog.)
+    assert sum(1 for r in competitors if r["leased"]) >= 2, "the load was shared"
     for report in competitors:
         assert {int(p): s for p, s in report["frontier"].items()} == high
 
