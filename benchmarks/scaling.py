@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rheo_flow import NewEvent, Rheo
 
@@ -100,14 +101,15 @@ async def _reachable(url: str) -> str | None:
     return None
 
 
-async def _backlog(url: str, stream: str, events: int) -> None:
+async def _backlog(url: str, stream: str, events: int, keys: int | None,
+                   ordering: Literal["none", "key"]) -> None:
     rheo = await Rheo(url).open()
     try:
         await rheo.create_stream(stream, partitions=PARTITIONS)
-        await rheo.create_group(stream, "g", start="earliest")
+        await rheo.create_group(stream, "g", start="earliest", ordering=ordering)
         for start in range(0, events, CHUNK):
             await rheo.append(stream, [
-                NewEvent("bench.event", payload(i), key=str(i))
+                NewEvent("bench.event", payload(i), key=str(i if keys is None else i % keys))
                 for i in range(start, min(events, start + CHUNK))
             ])
     finally:
@@ -130,10 +132,15 @@ async def _drained(rheo: Rheo, stream: str) -> None:
         await asyncio.sleep(0.02)
 
 
-async def run_workers(url: str, processes: int, events: int) -> Run:
-    """``processes`` worker processes draining ``events``: the rate and the CPU split."""
+async def run_workers(url: str, processes: int, events: int, *, keys: int | None = None,
+                      ordering: Literal["none", "key"] = "none") -> Run:
+    """``processes`` worker processes draining ``events``: the rate and the CPU split.
+
+    The events' keys cycle through ``keys`` distinct values (None: every event its own);
+    the group is created with ``ordering``.
+    """
     stream = f"scale-{uuid.uuid4().hex[:8]}"
-    await _backlog(url, stream, events)
+    await _backlog(url, stream, events, keys, ordering)
     with tempfile.TemporaryDirectory(prefix="rheo-scaling-") as directory:
         folder = Path(directory)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(

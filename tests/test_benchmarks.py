@@ -85,3 +85,15 @@ def test_plot_reads_back_json_lines(tmp_path: Path) -> None:
     lines = tmp_path / "results.json"
     lines.write_text("".join(f"{json.dumps(r.as_json())}\n" for r in saved) + "done\n")
     assert _plot.from_json_lines(lines) == saved
+
+
+async def test_ordering_suite_compares_key_order_with_none(tmp_path: Path) -> None:
+    from benchmarks import ordering as ordering_suite
+
+    url = f"sqlite:///{tmp_path}/ordering.db"
+    run = await scaling_suite.run_workers(url, 2, 400, keys=10, ordering="key")
+    assert run.rate > 0
+    results = await ordering_suite._backend_results("sqlite", url, 200, 1)
+    assert [r.name for r in results] == [
+        f"consume+ack, 4 workers, {k} keys, ordering=key" for k in ordering_suite.KEYS]
+    assert all(r.baseline_name == "ordering=none" and r.ratio is not None for r in results)

@@ -334,6 +334,14 @@ class UnleasedSequenceIsInvalid(MemoryBackend):
         return found
 
 
+class KeyOrderIgnored(MemoryBackend):
+    """A key-ordered group is fetched like any other: later events of a leased key too."""
+
+    def _eligible_by_key(self, g: _Group, pid: int, s: _Stream, now: int, limit: int
+                         ) -> tuple[list[_Delivery], int]:
+        return self._eligible(g, pid, s, now, limit)
+
+
 # mutant -> cases it must fail (it may fail more)
 MUTANTS: dict[type[MemoryBackend], set[str]] = {
     NoFencing: {"fencing_after_expiry_and_release", "nack_redelivers_immediately"},
@@ -362,12 +370,14 @@ MUTANTS: dict[type[MemoryBackend], set[str]] = {
     RedeliveryLeaseNotRecorded: {"lease_exclusive_on_redeliveries"},
     SecondOccurrenceInBatchIsStale: {"same_lease_twice_in_a_batch"},
     UnleasedSequenceIsInvalid: {"lease_on_unleased_sequence_is_stale"},
+    KeyOrderIgnored: {"key_blocked_while_leased", "nack_keeps_key_blocked",
+                      "expired_lease_re_leases_earliest_first"},
 }
 
 # Mutants that break what the stateful machine drives: the model must catch them.
 STATEFUL_MUTANTS = [NoFencing, FetchIgnoresLimit, FrontierSkipsHoles, AppendNotIdempotent,
                     RenewDoesNotExtend, RepeatedSettleIsStale, MaxAttemptsIgnored,
-                    ReplayForgetsNothing, RejectAcks, NackIgnoresDelay]
+                    ReplayForgetsNothing, RejectAcks, NackIgnoresDelay, KeyOrderIgnored]
 
 
 def harness_for(backend: type[MemoryBackend]) -> BackendHarness:

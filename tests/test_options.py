@@ -191,8 +191,8 @@ def _outcome(build: Build, rheo: Rheo, options: dict[str, Any]) -> str:
 def test_shared_options_are_the_expected_ones() -> None:
     assert set(SHARED) == {
         "stream", "group", "max_demand", "concurrency", "fetch_size", "lease_ms", "poll_ms",
-        "consumer_id", "partitions", "max_attempts", "retry_policy", "shutdown_timeout",
-        "partition_by"}
+        "consumer_id", "partitions", "max_attempts", "ordering", "retry_policy",
+        "shutdown_timeout", "partition_by"}
 
 
 @pytest.mark.parametrize(("name", "value", "accepted"), _cases())

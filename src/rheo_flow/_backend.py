@@ -137,6 +137,14 @@ class Backend(ABC):
 
         ``max_attempts`` (when given) updates an existing group's setting;
         ``start`` only applies at creation.
+
+        A backend declaring ``capabilities.key_ordering`` also takes a keyword
+        ``ordering: str = "none"`` (``"key"`` or ``"none"``), applied at creation
+        only (rules ``ordering.*``): it stores it with the group, reports it in
+        :class:`GroupInfo`, raises :class:`~rheo_flow.InvalidArgument` when asked
+        for ``"key"`` on a group that exists without it, and enforces it in its
+        own :meth:`fetch`. The facade passes ``ordering`` only when it is
+        ``"key"``, so a backend written before the keyword existed keeps working.
         """
 
     @abstractmethod

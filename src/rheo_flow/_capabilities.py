@@ -49,6 +49,10 @@ class Capabilities:
     """Queries may filter on the append time."""
     trim: bool = True
     """``trim`` removes events."""
+    key_ordering: bool = False
+    """Groups may be created with ``ordering="key"`` (docs/ordering.md): the backend's own
+    fetch then leases a delivery of key K only once every earlier delivery of K in its
+    partition is settled for the group, across every process sharing the store."""
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -107,6 +107,10 @@ class Consumer(ABC):
     """``"all"`` or a list of partition ids to consume."""
     max_attempts: int | None = None
     """Set the group's ``max_attempts`` when starting (``None`` keeps the backend's)."""
+    ordering: Literal["none", "key"] | None = None
+    """The group's ordering when starting creates it (``"key"``: docs/ordering.md); an
+    existing group must have it. ``None`` keeps an existing group's (``"none"`` for a
+    new one)."""
     retry_policy: RetryPolicy | None = None
     """The delay before a failed event is redelivered (handler errors, invalid outcomes,
     :class:`Retry` without ``delay_ms``); ``None``: ``RetryPolicy()``, exponential
@@ -231,7 +235,8 @@ class Group:
 
     Leases arrive in sequence order per partition, but with ``concurrency > 1``
     handlers of one partition overlap; use ``concurrency=1`` (or the pipeline's
-    ``partition_by``) when a handler needs strict per-partition order.
+    ``partition_by``) when a handler needs strict per-partition order, or a group
+    with ``ordering="key"`` (docs/ordering.md) for each key in order.
     """
 
     def __init__(
@@ -260,7 +265,7 @@ class Group:
             rheo, o["stream"], o["group"], max_demand=o["max_demand"],
             fetch_size=o["fetch_size"], lease_ms=o["lease_ms"], poll_ms=o["poll_ms"],
             consumer_id=o["consumer_id"], partitions=self._partitions,
-            max_attempts=o["max_attempts"], backoff=backoff,
+            max_attempts=o["max_attempts"], ordering=o["ordering"], backoff=backoff,
         )
         shared = self._producer._stats
         self.stats = GroupStats(fetch_failures=shared.fetch_failure_kinds,

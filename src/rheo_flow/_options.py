@@ -260,6 +260,8 @@ _CATALOGUE: tuple[Option, ...] = (
     Option("partitions", "partitions", "the partitions consumed", default="all"),
     Option("max_attempts", "int", "the group's max_attempts, set on start (None: kept)",
            minimum=1, maximum=MAX_ATTEMPTS, nullable=True),
+    Option("ordering", "choice", "the group's ordering, set at creation (None: kept)",
+           choices=("none", "key"), nullable=True),
     Option("retry_policy", "instance", "the backoff of failed deliveries (None: RetryPolicy())",
            instance_of=RetryPolicy, nullable=True),
     Option("retry_delay_ms", "int", "fixed delay before a retried message comes back",
@@ -398,7 +400,8 @@ def _defaults(*names: str, **overrides: Any) -> dict[str, Any]:
 
 
 _GROUP_OPTIONS = ("stream", "group", "max_demand", "concurrency", "fetch_size", "lease_ms",
-                  "poll_ms", "consumer_id", "partitions", "max_attempts", "retry_policy")
+                  "poll_ms", "consumer_id", "partitions", "max_attempts", "ordering",
+                  "retry_policy")
 
 CONSUMER: Final = Runtime(
     "Consumer",
@@ -418,7 +421,7 @@ GROUP: Final = Runtime("Group", CONSUMER.defaults, CONSUMER.rules)
 PRODUCER: Final = Runtime(
     "Producer",
     _defaults("stream", "group", "max_demand", "fetch_size", "lease_ms", "poll_ms",
-              "consumer_id", "partitions", "max_attempts", "backoff", "observer",
+              "consumer_id", "partitions", "max_attempts", "ordering", "backoff", "observer",
               "shutdown_timeout"),
     rules=(FETCH_WITHIN_DEMAND,),
 )
@@ -427,7 +430,7 @@ PIPELINE: Final = Runtime(
     "Pipeline",
     _defaults("stream", "group", "handler", "processors", "batchers", "context", "rate_limit",
               "max_inflight", "lease_ms", "poll_ms", "consumer_id", "partitions",
-              "max_attempts", "on_failure", "retry_delay_ms", "retry_policy",
+              "max_attempts", "ordering", "on_failure", "retry_delay_ms", "retry_policy",
               "shutdown_timeout"),
 )
 

@@ -95,7 +95,9 @@ class Producer:
     wake-ups (with push wake-ups it is the upper bound of the wait).
     ``fetch_size`` (default ``max_demand``) caps one fetch, so that the next
     fetch can overlap the handling of the last batch.
-    ``max_attempts`` (when given) updates the group's setting on start.
+    ``max_attempts`` (when given) updates the group's setting on start;
+    ``ordering`` (when given) is the group's ordering if starting creates it, and
+    must be an existing group's (docs/ordering.md).
     ``observer`` is called with every settle outcome (its classified kind
     included), e.g. to feed telemetry.
 
@@ -117,6 +119,7 @@ class Producer:
         consumer_id: str | None = None,
         partitions: Partitions = "all",
         max_attempts: int | None = None,
+        ordering: Literal["none", "key"] | None = None,
         backoff: Backoff | None = None,
         observer: SettleObserver | None = None,
         shutdown_timeout: float = 30.0,
@@ -128,7 +131,8 @@ class Producer:
             "stream": stream, "group": group, "max_demand": max_demand,
             "fetch_size": fetch_size, "lease_ms": lease_ms, "poll_ms": poll_ms,
             "consumer_id": consumer_id, "partitions": partitions,
-            "max_attempts": max_attempts, "backoff": backoff, "observer": observer,
+            "max_attempts": max_attempts, "ordering": ordering, "backoff": backoff,
+            "observer": observer,
             "shutdown_timeout": shutdown_timeout,
         })
         self._stream: str = chosen["stream"]
@@ -142,6 +146,7 @@ class Producer:
         )
         self._partitions: Partitions = chosen["partitions"]
         self._max_attempts: int | None = max_attempts
+        self._ordering: str | None = ordering
         self._backoff = backoff or Backoff()
         self._observer: BatchObserver | None = None if observer is None else per_outcome(observer)
         """Called once per settle call (a runtime over the producer sets its own)."""
@@ -233,7 +238,8 @@ class Producer:
         if self._partitions != "all":
             self._partitions = sorted({check_partition(p, info.partitions)
                                        for p in self._partitions})
-        await self._rheo.create_group(self._stream, self._group, max_attempts=self._max_attempts)
+        await self._rheo._ensure_group(self._stream, self._group,
+                                       max_attempts=self._max_attempts, ordering=self._ordering)
         self._state = "running"
         self._renewer = asyncio.create_task(
             self._renew_loop(), name=f"rheo-producer-renew-{self._consumer_id}"

@@ -14,7 +14,7 @@ from . import _telemetry
 from ._append_records import append_records
 from ._backend import Backend
 from ._capabilities import Capabilities
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, UnknownGroup
 from ._event import Event, NewEvent
 from ._lease import Lease
 from ._query import Page, Query, decode_cursor, encode_cursor
@@ -28,6 +28,7 @@ from ._validation import (
     check_key,
     check_lease_ms,
     check_name,
+    check_ordering,
     check_partition,
     check_positive_int,
     check_reason,
@@ -37,6 +38,7 @@ from ._validation import (
     check_timeout_s,
     check_type,
     invalid_text,
+    ordering_mismatch,
 )
 
 __all__ = ["Partitions", "Rheo"]
@@ -199,21 +201,65 @@ class Rheo:
         *,
         start: StartPosition = "earliest",
         max_attempts: int | None = None,
+        ordering: Literal["none", "key"] = "none",
     ) -> GroupInfo:
         """Create a consumer group (idempotent).
 
         ``start`` (``"earliest"``, ``"latest"`` or a sequence) applies at creation
-        only; ``max_attempts`` updates an existing group.
+        only; ``max_attempts`` updates an existing group. ``ordering`` is fixed at
+        creation: ``"key"`` leases a delivery only once every earlier delivery of
+        its key in its partition is settled (docs/ordering.md; the backend must
+        declare ``key_ordering``). Asking an existing group for another ordering
+        raises :class:`~rheo_flow.InvalidArgument`.
         """
+        return await self._create_group(stream, group, start, max_attempts,
+                                        check_ordering(ordering))
+
+    async def _create_group(self, stream: str, group: str, start: StartPosition,
+                            max_attempts: int | None, ordering: str | None) -> GroupInfo:
+        """:meth:`create_group`; ``ordering=None`` takes an existing group's ordering
+        whatever it is (``"none"`` at creation)."""
         check_name("stream", stream)
         check_name("group", group)
         check_start("start", start)
         if max_attempts is not None:
             check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
-        info = await self._backend.create_group(stream, group, start, max_attempts)
+        if ordering == "key":
+            if not orders_keys(self._backend):
+                raise InvalidArgument(
+                    f'ordering="key" needs a backend declaring the key_ordering capability '
+                    f"(and taking create_group's ordering argument); backend "
+                    f"{self._backend.name!r} does not (docs/ordering.md)")
+            info = await self._backend.create_group(  # type: ignore[call-arg]
+                stream, group, start, max_attempts, ordering="key")
+        else:
+            if ordering == "none" and max_attempts is not None and orders_keys(self._backend):
+                await self._check_unordered(stream, group)  # before max_attempts changes
+            info = await self._backend.create_group(stream, group, start, max_attempts)
+        if ordering is not None and info.ordering != ordering:
+            raise ordering_mismatch(stream, group, info.ordering, ordering)
         self._known_groups.add((stream, group))
         self._max_attempts[(stream, group)] = info.max_attempts
         return info
+
+    async def _check_unordered(self, stream: str, group: str) -> None:
+        """Raise the mismatch when the group exists with ``ordering="key"``."""
+        try:
+            existing = await self._backend.group_info(stream, group)
+        except UnknownGroup:
+            return
+        if existing.ordering != "none":
+            raise ordering_mismatch(stream, group, existing.ordering, "none")
+
+    async def _ensure_group(self, stream: str, group: str, *, max_attempts: int | None = None,
+                            ordering: str | None = None) -> GroupInfo:
+        """Create a group at ``"earliest"`` unless it exists (what the runtimes do on start).
+
+        ``max_attempts`` (when given) updates it; ``ordering`` (when given) applies at
+        creation and must match an existing group's (``None``: whatever it has).
+        """
+        return await self._create_group(stream, group, "earliest", max_attempts,
+                                        None if ordering is None else check_ordering(ordering))
 
     async def groups(self, stream: str) -> list[GroupInfo]:
         """Every group of a stream."""
@@ -249,7 +295,7 @@ class Rheo:
         check_lease_ms(lease_ms)
         selected = self._partitions(partitions, count)
         if (stream, group) not in self._known_groups:
-            await self.create_group(stream, group)
+            await self._create_group(stream, group, "earliest", None, None)
         return await _telemetry.receive(self._backend, stream, group, consumer, limit, lease_ms,
                                         selected, count)
 
@@ -515,6 +561,17 @@ class Rheo:
         check_name("stream", stream)
         timeout = check_timeout_s("timeout", timeout)
         return await self._backend.wait_for_append(stream, timeout)
+
+
+def orders_keys(backend: Backend) -> bool:
+    """Whether ``backend`` can create key-ordered groups: it declares ``key_ordering``
+    and its ``create_group`` takes ``ordering``."""
+    if not backend.capabilities.key_ordering:
+        return False
+    try:
+        return "ordering" in inspect.signature(backend.create_group).parameters
+    except (TypeError, ValueError):  # pragma: no cover - signature-less callables
+        return False
 
 
 def _takes_error(backend: Backend) -> bool:

@@ -34,6 +34,9 @@ class GroupInfo:
     group: str
     max_attempts: int
     created_at_ms: int
+    ordering: str = "none"
+    """``"key"``: a delivery is leased only once every earlier delivery of its key in its
+    partition is settled (docs/ordering.md); ``"none"``: in partition order only."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,25 @@ def check_start(name: str, value: object) -> None:
         )
 
 
+ORDERINGS: Final = ("none", "key")
+"""A group's orderings (docs/ordering.md)."""
+
+
+def check_ordering(value: object) -> str:
+    """A group ordering: ``"none"`` or ``"key"``."""
+    if value.__class__ is not str or value not in ORDERINGS:
+        raise InvalidArgument(f'ordering must be "none" or "key", got {value!r}')
+    return str(value)
+
+
+def ordering_mismatch(stream: str, group: str, existing: str, asked: str) -> InvalidArgument:
+    """The error for asking an existing group for another ordering than it has."""
+    return InvalidArgument(
+        f"group {group!r} of stream {stream!r} exists with ordering {existing!r}, "
+        f"not {asked!r} (the ordering is fixed when a group is created)"
+    )
+
+
 def check_text(what: str, value: str) -> str:
     """A string every store can hold: encodable as UTF-8 (no lone surrogate)."""
     if not value.isascii():  # O(1): ASCII text is always valid

@@ -25,7 +25,7 @@ from .._lease import Lease, make_lease
 from .._query import Query
 from .._settle_results import SettleKind, SettleResult, settle_ok
 from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from .._validation import check_record_text
+from .._validation import check_record_text, ordering_mismatch
 from ._shared import (
     Waiters,
     fence,
@@ -101,13 +101,16 @@ class _Group:
     info: GroupInfo
     partitions: list[_GroupPartition]
     rotation: int = 0
+    ordered: bool = False
+    """``ordering="key"``: a delivery of key K waits for every earlier one of K."""
 
 
 class MemoryBackend(Backend):
     """Ephemeral in-process backend; ``clock`` returns epoch milliseconds."""
 
     name = "memory"
-    _CAPABILITIES = Capabilities(durable=False, distributed=False, push_wakeups=True)
+    _CAPABILITIES = Capabilities(durable=False, distributed=False, push_wakeups=True,
+                                 key_ordering=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock or system_clock
@@ -126,7 +129,7 @@ class MemoryBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        """Ephemeral, single-process, with in-process push wake-ups."""
+        """Ephemeral, single-process, with in-process push wake-ups and key ordering."""
         return self._CAPABILITIES
 
     # Streams -----------------------------------------------------------------
@@ -194,16 +197,21 @@ class MemoryBackend(Backend):
     # Groups ------------------------------------------------------------------
 
     async def create_group(
-        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None,
+        *, ordering: str = "none",
     ) -> GroupInfo:
         s = self._stream(stream)
         g = self._groups.get((stream, group))
         if g is not None:
+            if ordering == "key" and g.info.ordering != "key":
+                raise ordering_mismatch(stream, group, g.info.ordering, ordering)
             if max_attempts is not None and max_attempts != g.info.max_attempts:
-                g.info = GroupInfo(stream, group, max_attempts, g.info.created_at_ms)
+                g.info = GroupInfo(stream, group, max_attempts, g.info.created_at_ms,
+                                   g.info.ordering)
             return g.info
-        info = GroupInfo(stream, group, max_attempts or DEFAULT_MAX_ATTEMPTS, self._clock())
-        g = _Group(info, [_GroupPartition() for _ in s.partitions])
+        info = GroupInfo(stream, group, max_attempts or DEFAULT_MAX_ATTEMPTS, self._clock(),
+                         "key" if ordering == "key" else "none")
+        g = _Group(info, [_GroupPartition() for _ in s.partitions], ordered=ordering == "key")
         self._groups[(stream, group)] = g
         for i, part in enumerate(s.partitions):
             self._move_to(g.partitions[i], part, start)
@@ -242,7 +250,8 @@ class MemoryBackend(Backend):
             return []
         g.rotation = (g.rotation + 1) % len(ids)
         ids = ids[g.rotation :] + ids[: g.rotation]
-        per_partition = [self._eligible(g, pid, s, now, limit) for pid in ids]
+        eligible = self._eligible_by_key if g.ordered else self._eligible
+        per_partition = [eligible(g, pid, s, now, limit) for pid in ids]
         leases: list[Lease] = []
         group_name = g.info.group
         # Round-robin across partitions so one deep partition does not starve the others.
@@ -296,6 +305,53 @@ class MemoryBackend(Backend):
             gp.due = now if out else due
         return out, min(limit - len(out), s.partitions[pid].high_water - gp.cursor)
 
+    def _eligible_by_key(
+        self, g: _Group, pid: int, s: _Stream, now: int, limit: int
+    ) -> tuple[list[_Delivery], int]:
+        """:meth:`_eligible` of a key-ordered group: a delivery of key K is eligible only
+        when no earlier delivery of K is unsettled. New deliveries past the cursor are
+        materialised here (blocked ones stay available), so the second count is 0."""
+        gp = g.partitions[pid]
+        events = s.partitions[pid].events
+        out: list[_Delivery] = []
+        blocked: set[str] = set()
+        """Keys with an unsettled delivery so far in sequence order."""
+        if gp.due > now:  # nothing existing is eligible: only their keys matter
+            blocked.update(k for q in gp.active if (k := events[q].key) is not None)
+        else:
+            due = _NEVER
+            for seq in sorted(gp.active):
+                if len(out) >= limit:
+                    gp.due = now  # not scanned to the end: some may be eligible already
+                    return out, 0
+                d = gp.active[seq]
+                key = events[seq].key
+                if key is not None and key in blocked:
+                    continue
+                ready_at = d.available_at_ms if d.state == "available" else d.deadline_ms
+                if ready_at > now:
+                    due = min(due, ready_at)
+                elif (dead := expire(d.attempt, g.info.max_attempts, now)) is not None:
+                    self._apply(gp, d, dead)  # a dead letter releases its key
+                    continue
+                else:
+                    out.append(d)
+                if key is not None:
+                    blocked.add(key)
+            gp.due = now if out else due
+        high = s.partitions[pid].high_water
+        while len(out) < limit and gp.cursor < high:
+            gp.cursor += 1
+            d = gp.active[gp.cursor] = _Delivery(gp.cursor)
+            key = events[gp.cursor].key
+            if key is None or key not in blocked:
+                out.append(d)
+                if key is not None:
+                    blocked.add(key)
+        if out:
+            gp.due = now
+        return out, 0
+
     def _find(self, lease: Lease) -> tuple[_Group, _GroupPartition, _Delivery] | SettleResult:
         event = lease.event
         g = self._groups.get((event.stream, lease.group))
@@ -333,6 +389,8 @@ class MemoryBackend(Backend):
             if error is not None:
                 d.last_error = error
             self._apply(gp, d, outcome)
+            if g.ordered and outcome.terminal:
+                gp.due = 0  # the next delivery of its key may be eligible now
             append(settle_ok(lease.lease_id))
         return results
 
@@ -535,3 +593,4 @@ def _forget(gp: _GroupPartition, first: int, last: int) -> None:
     for kept in (gp.active, gp.done):
         for seq in [q for q in kept if first <= q <= last]:
             del kept[seq]
+    gp.due = 0  # a later delivery of a dropped one's key may be eligible now

@@ -107,6 +107,7 @@ class Pipeline:
         consumer_id: str | None = None,
         partitions: Partitions = "all",
         max_attempts: int | None = None,
+        ordering: Literal["none", "key"] | None = None,
         on_failure: OnFailure = "retry",
         retry_delay_ms: int | None = None,
         retry_policy: RetryPolicy | None = None,
@@ -135,6 +136,7 @@ class Pipeline:
         self._producer = Producer(
             rheo, stream, group, max_demand=max_inflight, lease_ms=lease_ms, poll_ms=poll_ms,
             consumer_id=consumer_id, partitions=partitions, max_attempts=max_attempts,
+            ordering=ordering,
         )
         self._acknowledger = ProducerAcknowledger(
             self._producer, on_failure=on_failure, retry_delay_ms=retry_delay_ms,

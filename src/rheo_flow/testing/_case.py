@@ -64,7 +64,8 @@ class Case:
         return None
 
 
-_AREAS = ["streams", "leases", "redelivery", "batches", "progress", "reads", "deletion"]
+_AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "progress", "reads",
+          "deletion"]
 
 
 def _area_rank(module: str) -> int:

@@ -70,12 +70,14 @@ class GroupModel:
     """What one group of one stream must look like after each operation."""
 
     def __init__(self, stream: str, group: str, partitions: int, max_attempts: int,
-                 margin_ms: int) -> None:
+                 margin_ms: int, *, ordered: bool = False) -> None:
         self.stream = stream
         self.group = group
         self.partitions = partitions
         self.max_attempts = max_attempts
         self.margin = margin_ms
+        self.ordered = ordered
+        """The group is key-ordered: a delivery waits for every earlier one of its key."""
         self.deliveries: dict[Position, _Delivery] = {}
         self.events_by_id: dict[str, Event] = {}
         """Retained events by id (an id whose event was trimmed may be appended anew)."""
@@ -120,6 +122,27 @@ class GroupModel:
         return (d.state == "leased" and d.deadline_ms < t0 - self.margin
                 and d.attempt < self.max_attempts)
 
+    def heads(self, t1: int, *, maybe: bool) -> dict[tuple[int, str], int]:
+        """Per (partition, key) of a key-ordered group, the earliest delivery that is not
+        settled: only it may be leased. ``maybe``: one that may have been dead-lettered
+        by now (:meth:`doomed`) counts as settled (the fetch may release its key)."""
+        heads: dict[tuple[int, str], int] = {}
+        for (p, s), d in sorted(self.deliveries.items()):
+            key = d.event.key
+            if key is None or (p, key) in heads or d.state in _SETTLED:
+                continue
+            if maybe and self.doomed(d, t1):
+                continue
+            heads[(p, key)] = s
+        return heads
+
+    @staticmethod
+    def _heads_it(heads: dict[tuple[int, str], int] | None, d: _Delivery) -> bool:
+        """Whether ``d`` is not held back by an earlier delivery of its key."""
+        key = d.event.key
+        return heads is None or key is None or heads.get(
+            (d.event.partition, key), d.event.sequence) == d.event.sequence
+
     def trimmed(self, position: Position) -> bool:
         """Was the event at ``position`` appended and then trimmed?"""
         p, s = position
@@ -142,6 +165,8 @@ class GroupModel:
     ) -> None:
         """Check one fetch's leases against the model, then record them."""
         selected = set(range(self.partitions) if partitions is None else partitions)
+        maybe = self.heads(t1, maybe=True) if self.ordered else None
+        surely_heads = self.heads(t0, maybe=False) if self.ordered else None
         check(len(leases) <= limit, f"fetch(limit={limit}) returned {len(leases)} leases")
         seen: set[Position] = set()
         last: dict[int, int] = {}
@@ -157,6 +182,9 @@ class GroupModel:
             check(self.may_be_eligible(d, t1),
                   f"fetch leased {pos} which is {d.state} (attempt {d.attempt}, "
                   f"deadline {d.deadline_ms}, ready {d.ready_lo}, now {t0}..{t1})")
+            check(self._heads_it(maybe, d),
+                  f"fetch leased {pos} of key {d.event.key!r} although an earlier delivery "
+                  f"of the key is unsettled (ordering='key')")
             check_equal(lease.attempt, d.attempt + 1, f"attempt of {pos}")
             check_equal(lease.event, d.event, f"event of {pos}")
             check_equal((lease.group, lease.consumer_id), (self.group, consumer_id),
@@ -164,7 +192,8 @@ class GroupModel:
             check(t0 + lease_ms - self.margin <= lease.deadline_ms <= t1 + lease_ms + self.margin,
                   f"deadline of {pos} is not now + lease_ms")
         surely = [p for p, d in self.deliveries.items()
-                  if p[0] in selected and self.surely_eligible(d, t0)]
+                  if p[0] in selected and self.surely_eligible(d, t0)
+                  and self._heads_it(surely_heads, d)]
         check(leases or not surely, f"fetch returned nothing although {surely[:5]} are eligible")
         for lease in leases:
             d = self.deliveries[(lease.partition, lease.sequence)]

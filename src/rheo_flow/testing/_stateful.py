@@ -46,7 +46,7 @@ from hypothesis.stateful import (
 from .._backend import Backend
 from .._event import NewEvent
 from .._lease import Lease
-from .._rheo import Rheo
+from .._rheo import Rheo, orders_keys
 from .._stream import DeadLetter, StartPosition
 from ._case import LONG_MS, ConformanceFailure, check, check_equal
 from ._harness import BackendHarness
@@ -150,18 +150,22 @@ class ConformanceMachine(RuleBasedStateMachine):
                 chosen[lease.lease_id] = lease
         return list(chosen.values())
 
-    @initialize(keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=10))
-    def open(self, keys: list[str]) -> None:
-        self.run(self._open())
+    @initialize(keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=10),
+                ordered=st.booleans())
+    def open(self, keys: list[str], ordered: bool) -> None:
+        self.run(self._open(ordered))
         # Start with work to do, so that early steps have leases to fight over.
         self.append([(key, None) for key in keys], duplicate=1)
 
-    async def _open(self) -> None:
+    async def _open(self, ordered: bool) -> None:
         backend = await self.stack.enter_async_context(self.harness.factory())
         self.backend = backend
         self._rheo = await self.stack.enter_async_context(Rheo(backend))
         await self.rheo.create_stream(self.stream, partitions=PARTITIONS)
-        await self.rheo.create_group(self.stream, self.group, max_attempts=MAX_ATTEMPTS)
+        # Half the examples are key-ordered, on a backend declaring it.
+        self.model.ordered = ordered and orders_keys(backend)
+        await self.rheo.create_group(self.stream, self.group, max_attempts=MAX_ATTEMPTS,
+                                     ordering="key" if self.model.ordered else "none")
         if backend.capabilities.delayed_nack:
             self.nack_delays = [0, 0, 1, 1_000, LONG_MS] if self.harness.exact_time else [0, 0, 20]
         self.can_trim = backend.capabilities.trim
@@ -180,13 +184,16 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     # Every event has a key or a partition: keyless events route at random, and
     # Hypothesis needs a step sequence to replay identically.
-    @rule(specs=st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from([None, None, 0, 1])),
+    @rule(specs=st.lists(st.tuples(st.sampled_from([*KEYS, None]),
+                                   st.sampled_from([None, None, 0, 1])),
                          min_size=1, max_size=6),
           duplicate=st.integers(0, 99))
-    def append(self, specs: list[tuple[str, int | None]], duplicate: int) -> None:
+    def append(self, specs: list[tuple[str | None, int | None]], duplicate: int) -> None:
         events: list[NewEvent] = []
         for key, partition in specs:
             self.counter += 1
+            if key is None and partition is None:
+                partition = self.counter % PARTITIONS  # a keyless event names its partition
             events.append(NewEvent("sm.event", {"n": self.counter}, id=f"e{self.counter}",
                                    key=key, partition=partition))
         # Every id appended so far: a retained one returns the stored event, a

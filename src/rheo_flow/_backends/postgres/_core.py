@@ -98,7 +98,7 @@ class PostgresCore(Backend):
         self._migrate = bool(migrate)
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=self._listen, skip_locked=True,
-            server_clock=True,
+            server_clock=True, key_ordering=True,
         )
         self._sql = Statements.for_schema(self._schema)
         self._channel = channel(self._schema)
@@ -119,8 +119,9 @@ class PostgresCore(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        """Durable, distributed, SKIP LOCKED claims, server clock; LISTEN/NOTIFY wake-ups
-        unless built with ``listen=False``, or through a pooler without ``listen_url``."""
+        """Durable, distributed, SKIP LOCKED claims, server clock, key-ordered groups;
+        LISTEN/NOTIFY wake-ups unless built with ``listen=False``, or through a pooler
+        without ``listen_url``."""
         return self._capabilities
 
     @property

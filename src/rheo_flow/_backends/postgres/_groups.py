@@ -9,15 +9,20 @@ delivery fences its lease, and the event is materialised again at attempt 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._errors import UnknownGroup
 from ..._stream import DeadLetter, GroupInfo, StartPosition
+from ..._validation import ordering_mismatch
 from ._core import PostgresCore
 from ._sql import BIGINT_MAX, INTEGER_MAX
 
 __all__ = ["GroupOps"]
+
+
+ORDERINGS = ("none", "key")
+"""``groups.ordering`` (schema version 5) by its stored number: 0 none, 1 key."""
 
 
 def _position_param(start: StartPosition) -> int | None:
@@ -27,6 +32,11 @@ def _position_param(start: StartPosition) -> int | None:
     if start == "latest":
         return None
     return min(int(start), BIGINT_MAX)
+
+
+def _info(stream: str, group: str, row: Sequence[Any]) -> GroupInfo:
+    """The group of a row (id, max_attempts, created_at_ms, ordering)."""
+    return GroupInfo(stream, group, row[1], row[2], ORDERINGS[row[3]])
 
 
 class _Rewind(NamedTuple):
@@ -44,26 +54,33 @@ class GroupOps(PostgresCore):
     reset."""
 
     async def create_group(
-        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None,
+        *, ordering: str = "none",
     ) -> GroupInfo:
+        """Create the group, or return it (``max_attempts`` updated when given);
+        ``ordering`` applies at creation, and ``"key"`` for an existing group without
+        it is an InvalidArgument (nothing changes then)."""
         meta = await self._stream(stream)
         pool = await self._ready()
         sql = self._sql
         position = _position_param(start)
+        keyed = ordering == "key"
         async with pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(sql.insert_group, meta.id, group,
-                                      max_attempts or DEFAULT_MAX_ATTEMPTS)
+                                      max_attempts or DEFAULT_MAX_ATTEMPTS, int(keyed))
             if row is not None:
                 await conn.execute(sql.start_cursors, row[0], meta.id, position)
                 await conn.execute(sql.start_frontiers, row[0], meta.id, position)
             else:
                 row = await conn.fetchrow(sql.group, meta.id, group)
                 assert row is not None
+                if keyed and ORDERINGS[row[3]] != "key":
+                    raise ordering_mismatch(stream, group, ORDERINGS[row[3]], ordering)
                 if max_attempts is not None and max_attempts != row[1]:
                     row = await conn.fetchrow(sql.set_max_attempts, row[0], max_attempts)
                     assert row is not None
         self._groups[(stream, group)] = row[0]
-        return GroupInfo(stream, group, row[1], row[2])
+        return _info(stream, group, row)
 
     async def group_info(self, stream: str, group: str) -> GroupInfo:
         meta = await self._stream(stream)
@@ -72,13 +89,13 @@ class GroupOps(PostgresCore):
         if row is None:
             raise UnknownGroup(stream, group)
         self._groups[(stream, group)] = row[0]
-        return GroupInfo(stream, group, row[1], row[2])
+        return _info(stream, group, row)
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         meta = await self._stream(stream)
         pool = await self._ready()
         rows = await pool.fetch(self._sql.list_groups, meta.id)
-        return [GroupInfo(stream, r[0], r[1], r[2]) for r in rows]
+        return [GroupInfo(stream, r[0], r[1], r[2], ORDERINGS[r[3]]) for r in rows]
 
     # Progress ----------------------------------------------------------------
 

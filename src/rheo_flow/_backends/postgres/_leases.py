@@ -5,7 +5,9 @@ Each is ONE round trip to a server-side function (defined in ``functions/``):
 * ``fetch`` claims eligible deliveries with ``FOR UPDATE SKIP LOCKED`` (expired
   leases with attempt + 1, or dead-lettered past ``max_attempts``), then
   materialises new deliveries past the group's cursor, in round-robin order
-  across partitions and sequence order within each;
+  across partitions and sequence order within each; a key-ordered group's
+  fetch leases only the first unsettled delivery of each key (see
+  ``functions/fetch_keyed.sql``);
 * ``ack`` / ``nack`` / ``reject`` / ``renew`` take the whole batch as arrays (see
   :class:`~._batch.SettleBatch`); a delivery changes only while it is still
   leased under the very lease (and receipt) that settles it, and settles that

@@ -23,12 +23,16 @@ Tables (migration 1):
   leases it. ``state``: 0 available, 1 leased, 2 acked, 3 rejected;
   ``settled_by``: 1 ack, 2 nack, 3 reject.
 
+Migration 5 adds ``groups.ordering`` (0 none, 1 key) and ``deliveries.key``, set
+only in key-ordered groups, whose fetch is ``functions/fetch_keyed.sql``.
+
 Partial indexes keep fetch cost independent of the acked history and of the
 backlog: ``deliveries_available`` holds only available rows, ``deliveries_leased``
 only leased rows (with their deadline in the key, so expiry is checked inside
 the index), ``deliveries_rejected`` only dead letters, all by sequence; fetch
-scans them from the group's frontier on. Acked rows live in the primary key
-alone. Events nobody fetched yet have no delivery row at all.
+scans them from the group's frontier on. ``deliveries_keyed`` holds the
+unsettled deliveries of key-ordered groups by (key, sequence). Acked rows live
+in the primary key alone. Events nobody fetched yet have no delivery row at all.
 
 Lock order, followed by every function and statement so that none can deadlock:
 ``partitions`` → ``cursors`` → ``deliveries`` → ``frontiers``, rows of one table
@@ -81,6 +85,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
               ("v3_event_ids_bytewise",)),
     Migration(4, "deliveries keep the last error recorded by a nack or reject",
               ("v4_last_error",)),
+    Migration(5, "key-ordered groups: groups.ordering, deliveries.key and the index of "
+                 "unsettled keyed deliveries",
+              ("v5_key_ordering",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 
@@ -93,7 +100,7 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 """Run under the migration lock before the migrations (never recorded as a version)."""
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
-                             ("advance_frontiers", "fetch", "settle", "renew"))
+                             ("advance_frontiers", "fetch_keyed", "fetch", "settle", "renew"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 

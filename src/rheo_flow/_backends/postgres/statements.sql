@@ -79,7 +79,7 @@ ORDER BY seq LIMIT $5
 -- Groups ----------------------------------------------------------------------
 
 -- name: group
-SELECT g.id, g.max_attempts, g.created_at_ms FROM {s}.groups g
+SELECT g.id, g.max_attempts, g.created_at_ms, g.ordering FROM {s}.groups g
 WHERE g.stream_id = $1 AND g.name = $2
 
 -- name: groups_by_name
@@ -88,11 +88,12 @@ FROM unnest($1::text[], $2::text[]) AS u(stream, grp)
 JOIN {s}.streams s ON s.name = u.stream
 JOIN {s}.groups g ON g.stream_id = s.id AND g.name = u.grp
 
+-- A group's ordering ($4): 0 none, 1 key (schema version 5).
 -- name: insert_group
-INSERT INTO {s}.groups (stream_id, name, max_attempts, created_at_ms)
-VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+INSERT INTO {s}.groups (stream_id, name, max_attempts, created_at_ms, ordering)
+VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, $4)
 ON CONFLICT (stream_id, name) DO NOTHING
-RETURNING id, max_attempts, created_at_ms
+RETURNING id, max_attempts, created_at_ms, ordering
 
 -- A new group's cursors and frontiers start at the position ($3; NULL: the high
 -- water), never below the low water.
@@ -109,10 +110,11 @@ SELECT $1, p.part,
 FROM {s}.partitions p WHERE p.stream_id = $2
 
 -- name: set_max_attempts
-UPDATE {s}.groups SET max_attempts = $2 WHERE id = $1 RETURNING id, max_attempts, created_at_ms
+UPDATE {s}.groups SET max_attempts = $2 WHERE id = $1
+RETURNING id, max_attempts, created_at_ms, ordering
 
 -- name: list_groups
-SELECT name, max_attempts, created_at_ms FROM {s}.groups
+SELECT name, max_attempts, created_at_ms, ordering FROM {s}.groups
 WHERE stream_id = $1 ORDER BY name COLLATE "C"
 
 -- Leases ----------------------------------------------------------------------

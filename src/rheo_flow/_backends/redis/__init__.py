@@ -26,6 +26,24 @@ can spread partitions over shards and each Lua script stays on one slot:
   acked out of order, nacked, rejected or renewed, or when its block expires (a
   fetch then writes records for the entries still leased). Replay, reset and
   trim clip or drop the blocks they reach.
+* Key-ordered groups (``ordering="key"``: field ``o`` = ``k`` of ``:g:<g>``, and
+  the group record ends with ``|key``; older records have no such field and are
+  unordered) keep no blocks: every delivery has its own record and lease id.
+  ``{P:s:p}:g:<g>:k`` maps each key with an unsettled delivery to ``head|tail``:
+  the one unsettled delivery of the key (leased, waiting for its nack delay or
+  expired) and the last event of the key the cursor passed. A fetch reads past
+  the cursor with ``XRANGE`` and leases the events of free keys (and keyless
+  ones); an event of a blocked key is linked behind its key's tail in
+  ``:g:<g>:n`` (sequence -> the next passed-over sequence of the same key) and
+  gets no record, no ``:z`` entry and no PEL entry. Settling the head for good
+  (ack, reject, dead letter; trim counts as settled) pops the next sequence of
+  the list, which becomes the head with an ``A`` record due now (attempt 0), or
+  frees the key (its field is deleted): both hashes hold only live keys and
+  waiting events, never the settled history. A re-driven dead letter takes its
+  place in its key's list; a delivery that is not its key's head waits in
+  ``:z`` at a score far in the future (*parked*) until it is. One fetch script
+  reads at most its quota plus 1,000 events and says when it stopped there, and
+  the client calls it again a few times.
 * ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
   which partition owns an event id (streams with several partitions).
 

@@ -66,6 +66,7 @@ class RedisBackend(
     name = "redis"
     _CAPABILITIES = Capabilities(
         durable=True, distributed=True, push_wakeups=True, server_clock=True,
+        key_ordering=True,
     )
 
     def __init__(
@@ -146,7 +147,8 @@ class RedisBackend(
 
     @property
     def capabilities(self) -> Capabilities:
-        """Durable and distributed, with blocking-read wake-ups and the server's clock."""
+        """Durable and distributed, with blocking-read wake-ups, the server's clock and
+        key-ordered groups."""
         return self._CAPABILITIES
 
     @property

@@ -39,10 +39,13 @@ def stream_record(record: Any) -> tuple[int, int]:
     return count, created
 
 
-def group_record(record: Any) -> tuple[str, str, str]:
-    """(max_attempts, created_ms, start) of a group record ``max_attempts|created_ms|start``."""
-    ma, created, start = text(record).split("|", 2)
-    return ma, created, start
+def group_record(record: Any) -> tuple[str, str, str, str]:
+    """(max_attempts, created_ms, start, ordering) of a group record
+    ``max_attempts|created_ms|start`` (ordering ``"none"``) or
+    ``max_attempts|created_ms|start|key`` (a key-ordered group)."""
+    ma, created, rest = text(record).split("|", 2)
+    start, bar, ordering = rest.partition("|")
+    return ma, created, start, "key" if bar and ordering == "key" else "none"
 
 
 def encode_metas(records: Sequence[AppendRecord]) -> list[str]:
@@ -87,7 +90,7 @@ def fetched_leases(
     first (lease ids ``<token>.1``, ``<token>.2``, ...), then the new ones, one block
     (lease ids ``<token>:<seq>``).
     """
-    _, _, deadline, redelivered, items = head
+    _, _, deadline, redelivered, items, *_ = head
     prefix = f"{token}."
     block = f"{token}:"
     return [

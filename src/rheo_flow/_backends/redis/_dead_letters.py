@@ -31,7 +31,7 @@ class DeadLetterOperations(RedisCore):
             chunk = pids[start:start + _DEAD_CHUNK]
             calls: list[ScriptCall] = []
             for p in chunk:
-                x, _, _, d, _, r, _, _ = self._keys.group(stream, group, p)
+                x, _, _, d, _, r, *_ = self._keys.group(stream, group, p)
                 since = after[1] if after is not None and p == after[0] else 0
                 calls.append(("dead_letters", [x, d, r], [since, limit - len(out)]))
             for p, reply in zip(chunk, await self._eval(calls), strict=True):
@@ -54,7 +54,7 @@ class DeadLetterOperations(RedisCore):
                 if 0 <= p < count:
                     wanted.setdefault(p, []).append(seq)
             arg = {p: json.dumps(seqs) for p, seqs in wanted.items()}
-        calls = [("redrive", self._keys.group(stream, group, p)[2:], [value])
+        calls = [("redrive", self._keys.group(stream, group, p), [value])
                  for p, value in arg.items()]
         replies = await self._eval(calls)
         if any(int(r) < 0 for r in replies):

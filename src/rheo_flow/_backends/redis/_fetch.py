@@ -25,6 +25,9 @@ __all__ = ["FetchOperations"]
 _MAX_TRACKED_CONSUMERS: Final = 10_000
 _FORGET_CHUNK: Final = 500
 """How many consumer names one ``forget_consumers`` call takes."""
+_SCAN_ROUNDS: Final = 8
+"""How many more round trips a fetch makes for key-ordered partitions whose scan stopped
+at its budget (``fetch.lua`` reads at most the quota plus 1,000 events per call)."""
 
 
 class FetchOperations(RedisCore):
@@ -52,14 +55,16 @@ class FetchOperations(RedisCore):
             ids = ids[shift:] + ids[:shift]
         per: dict[int, list[Lease]] = {}
         left: dict[int, int] = {}
-        quotas = [limit // len(ids) + (1 if i < limit % len(ids) else 0)
-                  for i in range(len(ids))]
+        scan: set[int] = set()
         await self._fetch_round(stream, group, consumer_id, lease_ms,
-                                list(zip(ids, quotas, strict=True)), per, left)
+                                list(zip(ids, _shares(limit, len(ids)), strict=True)), per,
+                                left, scan)
         got = sum(len(v) for v in per.values())
         if got < limit and len(ids) > 1:
             await self._fill_up(stream, group, consumer_id, lease_ms, limit - got, ids, per,
-                                left)
+                                left, scan)
+        if scan:
+            await self._scan_on(stream, group, consumer_id, lease_ms, limit, per, left, scan)
         lists = [per[p] for p in ids if per.get(p)]
         if len(lists) <= 1:
             return lists[0] if lists else []
@@ -70,6 +75,7 @@ class FetchOperations(RedisCore):
     async def _fill_up(
         self, stream: str, group: str, consumer_id: str, lease_ms: int, wanted: int,
         ids: Sequence[int], per: dict[int, list[Lease]], left: dict[int, int],
+        scan: set[int],
     ) -> None:
         """The second round of an uneven fetch: ``wanted`` more leases, from the
         partitions the first round says still have some."""
@@ -78,11 +84,31 @@ class FetchOperations(RedisCore):
             return
         shares = _fill(wanted, [left[p] for p in more])
         second = [(p, q) for p, q in zip(more, shares, strict=True) if q > 0]
-        await self._fetch_round(stream, group, consumer_id, lease_ms, second, per, left)
+        await self._fetch_round(stream, group, consumer_id, lease_ms, second, per, left, scan)
         # A partition's second round may hold redeliveries below its first
         # round's (each round takes the earliest due): keep sequence order.
         for p, _ in second:
             per.get(p, []).sort(key=_sequence_of)
+
+    async def _scan_on(
+        self, stream: str, group: str, consumer_id: str, lease_ms: int, limit: int,
+        per: dict[int, list[Lease]], left: dict[int, int], scan: set[int],
+    ) -> None:
+        """Key-ordered partitions in ``scan`` stopped reading at their budget, passing
+        over events of blocked keys: read on, a few more round trips at most, so a
+        long run of one blocked key does not make a fetch come back short."""
+        for _ in range(_SCAN_ROUNDS):
+            wanted = limit - sum(len(v) for v in per.values())
+            parts = sorted(scan)
+            scan.clear()
+            if wanted <= 0 or not parts:
+                return
+            quotas = [(p, q) for p, q in zip(parts, _shares(wanted, len(parts)), strict=True)
+                      if q > 0]
+            await self._fetch_round(stream, group, consumer_id, lease_ms, quotas, per, left,
+                                    scan)
+            for p, _ in quotas:
+                per.get(p, []).sort(key=_sequence_of)
 
     async def _fetch_round(
         self,
@@ -93,9 +119,11 @@ class FetchOperations(RedisCore):
         quotas: Sequence[tuple[int, int]],
         per: dict[int, list[Lease]],
         left: dict[int, int],
+        scan: set[int],
     ) -> None:
         """One round trip: up to ``quota`` leases from each partition into ``per``;
-        ``left`` gets how many more each partition has due."""
+        ``left`` gets how many more each partition has due, ``scan`` the key-ordered
+        partitions whose scan stopped at its budget."""
         token = os.urandom(8).hex()
         calls: list[ScriptCall] = [
             ("fetch", self._keys.group(stream, group, p),
@@ -123,6 +151,8 @@ class FetchOperations(RedisCore):
                 seen[p] = high
             if stale:
                 stale.discard(p)
+            if len(head) > 5 and head[5]:
+                scan.add(p)
             if head[4]:
                 per.setdefault(p, []).extend(fetched_leases(
                     stream, p, group, consumer_id, f"{token}.{p}", head, reply[1:]))
@@ -146,6 +176,11 @@ class FetchOperations(RedisCore):
                               [group, *chunk]) for p in range(count))
         with contextlib.suppress(BackendError):
             await self._eval(calls)
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """``total`` split as evenly as possible over ``parts`` (the first ones get more)."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 def _fill(total: int, capacity: Sequence[int]) -> list[int]:

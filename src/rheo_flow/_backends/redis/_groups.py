@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._errors import UnknownGroup
 from ..._stream import GroupInfo, StartPosition
+from ..._validation import ordering_mismatch
 from ._codec import group_record, text
 from ._core import RedisCore
 from ._scripts import is_reply
@@ -19,39 +20,48 @@ class GroupOperations(RedisCore):
     """The group operations of the contract."""
 
     async def create_group(
-        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None,
+        *, ordering: str = "none",
     ) -> GroupInfo:
+        """Create the group (or return it, ``max_attempts`` updated when given).
+
+        ``ordering`` applies at creation; ``"key"`` for an existing group without it is
+        an InvalidArgument (and changes nothing)."""
         count = await self._partition_count(stream)
+        asked = "key" if ordering == "key" else "none"
         [record] = await self._eval([(
             "group_record", [self._keys.groups(stream)],
             [group, "" if max_attempts is None else max_attempts, DEFAULT_MAX_ATTEMPTS,
-             str(start)],
+             str(start), asked],
         )])
-        ma, created, spec = group_record(record)
-        # Every creator initialises every partition from the winner's start position,
-        # so a racing creator never returns before the group exists everywhere.
+        ma, created, spec, kept = group_record(record)
+        if asked == "key" and kept != "key":
+            raise ordering_mismatch(stream, group, kept, asked)
+        # Every creator initialises every partition from the winner's start position
+        # and ordering, so a racing creator never returns before the group exists
+        # everywhere.
         await self._eval([
-            ("init_group", self._keys.group(stream, group, p)[:3], [group, spec, ma])
+            ("init_group", self._keys.group(stream, group, p)[:3], [group, spec, ma, kept])
             for p in range(count)
         ])
         self._known_groups.add((stream, group))
-        return GroupInfo(stream, group, int(ma), int(created))
+        return GroupInfo(stream, group, int(ma), int(created), kept)
 
     async def group_info(self, stream: str, group: str) -> GroupInfo:
         await self._partition_count(stream)
         record = await self._io(self._client.hget(self._keys.groups(stream), group))
         if record is None:
             raise UnknownGroup(stream, group)
-        ma, created, _ = group_record(record)
-        return GroupInfo(stream, group, int(ma), int(created))
+        ma, created, _, ordering = group_record(record)
+        return GroupInfo(stream, group, int(ma), int(created), ordering)
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         await self._partition_count(stream)
         records = await self._io(self._client.hgetall(self._keys.groups(stream)))
         out = []
         for name, record in records.items():
-            ma, created, _ = group_record(record)
-            out.append(GroupInfo(stream, text(name), int(ma), int(created)))
+            ma, created, _, ordering = group_record(record)
+            out.append(GroupInfo(stream, text(name), int(ma), int(created), ordering))
         return sorted(out, key=lambda g: g.group)
 
     async def delete_group(self, stream: str, group: str) -> None:

@@ -56,19 +56,21 @@ class KeyLayout:
         return keys
 
     def group(self, stream: str, group: str, partition: int) -> tuple[str, ...]:
-        """``x``, ``m``, then the group's ``G``, ``D``, ``Z``, ``R``, ``B`` and ``Y`` keys
-        in the partition (the keys a group script takes, in that order)."""
+        """``x``, ``m``, then the group's ``G``, ``D``, ``Z``, ``R``, ``B``, ``Y``, ``K``
+        and ``N`` keys in the partition (the keys a group script takes, in that order)."""
         key = (stream, group, partition)
         keys = self.cache.get(key)
         if keys is None:
             tag = self.tag(stream, partition)
             base = f"{tag}:g:{group}"
             keys = self.cache[key] = (f"{tag}:x", f"{tag}:m", base, f"{base}:d",
-                                      f"{base}:z", f"{base}:r", f"{base}:b", f"{base}:y")
+                                      f"{base}:z", f"{base}:r", f"{base}:b", f"{base}:y",
+                                      f"{base}:k", f"{base}:n")
         return keys
 
     def groups(self, stream: str) -> str:
-        """The hash of the stream's group records: name -> ``max_attempts|created_ms|start``."""
+        """The hash of the stream's group records: name -> ``max_attempts|created_ms|start``
+        (then ``|key`` for a key-ordered group)."""
         return f"{self.prefix}:groups:{stream}"
 
     def ids(self, stream: str) -> str:

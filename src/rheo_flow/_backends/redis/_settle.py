@@ -38,12 +38,20 @@ _OK: Final = SettleResult.success
 _NOT_A_LEASE: Final = "lease names no group of this backend"
 _MAX_VALID_KEYS: Final = 4096
 # What a settle sends per lease (the attempt lets the script recognise a current lease
-# by one string compare), what a renew sends, and where a lease points.
-_SETTLE_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "attempt")
+# by one string compare; the key releases it in a key-ordered group), what a renew
+# sends, and where a lease points.
+_SETTLE_FIELDS: Final = attrgetter("event.sequence", "receipt", "lease_id", "attempt", "event")
 _RENEW_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "consumer_id")
 _KEY: Final = attrgetter("event.stream", "group", "event.partition")
 
 _Buckets = dict[tuple[str, str, int], list[int]]
+
+
+def _settle_row(lease: Lease) -> tuple[Any, ...]:
+    """What a settle sends of a lease: (seq, receipt, lease_id, attempt, key or None)."""
+    seq, receipt, lease_id, attempt, event = _SETTLE_FIELDS(lease)
+    key = getattr(event, "key", None)
+    return seq, receipt, lease_id, attempt, key if type(key) is str else None
 
 
 class SettleOperations(RedisCore):
@@ -85,7 +93,7 @@ class SettleOperations(RedisCore):
         results, replies = await self._settle(
             leases, "settle",
             lambda group, payload: [group, op, reason, delay_ms, payload],
-            _SETTLE_ROW, run=op == "a",
+            _settle_row, run=op == "a",
         )
         if len(replies) == 1 and len(replies[0][0]) == len(leases):
             indexes, codes = replies[0]
@@ -186,7 +194,7 @@ class SettleOperations(RedisCore):
         # True == 1: the cached answer may be for another type of partition.
         if not (ok and type(key[2]) is int and all(
                 type(seq) is int and seq >= 0 and type(receipt) is str and type(lid) is str
-                for seq, receipt, lid, _ in rows)):
+                for seq, receipt, lid, *_ in rows)):
             return None
         return key, rows
 

@@ -80,7 +80,8 @@ class SQLiteBackend(Backend):
 
     name = "sqlite"
     _CAPABILITIES = Capabilities(
-        durable=True, distributed=False, push_wakeups=True, server_clock=False
+        durable=True, distributed=False, push_wakeups=True, server_clock=False,
+        key_ordering=True,
     )
 
     def __init__(
@@ -212,10 +213,11 @@ class SQLiteBackend(Backend):
     # Groups ------------------------------------------------------------------
 
     async def create_group(
-        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None,
+        *, ordering: str = "none",
     ) -> GroupInfo:
         return await self._write(_catalog.create_group, self._clock, stream, group, start,
-                                 max_attempts)
+                                 max_attempts, ordering)
 
     async def group_info(self, stream: str, group: str) -> GroupInfo:
         return await self._read(lambda conn: _catalog.get_group(conn, stream, group).info())

@@ -13,6 +13,7 @@ from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._clock import Clock
 from ..._errors import ConflictError, UnknownGroup, UnknownStream
 from ..._stream import GroupInfo, StartPosition, StreamInfo
+from ..._validation import ordering_mismatch
 from .._shared import start_position
 from . import _sql as sql
 
@@ -53,10 +54,12 @@ class Group:
     name: str
     max_attempts: int
     created_at_ms: int
+    ordering: str = "none"
 
     def info(self) -> GroupInfo:
         """The group as the contract describes it."""
-        return GroupInfo(self.stream.name, self.name, self.max_attempts, self.created_at_ms)
+        return GroupInfo(self.stream.name, self.name, self.max_attempts, self.created_at_ms,
+                         self.ordering)
 
 
 def find_stream(conn: sqlite3.Connection, name: str) -> Stream | None:
@@ -76,7 +79,7 @@ def get_stream(conn: sqlite3.Connection, name: str) -> Stream:
 def find_group(conn: sqlite3.Connection, s: Stream, name: str) -> Group | None:
     """The group ``name`` of stream ``s``, or ``None``."""
     row = conn.execute(sql.FIND_GROUP, (s.id, name)).fetchone()
-    return None if row is None else Group(row[0], s, name, row[1], row[2])
+    return None if row is None else Group(row[0], s, name, row[1], row[2], row[3])
 
 
 def get_group(conn: sqlite3.Connection, stream: str, name: str) -> Group:
@@ -86,7 +89,7 @@ def get_group(conn: sqlite3.Connection, stream: str, name: str) -> Group:
         raise UnknownStream(stream)
     if row[3] is None:
         raise UnknownGroup(stream, name)
-    return Group(row[3], Stream(row[0], stream, row[1], row[2]), name, row[4], row[5])
+    return Group(row[3], Stream(row[0], stream, row[1], row[2]), name, row[4], row[5], row[6])
 
 
 def waters(conn: sqlite3.Connection, stream_id: int) -> dict[int, tuple[int, int]]:
@@ -132,32 +135,39 @@ def create_group(
     group: str,
     start: StartPosition,
     max_attempts: int | None,
+    ordering: str = "none",
 ) -> GroupInfo:
-    """Create the group at ``start``, or return it (with ``max_attempts`` changed if given)."""
+    """Create the group at ``start``, or return it (with ``max_attempts`` changed if given).
+
+    ``ordering`` applies at creation; ``"key"`` for an existing group without it is an
+    InvalidArgument."""
     s = get_stream(conn, stream)
     g = find_group(conn, s, group)
     if g is not None:
+        if ordering == "key" and g.ordering != "key":
+            raise ordering_mismatch(stream, group, g.ordering, ordering)
         if max_attempts is not None and max_attempts != g.max_attempts:
             conn.execute(sql.SET_MAX_ATTEMPTS, (max_attempts, g.id))
             g.max_attempts = max_attempts
         return g.info()
     now = clock()
     attempts = max_attempts or DEFAULT_MAX_ATTEMPTS
-    group_id = conn.execute(sql.INSERT_GROUP, (s.id, group, attempts, now)).lastrowid
+    ordering = "key" if ordering == "key" else "none"
+    group_id = conn.execute(sql.INSERT_GROUP, (s.id, group, attempts, now, ordering)).lastrowid
     assert group_id is not None
     rows = []
     for part, (high, low) in waters(conn, s.id).items():
         position = start_position(start, high, low)
         rows.append((group_id, part, position, position))
     conn.executemany(sql.INSERT_GROUP_PARTITION, rows)
-    return GroupInfo(stream, group, attempts, now)
+    return GroupInfo(stream, group, attempts, now, ordering)
 
 
 def list_groups(conn: sqlite3.Connection, stream: str) -> list[GroupInfo]:
     """Every group of the stream, sorted by name."""
     s = get_stream(conn, stream)
-    return [GroupInfo(stream, name, max_attempts, created)
-            for name, max_attempts, created in conn.execute(sql.LIST_GROUPS, (s.id,))]
+    return [GroupInfo(stream, name, max_attempts, created, ordering)
+            for name, max_attempts, created, ordering in conn.execute(sql.LIST_GROUPS, (s.id,))]
 
 
 def delete_stream(conn: sqlite3.Connection, stream: str) -> None:

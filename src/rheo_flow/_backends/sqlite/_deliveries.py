@@ -169,9 +169,9 @@ def fenced_update(
             return None
         params.append((*head, part, seq, lease_id, receipt, *tail))
     conn.execute(sql.SAVEPOINT)
-    before = conn.total_changes
-    conn.executemany(statement, params)  # an error rolls the whole transaction back
-    if conn.total_changes - before != len(leases):
+    # rowcount, not total_changes: that counts the rows the key-ordering triggers change.
+    changed = conn.executemany(statement, params).rowcount  # an error rolls it all back
+    if changed != len(leases):
         conn.execute(sql.ROLLBACK_TO_SAVEPOINT)
         conn.execute(sql.RELEASE_SAVEPOINT)
         return None

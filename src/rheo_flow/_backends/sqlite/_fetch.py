@@ -22,6 +22,7 @@ from .._transitions import Settled, expire
 from . import _sql as sql
 from ._catalog import get_group
 from ._events import load_events
+from ._fetch_keyed import KeyedFetch
 from ._progress import advance_frontier
 
 __all__ = ["Fetcher"]
@@ -38,6 +39,8 @@ class _Progress:
     max_attempts: int
     stream_id: int
     partitions: int
+    ordered: bool
+    """The group's ordering is ``"key"`` (its fetch is :class:`KeyedFetch`)."""
     cursors: dict[int, tuple[int, int]]
     """Per partition: the cursor (highest sequence with a delivery row) and the high water."""
 
@@ -74,6 +77,10 @@ class Fetcher:
         if not ids:
             return []
         ids = self._rotate(progress.group_id, ids)
+        if progress.ordered:
+            return KeyedFetch(conn, progress.group_id, progress.max_attempts,
+                              progress.stream_id, now, limit).run(
+                stream, group, consumer_id, lease_ms, progress.cursors, ids)
         existing, sizes = _candidates(conn, progress, ids, now, limit)
         if len(ids) == 1:
             order = [(0, d) for d in range(min(sizes[0], limit))]
@@ -96,8 +103,8 @@ def _read_progress(conn: sqlite3.Connection, stream: str, group: str) -> _Progre
     if not rows:
         get_group(conn, stream, group)  # raises UnknownStream or UnknownGroup
         return None
-    group_id, max_attempts, stream_id, count = rows[0][:4]
-    return _Progress(group_id, max_attempts, stream_id, count,
+    group_id, max_attempts, stream_id, count, ordering = rows[0][:5]
+    return _Progress(group_id, max_attempts, stream_id, count, ordering == "key",
                      {part: (cursor, high) for *_, part, cursor, high in rows})
 
 

@@ -17,14 +17,15 @@ from ._errors import is_locked
 
 __all__ = ["SCHEMA_VERSION", "connect"]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change.
 
 1: first schema. 2: the ``deliveries`` state CHECK is written with ``OR`` instead
 of ``IN (...)``: SQLite evaluates a CHECK on every inserted and updated row, and
 an ``IN`` list of four builds a temporary lookup table each time, which made
 every delivery write about twice as dear. 3: ``deliveries.last_error``, the last
-error recorded by a nack or reject."""
+error recorded by a nack or reject. 4: ``groups.ordering`` and ``deliveries.key``
+with the partial index ``deliveries_keyed``, for key-ordered groups."""
 
 def connect(path: str, busy_timeout_ms: int, synchronous: str,
             migrate: bool) -> sqlite3.Connection:
@@ -110,9 +111,13 @@ def _install(conn: sqlite3.Connection, path: str) -> None:
                 f"than this rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
             )
         if version == 1:
-            _migrate_1_to_2(conn)  # rebuilt as the current table: last_error too
+            _migrate_1_to_2(conn)  # rebuilt as the current table: last_error and key too
+            _migrate_3_to_4(conn)
         elif version == 2:
             _migrate_2_to_3(conn)
+            _migrate_3_to_4(conn)
+        elif version == 3:
+            _migrate_3_to_4(conn)
         elif version < SCHEMA_VERSION:
             for statement in sql.SCHEMA:
                 conn.execute(statement)
@@ -139,3 +144,20 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
 def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
     """Add ``deliveries.last_error`` (NULL on existing rows: no error was recorded)."""
     conn.execute(sql.ADD_LAST_ERROR)
+
+
+def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
+    """Add ``groups.ordering`` (``'none'`` for every existing group), ``deliveries.key``
+    (NULL: no existing group is key-ordered) and the index of keyed deliveries; in
+    place, inside the opening ``BEGIN IMMEDIATE``."""
+    if "ordering" not in _columns(conn, "groups"):
+        conn.execute(sql.ADD_GROUP_ORDERING)
+    if "key" not in _columns(conn, "deliveries"):  # a table rebuilt from 1 has it
+        conn.execute(sql.ADD_DELIVERY_KEY)
+    conn.execute(sql.INDEX_DELIVERIES_KEYED)
+    for statement in sql.DELIVERIES_TRIGGERS:
+        conn.execute(statement)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(sql.TABLE_INFO.format(table=table))}

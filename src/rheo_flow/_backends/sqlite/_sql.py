@@ -50,19 +50,27 @@ _STATEMENTS: Final = _load("statements.sql")
 CREATE_DELIVERIES: Final = _SCHEMA["create_deliveries"]
 """The ``deliveries`` table; ``{table}`` is its name (a migration builds a new one)."""
 DELIVERIES_INDEXES: Final = (
-    _SCHEMA["index_deliveries_active"], _SCHEMA["index_deliveries_rejected"])
+    _SCHEMA["index_deliveries_active"], _SCHEMA["index_deliveries_rejected"],
+    _SCHEMA["index_deliveries_keyed"])
+DELIVERIES_TRIGGERS: Final = (_SCHEMA["trigger_key_settled"], _SCHEMA["trigger_key_removed"])
+"""What unblocks the next delivery of a key in a key-ordered group."""
 SCHEMA: Final = (
     *(_SCHEMA[f"create_{table}"]
       for table in ("streams", "partitions", "events", "groups", "group_partitions")),
     CREATE_DELIVERIES.format(table="deliveries"),
     *DELIVERIES_INDEXES,
+    *DELIVERIES_TRIGGERS,
 )
 """A new file's schema, in order."""
 COPY_DELIVERIES_1_TO_2: Final = _SCHEMA["copy_deliveries_1_to_2"]
 DROP_DELIVERIES: Final = _SCHEMA["drop_deliveries"]
 RENAME_DELIVERIES_V2: Final = _SCHEMA["rename_deliveries_v2"]
 ADD_LAST_ERROR: Final = _SCHEMA["add_last_error"]
+ADD_DELIVERY_KEY: Final = _SCHEMA["add_delivery_key"]
+ADD_GROUP_ORDERING: Final = _SCHEMA["add_group_ordering"]
+INDEX_DELIVERIES_KEYED: Final = _SCHEMA["index_deliveries_keyed"]
 GET_VERSION: Final = _SCHEMA["get_version"]
+TABLE_INFO: Final = _SCHEMA["table_info"]
 SET_VERSION: Final = _SCHEMA["set_version"]
 SET_BUSY_TIMEOUT: Final = _SCHEMA["set_busy_timeout"]
 SET_WAL: Final = _SCHEMA["set_wal"]
@@ -123,6 +131,10 @@ QUERY_FILTERS: Final = (
 
 PROGRESS: Final = _STATEMENTS["progress"]
 ELIGIBLE: Final = _STATEMENTS["eligible"]
+ELIGIBLE_BY_KEY: Final = _STATEMENTS["eligible_by_key"]
+EVENT_KEYS_AFTER: Final = _STATEMENTS["event_keys_after"]
+KEY_UNSETTLED: Final = _STATEMENTS["key_unsettled"]
+LEASE_NEW_KEYED: Final = _STATEMENTS["lease_new_keyed"]
 EXPIRE: Final = _STATEMENTS["expire"]
 LEASE_AGAIN: Final = _STATEMENTS["lease_again"]
 LEASE_NEW: Final = _STATEMENTS["lease_new"]

@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS groups (
     name TEXT NOT NULL,
     max_attempts INTEGER NOT NULL,
     created_at_ms INTEGER NOT NULL,
+    ordering TEXT NOT NULL DEFAULT 'none',
     UNIQUE (stream_id, name)
 )
 
@@ -78,6 +79,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     reason TEXT NOT NULL DEFAULT '',
     rejected_at_ms INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
+    key TEXT,
     PRIMARY KEY (group_id, part, seq)
 ) WITHOUT ROWID
 
@@ -91,6 +93,42 @@ CREATE INDEX IF NOT EXISTS deliveries_active
 -- name: index_deliveries_rejected
 CREATE INDEX IF NOT EXISTS deliveries_rejected
     ON deliveries (group_id, part, seq) WHERE state = 'rejected'
+
+-- name: index_deliveries_keyed
+-- The unsettled deliveries of key-ordered groups by key (only those groups store
+-- a delivery's key): whether an earlier delivery of a key is unsettled is one
+-- lookup, whatever the acked history.
+CREATE INDEX IF NOT EXISTS deliveries_keyed
+    ON deliveries (group_id, part, key, seq)
+    WHERE key IS NOT NULL AND state IN ('available', 'leased')
+
+-- name: unblock_next_of_key
+-- A delivery of a key-ordered group left the unsettled ones: the next unsettled
+-- delivery of its key, if fetch stored it blocked (available_at_ms 2**62), is
+-- eligible now (available_at_ms 0). Body of the two triggers below.
+UPDATE deliveries SET available_at_ms = 0
+WHERE group_id = OLD.group_id AND part = OLD.part AND seq = (
+    SELECT MIN(seq) FROM deliveries
+    WHERE group_id = OLD.group_id AND part = OLD.part AND key = OLD.key
+      AND key IS NOT NULL AND state IN ('available', 'leased'))
+  AND state = 'available' AND available_at_ms = 4611686018427387904;
+
+-- name: trigger_key_settled
+-- Settled for good (acked or dead-lettered: by a settle, or an expiry at max attempts).
+CREATE TRIGGER IF NOT EXISTS deliveries_key_settled AFTER UPDATE OF state ON deliveries
+WHEN OLD.key IS NOT NULL AND OLD.state IN ('available', 'leased')
+     AND NEW.state IN ('acked', 'rejected')
+BEGIN
+{unblock_next_of_key}
+END
+
+-- name: trigger_key_removed
+-- Removed unsettled (trim; replay and reset remove the later ones of its key too).
+CREATE TRIGGER IF NOT EXISTS deliveries_key_removed AFTER DELETE ON deliveries
+WHEN OLD.key IS NOT NULL AND OLD.state IN ('available', 'leased')
+BEGIN
+{unblock_next_of_key}
+END
 
 -- Migrations ----------------------------------------------------------------------
 
@@ -113,10 +151,21 @@ ALTER TABLE deliveries_v2 RENAME TO deliveries
 -- name: add_last_error
 ALTER TABLE deliveries ADD COLUMN last_error TEXT
 
+-- name: add_delivery_key
+-- Schema 4: the key of a key-ordered group's delivery (NULL in other groups).
+ALTER TABLE deliveries ADD COLUMN key TEXT
+
+-- name: add_group_ordering
+-- Schema 4: every group of an older file is unordered.
+ALTER TABLE groups ADD COLUMN ordering TEXT NOT NULL DEFAULT 'none'
+
 -- Connection settings -------------------------------------------------------------
 
 -- name: get_version
 PRAGMA user_version
+
+-- name: table_info
+PRAGMA table_info({table})
 
 -- name: set_version
 PRAGMA user_version = {version}

@@ -118,11 +118,11 @@ ORDER BY seq LIMIT ?
 -- Groups --------------------------------------------------------------------------
 
 -- name: find_group
-SELECT id, max_attempts, created_at_ms FROM groups WHERE stream_id = ? AND name = ?
+SELECT id, max_attempts, created_at_ms, ordering FROM groups WHERE stream_id = ? AND name = ?
 
 -- name: group_of_stream
 -- The stream, and its group if there is one (NULLs otherwise), in one statement.
-SELECT s.id, s.partitions, s.created_at_ms, g.id, g.max_attempts, g.created_at_ms
+SELECT s.id, s.partitions, s.created_at_ms, g.id, g.max_attempts, g.created_at_ms, g.ordering
 FROM streams AS s LEFT JOIN groups AS g ON g.stream_id = s.id AND g.name = ?
 WHERE s.name = ?
 
@@ -130,13 +130,15 @@ WHERE s.name = ?
 UPDATE groups SET max_attempts = ? WHERE id = ?
 
 -- name: insert_group
-INSERT INTO groups (stream_id, name, max_attempts, created_at_ms) VALUES (?, ?, ?, ?)
+INSERT INTO groups (stream_id, name, max_attempts, created_at_ms, ordering)
+VALUES (?, ?, ?, ?, ?)
 
 -- name: insert_group_partition
 INSERT INTO group_partitions (group_id, part, cursor, frontier) VALUES (?, ?, ?, ?)
 
 -- name: list_groups
-SELECT name, max_attempts, created_at_ms FROM groups WHERE stream_id = ? ORDER BY name
+SELECT name, max_attempts, created_at_ms, ordering FROM groups WHERE stream_id = ?
+ORDER BY name
 
 -- name: delete_group_deliveries
 DELETE FROM deliveries WHERE group_id = ?
@@ -152,7 +154,7 @@ DELETE FROM groups WHERE id = ?
 -- name: progress
 -- What fetch needs of the group: its settings and every partition's cursor and
 -- high water, in one statement.
-SELECT g.id, g.max_attempts, s.id, s.partitions, gp.part, gp.cursor, p.high_water
+SELECT g.id, g.max_attempts, s.id, s.partitions, g.ordering, gp.part, gp.cursor, p.high_water
 FROM streams AS s
 JOIN groups AS g ON g.stream_id = s.id AND g.name = ?
 JOIN group_partitions AS gp ON gp.group_id = g.id
@@ -168,6 +170,37 @@ WHERE group_id = ? AND part = ? AND state IN ('available', 'leased')
   AND ((state = 'available' AND available_at_ms <= ?)
        OR (state = 'leased' AND deadline_ms <= ?))
 ORDER BY seq
+
+-- name: eligible_by_key
+-- The scan of a key-ordered group: eligible existing deliveries without an earlier
+-- unsettled delivery of their key (one probe of deliveries_keyed each). Deliveries
+-- fetch stored blocked (available_at_ms 2**62) fail the time test first.
+SELECT d.seq, d.attempt FROM deliveries AS d INDEXED BY deliveries_active
+WHERE d.group_id = ?1 AND d.part = ?2 AND d.state IN ('available', 'leased')
+  AND ((d.state = 'available' AND d.available_at_ms <= ?3)
+       OR (d.state = 'leased' AND d.deadline_ms <= ?3))
+  AND (d.key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM deliveries AS b INDEXED BY deliveries_keyed
+      WHERE b.group_id = ?1 AND b.part = ?2 AND b.key = d.key AND b.key IS NOT NULL
+        AND b.state IN ('available', 'leased') AND b.seq < d.seq))
+ORDER BY d.seq
+
+-- name: event_keys_after
+-- The keys of a partition's events past the cursor, for a key-ordered group's fetch.
+SELECT seq, key FROM events WHERE stream_id = ? AND part = ? AND seq > ? ORDER BY seq LIMIT ?
+
+-- name: key_unsettled
+SELECT 1 FROM deliveries INDEXED BY deliveries_keyed
+WHERE group_id = ? AND part = ? AND key = ? AND key IS NOT NULL
+  AND state IN ('available', 'leased')
+LIMIT 1
+
+-- name: lease_new_keyed
+-- A key-ordered group's new delivery: leased (attempt 1), or stored blocked
+-- (available, attempt 0, available_at_ms 2**62) behind an earlier one of its key.
+INSERT INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt,
+                        consumer_id, deadline_ms, available_at_ms, key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- name: expire
 -- A delivery whose lease expired at max attempts becomes what _transitions.expire says.

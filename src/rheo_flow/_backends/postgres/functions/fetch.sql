@@ -20,6 +20,9 @@
 -- cursors. Both paths that lease only new deliveries read each partition's range
 -- of events (r.lo..r.hi) in one scan, insert one delivery per event, and return
 -- the leases in their order.
+--
+-- A key-ordered group (groups.ordering = 1) is fetched by the seven-argument
+-- overload of functions/fetch_keyed.sql instead.
 
 CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
                                      p_lease_ms bigint, p_consumer text)
@@ -32,6 +35,7 @@ AS $fn$
 DECLARE
     v_stream integer;
     v_max integer;
+    v_ordering smallint;
     v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     c_part integer[];
     c_seq bigint[];
@@ -49,10 +53,15 @@ DECLARE
     v_doomed tid[];
     v_prefix text;
 BEGIN
-    SELECT g.stream_id, g.max_attempts INTO v_stream, v_max
+    SELECT g.stream_id, g.max_attempts, g.ordering INTO v_stream, v_max, v_ordering
     FROM {s}.groups g WHERE g.id = p_group;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
+    END IF;
+    IF v_ordering = 1 THEN  -- key-ordered (schema version 5): functions/fetch_keyed.sql
+        RETURN QUERY SELECT * FROM {s}.fetch(p_group, p_parts, p_limit, p_lease_ms,
+                                             p_consumer, v_stream, v_max);
+        RETURN;
     END IF;
 
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)

@@ -197,3 +197,60 @@ local function resolve(spec, hw, lw)
   if pos < lw - 1 then pos = lw - 1 end
   return pos
 end
+-- Key-ordered groups (field 'o' = 'k' of G). K: each key with an unsettled delivery ->
+-- 'head|tail', the unsettled (leased, waiting or parked) one and the last delivery of
+-- the key the cursor passed; N: each delivery of a blocked key the cursor passed over
+-- (no record, not in Z) -> the next one of its key, so a key's deferred deliveries are
+-- a linked list from its head to its tail. A materialised delivery that is not its
+-- key's head (only after a redrive) waits in Z at score PARK.
+local PARK = 4000000000000000
+-- The key of a stream entry's fields (nil when it has none).
+local function entry_key(fl)
+  local ok, meta = pcall(cjson.decode, fl[2])
+  if ok and type(meta) == 'table' and type(meta[3]) == 'string' then return meta[3] end
+  return nil
+end
+-- The key of the event with sequence sq (text), read from the stream (nil: none or gone).
+local function seq_key(x, sq)
+  local e = redis.call('XRANGE', x, sq .. '-0', sq .. '-0')
+  if e[1] then return entry_key(e[1][2]) end
+  return nil
+end
+local function keyspec(spec)
+  return string.match(spec, '^(%d+)|(%d+)$')
+end
+-- The head of key k is settled or gone: the next delivery of k neither settled nor at or
+-- below `stop` becomes its head (due now if it was passed over or parked); none: k is free.
+local function pass_key(K, N, D, Z, k, head, tail, stop, snow)
+  local nxt = head
+  while nxt ~= tail do
+    local after = redis.call('HGET', N, nxt)
+    redis.call('HDEL', N, nxt)
+    if not after then break end
+    nxt = after
+    if tonumber(nxt) > stop then
+      local r = redis.call('HGET', D, nxt)
+      local b = r and string.byte(r, 1)
+      if not r then
+        redis.call('HSET', D, nxt, 'A|0||||')
+        redis.call('ZADD', Z, snow, nxt)
+      elseif b ~= 75 and b ~= 82 then
+        local sc = redis.call('ZSCORE', Z, nxt)
+        if sc and tonumber(sc) >= PARK then redis.call('ZADD', Z, snow, nxt) end
+      end
+      if not r or (b ~= 75 and b ~= 82) then
+        redis.call('HSET', K, k, nxt .. '|' .. tail)
+        return
+      end
+    end
+  end
+  redis.call('HDEL', K, k)
+end
+-- The delivery sq (text) of key k is settled for good: it releases k if it is k's head.
+local function release(K, N, D, Z, k, sq, snow)
+  if type(k) ~= 'string' then return end
+  local spec = redis.call('HGET', K, k)
+  if not spec then return end
+  local head, tail = keyspec(spec)
+  if head == sq then pass_key(K, N, D, Z, k, head, tail, 0, snow) end
+end

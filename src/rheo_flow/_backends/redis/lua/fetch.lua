@@ -1,21 +1,25 @@
--- KEYS: x, m, G, D, Z, R, B, Y. ARGV: group, consumer, quota, lease_ms, lease id prefix,
+-- KEYS: x, m, G, D, Z, R, B, Y, K, N. ARGV: group, consumer, quota, lease_ms, lease id prefix,
 -- block token. Returns LOST, 'NOGROUP', 'AGAIN' (this call already ran: its answer was lost)
 -- or an array: JSON [high_water, still_available, deadline,
--- redelivered, [[seq, attempt, time, meta], ...]], then the data (JSON text) of each item.
+-- redelivered, [[seq, attempt, time, meta], ...], more], then the data (JSON text) of each
+-- item; more is 1 when a key-ordered group's scan stopped at its budget short of the
+-- quota (call again: the events it passed over belonged to blocked keys).
 -- The first `redelivered` items have lease ids
 -- prefix .. 1, 2, ..., the new deliveries after them '<block token>:<seq>'.
-local x, m, G, D, Z, R, B, Y = unpack(KEYS, 1, 8)
+local x, m, G, D, Z, R, B, Y, K, N = unpack(KEYS, 1, 10)
 local group, consumer, token, btoken = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
 local quota, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local mm = redis.call('HMGET', m, 'hw', 'mk')
 if not mm[2] then return 'LOST' end
-local g = redis.call('HMGET', G, 'f', 'c', 'ma')
+local g = redis.call('HMGET', G, 'f', 'c', 'ma', 'o')
 if not g[1] then return 'NOGROUP' end
 -- The same call run again (the client resent it after its answer was lost): the
 -- first run's block keeps its leases until they expire; granting more under the
 -- same token would overwrite that block and strand its deliveries for ever.
 if redis.call('HEXISTS', B, btoken) == 1 then return 'AGAIN' end
 local f, c, ma = tonumber(g[1]), tonumber(g[2]), tonumber(g[3])
+-- A key-ordered group: every delivery gets a record of its own (no blocks), see keyed.
+local keyed = g[4] == 'k'
 local hw = tonumber(mm[1] or '0')
 local now = now_ms()
 local snow = S(now)
@@ -24,10 +28,78 @@ local items = {}
 -- The reply: the JSON head, then the data of each item as stored (no re-encoding).
 local datas = {''}
 local redelivered = 0
+local more = 0
 -- Blocks past their deadline become per-delivery records, found below like any other.
 expire(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow), f)
+-- New deliveries of a key-ordered group: read past the cursor (XRANGE, not XREADGROUP),
+-- lease the events of free keys and keyless ones (each with its own record, lease ids
+-- token .. n after the n taken so far), link those of blocked keys behind their key's
+-- tail in N; at most want + 1000 events read (`more` set when that stopped it). Returns
+-- n and the new cursor.
+local function keyed_new(want, n, c, hs)
+  local budget = want + 1000
+  local start, claim, za, kc = c, {}, {}, {}
+  while want > 0 and c < hw and budget > 0 do
+    local entries = redis.call('XRANGE', x, '(' .. eid(c), '+', 'COUNT',
+      math.min(math.max(want, 64), budget))
+    if #entries == 0 then break end
+    for _, e in ipairs(entries) do
+      if want == 0 then break end
+      local fl = e[2]
+      local sq = string.sub(e[1], 1, -3)
+      c = tonumber(sq)
+      budget = budget - 1
+      local k = entry_key(fl)
+      local spec = nil
+      if k then
+        spec = kc[k]
+        if spec == nil then spec = redis.call('HGET', K, k) end
+      end
+      if spec then
+        local head, tail = keyspec(spec)
+        redis.call('HSET', N, tail, sq)
+        kc[k] = head .. '|' .. sq
+      else
+        if k then kc[k] = sq .. '|' .. sq end
+        n = n + 1
+        want = want - 1
+        items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ']'
+        datas[#datas + 1] = fl[4]
+        hs[#hs + 1] = sq
+        hs[#hs + 1] = rec('L', 1, token .. n, '', '', '', nil)
+        za[#za + 1] = sdl
+        za[#za + 1] = sq
+        claim[#claim + 1] = e[1]
+      end
+    end
+  end
+  local ks = {}
+  for k, spec in pairs(kc) do
+    ks[#ks + 1] = k
+    ks[#ks + 1] = spec
+  end
+  if #ks > 0 then bulk({'HSET', K}, ks) end
+  if c > start then
+    redis.call('HSET', G, 'c', S(c))
+    redis.call('XGROUP', 'SETID', x, group, eid(c))
+  end
+  if #za > 0 then bulk({'ZADD', Z}, za) end
+  local i = 1
+  while i <= #claim do
+    local j = math.min(i + CHUNK - 1, #claim)
+    local args = {'XCLAIM', x, group, consumer, '0'}
+    for k = i, j do args[#args + 1] = claim[k] end
+    args[#args + 1] = 'FORCE'
+    args[#args + 1] = 'JUSTID'
+    redis.call(unpack(args))
+    i = j + 1
+  end
+  if want > 0 and c < hw and budget <= 0 then more = 1 end
+  return n, c
+end
 if quota > 0 then
   local hs, dead, radd, due, next_att, errs = {}, {}, {}, {}, {}, {}
+  local freed, park = {}, {}
   local front = false
   -- Due deliveries: available (nack delay over) or leased past their deadline.
   while #due < quota do
@@ -48,6 +120,7 @@ if quota > 0 then
           radd[#radd + 1] = sq
           radd[#radd + 1] = sq
           dead[#dead + 1] = sq .. '-0'
+          if keyed then freed[#freed + 1] = sq end
           if tonumber(sq) == f + 1 then front = true end
         else
           local n = tonumber(sq)
@@ -82,7 +155,17 @@ if quota > 0 then
     for _, seq in ipairs(due) do
       local fl = bodies[eid(seq)]
       local sq = S(seq)
-      if fl then
+      local head = nil
+      if fl and keyed then
+        -- Only the head of its key may be leased (another one waits parked).
+        local k = entry_key(fl)
+        local spec = k and redis.call('HGET', K, k)
+        if spec then head = keyspec(spec) end
+      end
+      if head and head ~= sq then
+        park[#park + 1] = S(PARK)
+        park[#park + 1] = sq
+      elseif fl then
         n = n + 1
         local att = next_att[seq]
         items[#items + 1] = '[' .. sq .. ',' .. S(att) .. ',' .. fl[6] .. ',' .. fl[2] .. ']'
@@ -98,10 +181,16 @@ if quota > 0 then
       bulk({'HDEL', D}, gone)
     end
   end
+  if #park > 0 then bulk({'ZADD', Z}, park) end
   redelivered = n
   -- New deliveries past the group's cursor.
   local want = quota - n
-  if want > 0 and c < hw then
+  if keyed then
+    if want > 0 and c < hw then
+      n, c = keyed_new(want, n, c, hs)
+      redelivered = n
+    end
+  elseif want > 0 and c < hw then
     local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
       'STREAMS', x, '>')
     if res then
@@ -132,9 +221,11 @@ if quota > 0 then
     bulk({'XACK', x, group}, dead)
   end
   if front then redis.call('HSET', G, 'f', S(advance(D, f))) end
+  -- Dead-lettered heads release their keys (the next delivery is due from now on).
+  for _, sq in ipairs(freed) do release(K, N, D, Z, seq_key(x, sq), sq, snow) end
 end
 local left = redis.call('ZCOUNT', Z, '-inf', snow)
 if hw > c then left = left + hw - c end
 datas[1] = '[' .. S(hw) .. ',' .. S(left) .. ',' .. sdl .. ',' .. S(redelivered) .. ',['
-  .. table.concat(items, ',') .. ']]'
+  .. table.concat(items, ',') .. '],' .. S(more) .. ']'
 return datas

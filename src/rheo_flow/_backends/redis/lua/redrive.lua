@@ -1,6 +1,7 @@
--- KEYS: G, D, Z, R, B. ARGV: 'all' or JSON [seq, ...]. Returns how many were re-driven.
-local G, D, Z, R, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local g = redis.call('HMGET', G, 'f')
+-- KEYS: the group partition's x, m, G, D, Z, R, B, Y, K, N. ARGV: 'all' or JSON
+-- [seq, ...]. Returns how many were re-driven.
+local x, m, G, D, Z, R, B, Y, K, N = unpack(KEYS, 1, 10)
+local g = redis.call('HMGET', G, 'f', 'o')
 if not g[1] then return -1 end
 local f = tonumber(g[1])
 local seqs
@@ -34,6 +35,39 @@ bulk({'ZADD', Z}, za)
 local members = {}
 for k = 2, #za, 2 do members[#members + 1] = za[k] end
 bulk({'ZREM', R}, members)
+if g[2] == 'k' then
+  -- In a key-ordered group a re-driven delivery takes its place in its key's order: the
+  -- head when it is the earliest (a later one already leased keeps its lease), else
+  -- linked in after the last earlier one, parked until it is the head.
+  local park = {}
+  for _, sq in ipairs(members) do
+    local k = seq_key(x, sq)
+    local spec = k and redis.call('HGET', K, k)
+    if k and not spec then
+      redis.call('HSET', K, k, sq .. '|' .. sq)
+    elseif spec then
+      local head, tail = keyspec(spec)
+      local n = tonumber(sq)
+      if n < tonumber(head) then
+        redis.call('HSET', N, sq, head)
+        redis.call('HSET', K, k, sq .. '|' .. tail)
+      else
+        local prev = head
+        local after = prev ~= tail and redis.call('HGET', N, prev)
+        while after and tonumber(after) < n do
+          prev = after
+          after = prev ~= tail and redis.call('HGET', N, prev)
+        end
+        redis.call('HSET', N, prev, sq)
+        if after then redis.call('HSET', N, sq, after) else tail = sq end
+        redis.call('HSET', K, k, head .. '|' .. tail)
+        park[#park + 1] = S(PARK)
+        park[#park + 1] = sq
+      end
+    end
+  end
+  if #park > 0 then bulk({'ZADD', Z}, park) end
+end
 if f > low - 1 then
   own_acks(D, B, low, f)
   redis.call('HSET', G, 'f', S(low - 1))

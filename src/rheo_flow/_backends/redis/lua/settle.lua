@@ -1,8 +1,10 @@
--- KEYS: the group partition's x, m, G, D, Z, R, B, Y. ARGV: group, op (a|n|r), reason
--- (then NUL and the error to record, if any), delay_ms,
--- JSON [[seq, receipt, lease_id, attempt], ...]. Returns one code letter per lease (see
--- _settle.py). The attempt only serves the fast path: a lease whose record is exactly
--- 'L|attempt|lease_id|||' and whose receipt is its entry id is current, with no parsing.
+-- KEYS: the group partition's x, m, G, D, Z, R, B, Y, K, N. ARGV: group, op (a|n|r),
+-- reason (then NUL and the error to record, if any), delay_ms,
+-- JSON [[seq, receipt, lease_id, attempt, key], ...] (the key serves key-ordered groups:
+-- a delivery settled for good releases its key when it is the key's head). Returns one
+-- code letter per lease (see _settle.py). The attempt only serves the fast path: a
+-- lease whose record is exactly 'L|attempt|lease_id|||' and whose receipt is its entry
+-- id is current, with no parsing.
 -- An ack may add the run form of the same leases: block token t, first, last: the
 -- leases are exactly '<t>:<seq>' with receipt '<seq>-0' for every seq of first..last,
 -- in order (the client checked those forms; the script checks the state and falls back
@@ -14,8 +16,10 @@ if cut then
   given = string.sub(reason, cut + 1)
   reason = string.sub(reason, 1, cut - 1)
 end
-local g = redis.call('HMGET', G, 'f', 'ma')
-if g[1] and ARGV[6] and op == 'a' then
+local K, N = KEYS[9], KEYS[10]
+local g = redis.call('HMGET', G, 'f', 'ma', 'o')
+local keyed = g[3] == 'k'
+if g[1] and ARGV[6] and op == 'a' and not keyed then
   -- The run form (see above): every lease of the run is current exactly when its block
   -- covers it, the frontier is right before it and none of its deliveries has a
   -- record of its own. Then the ack moves the frontier over it and writes no record.
@@ -49,6 +53,7 @@ local now = now_ms()
 local snow = S(now)
 local hw, fields, state, virt, blocks = lookup(leases, f)
 local codes, dirty, zrem, zadd, radd, acks, vacks = {}, {}, {}, {}, {}, {}, {}
+local freed = {}
 local front = false
 for k, l in ipairs(leases) do
   local sq = fields[k]
@@ -91,6 +96,7 @@ for k, l in ipairs(leases) do
           radd[#radd + 1] = sq
         end
         if l[1] == f + 1 then front = true end
+        if keyed then freed[#freed + 1] = k end
       end
       state[sq] = r
       if virt[sq] and op == 'a' then
@@ -133,6 +139,8 @@ if #zrem > 0 then bulk({'ZREM', Z}, zrem) end
 if #zadd > 0 then bulk({'ZADD', Z}, zadd) end
 if #radd > 0 then bulk({'ZADD', R}, radd) end
 if #acks > 0 then bulk({'XACK', x, group}, acks) end
+-- After the records: releasing a key reads the records of its later deliveries.
+for _, k in ipairs(freed) do release(K, N, D, Z, leases[k][5], fields[k], snow) end
 if nf > f then
   redis.call('HSET', G, 'f', S(nf))
   -- A block wholly behind the frontier has nothing left to expire.

@@ -1,4 +1,4 @@
--- KEYS: x, m, i, then G, D, Z, R, B, Y of each group. ARGV: bound, chunk, want ids (1|0),
+-- KEYS: x, m, i, then G, D, Z, R, B, Y, K, N of each group. ARGV: bound, chunk, want ids (1|0),
 -- groups... Removes at most `chunk` events. Returns JSON [removed, more_to_do, [ids]].
 local x, m, i = KEYS[1], KEYS[2], KEYS[3]
 local mm = redis.call('HMGET', m, 'hw', 'lw')
@@ -18,17 +18,29 @@ redis.call('XTRIM', x, 'MINID', eid(stop + 1))
 redis.call('HSET', m, 'lw', S(stop + 1))
 local ngroups = #ARGV - 3
 for gi = 1, ngroups do
-  local base = 3 + (gi - 1) * 6
+  local base = 3 + (gi - 1) * 8
   local G, D, Z, R = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
-  local B, Y = KEYS[base + 5], KEYS[base + 6]
+  local B, Y, K, N = KEYS[base + 5], KEYS[base + 6], KEYS[base + 7], KEYS[base + 8]
   local group = ARGV[3 + gi]
-  local g = redis.call('HMGET', G, 'f', 'c')
+  local g = redis.call('HMGET', G, 'f', 'c', 'o')
   if g[1] then
     clip(B, Y, stop + 1, math.huge)
     local f, c = tonumber(g[1]), tonumber(g[2])
     hdel_range(D, lw, math.min(stop, c))
     drop_active(x, group, Z, -math.huge, stop)
     redis.call('ZREMRANGEBYSCORE', R, '-inf', stop)
+    if g[3] == 'k' then
+      -- Trimmed deliveries count as settled: a key whose head is gone passes to its
+      -- next delivery past the bound (if any).
+      local all = redis.call('HGETALL', K)
+      local snow = S(now_ms())
+      for k = 1, #all, 2 do
+        local head, tail = keyspec(all[k + 1])
+        if tonumber(head) <= stop then
+          pass_key(K, N, D, Z, all[k], head, tail, stop, snow)
+        end
+      end
+    end
     if c < stop then
       c = stop
       redis.call('XGROUP', 'SETID', x, group, eid(c))

@@ -1,0 +1,206 @@
+"""Cases about key-ordered groups (``ordering="key"``, capability ``key_ordering``).
+
+In such a group a delivery of key K in partition p is leased only once every
+earlier delivery of K in p is settled (acked, rejected or dead-lettered); a
+leased, nacked or expired earlier delivery blocks it, while keyless events and
+other keys keep flowing. The ordering is fixed when the group is created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from .._errors import InvalidArgument
+from .._event import NewEvent
+from .._lease import Lease
+from .._settle_results import SettleKind
+from ._case import CaseEnv, case, check, check_equal, check_results, expect_error
+
+Settle = Literal["ack", "reject", "nack at max attempts", "expiry at max attempts"]
+
+
+async def _keyed(env: CaseEnv, keys: Sequence[str | None], *, partitions: int = 1,
+                 max_attempts: int | None = None) -> str:
+    """A stream with a key-ordered group ``g`` and one event per key, appended to
+    partition 0 in order (``None``: a keyless event)."""
+    stream = await env.stream(partitions)
+    await env.rheo.create_group(stream, "g", ordering="key", max_attempts=max_attempts)
+    await env.rheo.append(stream, [NewEvent("t", {"n": i}, key=k, partition=0)
+                                   for i, k in enumerate(keys)])
+    return stream
+
+
+def _seqs(leases: Sequence[Lease]) -> list[int]:
+    return [lease.sequence for lease in leases]
+
+
+@case(rules=["ordering.key_blocked"], requires=["key_ordering"])
+async def case_key_blocked_while_leased(env: CaseEnv) -> None:
+    """A leased delivery of a key blocks every later delivery of that key."""
+    stream = await _keyed(env, ["a", "a", "b", "a"])
+    first = await env.fetch(stream, "g")
+    check_equal(_seqs(first), [1, 3], "one delivery per key: the earliest of each")
+    check_equal(await env.fetch(stream, "g"), [], "later deliveries of leased keys")
+    await env.ack_ok([x for x in first if x.event.key == "b"])
+    check_equal(await env.fetch(stream, "g"), [], "a is still leased")
+
+
+@case(rules=["ordering.released", "attempts.max"], requires=["key_ordering"])
+async def case_key_released_by_settling_for_good(env: CaseEnv) -> None:
+    """An ack, a reject or a dead-lettering makes the next delivery of the key eligible."""
+    hows: tuple[Settle, ...] = ("ack", "reject", "nack at max attempts",
+                                "expiry at max attempts")
+    for how in hows:
+        stream = await _keyed(env, ["a", "a", "a"], max_attempts=1)
+        short = how == "expiry at max attempts"
+        [first] = await env.fetch(stream, "g", lease_ms=env.short_ms if short else None)
+        check_equal(first.sequence, 1, f"{how}: first delivery")
+        if how == "ack":
+            await env.ack_ok([first])
+        elif how == "reject":
+            check_results(await env.rheo.reject(first, "bad"), [first], [None], how)
+        elif how == "nack at max attempts":
+            check_results(await env.rheo.nack(first, "again"), [first], [None], how)
+        else:
+            await env.expire()
+        nxt = await env.fetch(stream, "g")
+        if not nxt and short:  # the fetch that dead-letters may still hold the key
+            nxt = await env.fetch(stream, "g")
+        check_equal([(x.sequence, x.attempt) for x in nxt], [(2, 1)],
+                    f"{how}: the next delivery of the key")
+        if how != "ack":
+            dead = await env.rheo.dead_letters(stream, "g")
+            check_equal([d.sequence for d in dead], [1], f"{how}: dead letters")
+
+
+@case(rules=["ordering.key_blocked", "settle.nack"], requires=["key_ordering", "delayed_nack"])
+async def case_nack_keeps_key_blocked(env: CaseEnv) -> None:
+    """A nacked delivery blocks its key through its delay and until its redelivery settles."""
+    stream = await _keyed(env, ["a", "a", "b"])
+    first = await env.fetch(stream, "g")
+    check_equal(_seqs(first), [1, 3], "first fetch")
+    check_results(await env.rheo.nack(first[0], "later", delay_ms=env.short_ms),
+                  first[:1], [None], "nack")
+    check_equal(await env.fetch(stream, "g"), [], "during the nack delay")
+    await env.expire()
+    again = await env.fetch(stream, "g")
+    check_equal([(x.sequence, x.attempt) for x in again], [(1, 2)], "the redelivery only")
+    check_equal(await env.fetch(stream, "g"), [], "while the redelivery is leased")
+    check_results(await env.rheo.nack(again, "now", delay_ms=0), again, [None], "nack")
+    third = await env.fetch(stream, "g")
+    check_equal([(x.sequence, x.attempt) for x in third], [(1, 3)], "nacked without delay")
+    await env.ack_ok(third)
+    check_equal([(x.sequence, x.attempt) for x in await env.fetch(stream, "g")], [(2, 1)],
+                "after the redelivery is acked")
+
+
+@case(rules=["ordering.released", "lease.expiry"], requires=["key_ordering"])
+async def case_expired_lease_re_leases_earliest_first(env: CaseEnv) -> None:
+    """An expired lease re-leases the earliest delivery of its key; the later stays blocked."""
+    stream = await _keyed(env, ["a", "a"])
+    [first] = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    await env.expire()
+    again = await env.fetch(stream, "g")
+    check_equal([(x.sequence, x.attempt) for x in again], [(1, 2)], "after the expiry")
+    check_equal(await env.fetch(stream, "g"), [], "the later one stays blocked")
+    check_results(await env.rheo.ack(first), [first], [SettleKind.STALE_LEASE],
+                  "the expired lease")
+    await env.ack_ok(again)
+    check_equal(_seqs(await env.fetch(stream, "g")), [2], "after the ack")
+
+
+@case(rules=["ordering.others_flow", "fetch.limit"], requires=["key_ordering"])
+async def case_blocked_key_does_not_stall_others(env: CaseEnv) -> None:
+    """Fetch passes over a blocked key and fills the batch with other keys and keyless ones."""
+    stream = await _keyed(env, ["a", "a", "a", "a", "b", None, "c", "a", None, "b", "d"])
+    [first] = await env.fetch(stream, "g", 1)
+    check_equal(first.sequence, 1, "first fetch")
+    more = await env.fetch(stream, "g", 4)
+    check_equal(_seqs(more), [5, 6, 7, 9], "past the blocked key, in sequence order")
+    rest = await env.fetch(stream, "g")
+    check_equal(_seqs(rest), [11], "b is leased, a is blocked")
+    await env.ack_ok([first, *more, *rest])
+    check_equal(_seqs(await env.fetch(stream, "g")), [2, 10], "the next of a and of b")
+
+
+@case(rules=["ordering.key_blocked"], requires=["key_ordering"])
+async def case_key_order_is_per_partition(env: CaseEnv) -> None:
+    """The same key in two partitions is two independent orders."""
+    stream = await env.stream(2)
+    await env.rheo.create_group(stream, "g", ordering="key")
+    await env.rheo.append(stream, [NewEvent("t", {"n": i}, key="a", partition=i % 2)
+                                   for i in range(4)])
+    leased = await env.fetch(stream, "g")
+    check_equal(sorted((x.partition, x.sequence) for x in leased), [(0, 1), (1, 1)],
+                "the earliest of the key in each partition")
+
+
+@case(rules=["ordering.released", "replay.from_sequence"], requires=["key_ordering"])
+async def case_replay_orders_keys_again(env: CaseEnv) -> None:
+    """After a replay (or a reset) the rule applies again from the first redelivered event."""
+    stream = await _keyed(env, ["a", "a", "b", "b"])
+    for _ in range(4):
+        await env.ack_ok(await env.fetch(stream, "g"))
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "everything acked")
+    await env.rheo.replay(stream, "g", from_sequence=1)
+    check_equal(_seqs(await env.fetch(stream, "g")), [1, 3], "after the replay")
+    await env.rheo.reset(stream, "g", to="earliest")
+    check_equal(_seqs(await env.fetch(stream, "g")), [1, 3], "after the reset")
+
+
+@case(rules=["ordering.declared"], requires=["key_ordering"])
+async def case_group_info_reports_ordering(env: CaseEnv) -> None:
+    """create_group, group_info and groups report each group's ordering."""
+    stream = await env.stream()
+    created = await env.rheo.create_group(stream, "keyed", ordering="key")
+    check_equal(created.ordering, "key", "create_group(ordering='key')")
+    check_equal((await env.rheo.create_group(stream, "plain")).ordering, "none", "default")
+    check_equal((await env.rheo.group_info(stream, "keyed")).ordering, "key", "group_info")
+    check_equal({g.group: g.ordering for g in await env.rheo.groups(stream)},
+                {"keyed": "key", "plain": "none"}, "groups")
+    again = await env.rheo.create_group(stream, "keyed", ordering="key", max_attempts=3)
+    check_equal((again.ordering, again.max_attempts), ("key", 3), "create_group again")
+    await env.rheo.append(stream, [NewEvent("t", key="a"), NewEvent("t", key="a")])
+    check_equal(len(await env.fetch(stream, "plain")), 2, "an unordered group is not held")
+
+
+@case(rules=["ordering.declared"], requires=["key_ordering"])
+async def case_ordering_mismatch_is_refused(env: CaseEnv) -> None:
+    """Asking an existing group for another ordering raises InvalidArgument naming both."""
+    stream = await env.stream()
+    await env.rheo.create_group(stream, "keyed", ordering="key")
+    await env.rheo.create_group(stream, "plain")
+    exc = await expect_error(InvalidArgument, env.rheo.create_group(
+        stream, "keyed", ordering="none", max_attempts=9),
+        "ordering 'none' for a key-ordered group")
+    check("'key'" in str(exc) and "'none'" in str(exc), f"the message names both: {exc}")
+    exc = await expect_error(InvalidArgument, env.rheo.create_group(
+        stream, "plain", ordering="key", max_attempts=9),
+        "ordering 'key' for an unordered group")
+    check("'key'" in str(exc) and "'none'" in str(exc), f"the message names both: {exc}")
+    unknown: Any = "keys"
+    await expect_error(InvalidArgument, env.rheo.create_group(stream, "other", ordering=unknown),
+                       "an unknown ordering")
+    check_equal({g.group: (g.ordering, g.max_attempts) for g in await env.rheo.groups(stream)},
+                {"keyed": ("key", 5), "plain": ("none", 5)}, "nothing changed")
+
+
+@case(rules=["ordering.declared", "ordering.key_blocked"], requires=["key_ordering"],
+      needs_peer=True)
+async def case_ordering_persists_for_peers(env: CaseEnv) -> None:
+    """Another instance on the same store sees the group's ordering and obeys it."""
+    stream = await _keyed(env, ["a", "a", "b"])
+    async with env.peer() as other:
+        check_equal((await other.group_info(stream, "g")).ordering, "key", "peer group_info")
+        mine = await env.fetch(stream, "g", 1)
+        check_equal(_seqs(mine), [1], "first instance")
+        theirs = await other.fetch(stream, "g", limit=10, lease_ms=env.long_ms)
+        check_equal(_seqs(theirs), [3], "the peer skips the key the first one holds")
+        await expect_error(InvalidArgument, other.create_group(stream, "g", ordering="none"),
+                           "the peer asks for another ordering")
+        check_equal((await other.create_group(stream, "g", ordering="key")).ordering, "key",
+                    "the peer asks for the same ordering")
+        check_results(await other.ack(mine), mine, [None], "ack via the peer")
+        check_equal(_seqs(await other.fetch(stream, "g", limit=10, lease_ms=env.long_ms)), [2],
+                    "the next of the key, on the peer")

@@ -1,0 +1,235 @@
+"""Key-ordered groups on the PostgreSQL backend, beyond the conformance kit's
+``ordering.*`` cases: the upgrade of a version 4 schema, batches filled past a
+blocked key (also past one longer than a fetch's scan budget), trims releasing a
+key, and competing fetches of several instances never holding two deliveries of
+one key. Every test works in its own schema, dropped afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from rheo_flow import InvalidArgument, Lease, NewEvent, Query, Rheo
+from rheo_flow._backends.postgres._migrations import BOOTSTRAP, MIGRATIONS, VERSION_TABLE
+from rheo_flow._backends.postgres._sql import render
+from rheo_flow.backends import PostgresBackend
+
+
+@pytest.fixture
+async def schema(postgres_url: str) -> AsyncIterator[str]:
+    """A schema name of this test only; dropped (with whatever it holds) afterwards."""
+    name = f"rheo_test_{uuid.uuid4().hex[:12]}"
+    yield name
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def url(postgres_url: str, schema: str) -> str:
+    """The server URL with this test's schema."""
+    return f"{postgres_url}{'&' if '?' in postgres_url else '?'}schema={schema}"
+
+
+@pytest.fixture
+async def rheo(url: str) -> AsyncIterator[Rheo]:
+    """An opened instance owning its pool, on this test's schema."""
+    async with Rheo(url) as instance:
+        yield instance
+
+
+@pytest.fixture
+async def admin(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to look at what the backend stored."""
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+def _keys(leases: list[Lease]) -> list[str | None]:
+    return [lease.event.key for lease in leases]
+
+
+# Upgrade ---------------------------------------------------------------------
+
+
+async def test_a_version_4_schema_upgrades_with_its_groups_unordered(
+        url: str, schema: str, admin: asyncpg.Connection) -> None:
+    # The tables of version 4 (the functions do not matter: the upgrade installs
+    # them all), with a group, two events of one key and a lease on the first.
+    for migration in MIGRATIONS[:4]:
+        for script in (*(BOOTSTRAP.statements if migration.version == 1 else ()),
+                       *migration.statements):
+            await admin.execute(render(script, schema))
+        await admin.execute(f'INSERT INTO "{schema}".{VERSION_TABLE} (version, description) '
+                            "VALUES ($1, 'old')", migration.version)
+    q = f'"{schema}"'
+    stream_id = await admin.fetchval(
+        f"INSERT INTO {q}.streams (name, partitions, created_at_ms) VALUES ('s', 1, 0) "
+        "RETURNING id")
+    await admin.execute(f"INSERT INTO {q}.partitions (stream_id, part, high_water) "
+                        "VALUES ($1, 0, 3)", stream_id)
+    await admin.execute(
+        f"INSERT INTO {q}.events (stream_id, part, seq, appended_at_ms, event_id, type, key, "
+        "data) SELECT $1, 0, i, 0, 'e' || i, 't', 'k', json_build_object('i', i) "
+        "FROM generate_series(1, 3) i", stream_id)
+    gid = await admin.fetchval(
+        f"INSERT INTO {q}.groups (stream_id, name, max_attempts, created_at_ms) "
+        "VALUES ($1, 'old', 5, 0) RETURNING id", stream_id)
+    await admin.execute(f"INSERT INTO {q}.cursors VALUES ($1, 0, 1)", gid)
+    await admin.execute(f"INSERT INTO {q}.frontiers VALUES ($1, 0, 0)", gid)
+    lease_id = uuid.uuid4()
+    await admin.execute(
+        f"INSERT INTO {q}.deliveries (group_id, part, seq, state, attempt, lease_id, "
+        "consumer_id, deadline_ms) VALUES ($1, 0, 1, 1, 1, $2, 'c', 9000000000000)",
+        gid, lease_id)
+
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        assert await admin.fetchval(f"SELECT max(version) FROM {q}.{VERSION_TABLE}") == 5
+        assert (await rheo.group_info("s", "old")).ordering == "none"
+        assert [g.ordering for g in await rheo.groups("s")] == ["none"]
+        with pytest.raises(InvalidArgument, match="'none'"):
+            await rheo.create_group("s", "old", ordering="key")
+        # Unordered as before: the later events of the leased key are not held back.
+        assert [x.sequence for x in await rheo.fetch("s", "old", limit=10)] == [2, 3]
+        assert await admin.fetchval(f"SELECT count(*) FROM {q}.deliveries "
+                                    "WHERE key IS NOT NULL") == 0
+        # The lease of version 4 settles as before.
+        event = (await rheo.query_page(Query(stream="s"), limit=1)).events[0]
+        old = Lease(lease_id.hex, "0-1-1", "old", "c", event, 1, 9_000_000_000_000)
+        assert all(r.ok for r in await rheo.ack(old))
+        # A new group of the stream may be key-ordered.
+        assert (await rheo.create_group("s", "keyed", ordering="key")).ordering == "key"
+        assert [x.sequence for x in await rheo.fetch("s", "keyed", limit=10)] == [1]
+
+
+# Blocked keys ----------------------------------------------------------------
+
+
+async def test_a_blocked_key_among_many_keys_still_fills_the_batch(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key")
+    keys = [f"k{i}" if i % 4 == 3 else "hot" for i in range(800)]  # 600 hot, 200 others
+    await rheo.append("s", [NewEvent("t", {"i": i}, key=k, partition=0)
+                            for i, k in enumerate(keys)])
+    [hot] = await rheo.fetch("s", "g", limit=1)
+    assert hot.event.key == "hot"
+    assert hot.sequence == 1
+    first = await rheo.fetch("s", "g", limit=100)
+    assert len(first) == 100
+    assert "hot" not in _keys(first)
+    assert [x.sequence for x in first] == sorted(x.sequence for x in first)
+    second = await rheo.fetch("s", "g", limit=150)
+    assert len(second) == 100
+    assert "hot" not in _keys(second)
+    assert len(set(_keys([*first, *second]))) == 200
+    assert await rheo.fetch("s", "g", limit=10) == []
+    assert all(r.ok for r in await rheo.ack(hot))
+    [nxt] = await rheo.fetch("s", "g", limit=10)
+    assert (nxt.event.key, nxt.sequence) == ("hot", 2)
+
+
+async def test_a_key_longer_than_the_scan_budget_does_not_stall_others(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key")
+    for _ in range(3):  # 6,000 events of one key, then ten of others
+        await rheo.append("s", [NewEvent("t", key="hot", partition=0) for _ in range(2_000)])
+    await rheo.append("s", [NewEvent("t", key=f"k{i}", partition=0) for i in range(10)])
+    [hot] = await rheo.fetch("s", "g", limit=1)
+    others: list[Lease] = []
+    for _ in range(4):
+        others += await rheo.fetch("s", "g", limit=10)
+    assert sorted(_keys(others), key=str) == sorted(f"k{i}" for i in range(10))
+    assert (await rheo.frontier("s", "g")) == {0: 0}
+    assert all(r.ok for r in await rheo.ack([hot, *others]))
+    [nxt] = await rheo.fetch("s", "g", limit=10)
+    assert (nxt.event.key, nxt.sequence) == ("hot", 2)
+    assert (await rheo.frontier("s", "g")) == {0: 1}
+
+
+async def test_a_trim_releases_the_key_of_a_trimmed_delivery(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key")
+    await rheo.append("s", [NewEvent("t", key="a", partition=0) for _ in range(3)])
+    [first] = await rheo.fetch("s", "g", limit=10)
+    assert await rheo.fetch("s", "g", limit=10) == []
+    await rheo.trim("s", up_to=1, force=True)
+    assert [x.sequence for x in await rheo.fetch("s", "g", limit=10)] == [2]
+    assert not (await rheo.ack(first))[0].ok
+
+
+async def test_only_key_ordered_groups_store_keys(rheo: Rheo, schema: str,
+                                                  admin: asyncpg.Connection) -> None:
+    # A key K is stored as "k" + K, a keyless event as "-" + its sequence (its own
+    # key: never blocked); the delivery of a later event of a leased key is stored
+    # available, attempt 0.
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "plain")
+    await rheo.create_group("s", "keyed", ordering="key")
+    await rheo.append("s", [NewEvent("t", key="a"), NewEvent("t", key="a"), NewEvent("t")])
+    assert len(await rheo.fetch("s", "plain", limit=10)) == 3
+    assert len(await rheo.fetch("s", "keyed", limit=10)) == 2
+    rows = await admin.fetch(
+        f'SELECT g.name, d.seq, d.state, d.key FROM "{schema}".deliveries d '
+        f'JOIN "{schema}".groups g ON g.id = d.group_id ORDER BY g.name, d.seq')
+    assert [tuple(r) for r in rows] == [
+        ("keyed", 1, 1, "ka"), ("keyed", 2, 0, "ka"), ("keyed", 3, 1, "-3"),
+        ("plain", 1, 1, None), ("plain", 2, 1, None), ("plain", 3, 1, None)]
+
+
+# Competing fetches -----------------------------------------------------------
+
+
+async def test_competing_instances_never_hold_two_deliveries_of_a_key(url: str) -> None:
+    events = 600
+    rng = random.Random(3)
+    instances = [Rheo(PostgresBackend.from_url(url)) for _ in range(3)]
+    for instance in instances:
+        await instance.open()
+    try:
+        first = instances[0]
+        await first.create_stream("s", partitions=2)
+        await first.create_group("s", "g", ordering="key", max_attempts=100)
+        await first.append("s", [NewEvent("t", {"i": i}, key=f"k{rng.randrange(12)}")
+                                 for i in range(events)])
+        held: dict[tuple[int, str], int] = {}
+        last: dict[tuple[int, str], int] = {}
+        acked: set[tuple[int, int]] = set()
+
+        async def work(instance: Rheo, seed: int) -> None:
+            r = random.Random(seed)
+            while len(acked) < events:
+                leases = await instance.fetch("s", "g", limit=r.randint(1, 6), lease_ms=30_000)
+                for lease in leases:
+                    where = (lease.partition, str(lease.event.key))
+                    assert where not in held, f"{where} leased twice: {held[where]}, {lease}"
+                    assert lease.sequence >= last.get(where, 0), "a key went backwards"
+                    held[where] = lease.sequence
+                    last[where] = lease.sequence
+                await asyncio.sleep(r.random() / 200)
+                for lease in leases:
+                    del held[(lease.partition, str(lease.event.key))]
+                    if r.random() < 0.1:
+                        assert all(x.ok for x in await instance.nack(lease, "again"))
+                    else:
+                        assert all(x.ok for x in await instance.ack(lease))
+                        acked.add((lease.partition, lease.sequence))
+                if not leases:
+                    await asyncio.sleep(0.005)
+
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(work(instances[i % 3], i) for i in range(12)))
+        assert sum((await first.frontier("s", "g")).values()) == events
+        assert await first.dead_letters("s", "g") == []
+    finally:
+        for instance in instances:
+            await instance.close()
