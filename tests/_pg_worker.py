@@ -6,9 +6,9 @@ Modes (the result is printed as one JSON document on stdout):
   processes are ready, then fetch (batches of 200, a lease that never expires)
   and ack until the group's frontier reaches the high water; report every lease
   and every ack result.
-* ``crash URL STREAM GROUP NAME READY_DIR WORKERS LEASE_MS`` — wait for the
-  others like ``compete``, lease one batch with a short lease and exit without
-  settling it, as a consumer that dies would.
+* ``crash URL STREAM GROUP NAME READY_DIR WORKERS LEASE_MS`` — lease one batch
+  with a short lease, then mark itself ready (so the others start only after it
+  leased) and exit without settling it, as a consumer that dies would.
 
 A lease is reported as ``[partition, sequence, attempt, lease_id, start_ms,
 deadline_ms]``, with ``start_ms = deadline_ms - lease_ms`` on the server clock.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import _competing
@@ -50,9 +51,11 @@ async def compete(args: argparse.Namespace) -> dict[str, Any]:
 
 async def crash(args: argparse.Namespace) -> dict[str, Any]:
     async with Rheo(args.url) as rheo:
-        await _ready(args)
+        # Lease first, then say ready: the competitors start only once this batch is
+        # taken, so there is always an abandoned batch to come back.
         leases = await rheo.fetch(args.stream, args.group, consumer_id=args.name,
                                   limit=BATCH, lease_ms=args.lease_ms)
+        (Path(args.ready_dir) / args.name).touch()
         return {"name": args.name, "leased": [_report(lease, args.lease_ms)
                                               for lease in leases]}
 

@@ -27,6 +27,12 @@ the unique index lets exactly one claimant win each sequence. The frontier is
 advanced with ``$max`` conditioned on the partition's epoch, so a concurrent
 replay or reset is never undone by an advance computed from older state.
 
+Key-ordered groups (``ordering="key"``, stored in the group document as ``o``)
+keep their deliveries' keys, with a partial index of the unsettled ones by key:
+fetch materialises new sequences in order and stores a delivery whose key has an
+unsettled one *blocked*; settling a key's delivery for good releases the next
+(see ``_keys`` and ``_claim_keyed``).
+
 Appends allocate per-partition sequences in a multi-document transaction when
 the server supports transactions, and optimistically (unique index, retry)
 otherwise (see ``_append``). Change streams wake idle consumers on append when
@@ -36,9 +42,9 @@ consumers poll.
 The modules, by concern: ``_backend`` (the class), ``_core`` (state, lifecycle,
 shared reads), ``_client`` (URLs, clients, the server's topology), ``_schema``
 (indexes, schema version), ``_documents`` (document layout), ``_errors`` (error
-classification), ``_streams``, ``_append``, ``_claim``, ``_settle``,
-``_frontier``, ``_progress``, ``_retention`` (the operations) and ``_watcher``
-(change streams).
+classification), ``_streams``, ``_append``, ``_claim``, ``_claim_keyed``,
+``_settle``, ``_frontier``, ``_progress``, ``_retention`` (the operations),
+``_keys`` (key-ordered groups' keys) and ``_watcher`` (change streams).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The :class:`MongoBackend` class: construction, capabilities, and its operations combined.
 
-The operations live in mixins by concern (``_streams``, ``_append``, ``_claim``,
-``_settle``, ``_progress``, ``_retention``), all on :class:`~._core.MongoCore`;
+The operations live in mixins by concern (``_streams``, ``_append``, ``_claim`` and
+``_claim_keyed``, ``_settle``, ``_progress``, ``_retention``), all on :class:`~._core.MongoCore`;
 this module builds the backend, reports what the server offers and waits for
 appends.
 """
@@ -19,7 +19,7 @@ from ..._settle_results import SettleKind
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from .._shared import Waiters
 from ._append import AppendOps
-from ._claim import FetchOps
+from ._claim_keyed import KeyedFetchOps
 from ._client import check_client, check_url, database_name, split_url_options
 from ._errors import classify
 from ._progress import ProgressOps
@@ -36,7 +36,9 @@ _DEADLINE_GRACE_MS: Final = 500
 
 
 @guard_operations(tracks_sending=False)
-class MongoBackend(StreamOps, AppendOps, FetchOps, SettleOps, ProgressOps, RetentionOps, Backend):
+class MongoBackend(
+    StreamOps, AppendOps, KeyedFetchOps, SettleOps, ProgressOps, RetentionOps, Backend
+):
     """Durable, distributed backend on MongoDB (``mongodb://host/database``).
 
     Build it from a URL (the backend then owns its ``AsyncMongoClient`` and closes
@@ -104,7 +106,8 @@ class MongoBackend(StreamOps, AppendOps, FetchOps, SettleOps, ProgressOps, Reten
     def _init_state(self) -> None:
         """The state of a backend not yet opened."""
         self._capabilities = Capabilities(
-            durable=True, distributed=True, push_wakeups=False, skip_locked=True
+            durable=True, distributed=True, push_wakeups=False, skip_locked=True,
+            key_ordering=True,
         )
         self._transactions = False
         self._opened = False
@@ -133,9 +136,12 @@ class MongoBackend(StreamOps, AppendOps, FetchOps, SettleOps, ProgressOps, Reten
 
     @property
     def capabilities(self) -> Capabilities:
-        """Durable, distributed, fenced; push wake-ups when the server has change streams.
+        """Durable, distributed, fenced, key-ordered groups; push wake-ups when the server
+        has change streams.
 
-        Before :meth:`open` this is the conservative declaration (no push wake-ups).
+        Before :meth:`open` this is the conservative declaration (no push wake-ups);
+        key ordering holds either way (:meth:`open`, which every operation runs first,
+        creates the index that key-ordered fetches use).
         """
         return self._capabilities
 

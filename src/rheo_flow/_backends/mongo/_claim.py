@@ -92,13 +92,13 @@ class FetchOps(MongoCore):
         if not ids or limit <= 0:
             return []
         ids = self._rotate(g.id, ids)
-        highs = await self._highs(stream, ids)
+        waters = await self._waters(stream, ids)
 
         async def claim(attempt: int) -> list[Lease]:
             nonlocal g
             if attempt > 1:
                 g = await self._group(stream, group)
-            leases, lost = await self._claim(g, ids, consumer_id, limit, lease_ms, highs)
+            leases, lost = await self._claim(g, ids, consumer_id, limit, lease_ms, waters)
             if not leases and lost:
                 raise _AllLost
             return leases
@@ -122,11 +122,14 @@ class FetchOps(MongoCore):
         consumer_id: str,
         limit: int,
         lease_ms: int,
-        highs: dict[int, int],
+        waters: dict[int, tuple[int, int]],
     ) -> tuple[list[Lease], int]:
-        """One claim round: returns the leases won and how many claims were lost."""
+        """One claim round: returns the leases won and how many claims were lost.
+
+        ``waters`` holds the (high, low) water of each partition fetched from.
+        """
         now = self._clock()
-        found = await self._find(g, ids, now, limit, highs)
+        found = await self._find(g, ids, now, limit, {p: high for p, (high, _) in waters.items()})
         deadline = now + lease_ms
         ops, wanted = _claim_writes(g, ids, found, limit, consumer_id, deadline)
         if not ops:
@@ -170,7 +173,7 @@ class FetchOps(MongoCore):
             want = limit - len(ready)
             docs = await self._deliveries.find(
                 {"g": g.id, "p": p, "s": {"$gt": after}, "r": {"$exists": True, "$lte": now}},
-                {"_id": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "r": 1},
+                {"_id": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "r": 1, "k": 1},
             ).hint(ACTIVE_INDEX).sort("s", ASCENDING).limit(want).to_list(None)
             for d in docs:
                 settled = expire(d["a"], g.max_attempts, now)
@@ -219,6 +222,10 @@ class FetchOps(MongoCore):
         for c in wanted:
             if c.doc_id is None:
                 tops[c.partition] = max(tops.get(c.partition, 0), c.sequence)
+        await self._raise_cursors(g, tops)
+
+    async def _raise_cursors(self, g: Group, tops: dict[int, int]) -> None:
+        """Raise the cursors to ``tops`` (per partition), in partitions the group did not move."""
         if tops:
             await self._groups.bulk_write([
                 UpdateOne({"_id": g.id, f"parts.{p}.e": g.parts[p]["e"]},

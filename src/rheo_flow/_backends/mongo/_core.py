@@ -127,7 +127,8 @@ class MongoCore:
         if self._want_change_streams is not False:
             push = await probe_change_streams(self._events, self._where())
         self._capabilities = Capabilities(
-            durable=True, distributed=True, push_wakeups=push, skip_locked=True
+            durable=True, distributed=True, push_wakeups=push, skip_locked=True,
+            key_ordering=True,
         )
 
     async def close(self) -> None:

@@ -6,12 +6,13 @@ Field names are short (they are stored in every document):
   ``k`` key, ``d`` data (JSON text), ``h`` headers (JSON text, absent when
   empty), ``at`` appended at;
 * group: ``s`` stream, ``n`` name, ``ma`` max attempts, ``at`` created at,
-  ``parts`` per partition;
+  ``o`` ordering (``"key"``; absent: ``"none"``), ``parts`` per partition;
 * delivery: ``g`` group id, ``p`` partition, ``s`` sequence, ``st`` state,
   ``a`` attempt, ``lid`` lease id, ``rc`` receipt, ``c`` consumer, ``dl``
   deadline, ``r`` ready at (only while available or leased), ``sb`` settled
   by, ``rs`` reason, ``rj`` rejected at, ``le`` last error, ``tk`` the token
-  of the settle call that wrote it last.
+  of the settle call that wrote it last, ``k`` the event's key (only in a
+  key-ordered group, and only when the event has one).
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ __all__ = [
     "event_document",
     "event_id",
     "event_of",
+    "ordering_of",
     "partition_id",
     "settled_update",
 ]
 
 DELIVERY_FIELDS: Final = {
-    "_id": 1, "p": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "rc": 1, "sb": 1,
+    "_id": 1, "p": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "rc": 1, "sb": 1, "k": 1,
 }
-"""The fields of a delivery a settle decides on."""
+"""The fields of a delivery a settle decides on (and its key, which a settle releases)."""
 
 
 def partition_id(stream: str, partition: int) -> str:
@@ -98,15 +100,29 @@ class Group:
     created_at_ms: int
     parts: list[dict[str, int]]
     """Per partition: ``c`` cursor, ``f`` frontier, ``e`` epoch."""
+    ordering: str = "none"
+    """``"key"``: a delivery of key K waits for every earlier one of K (docs/ordering.md)."""
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> Group:
-        """The group a group document stores."""
-        return cls(doc["_id"], doc["s"], doc["n"], doc["ma"], doc["at"], list(doc["parts"]))
+        """The group a group document stores (one written before orderings is unordered)."""
+        return cls(doc["_id"], doc["s"], doc["n"], doc["ma"], doc["at"], list(doc["parts"]),
+                   ordering_of(doc))
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the group is key-ordered."""
+        return self.ordering == "key"
 
     def info(self) -> GroupInfo:
         """The group as the contract describes it."""
-        return GroupInfo(self.stream, self.name, self.max_attempts, self.created_at_ms)
+        return GroupInfo(self.stream, self.name, self.max_attempts, self.created_at_ms,
+                         self.ordering)
+
+
+def ordering_of(doc: Mapping[str, Any]) -> str:
+    """A group document's ordering: ``"key"``, or ``"none"`` (also when the field is absent)."""
+    return "key" if doc.get("o") == "key" else "none"
 
 
 def settled_update(settled: Settled, **fields: Any) -> dict[str, Any]:

@@ -8,8 +8,9 @@ from typing import Any
 from pymongo import UpdateOne
 
 from ._core import MongoCore
-from ._documents import partition_id
+from ._documents import ordering_of, partition_id
 from ._frontier import advance
+from ._keys import held_keys, release
 
 __all__ = ["RetentionOps"]
 
@@ -35,14 +36,19 @@ class RetentionOps(MongoCore):
         for p, bound in bounds.items():
             result = await self._events.delete_many({"st": stream, "p": p, "n": {"$lte": bound}})
             removed[p] = int(result.deleted_count)
-        groups = await self._groups.find({"s": stream}, {"_id": 1}).to_list(None)
+        groups = await self._groups.find({"s": stream}, {"_id": 1, "o": 1}).to_list(None)
         live = {p: bound for p, bound in bounds.items() if bound > 0}
         for doc in groups if live else []:
-            await self._settle_trimmed(doc["_id"], live)
+            await self._settle_trimmed(doc["_id"], live, ordering_of(doc) == "key")
         return removed
 
-    async def _settle_trimmed(self, group_id: Any, bounds: Mapping[int, int]) -> None:
-        """Deliveries of removed events are dropped (fencing their leases) and count as settled."""
+    async def _settle_trimmed(self, group_id: Any, bounds: Mapping[int, int], keyed: bool) -> None:
+        """Deliveries of removed events are dropped (fencing their leases) and count as settled.
+
+        In a key-ordered group the keys of the unsettled ones dropped are released
+        afterwards (the events are gone already, so a fetch stores no new one below).
+        """
+        held = await held_keys(self._deliveries, group_id, bounds) if keyed else set()
         await self._deliveries.delete_many({"g": group_id, "$or": [
             {"p": p, "s": {"$lte": bound}} for p, bound in bounds.items()
         ]})
@@ -51,6 +57,7 @@ class RetentionOps(MongoCore):
                      for k, v in ((f"parts.{p}.c", bound), (f"parts.{p}.f", bound))},
         })
         await advance(self._groups, self._deliveries, {(group_id, p) for p in bounds})
+        await release(self._deliveries, [(group_id, p, key, bounds[p]) for p, key in held])
 
     async def delete_stream(self, stream: str) -> None:
         await self._ready()

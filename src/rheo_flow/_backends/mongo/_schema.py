@@ -18,6 +18,7 @@ from ..._errors import BackendError, InvalidArgument
 __all__ = [
     "ACTIVE_INDEX",
     "DEFAULT_PREFIX",
+    "KEYED_INDEX",
     "REJECTED_INDEX",
     "SCHEMA_VERSION",
     "check_prefix",
@@ -34,6 +35,9 @@ ACTIVE_INDEX: Final = "active"
 """Available and leased deliveries (those carrying ``r``) by group, partition, sequence."""
 REJECTED_INDEX: Final = "rejected"
 """Dead letters by group, partition, sequence."""
+KEYED_INDEX: Final = "keyed"
+"""The active deliveries of key-ordered groups (only they store ``k``) by group, partition,
+key, sequence: whether a key has an unsettled delivery is one probe, whatever the history."""
 
 
 def check_prefix(prefix: object) -> None:
@@ -84,6 +88,11 @@ def _index_specs(
         (deliveries,
          [("g", ASCENDING), ("st", ASCENDING), ("p", ASCENDING), ("s", ASCENDING)],
          {"name": REJECTED_INDEX, "partialFilterExpression": {"st": "rejected"}}),
+        # Key-ordered groups: their unsettled deliveries by key (see _keys).
+        (deliveries,
+         [("g", ASCENDING), ("p", ASCENDING), ("k", ASCENDING), ("s", ASCENDING)],
+         {"name": KEYED_INDEX,
+          "partialFilterExpression": {"r": {"$exists": True}, "k": {"$exists": True}}}),
     ]
 
 

@@ -24,6 +24,7 @@ from .._transitions import Op, not_leased, renew_delivery, settle_delivery
 from ._core import MongoCore
 from ._documents import DELIVERY_FIELDS, Group, delivery_id, settled_update
 from ._frontier import advance
+from ._keys import KeyedHead, release
 
 __all__ = ["SettleOps"]
 
@@ -56,6 +57,8 @@ class _Write:
     result: SettleResult
     terminal: bool
     """Whether the delivery is settled for good (its frontier may move)."""
+    key: str | None = None
+    """The delivery's key in a key-ordered group (released when settled for good)."""
 
 
 class SettleOps(MongoCore):
@@ -137,11 +140,17 @@ class SettleOps(MongoCore):
                     results[w.index] = batch.recheck(leases[w.index], by_id.get(w.doc_id),
                                                      call.op)
         touched: set[tuple[Any, int]] = set()
+        released: list[KeyedHead] = []
         for w in writes:
             if w.doc_id in took:
                 results[w.index] = w.result
                 if w.terminal:
-                    touched.add((w.group.id, leases[w.index].partition))
+                    p = leases[w.index].partition
+                    touched.add((w.group.id, p))
+                    if w.key is not None:
+                        released.append((w.group.id, p, w.key, w.group.parts[p]["f"]))
+        if released:  # the next delivery of each key may be leased now
+            await release(self._deliveries, released)
         if touched:
             await advance(self._groups, self._deliveries, touched)
 
@@ -168,7 +177,7 @@ def _plan(
     if call.error is not None:
         update["$set"]["le"] = call.error  # the last error ("le"), kept until a redrive
     return _Write(index, d["_id"], g, update, SettleResult.success(lease.lease_id),
-                  settled.terminal)
+                  settled.terminal, d.get("k"))
 
 
 def _repeat(lease: Lease, earlier: SettleResult | None, op: Call) -> SettleResult:

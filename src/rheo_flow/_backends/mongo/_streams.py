@@ -15,9 +15,10 @@ from ..._errors import ConflictError
 from ..._event import Event
 from ..._query import Query
 from ..._stream import GroupInfo, StartPosition, StreamInfo
+from ..._validation import ordering_mismatch
 from .._shared import query_window, start_position
 from ._core import MongoCore
-from ._documents import Group, event_of, partition_id
+from ._documents import Group, event_of, ordering_of, partition_id
 
 __all__ = ["StreamOps"]
 
@@ -66,23 +67,33 @@ class StreamOps(MongoCore):
         return [d["_id"] for d in docs]
 
     async def create_group(
-        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None,
+        *, ordering: str = "none",
     ) -> GroupInfo:
+        """Create the group at ``start``, or return it (with ``max_attempts`` changed if given).
+
+        ``ordering`` applies at creation (stored as ``o``); ``"key"`` for an existing
+        group without it is an InvalidArgument.
+        """
         await self._ready()
         s = await self._stream_doc(stream)
         existing = await self._groups.find_one({"s": stream, "n": group})
         if existing is None:
-            existing, created = await self._insert_group(s, group, start, max_attempts)
+            existing, created = await self._insert_group(s, group, start, max_attempts,
+                                                         ordering == "key")
             if created:
                 return Group.of(existing).info()
         g = Group.of(existing)
+        if ordering == "key" and g.ordering != "key":
+            raise ordering_mismatch(stream, group, g.ordering, ordering)
         if max_attempts is not None and max_attempts != g.max_attempts:
             await self._groups.update_one({"_id": g.id}, {"$set": {"ma": max_attempts}})
             g.max_attempts = max_attempts
         return g.info()
 
     async def _insert_group(
-        self, s: Mapping[str, Any], group: str, start: StartPosition, max_attempts: int | None
+        self, s: Mapping[str, Any], group: str, start: StartPosition, max_attempts: int | None,
+        keyed: bool,
     ) -> tuple[dict[str, Any], bool]:
         """Create the group: its document, and False when another creator made it first."""
         waters = await self._waters(s["_id"], range(s["np"]))
@@ -94,6 +105,8 @@ class StreamOps(MongoCore):
             "_id": ObjectId(), "s": s["_id"], "n": group,
             "ma": max_attempts or DEFAULT_MAX_ATTEMPTS, "at": self._clock(), "parts": parts,
         }
+        if keyed:
+            doc["o"] = "key"  # absent: unordered, as every group written before orderings
         try:
             await self._groups.insert_one(doc)
             return doc, True
@@ -113,7 +126,7 @@ class StreamOps(MongoCore):
         await self._stream_doc(stream)
         docs = await self._groups.find({"s": stream}, {"parts": 0}).sort(
             "n", ASCENDING).to_list(None)
-        return [GroupInfo(stream, d["n"], d["ma"], d["at"]) for d in docs]
+        return [GroupInfo(stream, d["n"], d["ma"], d["at"], ordering_of(d)) for d in docs]
 
     async def query(self, query: Query, limit: int, after: tuple[int, int] | None) -> list[Event]:
         await self._ready()
