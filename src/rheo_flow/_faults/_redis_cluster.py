@@ -18,10 +18,9 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Final, Self
 
-from ._servers import RedisServer, ServerUnavailable, running_servers
+from ._servers import ClosedOnExit, RedisServer, ServerUnavailable, running_servers
 
 __all__ = ["Failover", "RedisClusterNode", "ThrowawayRedisCluster", "own_cluster", "track"]
 
@@ -91,7 +90,7 @@ class Failover:
     """From the kill until the cluster reported ``cluster_state:ok`` with the replica promoted."""
 
 
-class ThrowawayRedisCluster:
+class ThrowawayRedisCluster(ClosedOnExit):
     """Six throwaway nodes joined into a cluster; :attr:`url` is a ``redis+cluster://`` URL."""
 
     name = "redis-cluster"
@@ -172,17 +171,6 @@ class ThrowawayRedisCluster:
         """Stop every node and remove its directory (idempotent)."""
         for node in self.nodes:
             node.close()
-
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def _nodes_view(self) -> dict[int, str]:
         """``CLUSTER NODES`` of the first live node: port -> its flags."""

@@ -39,6 +39,7 @@ from typing import Final, Literal, Self
 from .._errors import RheoError
 
 __all__ = [
+    "ClosedOnExit",
     "PostgresServer",
     "RedisServer",
     "ServerUnavailable",
@@ -96,7 +97,31 @@ def _cleanup() -> None:
         server.close()
 
 
-class ThrowawayServer:
+class ClosedOnExit:
+    """``with`` support for what has ``start() -> Self`` and ``close()``: a start that
+    fails closes what it had begun."""
+
+    def start(self) -> Self:
+        """Start (again) and return self."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop and clean up (idempotent)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class ThrowawayServer(ClosedOnExit):
     """A server process in a temporary directory: start, kill (SIGKILL), restart, close.
 
     Use it as a context manager (``with PostgresServer() as pg:``), or call
@@ -214,17 +239,6 @@ class ThrowawayServer:
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
             _running.discard(self)
-
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def _log_tail(self) -> str:
         try:
