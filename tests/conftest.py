@@ -23,6 +23,7 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -123,13 +124,12 @@ def mongo_url() -> str:
 
 
 @pytest.fixture
-def postgres_schema_url(postgres_url: str) -> Iterator[str]:
-    """The PostgreSQL test URL on a schema of this test only, dropped afterwards."""
+def postgres_schema(postgres_url: str) -> Iterator[str]:
+    """A PostgreSQL schema name of this test only; dropped (with what it holds) afterwards."""
     import asyncpg
 
     schema = f"rheo_test_{uuid.uuid4().hex[:12]}"
-    separator = "&" if "?" in postgres_url else "?"
-    yield f"{postgres_url}{separator}schema={schema}"
+    yield schema
 
     async def drop() -> None:
         conn = await asyncpg.connect(postgres_url)
@@ -139,6 +139,32 @@ def postgres_schema_url(postgres_url: str) -> Iterator[str]:
             await conn.close()
 
     asyncio.run(drop())
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_url: str, postgres_schema: str) -> str:
+    """The PostgreSQL test URL on the schema of this test only (``postgres_schema``)."""
+    separator = "&" if "?" in postgres_url else "?"
+    return f"{postgres_url}{separator}schema={postgres_schema}"
+
+
+@pytest.fixture
+async def postgres_rheo(postgres_schema_url: str) -> AsyncIterator[Rheo]:
+    """An opened instance owning its pool, on the schema of this test only."""
+    async with Rheo(postgres_schema_url) as instance:
+        yield instance
+
+
+@pytest.fixture
+async def postgres_admin(postgres_url: str) -> AsyncIterator[Any]:
+    """A plain asyncpg connection to the PostgreSQL test server, to look at what was stored."""
+    import asyncpg
+
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
 
 
 @pytest.fixture

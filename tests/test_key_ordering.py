@@ -1,5 +1,5 @@
 """Key-ordered groups beyond the conformance kit: the facade's checks, the runtimes'
-``ordering`` option, SQLite's schema upgrade to version 4 and docs/ordering.md.
+``ordering`` option, SQLite's schema upgrade to version 5 and docs/ordering.md.
 
 The rule itself (a delivery of key K waits for every earlier one of K) is checked
 on every backend declaring ``key_ordering`` by the kit (rheo_flow/testing,
@@ -116,9 +116,7 @@ async def test_a_version_3_sqlite_file_upgrades_in_place(tmp_path: Path) -> None
         first, *_ = await rheo.fetch("s", "g", limit=3)
         await rheo.ack(first)
     conn = sqlite3.connect(db)
-    try:  # back to what version 3 left: no ordering, no delivery key, no index, no triggers
-        for trigger in ("deliveries_key_settled", "deliveries_key_removed"):
-            conn.execute(f"DROP TRIGGER {trigger}")
+    try:  # back to what version 3 left: no ordering, no delivery key, no index
         conn.execute("DROP INDEX deliveries_keyed")
         conn.execute("ALTER TABLE deliveries DROP COLUMN key")
         conn.execute("ALTER TABLE groups DROP COLUMN ordering")
@@ -135,28 +133,9 @@ async def test_a_version_3_sqlite_file_upgrades_in_place(tmp_path: Path) -> None
     try:
         assert conn.execute("PRAGMA user_version").fetchone() == (
             sqlite_module.SCHEMA_VERSION,)
-        assert sqlite_module.SCHEMA_VERSION == 4
+        assert sqlite_module.SCHEMA_VERSION == 5
         names = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
-        assert {"deliveries_keyed", "deliveries_key_settled", "deliveries_key_removed"} <= names
-    finally:
-        conn.close()
-
-
-async def test_sqlite_fetch_never_reads_settled_history(tmp_path: Path) -> None:
-    """The scan of a key-ordered group runs on the partial indexes (no settled rows)."""
-    from rheo_flow._backends.sqlite import _sql
-
-    async with Rheo(SQLiteBackend(tmp_path / "events.db")) as rheo:
-        await rheo.create_stream("s")
-        await rheo.create_group("s", "g", ordering="key")
-    conn = sqlite3.connect(tmp_path / "events.db")
-    try:
-        for statement, params in ((_sql.ELIGIBLE_BY_KEY, (1, 0, 0)),
-                                  (_sql.KEY_UNSETTLED, (1, 0, "a"))):
-            plan = " ".join(str(row[-1]) for row in conn.execute(
-                f"EXPLAIN QUERY PLAN {statement}", params))
-            assert "deliveries_active" in plan or "deliveries_keyed" in plan, plan
-            assert "SCAN deliveries" not in plan.replace("USING INDEX", ""), plan
+        assert "deliveries_keyed" in names
     finally:
         conn.close()
 

@@ -10,7 +10,7 @@ import dataclasses
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,39 +49,31 @@ def _with_schema(url: str, schema: str, **options: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{query}"
 
 
+# The postgres_* fixtures of tests/conftest.py, under the short names these tests use.
+
+
 @pytest.fixture
-async def schema(postgres_url: str) -> AsyncIterator[str]:
+def schema(postgres_schema: str) -> str:
     """A schema name of this test only; dropped (with whatever it holds) afterwards."""
-    name = f"rheo_test_{uuid.uuid4().hex[:12]}"
-    yield name
-    conn = await asyncpg.connect(postgres_url)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    finally:
-        await conn.close()
+    return postgres_schema
 
 
 @pytest.fixture
-def url(postgres_url: str, schema: str) -> str:
+def url(postgres_schema_url: str) -> str:
     """The server URL with this test's schema."""
-    return _with_schema(postgres_url, schema)
+    return postgres_schema_url
 
 
 @pytest.fixture
-async def rheo(url: str) -> AsyncIterator[Rheo]:
+def rheo(postgres_rheo: Rheo) -> Rheo:
     """An opened instance owning its pool, on this test's schema."""
-    async with Rheo(url) as instance:
-        yield instance
+    return postgres_rheo
 
 
 @pytest.fixture
-async def admin(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
+def admin(postgres_admin: asyncpg.Connection) -> asyncpg.Connection:
     """A plain connection to look at what the backend stored."""
-    conn = await asyncpg.connect(postgres_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
+    return postgres_admin
 
 
 # URLs and construction -------------------------------------------------------
@@ -198,11 +190,18 @@ RELEASED_FUNCTIONS = {
     1: ("v1_advance_frontiers", "v1_fetch", "v1_settle", "v1_renew"),
     2: ("v2_fetch", "v2_settle", "v2_renew", "v2_advance_frontiers"),
     3: ("v3_fetch",),
+    4: ("v4_settle",),
+    5: ("v5_fetch_keyed", "v5_fetch"),
 }
+OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
+"""Every schema version before the current one: a database may be left at any of them."""
+CURRENT_FUNCTIONS = {"advance_frontiers", "fetch", "fetch_scan", "renew",
+                     "settle", "settle_leased", "settle_misses"}
+"""The server-side functions the current version installs (functions/)."""
 
 
 async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> None:
-    """Leave ``schema`` as the release at schema ``version`` (1..3) left it: its tables
+    """Leave ``schema`` as the release at schema ``version`` (1..5) left it: its tables
     (the migrations up to it) and the functions it defined, version by version."""
     for migration in MIGRATIONS[:version]:
         scripts = [*(BOOTSTRAP.statements if migration.version == 1 else ()),
@@ -215,7 +214,7 @@ async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> 
                             "VALUES ($1, 'old')", migration.version)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", OLD_VERSIONS)
 async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, version: int,
                                                    admin: asyncpg.Connection) -> None:
     # A database left at an older version by an earlier release.
@@ -251,7 +250,7 @@ WHERE n.nspname = $2 ORDER BY 1, 2
 """
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", OLD_VERSIONS)
 async def test_an_upgraded_schema_has_the_functions_of_a_fresh_one(
         postgres_url: str, url: str, schema: str, version: int,
         admin: asyncpg.Connection) -> None:
@@ -267,7 +266,14 @@ async def test_an_upgraded_schema_has_the_functions_of_a_fresh_one(
     finally:
         await admin.execute(f'DROP SCHEMA IF EXISTS "{fresh}" CASCADE')
     assert [tuple(r) for r in upgraded] == [tuple(r) for r in expected]
-    assert {r[0] for r in expected} == {"advance_frontiers", "fetch", "renew", "settle"}
+    assert {r[0] for r in expected} == CURRENT_FUNCTIONS
+    assert len(expected) == len(CURRENT_FUNCTIONS), "one definition of each (no overloads)"
+
+
+def test_every_older_version_has_its_released_functions() -> None:
+    # A new schema version adds the functions it leaves behind as fixtures, so the
+    # upgrades above start from every version a database may be at.
+    assert list(range(1, SCHEMA_VERSION)) == OLD_VERSIONS
 
 
 async def test_dead_letters_of_version_3_carry_over_without_an_error(

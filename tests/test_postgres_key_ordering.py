@@ -2,57 +2,27 @@
 ``ordering.*`` cases: the upgrade of a version 4 schema, batches filled past a
 blocked key (also past one longer than a fetch's scan budget), trims releasing a
 key, and competing fetches of several instances never holding two deliveries of
-one key. Every test works in its own schema, dropped afterwards."""
+one key. Every test works in its own schema, dropped afterwards (the
+``postgres_*`` fixtures of tests/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
 from rheo_flow import InvalidArgument, Lease, NewEvent, Query, Rheo
-from rheo_flow._backends.postgres._migrations import BOOTSTRAP, MIGRATIONS, VERSION_TABLE
+from rheo_flow._backends.postgres._migrations import (
+    BOOTSTRAP,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    VERSION_TABLE,
+)
 from rheo_flow._backends.postgres._sql import render
 from rheo_flow.backends import PostgresBackend
-
-
-@pytest.fixture
-async def schema(postgres_url: str) -> AsyncIterator[str]:
-    """A schema name of this test only; dropped (with whatever it holds) afterwards."""
-    name = f"rheo_test_{uuid.uuid4().hex[:12]}"
-    yield name
-    conn = await asyncpg.connect(postgres_url)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
-def url(postgres_url: str, schema: str) -> str:
-    """The server URL with this test's schema."""
-    return f"{postgres_url}{'&' if '?' in postgres_url else '?'}schema={schema}"
-
-
-@pytest.fixture
-async def rheo(url: str) -> AsyncIterator[Rheo]:
-    """An opened instance owning its pool, on this test's schema."""
-    async with Rheo(url) as instance:
-        yield instance
-
-
-@pytest.fixture
-async def admin(postgres_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A plain connection to look at what the backend stored."""
-    conn = await asyncpg.connect(postgres_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 def _keys(leases: list[Lease]) -> list[str | None]:
@@ -63,7 +33,9 @@ def _keys(leases: list[Lease]) -> list[str | None]:
 
 
 async def test_a_version_4_schema_upgrades_with_its_groups_unordered(
-        url: str, schema: str, admin: asyncpg.Connection) -> None:
+        postgres_schema_url: str, postgres_schema: str,
+        postgres_admin: asyncpg.Connection) -> None:
+    url, schema, admin = postgres_schema_url, postgres_schema, postgres_admin
     # The tables of version 4 (the functions do not matter: the upgrade installs
     # them all), with a group, two events of one key and a lease on the first.
     for migration in MIGRATIONS[:4]:
@@ -94,7 +66,8 @@ async def test_a_version_4_schema_upgrades_with_its_groups_unordered(
         gid, lease_id)
 
     async with Rheo(PostgresBackend.from_url(url)) as rheo:
-        assert await admin.fetchval(f"SELECT max(version) FROM {q}.{VERSION_TABLE}") == 5
+        version = await admin.fetchval(f"SELECT max(version) FROM {q}.{VERSION_TABLE}")
+        assert version == SCHEMA_VERSION
         assert (await rheo.group_info("s", "old")).ordering == "none"
         assert [g.ordering for g in await rheo.groups("s")] == ["none"]
         with pytest.raises(InvalidArgument, match="'none'"):
@@ -115,7 +88,8 @@ async def test_a_version_4_schema_upgrades_with_its_groups_unordered(
 # Blocked keys ----------------------------------------------------------------
 
 
-async def test_a_blocked_key_among_many_keys_still_fills_the_batch(rheo: Rheo) -> None:
+async def test_a_blocked_key_among_many_keys_still_fills_the_batch(postgres_rheo: Rheo) -> None:
+    rheo = postgres_rheo
     await rheo.create_stream("s")
     await rheo.create_group("s", "g", ordering="key")
     keys = [f"k{i}" if i % 4 == 3 else "hot" for i in range(800)]  # 600 hot, 200 others
@@ -138,7 +112,8 @@ async def test_a_blocked_key_among_many_keys_still_fills_the_batch(rheo: Rheo) -
     assert (nxt.event.key, nxt.sequence) == ("hot", 2)
 
 
-async def test_a_key_longer_than_the_scan_budget_does_not_stall_others(rheo: Rheo) -> None:
+async def test_a_key_longer_than_the_scan_budget_does_not_stall_others(postgres_rheo: Rheo) -> None:
+    rheo = postgres_rheo
     await rheo.create_stream("s")
     await rheo.create_group("s", "g", ordering="key")
     for _ in range(3):  # 6,000 events of one key, then ten of others
@@ -156,7 +131,8 @@ async def test_a_key_longer_than_the_scan_budget_does_not_stall_others(rheo: Rhe
     assert (await rheo.frontier("s", "g")) == {0: 1}
 
 
-async def test_a_trim_releases_the_key_of_a_trimmed_delivery(rheo: Rheo) -> None:
+async def test_a_trim_releases_the_key_of_a_trimmed_delivery(postgres_rheo: Rheo) -> None:
+    rheo = postgres_rheo
     await rheo.create_stream("s")
     await rheo.create_group("s", "g", ordering="key")
     await rheo.append("s", [NewEvent("t", key="a", partition=0) for _ in range(3)])
@@ -167,8 +143,9 @@ async def test_a_trim_releases_the_key_of_a_trimmed_delivery(rheo: Rheo) -> None
     assert not (await rheo.ack(first))[0].ok
 
 
-async def test_only_key_ordered_groups_store_keys(rheo: Rheo, schema: str,
-                                                  admin: asyncpg.Connection) -> None:
+async def test_only_key_ordered_groups_store_keys(postgres_rheo: Rheo, postgres_schema: str,
+                                                  postgres_admin: asyncpg.Connection) -> None:
+    rheo, schema, admin = postgres_rheo, postgres_schema, postgres_admin
     # A key K is stored as "k" + K, a keyless event as "-" + its sequence (its own
     # key: never blocked); the delivery of a later event of a leased key is stored
     # available, attempt 0.
@@ -189,7 +166,9 @@ async def test_only_key_ordered_groups_store_keys(rheo: Rheo, schema: str,
 # Competing fetches -----------------------------------------------------------
 
 
-async def test_competing_instances_never_hold_two_deliveries_of_a_key(url: str) -> None:
+async def test_competing_instances_never_hold_two_deliveries_of_a_key(
+        postgres_schema_url: str) -> None:
+    url = postgres_schema_url
     events = 600
     rng = random.Random(3)
     instances = [Rheo(PostgresBackend.from_url(url)) for _ in range(3)]

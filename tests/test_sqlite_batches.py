@@ -4,6 +4,7 @@ appends with the stored-id fallback, exact JSON decoding and per-fetch lease ids
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Awaitable
@@ -295,3 +296,84 @@ async def test_operations_queued_together_share_one_commit_and_keep_their_errors
     async with Rheo(SQLiteBackend(db)) as again:
         assert await again.frontier("s", "g") == {0: 4}
         assert dict((await again.stream_info("s")).high_water) == {0: 7}
+
+
+# Schema 4's triggers, as that version created them (the upgrade to 5 drops them).
+_V4_TRIGGERS = (
+    """CREATE TRIGGER deliveries_key_settled AFTER UPDATE OF state ON deliveries
+    WHEN OLD.key IS NOT NULL AND OLD.state IN ('available', 'leased')
+         AND NEW.state IN ('acked', 'rejected')
+    BEGIN SELECT 1; END""",
+    """CREATE TRIGGER deliveries_key_removed AFTER DELETE ON deliveries
+    WHEN OLD.key IS NOT NULL AND OLD.state IN ('available', 'leased')
+    BEGIN SELECT 1; END""",
+)
+
+
+async def test_schema_4_file_loses_its_triggers_and_keeps_blocked_keys(db: Path) -> None:
+    async with Rheo(SQLiteBackend(db, synchronous="NORMAL")) as r:
+        await r.create_stream("s")
+        await r.create_group("s", "g", ordering="key")
+        await r.append("s", [NewEvent("t", i, key="a") for i in range(2)])
+        [first] = await r.fetch("s", "g", limit=5)  # the second is stored blocked
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        for statement in _V4_TRIGGERS:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 4")
+    finally:
+        conn.close()
+    async with Rheo(SQLiteBackend(db, synchronous="NORMAL")) as r:
+        assert await r.fetch("s", "g", limit=5) == []
+        assert all(x.ok for x in await r.ack([first]))  # the lease survives the upgrade
+        [second] = await r.fetch("s", "g", limit=5)  # released by the ack
+        assert second.sequence == 2
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (sqlite_module.SCHEMA_VERSION,)
+        assert conn.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'trigger'").fetchall() == []
+    finally:
+        conn.close()
+
+
+async def test_key_ordered_statements_never_read_settled_history(db: Path) -> None:
+    """The keyed scan, the key probe and the releases run on the partial indexes."""
+    async with Rheo(SQLiteBackend(db)) as r:
+        await r.create_stream("s")
+        await r.create_group("s", "g", ordering="key")
+    conn = sqlite3.connect(db)
+    try:
+        for statement, params in ((_sql.ELIGIBLE_BY_KEY, (1, 0, 0)),
+                                  (_sql.EVENT_KEYS_AFTER, (1, 0, 1, 0, 10)),
+                                  (_sql.RELEASE_KEY, (1, 0, 1)),
+                                  (_sql.RELEASE_HEADS, (1, 0))):
+            plan = " ".join(str(row[-1]) for row in conn.execute(
+                f"EXPLAIN QUERY PLAN {statement}", params))
+            assert "deliveries_keyed" in plan, plan
+            assert "SCAN" not in plan.replace("USING INDEX", ""), plan
+    finally:
+        conn.close()
+
+
+async def test_key_ordered_settle_cost_does_not_grow_with_acked_history(db: Path) -> None:
+    async with Rheo(SQLiteBackend(db, synchronous="NORMAL")) as r:
+        await r.create_stream("s", partitions=1)
+        await r.create_group("s", "g", ordering="key")
+        await r.append("s", [NewEvent("t", i, key=f"k{i % 7}") for i in range(3_000)])
+        while leases := await r.fetch("s", "g", limit=100):
+            assert all(x.ok for x in await r.ack(leases))
+        await r.append("s", [NewEvent("t", i, key="k1") for i in range(2)])
+        [last] = await r.fetch("s", "g", limit=5)
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:  # the ack's own update, then its release: one probe whatever the acked rows
+        conn.execute("UPDATE deliveries SET state = 'acked' WHERE seq = ?", (last.sequence,))
+        ticks = itertools.count()
+        conn.set_progress_handler(lambda: next(ticks) * 0, 1)  # 0: go on
+        conn.execute(_sql.RELEASE_KEY, (1, 0, last.sequence))
+        conn.set_progress_handler(None, 1)
+        assert next(ticks) < 200
+        assert conn.execute("SELECT available_at_ms FROM deliveries WHERE seq = ?",
+                            (last.sequence + 1,)).fetchone() == (0,)
+    finally:
+        conn.close()

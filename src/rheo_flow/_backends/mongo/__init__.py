@@ -28,7 +28,7 @@ advanced with ``$max`` conditioned on the partition's epoch, so a concurrent
 replay or reset is never undone by an advance computed from older state.
 
 Key-ordered groups (``ordering="key"``, stored in the group document as ``o``)
-keep their deliveries' keys, with a partial index of the unsettled ones by key:
+keep their unsettled deliveries' keys, with a partial index of them by key:
 fetch materialises new sequences in order and stores a delivery whose key has an
 unsettled one *blocked*; settling a key's delivery for good releases the next
 (see ``_keys`` and ``_claim_keyed``).

@@ -4,10 +4,11 @@ earlier delivery of K in its partition is settled (docs/ordering.md; ``_keys``).
 A claim round of such a group differs from the unordered one (``_claim``) in two ways:
 
 * the eligible existing deliveries are kept only when no earlier delivery of their
-  key is unsettled (:func:`~._keys.blocked_keys`, one query per partition), and
+  key is unsettled (:func:`~._keys.blocked_keys`, one probe per key), and
   at most the earliest of each key;
-* the sequences past the cursor are read with their keys (never more than needed
-  to fill the batch, plus the blocked ones passed over) and materialised **in
+* the sequences past the cursor are read with their keys (each partition reads
+  for its share of the batch, the others making up what one lacks; never more
+  than needed, plus the blocked ones passed over) and materialised **in
   order**, with one ordered insert per partition: a sequence whose key has an
   unsettled delivery (:func:`~._keys.unsettled_keys`), or one leased earlier in
   the round, is stored blocked, the others are leased. An ordered insert stops at
@@ -64,6 +65,14 @@ class _Part:
     """The events read past the cursor: (sequence, key), in order."""
     free: list[int] = field(default_factory=list)
     """The sequences of ``scanned`` that may be leased, in order."""
+    last: int = 0
+    """The last sequence the scan passed (it goes on after it)."""
+    high: int = 0
+    """The partition's high water: the scan stops there."""
+    taken: set[str] = field(default_factory=set)
+    """Keys held (unsettled, or leased in this round)."""
+    unused: set[str] = field(default_factory=set)
+    """Keys found free that no scanned event has taken yet."""
 
     def size(self) -> int:
         return len(self.ready) + len(self.free)
@@ -100,8 +109,16 @@ class KeyedFetchOps(FetchOps):
         if not g.ordered:
             return await super()._claim(g, ids, consumer_id, limit, lease_ms, waters)
         now = self._clock()
+        # Each partition scans for its share of the batch (the first ones in fetch order
+        # one more), so a small fetch reads past the cursor of only a few.
+        shares = [limit // len(ids) + (i < limit % len(ids)) for i in range(len(ids))]
         parts = await asyncio.gather(*(
-            self._keyed_part(g, p, now, limit, *waters[p]) for p in ids))
+            self._keyed_part(g, p, now, limit, share, *waters[p])
+            for p, share in zip(ids, shares, strict=True)))
+        short = limit - sum(part.size() for part in parts)
+        if short > 0:  # some partitions have less than their share: the others make it up
+            await asyncio.gather(*(self._scan_new(g, part, len(part.free) + short)
+                                   for part in parts if part.last < part.high))
         deadline = now + lease_ms
         plan = _plan(g, parts, limit, consumer_id, deadline)
         won, tops, stored = await self._write_round(plan)
@@ -127,10 +144,10 @@ class KeyedFetchOps(FetchOps):
         return leases, lost
 
     async def _keyed_part(
-        self, g: Group, p: int, now: int, limit: int, high: int, low: int
+        self, g: Group, p: int, now: int, limit: int, share: int, high: int, low: int
     ) -> _Part:
-        """The partition's eligible deliveries (heads of their keys), then the new
-        sequences that may be leased, up to ``limit`` in all."""
+        """The partition's eligible deliveries (heads of their keys, up to ``limit``),
+        then the new sequences that may be leased, up to ``share`` in all."""
         ready, doomed = await self._candidates(g, p, now, limit)
         after = g.parts[p]["f"]
         firsts: dict[str, int] = {}
@@ -143,44 +160,37 @@ class KeyedFetchOps(FetchOps):
             return "k" not in d or (d["k"] not in held and firsts[d["k"]] == d["s"])
 
         part = _Part(p, after, g.parts[p]["c"], [d for d in ready if head(d)],
-                     [(d, s) for d, s in doomed if head(d)])
-        taken = set(firsts)
-        await self._scan_new(g, part, limit - len(part.ready), high, low, taken)
+                     [(d, s) for d, s in doomed if head(d)],
+                     # trimmed sequences have nothing to deliver
+                     last=max(g.parts[p]["c"], low - 1), high=high, taken=set(firsts))
+        if share > len(part.ready):
+            await self._scan_new(g, part, share - len(part.ready))
         return part
 
-    async def _scan_new(
-        self, g: Group, part: _Part, want: int, high: int, low: int, taken: set[str]
-    ) -> None:
-        """Read the events past the cursor until ``want`` may be leased (or none is left).
+    async def _scan_new(self, g: Group, part: _Part, want: int) -> None:
+        """Read on past the events scanned until ``want`` may be leased (or none is left).
 
-        ``taken``: keys already held (unsettled, or leased in this round).
+        Each read asks for a range of sequences no wider than it needs, and only the
+        keys that may still fill the batch are probed (twice as many as it lacks, in
+        order); the next read starts at the first event of a key not probed yet.
         """
-        free: set[str] = set()
-        last = max(part.cursor, low - 1)  # trimmed sequences have nothing to deliver
-        size = max(want, 1)
-        while len(part.free) < want and last < high:
+        size = max(want - len(part.free), 1)
+        while len(part.free) < want and part.last < part.high:
+            top = min(part.high, part.last + size)
             docs = await self._events.find(
-                {"st": g.stream, "p": part.p, "n": {"$gt": last, "$lte": high}},
+                {"st": g.stream, "p": part.p, "n": {"$gt": part.last, "$lte": top}},
                 {"_id": 0, "n": 1, "k": 1},
-            ).sort("n", ASCENDING).limit(size).to_list(None)
-            if not docs:
-                break
-            unknown = {k for d in docs if (k := d.get("k")) is not None} - taken - free
-            if unknown:
-                held = await unsettled_keys(self._deliveries, g.id, part.p, unknown, part.after)
-                taken |= held
-                free |= unknown - held
-            for d in docs:
-                if len(part.free) >= want:
-                    break
-                seq, key = d["n"], d.get("k")
-                part.scanned.append((seq, key))
-                last = seq
-                if key is None or key in free:
-                    part.free.append(seq)
-                if key in free:
-                    free.discard(key)
-                    taken.add(key)
+            ).sort("n", ASCENDING).to_list(None)
+            unknown = list(dict.fromkeys(
+                k for d in docs
+                if (k := d.get("k")) is not None and k not in part.taken
+                and k not in part.unused))
+            probed = unknown[:2 * (want - len(part.free))]
+            if probed:
+                held = await unsettled_keys(self._deliveries, g.id, part.p, probed, part.after)
+                part.taken |= held
+                part.unused |= set(probed) - held
+            part.last = _take(part, docs, want, top)
             size = min(size * 4, _SCAN_MAX)
 
     async def _write_round(
@@ -218,6 +228,26 @@ class KeyedFetchOps(FetchOps):
         await self._deliveries.delete_many(
             {"_id": {"$in": [d["_id"] for d in stale]}, "r": BLOCKED_MS})
         return [(g.id, d["p"], d["k"], g.parts[d["p"]]["f"]) for d in stale if "k" in d]
+
+
+def _take(part: _Part, docs: list[Doc], want: int, top: int) -> int:
+    """Pass over ``docs`` (the events after ``part.last``, in order) until ``want`` are
+    free or a key is neither known free nor taken; the last sequence passed (``top``
+    when every one was: the range up to it is read)."""
+    last = part.last
+    for d in docs:
+        seq, key = d["n"], d.get("k")
+        if len(part.free) >= want or (key is not None and key not in part.taken
+                                      and key not in part.unused):
+            return last
+        last = seq
+        part.scanned.append((seq, key))
+        if key is None or key in part.unused:
+            part.free.append(seq)
+        if key in part.unused:
+            part.unused.discard(key)
+            part.taken.add(key)
+    return top
 
 
 async def _none() -> list[_Claim]:

@@ -12,7 +12,8 @@ Field names are short (they are stored in every document):
   deadline, ``r`` ready at (only while available or leased), ``sb`` settled
   by, ``rs`` reason, ``rj`` rejected at, ``le`` last error, ``tk`` the token
   of the settle call that wrote it last, ``k`` the event's key (only in a
-  key-ordered group, and only when the event has one).
+  key-ordered group, only when the event has one, and only while the delivery
+  is unsettled: settling it for good renames it ``sk``, a redrive back).
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ def settled_update(settled: Settled, **fields: Any) -> dict[str, Any]:
     """The update storing ``settled`` (and ``fields``) in a delivery document.
 
     A settled-for-good delivery loses its ready time ``r``, which takes it off
-    the index of active deliveries; a nacked one is ready again at its
-    ``available_at_ms``.
+    the index of active deliveries, and its key ``k`` becomes ``sk``, which
+    takes it off the index of unsettled keys; a nacked one is ready again at
+    its ``available_at_ms``.
     """
     changes: dict[str, Any] = {
         "st": settled.state, "rs": settled.reason, "sb": settled.settled_by, **fields,
@@ -142,4 +144,5 @@ def settled_update(settled: Settled, **fields: Any) -> dict[str, Any]:
     update: dict[str, Any] = {"$set": changes}
     if settled.terminal:
         update["$unset"] = {"r": ""}
+        update["$rename"] = {"k": "sk"}
     return update

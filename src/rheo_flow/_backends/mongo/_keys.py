@@ -2,10 +2,12 @@
 
 In a group created with ``ordering="key"`` (docs/ordering.md) a delivery of key K
 is leased only when no earlier delivery of K in its partition is unsettled. Such a
-group's delivery documents carry their event's key ``k`` (when it has one), and
-the partial index :data:`~._schema.KEYED_INDEX` holds the unsettled ones (those
-carrying ``r``) by (group, partition, key, sequence), so every question below is
-a probe of that index, never a read of the settled history:
+group's delivery documents carry their event's key ``k`` (when it has one) while
+they are unsettled (settled for good, it is kept as ``sk``), and the partial index
+:data:`~._schema.KEYED_INDEX` holds those carrying ``k`` by (group, partition,
+key, sequence), so every question below is a bounded scan of that index (an
+equality on group, partition and key, a range of sequences), never a read of the
+settled history:
 
 * a fetch materialises the sequences past the cursor in order (see
   ``_claim_keyed``); a delivery whose key has an unsettled delivery is stored
@@ -22,6 +24,10 @@ a probe of that index, never a read of the settled history:
   earlier unsettled delivery of its key (a redriven dead letter holds back the
   later deliveries of its key that are not leased).
 
+The probes name no index: an equality on group, partition and key with a range of
+sequences is what a planner serves from ``keyed`` (the emulator CI runs plans only
+that shape, and walks the whole index when given a hint).
+
 Every probe only counts deliveries after the group's stored frontier (``after``):
 everything up to it is settled, so a document a racing fetch left below it (a
 trim or a reset that came in between) never holds a key.
@@ -33,9 +39,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from pymongo import ASCENDING
-
-from ._schema import KEYED_INDEX
+from pymongo import ASCENDING, UpdateOne
 
 __all__ = ["BLOCKED_MS", "KeyedHead", "blocked_keys", "held_keys", "release", "unsettled_keys"]
 
@@ -46,10 +50,11 @@ KeyedHead = tuple[Any, int, str, int]
 """(group id, partition, key, frontier): a key to release, counting deliveries after it."""
 
 
-def _unsettled(group_id: Any, partition: int, key: Any, after: int) -> dict[str, Any]:
-    """The unsettled deliveries of ``key`` (a value or an operator) after ``after``."""
-    return {"g": group_id, "p": partition, "k": key, "s": {"$gt": after},
-            "r": {"$exists": True}}
+def _unsettled(group_id: Any, partition: int, key: str, after: int,
+               before: int | None = None) -> dict[str, Any]:
+    """The unsettled deliveries of ``key`` after ``after`` (and before ``before``)."""
+    sequences = {"$gt": after} if before is None else {"$gt": after, "$lt": before}
+    return {"g": group_id, "p": partition, "k": key, "s": sequences}
 
 
 async def unsettled_keys(
@@ -58,8 +63,7 @@ async def unsettled_keys(
     """Those of ``keys`` with an unsettled delivery in the partition (one probe each)."""
     wanted = sorted(set(keys))
     found = await asyncio.gather(*(
-        deliveries.find_one(_unsettled(group_id, partition, key, after), {"_id": 1},
-                            hint=KEYED_INDEX)
+        deliveries.find_one(_unsettled(group_id, partition, key, after), {"_id": 1})
         for key in wanted
     ))
     return {key for key, doc in zip(wanted, found, strict=True) if doc is not None}
@@ -73,8 +77,7 @@ async def blocked_keys(
     finds nothing unless a redrive reopened an earlier delivery of a key."""
     wanted = sorted(firsts.items())
     found = await asyncio.gather(*(
-        deliveries.find_one({**_unsettled(group_id, partition, key, after),
-                             "s": {"$gt": after, "$lt": seq}}, {"_id": 1}, hint=KEYED_INDEX)
+        deliveries.find_one(_unsettled(group_id, partition, key, after, seq), {"_id": 1})
         for key, seq in wanted
     ))
     return {key for (key, _), doc in zip(wanted, found, strict=True) if doc is not None}
@@ -87,7 +90,7 @@ async def held_keys(
     (those a trim removes: their keys are released afterwards)."""
     clauses = [{"p": p, "s": {"$lte": bound}} for p, bound in sorted(bounds.items())]
     docs = await deliveries.find(
-        {"g": group_id, "r": {"$exists": True}, "k": {"$exists": True},
+        {"g": group_id, "k": {"$gte": ""},
          **(clauses[0] if len(clauses) == 1 else {"$or": clauses})},
         {"_id": 0, "p": 1, "k": 1},
     ).to_list(None)
@@ -97,19 +100,19 @@ async def held_keys(
 async def release(deliveries: Any, heads: Iterable[KeyedHead]) -> None:
     """Make the earliest unsettled delivery of each key ready if it is a blocked one.
 
-    A key named twice is released once, counting from the lower frontier.
+    A key named twice is released once, counting from the lower frontier. The heads
+    are read concurrently and the blocked ones made ready in one bulk write.
     """
     lowest: dict[tuple[Any, int, str], int] = {}
     for group_id, partition, key, after in heads:
         at = (group_id, partition, key)
         lowest[at] = min(after, lowest.get(at, after))
-    await asyncio.gather(*(_release(deliveries, *at, after) for at, after in lowest.items()))
-
-
-async def _release(deliveries: Any, group_id: Any, partition: int, key: str, after: int) -> None:
-    head = await deliveries.find_one(_unsettled(group_id, partition, key, after), {"r": 1},
-                                     sort=[("s", ASCENDING)], hint=KEYED_INDEX)
-    if head is not None and head["r"] == BLOCKED_MS:
-        # Conditional: a concurrent release may have done it (and the delivery moved on).
-        await deliveries.update_one({"_id": head["_id"], "st": "available", "r": BLOCKED_MS},
-                                    {"$set": {"r": 0}})
+    found = await asyncio.gather(*(
+        deliveries.find_one(_unsettled(*at, after), {"r": 1}, sort=[("s", ASCENDING)])
+        for at, after in lowest.items()))
+    # Conditional: a concurrent release may have done it (and the delivery moved on).
+    ready = [UpdateOne({"_id": head["_id"], "st": "available", "r": BLOCKED_MS},
+                       {"$set": {"r": 0}})
+             for head in found if head is not None and head["r"] == BLOCKED_MS]
+    if ready:
+        await deliveries.bulk_write(ready, ordered=False)

@@ -64,6 +64,7 @@ class ProgressOps(MongoCore):
             "$set": {"st": "available", "a": 0, "lid": None, "rc": None, "sb": None,
                      "r": self._clock(), "rs": ""},
             "$unset": {"le": ""},
+            "$rename": {"sk": "k"},  # unsettled again: its key holds back the later ones
         })
         if not result.modified_count:
             return 0

@@ -36,7 +36,7 @@ ACTIVE_INDEX: Final = "active"
 REJECTED_INDEX: Final = "rejected"
 """Dead letters by group, partition, sequence."""
 KEYED_INDEX: Final = "keyed"
-"""The active deliveries of key-ordered groups (only they store ``k``) by group, partition,
+"""The unsettled deliveries of key-ordered groups (only they store ``k``) by group, partition,
 key, sequence: whether a key has an unsettled delivery is one probe, whatever the history."""
 
 
@@ -88,11 +88,12 @@ def _index_specs(
         (deliveries,
          [("g", ASCENDING), ("st", ASCENDING), ("p", ASCENDING), ("s", ASCENDING)],
          {"name": REJECTED_INDEX, "partialFilterExpression": {"st": "rejected"}}),
-        # Key-ordered groups: their unsettled deliveries by key (see _keys).
+        # Key-ordered groups: their unsettled deliveries by key (see _keys). Only those
+        # carry "k" (a string); a comparison rather than $exists, so that a planner
+        # reasoning only about comparisons sees the probes' equality on k imply it.
         (deliveries,
          [("g", ASCENDING), ("p", ASCENDING), ("k", ASCENDING), ("s", ASCENDING)],
-         {"name": KEYED_INDEX,
-          "partialFilterExpression": {"r": {"$exists": True}, "k": {"$exists": True}}}),
+         {"name": KEYED_INDEX, "partialFilterExpression": {"k": {"$gte": ""}}}),
     ]
 
 

@@ -2,8 +2,9 @@
 
 Each version is a :class:`Migration` whose SQL files (in ``migrations/``) change
 tables and indexes; the versions applied are recorded in ``rheo_schema_version``.
-The server-side functions (``functions/``: fetch, settle, renew,
-advance_frontiers) are not versioned: after the pending migrations, in the same
+The server-side functions (``functions/``: fetch and the steps it calls for a
+key-ordered group, settle, renew and the steps they share, advance_frontiers)
+are not versioned: after the pending migrations, in the same
 transaction, every function is installed at its current definition with
 ``CREATE OR REPLACE``, so a schema at any version ends with the same functions
 as a fresh one. The function definitions of earlier releases are kept as test
@@ -24,14 +25,16 @@ Tables (migration 1):
   ``settled_by``: 1 ack, 2 nack, 3 reject.
 
 Migration 5 adds ``groups.ordering`` (0 none, 1 key) and ``deliveries.key``, set
-only in key-ordered groups, whose fetch is ``functions/fetch_keyed.sql``.
+only in key-ordered groups, whose fetch takes the steps of
+``functions/fetch_keyed.sql``; migration 6 adds ``deliveries_waiting``.
 
 Partial indexes keep fetch cost independent of the acked history and of the
 backlog: ``deliveries_available`` holds only available rows, ``deliveries_leased``
 only leased rows (with their deadline in the key, so expiry is checked inside
 the index), ``deliveries_rejected`` only dead letters, all by sequence; fetch
 scans them from the group's frontier on. ``deliveries_keyed`` holds the
-unsettled deliveries of key-ordered groups by (key, sequence). Acked rows live
+unsettled deliveries of key-ordered groups by (key, sequence), ``deliveries_waiting``
+the available ones alone. Acked rows live
 in the primary key alone. Events nobody fetched yet have no delivery row at all.
 
 Lock order, followed by every function and statement so that none can deadlock:
@@ -88,6 +91,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(5, "key-ordered groups: groups.ordering, deliveries.key and the index of "
                  "unsettled keyed deliveries",
               ("v5_key_ordering",)),
+    Migration(6, "key-ordered fetches find the deliveries to lease again through the index "
+                 "of available keyed deliveries",
+              ("v6_waiting_deliveries",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 

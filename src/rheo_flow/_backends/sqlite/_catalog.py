@@ -173,7 +173,7 @@ def list_groups(conn: sqlite3.Connection, stream: str) -> list[GroupInfo]:
 def delete_stream(conn: sqlite3.Connection, stream: str) -> None:
     """Delete the stream, its events and its groups."""
     s = get_stream(conn, stream)
-    for (group_id,) in conn.execute(sql.GROUP_IDS, (s.id,)).fetchall():
+    for group_id, _ in conn.execute(sql.GROUP_IDS, (s.id,)).fetchall():
         _delete_group_rows(conn, group_id)
     for statement in (sql.DELETE_STREAM_EVENTS, sql.DELETE_STREAM_PARTITIONS, sql.DELETE_STREAM):
         conn.execute(statement, (s.id,))

@@ -138,13 +138,14 @@ class Deliveries:
 def fenced_update(
     conn: sqlite3.Connection, leases: list[Lease], statement: str, constants: tuple[Any, ...],
     tail: tuple[Any, ...] = (),
-) -> tuple[int, set[int]] | None:
+) -> tuple[int, bool, set[int]] | None:
     """Run a fenced settle or renew ``statement`` over ``leases`` in one ``executemany``.
 
-    Returns the group id and the partitions changed when every lease was current
-    (the usual batch). Otherwise nothing is changed and ``None`` is returned: the
-    batch spans several groups, names no group here, or some lease is stale,
-    forged, repeated or named twice, and the row-by-row path classifies each one.
+    Returns the group id, whether the group is key-ordered, and the partitions
+    changed when every lease was current (the usual batch). Otherwise nothing is
+    changed and ``None`` is returned: the batch spans several groups, names no
+    group here, or some lease is stale, forged, repeated or named twice, and the
+    row-by-row path classifies each one.
     """
     if not leases:
         return None
@@ -153,7 +154,7 @@ def fenced_update(
     row = conn.execute(sql.SETTLE_GROUP, (group, stream)).fetchone()
     if row is None:
         return None
-    group_id, max_attempts, count = row
+    group_id, max_attempts, count, ordering = row
     head = (*constants, max_attempts, MAX_ATTEMPTS_REASON, group_id)
     params: list[tuple[Any, ...]] = []
     for lease in leases:
@@ -176,4 +177,4 @@ def fenced_update(
         conn.execute(sql.RELEASE_SAVEPOINT)
         return None
     conn.execute(sql.RELEASE_SAVEPOINT)
-    return group_id, {lease.event.partition for lease in leases}
+    return group_id, ordering == "key", {lease.event.partition for lease in leases}

@@ -167,7 +167,7 @@ def trim(conn: sqlite3.Connection, stream: str, up_to: dict[int, int]) -> dict[i
     """
     s = get_stream(conn, stream)
     found = waters(conn, s.id)
-    group_ids = [r[0] for r in conn.execute(sql.GROUP_IDS, (s.id,))]
+    groups = conn.execute(sql.GROUP_IDS, (s.id,)).fetchall()
     removed: dict[int, int] = {}
     for part, wanted in up_to.items():
         high, low = found[part]
@@ -175,8 +175,10 @@ def trim(conn: sqlite3.Connection, stream: str, up_to: dict[int, int]) -> dict[i
         removed[part] = conn.execute(sql.DELETE_EVENTS_UP_TO, (s.id, part, bound)).rowcount
         if bound + 1 > low:
             conn.execute(sql.SET_LOW_WATER, (bound + 1, s.id, part))
-        for group_id in group_ids:
+        for group_id, ordering in groups:
             conn.execute(sql.DELETE_DELIVERIES_UP_TO, (group_id, part, bound))
+            if ordering == "key":  # deliveries blocked behind removed ones are free now
+                conn.execute(sql.RELEASE_HEADS, (group_id, part))
             conn.execute(sql.CATCH_UP, (bound, bound, group_id, part))
             advance_frontier(conn, group_id, part)
     return removed

@@ -4,11 +4,18 @@ delivery of K in its partition is settled (docs/ordering.md).
 Such a group's delivery rows carry their event's key. Existing deliveries come
 from the partial index of unsettled rows, each kept only when no earlier
 unsettled row of its key exists (one probe of ``deliveries_keyed``); new
-sequences past the cursor are read with their keys and either leased or stored
-*blocked*: available, attempt 0, ``available_at_ms`` 2**62, so later scans pass
-over them on the time test alone. The triggers of ``schema.sql`` make the next
-blocked delivery of a key eligible when an earlier one leaves the unsettled
-rows (settled for good, or removed), so a fetch never reads settled history.
+sequences past the cursor are read with their keys and whether each key has an
+unsettled delivery (the same probe, in the same statement), and either leased
+or stored *blocked*: available, attempt 0, ``available_at_ms`` 2**62, so later
+scans pass over them on the time test alone. The triggers of ``schema.sql``
+make the next blocked delivery of a key eligible when an earlier one leaves the
+unsettled rows (settled for good, or removed), so a fetch never reads settled
+history.
+
+Partitions are read lazily while the batch is taken round-robin: each first
+reads its share of the batch past its cursor, and reads more (in growing
+chunks) only when the others cannot fill the batch, so a fetch reads and probes
+about as many events as it leases.
 """
 
 from __future__ import annotations
@@ -19,18 +26,20 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ..._lease import Lease, make_lease
-from .._shared import round_robin
 from .._transitions import Settled, expire
 from . import _sql as sql
 from ._events import load_events
-from ._progress import advance_frontier
+from ._progress import advance_frontier, release_keys
 
 __all__ = ["BLOCKED_MS", "KeyedFetch"]
 
 BLOCKED_MS: Final = 2**62
 """``available_at_ms`` of a delivery stored behind an earlier one of its key."""
 SCAN_CHUNK: Final = 256
-"""Events past the cursor read per statement while looking for unblocked keys."""
+"""The most events past the cursor read per statement while looking for free keys."""
+
+Made = tuple[int, int, int, str, str, int]
+"""A lease of the fetch: part, seq, attempt, lease id, receipt, 1 if new else 0."""
 
 
 @dataclass(slots=True)
@@ -39,18 +48,16 @@ class _Partition:
 
     part: int
     cursor: int
+    high: int
+    chunk: int
+    """How many events the next read past the cursor asks for at least."""
     existing: list[tuple[int, int]] = field(default_factory=list)
     fresh: list[int] = field(default_factory=list)
     """New sequences that may be leased, in order."""
-    scanned: list[tuple[int, str | None]] = field(default_factory=list)
-    """Every event read past the cursor (seq, key), in order."""
-
-    def position(self, depth: int) -> tuple[int, int, int]:
-        """(sequence, attempt before, 1 if new else 0) of the candidate at ``depth``."""
-        if depth < len(self.existing):
-            seq, attempt = self.existing[depth]
-            return seq, attempt, 0
-        return self.fresh[depth - len(self.existing)], 0, 1
+    seen: set[str] = field(default_factory=set)
+    """Keys read so far: blocked for the rest of the scan (unsettled, or taken by it)."""
+    last: int = 0
+    """The highest sequence read past the cursor (the cursor before any)."""
 
 
 @dataclass(slots=True)
@@ -68,109 +75,155 @@ class KeyedFetch:
             cursors: dict[int, tuple[int, int]], ids: list[int]) -> list[Lease]:
         """Lease up to ``limit`` deliveries of partitions ``ids`` (already rotated)."""
         expired: list[tuple[Settled, int, int]] = []
-        parts = [self._candidates(part, *cursors[part], expired) for part in ids]
-        order = round_robin([len(p.existing) + len(p.fresh) for p in parts], self.limit)
-        picked = [(parts[i], *parts[i].position(depth)) for i, depth in order]
+        share = -(-self.limit // len(ids))
+        parts = [self._existing(_Partition(part, *cursors[part], share), expired)
+                 for part in ids]
+        picked = self._pick(parts)
         deadline = self.now + lease_ms
-        prefix = os.urandom(12).hex()
-        made = [(p.part, seq, attempt + 1, f"{prefix}{n:08x}", f"{p.part}-{seq}-{attempt + 1}",
-                 new) for n, (p, seq, attempt, new) in enumerate(picked)]
-        self._write(parts, made, consumer_id, deadline)
-        if expired:  # after the writes: the triggers unblock what they stored behind them
+        made = self._write(parts, picked, consumer_id, deadline)
+        if expired:  # after the writes, so that the releases see what they stored
             self.conn.executemany(sql.EXPIRE, [
                 (s.state, s.reason, s.settled_by, s.rejected_at_ms, self.group_id, part, seq)
                 for s, part, seq in expired])
+            release_keys(self.conn, [(self.group_id, part, seq) for _, part, seq in expired])
             for part in sorted({part for _, part, _ in expired}):
                 advance_frontier(self.conn, self.group_id, part)
-        wanted: dict[int, list[int]] = {}
-        for part, seq, *_ in made:
-            wanted.setdefault(part, []).append(seq)
-        for seqs in wanted.values():
-            seqs.sort()
-        events = load_events(self.conn, self.stream_id, stream, {}, wanted)
+        events = load_events(self.conn, self.stream_id, stream, *_wanted(made))
         return [make_lease(lease_id, receipt, group, consumer_id, events[(part, seq)],
                            attempt, deadline)
                 for part, seq, attempt, lease_id, receipt, _ in made]
 
-    def _candidates(self, part: int, cursor: int, high: int,
-                    expired: list[tuple[Settled, int, int]]) -> _Partition:
-        """The partition's eligible deliveries (expiries at max attempts to ``expired``),
-        then new sequences of keys not blocked, up to ``limit`` in all."""
-        p = _Partition(part, cursor)
-        cur = self.conn.execute(sql.ELIGIBLE_BY_KEY, (self.group_id, part, self.now))
+    def _existing(self, p: _Partition, expired: list[tuple[Settled, int, int]]) -> _Partition:
+        """Fill in the partition's eligible deliveries (expiries at max attempts go to
+        ``expired``), up to ``limit``."""
+        p.last = p.cursor
+        cur = self.conn.execute(sql.ELIGIBLE_BY_KEY, (self.group_id, p.part, self.now))
         try:
             for seq, attempt in cur:
                 if len(p.existing) >= self.limit:
                     break
                 dead = expire(attempt, self.max_attempts, self.now)
                 if dead is not None:
-                    expired.append((dead, part, seq))
+                    expired.append((dead, p.part, seq))
                 else:
                     p.existing.append((seq, attempt))
         finally:
             cur.close()
-        self._scan_new(p, high)
         return p
 
-    def _scan_new(self, p: _Partition, high: int) -> None:
-        """Read events past the cursor until enough are free to lease (or none is left)."""
-        taken: set[str] = set()
-        """Keys blocked for the rest of the scan: unsettled, or taken by this fetch."""
-        free: set[str] = set()
-        last = p.cursor
-        while len(p.existing) + len(p.fresh) < self.limit and last < high:
-            rows = self.conn.execute(sql.EVENT_KEYS_AFTER,
-                                     (self.stream_id, p.part, last, SCAN_CHUNK)).fetchall()
-            if not rows:
-                break
-            for seq, key in rows:
-                if len(p.existing) + len(p.fresh) >= self.limit:
+    def _pick(self, parts: list[_Partition]) -> list[tuple[_Partition, int, int, int]]:
+        """Up to ``limit`` candidates round-robin across ``parts``, one per partition per
+        round, as (partition, sequence, attempt before, 1 if new else 0)."""
+        picked: list[tuple[_Partition, int, int, int]] = []
+        active, depth = parts, 0
+        while active and len(picked) < self.limit:
+            still = []
+            for p in active:
+                if len(picked) >= self.limit:
                     break
-                p.scanned.append((seq, key))
-                last = seq
-                if key is None:
-                    p.fresh.append(seq)
+                if depth < len(p.existing):
+                    picked.append((p, *p.existing[depth], 0))
+                elif self._offers(p, depth):
+                    picked.append((p, p.fresh[depth - len(p.existing)], 0, 1))
+                else:
                     continue
-                if key not in taken and key not in free:
-                    unsettled = self.conn.execute(
-                        sql.KEY_UNSETTLED, (self.group_id, p.part, key)).fetchone()
-                    (taken if unsettled is not None else free).add(key)
-                if key in free:
-                    free.discard(key)
-                    taken.add(key)
-                    p.fresh.append(seq)
+                still.append(p)
+            active, depth = still, depth + 1
+        return picked
 
-    def _write(self, parts: list[_Partition], made: list[tuple[int, int, int, str, str, int]],
-               consumer_id: str, deadline: int) -> None:
-        """Store the leases; new rows up to the last new one leased (blocked ones
-        between), and the cursors after them."""
+    def _offers(self, p: _Partition, depth: int) -> bool:
+        """Whether ``p`` has a candidate at ``depth``, reading past the cursor as needed."""
+        while depth >= len(p.existing) + len(p.fresh) and p.last < p.high:
+            self._scan(p, depth + 1 - len(p.existing) - len(p.fresh))
+        return depth < len(p.existing) + len(p.fresh)
+
+    def _scan(self, p: _Partition, wanted: int) -> None:
+        """Read the next events past what ``p`` read, at least ``wanted`` (chunks grow)."""
+        size = min(max(wanted, p.chunk), SCAN_CHUNK)
+        p.chunk = min(2 * size, SCAN_CHUNK)
+        rows = self.conn.execute(sql.EVENT_KEYS_AFTER,
+                                 (self.group_id, p.part, self.stream_id, p.last, size)).fetchall()
+        if not rows:  # events past the cursor are never removed; stop all the same
+            p.high = p.last
+            return
+        seen = p.seen
+        for seq, key, unsettled in rows:
+            if key is None:
+                p.fresh.append(seq)
+            elif key not in seen:
+                seen.add(key)
+                if not unsettled:
+                    p.fresh.append(seq)
+        p.last = rows[-1][0]
+
+    def _write(self, parts: list[_Partition], picked: list[tuple[_Partition, int, int, int]],
+               consumer_id: str, deadline: int) -> list[Made]:
+        """Store the leases: existing rows leased again; new rows up to the last new one
+        leased, by runs of sequences, with the blocked ones between; the cursors after
+        them. Returns the leases in the order picked."""
+        prefix = os.urandom(12).hex()
+        numbers: dict[tuple[int, int], int] = {}
+        for p, seq, _, new in picked:  # existing ones first, then each run in a row
+            if not new:
+                numbers[(p.part, seq)] = len(numbers)
+        taken = {p.part: 0 for p in parts}
+        for p, _, _, new in picked:
+            taken[p.part] += new
+        runs = [(p, *run) for p in parts for run in _runs(p.fresh[:taken[p.part]])]
+        for p, first, last in runs:
+            base = len(numbers)
+            numbers.update(((p.part, seq), base + seq - first) for seq in range(first, last + 1))
+        made: list[Made] = [
+            (p.part, seq, attempt + 1, f"{prefix}{numbers[(p.part, seq)]:08x}",
+             f"{p.part}-{seq}-{attempt + 1}", new) for p, seq, attempt, new in picked]
         again = [(attempt, lease_id, receipt, consumer_id, deadline, self.group_id, part, seq)
                  for part, seq, attempt, lease_id, receipt, new in made if not new]
         if again:
             self.conn.executemany(sql.LEASE_AGAIN, again)
-        leased = {(part, seq): (lease_id, receipt)
-                  for part, seq, _, lease_id, receipt, new in made if new}
-        rows: list[tuple[object, ...]] = []
+        for p, first, last in runs:
+            # The lease id and receipt are built by SQLite exactly as in ``made``.
+            self.conn.execute(sql.LEASE_NEW_KEYED, (
+                self.group_id, prefix, first, numbers[(p.part, first)], consumer_id, deadline,
+                self.stream_id, p.part, last))
         cursors: list[tuple[int, int, int]] = []
         for p in parts:
-            taken = [seq for seq in p.fresh if (p.part, seq) in leased]
+            count = taken[p.part]
             # Up to the first candidate not leased: the rows below it are blocked ones.
-            skipped = p.fresh[len(taken)] if len(taken) < len(p.fresh) else None
-            end = p.scanned[-1][0] if skipped is None and p.scanned else (
-                p.cursor if skipped is None else skipped - 1)
-            for seq, key in p.scanned:
-                if seq > end:
-                    break
-                lease = leased.get((p.part, seq))
-                if lease is None:
-                    rows.append((self.group_id, p.part, seq, "available", 0, None, None, None,
-                                 0, BLOCKED_MS, key))
-                else:
-                    rows.append((self.group_id, p.part, seq, "leased", 1, *lease, consumer_id,
-                                 deadline, 0, key))
+            end = p.fresh[count] - 1 if count < len(p.fresh) else p.last
+            if end - p.cursor > count:
+                self.conn.execute(sql.STORE_BLOCKED,
+                                  (self.group_id, p.part, p.cursor + 1, end, self.stream_id))
             if end > p.cursor:
                 cursors.append((end, self.group_id, p.part))
-        if rows:
-            self.conn.executemany(sql.LEASE_NEW_KEYED, rows)
         if cursors:
             self.conn.executemany(sql.SET_CURSOR, cursors)
+        return made
+
+
+def _runs(seqs: list[int]) -> list[tuple[int, int]]:
+    """The runs of consecutive sequences of the sorted ``seqs``, as (first, last)."""
+    runs: list[tuple[int, int]] = []
+    for seq in seqs:
+        if runs and runs[-1][1] == seq - 1:
+            runs[-1] = (runs[-1][0], seq)
+        else:
+            runs.append((seq, seq))
+    return runs
+
+
+def _wanted(made: list[Made]) -> tuple[dict[int, tuple[int, int]], dict[int, list[int]]]:
+    """What :func:`load_events` reads for ``made``: per partition one range of its new
+    sequences when they are contiguous (the usual batch), else sorted IN lists."""
+    fresh: dict[int, list[int]] = {}
+    again: dict[int, list[int]] = {}
+    for part, seq, *_, new in made:
+        (fresh if new else again).setdefault(part, []).append(seq)
+    ranges: dict[int, tuple[int, int]] = {}
+    for part, seqs in fresh.items():  # picked in sequence order
+        if seqs[-1] - seqs[0] + 1 == len(seqs):
+            ranges[part] = (seqs[0], seqs[-1])
+        else:
+            again.setdefault(part, []).extend(seqs)
+    for seqs in again.values():
+        seqs.sort()
+    return ranges, again

@@ -16,7 +16,8 @@ from .._shared import start_position
 from . import _sql as sql
 from ._catalog import get_group, waters
 
-__all__ = ["advance_frontier", "dead_letters", "frontier", "redrive", "replay", "reset"]
+__all__ = ["advance_frontier", "dead_letters", "frontier", "redrive", "release_keys", "replay",
+           "reset"]
 
 
 def advance_frontier(conn: sqlite3.Connection, group_id: int, part: int) -> None:
@@ -28,6 +29,14 @@ def advance_frontier(conn: sqlite3.Connection, group_id: int, part: int) -> None
     leased row: one probe of the partial index, whatever the acked history.
     """
     conn.execute(sql.ADVANCE_FRONTIER, (group_id, part))
+
+
+def release_keys(conn: sqlite3.Connection, settled: list[tuple[int, int, int]]) -> None:
+    """After deliveries (group id, partition, sequence) of key-ordered groups were
+    settled for good: make the next delivery of each one's key eligible if fetch
+    stored it blocked behind them."""
+    if settled:
+        conn.executemany(sql.RELEASE_KEY, settled)
 
 
 def frontier(conn: sqlite3.Connection, stream: str, group: str) -> dict[int, int]:

@@ -17,7 +17,7 @@ from ._errors import is_locked
 
 __all__ = ["SCHEMA_VERSION", "connect"]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change.
 
 1: first schema. 2: the ``deliveries`` state CHECK is written with ``OR`` instead
@@ -25,7 +25,11 @@ of ``IN (...)``: SQLite evaluates a CHECK on every inserted and updated row, and
 an ``IN`` list of four builds a temporary lookup table each time, which made
 every delivery write about twice as dear. 3: ``deliveries.last_error``, the last
 error recorded by a nack or reject. 4: ``groups.ordering`` and ``deliveries.key``
-with the partial index ``deliveries_keyed``, for key-ordered groups."""
+with the partial index ``deliveries_keyed``, for key-ordered groups. 5: no triggers
+on ``deliveries``: schema 4's released the next delivery of a key on every settle
+and delete of any group, which made every ack about a third dearer, unordered
+groups' included; the statements settling a key-ordered group's deliveries
+release their keys instead."""
 
 def connect(path: str, busy_timeout_ms: int, synchronous: str,
             migrate: bool) -> sqlite3.Connection:
@@ -110,17 +114,11 @@ def _install(conn: sqlite3.Connection, path: str) -> None:
                 f"SQLite database {path!r} has schema version {version}, newer "
                 f"than this rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
             )
-        if version == 1:
-            _migrate_1_to_2(conn)  # rebuilt as the current table: last_error and key too
-            _migrate_3_to_4(conn)
-        elif version == 2:
-            _migrate_2_to_3(conn)
-            _migrate_3_to_4(conn)
-        elif version == 3:
-            _migrate_3_to_4(conn)
-        elif version < SCHEMA_VERSION:
+        if version == 0:
             for statement in sql.SCHEMA:
                 conn.execute(statement)
+        for step in range(version, SCHEMA_VERSION) if version else ():
+            _MIGRATIONS[step](conn)
         if version < SCHEMA_VERSION:
             conn.execute(sql.SET_VERSION.format(version=SCHEMA_VERSION))
         conn.execute(sql.COMMIT)
@@ -143,7 +141,8 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
 
 def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
     """Add ``deliveries.last_error`` (NULL on existing rows: no error was recorded)."""
-    conn.execute(sql.ADD_LAST_ERROR)
+    if "last_error" not in _columns(conn, "deliveries"):  # a table rebuilt from 1 has it
+        conn.execute(sql.ADD_LAST_ERROR)
 
 
 def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
@@ -155,8 +154,20 @@ def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
     if "key" not in _columns(conn, "deliveries"):  # a table rebuilt from 1 has it
         conn.execute(sql.ADD_DELIVERY_KEY)
     conn.execute(sql.INDEX_DELIVERIES_KEYED)
-    for statement in sql.DELIVERIES_TRIGGERS:
+
+
+def _migrate_4_to_5(conn: sqlite3.Connection) -> None:
+    """Drop schema 4's triggers on ``deliveries`` (the settles release keys now).
+
+    The rows stay as they are: a blocked delivery is released by the next settle
+    of its key, as before."""
+    for statement in sql.DROP_KEY_TRIGGERS:
         conn.execute(statement)
+
+
+_MIGRATIONS: Final = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4,
+                      4: _migrate_4_to_5}
+"""The step from each version to the next, run in order inside one transaction."""
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:

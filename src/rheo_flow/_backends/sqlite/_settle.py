@@ -18,7 +18,7 @@ from ..._settle_results import SettleResult, settle_ok
 from .._transitions import Op, renew_delivery, settle_delivery
 from . import _sql as sql
 from ._deliveries import Deliveries, fenced_update
-from ._progress import advance_frontier
+from ._progress import advance_frontier, release_keys
 
 __all__ = ["renew", "settle"]
 
@@ -31,8 +31,12 @@ def settle(conn: sqlite3.Connection, clock: Clock, leases: list[Lease], op: Op, 
                             () if op == "ack" else (error,))
     if changed is None:
         return _settle_rows(conn, leases, op, reason, delay_ms, now, error)
-    group_id, parts = changed
-    # Every delivery of an ack or reject is settled; a nack's may be dead-lettered.
+    group_id, ordered, parts = changed
+    # Every delivery of an ack or reject is settled; a nack's may be dead-lettered
+    # (releasing the key of one that was not does nothing).
+    if ordered:
+        release_keys(conn, [(group_id, lease.event.partition, lease.event.sequence)
+                            for lease in leases])
     for part in sorted(parts):
         advance_frontier(conn, group_id, part)
     return [settle_ok(lease.lease_id) for lease in leases]
@@ -51,6 +55,7 @@ def _settle_rows(
     groups and one delivery named twice."""
     found = Deliveries(conn, leases)
     terminal: set[tuple[int, int]] = set()
+    released: list[tuple[int, int, int]] = []
     results: list[SettleResult] = []
     for lease, g, d in found.held(leases, results):
         outcome = settle_delivery(lease, d.state, d.settled_by, d.attempt, g.max_attempts, op,
@@ -61,8 +66,11 @@ def _settle_rows(
         d.settle(outcome, error)
         if outcome.terminal:
             terminal.add((g.id, lease.partition))
+            if g.ordering == "key":
+                released.append((g.id, lease.partition, d.seq))
         results.append(settle_ok(lease.lease_id))
     found.write_back()
+    release_keys(conn, released)
     for group_id, part in sorted(terminal):
         advance_frontier(conn, group_id, part)
     return results

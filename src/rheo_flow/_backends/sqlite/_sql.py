@@ -52,14 +52,11 @@ CREATE_DELIVERIES: Final = _SCHEMA["create_deliveries"]
 DELIVERIES_INDEXES: Final = (
     _SCHEMA["index_deliveries_active"], _SCHEMA["index_deliveries_rejected"],
     _SCHEMA["index_deliveries_keyed"])
-DELIVERIES_TRIGGERS: Final = (_SCHEMA["trigger_key_settled"], _SCHEMA["trigger_key_removed"])
-"""What unblocks the next delivery of a key in a key-ordered group."""
 SCHEMA: Final = (
     *(_SCHEMA[f"create_{table}"]
       for table in ("streams", "partitions", "events", "groups", "group_partitions")),
     CREATE_DELIVERIES.format(table="deliveries"),
     *DELIVERIES_INDEXES,
-    *DELIVERIES_TRIGGERS,
 )
 """A new file's schema, in order."""
 COPY_DELIVERIES_1_TO_2: Final = _SCHEMA["copy_deliveries_1_to_2"]
@@ -68,6 +65,8 @@ RENAME_DELIVERIES_V2: Final = _SCHEMA["rename_deliveries_v2"]
 ADD_LAST_ERROR: Final = _SCHEMA["add_last_error"]
 ADD_DELIVERY_KEY: Final = _SCHEMA["add_delivery_key"]
 ADD_GROUP_ORDERING: Final = _SCHEMA["add_group_ordering"]
+DROP_KEY_TRIGGERS: Final = (
+    _SCHEMA["drop_key_settled_trigger"], _SCHEMA["drop_key_removed_trigger"])
 INDEX_DELIVERIES_KEYED: Final = _SCHEMA["index_deliveries_keyed"]
 GET_VERSION: Final = _SCHEMA["get_version"]
 TABLE_INFO: Final = _SCHEMA["table_info"]
@@ -133,8 +132,11 @@ PROGRESS: Final = _STATEMENTS["progress"]
 ELIGIBLE: Final = _STATEMENTS["eligible"]
 ELIGIBLE_BY_KEY: Final = _STATEMENTS["eligible_by_key"]
 EVENT_KEYS_AFTER: Final = _STATEMENTS["event_keys_after"]
-KEY_UNSETTLED: Final = _STATEMENTS["key_unsettled"]
 LEASE_NEW_KEYED: Final = _STATEMENTS["lease_new_keyed"]
+STORE_BLOCKED: Final = _STATEMENTS["store_blocked"]
+RELEASE_KEY: Final = _STATEMENTS["release_key"]
+"""Run after a key-ordered group's delivery is settled for good (group, part, seq)."""
+RELEASE_HEADS: Final = _STATEMENTS["release_heads"]
 EXPIRE: Final = _STATEMENTS["expire"]
 LEASE_AGAIN: Final = _STATEMENTS["lease_again"]
 LEASE_NEW: Final = _STATEMENTS["lease_new"]

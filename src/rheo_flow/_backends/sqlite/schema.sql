@@ -102,34 +102,6 @@ CREATE INDEX IF NOT EXISTS deliveries_keyed
     ON deliveries (group_id, part, key, seq)
     WHERE key IS NOT NULL AND state IN ('available', 'leased')
 
--- name: unblock_next_of_key
--- A delivery of a key-ordered group left the unsettled ones: the next unsettled
--- delivery of its key, if fetch stored it blocked (available_at_ms 2**62), is
--- eligible now (available_at_ms 0). Body of the two triggers below.
-UPDATE deliveries SET available_at_ms = 0
-WHERE group_id = OLD.group_id AND part = OLD.part AND seq = (
-    SELECT MIN(seq) FROM deliveries
-    WHERE group_id = OLD.group_id AND part = OLD.part AND key = OLD.key
-      AND key IS NOT NULL AND state IN ('available', 'leased'))
-  AND state = 'available' AND available_at_ms = 4611686018427387904;
-
--- name: trigger_key_settled
--- Settled for good (acked or dead-lettered: by a settle, or an expiry at max attempts).
-CREATE TRIGGER IF NOT EXISTS deliveries_key_settled AFTER UPDATE OF state ON deliveries
-WHEN OLD.key IS NOT NULL AND OLD.state IN ('available', 'leased')
-     AND NEW.state IN ('acked', 'rejected')
-BEGIN
-{unblock_next_of_key}
-END
-
--- name: trigger_key_removed
--- Removed unsettled (trim; replay and reset remove the later ones of its key too).
-CREATE TRIGGER IF NOT EXISTS deliveries_key_removed AFTER DELETE ON deliveries
-WHEN OLD.key IS NOT NULL AND OLD.state IN ('available', 'leased')
-BEGIN
-{unblock_next_of_key}
-END
-
 -- Migrations ----------------------------------------------------------------------
 
 -- name: copy_deliveries_1_to_2
@@ -158,6 +130,15 @@ ALTER TABLE deliveries ADD COLUMN key TEXT
 -- name: add_group_ordering
 -- Schema 4: every group of an older file is unordered.
 ALTER TABLE groups ADD COLUMN ordering TEXT NOT NULL DEFAULT 'none'
+
+-- name: drop_key_settled_trigger
+-- Schema 5: schema 4's triggers released a key on every settle or delete of any
+-- group (several microseconds a row even when their WHEN was false); the
+-- statements that settle a key-ordered group's delivery now release its key.
+DROP TRIGGER IF EXISTS deliveries_key_settled
+
+-- name: drop_key_removed_trigger
+DROP TRIGGER IF EXISTS deliveries_key_removed
 
 -- Connection settings -------------------------------------------------------------
 

@@ -56,7 +56,8 @@ UPDATE partitions SET high_water = ? WHERE stream_id = ? AND part = ?
 UPDATE partitions SET low_water = ? WHERE stream_id = ? AND part = ?
 
 -- name: group_ids
-SELECT id FROM groups WHERE stream_id = ?
+-- A stream's groups: id and ordering.
+SELECT id, ordering FROM groups WHERE stream_id = ?
 
 -- name: delete_stream_events
 DELETE FROM events WHERE stream_id = ?
@@ -186,21 +187,50 @@ WHERE d.group_id = ?1 AND d.part = ?2 AND d.state IN ('available', 'leased')
 ORDER BY d.seq
 
 -- name: event_keys_after
--- The keys of a partition's events past the cursor, for a key-ordered group's fetch.
-SELECT seq, key FROM events WHERE stream_id = ? AND part = ? AND seq > ? ORDER BY seq LIMIT ?
+-- A partition's events past a sequence, for a key-ordered group's fetch: each with
+-- its key and whether the key has an unsettled delivery (one probe of
+-- deliveries_keyed per event, in the statement). ?1 group, ?2 part, ?3 stream,
+-- ?4 the sequence, ?5 how many.
+SELECT e.seq, e.key, e.key IS NOT NULL AND EXISTS (
+    SELECT 1 FROM deliveries AS d INDEXED BY deliveries_keyed
+    WHERE d.group_id = ?1 AND d.part = ?2 AND d.key = e.key AND d.key IS NOT NULL
+      AND d.state IN ('available', 'leased'))
+FROM events AS e WHERE e.stream_id = ?3 AND e.part = ?2 AND e.seq > ?4
+ORDER BY e.seq LIMIT ?5
 
--- name: key_unsettled
-SELECT 1 FROM deliveries INDEXED BY deliveries_keyed
-WHERE group_id = ? AND part = ? AND key = ? AND key IS NOT NULL
-  AND state IN ('available', 'leased')
-LIMIT 1
+-- name: store_blocked
+-- A key-ordered group's new deliveries of ?3..?4 not leased by the fetch (which
+-- inserted those first): stored blocked (available, attempt 0, available_at_ms
+-- 2**62) behind an earlier one of their key.
+INSERT INTO deliveries (group_id, part, seq, state, attempt, available_at_ms, key)
+SELECT ?1, part, seq, 'available', 0, 4611686018427387904, key
+FROM events WHERE stream_id = ?5 AND part = ?2 AND seq BETWEEN ?3 AND ?4
+ON CONFLICT (group_id, part, seq) DO NOTHING
 
--- name: lease_new_keyed
--- A key-ordered group's new delivery: leased (attempt 1), or stored blocked
--- (available, attempt 0, available_at_ms 2**62) behind an earlier one of its key.
-INSERT INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt,
-                        consumer_id, deadline_ms, available_at_ms, key)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+-- name: release_key
+-- The delivery ?1, ?2, ?3 of a key-ordered group was settled for good: the earliest
+-- unsettled delivery of its key, if fetch stored it blocked, is eligible now.
+-- Always safe to run: no earlier delivery of that key is unsettled.
+UPDATE deliveries SET available_at_ms = 0
+WHERE group_id = ?1 AND part = ?2 AND seq = (
+    SELECT MIN(b.seq) FROM deliveries AS s
+    JOIN deliveries AS b INDEXED BY deliveries_keyed
+      ON b.group_id = ?1 AND b.part = ?2 AND b.key = s.key
+    WHERE s.group_id = ?1 AND s.part = ?2 AND s.seq = ?3
+      AND b.key IS NOT NULL AND b.state IN ('available', 'leased'))
+  AND state = 'available' AND available_at_ms = 4611686018427387904
+
+-- name: release_heads
+-- After a trim removed deliveries of a key-ordered group's partition: each blocked
+-- delivery without an earlier unsettled one of its key is eligible now.
+UPDATE deliveries SET available_at_ms = 0
+WHERE group_id = ?1 AND part = ?2 AND state = 'available'
+  AND available_at_ms = 4611686018427387904 AND key IS NOT NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM deliveries AS b INDEXED BY deliveries_keyed
+      WHERE b.group_id = ?1 AND b.part = ?2 AND b.key = deliveries.key
+        AND b.key IS NOT NULL AND b.state IN ('available', 'leased')
+        AND b.seq < deliveries.seq)
 
 -- name: expire
 -- A delivery whose lease expired at max attempts becomes what _transitions.expire says.
@@ -212,14 +242,25 @@ UPDATE deliveries SET state = 'leased', attempt = ?, lease_id = ?, receipt = ?,
     consumer_id = ?, deadline_ms = ?, settled_by = NULL
 WHERE group_id = ? AND part = ? AND seq = ?
 
+-- name: new_lease_columns
+group_id, part, seq, state, attempt, lease_id, receipt, consumer_id, deadline_ms
+
+-- name: new_lease_values
+?1, part, seq, 'leased', 1, ?2 || printf('%08x', seq - ?3 + ?4), part || '-' || seq || '-1',
+       ?5, ?6
+
 -- name: lease_new
 -- New deliveries of one partition's sequence range, leased at once; ?2 is the
 -- fetch's lease id prefix, ?4 the number of the range's first lease in the fetch.
 -- The lease id and receipt are built exactly as _fetch.py builds them in Python.
-INSERT INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt,
-                        consumer_id, deadline_ms)
-SELECT ?1, part, seq, 'leased', 1, ?2 || printf('%08x', seq - ?3 + ?4),
-       part || '-' || seq || '-1', ?5, ?6
+INSERT INTO deliveries ({new_lease_columns})
+SELECT {new_lease_values}
+FROM events WHERE stream_id = ?7 AND part = ?8 AND seq BETWEEN ?3 AND ?9
+
+-- name: lease_new_keyed
+-- The same for a key-ordered group: its deliveries carry their event's key.
+INSERT INTO deliveries ({new_lease_columns}, key)
+SELECT {new_lease_values}, key
 FROM events WHERE stream_id = ?7 AND part = ?8 AND seq BETWEEN ?3 AND ?9
 
 -- name: set_cursor
@@ -228,7 +269,7 @@ UPDATE group_partitions SET cursor = ? WHERE group_id = ? AND part = ?
 -- Settle and renew ----------------------------------------------------------------
 
 -- name: settle_group
-SELECT g.id, g.max_attempts, s.partitions FROM streams AS s
+SELECT g.id, g.max_attempts, s.partitions, g.ordering FROM streams AS s
 JOIN groups AS g ON g.stream_id = s.id AND g.name = ? WHERE s.name = ?
 
 -- name: fenced

@@ -14,15 +14,17 @@
 -- scans off inside the function), and locked rows are updated by address
 -- (`ctid = ANY(...)`: a locked row cannot move before the transaction ends).
 --
--- Nothing to lease again (the common case): one statement picks the new
--- deliveries in round-robin order (their depth, sequence - cursor, then the
--- rotation position), reads their events by range, inserts them and moves the
--- cursors. Both paths that lease only new deliveries read each partition's range
--- of events (r.lo..r.hi) in one scan, insert one delivery per event, and return
--- the leases in their order.
+-- Steps: lock the deliveries to lease again, then the cursors with work; dead-
+-- letter expired leases at max_attempts; pick the round-robin winners (by depth,
+-- a candidate's place in its partition's turn, then the rotation position); then
+-- ONE statement leases the winners again by address, reads each partition's new
+-- rows as one range of events (cursor + 1 .. hi), inserts them, moves the
+-- cursors and returns the leases in their order.
 --
--- A key-ordered group (groups.ordering = 1) is fetched by the seven-argument
--- overload of functions/fetch_keyed.sql instead.
+-- A key-ordered group (groups.ordering = 1; functions/fetch_keyed.sql) takes the
+-- same steps, but leases again only the heads of their keys, finds its new
+-- deliveries with fetch_scan, and its new rows store their key, the blocked
+-- events among them inserted available, attempt 0.
 
 CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
                                      p_lease_ms bigint, p_consumer text)
@@ -35,7 +37,7 @@ AS $fn$
 DECLARE
     v_stream integer;
     v_max integer;
-    v_ordering smallint;
+    v_keyed boolean;
     v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     c_part integer[];
     c_seq bigint[];
@@ -44,26 +46,34 @@ DECLARE
     k_part integer[];
     k_cur bigint[];
     k_top bigint[];
+    k_last bigint[];
+    f_part integer[];
+    f_seq bigint[];
+    f_depth bigint[];
     o_parts integer[];
     o_seqs bigint[];
     r_tid tid[];
-    n_part integer[];
-    n_seq bigint[];
+    m_part integer[];
+    m_hi bigint[];
     v_wait integer;
     v_doomed tid[];
     v_prefix text;
 BEGIN
-    SELECT g.stream_id, g.max_attempts, g.ordering INTO v_stream, v_max, v_ordering
+    SELECT g.stream_id, g.max_attempts, g.ordering = 1 INTO v_stream, v_max, v_keyed
     FROM {s}.groups g WHERE g.id = p_group;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
     END IF;
-    IF v_ordering = 1 THEN  -- key-ordered (schema version 5): functions/fetch_keyed.sql
-        RETURN QUERY SELECT * FROM {s}.fetch(p_group, p_parts, p_limit, p_lease_ms,
-                                             p_consumer, v_stream, v_max);
-        RETURN;
-    END IF;
 
+    -- Deliveries to lease again, per partition lowest first and locked FOR UPDATE
+    -- SKIP LOCKED: up to p_limit available and p_limit expired. A key-ordered
+    -- group's available ones are its due heads (see functions/fetch_keyed.sql): a
+    -- skip scan of deliveries_waiting (one descent per key with an available
+    -- delivery, none for the keys whose only delivery is leased), each checked to
+    -- head its key with one descent of deliveries_keyed; its expired leases are
+    -- checked the same way (only a redriven earlier delivery can make one not the
+    -- head). The head check is a column (a sub-select per row): in WHERE, the
+    -- planner could hash the whole partition's keyed deliveries instead.
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
     INTO c_part, c_seq, c_att, c_tid
     FROM unnest(p_parts) AS p(part)
@@ -74,176 +84,153 @@ BEGIN
             WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
               AND d.state = 0 AND d.available_at_ms <= v_now
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
+        WHERE NOT v_keyed
+        UNION ALL
+        SELECT y.* FROM (
+            WITH RECURSIVE w (key, seq) AS (
+                (SELECT d.key, d.seq FROM {s}.deliveries d
+                 WHERE d.group_id = p_group AND d.part = p.part
+                   AND d.state = 0 AND d.key IS NOT NULL
+                 ORDER BY d.key, d.seq LIMIT 1)
+                UNION ALL
+                SELECT n.key, n.seq FROM w CROSS JOIN LATERAL (
+                    SELECT d.key, d.seq FROM {s}.deliveries d
+                    WHERE d.group_id = p_group AND d.part = p.part AND d.key > w.key
+                      AND d.state = 0 AND d.key IS NOT NULL
+                    ORDER BY d.key, d.seq LIMIT 1) n
+            )
+            SELECT z.* FROM (
+                SELECT h.seq FROM (
+                    SELECT w.seq, (SELECT b.seq FROM {s}.deliveries b
+                                   WHERE b.group_id = p_group AND b.part = p.part
+                                     AND b.key = w.key AND b.key IS NOT NULL AND b.state < 2
+                                   ORDER BY b.key, b.seq LIMIT 1) AS head
+                    FROM w OFFSET 0) h
+                WHERE h.seq = h.head
+                ORDER BY h.seq) h
+            CROSS JOIN LATERAL (
+                SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
+                WHERE d.group_id = p_group AND d.part = p.part AND d.seq = h.seq
+                  AND d.state = 0 AND d.available_at_ms <= v_now
+                FOR UPDATE OF d SKIP LOCKED) z
+            LIMIT p_limit) y
+        WHERE v_keyed
         UNION ALL
         SELECT b.* FROM (
             SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
             WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
               AND d.state = 1 AND d.deadline_ms <= v_now
+              AND (NOT v_keyed OR d.seq = (SELECT b.seq FROM {s}.deliveries b
+                                           WHERE b.group_id = p_group AND b.part = d.part
+                                             AND b.key = d.key AND b.key IS NOT NULL
+                                             AND b.state < 2
+                                           ORDER BY b.key, b.seq LIMIT 1))
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
-    SELECT array_agg(k.part), array_agg(k.cursor), array_agg(LEAST(k.high, k.cursor + p_limit))
-    INTO k_part, k_cur, k_top
-    FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-          JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-          WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
-          FOR UPDATE OF c SKIP LOCKED) k;
-
-    IF c_part IS NULL AND k_part IS NULL THEN
+    FOR v_wait IN 0 .. 1 LOOP
+        SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
+        INTO k_part, k_cur, k_top
+        FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
+              JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+              WHERE c.group_id = p_group AND c.part = ANY (p_parts)
+                AND c.cursor < pt.high_water
+              FOR UPDATE OF c SKIP LOCKED) k;
+        EXIT WHEN c_part IS NOT NULL OR k_part IS NOT NULL OR v_wait = 1;
         -- Competing fetches hold every cursor with work: wait for ONE of them
         -- (chosen first, then locked alone) while holding no other lock, so
         -- waiting fetches never deadlock one another; then claim again from
         -- every cursor that is free by now (a fresh snapshot sees their moves).
-        SELECT c.part INTO v_wait
-        FROM {s}.cursors c
-        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-        WHERE c.group_id = p_group AND c.part = ANY (p_parts) AND c.cursor < pt.high_water
-        ORDER BY array_position(p_parts, c.part)
-        LIMIT 1;
-        IF FOUND THEN
-            PERFORM 1 FROM {s}.cursors c WHERE c.group_id = p_group AND c.part = v_wait
-            FOR UPDATE;
-            SELECT array_agg(k.part), array_agg(k.cursor),
-                   array_agg(LEAST(k.high, k.cursor + p_limit))
-            INTO k_part, k_cur, k_top
-            FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-                  JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-                  WHERE c.group_id = p_group AND c.part = ANY (p_parts)
-                    AND c.cursor < pt.high_water
-                  FOR UPDATE OF c SKIP LOCKED) k;
-        END IF;
-    END IF;
-
-    IF c_part IS NULL THEN
-        IF k_part IS NULL THEN
-            RETURN;
-        END IF;
-        v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 24);
-        RETURN QUERY
-        WITH ch AS (
-            SELECT k.part, s.seq, array_position(p_parts, k.part) AS pos
-            FROM unnest(k_part, k_cur, k_top) AS k(part, cur, top)
-            CROSS JOIN LATERAL generate_series(k.cur + 1, k.top) AS s(seq)
-            ORDER BY s.seq - k.cur, array_position(p_parts, k.part)
-            LIMIT p_limit
-        ), r AS (
-            SELECT ch.part, min(ch.seq) AS lo, max(ch.seq) AS hi, min(ch.pos) AS pos
-            FROM ch GROUP BY ch.part
-        ), picked AS (
-            SELECT r.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers,
-                   e.appended_at_ms,
-                   row_number() OVER (ORDER BY e.seq - r.lo, r.pos) AS ord
-            FROM r
-            CROSS JOIN LATERAL (
-                SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
-                FROM {s}.events e
-                WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq BETWEEN r.lo AND r.hi
-                OFFSET 0) e
-        ), created AS (
-            INSERT INTO {s}.deliveries
-                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
-            SELECT p_group, k.part, k.seq, 1, 1,
-                   (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid, p_consumer,
-                   v_now + p_lease_ms
-            FROM picked k
-        ), moved AS (
-            UPDATE {s}.cursors cu SET cursor = r.hi
-            FROM r WHERE cu.group_id = p_group AND cu.part = r.part
-        )
-        SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
-               v_now + p_lease_ms, k.event_id, k.type, k.key, k.data::text, k.headers::text,
-               k.appended_at_ms
-        FROM picked k
-        ORDER BY k.ord;
+        PERFORM 1 FROM {s}.cursors c
+        WHERE c.group_id = p_group
+          AND c.part = (SELECT c.part FROM {s}.cursors c
+                        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+                        WHERE c.group_id = p_group AND c.part = ANY (p_parts)
+                          AND c.cursor < pt.high_water
+                        ORDER BY array_position(p_parts, c.part)
+                        LIMIT 1)
+        FOR UPDATE;
+        EXIT WHEN NOT FOUND;
+    END LOOP;
+    IF c_part IS NULL AND k_part IS NULL THEN
         RETURN;
     END IF;
+
     IF c_part IS NOT NULL THEN
         SELECT array_agg(x.tid) INTO v_doomed
         FROM unnest(c_tid, c_att) AS x(tid, attempt) WHERE x.attempt >= v_max;
-        IF v_doomed IS NOT NULL THEN
-            UPDATE {s}.deliveries d
-            SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = v_now
-            WHERE d.ctid = ANY (v_doomed);
-            PERFORM {s}.advance_frontiers(array_agg(p_group), array_agg(x.part))
-            FROM (SELECT DISTINCT x.part FROM unnest(c_part, c_att) AS x(part, attempt)
-                  WHERE x.attempt >= v_max) x;
-        END IF;
+    END IF;
+    IF v_doomed IS NOT NULL THEN
+        -- Expired leases at max attempts are dead-lettered (which releases their keys).
+        UPDATE {s}.deliveries d
+        SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = v_now
+        WHERE d.ctid = ANY (v_doomed);
+        PERFORM {s}.advance_frontiers(array_agg(p_group), array_agg(x.part))
+        FROM (SELECT DISTINCT x.part FROM unnest(c_part, c_att) AS x(part, attempt)
+              WHERE x.attempt >= v_max) x;
+        SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
+        INTO c_part, c_seq, c_att, c_tid
+        FROM unnest(c_part, c_seq, c_att, c_tid) AS x(part, seq, attempt, tid)
+        WHERE x.attempt < v_max;
+    END IF;
+    IF v_keyed AND k_part IS NOT NULL THEN  -- the new events it may lease, and their depth
+        SELECT * INTO f_part, f_seq, f_depth, k_last
+        FROM {s}.fetch_scan(p_group, v_stream, p_limit, k_part, k_cur, k_top, c_part);
     END IF;
 
     -- The round-robin winners, in delivery order: existing rows to lease again
-    -- (by address) and fresh sequences to insert.
+    -- (by address) and new deliveries. A candidate's depth is its place in its
+    -- partition's turn: the candidates to lease again come first, then the new
+    -- ones (a key-ordered group's from its scan; else the partition's next
+    -- sequences). Each partition's new rows are inserted up to just before its
+    -- first new candidate not chosen (a key-ordered group's blocked events among
+    -- them stored available), and its cursor moves there.
     WITH cand AS (
         SELECT x.part, x.seq, x.tid, row_number() OVER (PARTITION BY x.part ORDER BY x.seq)
                AS depth
-        FROM unnest(c_part, c_seq, c_att, c_tid) AS x(part, seq, attempt, tid)
-        WHERE x.attempt < v_max
-    ), counted AS (
-        SELECT cand.part, count(*) AS n FROM cand GROUP BY cand.part
+        FROM unnest(c_part, c_seq, c_tid) AS x(part, seq, tid)
     ), fresh AS (
-        SELECT k.part, s.seq, NULL::tid AS tid, COALESCE(n.n, 0) + (s.seq - k.cur) AS depth
-        FROM unnest(k_part, k_cur, k_top) AS k(part, cur, top)
-        LEFT JOIN counted n ON n.part = k.part
-        CROSS JOIN LATERAL generate_series(k.cur + 1, k.top) AS s(seq)
+        SELECT f.part, f.seq, NULL::tid AS tid, f.depth
+        FROM unnest(f_part, f_seq, f_depth) AS f(part, seq, depth) WHERE f.depth IS NOT NULL
+        UNION ALL
+        SELECT k.part, s.seq, NULL::tid, COALESCE(n.n, 0) + (s.seq - k.cur)
+        FROM unnest(k_part, k_cur, k_top) AS k(part, cur, high)
+        LEFT JOIN (SELECT x.part, count(*) AS n FROM cand x GROUP BY x.part) n
+          ON n.part = k.part
+        CROSS JOIN LATERAL generate_series(k.cur + 1, LEAST(k.high, k.cur + p_limit)) AS s(seq)
+        WHERE NOT v_keyed
     ), chosen AS (
         SELECT a.part, a.seq, a.tid, a.depth, array_position(p_parts, a.part) AS pos
         FROM (SELECT * FROM cand UNION ALL SELECT * FROM fresh) a
         ORDER BY a.depth, array_position(p_parts, a.part)
         LIMIT p_limit
+    ), tops AS (
+        SELECT c.part, max(c.depth) AS top, max(c.seq) FILTER (WHERE c.tid IS NULL) AS hi
+        FROM chosen c GROUP BY c.part
+    ), moves AS (
+        -- Unordered, the new rows chosen are the partition's next sequences.
+        SELECT k.part, k.cur, CASE WHEN v_keyed THEN COALESCE(x.next - 1, k.last) ELSE t.hi END
+                              AS hi
+        FROM unnest(k_part, k_cur, k_last) AS k(part, cur, last)
+        LEFT JOIN tops t ON t.part = k.part
+        LEFT JOIN (SELECT f.part, min(f.seq) AS next FROM fresh f
+                   LEFT JOIN tops t ON t.part = f.part
+                   WHERE v_keyed AND f.depth > COALESCE(t.top, 0) GROUP BY f.part) x
+          ON x.part = k.part
     )
     SELECT array_agg(c.part ORDER BY c.depth, c.pos), array_agg(c.seq ORDER BY c.depth, c.pos),
            array_agg(c.tid) FILTER (WHERE c.tid IS NOT NULL),
-           array_agg(c.part ORDER BY c.depth, c.pos) FILTER (WHERE c.tid IS NULL),
-           array_agg(c.seq ORDER BY c.depth, c.pos) FILTER (WHERE c.tid IS NULL)
-    INTO o_parts, o_seqs, r_tid, n_part, n_seq
+           (SELECT array_agg(m.part) FROM moves m WHERE m.hi > m.cur),
+           (SELECT array_agg(m.hi) FROM moves m WHERE m.hi > m.cur)
+    INTO o_parts, o_seqs, r_tid, m_part, m_hi
     FROM chosen c;
 
-    IF o_parts IS NULL THEN
+    IF o_parts IS NULL AND m_part IS NULL THEN
         RETURN;
     END IF;
     -- New leases are named by one random prefix per call and their position:
     -- unique, and far cheaper than a random UUID per row.
     v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 24);
-
-    IF r_tid IS NULL THEN
-        -- Only new deliveries (the common case): no re-leases to merge, and the
-        -- lease ids (prefix, then the position in n_part/n_seq, which are in the
-        -- chosen order) sort in the chosen order.
-        RETURN QUERY
-        WITH picked AS (
-            -- Each partition's new deliveries are its next sequences, cur+1..top:
-            -- one range scan of the events reads them, and (sequence - first,
-            -- rotation position) is their place in the chosen order.
-            SELECT r.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers,
-                   e.appended_at_ms,
-                   row_number() OVER (ORDER BY e.seq - r.lo, r.pos) AS ord
-            FROM (SELECT n.part, min(n.seq) AS lo, max(n.seq) AS hi,
-                         array_position(p_parts, n.part) AS pos
-                  FROM unnest(n_part, n_seq) AS n(part, seq) GROUP BY n.part) r
-            CROSS JOIN LATERAL (
-                SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
-                FROM {s}.events e
-                WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq BETWEEN r.lo AND r.hi
-                OFFSET 0) e
-        ), created AS (
-            INSERT INTO {s}.deliveries
-                (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
-            SELECT p_group, k.part, k.seq, 1, 1,
-                   (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid, p_consumer,
-                   v_now + p_lease_ms
-            FROM picked k
-        ), moved AS (
-        UPDATE {s}.cursors cu SET cursor = m.top
-        FROM (SELECT n.part, max(n.seq) AS top FROM unnest(n_part, n_seq) AS n(part, seq)
-              GROUP BY n.part) m
-        WHERE cu.group_id = p_group AND cu.part = m.part
-    )
-        SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
-               v_now + p_lease_ms, k.event_id, k.type, k.key, k.data::text, k.headers::text,
-               k.appended_at_ms
-        FROM picked k
-        ORDER BY k.ord;
-        RETURN;
-    END IF;
 
     RETURN QUERY
     WITH releases AS (
@@ -252,29 +239,54 @@ BEGIN
             consumer_id = p_consumer, deadline_ms = v_now + p_lease_ms, settled_by = NULL
         WHERE d.ctid = ANY (r_tid)
         RETURNING d.part, d.seq, d.attempt, d.lease_id
+    ), picked AS (
+        -- Each partition's new rows are its next sequences, cursor + 1 .. hi: one
+        -- range scan of the events reads them; ord is the lease's place in the
+        -- batch (NULL: blocked).  A re-leased row is never among them.
+        SELECT m.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms,
+               n.ord
+        FROM unnest(m_part, m_hi) AS m(part, hi)
+        JOIN unnest(k_part, k_cur) AS k(part, cur) ON k.part = m.part
+        CROSS JOIN LATERAL (
+            SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+            FROM {s}.events e
+            WHERE e.stream_id = v_stream AND e.part = m.part AND e.seq BETWEEN k.cur + 1 AND m.hi
+            OFFSET 0) e
+        LEFT JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS n(part, seq, ord)
+          ON n.part = m.part AND n.seq = e.seq
     ), created AS (
         INSERT INTO {s}.deliveries
-            (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms)
-        SELECT p_group, n.part, n.seq, 1, 1, (v_prefix || lpad(to_hex(n.ord), 8, '0'))::uuid,
-               p_consumer, v_now + p_lease_ms
-        FROM unnest(n_part, n_seq) WITH ORDINALITY AS n(part, seq, ord)
-        RETURNING part, seq, attempt, lease_id
+            (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms, key)
+        SELECT p_group, k.part, k.seq,
+               CASE WHEN k.ord IS NULL THEN 0 ELSE 1 END,
+               CASE WHEN k.ord IS NULL THEN 0 ELSE 1 END,
+               (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
+               CASE WHEN k.ord IS NOT NULL THEN p_consumer END,
+               CASE WHEN k.ord IS NULL THEN 0 ELSE v_now + p_lease_ms END,
+               CASE WHEN NOT v_keyed THEN NULL WHEN k.key IS NULL THEN '-' || k.seq
+                    ELSE 'k' || k.key END
+        FROM picked k
     ), moved AS (
-        UPDATE {s}.cursors cu SET cursor = m.top
-        FROM (SELECT n.part, max(n.seq) AS top FROM unnest(n_part, n_seq) AS n(part, seq)
-              GROUP BY n.part) m
+        UPDATE {s}.cursors cu SET cursor = m.hi
+        FROM unnest(m_part, m_hi) AS m(part, hi)
         WHERE cu.group_id = p_group AND cu.part = m.part
     )
     SELECT l.part, l.seq, l.attempt, l.lease_id, v_now + p_lease_ms,
-           e.event_id, e.type, e.key, e.data::text, e.headers::text, e.appended_at_ms
-    FROM (SELECT * FROM releases UNION ALL SELECT * FROM created) l
-    JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
-      ON o.part = l.part AND o.seq = l.seq
-    CROSS JOIN LATERAL (
-        SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
-        FROM {s}.events e
-        WHERE e.stream_id = v_stream AND e.part = l.part AND e.seq = l.seq
-        OFFSET 0) e
-    ORDER BY o.ord;
+           l.event_id, l.type, l.key, l.data::text, l.headers::text, l.appended_at_ms
+    FROM (SELECT r.part, r.seq, r.attempt, r.lease_id, e.event_id, e.type, e.key, e.data,
+                 e.headers, e.appended_at_ms, o.ord
+          FROM releases r
+          JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
+            ON o.part = r.part AND o.seq = r.seq
+          CROSS JOIN LATERAL (
+              SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+              FROM {s}.events e
+              WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq = r.seq
+              OFFSET 0) e
+          UNION ALL
+          SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
+                 k.event_id, k.type, k.key, k.data, k.headers, k.appended_at_ms, k.ord
+          FROM picked k WHERE k.ord IS NOT NULL) l
+    ORDER BY l.ord;
 END
 $fn$;

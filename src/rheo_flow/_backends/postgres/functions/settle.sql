@@ -1,14 +1,75 @@
 -- settle: the fenced ack / nack / reject of a batch. It locks the batch's
--- deliveries still leased under these very leases in key order (the batch
--- arrives sorted), then updates them by address; a racing settle of the same
--- lease waits on the row lock and then no longer matches (the row is re-checked
--- once the lock is granted). The frontier steps of advance_frontiers are
--- inlined: a settle is the hot caller, and a nested call costs as much as the
--- two statements. Each leftover batch element looks its delivery up by key.
+-- deliveries still leased under these very leases (settle_leased, below), then
+-- updates them by address, and moves the frontiers the finished ones may free
+-- (advance_frontiers). Each leftover batch element is explained by
+-- settle_misses (below), which renew shares.
 --
 -- p_error is the error to record (NULL keeps the recorded one); it defaults to
 -- NULL, so a process still running a release from before schema version 4
 -- (eight arguments) keeps settling across the upgrade.
+
+-- settle_leased: the batch elements (numbered from 1) whose delivery is still
+-- leased under this very lease and attempt, locked FOR UPDATE in key order (the
+-- batch arrives sorted), with the row's address; a racing settle of the same
+-- lease waits on the row lock and then no longer matches (the row is re-checked
+-- once the lock is granted).
+
+CREATE OR REPLACE FUNCTION {s}.settle_leased(p_groups integer[], p_parts integer[],
+                                             p_seqs bigint[], p_leases uuid[], p_atts integer[])
+RETURNS TABLE (o_tid tid, o_idx bigint, o_group integer, o_part integer, o_attempt integer)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+AS $fn$
+BEGIN
+    RETURN QUERY
+    SELECT l.tid, u.idx, u.g, u.part, u.att
+    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+         AS u(g, part, seq, lease, att, idx)
+    CROSS JOIN LATERAL (
+        -- "state + 0": a plain "state = 1" would let the planner walk
+        -- deliveries_leased (its predicate) per lease; the key finds each row.
+        SELECT d.ctid AS tid FROM {s}.deliveries d
+        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
+          AND d.state + 0 = 1 AND d.lease_id = u.lease AND d.attempt = u.att
+        FOR UPDATE) l;
+END
+$fn$;
+
+-- settle_misses: why each batch element not in p_done failed, as settle and
+-- renew report it (p_op 0: renew): each looks its delivery up by key.
+
+CREATE OR REPLACE FUNCTION {s}.settle_misses(p_op smallint, p_groups integer[],
+                                             p_parts integer[], p_seqs bigint[],
+                                             p_leases uuid[], p_atts integer[], p_done bigint[],
+                                             OUT bad_idx bigint[], OUT bad_code smallint[],
+                                             OUT bad_by smallint[])
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+AS $fn$
+BEGIN
+    SELECT array_agg(u.idx ORDER BY u.idx),
+           array_agg(CASE
+               WHEN d.seq IS NULL THEN
+                   CASE WHEN u.seq >= 1 AND u.seq <= pt.high_water THEN 5 ELSE 6 END
+               WHEN d.lease_id IS DISTINCT FROM u.lease THEN 2
+               WHEN d.attempt <> u.att THEN 3
+               WHEN d.state = 1 THEN 7
+               WHEN p_op <> 0 AND d.settled_by = p_op THEN 1
+               ELSE 4 END::smallint ORDER BY u.idx),
+           array_agg(d.settled_by ORDER BY u.idx)
+    INTO bad_idx, bad_code, bad_by
+    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
+         AS u(g, part, seq, lease, att, idx)
+    LEFT JOIN LATERAL (
+        SELECT d.seq, d.lease_id, d.attempt, d.state, d.settled_by FROM {s}.deliveries d
+        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq OFFSET 0) d ON true
+    LEFT JOIN LATERAL (
+        SELECT pt.high_water FROM {s}.groups gr
+        JOIN {s}.partitions pt ON pt.stream_id = gr.stream_id AND pt.part = u.part
+        WHERE gr.id = u.g OFFSET 0) pt ON true
+    WHERE u.idx <> ALL (COALESCE(p_done, '{}'::bigint[]));
+END
+$fn$;
 
 CREATE OR REPLACE FUNCTION {s}.settle(p_op smallint, p_groups integer[], p_parts integer[],
                                       p_seqs bigint[], p_leases uuid[], p_atts integer[],
@@ -28,19 +89,10 @@ DECLARE
 BEGIN
     WITH hit AS (
         -- spent: a nack of this attempt dead-letters (only nack needs max_attempts).
-        SELECT l.tid, u.idx, u.g, u.part,
-               p_op = 3 OR p_op = 1 OR (p_op = 2 AND u.att >= (
-                   SELECT gr.max_attempts FROM {s}.groups gr WHERE gr.id = u.g)) AS final
-
-    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
-         AS u(g, part, seq, lease, att, idx)
-    CROSS JOIN LATERAL (
-        -- "state + 0": a plain "state = 1" would let the planner walk
-        -- deliveries_leased (its predicate) per lease; the key finds each row.
-        SELECT d.ctid AS tid FROM {s}.deliveries d
-        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq
-          AND d.state + 0 = 1 AND d.lease_id = u.lease AND d.attempt = u.att
-        FOR UPDATE) l
+        SELECT l.o_tid AS tid, l.o_idx AS idx, l.o_group AS g, l.o_part AS part,
+               p_op = 3 OR p_op = 1 OR (p_op = 2 AND l.o_attempt >= (
+                   SELECT gr.max_attempts FROM {s}.groups gr WHERE gr.id = l.o_group)) AS final
+        FROM {s}.settle_leased(p_groups, p_parts, p_seqs, p_leases, p_atts) l
     )
     SELECT array_agg(hit.tid), array_agg(hit.tid) FILTER (WHERE hit.final AND p_op = 2),
            array_agg(hit.idx),
@@ -63,49 +115,11 @@ BEGIN
         WHERE d.ctid = ANY (v_tids);
     END IF;
     IF v_tg IS NOT NULL THEN
-    PERFORM 1 FROM {s}.frontiers f
-        JOIN (SELECT DISTINCT g, p FROM unnest(v_tg, v_tp) AS u(g, p)) u
-          ON f.group_id = u.g AND f.part = u.p
-        ORDER BY f.group_id, f.part
-        FOR UPDATE OF f;
-    UPDATE {s}.frontiers f SET frontier = n.top
-    FROM (
-        SELECT f2.group_id, f2.part, LEAST(
-            COALESCE((SELECT d.seq FROM {s}.deliveries d
-                      WHERE d.group_id = f2.group_id AND d.part = f2.part
-                        AND d.seq > f2.frontier AND d.state < 2
-                      ORDER BY d.seq LIMIT 1), 9223372036854775807),
-            (SELECT c.cursor + 1 FROM {s}.cursors c
-             WHERE c.group_id = f2.group_id AND c.part = f2.part)) - 1 AS top
-        FROM {s}.frontiers f2
-        JOIN (SELECT DISTINCT g, p FROM unnest(v_tg, v_tp) AS u(g, p)) u
-          ON f2.group_id = u.g AND f2.part = u.p
-    ) n
-    WHERE f.group_id = n.group_id AND f.part = n.part AND n.top > f.frontier;
+        PERFORM {s}.advance_frontiers(v_tg, v_tp);
     END IF;
     IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
-
-    SELECT array_agg(u.idx ORDER BY u.idx),
-           array_agg(CASE
-               WHEN d.seq IS NULL THEN
-                   CASE WHEN u.seq >= 1 AND u.seq <= pt.high_water THEN 5 ELSE 6 END
-               WHEN d.lease_id IS DISTINCT FROM u.lease THEN 2
-               WHEN d.attempt <> u.att THEN 3
-               WHEN d.state = 1 THEN 7
-               WHEN p_op <> 0 AND d.settled_by = p_op THEN 1
-               ELSE 4 END::smallint ORDER BY u.idx),
-           array_agg(d.settled_by ORDER BY u.idx)
-    INTO bad_idx, bad_code, bad_by
-    FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
-         AS u(g, part, seq, lease, att, idx)
-    LEFT JOIN LATERAL (
-        SELECT d.seq, d.lease_id, d.attempt, d.state, d.settled_by FROM {s}.deliveries d
-        WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq OFFSET 0) d ON true
-    LEFT JOIN LATERAL (
-        SELECT pt.high_water FROM {s}.groups gr
-        JOIN {s}.partitions pt ON pt.stream_id = gr.stream_id AND pt.part = u.part
-        WHERE gr.id = u.g OFFSET 0) pt ON true
-    WHERE u.idx <> ALL (COALESCE(v_done, '{}'::bigint[]));
+        SELECT * INTO bad_idx, bad_code, bad_by
+        FROM {s}.settle_misses(p_op, p_groups, p_parts, p_seqs, p_leases, p_atts, v_done);
     END IF;
 END
 $fn$;
