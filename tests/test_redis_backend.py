@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -39,15 +40,23 @@ def _prefix() -> str:
     return f"rheo-test-{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-async def backend(redis_url: str) -> AsyncIterator[RedisBackend]:
-    """A backend under a fresh prefix; its keys are deleted after the test."""
-    b = RedisBackend.from_url(redis_url, prefix=_prefix())
+@asynccontextmanager
+async def scratch_backend(url: str) -> AsyncIterator[RedisBackend]:
+    """A backend on ``url`` (a server or a cluster) under a fresh prefix; its keys are
+    deleted when it closes."""
+    b = RedisBackend.from_url(url, prefix=_prefix())
     try:
         yield b
     finally:
         await b.drop_all()
         await b.close()
+
+
+@pytest.fixture
+async def backend(redis_url: str) -> AsyncIterator[RedisBackend]:
+    """A backend under a fresh prefix; its keys are deleted after the test."""
+    async with scratch_backend(redis_url) as b:
+        yield b
 
 
 @pytest.fixture

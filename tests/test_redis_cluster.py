@@ -19,16 +19,14 @@ from redis.asyncio.cluster import RedisCluster
 
 from rheo_flow import InvalidArgument, NewEvent, Rheo
 from rheo_flow.backends import RedisBackend
+from test_redis_backend import scratch_backend
 
 
 @pytest.fixture
 async def backend(redis_cluster_url: str) -> AsyncIterator[RedisBackend]:
-    b = RedisBackend.from_url(redis_cluster_url, prefix=f"rheo-test-cl-{uuid.uuid4().hex[:10]}")
-    try:
+    """A backend on the cluster under a fresh prefix; its keys are deleted afterwards."""
+    async with scratch_backend(redis_cluster_url) as b:
         yield b
-    finally:
-        await b.drop_all()
-        await b.close()
 
 
 def test_cluster_urls_build_a_cluster_client() -> None:

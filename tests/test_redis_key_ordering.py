@@ -5,20 +5,20 @@ stateful machine with key-ordered groups); these are the Redis specifics: the
 group record's ordering field (records written before it read as unordered),
 the per-(group, partition) state of blocked keys (``:k``, key -> ``head|tail``;
 ``:n``, the deliveries a fetch passed over linked by key), which must be empty
-once every key is released, and a fetch that fills its batch past a long run of
-one blocked key; and the multi-process run of tests/test_key_ordering_processes.py on
-both.
+once every key is released, a fetch that fills its batch past a long run of
+one blocked key, and the events a fetch passed over inside the range of a block
+of new leases (which does not lease them). The multi-process run is
+tests/test_key_ordering_processes.py's, on both.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
+import test_redis_backend as shared
 from rheo_flow import InvalidArgument, Lease, NewEvent, Rheo
 from rheo_flow.backends import RedisBackend
 
@@ -28,18 +28,12 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[RedisBackend]
     """A backend under a fresh prefix, on the server and on the cluster."""
     url = request.getfixturevalue("redis_url" if request.param == "redis"
                                   else "redis_cluster_url")
-    b = RedisBackend.from_url(url, prefix=f"rheo-test-ko-{uuid.uuid4().hex[:10]}")
-    try:
+    async with shared.scratch_backend(url) as b:
         yield b
-    finally:
-        await b.drop_all()
-        await b.close()
 
 
-@pytest.fixture
-async def rheo(backend: RedisBackend) -> AsyncIterator[Rheo]:
-    async with Rheo(backend) as instance:
-        yield instance
+rheo = shared.rheo
+"""The instance over :func:`backend` (tests/test_redis_backend.py's fixture)."""
 
 
 def _group_key(backend: RedisBackend, stream: str, group: str, suffix: str,
@@ -212,26 +206,73 @@ async def test_a_redriven_dead_letter_goes_before_a_later_leased_one(rheo: Rheo)
     assert _seqs(await rheo.fetch("s", "g")) == [3]
 
 
-@pytest.mark.parametrize("server", ["redis", "redis-cluster"])
-def test_four_processes_keep_each_key_in_order(
-        server: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """tests/test_key_ordering_processes.py's run (four worker processes, 20,000 events
-    of 200 keys, retries) on Redis and on the cluster."""
-    from test_key_ordering_processes import _check_order, _run
-
-    base = request.getfixturevalue("redis_url" if server == "redis" else "redis_cluster_url")
-    prefix = f"rheo-test-kop-{uuid.uuid4().hex[:10]}"
-    url = f"{base}{'&' if '?' in base else '?'}prefix={prefix}"
-    try:
-        records = asyncio.run(_run(url, tmp_path))
-    finally:
-        asyncio.run(_drop(base, prefix))
-    _check_order(records)
+async def test_an_expired_block_leases_again_only_what_it_leased(rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key")
+    await _append(rheo, "s", ["a", "a", None, "b", "a"])
+    # One block of new leases covers 1..4; 2 (and 5) were passed over, not leased.
+    assert _seqs(await rheo.fetch("s", "g", lease_ms=50)) == [1, 3, 4]
+    await asyncio.sleep(0.1)
+    again = await rheo.fetch("s", "g")
+    assert [(x.sequence, x.attempt) for x in again] == [(1, 2), (3, 2), (4, 2)]
+    await rheo.ack(again)
+    assert [(x.sequence, x.attempt) for x in await rheo.fetch("s", "g")] == [(2, 1)]
 
 
-async def _drop(url: str, prefix: str) -> None:
-    backend = RedisBackend.from_url(url, prefix=prefix)
-    try:
-        await backend.drop_all()
-    finally:
-        await backend.close()
+async def test_leases_with_records_of_their_own_as_earlier_versions_wrote(
+        rheo: Rheo, backend: RedisBackend) -> None:
+    """Versions before blocks of key-ordered leases gave every lease its own record
+    (``:d``, ``:z``): those are settled, and release their keys, as before."""
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key")
+    await _append(rheo, "s", ["a", "b", "a", "b"])
+    leases = await rheo.fetch("s", "g")
+    assert _seqs(leases) == [1, 2]
+    client = backend.client
+    for lease in leases:
+        await client.hset(_group_key(backend, "s", "g", ":d"), str(lease.sequence),
+                          f"L|1|{lease.lease_id}|||")
+        await client.zadd(_group_key(backend, "s", "g", ":z"),
+                          {str(lease.sequence): lease.deadline_ms})
+    await client.delete(_group_key(backend, "s", "g", ":b"),
+                        _group_key(backend, "s", "g", ":y"))
+    assert [r.ok for r in await rheo.ack(leases)] == [True, True]
+    assert _seqs(await rheo.fetch("s", "g")) == [3, 4]
+
+
+async def test_a_redriven_dead_letter_before_a_block_lease_keeps_that_lease(
+        rheo: Rheo) -> None:
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key", max_attempts=3)
+    await _append(rheo, "s", ["a"])
+    [first] = await rheo.fetch("s", "g")
+    await rheo.reject(first, "bad")
+    await _append(rheo, "s", ["a"])
+    # 2 is leased by its fetch's block (no record of its own) when 1 is re-driven.
+    [second] = await rheo.fetch("s", "g", lease_ms=50)
+    assert (second.sequence, second.attempt) == (2, 1)
+    assert await rheo.redrive("s", "g") == 1
+    [again] = await rheo.fetch("s", "g")
+    assert (again.sequence, again.attempt) == (1, 1)
+    await asyncio.sleep(0.1)
+    assert await rheo.fetch("s", "g") == []
+    await rheo.ack(again)
+    [retried] = await rheo.fetch("s", "g")
+    assert (retried.sequence, retried.attempt) == (2, 2)
+
+
+async def test_releasing_a_key_wakes_a_wait_on_its_stream(rheo: Rheo) -> None:
+    await rheo.create_stream("s", partitions=2)
+    await rheo.create_group("s", "g", ordering="key")
+    await _append(rheo, "s", ["a", "a"])
+    [first] = await rheo.fetch("s", "g")
+    assert await rheo.fetch("s", "g") == []
+    waiting = asyncio.create_task(rheo.wait_for_append("s", 30))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await rheo.ack(first)  # 2 is due now: no append, but a fetch would find it
+    async with asyncio.timeout(5):
+        assert await waiting
+    assert _seqs(await rheo.fetch("s", "g")) == [2]
+    # Once: the next wait blocks again until something happens.
+    assert await rheo.wait_for_append("s", 0.1) is False

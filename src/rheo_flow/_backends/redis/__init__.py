@@ -28,22 +28,27 @@ can spread partitions over shards and each Lua script stays on one slot:
   trim clip or drop the blocks they reach.
 * Key-ordered groups (``ordering="key"``: field ``o`` = ``k`` of ``:g:<g>``, and
   the group record ends with ``|key``; older records have no such field and are
-  unordered) keep no blocks: every delivery has its own record and lease id.
+  unordered) lease their new deliveries in blocks too.
   ``{P:s:p}:g:<g>:k`` maps each key with an unsettled delivery to ``head|tail``:
   the one unsettled delivery of the key (leased, waiting for its nack delay or
   expired) and the last event of the key the cursor passed. A fetch reads past
-  the cursor with ``XRANGE`` and leases the events of free keys (and keyless
-  ones); an event of a blocked key is linked behind its key's tail in
-  ``:g:<g>:n`` (sequence -> the next passed-over sequence of the same key) and
-  gets no record, no ``:z`` entry and no PEL entry. Settling the head for good
-  (ack, reject, dead letter; trim counts as settled) pops the next sequence of
-  the list, which becomes the head with an ``A`` record due now (attempt 0), or
-  frees the key (its field is deleted): both hashes hold only live keys and
-  waiting events, never the settled history. A re-driven dead letter takes its
-  place in its key's list; a delivery that is not its key's head waits in
-  ``:z`` at a score far in the future (*parked*) until it is. One fetch script
-  reads at most its quota plus 1,000 events and says when it stopped there, and
-  the client calls it again a few times.
+  the cursor (``XREADGROUP`` of its quota, then ``XRANGE`` if it passed over
+  some) and leases the events of free keys (and keyless ones); an event of a
+  blocked key is linked behind its key's tail in ``:g:<g>:n`` (sequence -> the
+  next passed-over sequence of the same key) and gets no record, no ``:z`` entry
+  and no PEL entry, and is not leased by the block whose range it lies in: when
+  that block expires, only its keyless entries and its keys' heads get records.
+  Settling the head for good (ack, reject, dead letter; trim counts as settled)
+  pops the next sequence of the list, which becomes the head with an ``A`` record
+  due now (attempt 0), and wakes this client's waits on the stream; or it frees
+  the key (its field is deleted): both hashes hold only live keys and waiting
+  events, never the settled history. A re-driven dead letter takes its place in
+  its key's list (a later head it displaces that its block leased gets its own
+  record); a delivery that is not its key's head waits in ``:z`` at a score far
+  in the future (*parked*) until it is. One fetch script reads at most its quota
+  plus 1,000 events and says when it stopped there, and the client calls it
+  again a few times. Groups of versions that gave every key-ordered delivery a
+  record of its own read the same: a record always comes before a block.
 * ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
   which partition owns an event id (streams with several partitions).
 

@@ -7,6 +7,7 @@ the script runner, error translation and the caches of what this process knows.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -47,6 +48,9 @@ class RedisCore:
     _consumers: dict[tuple[str, str], set[str]]
     """The Redis consumers fetches created, per (stream, group); ``_tracked`` counts them."""
     _tracked: int
+    _released: dict[str, asyncio.Event]
+    """Per stream, set when a settle made a delivery due that was waiting for its key
+    (a wake-up of this backend's next or current wait for the stream)."""
 
     def _init_caches(self) -> None:
         self._partitions = {}
@@ -57,6 +61,14 @@ class RedisCore:
         self._valid_keys = {}
         self._consumers = {}
         self._tracked = 0
+        self._released = {}
+
+    def _released_for(self, stream: str) -> asyncio.Event:
+        """The stream's wake-up for deliveries a settle made due (see ``_released``)."""
+        event = self._released.get(stream)
+        if event is None:
+            event = self._released[stream] = asyncio.Event()
+        return event
 
     # Errors ------------------------------------------------------------------
 
@@ -153,6 +165,7 @@ class RedisCore:
             self._partitions.pop(stream, None)
             self._seen.pop(stream, None)
             self._stale.pop(stream, None)
+            self._released.pop(stream, None)
 
         def gone(cache: Iterable[tuple[Any, ...]]) -> list[Any]:
             return [k for k in cache if k[0] == stream and (group is None or k[1] == group)]

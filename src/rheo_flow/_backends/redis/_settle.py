@@ -133,8 +133,16 @@ class SettleOperations(RedisCore):
                 for (stream, group, partition), indexes in buckets.items()
             ]
         replies = await self._eval(calls)
-        return results, [(indexes, text(reply))
-                         for indexes, reply in zip(buckets.values(), replies, strict=True)]
+        out: list[tuple[list[int], str]] = []
+        for (stream, _, _), indexes, reply in zip(buckets, buckets.values(), replies,
+                                                  strict=True):
+            codes = text(reply)
+            if codes.endswith("+"):
+                # A key released its next delivery: an idle fetcher here can take it.
+                codes = codes[:-1]
+                self._released_for(stream).set()
+            out.append((indexes, codes))
+        return results, out
 
     def _buckets(self, leases: Sequence[Lease], results: list[SettleResult | None]) -> _Buckets:
         """Lease indexes by the partition they point at; ``results`` gets ``invalid``
@@ -179,11 +187,14 @@ class SettleOperations(RedisCore):
         """The common batch: well-formed leases of one group partition, with their rows."""
         try:
             keys = list(map(_KEY, leases))
-            rows = list(map(row, leases))
         except AttributeError:
             return None
         key = keys[0]
         if keys.count(key) != len(keys):
+            return None
+        try:
+            rows = list(map(row, leases))
+        except AttributeError:
             return None
         try:
             ok = self._valid_keys.get(key)

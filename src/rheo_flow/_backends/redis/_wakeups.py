@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Coroutine
 from typing import Any, Final
 
 from ._codec import text
@@ -39,7 +40,12 @@ class WakeupOperations(RedisCore):
 
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         """Block on ``XREAD`` over every partition of the stream, past the high water
-        the last fetch saw; True as soon as something was appended after it."""
+        the last fetch saw; True as soon as something was appended after it, or a
+        settle of this backend made due a delivery that was waiting for its key."""
+        released = self._released_for(stream)
+        if released.is_set():
+            released.clear()
+            return True
         count = await self._partition_count(stream)
         seen = self._seen_for(stream)
         stale = self._stale.setdefault(stream, set())
@@ -56,8 +62,11 @@ class WakeupOperations(RedisCore):
             if remaining <= 0:
                 return False
             streams: dict[Any, Any] = {key: f"{seen[p]}-0" for key, p in keys.items()}
-            woken = (await self._read_each(streams, remaining) if self._cluster
-                     else _woken_keys(await self._read(streams, remaining)))
+            woken = await _unless(released, self._read_each(streams, remaining)
+                                  if self._cluster else self._read_one(streams, remaining))
+            if woken is None:
+                released.clear()
+                return True
             if woken:
                 # Only the first new entry was read: unless a fetch covers these
                 # partitions first, the next wait starts past their high water.
@@ -90,6 +99,10 @@ class WakeupOperations(RedisCore):
                 woken.extend(_woken_keys(read.result()))
         return woken
 
+    async def _read_one(self, streams: dict[Any, Any], remaining: float) -> list[Any]:
+        """One blocking read over every partition: the keys it found an entry for."""
+        return _woken_keys(await self._read(streams, remaining))
+
     async def _read(self, streams: dict[Any, Any], remaining: float) -> Any:
         """One ``XREAD`` of the first new entry, blocking up to ``remaining`` seconds
         (rounded up: a wait never ends before its timeout) or the client's cap."""
@@ -103,6 +116,23 @@ class WakeupOperations(RedisCore):
             return reply
         block = remaining_ms if cap is None else min(remaining_ms, cap)
         return await self._io(self._client.xread(streams, count=1, block=block))
+
+
+async def _unless(event: asyncio.Event, read: Coroutine[Any, Any, list[Any]]
+                  ) -> list[Any] | None:
+    """What ``read`` returns, or None as soon as ``event`` is set (``read`` is then
+    cancelled)."""
+    reading = asyncio.ensure_future(read)
+    waiting = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((reading, waiting), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (reading, waiting):
+            task.cancel()
+        await asyncio.gather(reading, waiting, return_exceptions=True)
+    if not reading.cancelled():
+        return reading.result()
+    return None
 
 
 def _woken_keys(reply: Any) -> list[Any]:

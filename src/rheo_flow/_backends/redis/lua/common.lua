@@ -117,9 +117,53 @@ local function blockspec(spec)
   local first, last, dl = string.match(spec, '^(%d+)|(%d+)|(%d+)$')
   return tonumber(first), tonumber(last), dl
 end
+-- Key-ordered groups (field 'o' = 'k' of G). K: each key with an unsettled delivery ->
+-- 'head|tail', the unsettled (leased, waiting or parked) one and the last delivery of
+-- the key the cursor passed; N: each delivery of a blocked key the cursor passed over
+-- (no record, neither in Z nor in the PEL, not leased by a block whose range it is in)
+-- -> the next one of its key, so a key's deferred deliveries are a linked list from its
+-- head to its tail. A materialised delivery that is not its key's head (only after a
+-- redrive) waits in Z at score PARK; a leased one has a record of its own then.
+local PARK = 4000000000000000
+-- The key of a stream entry's fields (nil when it has none). Meta is JSON [id, type, key,
+-- headers]: when neither of the three strings holds an escape, one match finds the key.
+local function entry_key(fl)
+  local plain = string.match(fl[2], '^%["[^"\\]*","[^"\\]*","([^"\\]*)",')
+  if plain then return plain end
+  local ok, meta = pcall(cjson.decode, fl[2])
+  if ok and type(meta) == 'table' and type(meta[3]) == 'string' then return meta[3] end
+  return nil
+end
+-- The key of the event with sequence sq (text), read from the stream (nil: none or gone).
+local function seq_key(x, sq)
+  local e = redis.call('XRANGE', x, sq .. '-0', sq .. '-0')
+  if e[1] then return entry_key(e[1][2]) end
+  return nil
+end
+local function keyspec(spec)
+  return string.match(spec, '^(%d+)|(%d+)$')
+end
+-- Of the sequences sqs (text, ascending) of a key-ordered group's block without a
+-- record of their own, those the block leased: the keyless ones and their key's heads
+-- (an entry gone from the stream stays in, as in any group).
+local function block_leased(x, K, sqs)
+  local keys = {}
+  for _, e in ipairs(redis.call('XRANGE', x, sqs[1] .. '-0', sqs[#sqs] .. '-0')) do
+    keys[string.sub(e[1], 1, -3)] = entry_key(e[2]) or false
+  end
+  local out = {}
+  for _, sq in ipairs(sqs) do
+    local k = keys[sq]
+    local spec = k and redis.call('HGET', K, k)
+    if not spec or keyspec(spec) == sq then out[#out + 1] = sq end
+  end
+  return out
+end
 -- Expired blocks: their entries past the frontier without a record of their own get one
--- ('L', due at the block's deadline); the part at or behind the frontier stays.
-local function expire(D, Z, B, Y, tokens, f)
+-- ('L', due at the block's deadline); the part at or behind the frontier stays. In a
+-- key-ordered group (x and K given) such an entry that is not keyless nor its key's head
+-- was passed over, not leased (see fetch.lua): it stays as it is.
+local function expire(D, Z, B, Y, tokens, f, x, K)
   if #tokens == 0 then return end
   local specs = hmget(B, tokens)
   local gone = {}
@@ -129,7 +173,9 @@ local function expire(D, Z, B, Y, tokens, f)
       local first, last, dl = blockspec(spec)
       if last > f then
         local hs, za = {}, {}
-        for _, sq in ipairs(unrecorded(D, math.max(first, f + 1), last)) do
+        local sqs = unrecorded(D, math.max(first, f + 1), last)
+        if x and #sqs > 0 then sqs = block_leased(x, K, sqs) end
+        for _, sq in ipairs(sqs) do
           hs[#hs + 1] = sq
           hs[#hs + 1] = 'L|1|' .. t .. ':' .. sq .. '|||'
           za[#za + 1] = dl
@@ -197,30 +243,9 @@ local function resolve(spec, hw, lw)
   if pos < lw - 1 then pos = lw - 1 end
   return pos
 end
--- Key-ordered groups (field 'o' = 'k' of G). K: each key with an unsettled delivery ->
--- 'head|tail', the unsettled (leased, waiting or parked) one and the last delivery of
--- the key the cursor passed; N: each delivery of a blocked key the cursor passed over
--- (no record, not in Z) -> the next one of its key, so a key's deferred deliveries are
--- a linked list from its head to its tail. A materialised delivery that is not its
--- key's head (only after a redrive) waits in Z at score PARK.
-local PARK = 4000000000000000
--- The key of a stream entry's fields (nil when it has none).
-local function entry_key(fl)
-  local ok, meta = pcall(cjson.decode, fl[2])
-  if ok and type(meta) == 'table' and type(meta[3]) == 'string' then return meta[3] end
-  return nil
-end
--- The key of the event with sequence sq (text), read from the stream (nil: none or gone).
-local function seq_key(x, sq)
-  local e = redis.call('XRANGE', x, sq .. '-0', sq .. '-0')
-  if e[1] then return entry_key(e[1][2]) end
-  return nil
-end
-local function keyspec(spec)
-  return string.match(spec, '^(%d+)|(%d+)$')
-end
 -- The head of key k is settled or gone: the next delivery of k neither settled nor at or
 -- below `stop` becomes its head (due now if it was passed over or parked); none: k is free.
+-- Returns true when it made a delivery due now.
 local function pass_key(K, N, D, Z, k, head, tail, stop, snow)
   local nxt = head
   while nxt ~= tail do
@@ -231,26 +256,32 @@ local function pass_key(K, N, D, Z, k, head, tail, stop, snow)
     if tonumber(nxt) > stop then
       local r = redis.call('HGET', D, nxt)
       local b = r and string.byte(r, 1)
+      local due = not r
       if not r then
         redis.call('HSET', D, nxt, 'A|0||||')
         redis.call('ZADD', Z, snow, nxt)
       elseif b ~= 75 and b ~= 82 then
         local sc = redis.call('ZSCORE', Z, nxt)
-        if sc and tonumber(sc) >= PARK then redis.call('ZADD', Z, snow, nxt) end
+        if sc and tonumber(sc) >= PARK then
+          redis.call('ZADD', Z, snow, nxt)
+          due = true
+        end
       end
       if not r or (b ~= 75 and b ~= 82) then
         redis.call('HSET', K, k, nxt .. '|' .. tail)
-        return
+        return due
       end
     end
   end
   redis.call('HDEL', K, k)
+  return false
 end
 -- The delivery sq (text) of key k is settled for good: it releases k if it is k's head.
+-- Returns true when that made the next delivery of k due now.
 local function release(K, N, D, Z, k, sq, snow)
-  if type(k) ~= 'string' then return end
+  if type(k) ~= 'string' then return false end
   local spec = redis.call('HGET', K, k)
-  if not spec then return end
+  if not spec then return false end
   local head, tail = keyspec(spec)
-  if head == sq then pass_key(K, N, D, Z, k, head, tail, 0, snow) end
+  return head == sq and pass_key(K, N, D, Z, k, head, tail, 0, snow)
 end

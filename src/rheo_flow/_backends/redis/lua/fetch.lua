@@ -18,7 +18,7 @@ if not g[1] then return 'NOGROUP' end
 -- same token would overwrite that block and strand its deliveries for ever.
 if redis.call('HEXISTS', B, btoken) == 1 then return 'AGAIN' end
 local f, c, ma = tonumber(g[1]), tonumber(g[2]), tonumber(g[3])
--- A key-ordered group: every delivery gets a record of its own (no blocks), see keyed.
+-- A key-ordered group: the events of blocked keys are passed over (see keyed_new).
 local keyed = g[4] == 'k'
 local hw = tonumber(mm[1] or '0')
 local now = now_ms()
@@ -30,60 +30,101 @@ local datas = {''}
 local redelivered = 0
 local more = 0
 -- Blocks past their deadline become per-delivery records, found below like any other.
-expire(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow), f)
--- New deliveries of a key-ordered group: read past the cursor (XRANGE, not XREADGROUP),
--- lease the events of free keys and keyless ones (each with its own record, lease ids
--- token .. n after the n taken so far), link those of blocked keys behind their key's
--- tail in N; at most want + 1000 events read (`more` set when that stopped it). Returns
--- n and the new cursor.
-local function keyed_new(want, n, c, hs)
-  local budget = want + 1000
-  local start, claim, za, kc = c, {}, {}, {}
-  while want > 0 and c < hw and budget > 0 do
-    local entries = redis.call('XRANGE', x, '(' .. eid(c), '+', 'COUNT',
-      math.min(math.max(want, 64), budget))
-    if #entries == 0 then break end
-    for _, e in ipairs(entries) do
-      if want == 0 then break end
-      local fl = e[2]
+expire(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow), f, keyed and x, K)
+-- A new delivery (sequence sq, as text, and the entry's fields) goes into the reply.
+local function new_item(sq, fl)
+  items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ']'
+  datas[#datas + 1] = fl[4]
+end
+-- New deliveries of an unordered group: the next `want` entries of the consumer group.
+-- Returns the first and last sequence read (nil: none) and the new cursor.
+local function plain_new(want)
+  local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
+    'STREAMS', x, '>')
+  local first, last = nil, nil
+  if res then
+    for _, e in ipairs(res[1][2]) do
+      -- Entry ids are always '<seq>-0'.
       local sq = string.sub(e[1], 1, -3)
-      c = tonumber(sq)
-      budget = budget - 1
-      local k = entry_key(fl)
-      local spec = nil
-      if k then
-        spec = kc[k]
-        if spec == nil then spec = redis.call('HGET', K, k) end
-      end
-      if spec then
-        local head, tail = keyspec(spec)
-        redis.call('HSET', N, tail, sq)
-        kc[k] = head .. '|' .. sq
-      else
-        if k then kc[k] = sq .. '|' .. sq end
-        n = n + 1
-        want = want - 1
-        items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ']'
-        datas[#datas + 1] = fl[4]
-        hs[#hs + 1] = sq
-        hs[#hs + 1] = rec('L', 1, token .. n, '', '', '', nil)
-        za[#za + 1] = sdl
-        za[#za + 1] = sq
-        claim[#claim + 1] = e[1]
-      end
+      if not first then first = sq end
+      last = sq
+      new_item(sq, e[2])
     end
   end
-  local ks = {}
-  for k, spec in pairs(kc) do
-    ks[#ks + 1] = k
-    ks[#ks + 1] = spec
+  return first, last, last and tonumber(last) or c
+end
+-- New deliveries of a key-ordered group: the events of keyless and free keys are leased
+-- as in any group; those of blocked keys are passed over: linked behind their key's tail
+-- in N, with no record, neither in Z nor in the PEL. The first read is XREADGROUP of
+-- `want` entries, which is all it takes unless some were passed over; then XRANGE reads
+-- on (the leased ones XCLAIMed into the PEL, the group's cursor set after), at most
+-- want + 1000 events in all (`more` set when that stopped it). Returns the first and
+-- last sequence leased (nil: none) and the new cursor.
+local function keyed_new(want)
+  local budget = want + 1000
+  local known, ks, links, over, claim = {}, {}, {}, {}, {}
+  local first, last = nil, nil
+  local pos = c
+  -- The entries in order, until `want` are leased; pel: they are in the PEL already.
+  local function take(entries, pel)
+    local keys, ask = {}, {}
+    for i, e in ipairs(entries) do
+      local k = entry_key(e[2])
+      keys[i] = k
+      if k and known[k] == nil then
+        known[k] = false
+        ask[#ask + 1] = k
+      end
+    end
+    if #ask > 0 then
+      local specs = hmget(K, ask)
+      for i, k in ipairs(ask) do known[k] = specs[i] end
+    end
+    local done, sq = 0, nil
+    for i, e in ipairs(entries) do
+      if want == 0 then break end
+      sq = string.sub(e[1], 1, -3)
+      done = i
+      local k = keys[i]
+      local spec = k and known[k]
+      if spec then
+        local head, tail = keyspec(spec)
+        links[#links + 1] = tail
+        links[#links + 1] = sq
+        spec = head .. '|' .. sq
+        if pel then over[#over + 1] = e[1] end
+      else
+        spec = sq .. '|' .. sq
+        want = want - 1
+        new_item(sq, e[2])
+        if not first then first = sq end
+        last = sq
+        if not pel then claim[#claim + 1] = e[1] end
+      end
+      if k then
+        -- HSET K below: a key set twice keeps its last spec.
+        known[k] = spec
+        ks[#ks + 1] = k
+        ks[#ks + 1] = spec
+      end
+    end
+    if sq then pos = tonumber(sq) end
+    budget = budget - done
   end
+  local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
+    'STREAMS', x, '>')
+  if res then take(res[1][2], true) end
+  local read = pos
+  while want > 0 and pos < hw and budget > 0 do
+    local entries = redis.call('XRANGE', x, '(' .. eid(pos), '+', 'COUNT',
+      math.min(math.max(want, 64), budget))
+    if #entries == 0 then break end
+    take(entries, false)
+  end
+  if #links > 0 then bulk({'HSET', N}, links) end
   if #ks > 0 then bulk({'HSET', K}, ks) end
-  if c > start then
-    redis.call('HSET', G, 'c', S(c))
-    redis.call('XGROUP', 'SETID', x, group, eid(c))
-  end
-  if #za > 0 then bulk({'ZADD', Z}, za) end
+  if #over > 0 then bulk({'XACK', x, group}, over) end
+  if pos > read then redis.call('XGROUP', 'SETID', x, group, eid(pos)) end
   local i = 1
   while i <= #claim do
     local j = math.min(i + CHUNK - 1, #claim)
@@ -94,8 +135,8 @@ local function keyed_new(want, n, c, hs)
     redis.call(unpack(args))
     i = j + 1
   end
-  if want > 0 and c < hw and budget <= 0 then more = 1 end
-  return n, c
+  if want > 0 and pos < hw and budget <= 0 then more = 1 end
+  return first, last, pos
 end
 if quota > 0 then
   local hs, dead, radd, due, next_att, errs = {}, {}, {}, {}, {}, {}
@@ -183,36 +224,24 @@ if quota > 0 then
   end
   if #park > 0 then bulk({'ZADD', Z}, park) end
   redelivered = n
-  -- New deliveries past the group's cursor.
+  -- New deliveries past the group's cursor are one block: a single record stands for
+  -- all their leases (attempt 1, lease id '<block token>:<seq>', one deadline) until
+  -- each one gets its own record (settle, renew) or the block expires.
   local want = quota - n
-  if keyed then
-    if want > 0 and c < hw then
-      n, c = keyed_new(want, n, c, hs)
-      redelivered = n
+  if want > 0 and c < hw then
+    local first, last, nc
+    if keyed then
+      first, last, nc = keyed_new(want)
+    else
+      first, last, nc = plain_new(want)
     end
-  elseif want > 0 and c < hw then
-    local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
-      'STREAMS', x, '>')
-    if res then
-      -- New deliveries are one block: a single record stands for all their leases
-      -- (attempt 1, lease id '<block token>:<seq>', one deadline) until each one gets
-      -- its own record (settle, renew) or the block expires.
-      local entries = res[1][2]
-      local first = nil
-      for _, e in ipairs(entries) do
-        local fl = e[2]
-        -- Entry ids are always '<seq>-0'.
-        local sq = string.sub(e[1], 1, -3)
-        if not first then first = sq end
-        items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ']'
-        datas[#datas + 1] = fl[4]
-        c = tonumber(sq)
-      end
-      if first then
-        redis.call('HSET', B, btoken, first .. '|' .. S(c) .. '|' .. sdl)
-        redis.call('ZADD', Y, sdl, btoken)
-        redis.call('HSET', G, 'c', S(c))
-      end
+    if first then
+      redis.call('HSET', B, btoken, first .. '|' .. last .. '|' .. sdl)
+      redis.call('ZADD', Y, sdl, btoken)
+    end
+    if nc > c then
+      c = nc
+      redis.call('HSET', G, 'c', S(c))
     end
   end
   if #hs > 0 then bulk({'HSET', D}, hs) end

@@ -35,6 +35,25 @@ bulk({'ZADD', Z}, za)
 local members = {}
 for k = 2, #za, 2 do members[#members + 1] = za[k] end
 bulk({'ZREM', R}, members)
+-- A block lease of sq (text) past the frontier gets a record of its own, as when its
+-- block expires: once sq is not its key's head, only that record tells it was leased.
+local function own_record(sq)
+  if tonumber(sq) <= f or redis.call('HEXISTS', D, sq) == 1 then return end
+  local tokens = redis.call('ZRANGE', Y, 0, -1)
+  if #tokens == 0 then return end
+  local specs = hmget(B, tokens)
+  local n = tonumber(sq)
+  for k, t in ipairs(tokens) do
+    if specs[k] then
+      local first, last, dl = blockspec(specs[k])
+      if n >= first and n <= last then
+        redis.call('HSET', D, sq, 'L|1|' .. t .. ':' .. sq .. '|||')
+        redis.call('ZADD', Z, dl, sq)
+        return
+      end
+    end
+  end
+end
 if g[2] == 'k' then
   -- In a key-ordered group a re-driven delivery takes its place in its key's order: the
   -- head when it is the earliest (a later one already leased keeps its lease), else
@@ -49,6 +68,7 @@ if g[2] == 'k' then
       local head, tail = keyspec(spec)
       local n = tonumber(sq)
       if n < tonumber(head) then
+        own_record(head)
         redis.call('HSET', N, sq, head)
         redis.call('HSET', K, k, sq .. '|' .. tail)
       else

@@ -2,7 +2,8 @@
 -- reason (then NUL and the error to record, if any), delay_ms,
 -- JSON [[seq, receipt, lease_id, attempt, key], ...] (the key serves key-ordered groups:
 -- a delivery settled for good releases its key when it is the key's head). Returns one
--- code letter per lease (see _settle.py). The attempt only serves the fast path: a
+-- code letter per lease (see _settle.py), then '+' when releasing a key made its next
+-- delivery due now. The attempt only serves the fast path: a
 -- lease whose record is exactly 'L|attempt|lease_id|||' and whose receipt is its entry
 -- id is current, with no parsing.
 -- An ack may add the run form of the same leases: block token t, first, last: the
@@ -17,12 +18,50 @@ if cut then
   reason = string.sub(reason, 1, cut - 1)
 end
 local K, N = KEYS[9], KEYS[10]
+-- Deliveries of keys ks[i] (not a string: keyless) and sequences sqs[i] (text) are settled
+-- for good: each releases its key when it is the key's head. The state of the keys is
+-- read at once; a key settled twice in the batch (its later settles then see what the
+-- first did) is released one delivery at a time. Returns '+' when that made a delivery
+-- due now (the client wakes its idle fetchers of the stream), else ''.
+local function release_all(ks, sqs, snow)
+  local keys, firsts, later, free = {}, {}, {}, {}
+  for i = 1, #sqs do
+    local key = ks[i]
+    if type(key) == 'string' then
+      if firsts[key] then
+        later[#later + 1] = i
+      else
+        firsts[key] = i
+        keys[#keys + 1] = key
+      end
+    end
+  end
+  if #keys == 0 then return '' end
+  local due = false
+  for i, spec in ipairs(hmget(K, keys)) do
+    local key = keys[i]
+    local sq = sqs[firsts[key]]
+    if spec == sq .. '|' .. sq then
+      free[#free + 1] = key
+    elseif spec then
+      local head, tail = keyspec(spec)
+      if head == sq and pass_key(K, N, D, Z, key, head, tail, 0, snow) then due = true end
+    end
+  end
+  if #free > 0 then bulk({'HDEL', K}, free) end
+  for _, i in ipairs(later) do
+    if release(K, N, D, Z, ks[i], sqs[i], snow) then due = true end
+  end
+  if due then return '+' end
+  return ''
+end
 local g = redis.call('HMGET', G, 'f', 'ma', 'o')
 local keyed = g[3] == 'k'
-if g[1] and ARGV[6] and op == 'a' and not keyed then
+if g[1] and ARGV[6] and op == 'a' then
   -- The run form (see above): every lease of the run is current exactly when its block
   -- covers it, the frontier is right before it and none of its deliveries has a
-  -- record of its own. Then the ack moves the frontier over it and writes no record.
+  -- record of its own. Then the ack moves the frontier over it and writes no record
+  -- (in a key-ordered group each keyed delivery of the run is its key's head: released).
   local f = tonumber(g[1])
   local first, last = tonumber(ARGV[7]), tonumber(ARGV[8])
   local spec = first == f + 1 and redis.call('HGET', B, ARGV[6])
@@ -42,6 +81,14 @@ if g[1] and ARGV[6] and op == 'a' and not keyed then
       redis.call('HSET', G, 'f', S(nf))
       -- A block wholly behind the frontier has nothing left to expire.
       if bl <= nf then redis.call('ZREM', Y, ARGV[6]) end
+      if keyed then
+        local ks, sqs = {}, {}
+        for i, l in ipairs(cjson.decode(ARGV[5])) do
+          ks[i] = l[5]
+          sqs[i] = S(l[1])
+        end
+        return string.rep('o', last - first + 1) .. release_all(ks, sqs, S(now_ms()))
+      end
       return string.rep('o', last - first + 1)
     end
   end
@@ -53,7 +100,8 @@ local now = now_ms()
 local snow = S(now)
 local hw, fields, state, virt, blocks = lookup(leases, f)
 local codes, dirty, zrem, zadd, radd, acks, vacks = {}, {}, {}, {}, {}, {}, {}
-local freed = {}
+-- The keys and sequences of the deliveries settled for good (key-ordered groups).
+local fkeys, fseqs = {}, {}
 local front = false
 for k, l in ipairs(leases) do
   local sq = fields[k]
@@ -96,7 +144,11 @@ for k, l in ipairs(leases) do
           radd[#radd + 1] = sq
         end
         if l[1] == f + 1 then front = true end
-        if keyed then freed[#freed + 1] = k end
+        if keyed then
+          local i = #fseqs + 1
+          fkeys[i] = l[5]
+          fseqs[i] = sq
+        end
       end
       state[sq] = r
       if virt[sq] and op == 'a' then
@@ -140,7 +192,8 @@ if #zadd > 0 then bulk({'ZADD', Z}, zadd) end
 if #radd > 0 then bulk({'ZADD', R}, radd) end
 if #acks > 0 then bulk({'XACK', x, group}, acks) end
 -- After the records: releasing a key reads the records of its later deliveries.
-for _, k in ipairs(freed) do release(K, N, D, Z, leases[k][5], fields[k], snow) end
+local woke = ''
+if #fseqs > 0 then woke = release_all(fkeys, fseqs, snow) end
 if nf > f then
   redis.call('HSET', G, 'f', S(nf))
   -- A block wholly behind the frontier has nothing left to expire.
@@ -150,4 +203,4 @@ if nf > f then
   end
   if #done > 0 then bulk({'ZREM', Y}, done) end
 end
-return table.concat(codes)
+return table.concat(codes) .. woke
