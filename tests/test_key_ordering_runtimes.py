@@ -12,13 +12,12 @@ import asyncio
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import WaitUntil
 from rheo_flow import ACK, Event, NewEvent, Outcome, Retry, Rheo, consumer, current_lease
 from rheo_flow.pipeline import Batcher, Message, Pipeline, Processors
 
@@ -26,6 +25,8 @@ EVENTS = 1_500
 KEYS = 40
 DEADLINE_S = 60.0
 
+WaitUntil = Callable[..., Awaitable[None]]
+"""The ``wait_until`` fixture of tests/conftest.py."""
 Handling = tuple[int, int, int, int, str]
 """(sequence, attempt, start_ns, end_ns, outcome) of one handling."""
 
