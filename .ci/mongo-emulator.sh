@@ -7,6 +7,8 @@
 # its own virtualenv under the cache directory, never in the project's.
 #
 # It is an emulator: fine for checking semantics, never a measure of MongoDB's speed.
+# It starts through .ci/secantus-launch.py, which repairs one quadratic cost of the
+# emulator (see there); the version is pinned because that repair names its internals.
 #
 # Environment (all optional):
 #   RHEO_CACHE            cache directory (default ~/.cache/rheo-flow)
@@ -18,6 +20,7 @@
 # `mongo-emulator.sh stop` stops the server this script started (by its pid file).
 set -euo pipefail
 
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SECANTUS_VERSION="0.7.0b3"
 CACHE="${RHEO_CACHE:-$HOME/.cache/rheo-flow}"
 VENV="$CACHE/secantus-venv"
@@ -94,7 +97,7 @@ start_server() {
   if [[ "$STORAGE" != ":memory:" ]]; then
     mkdir -p "$STORAGE"
   fi
-  nohup setsid "$VENV/bin/secantusd-py" --host 127.0.0.1 --port "$PORT" \
+  nohup setsid "$VENV/bin/python" "$HERE/secantus-launch.py" --host 127.0.0.1 --port "$PORT" \
     --storage-path "$STORAGE" >"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   started=1

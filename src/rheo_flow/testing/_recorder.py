@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,8 @@ from ._suite import HARNESS_NAME, BackendConformance
 __all__ = ["STATEFUL_CASE", "MatrixRecorder", "case_order"]
 
 _RANK = {"pass": 0, "skip": 1, "fail": 2}
+_WORKER_KEY = "rheo_matrix"
+"""Where a pytest-xdist worker leaves its cells for the controller (``workeroutput``)."""
 
 STATEFUL_CASE = "stateful_model"
 """The matrix row of :meth:`BackendConformance.test_stateful_model`."""
@@ -74,7 +77,6 @@ class MatrixRecorder:
         function = getattr(item, "function", None)
         doc = (getattr(function, "__doc__", None) or "").strip().splitlines()
         self.docs[identity[0]] = doc[0] if doc else ""
-        previous = self.results.get(identity)
         if report.failed:
             cell: Cell = ("fail", _detail(report))
         elif report.skipped:
@@ -83,12 +85,36 @@ class MatrixRecorder:
             cell = ("pass", "")
         else:
             return report
-        # A test's worst phase decides its cell: fail over skip over pass.
-        if previous is None or _RANK[cell[0]] > _RANK[previous[0]]:
-            self.results[identity] = cell
+        self._keep(identity, cell)
         return report
 
+    def _keep(self, identity: tuple[str, str], cell: Cell) -> None:
+        # A test's worst phase (or worker) decides its cell: fail over skip over pass.
+        previous = self.results.get(identity)
+        if previous is None or _RANK[cell[0]] > _RANK[previous[0]]:
+            self.results[identity] = cell
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Merge this run's cells into the matrix file."""
-        if self.results:
+        """Merge this run's cells into the matrix file.
+
+        Under pytest-xdist a worker hands its cells to the controller instead
+        (:meth:`pytest_testnodedown`), which writes the file once, after all of them.
+        """
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[_WORKER_KEY] = {
+                "cells": [[name, backend, *cell] for (name, backend), cell in self.results.items()],
+                "docs": self.docs,
+            }
+        elif self.results:
             update_matrix(self.path, self.results, self.docs, case_order())
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """Collect the cells of a pytest-xdist worker that finished."""
+        sent = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
+        if not sent:
+            return
+        self.docs.update(sent["docs"])
+        for name, backend, state, detail in sent["cells"]:
+            self._keep((name, backend), (state, detail))
