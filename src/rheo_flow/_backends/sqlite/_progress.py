@@ -35,8 +35,10 @@ def release_keys(conn: sqlite3.Connection, settled: list[tuple[int, int, int]]) 
     """After deliveries (group id, partition, sequence) of key-ordered groups were
     settled for good: make the next delivery of each one's key eligible if fetch
     stored it blocked behind them."""
-    if settled:
-        conn.executemany(sql.RELEASE_KEY, settled)
+    partitions = {(group_id, part) for group_id, part, _ in settled}
+    blocked = {gp for gp in partitions if conn.execute(sql.HAS_BLOCKED, gp).fetchone()}
+    if blocked:
+        conn.executemany(sql.RELEASE_KEY, [s for s in settled if (s[0], s[1]) in blocked])
 
 
 def frontier(conn: sqlite3.Connection, stream: str, group: str) -> dict[int, int]:

@@ -136,6 +136,8 @@ LEASE_NEW_KEYED: Final = _STATEMENTS["lease_new_keyed"]
 STORE_BLOCKED: Final = _STATEMENTS["store_blocked"]
 RELEASE_KEY: Final = _STATEMENTS["release_key"]
 """Run after a key-ordered group's delivery is settled for good (group, part, seq)."""
+HAS_BLOCKED: Final = _STATEMENTS["has_blocked"]
+"""Whether a key-ordered group's partition (group, part) holds a blocked delivery."""
 RELEASE_HEADS: Final = _STATEMENTS["release_heads"]
 EXPIRE: Final = _STATEMENTS["expire"]
 LEASE_AGAIN: Final = _STATEMENTS["lease_again"]

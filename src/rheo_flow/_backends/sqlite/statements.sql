@@ -220,6 +220,15 @@ WHERE group_id = ?1 AND part = ?2 AND seq = (
       AND b.key IS NOT NULL AND b.state IN ('available', 'leased'))
   AND state = 'available' AND available_at_ms = 4611686018427387904
 
+-- name: has_blocked
+-- Whether partition ?2 of key-ordered group ?1 holds a delivery fetch stored blocked.
+-- Most hold none, and then a settle has no key to release: one read of the
+-- partition's unsettled rows spares a release_key per settled delivery.
+SELECT 1 FROM deliveries INDEXED BY deliveries_active
+WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')
+  AND state = 'available' AND available_at_ms = 4611686018427387904
+LIMIT 1
+
 -- name: release_heads
 -- After a trim removed deliveries of a key-ordered group's partition: each blocked
 -- delivery without an earlier unsettled one of its key is eligible now.
