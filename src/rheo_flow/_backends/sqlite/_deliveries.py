@@ -170,7 +170,7 @@ def fenced_update(
             return None
         params.append((*head, part, seq, lease_id, receipt, *tail))
     conn.execute(sql.SAVEPOINT)
-    # rowcount, not total_changes: that counts the rows the key-ordering triggers change.
+    # rowcount: the rows this statement changed, not what else the connection did.
     changed = conn.executemany(statement, params).rowcount  # an error rolls it all back
     if changed != len(leases):
         conn.execute(sql.ROLLBACK_TO_SAVEPOINT)

@@ -7,10 +7,10 @@ unsettled row of its key exists (one probe of ``deliveries_keyed``); new
 sequences past the cursor are read with their keys and whether each key has an
 unsettled delivery (the same probe, in the same statement), and either leased
 or stored *blocked*: available, attempt 0, ``available_at_ms`` 2**62, so later
-scans pass over them on the time test alone. The triggers of ``schema.sql``
-make the next blocked delivery of a key eligible when an earlier one leaves the
-unsettled rows (settled for good, or removed), so a fetch never reads settled
-history.
+scans pass over them on the time test alone. The statements that settle a
+delivery for good make the next blocked one of its key eligible
+(``_progress.release_keys``; a trim releases the heads it uncovers), so a fetch
+never reads settled history.
 
 Partitions are read lazily while the batch is taken round-robin: each first
 reads its share of the batch past its cursor, and reads more (in growing
