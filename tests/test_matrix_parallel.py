@@ -1,7 +1,8 @@
 """The conformance matrix of a pytest-xdist run is the matrix of the same run done serially.
 
-Each worker records the cases it ran; the controller merges them and writes the
-file once (a worker writing its own share would leave the others' cells out).
+Each worker records the cases it ran and hands them to the controller, which
+writes the file once; workers merging into the file themselves would race, each
+reading and rewriting it while the others do.
 """
 
 from __future__ import annotations
