@@ -13,7 +13,8 @@ held back, and the ratio is the cost of the bookkeeping alone.
 Backends: SQLite, PostgreSQL (``RHEO_POSTGRES_URL``), Redis (``RHEO_REDIS_URL``) and
 MongoDB (``RHEO_MONGO_URL``, last: in CI the emulator .ci/mongo-emulator.sh starts, a
 Python server whose speed says nothing about MongoDB's; its figures say so), those
-that declare ``key_ordering``; ``RHEO_SCALING_BACKENDS`` selects some.
+that declare ``key_ordering``; ``RHEO_SCALING_BACKENDS`` selects some, and
+``RHEO_ORDERING_KEYS`` (say ``100000``) some of the key counts.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ WORKERS = 4
 KEYS = (10, 1_000, 100_000)
 
 
+def _key_counts() -> tuple[int, ...]:
+    wanted = [int(n) for n in os.environ.get("RHEO_ORDERING_KEYS", "").split(",") if n]
+    unknown = [n for n in wanted if n not in KEYS]
+    if unknown:
+        raise SystemExit(f"RHEO_ORDERING_KEYS: {unknown} not among {list(KEYS)}")
+    return tuple(wanted) or KEYS
+
+
 async def _orders_keys(url: str) -> bool:
     async with Rheo(url) as rheo:
         return bool(rheo.backend.capabilities.key_ordering)
@@ -41,7 +50,7 @@ async def _backend_results(name: str, url: str, events: int, rounds: int) -> lis
     note = f"{events} events, 8 partitions"
     if name == "mongo":
         note += ", on the MongoDB emulator in CI (not MongoDB's speed)"
-    for keys in KEYS:
+    for keys in _key_counts():
         rates: dict[str, list[float]] = {"none": [], "key": []}
         for _ in range(rounds):
             for ordering in ("none", "key"):

@@ -11,8 +11,9 @@ kills, that one.
   least once: at 50% settled; more kills spread evenly over 25%-75%), leave it
   down for half a second (clients meet refused connections), start it again (crash
   recovery runs) and let the workload carry on.
-* ``crash-after-re-lease`` — SIGSTOP a worker until its leases expire, wait for
-  another worker to lease one of them again, SIGKILL the server at that moment,
+* ``crash-after-re-lease`` — SIGSTOP a worker while it holds leases (on
+  PostgreSQL, where they can be read, at a moment it does) until they expire,
+  wait for another worker to lease one of them again, SIGKILL the server at that moment,
   restart it and SIGCONT the stalled worker: the re-lease must have survived the
   crash, so every settle of the stalled worker's old leases stays fenced.
 """
@@ -21,14 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
 from .._backends.postgres import DEFAULT_SCHEMA
 from ._run_objects import NETWORKED, RunObjects
-from ._scenario import Endpoints, RunControl, Scenario, backend_family, register
+from ._scenario import (
+    Endpoints,
+    RunControl,
+    Scenario,
+    WorkerProcess,
+    backend_family,
+    register,
+)
 from ._servers import PostgresServer, RedisServer, ThrowawayServer, running_servers
 
 __all__ = ["CRASH_AFTER_RE_LEASE", "SERVER_KILL", "kill_points", "server_of", "throwaway_endpoints"]
@@ -38,6 +47,8 @@ EVENTS_PER_KILL: Final = 5_000
 DOWN_S: Final = 0.5
 """How long a killed server stays down before it is started again."""
 _RECONNECT_S: Final = 30.0
+_STALL_TRIES_S: Final = 5.0
+"""How long ``crash-after-re-lease`` keeps trying to stop a worker while it holds leases."""
 
 _servers: RunObjects[ThrowawayServer] = RunObjects("throwaway server", "throwaway_endpoints")
 
@@ -120,50 +131,116 @@ async def _crash_after_re_lease(run: RunControl) -> None:
     if not await run.wait_progress(0.25):
         return
     stalled = run.workers[0]
-    stalled.stop()
-    run.note(f"SIGSTOP {stalled.name}")
+    async with _lease_probe(run, stalled.name) as probe:
+        held = await _stall_holding_leases(run, stalled, probe)
+        try:
+            if held is None:
+                run.note(f"{stalled.name} held no lease whenever it was stopped")
+            elif await _wait_re_lease(run, probe, held):
+                await asyncio.to_thread(server.kill)
+                run.note(f"kill -9 {server.name} right after a re-lease")
+                await asyncio.sleep(DOWN_S)  # the outage itself
+                await _restart(run, server)
+            else:
+                run.note("no re-lease seen")
+        finally:
+            if stalled.stopped:
+                stalled.cont()
+                run.note(f"SIGCONT {stalled.name}")
+
+
+_Held = list[tuple[int, int, int]]
+"""Deliveries (partition, sequence, attempt) a stalled worker held when it was stopped."""
+
+
+class _PostgresLeases:
+    """Reads, in PostgreSQL's deliveries table, what one worker of the run's group holds."""
+
+    def __init__(self, conn: Any, schema: str, group_id: int, worker: str) -> None:
+        self._conn, self._schema, self._group_id, self._worker = conn, schema, group_id, worker
+
+    async def held(self) -> _Held:
+        """The deliveries the worker holds leased now."""
+        rows = await self._conn.fetch(
+            f'SELECT part, seq, attempt FROM "{self._schema}".deliveries '
+            "WHERE group_id = $1 AND state = 1 AND consumer_id = $2",
+            self._group_id, self._worker)
+        return [(r["part"], r["seq"], r["attempt"]) for r in rows]
+
+    async def re_leased(self, held: _Held) -> bool:
+        """Whether another worker leased one of ``held`` again (it may be settled since)."""
+        parts, seqs, attempts = (list(column) for column in zip(*held, strict=True))
+        return bool(await self._conn.fetchval(
+            f'SELECT EXISTS (SELECT 1 FROM "{self._schema}".deliveries d '
+            "JOIN unnest($2::int[], $3::bigint[], $4::int[]) AS h(part, seq, attempt) "
+            "ON d.part = h.part AND d.seq = h.seq "
+            "WHERE d.group_id = $1 AND d.attempt > h.attempt)",
+            self._group_id, parts, seqs, attempts))
+
+
+@contextlib.asynccontextmanager
+async def _lease_probe(run: RunControl, worker: str) -> AsyncIterator[_PostgresLeases | None]:
+    """What ``worker`` holds, read in PostgreSQL's tables; None on other backends."""
+    if backend_family(run.url) != "postgres":
+        yield None
+        return
+    import asyncpg  # the postgres extra: only runs against PostgreSQL import it
+
+    params = dict(parse_qsl(urlsplit(run.check_url).query))
+    schema = params.get("schema", DEFAULT_SCHEMA)
+    config = run.workers[0].config
+    conn = await asyncpg.connect(run.check_url.split("?", 1)[0])
     try:
-        if await _wait_re_lease(run, stalled.name):
-            await asyncio.to_thread(server.kill)
-            run.note(f"kill -9 {server.name} right after a re-lease")
-            await asyncio.sleep(DOWN_S)  # the outage itself
-            await _restart(run, server)
-        else:
-            run.note("no re-lease seen")
+        group_id = await conn.fetchval(
+            f'SELECT g.id FROM "{schema}".groups g JOIN "{schema}".streams s '
+            "ON s.id = g.stream_id WHERE s.name = $1 AND g.name = $2",
+            config.stream, config.group)
+        yield _PostgresLeases(conn, schema, group_id, worker)
     finally:
-        stalled.cont()
-        run.note(f"SIGCONT {stalled.name}")
+        await conn.close()
 
 
-async def _wait_re_lease(run: RunControl, stalled: str) -> bool:
-    """Wait until a worker other than ``stalled`` has taken a lease of attempt 2 or more.
+async def _stall_holding_leases(run: RunControl, worker: WorkerProcess,
+                                probe: _PostgresLeases | None) -> _Held | None:
+    """SIGSTOP ``worker`` at a moment it holds leases; what it holds, or None if it never did.
+
+    A worker between fetches holds nothing, and stalling it then would leave nothing
+    to re-lease: where the leases can be read (PostgreSQL), it is let go and stopped
+    again a moment later until it holds some. Elsewhere it is stopped once.
+    """
+    deadline = time.monotonic() + min(_STALL_TRIES_S, max(0.0, run.remaining()))
+    while True:
+        worker.stop()
+        run.note(f"SIGSTOP {worker.name}")
+        if probe is None:
+            return []
+        await asyncio.sleep(0.05)  # settles it sent before the signal reach the server
+        held = await probe.held()
+        if held:
+            run.note(f"{worker.name} stopped holding {len(held)} leases")
+            return held
+        worker.cont()
+        if time.monotonic() >= deadline or run.finished.is_set():
+            return None
+        await asyncio.sleep(random.uniform(0.02, 0.1))  # another moment of its work
+
+
+async def _wait_re_lease(run: RunControl, probe: _PostgresLeases | None, held: _Held) -> bool:
+    """Wait until another worker has leased again one of the deliveries in ``held``.
 
     PostgreSQL shows it in the deliveries table; elsewhere the wait is the lease
     plus a few polls of the live workers.
     """
     lease_s = run.settings.lease_ms / 1000
-    if backend_family(run.url) != "postgres":
+    if probe is None:
         await run.sleep(lease_s + 0.3)
         return True
-    import asyncpg  # the postgres extra: only runs against PostgreSQL import it
-
-    params = dict(parse_qsl(urlsplit(run.url).query))
-    schema = params.get("schema", DEFAULT_SCHEMA)
-    conn = await asyncpg.connect(run.url.split("?", 1)[0])
-    try:
-        # Attempt 2 or more is a re-lease; it may already be settled (state 2, acked)
-        # when the live worker is quick, so the state is left out of the test: a
-        # re-lease held only for a few milliseconds would slip between two polls.
-        sql = (f'SELECT EXISTS (SELECT 1 FROM "{schema}".deliveries WHERE attempt > 1 '
-               "AND consumer_id <> $1)")
-        deadline = time.monotonic() + min(max(5 * lease_s, 5.0), run.remaining())
-        while time.monotonic() < deadline:
-            if await conn.fetchval(sql, stalled):
-                return True
-            await asyncio.sleep(0.01)  # polling for the re-lease against a deadline
-        return False
-    finally:
-        await conn.close()
+    deadline = time.monotonic() + min(max(5 * lease_s, 5.0), run.remaining())
+    while time.monotonic() < deadline:
+        if await probe.re_leased(held):
+            return True
+        await asyncio.sleep(0.01)  # polling for the re-lease against a deadline
+    return False
 
 
 SERVER_KILL = register(Scenario(
