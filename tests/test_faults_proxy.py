@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.retry import Retry
 
 from rheo_flow import InvalidArgument
 from rheo_flow._faults._proxy import FaultProxy
