@@ -192,16 +192,17 @@ RELEASED_FUNCTIONS = {
     3: ("v3_fetch",),
     4: ("v4_settle",),
     5: ("v5_fetch_keyed", "v5_fetch"),
+    6: ("v6_fetch_keyed", "v6_fetch", "v6_settle"),
 }
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
-CURRENT_FUNCTIONS = {"advance_frontiers", "fetch", "fetch_scan", "renew",
+CURRENT_FUNCTIONS = {"advance_frontiers", "fetch", "fetch_scan", "release_keys", "renew",
                      "settle", "settle_leased", "settle_misses"}
 """The server-side functions the current version installs (functions/)."""
 
 
 async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> None:
-    """Leave ``schema`` as the release at schema ``version`` (1..5) left it: its tables
+    """Leave ``schema`` as the release at schema ``version`` (1..6) left it: its tables
     (the migrations up to it) and the functions it defined, version by version."""
     for migration in MIGRATIONS[:version]:
         scripts = [*(BOOTSTRAP.statements if migration.version == 1 else ()),

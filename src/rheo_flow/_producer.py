@@ -147,6 +147,8 @@ class Producer:
         self._partitions: Partitions = chosen["partitions"]
         self._max_attempts: int | None = max_attempts
         self._ordering: str | None = ordering
+        self._keyed = False
+        """Whether the group is key-ordered (known once started)."""
         self._backoff = backoff or Backoff()
         self._observer: BatchObserver | None = None if observer is None else per_outcome(observer)
         """Called once per settle call (a runtime over the producer sets its own)."""
@@ -238,8 +240,10 @@ class Producer:
         if self._partitions != "all":
             self._partitions = sorted({check_partition(p, info.partitions)
                                        for p in self._partitions})
-        await self._rheo._ensure_group(self._stream, self._group,
-                                       max_attempts=self._max_attempts, ordering=self._ordering)
+        group = await self._rheo._ensure_group(self._stream, self._group,
+                                               max_attempts=self._max_attempts,
+                                               ordering=self._ordering)
+        self._keyed = group.ordering == "key"
         self._state = "running"
         self._renewer = asyncio.create_task(
             self._renew_loop(), name=f"rheo-producer-renew-{self._consumer_id}"
@@ -509,9 +513,10 @@ class Producer:
             kind = error.kind.value
             stats.settle_failures[kind] = stats.settle_failures.get(kind, 0) + 1
         failures = len(failed)
-        if op == "nack" or failures:
+        if op == "nack" or failures or self._keyed:
             # Redelivered work (a nack, or the decision table's nack after a failed
-            # settle) is available at once: an idle fetch need not wait for poll_ms.
+            # settle), or in a key-ordered group the next event of a key this settle
+            # released, is available at once: an idle fetch need not wait for poll_ms.
             self._poke.set()
         done = len(results) - failures
         if op == "ack":

@@ -26,15 +26,16 @@ Tables (migration 1):
 
 Migration 5 adds ``groups.ordering`` (0 none, 1 key) and ``deliveries.key``, set
 only in key-ordered groups, whose fetch takes the steps of
-``functions/fetch_keyed.sql``; migration 6 adds ``deliveries_waiting``.
+``functions/fetch_keyed.sql``; migration 6 adds ``deliveries_waiting``, which
+migration 7 replaces with ``deliveries_ready``.
 
 Partial indexes keep fetch cost independent of the acked history and of the
 backlog: ``deliveries_available`` holds only available rows, ``deliveries_leased``
 only leased rows (with their deadline in the key, so expiry is checked inside
 the index), ``deliveries_rejected`` only dead letters, all by sequence; fetch
 scans them from the group's frontier on. ``deliveries_keyed`` holds the
-unsettled deliveries of key-ordered groups by (key, sequence), ``deliveries_waiting``
-the available ones alone. Acked rows live
+unsettled deliveries of key-ordered groups by (key, sequence), ``deliveries_ready``
+their available ones that no earlier delivery of their key holds back, by sequence. Acked rows live
 in the primary key alone. Events nobody fetched yet have no delivery row at all.
 
 Lock order, followed by every function and statement so that none can deadlock:
@@ -94,6 +95,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(6, "key-ordered fetches find the deliveries to lease again through the index "
                  "of available keyed deliveries",
               ("v6_waiting_deliveries",)),
+    Migration(7, "key-ordered groups hold the events waiting for their key until it is "
+                 "released, and fetch reads the index of ready keyed deliveries",
+              ("v7_ready_deliveries",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 

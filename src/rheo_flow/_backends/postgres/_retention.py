@@ -50,8 +50,11 @@ class RetentionOps(PostgresCore):
         args = ([g for g, _, _ in triples], [p for _, p, _ in triples],
                 [b for _, _, b in triples])
         sql = self._sql
-        for statement in (sql.lock_trimmed_cursors, sql.trim_deliveries, sql.raise_cursors,
-                          sql.lock_trimmed_frontiers, sql.raise_frontiers):
+        await conn.execute(sql.lock_trimmed_cursors, *args)
+        released = await conn.fetchrow(sql.trim_deliveries, *args)
+        if released is not None and released[2] is not None:  # key-ordered groups' unsettled
+            await conn.execute(sql.release_keys, *released)
+        for statement in (sql.raise_cursors, sql.lock_trimmed_frontiers, sql.raise_frontiers):
             await conn.execute(statement, *args)
         await conn.execute(sql.advance_frontiers, args[0], args[1])
 

@@ -110,6 +110,7 @@ class Statements:
     raise_low_water: str
     lock_trimmed_cursors: str
     trim_deliveries: str
+    release_keys: str
     raise_cursors: str
     lock_trimmed_frontiers: str
     raise_frontiers: str

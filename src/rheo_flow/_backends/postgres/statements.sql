@@ -269,9 +269,21 @@ SELECT 1 FROM {s}.cursors c JOIN unnest($1::integer[], $2::integer[], $3::bigint
     ON c.group_id = u.g AND c.part = u.p
 ORDER BY c.group_id, c.part FOR UPDATE OF c
 
+-- The keys of the unsettled deliveries of key-ordered groups it removed are
+-- released (release_keys) once it is done.
 -- name: trim_deliveries
-DELETE FROM {s}.deliveries d USING unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
-WHERE d.group_id = u.g AND d.part = u.p AND d.seq <= u.b
+WITH gone AS (
+    DELETE FROM {s}.deliveries d
+    USING unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
+    WHERE d.group_id = u.g AND d.part = u.p AND d.seq <= u.b
+    RETURNING d.group_id, d.part, d.key, d.state
+)
+SELECT array_agg(gone.group_id), array_agg(gone.part), array_agg(gone.key)
+FROM gone WHERE gone.key IS NOT NULL AND gone.state < 2
+
+-- name: release_keys
+SELECT {s}.release_keys($1::integer[], $2::integer[], $3::text[],
+                        (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
 
 -- name: raise_cursors
 UPDATE {s}.cursors c SET cursor = GREATEST(c.cursor, u.b)

@@ -24,7 +24,8 @@
 -- A key-ordered group (groups.ordering = 1; functions/fetch_keyed.sql) takes the
 -- same steps, but leases again only the heads of their keys, finds its new
 -- deliveries with fetch_scan, and its new rows store their key, the blocked
--- events among them inserted available, attempt 0.
+-- events among them inserted available, attempt 0, and held where fetch_scan
+-- says so; dead-lettering an expired lease releases its key (release_keys).
 
 CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
                                      p_lease_ms bigint, p_consumer text)
@@ -50,6 +51,7 @@ DECLARE
     f_part integer[];
     f_seq bigint[];
     f_depth bigint[];
+    f_hold boolean[];
     o_parts integer[];
     o_seqs bigint[];
     r_tid tid[];
@@ -57,6 +59,8 @@ DECLARE
     m_hi bigint[];
     v_wait integer;
     v_doomed tid[];
+    v_key_parts integer[];
+    v_keys text[];
     v_prefix text;
 BEGIN
     SELECT g.stream_id, g.max_attempts, g.ordering = 1 INTO v_stream, v_max, v_keyed
@@ -67,13 +71,12 @@ BEGIN
 
     -- Deliveries to lease again, per partition lowest first and locked FOR UPDATE
     -- SKIP LOCKED: up to p_limit available and p_limit expired. A key-ordered
-    -- group's available ones are its due heads (see functions/fetch_keyed.sql): a
-    -- skip scan of deliveries_waiting (one descent per key with an available
-    -- delivery, none for the keys whose only delivery is leased), each checked to
-    -- head its key with one descent of deliveries_keyed; its expired leases are
-    -- checked the same way (only a redriven earlier delivery can make one not the
-    -- head). The head check is a column (a sub-select per row): in WHERE, the
-    -- planner could hash the whole partition's keyed deliveries instead.
+    -- group's available ones are its due heads (see functions/fetch_keyed.sql):
+    -- deliveries_ready by sequence (its held deliveries are not in it), each
+    -- checked to head its key with one descent of deliveries_keyed; its expired
+    -- leases are checked the same way (only a redriven earlier delivery can make
+    -- one not the head). The head check is a column (a sub-select per row): in
+    -- WHERE, the planner could hash the whole partition's keyed deliveries instead.
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
     INTO c_part, c_seq, c_att, c_tid
     FROM unnest(p_parts) AS p(part)
@@ -87,27 +90,19 @@ BEGIN
         WHERE NOT v_keyed
         UNION ALL
         SELECT y.* FROM (
-            WITH RECURSIVE w (key, seq) AS (
-                (SELECT d.key, d.seq FROM {s}.deliveries d
-                 WHERE d.group_id = p_group AND d.part = p.part
-                   AND d.state = 0 AND d.key IS NOT NULL
-                 ORDER BY d.key, d.seq LIMIT 1)
-                UNION ALL
-                SELECT n.key, n.seq FROM w CROSS JOIN LATERAL (
-                    SELECT d.key, d.seq FROM {s}.deliveries d
-                    WHERE d.group_id = p_group AND d.part = p.part AND d.key > w.key
-                      AND d.state = 0 AND d.key IS NOT NULL
-                    ORDER BY d.key, d.seq LIMIT 1) n
-            )
             SELECT z.* FROM (
                 SELECT h.seq FROM (
-                    SELECT w.seq, (SELECT b.seq FROM {s}.deliveries b
+                    SELECT r.seq, (SELECT b.seq FROM {s}.deliveries b
                                    WHERE b.group_id = p_group AND b.part = p.part
-                                     AND b.key = w.key AND b.key IS NOT NULL AND b.state < 2
+                                     AND b.key = r.key AND b.key IS NOT NULL AND b.state < 2
                                    ORDER BY b.key, b.seq LIMIT 1) AS head
-                    FROM w OFFSET 0) h
-                WHERE h.seq = h.head
-                ORDER BY h.seq) h
+                    FROM {s}.deliveries r
+                    WHERE r.group_id = p_group AND r.part = p.part AND r.seq > f.frontier
+                      AND r.state = 0 AND r.key IS NOT NULL
+                      AND r.available_at_ms < 9223372036854775807
+                      AND r.available_at_ms <= v_now
+                    ORDER BY r.seq OFFSET 0) h
+                WHERE h.seq = h.head) h
             CROSS JOIN LATERAL (
                 SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
                 WHERE d.group_id = p_group AND d.part = p.part AND d.seq = h.seq
@@ -162,9 +157,18 @@ BEGIN
     END IF;
     IF v_doomed IS NOT NULL THEN
         -- Expired leases at max attempts are dead-lettered (which releases their keys).
-        UPDATE {s}.deliveries d
-        SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = v_now
-        WHERE d.ctid = ANY (v_doomed);
+        WITH dead AS (
+            UPDATE {s}.deliveries d
+            SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = v_now
+            WHERE d.ctid = ANY (v_doomed)
+            RETURNING d.part, d.key
+        )
+        SELECT array_agg(dead.part), array_agg(dead.key) INTO v_key_parts, v_keys
+        FROM dead WHERE dead.key IS NOT NULL;
+        IF v_keys IS NOT NULL THEN
+            PERFORM {s}.release_keys(array_fill(p_group, ARRAY[cardinality(v_keys)]),
+                                     v_key_parts, v_keys, v_now);
+        END IF;
         PERFORM {s}.advance_frontiers(array_agg(p_group), array_agg(x.part))
         FROM (SELECT DISTINCT x.part FROM unnest(c_part, c_att) AS x(part, attempt)
               WHERE x.attempt >= v_max) x;
@@ -174,7 +178,7 @@ BEGIN
         WHERE x.attempt < v_max;
     END IF;
     IF v_keyed AND k_part IS NOT NULL THEN  -- the new events it may lease, and their depth
-        SELECT * INTO f_part, f_seq, f_depth, k_last
+        SELECT * INTO f_part, f_seq, f_depth, f_hold, k_last
         FROM {s}.fetch_scan(p_group, v_stream, p_limit, k_part, k_cur, k_top, c_part);
     END IF;
 
@@ -244,7 +248,7 @@ BEGIN
         -- range scan of the events reads them; ord is the lease's place in the
         -- batch (NULL: blocked).  A re-leased row is never among them.
         SELECT m.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms,
-               n.ord
+               n.ord, COALESCE(h.hold, false) AS hold
         FROM unnest(m_part, m_hi) AS m(part, hi)
         JOIN unnest(k_part, k_cur) AS k(part, cur) ON k.part = m.part
         CROSS JOIN LATERAL (
@@ -254,9 +258,12 @@ BEGIN
             OFFSET 0) e
         LEFT JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS n(part, seq, ord)
           ON n.part = m.part AND n.seq = e.seq
+        LEFT JOIN unnest(f_part, f_seq, f_hold) AS h(part, seq, hold)
+          ON h.part = m.part AND h.seq = e.seq
     ), created AS (
         INSERT INTO {s}.deliveries
-            (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms, key)
+            (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms, key,
+             available_at_ms)
         SELECT p_group, k.part, k.seq,
                CASE WHEN k.ord IS NULL THEN 0 ELSE 1 END,
                CASE WHEN k.ord IS NULL THEN 0 ELSE 1 END,
@@ -264,7 +271,8 @@ BEGIN
                CASE WHEN k.ord IS NOT NULL THEN p_consumer END,
                CASE WHEN k.ord IS NULL THEN 0 ELSE v_now + p_lease_ms END,
                CASE WHEN NOT v_keyed THEN NULL WHEN k.key IS NULL THEN '-' || k.seq
-                    ELSE 'k' || k.key END
+                    ELSE 'k' || k.key END,
+               CASE WHEN k.ord IS NULL AND k.hold THEN 9223372036854775807 ELSE 0 END
         FROM picked k
     ), moved AS (
         UPDATE {s}.cursors cu SET cursor = m.hi

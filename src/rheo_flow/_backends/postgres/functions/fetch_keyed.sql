@@ -1,19 +1,34 @@
 -- Key-ordered groups (groups.ordering = 1; docs/ordering.md): the rule fetch
--- (functions/fetch.sql) follows for them, and fetch_scan, its step that finds
--- which new events past the cursor may be leased.
+-- (functions/fetch.sql) follows for them; fetch_scan, its step that finds which
+-- new events past the cursor may be leased; and release_keys, which settles and
+-- trims call to make the next delivery of a released key due.
 --
 -- Rule: a delivery of key K in partition p is eligible only when no delivery of
 -- K in p with a smaller sequence is unsettled (available or leased: state < 2).
 -- Every delivery of such a group stores a key: 'k' || K for an event of key K,
 -- '-' || seq for a keyless event (its own key, so it never waits; no 'k' key can
 -- equal it). deliveries_keyed indexes the unsettled ones by (key, seq), so the
--- first unsettled delivery of each key, its *head*, is one descent away, and
--- deliveries_waiting (schema version 6) indexes the available ones alone.
--- Nothing is maintained at settle time: the deliveries behind a head are
--- ordinary available rows (attempt 0, "blocked") and the next becomes the head
--- by itself once the earlier ones are settled (acked, rejected, dead-lettered)
--- or removed (trim, replay, reset). No statement reads settled rows, nor the
--- rows of keys that only have leases in flight.
+-- first unsettled delivery of each key, its *head*, is one descent away.
+--
+-- Held deliveries (schema version 7): an event stored behind an earlier
+-- unsettled delivery of its key is stored available but *held*
+-- (available_at_ms = the largest bigint, out of deliveries_ready), and the
+-- statement that settles its key's last earlier delivery for good (ack,
+-- reject, dead letter) or removes it (trim) makes it due (release_keys). So a
+-- fetch finds what it may lease again in deliveries_ready alone, by sequence,
+-- and never visits the keys whose head is in flight. Every candidate is still
+-- checked to head its key before it is leased: a delivery stored not held (by
+-- an earlier version, or when fetch could not lock its key's last delivery,
+-- below), a redriven dead letter and the events after it are in the index
+-- whether or not they head their key.
+--
+-- A release must not miss a delivery being stored: fetch stores an event held
+-- only after locking FOR SHARE the last unsettled delivery of its key (the one
+-- whose settle releases it). A settle or trim of that delivery locks it too, so
+-- it waits for the fetch to commit, and its release then sees the new row. If
+-- the lock is taken (SKIP LOCKED: fetch never waits here), or that delivery was
+-- settled meanwhile, the event is stored not held. Events after one this fetch
+-- stores are held: nothing can settle it before the fetch commits.
 --
 -- Concurrency: only the holder of a partition's cursor row inserts its
 -- deliveries, and they are inserted in sequence order, so an unsettled delivery
@@ -36,14 +51,16 @@
 -- keys or dry partitions leave the batch short. A partition stops at its high
 -- water or after c_budget events (the cursor moves past what was read, so the
 -- next fetch goes on from there: a long run of one key never stalls the others).
--- Returns every event read (f_depth NULL when blocked) and the last one read per
--- cursor (k_last, aligned with k_part).
+-- Returns every event read (f_depth NULL when blocked; f_hold true when a blocked
+-- one is to be stored held) and the last one read per cursor (k_last, aligned
+-- with k_part).
 
 CREATE OR REPLACE FUNCTION {s}.fetch_scan(p_group integer, p_stream integer, p_limit integer,
                                           k_part integer[], k_cur bigint[], k_high bigint[],
                                           c_part integer[],
                                           OUT f_part integer[], OUT f_seq bigint[],
-                                          OUT f_depth bigint[], OUT k_last bigint[])
+                                          OUT f_depth bigint[], OUT f_hold boolean[],
+                                          OUT k_last bigint[])
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
 AS $fn$
@@ -61,6 +78,7 @@ BEGIN
     f_part := '{}';
     f_seq := '{}';
     f_depth := '{}';
+    f_hold := '{}';
     k_last := k_cur;
     SELECT array_agg(COALESCE(n.have, 0) ORDER BY k.i), array_agg(0 ORDER BY k.i),
            array_agg(true ORDER BY k.i)
@@ -86,25 +104,38 @@ BEGIN
                    AND row_number() OVER (PARTITION BY k.i, e.key ORDER BY e.seq) = 1
                    AND (k.part, e.key) NOT IN (SELECT * FROM unnest(v_met_part, v_met_key))
                        AS met,
-                   CASE WHEN e.key IS NULL THEN true
+                   CASE WHEN e.key IS NULL THEN NULL
                         WHEN row_number() OVER (PARTITION BY k.i, e.key ORDER BY e.seq) > 1
-                            THEN false
+                            THEN 0
                         WHEN (k.part, e.key) IN (SELECT * FROM unnest(v_met_part, v_met_key))
-                            THEN false
-                        ELSE NOT EXISTS (
-                            SELECT 1 FROM {s}.deliveries b
+                            THEN 0
+                        ELSE COALESCE((
+                            SELECT b.seq FROM {s}.deliveries b
                             WHERE b.group_id = p_group AND b.part = k.part
                               AND b.key = ('k' || e.key) COLLATE "C" AND b.key IS NOT NULL
-                              AND b.state < 2) END AS free
+                              AND b.state < 2
+                            ORDER BY b.key DESC, b.seq DESC LIMIT 1), -1) END AS behind
             FROM k CROSS JOIN LATERAL (
                 SELECT e.seq, e.key FROM {s}.events e
                 WHERE e.stream_id = p_stream AND e.part = k.part AND e.seq > k.last
                   AND e.seq <= k.high
                 ORDER BY e.seq LIMIT k.need) e
         ), dep AS (
-            SELECT ev.i, ev.seq, ev.key, ev.met, ev.free,
-                   CASE WHEN ev.free THEN k.have + count(*) FILTER (WHERE ev.free)
-                       OVER (PARTITION BY ev.i ORDER BY ev.seq) END AS depth
+            -- behind: NULL for a keyless event, -1 for a free key, 0 behind an
+            -- event of this fetch, else the last unsettled delivery of the key.
+            SELECT ev.i, ev.seq, ev.key, ev.met, ev.behind,
+                   CASE WHEN ev.behind IS NULL OR ev.behind < 0
+                        THEN k.have + count(*) FILTER (WHERE ev.behind IS NULL OR ev.behind < 0)
+                             OVER (PARTITION BY ev.i ORDER BY ev.seq) END AS depth,
+                   CASE WHEN ev.behind IS NULL OR ev.behind < 0 THEN false
+                        WHEN ev.behind = 0 THEN true
+                        ELSE (SELECT b.seq FROM {s}.deliveries b
+                              WHERE b.group_id = p_group AND b.part = k.part
+                                AND b.key = ('k' || ev.key) COLLATE "C" AND b.key IS NOT NULL
+                                AND b.state < 2
+                              ORDER BY b.key DESC, b.seq DESC LIMIT 1
+                              FOR SHARE OF b SKIP LOCKED) IS NOT DISTINCT FROM ev.behind END
+                       AS hold
             FROM ev JOIN k ON k.i = ev.i
         ), per AS (
             SELECT k.i, k.need, count(dep.seq) AS got, max(dep.seq) AS last,
@@ -123,6 +154,7 @@ BEGIN
         SELECT f_part || (SELECT COALESCE(array_agg(k_part[d.i] ORDER BY d.i, d.seq), '{}') FROM dep d),
                f_seq || (SELECT COALESCE(array_agg(d.seq ORDER BY d.i, d.seq), '{}') FROM dep d),
                f_depth || (SELECT COALESCE(array_agg(d.depth ORDER BY d.i, d.seq), '{}') FROM dep d),
+               f_hold || (SELECT COALESCE(array_agg(d.hold ORDER BY d.i, d.seq), '{}') FROM dep d),
                v_met_part || (SELECT COALESCE(array_agg(k_part[d.i] ORDER BY d.i, d.seq), '{}')
                               FROM dep d WHERE d.met),
                v_met_key || (SELECT COALESCE(array_agg(d.key ORDER BY d.i, d.seq), '{}')
@@ -131,7 +163,8 @@ BEGIN
                (SELECT array_agg(u.have ORDER BY u.i) FROM upd u),
                (SELECT array_agg(u.read ORDER BY u.i) FROM upd u),
                (SELECT array_agg(u.open ORDER BY u.i) FROM upd u)
-        INTO f_part, f_seq, f_depth, v_met_part, v_met_key, k_last, k_have, k_read, k_open;
+        INTO f_part, f_seq, f_depth, f_hold, v_met_part, v_met_key, k_last, k_have, k_read,
+             k_open;
 
         -- Short of p_limit turns at this depth, and some partition can read on:
         -- deepen by the shortfall spread over the partitions that can give more.
@@ -145,5 +178,40 @@ BEGIN
         INTO v_depth
         FROM unnest(k_have || o_have, k_open) AS h(have, open);
     END LOOP;
+END
+$fn$;
+
+-- release_keys: after deliveries of key-ordered groups were settled for good or
+-- removed (p_groups, p_parts, p_keys: theirs; NULL keys, an unordered group's,
+-- are passed over), make each key's head due if it is held. The heads are
+-- locked in primary key order, as every statement locks deliveries; a
+-- fetch storing a held event behind a settled delivery locked it FOR SHARE
+-- first, so the settle waited and this statement sees that event.
+
+CREATE OR REPLACE FUNCTION {s}.release_keys(p_groups integer[], p_parts integer[],
+                                            p_keys text[], p_now bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+AS $fn$
+BEGIN
+    UPDATE {s}.deliveries d SET available_at_ms = p_now
+    WHERE d.ctid = ANY (ARRAY(
+        SELECT x.tid
+        FROM (SELECT u.g, u.part, h.seq
+              FROM (SELECT DISTINCT u.g, u.part, u.key
+                    FROM unnest(p_groups, p_parts, p_keys) AS u(g, part, key)
+                    WHERE u.key IS NOT NULL) u
+              CROSS JOIN LATERAL (
+                  SELECT b.seq FROM {s}.deliveries b
+                  WHERE b.group_id = u.g AND b.part = u.part AND b.key = u.key
+                    AND b.key IS NOT NULL AND b.state < 2
+                  ORDER BY b.key, b.seq LIMIT 1) h
+              ORDER BY u.g, u.part, h.seq OFFSET 0) h
+        CROSS JOIN LATERAL (
+            SELECT d.ctid AS tid FROM {s}.deliveries d
+            WHERE d.group_id = h.g AND d.part = h.part AND d.seq = h.seq
+              AND d.state = 0 AND d.available_at_ms = 9223372036854775807
+            FOR UPDATE OF d) x));
 END
 $fn$;

@@ -1,7 +1,8 @@
 -- settle: the fenced ack / nack / reject of a batch. It locks the batch's
 -- deliveries still leased under these very leases (settle_leased, below), then
--- updates them by address, and moves the frontiers the finished ones may free
--- (advance_frontiers). Each leftover batch element is explained by
+-- updates them by address, releases the keys of a key-ordered group's finished
+-- ones (release_keys, functions/fetch_keyed.sql), and moves the frontiers the
+-- finished ones may free (advance_frontiers). Each leftover batch element is explained by
 -- settle_misses (below), which renew shares.
 --
 -- p_error is the error to record (NULL keeps the recorded one); it defaults to
@@ -86,6 +87,9 @@ DECLARE
     v_done bigint[];
     v_tg integer[];
     v_tp integer[];
+    v_kg integer[];
+    v_kp integer[];
+    v_keys text[];
 BEGIN
     WITH hit AS (
         -- spent: a nack of this attempt dead-letters (only nack needs max_attempts).
@@ -101,18 +105,29 @@ BEGIN
     FROM hit;
 
     IF v_tids IS NOT NULL THEN
-        UPDATE {s}.deliveries d SET
-            state = CASE WHEN p_op = 1 THEN 2 WHEN p_op = 3 THEN 3
-                         WHEN d.ctid = ANY (v_spent) THEN 3 ELSE 0 END,
-            settled_by = p_op,
-            last_error = COALESCE(p_error, d.last_error),
-            reason = CASE WHEN p_op = 1 THEN '' WHEN p_op = 3 THEN p_reason
-                          WHEN d.ctid = ANY (v_spent) THEN 'max_attempts' ELSE p_reason END,
-            available_at_ms = CASE WHEN p_op = 2 THEN v_now + p_delay_ms
-                                   ELSE d.available_at_ms END,
-            rejected_at_ms = CASE WHEN p_op = 3 OR (p_op = 2 AND d.ctid = ANY (v_spent))
-                                  THEN v_now ELSE d.rejected_at_ms END
-        WHERE d.ctid = ANY (v_tids);
+        WITH done AS (
+            UPDATE {s}.deliveries d SET
+                state = CASE WHEN p_op = 1 THEN 2 WHEN p_op = 3 THEN 3
+                             WHEN d.ctid = ANY (v_spent) THEN 3 ELSE 0 END,
+                settled_by = p_op,
+                last_error = COALESCE(p_error, d.last_error),
+                reason = CASE WHEN p_op = 1 THEN '' WHEN p_op = 3 THEN p_reason
+                              WHEN d.ctid = ANY (v_spent) THEN 'max_attempts' ELSE p_reason END,
+                available_at_ms = CASE WHEN p_op = 2 THEN v_now + p_delay_ms
+                                       ELSE d.available_at_ms END,
+                rejected_at_ms = CASE WHEN p_op = 3 OR (p_op = 2 AND d.ctid = ANY (v_spent))
+                                      THEN v_now ELSE d.rejected_at_ms END
+            WHERE d.ctid = ANY (v_tids)
+            RETURNING d.group_id, d.part, d.key, d.state
+        )
+        -- A key-ordered group's deliveries settled for good release their keys
+        -- (functions/fetch_keyed.sql), before the frontiers (the lock order).
+        SELECT array_agg(done.group_id), array_agg(done.part), array_agg(done.key)
+        INTO v_kg, v_kp, v_keys
+        FROM done WHERE done.key IS NOT NULL AND done.state >= 2;
+        IF v_keys IS NOT NULL THEN
+            PERFORM {s}.release_keys(v_kg, v_kp, v_keys, v_now);
+        END IF;
     END IF;
     IF v_tg IS NOT NULL THEN
         PERFORM {s}.advance_frontiers(v_tg, v_tp);
