@@ -1,7 +1,8 @@
 """Key-ordered groups on the PostgreSQL backend, beyond the conformance kit's
 ``ordering.*`` cases: the upgrade of a version 4 schema, batches filled past a
 blocked key (also past one longer than a fetch's scan budget), trims releasing a
-key, and competing fetches of several instances never holding two deliveries of
+key, events held behind their key until a settle or a dead letter releases it
+(stored not held when the key's last delivery is locked), and competing fetches of several instances never holding two deliveries of
 one key. Every test works in its own schema, dropped afterwards (the
 ``postgres_*`` fixtures of tests/conftest.py)."""
 
@@ -161,6 +162,75 @@ async def test_only_key_ordered_groups_store_keys(postgres_rheo: Rheo, postgres_
     assert [tuple(r) for r in rows] == [
         ("keyed", 1, 1, "ka"), ("keyed", 2, 0, "ka"), ("keyed", 3, 1, "-3"),
         ("plain", 1, 1, None), ("plain", 2, 1, None), ("plain", 3, 1, None)]
+
+
+# Held deliveries (schema version 7) ------------------------------------------
+
+HELD = 2**63 - 1
+"""available_at_ms of a delivery held behind an earlier one of its key."""
+
+
+async def _held(admin: asyncpg.Connection, schema: str) -> dict[int, bool]:
+    """Each available delivery's sequence: whether it is held."""
+    rows = await admin.fetch(f'SELECT seq, available_at_ms FROM "{schema}".deliveries '
+                             "WHERE state = 0 ORDER BY seq")
+    return {r["seq"]: r["available_at_ms"] == HELD for r in rows}
+
+
+async def test_events_behind_a_leased_key_are_held_until_it_is_settled_for_good(
+        postgres_rheo: Rheo, postgres_schema: str, postgres_admin: asyncpg.Connection) -> None:
+    rheo, schema, admin = postgres_rheo, postgres_schema, postgres_admin
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key")
+    await rheo.append("s", [NewEvent("t", key="a") for _ in range(3)] + [NewEvent("t", key="b")])
+    first = await rheo.fetch("s", "g", limit=10)
+    assert [(x.event.key, x.sequence) for x in first] == [("a", 1), ("b", 4)]
+    assert await _held(admin, schema) == {2: True, 3: True}
+    await rheo.ack(first)  # releases a: its next event is due, the one after it held
+    assert await _held(admin, schema) == {2: False, 3: True}
+    [second] = await rheo.fetch("s", "g", limit=10)
+    assert second.sequence == 2
+    await rheo.nack(second, "later")  # a nack keeps the key: 3 stays held
+    assert await _held(admin, schema) == {2: False, 3: True}
+    [again] = await rheo.fetch("s", "g", limit=10)
+    assert (again.sequence, again.attempt) == (2, 2)
+    await rheo.reject(again, "bad")  # a dead letter releases it
+    assert await _held(admin, schema) == {3: False}
+    assert [x.sequence for x in await rheo.fetch("s", "g", limit=10)] == [3]
+
+
+async def test_an_expired_lease_dead_lettered_by_a_fetch_releases_its_key(
+        postgres_rheo: Rheo, postgres_schema: str, postgres_admin: asyncpg.Connection) -> None:
+    rheo, schema, admin = postgres_rheo, postgres_schema, postgres_admin
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key", max_attempts=1)
+    await rheo.append("s", [NewEvent("t", key="a") for _ in range(2)])
+    [first] = await rheo.fetch("s", "g", limit=10, lease_ms=10)
+    assert await _held(admin, schema) == {2: True}
+    async with asyncio.timeout(10):  # the lease runs out; a fetch dead-letters it
+        while not (leases := await rheo.fetch("s", "g", limit=10)):
+            await asyncio.sleep(0.01)
+    assert [x.sequence for x in leases] == [2]
+    assert [d.sequence for d in await rheo.dead_letters("s", "g")] == [first.sequence]
+
+
+async def test_an_event_behind_a_locked_delivery_is_stored_not_held_and_still_waits(
+        postgres_rheo: Rheo, postgres_schema: str, postgres_admin: asyncpg.Connection) -> None:
+    rheo, schema, admin = postgres_rheo, postgres_schema, postgres_admin
+    await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key")
+    await rheo.append("s", [NewEvent("t", key="a")])
+    [first] = await rheo.fetch("s", "g", limit=10)
+    await rheo.append("s", [NewEvent("t", key="a")])
+    # A settle of the key's last delivery under way (its row locked): the fetch
+    # cannot lock it, so it cannot be sure that settle will see its new row.
+    async with admin.transaction():
+        await admin.execute(f'SELECT 1 FROM "{schema}".deliveries WHERE seq = 1 FOR UPDATE')
+        assert await rheo.fetch("s", "g", limit=10) == []
+    assert await _held(admin, schema) == {2: False}
+    assert await rheo.fetch("s", "g", limit=10) == []  # not the head: it waits all the same
+    await rheo.ack(first)
+    assert [x.sequence for x in await rheo.fetch("s", "g", limit=10)] == [2]
 
 
 # Competing fetches -----------------------------------------------------------
