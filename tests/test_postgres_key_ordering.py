@@ -2,15 +2,17 @@
 ``ordering.*`` cases: the upgrade of a version 4 schema, batches filled past a
 blocked key (also past one longer than a fetch's scan budget), trims releasing a
 key, events held behind their key until a settle or a dead letter releases it
-(stored not held when the key's last delivery is locked), and competing fetches of several instances never holding two deliveries of
-one key. Every test works in its own schema, dropped afterwards (the
-``postgres_*`` fixtures of tests/conftest.py)."""
+(stored not held when the key's last delivery is locked), and competing fetches
+of several instances never holding two deliveries of one key. Every test works in
+its own schema, dropped afterwards (the ``postgres_*`` fixtures of
+tests/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import uuid
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -24,6 +26,9 @@ from rheo_flow._backends.postgres._migrations import (
 )
 from rheo_flow._backends.postgres._sql import render
 from rheo_flow.backends import PostgresBackend
+
+WaitUntil = Callable[..., Awaitable[None]]
+"""The ``wait_until`` fixture's type (tests/conftest.py)."""
 
 
 def _keys(leases: list[Lease]) -> list[str | None]:
@@ -200,16 +205,21 @@ async def test_events_behind_a_leased_key_are_held_until_it_is_settled_for_good(
 
 
 async def test_an_expired_lease_dead_lettered_by_a_fetch_releases_its_key(
-        postgres_rheo: Rheo, postgres_schema: str, postgres_admin: asyncpg.Connection) -> None:
+        postgres_rheo: Rheo, postgres_schema: str, postgres_admin: asyncpg.Connection,
+        wait_until: WaitUntil) -> None:
     rheo, schema, admin = postgres_rheo, postgres_schema, postgres_admin
     await rheo.create_stream("s")
     await rheo.create_group("s", "g", ordering="key", max_attempts=1)
     await rheo.append("s", [NewEvent("t", key="a") for _ in range(2)])
     [first] = await rheo.fetch("s", "g", limit=10, lease_ms=10)
     assert await _held(admin, schema) == {2: True}
-    async with asyncio.timeout(10):  # the lease runs out; a fetch dead-letters it
-        while not (leases := await rheo.fetch("s", "g", limit=10)):
-            await asyncio.sleep(0.01)
+    leases: list[Lease] = []
+
+    async def fetched() -> bool:  # once the lease ran out, a fetch dead-letters it
+        leases.extend(await rheo.fetch("s", "g", limit=10))
+        return bool(leases)
+
+    await wait_until(fetched, timeout=10, message="the next event of the key leased")
     assert [x.sequence for x in leases] == [2]
     assert [d.sequence for d in await rheo.dead_letters("s", "g")] == [first.sequence]
 
