@@ -92,7 +92,9 @@ class Producer:
     whatever the backlog. ``lease_ms`` is each lease's time to live (renewed
     every ``lease_ms / 2`` while inflight); ``poll_ms`` is how long an idle
     producer waits before fetching again when the backend cannot push
-    wake-ups (with push wake-ups it is the upper bound of the wait).
+    wake-ups (with push wake-ups it is the upper bound of the wait); its own
+    nacks, and in a key-ordered group on a distributed store its settles, end
+    the wait at once.
     ``fetch_size`` (default ``max_demand``) caps one fetch, so that the next
     fetch can overlap the handling of the last batch.
     ``max_attempts`` (when given) updates the group's setting on start;
