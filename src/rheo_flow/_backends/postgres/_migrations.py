@@ -35,7 +35,8 @@ only leased rows (with their deadline in the key, so expiry is checked inside
 the index), ``deliveries_rejected`` only dead letters, all by sequence; fetch
 scans them from the group's frontier on. ``deliveries_keyed`` holds the
 unsettled deliveries of key-ordered groups by (key, sequence), ``deliveries_ready``
-their available ones that no earlier delivery of their key holds back, by sequence. Acked rows live
+their available ones that no earlier delivery of their key holds back, by sequence,
+and ``deliveries_held`` the held ones, by (key, sequence). Acked rows live
 in the primary key alone. Events nobody fetched yet have no delivery row at all.
 
 Lock order, followed by every function and statement so that none can deadlock:

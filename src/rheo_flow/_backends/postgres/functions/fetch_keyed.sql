@@ -183,8 +183,10 @@ $fn$;
 
 -- release_keys: after deliveries of key-ordered groups were settled for good or
 -- removed (p_groups, p_parts, p_keys: theirs; NULL keys, an unordered group's,
--- are passed over), make each key's head due if it is held. The heads are
--- locked in primary key order, as every statement locks deliveries; a
+-- are passed over), make each key's head due if it is held: its first held
+-- delivery (deliveries_held) when that is its first unsettled one
+-- (deliveries_keyed). The heads are locked in primary key order, as every
+-- statement locks deliveries; a
 -- fetch storing a held event behind a settled delivery locked it FOR SHARE
 -- first, so the settle waited and this statement sees that event.
 
@@ -199,19 +201,27 @@ BEGIN
     WHERE d.ctid = ANY (ARRAY(
         SELECT x.tid
         FROM (SELECT u.g, u.part, h.seq
-              FROM (SELECT DISTINCT u.g, u.part, u.key
+              FROM (SELECT DISTINCT u.g, u.part, u.key COLLATE "C" AS key
                     FROM unnest(p_groups, p_parts, p_keys) AS u(g, part, key)
                     WHERE u.key IS NOT NULL) u
+              CROSS JOIN LATERAL (
+                  SELECT w.seq FROM {s}.deliveries w
+                  WHERE w.group_id = u.g AND w.part = u.part AND w.key = u.key
+                    AND w.state = 0 AND w.available_at_ms = 9223372036854775807
+                  ORDER BY w.key, w.seq LIMIT 1) w
               CROSS JOIN LATERAL (
                   SELECT b.seq FROM {s}.deliveries b
                   WHERE b.group_id = u.g AND b.part = u.part AND b.key = u.key
                     AND b.key IS NOT NULL AND b.state < 2
                   ORDER BY b.key, b.seq LIMIT 1) h
+              WHERE h.seq = w.seq
               ORDER BY u.g, u.part, h.seq OFFSET 0) h
         CROSS JOIN LATERAL (
             SELECT d.ctid AS tid FROM {s}.deliveries d
+            -- "state + 0": with "state = 0", deliveries_held's predicate would hold
+            -- and the planner could walk its (key, seq) order for the sequence.
             WHERE d.group_id = h.g AND d.part = h.part AND d.seq = h.seq
-              AND d.state = 0 AND d.available_at_ms = 9223372036854775807
+              AND d.state + 0 = 0 AND d.available_at_ms = 9223372036854775807
             FOR UPDATE OF d) x));
 END
 $fn$;

@@ -12,6 +12,12 @@
 CREATE INDEX deliveries_ready ON {s}.deliveries (group_id, part, seq)
     WHERE state = 0 AND key IS NOT NULL AND available_at_ms < 9223372036854775807;
 
+-- The held deliveries alone, by key: a settle that finds none of its groups' in
+-- it (every settle while keys do not repeat among the deliveries in flight)
+-- releases nothing, and a release finds a key's first held delivery here.
+CREATE INDEX deliveries_held ON {s}.deliveries (group_id, part, key, seq)
+    WHERE state = 0 AND available_at_ms = 9223372036854775807;
+
 DROP INDEX {s}.deliveries_waiting;
 
 -- fetch_scan returns whether each blocked event is held: a new result type,
