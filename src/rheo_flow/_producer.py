@@ -149,9 +149,10 @@ class Producer:
         self._partitions: Partitions = chosen["partitions"]
         self._max_attempts: int | None = max_attempts
         self._ordering: str | None = ordering
-        self._keyed = False
-        """Whether the group is key-ordered on a distributed store (known once started):
-        a settle may then have released a key whose next event can be fetched at once."""
+        self._refetch_after_settle = False
+        """Whether an idle fetch goes again after every settle (known once started): in a
+        key-ordered group on a distributed store, a settle may have released a key whose
+        next event can be fetched at once."""
         self._backoff = backoff or Backoff()
         self._observer: BatchObserver | None = None if observer is None else per_outcome(observer)
         """Called once per settle call (a runtime over the producer sets its own)."""
@@ -249,7 +250,8 @@ class Producer:
         # Across processes (a distributed store), a released key's next event is
         # fetched again at once; an embedded one keeps to its poll, since fetching
         # after every settle would make the processes sharing a file wait on its lock.
-        self._keyed = group.ordering == "key" and self._rheo.capabilities.distributed
+        self._refetch_after_settle = (group.ordering == "key"
+                                      and self._rheo.capabilities.distributed)
         self._state = "running"
         self._renewer = asyncio.create_task(
             self._renew_loop(), name=f"rheo-producer-renew-{self._consumer_id}"
@@ -519,11 +521,11 @@ class Producer:
             kind = error.kind.value
             stats.settle_failures[kind] = stats.settle_failures.get(kind, 0) + 1
         failures = len(failed)
-        if op == "nack" or failures or self._keyed:
+        if op == "nack" or failures or self._refetch_after_settle:
             # Redelivered work (a nack, or the decision table's nack after a failed
             # settle), or in a key-ordered group the next event of a key this settle
-            # released (see _keyed), is available at once: an idle fetch need not
-            # wait for poll_ms.
+            # released (see _refetch_after_settle), is available at once: an idle
+            # fetch need not wait for poll_ms.
             self._poke.set()
         done = len(results) - failures
         if op == "ack":

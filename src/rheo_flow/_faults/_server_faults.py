@@ -13,8 +13,8 @@ kills, that one.
   recovery runs) and let the workload carry on.
 * ``crash-after-re-lease`` — SIGSTOP a worker while it holds leases (on
   PostgreSQL, where they can be read, at a moment it does) until they expire,
-  wait for another worker to lease one of them again, SIGKILL the server at that moment,
-  restart it and SIGCONT the stalled worker: the re-lease must have survived the
+  wait for another worker to lease one of them again, SIGKILL the server at that
+  moment, restart it and SIGCONT the stalled worker: the re-lease must have survived the
   crash, so every settle of the stalled worker's old leases stays fenced.
 """
 
@@ -131,7 +131,7 @@ async def _crash_after_re_lease(run: RunControl) -> None:
     if not await run.wait_progress(0.25):
         return
     stalled = run.workers[0]
-    async with _lease_probe(run, stalled.name) as probe:
+    async with _lease_probe(run, stalled) as probe:
         held = await _stall_holding_leases(run, stalled, probe)
         try:
             if held is None:
@@ -179,7 +179,8 @@ class _PostgresLeases:
 
 
 @contextlib.asynccontextmanager
-async def _lease_probe(run: RunControl, worker: str) -> AsyncIterator[_PostgresLeases | None]:
+async def _lease_probe(run: RunControl, worker: WorkerProcess
+                       ) -> AsyncIterator[_PostgresLeases | None]:
     """What ``worker`` holds, read in PostgreSQL's tables; None on other backends."""
     if backend_family(run.url) != "postgres":
         yield None
@@ -188,14 +189,14 @@ async def _lease_probe(run: RunControl, worker: str) -> AsyncIterator[_PostgresL
 
     params = dict(parse_qsl(urlsplit(run.check_url).query))
     schema = params.get("schema", DEFAULT_SCHEMA)
-    config = run.workers[0].config
+    config = worker.config
     conn = await asyncpg.connect(run.check_url.split("?", 1)[0])
     try:
         group_id = await conn.fetchval(
             f'SELECT g.id FROM "{schema}".groups g JOIN "{schema}".streams s '
             "ON s.id = g.stream_id WHERE s.name = $1 AND g.name = $2",
             config.stream, config.group)
-        yield _PostgresLeases(conn, schema, group_id, worker)
+        yield _PostgresLeases(conn, schema, group_id, worker.name)
     finally:
         await conn.close()
 

@@ -2,8 +2,8 @@
 -- deliveries still leased under these very leases (settle_leased, below), then
 -- updates them by address, releases the keys of a key-ordered group's finished
 -- ones (release_keys, functions/fetch_keyed.sql), and moves the frontiers the
--- finished ones may free (advance_frontiers). Each leftover batch element is explained by
--- settle_misses (below), which renew shares.
+-- finished ones may free (advance_frontiers). Each leftover batch element is
+-- explained by settle_misses (below), which renew shares.
 --
 -- p_error is the error to record (NULL keeps the recorded one); it defaults to
 -- NULL, so a process still running a release from before schema version 4
