@@ -33,7 +33,8 @@ BATCH_SIZE = 100
 BATCH_CONCURRENCY = 2
 MAX_INFLIGHT = 500
 SNAPSHOTS = 5
-OWN_FILES = ("*/rheo_flow/pipeline/*", "*/rheo_flow/_producer.py", "*/rheo_flow/_inflight.py")
+OWN_FILES = ("*/rheo_flow/pipeline/*", "*/rheo_flow/_runtime/_producer.py",
+             "*/rheo_flow/_runtime/_inflight.py")
 
 
 @dataclass

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from rheo_flow import Rheo
-from rheo_flow._urls import redact_url
+from rheo_flow._backends._urls import redact_url
 from rheo_flow.testing import BackendHarness, memory_harness, sqlite_harness, url_harness
 from rheo_flow.testing.plugin import MatrixRecorder
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from rheo_flow import InvalidArgument, NewEvent, Rheo
-from rheo_flow._routing import partition_for
-from rheo_flow._validation import check_name, encode_json
+from rheo_flow._model._routing import partition_for
+from rheo_flow._model._validation import check_name, encode_json
 
 
 async def test_generated_ids_are_unique_time_ordered_uuids(rheo: Rheo) -> None:

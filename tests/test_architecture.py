@@ -73,8 +73,8 @@ def test_every_module_is_in_the_architecture_page_as_it_describes_itself() -> No
 
 def test_every_layer_named_in_the_page_exists() -> None:
     text = DOC.read_text().split(START, 1)[0]
-    for name in ("_event.py", "_backend.py", "_backends/", "_rheo.py", "_producer.py",
-                 "pipeline/", "sinks/", "_telemetry/", "_cli.py", "testing/"):
+    for name in ("_model/", "_support/", "_backend.py", "_backends/", "_rheo.py", "_runtime/",
+                 "pipeline/", "sinks/", "_telemetry/", "_cli/", "testing/"):
         assert name in text, f"the layers section does not mention {name}"
         assert (SRC / "rheo_flow" / name).exists(), f"{name} named in the page does not exist"
 

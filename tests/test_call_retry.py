@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rheo_flow._call_retry import retried, retrying, retrying_sync
+from rheo_flow._support._call_retry import retried, retrying, retrying_sync
 
 
 class _Conflict(Exception):

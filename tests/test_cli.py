@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import rheo_flow
-from rheo_flow._cli import app
+from rheo_flow._cli._app import app
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rheo_flow._cli import app
+from rheo_flow._cli._app import app
 
 runner = CliRunner()
 
@@ -118,7 +118,7 @@ def test_migrate_refuses_two_different_schemas(postgres_url: str, schemas: list[
 
 
 def test_existing_url_spelling() -> None:
-    from rheo_flow._cli_common import existing
+    from rheo_flow._cli._common import existing
 
     assert existing("sqlite:///x.db") == "sqlite:///x.db?migrate=false"
     assert (existing("postgresql://u:p%40ss@h/db?schema=a&migrate=true&x=%2F")

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rheo_flow import Group, NewEvent, Rheo, consumer
-from rheo_flow._cli import app
+from rheo_flow._cli._app import app
 
 runner = CliRunner()
 
@@ -189,7 +189,7 @@ def test_destructive_commands_refuse_without_yes_off_terminal(store: str) -> Non
 
 
 def test_confirmation_on_a_terminal(store: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("rheo_flow._cli_common.interactive", lambda: True)
+    monkeypatch.setattr("rheo_flow._cli._common.interactive", lambda: True)
     result = _cli(store, "delete-group", "orders", "audit", input="n\n")
     assert result.exit_code == 1
     assert "nothing changed" in result.output

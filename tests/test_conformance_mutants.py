@@ -25,8 +25,8 @@ from rheo_flow._backends.memory import (
     _Partition,
     _Stream,
 )
-from rheo_flow._event import Event
-from rheo_flow._stream import DeadLetter, StartPosition
+from rheo_flow._model._event import Event
+from rheo_flow._model._stream import DeadLetter, StartPosition
 from rheo_flow.testing import (
     CASES,
     BackendHarness,

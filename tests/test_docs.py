@@ -11,7 +11,7 @@ import pytest
 
 import rheo_flow
 from rheo_flow import InvalidArgument, MissingExtra
-from rheo_flow._urls import backend_from_url
+from rheo_flow._backends._urls import backend_from_url
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_URLS = [

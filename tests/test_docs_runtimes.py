@@ -3,7 +3,7 @@
 Every ```python block of both pages runs (in a fresh process, in a temporary
 directory, on ``memory://`` or a SQLite file there) and prints exactly what the
 comments next to its ``print`` calls say; the option tables match the options
-schema (``rheo_flow._options``: names, defaults and ranges) and the signatures;
+schema (``rheo_flow._runtime._options``: names, defaults and ranges) and the signatures;
 the tables of outcomes, triggers and counters list what the code has. The index
 links every page and benchmarks.md every suite.
 """
@@ -22,7 +22,7 @@ from typing import Any, get_args
 import pytest
 
 from rheo_flow import Consumer, GroupStats, Producer, Rheo, SettleKind
-from rheo_flow._options import (
+from rheo_flow._runtime._options import (
     BATCHER,
     CONSUMER,
     PIPELINE,

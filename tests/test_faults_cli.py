@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from rheo_flow._cli import app
+from rheo_flow._cli._app import app
 
 runner = CliRunner()
 

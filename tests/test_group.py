@@ -748,7 +748,7 @@ async def test_run_returns_when_stopped(rec_rheo: Rheo, wait_until: WaitUntil) -
 
 async def test_a_subclass_of_a_decorated_consumer_keeps_its_handle_event(
         rec_rheo: Rheo, wait_until: WaitUntil) -> None:
-    from rheo_flow._group import FunctionConsumer
+    from rheo_flow._runtime._group import FunctionConsumer
 
     await append(rec_rheo, 3)
     seen: list[str] = []

@@ -21,7 +21,7 @@ from rheo_flow import (
     consumer,
     current_lease,
 )
-from rheo_flow._backoff import Backoff
+from rheo_flow._runtime._backoff import Backoff
 
 WaitUntil = Callable[..., Awaitable[None]]
 """The ``wait_until`` fixture of conftest: poll a predicate until true or a deadline."""

@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from rheo_flow import Event, Lease
-from rheo_flow._event import decode_json, make_event, make_event_json
-from rheo_flow._lease import make_lease
+from rheo_flow._model._event import decode_json, make_event, make_event_json
+from rheo_flow._model._lease import make_lease
 
 
 def _keyword_event(data: object = None) -> Event:
@@ -109,8 +109,8 @@ def test_models_survive_pickling() -> None:
 
 def test_fast_built_records_results_and_outcomes_are_the_real_frozen_types() -> None:
     from rheo_flow._backend import AppendRecord, make_append_record
-    from rheo_flow._settle_calls import SettleOutcome, _outcome
-    from rheo_flow._settle_results import SettleResult, settle_ok
+    from rheo_flow._model._settle_results import SettleResult, settle_ok
+    from rheo_flow._runtime._settle_calls import SettleOutcome, _outcome
 
     record = make_append_record(1, "id", "t", None, {"x": 1}, '{"x":1}', {})
     assert type(record) is AppendRecord

@@ -28,8 +28,8 @@ from rheo_flow import (
     Query,
     Rheo,
 )
-from rheo_flow._settle_results import SettleKind, classify
-from rheo_flow._urls import backend_from_url
+from rheo_flow._backends._urls import backend_from_url
+from rheo_flow._model._settle_results import SettleKind, classify
 from rheo_flow.backends import MongoBackend
 
 WaitUntil = Callable[..., Awaitable[None]]

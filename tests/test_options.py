@@ -1,4 +1,4 @@
-"""One options schema (``rheo_flow._options``) for every runtime.
+"""One options schema (``rheo_flow._runtime._options``) for every runtime.
 
 An option accepted by several runtimes has the same bounds in each: every way of
 building each runtime is driven with the option's boundary values (min, min - 1,
@@ -32,7 +32,7 @@ from rheo_flow import (
     Rheo,
     consumer,
 )
-from rheo_flow._options import (
+from rheo_flow._runtime._options import (
     BATCHER,
     CONSUMER,
     GROUP,

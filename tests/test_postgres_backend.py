@@ -30,6 +30,7 @@ from rheo_flow import (
     consumer,
 )
 from rheo_flow._backends import postgres as pg
+from rheo_flow._backends._urls import backend_from_url
 from rheo_flow._backends.postgres._migrations import (
     BOOTSTRAP,
     MIGRATIONS,
@@ -37,7 +38,6 @@ from rheo_flow._backends.postgres._migrations import (
     VERSION_TABLE,
 )
 from rheo_flow._backends.postgres._sql import render
-from rheo_flow._urls import backend_from_url
 from rheo_flow.backends import PostgresBackend
 
 WaitUntil = Callable[..., Awaitable[None]]

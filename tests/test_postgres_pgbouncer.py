@@ -19,7 +19,7 @@ import pytest
 
 from _pgbouncer import through_pgbouncer
 from rheo_flow import BackendUnavailable, InvalidArgument, NewEvent, Rheo
-from rheo_flow._urls import redact_url
+from rheo_flow._backends._urls import redact_url
 from rheo_flow.backends import PostgresBackend
 
 WaitUntil = Callable[..., Awaitable[None]]

@@ -18,7 +18,7 @@ from rheo_flow import (
     Rheo,
     UnknownStream,
 )
-from rheo_flow._backoff import Backoff
+from rheo_flow._runtime._backoff import Backoff
 
 WaitUntil = Callable[..., Awaitable[None]]
 
@@ -347,8 +347,8 @@ async def test_stop_is_not_lost_when_capacity_frees_at_the_same_time(db: Rheo) -
 async def test_inflight_tracks_a_fetch_under_one_expiry_and_renews_lease_by_lease(
         db: Rheo) -> None:
     from rheo_flow import Lease
-    from rheo_flow._inflight import Inflight
-    from rheo_flow._settle_results import SettleError, SettleKind, SettleResult
+    from rheo_flow._model._settle_results import SettleError, SettleKind, SettleResult
+    from rheo_flow._runtime._inflight import Inflight
 
     await append(db, 4)
     await db.create_group("orders", "billing")
@@ -396,8 +396,8 @@ async def test_settle_calls_a_batch_observer_once_per_backend_call(db: Rheo) -> 
     from typing import cast
 
     from rheo_flow import Lease
-    from rheo_flow._settle_calls import settle
-    from rheo_flow._settle_results import SettleError, SettleKind, SettleResult
+    from rheo_flow._model._settle_results import SettleError, SettleKind, SettleResult
+    from rheo_flow._runtime._settle_calls import settle
 
     await append(db, 3)
     await db.create_group("orders", "billing")
@@ -432,9 +432,9 @@ async def test_a_renew_during_a_settle_call_leaves_the_settling_leases_alone(db:
     from typing import cast
 
     from rheo_flow import Lease
-    from rheo_flow._inflight import Inflight
-    from rheo_flow._settle_calls import settle
-    from rheo_flow._settle_results import SettleResult
+    from rheo_flow._model._settle_results import SettleResult
+    from rheo_flow._runtime._inflight import Inflight
+    from rheo_flow._runtime._settle_calls import settle
 
     await append(db, 4)
     await db.create_group("orders", "billing")

@@ -29,8 +29,8 @@ from rheo_flow import (
     Rheo,
     SettleKind,
 )
+from rheo_flow._backends._urls import backend_from_url
 from rheo_flow._faults._proxy import FaultProxy
-from rheo_flow._urls import backend_from_url
 from rheo_flow.backends import RedisBackend
 
 WaitUntil = Callable[..., Awaitable[None]]

@@ -31,8 +31,8 @@ from rheo_flow import (
     UnknownStream,
 )
 from rheo_flow._backends import sqlite as sqlite_module
+from rheo_flow._backends._urls import backend_from_url
 from rheo_flow._backends.sqlite import _sql
-from rheo_flow._urls import backend_from_url
 from rheo_flow.backends import MemoryBackend, SQLiteBackend
 
 WORKER = Path(__file__).with_name("_sqlite_worker.py")

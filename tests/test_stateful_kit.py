@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from rheo_flow import Lease, SettleResult
 from rheo_flow._backends.memory import MemoryBackend
-from rheo_flow._stream import DeadLetter, StartPosition, StreamInfo
+from rheo_flow._model._stream import DeadLetter, StartPosition, StreamInfo
 from rheo_flow.testing import BackendHarness, ConformanceFailure, memory_harness, run_stateful
 from rheo_flow.testing._stateful import PROFILES, stateful_settings
 

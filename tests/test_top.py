@@ -12,14 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from rheo_flow import Rheo
-from rheo_flow._cli import app as cli
+from rheo_flow._cli._app import app as cli
 
 pytest.importorskip("textual")
 
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
-from rheo_flow._top import TopApp
+from rheo_flow._cli.top._view import TopApp
 
 runner = CliRunner()
 DEADLINE_S = 10.0
@@ -129,7 +129,7 @@ def test_top_help() -> None:
 
 def test_top_without_textual_names_the_extra(monkeypatch: pytest.MonkeyPatch,
                                              tmp_path: Path) -> None:
-    monkeypatch.delitem(sys.modules, "rheo_flow._top")
+    monkeypatch.delitem(sys.modules, "rheo_flow._cli.top._view")
     monkeypatch.setitem(sys.modules, "textual.app", None)  # makes the import fail
     result = runner.invoke(cli, ["top", "s", "--url", f"sqlite:///{tmp_path / 'x.db'}"])
     assert result.exit_code == 2, result.output

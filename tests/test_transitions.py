@@ -17,7 +17,7 @@ from rheo_flow._backends._transitions import (
     renew_delivery,
     settle_delivery,
 )
-from rheo_flow._lease import make_lease
+from rheo_flow._model._lease import make_lease
 
 
 def _lease() -> Lease:

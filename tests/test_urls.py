@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rheo_flow import BackendUnavailable, InvalidArgument, Rheo, RheoError
-from rheo_flow._cli import app
-from rheo_flow._urls import check_hosts, redact_url, scrub_secrets, url_secrets
+from rheo_flow._backends._urls import check_hosts, redact_url, scrub_secrets, url_secrets
+from rheo_flow._cli._app import app
 from rheo_flow.backends import MongoBackend, PostgresBackend, RedisBackend
 
 SECRET = "S3CR3T"

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from rheo_flow import InvalidArgument, NewEvent, Query, Rheo, RheoError, UnknownStream
-from rheo_flow._query import decode_cursor
-from rheo_flow._validation import (
+from rheo_flow._model._query import decode_cursor
+from rheo_flow._model._validation import (
     MAX_DELAY_MS,
     MAX_REASON,
     MAX_SEQUENCE,

@@ -10,10 +10,8 @@ Start with :class:`Rheo`::
 """
 
 from ._backend import Backend
-from ._backoff import Backoff
-from ._capabilities import Capabilities
-from ._clock import ManualClock
-from ._errors import (
+from ._model._capabilities import Capabilities
+from ._model._errors import (
     AlreadyStarted,
     BackendError,
     BackendUnavailable,
@@ -30,19 +28,21 @@ from ._errors import (
     UnknownStream,
     Unsupported,
 )
-from ._event import Event, NewEvent
-from ._group import Consumer, Group, consumer
-from ._group_loop import GroupStats
-from ._lease import Lease
-from ._outcome import ACK, Ack, Outcome, Reject, Retry, current_lease
-from ._producer import Producer, ProducerStats
-from ._query import Page, Query
-from ._retry_policy import RetryPolicy
+from ._model._event import Event, NewEvent
+from ._model._lease import Lease
+from ._model._outcome import ACK, Ack, Outcome, Reject, Retry, current_lease
+from ._model._query import Page, Query
+from ._model._routing import partition_for
+from ._model._settle_results import Decision, SettleError, SettleKind, SettleResult, classify
+from ._model._stream import DeadLetter, GroupInfo, StreamInfo
 from ._rheo import Rheo
-from ._routing import partition_for
-from ._settle_calls import SettleOutcome
-from ._settle_results import Decision, SettleError, SettleKind, SettleResult, classify
-from ._stream import DeadLetter, GroupInfo, StreamInfo
+from ._runtime._backoff import Backoff
+from ._runtime._group import Consumer, Group, consumer
+from ._runtime._group_loop import GroupStats
+from ._runtime._producer import Producer, ProducerStats
+from ._runtime._retry_policy import RetryPolicy
+from ._runtime._settle_calls import SettleOutcome
+from ._support._clock import ManualClock
 from ._version import __version__
 
 __all__ = [

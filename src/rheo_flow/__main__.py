@@ -1,5 +1,5 @@
 """``python -m rheo_flow``: the ``rheo-flow`` command line."""
 
-from ._cli import main
+from ._cli._app import main
 
 main()

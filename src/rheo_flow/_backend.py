@@ -20,13 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._capabilities import Capabilities
-from ._errors import Unsupported
-from ._event import JSON, Event
-from ._lease import Lease
-from ._query import Query
-from ._settle_results import SettleKind, SettleResult
-from ._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ._model._capabilities import Capabilities
+from ._model._errors import Unsupported
+from ._model._event import JSON, Event
+from ._model._lease import Lease
+from ._model._query import Query
+from ._model._settle_results import SettleKind, SettleResult
+from ._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 
 __all__ = ["AppendRecord", "Backend"]
 

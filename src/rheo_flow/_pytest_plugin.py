@@ -47,7 +47,7 @@ def register_recorder(config: pytest.Config) -> None:
     path = config.getoption("rheo_matrix", None)
     if not path or config.pluginmanager.has_plugin(RECORDER_NAME):
         return
-    from rheo_flow._errors import MissingExtra
+    from rheo_flow._model._errors import MissingExtra
 
     try:
         from rheo_flow.testing._recorder import MatrixRecorder

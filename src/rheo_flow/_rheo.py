@@ -11,17 +11,17 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from . import _telemetry
-from ._append_records import append_records
 from ._backend import Backend
-from ._capabilities import Capabilities
-from ._errors import InvalidArgument, UnknownGroup
-from ._event import Event, NewEvent
-from ._lease import Lease
-from ._query import Page, Query, decode_cursor, encode_cursor
-from ._settle_results import SettleResult, classify
-from ._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from ._urls import backend_from_url
-from ._validation import (
+from ._backends._urls import backend_from_url
+from ._model._append_records import append_records
+from ._model._capabilities import Capabilities
+from ._model._errors import InvalidArgument, UnknownGroup
+from ._model._event import Event, NewEvent
+from ._model._lease import Lease
+from ._model._query import Page, Query, decode_cursor, encode_cursor
+from ._model._settle_results import SettleResult, classify
+from ._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ._model._validation import (
     MAX_PARTITIONS,
     check_duration_ms,
     check_error,

@@ -41,7 +41,7 @@ from ._backends._transitions import (
     settle_delivery,
 )
 from ._backends.memory import MemoryBackend
-from ._lease import make_lease
+from ._model._lease import make_lease
 
 if TYPE_CHECKING:
     from ._backends.mongo import MongoBackend
@@ -96,7 +96,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     if name in _DRIVERS:
-        from ._urls import require_driver
+        from ._backends._urls import require_driver
 
         require_driver(*_DRIVERS[name])
 

@@ -26,8 +26,8 @@ from typing import Any
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from ._errors import InvalidArgument
-from ._settle_results import SettleKind
+from ._model._errors import InvalidArgument
+from ._model._settle_results import SettleKind
 from ._telemetry import STATE
 from ._telemetry._names import INSTRUMENTATION_NAME, OTHER, PROCESS_ERROR_TYPES
 

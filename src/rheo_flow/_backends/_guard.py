@@ -23,8 +23,14 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Final, Protocol, TypeVar
 
-from .._errors import BackendError, BackendUnavailable, InvalidArgument, OutcomeUnknown, RheoError
-from .._settle_results import SettleKind, classify
+from .._model._errors import (
+    BackendError,
+    BackendUnavailable,
+    InvalidArgument,
+    OutcomeUnknown,
+    RheoError,
+)
+from .._model._settle_results import SettleKind, classify
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable, Sequence
 
-from .._event import Event
-from .._lease import Lease
-from .._query import Query
-from .._settle_results import SettleKind, SettleResult
-from .._stream import StartPosition
+from .._model._event import Event
+from .._model._lease import Lease
+from .._model._query import Query
+from .._model._settle_results import SettleKind, SettleResult
+from .._model._stream import StartPosition
 
 __all__ = [
     "Waiters",

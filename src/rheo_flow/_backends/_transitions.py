@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .._backend import MAX_ATTEMPTS_REASON
-from .._lease import Lease
-from .._settle_results import SettleKind, SettleResult
+from .._model._lease import Lease
+from .._model._settle_results import SettleKind, SettleResult
 
 __all__ = [
     "TERMINAL",

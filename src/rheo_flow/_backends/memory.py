@@ -17,15 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .._backend import DEFAULT_MAX_ATTEMPTS, AppendRecord, Backend
-from .._capabilities import Capabilities
-from .._clock import Clock, system_clock
-from .._errors import ConflictError, UnknownGroup, UnknownStream
-from .._event import Event, make_event_json
-from .._lease import Lease, make_lease
-from .._query import Query
-from .._settle_results import SettleKind, SettleResult, settle_ok
-from .._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from .._validation import check_record_text, ordering_mismatch
+from .._model._capabilities import Capabilities
+from .._model._errors import ConflictError, UnknownGroup, UnknownStream
+from .._model._event import Event, make_event_json
+from .._model._lease import Lease, make_lease
+from .._model._query import Query
+from .._model._settle_results import SettleKind, SettleResult, settle_ok
+from .._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from .._model._validation import check_record_text, ordering_mismatch
+from .._support._clock import Clock, system_clock
 from ._shared import (
     Waiters,
     fence,

@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .._errors import RheoError
-from .._urls import redact_url
+from .._backends._urls import redact_url
+from .._model._errors import RheoError
 from ._catalog import scenarios
 from ._checker import Report
 from ._render import report_dict, report_table

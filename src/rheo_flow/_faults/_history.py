@@ -22,7 +22,7 @@ from typing import Any, Literal, TextIO
 
 import orjson
 
-from .._errors import InvalidArgument
+from .._model._errors import InvalidArgument
 
 __all__ = [
     "AppendOutcome",

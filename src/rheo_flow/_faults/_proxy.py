@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from .._errors import InvalidArgument
-from .._urls import redact_url
+from .._backends._urls import redact_url
+from .._model._errors import InvalidArgument
 
 __all__ = ["DEFAULT_PORTS", "FaultProxy", "ProxyStats"]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import tenacity
 
-from .._errors import InvalidArgument
-from .._query import Query
+from .._model._errors import InvalidArgument
+from .._model._query import Query
 from .._rheo import Rheo
 from ._catalog import scenarios
 from ._checker import FinalState, Report, check

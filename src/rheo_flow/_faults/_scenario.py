@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .._errors import InvalidArgument
+from .._model._errors import InvalidArgument
 from ._worker import WorkerConfig
 
 __all__ = [

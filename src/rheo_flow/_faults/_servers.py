@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Literal, Self
 
-from .._errors import RheoError
+from .._model._errors import RheoError
 
 __all__ = [
     "ClosedOnExit",

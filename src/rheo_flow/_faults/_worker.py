@@ -22,15 +22,15 @@ from typing import Any, Literal
 
 import orjson
 
-from .._errors import BackendUnavailable, RheoError
-from .._event import Event, NewEvent
-from .._group import Group, consumer
-from .._lease import Lease
-from .._outcome import ACK, Outcome, current_lease
-from .._retry_policy import RetryPolicy
+from .._model._errors import BackendUnavailable, RheoError
+from .._model._event import Event, NewEvent
+from .._model._lease import Lease
+from .._model._outcome import ACK, Outcome, current_lease
+from .._model._settle_results import SettleKind, classify
 from .._rheo import Rheo
-from .._settle_calls import SettleObserver, SettleOutcome, per_outcome
-from .._settle_results import SettleKind, classify
+from .._runtime._group import Group, consumer
+from .._runtime._retry_policy import RetryPolicy
+from .._runtime._settle_calls import SettleObserver, SettleOutcome, per_outcome
 from ._history import Recorder
 from ._history import SettleOp as RecordedOp
 

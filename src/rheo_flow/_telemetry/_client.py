@@ -20,7 +20,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
-from .._settle_results import Decision, SettleKind, SettleResult, classify
+from .._model._settle_results import Decision, SettleKind, SettleResult, classify
 from . import _names as n
 from ._context import carrier, creation_context, links
 from ._metrics import Instruments, instruments
@@ -28,8 +28,8 @@ from ._state import OFF, STATE, Off, tracer
 
 if TYPE_CHECKING:
     from .._backend import AppendRecord, Backend
-    from .._event import Event
-    from .._lease import Lease
+    from .._model._event import Event
+    from .._model._lease import Lease
 
 __all__ = ["Settling", "decision_for", "error_type_of", "follow_up", "receive", "send",
            "settling"]

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
-from .._event import Event
+from .._model._event import Event
 from ._names import MESSAGE_ID
 
 __all__ = ["TRACEPARENT", "TRACESTATE", "carrier", "creation_context", "link", "links"]

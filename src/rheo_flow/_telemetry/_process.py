@@ -28,7 +28,7 @@ from ._metrics import Instruments, instruments
 from ._state import OFF, Off, tracer
 
 if TYPE_CHECKING:
-    from .._lease import Lease
+    from .._model._lease import Lease
     from ..pipeline._message import BatchInfo, Message
 
 __all__ = ["EventProcessing", "MessagesProcessing", "detached", "process_event",

@@ -6,11 +6,11 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 
-from .._errors import InvalidArgument
-from .._failure import bounded
-from .._producer import Producer
-from .._retry_policy import RetryPolicy
-from .._validation import check_duration_ms
+from .._model._errors import InvalidArgument
+from .._model._failure import bounded
+from .._model._validation import check_duration_ms
+from .._runtime._producer import Producer
+from .._runtime._retry_policy import RetryPolicy
 from ._message import Message, MessageOutcome, OnFailure
 
 __all__ = ["Acknowledger", "ProducerAcknowledger"]

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _telemetry
-from .._errors import InvalidArgument
-from .._inflight import Inflight
-from .._options import BATCHER
+from .._model._errors import InvalidArgument
+from .._runtime._inflight import Inflight
+from .._runtime._options import BATCHER
 from ._acknowledger import Acknowledger
 from ._handler import Callbacks, run_handle_failed
 from ._message import BatchInfo, BatchTrigger, Message, fail_on_error

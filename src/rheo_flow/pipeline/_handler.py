@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._errors import InvalidArgument
+from .._model._errors import InvalidArgument
 from ._message import BatchInfo, Message
 
 __all__ = ["Callbacks", "HandlerLike", "PipelineHandler", "callbacks_of", "run_handle_failed"]

@@ -7,10 +7,10 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from .._errors import InvalidArgument
-from .._failure import error_text, failure_fields, truncated
-from .._lease import Lease
-from .._validation import MAX_REASON, check_duration_ms
+from .._model._errors import InvalidArgument
+from .._model._failure import error_text, failure_fields, truncated
+from .._model._lease import Lease
+from .._model._validation import MAX_REASON, check_duration_ms
 
 __all__ = [
     "BatchInfo",

@@ -6,7 +6,7 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
-from .._errors import InvalidArgument
+from .._model._errors import InvalidArgument
 
 if TYPE_CHECKING:
     from ._message import Message

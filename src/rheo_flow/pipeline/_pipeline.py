@@ -11,13 +11,13 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from .. import _telemetry
-from .._backlog import wait_producer_caught_up
-from .._errors import AlreadyStarted, InvalidArgument, StoreLost
-from .._options import MAX_DEMAND, PIPELINE
-from .._producer import Producer
-from .._retry_policy import RetryPolicy
+from .._model._errors import AlreadyStarted, InvalidArgument, StoreLost
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
-from .._waiting import first_of
+from .._runtime._backlog import wait_producer_caught_up
+from .._runtime._options import MAX_DEMAND, PIPELINE
+from .._runtime._producer import Producer
+from .._runtime._retry_policy import RetryPolicy
+from .._support._waiting import first_of
 from ._acknowledger import ProducerAcknowledger
 from ._batcher import Batcher
 from ._handler import HandlerLike, callbacks_of

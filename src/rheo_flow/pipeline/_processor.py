@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _telemetry
-from .._options import PROCESSORS
+from .._runtime._options import PROCESSORS
 from ._acknowledger import Acknowledger
 from ._handler import Callbacks, run_handle_failed
 from ._message import Message, fail_on_error, failure_reason

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .._errors import InvalidArgument
-from .._waiting import first_of
+from .._model._errors import InvalidArgument
+from .._support._waiting import first_of
 
 __all__ = ["RateLimit", "RateLimiter"]
 

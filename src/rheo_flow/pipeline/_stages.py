@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._inflight import Inflight
+from .._runtime._inflight import Inflight
 from ._acknowledger import Acknowledger
 from ._batcher import Batcher, BatcherStage
 from ._handler import Callbacks

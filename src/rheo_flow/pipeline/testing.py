@@ -25,9 +25,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .._errors import InvalidArgument
-from .._event import Event
-from .._lease import Lease
+from .._model._errors import InvalidArgument
+from .._model._event import Event
+from .._model._lease import Lease
 from ._acknowledger import Acknowledger
 from ._batcher import Batcher
 from ._handler import Callbacks, callbacks_of

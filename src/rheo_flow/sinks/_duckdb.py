@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._errors import InvalidArgument
-from .._urls import require_driver
+from .._backends._urls import require_driver
+from .._model._errors import InvalidArgument
 from ._frontier import (
     Span,
     by_group,

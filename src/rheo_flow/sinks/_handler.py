@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .._errors import InvalidArgument
+from .._model._errors import InvalidArgument
 from ..pipeline import (
     Batcher,
     BatchInfo,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from .._errors import InvalidArgument
+from .._model._errors import InvalidArgument
 from ._json import dumps
 
 if TYPE_CHECKING:

@@ -26,9 +26,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from .._call_retry import retrying
-from .._errors import InvalidArgument
-from .._urls import redact_url, require_driver, unreachable
+from .._backends._urls import redact_url, require_driver, unreachable
+from .._model._errors import InvalidArgument
+from .._support._call_retry import retrying
 from ._frontier import (
     GroupRows,
     Span,

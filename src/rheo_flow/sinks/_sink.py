@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
-from .._errors import InvalidArgument
-from .._failure import truncated
+from .._model._errors import InvalidArgument
+from .._model._failure import truncated
 from ._mapping import MappingError, RowMapping
 
 if TYPE_CHECKING:

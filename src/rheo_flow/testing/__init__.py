@@ -43,7 +43,7 @@ try:
     import hypothesis  # noqa: F401
     import pytest  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised by the packaging test
-    from .._errors import MissingExtra
+    from .._model._errors import MissingExtra
 
     raise MissingExtra("conformance kit", "testing", exc.name or "pytest") from None
 

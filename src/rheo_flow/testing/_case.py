@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._backend import Backend
-from .._event import Event, NewEvent
-from .._lease import Lease
+from .._model._event import Event, NewEvent
+from .._model._lease import Lease
+from .._model._settle_results import SettleKind, SettleResult
 from .._rheo import Rheo
-from .._settle_results import SettleKind, SettleResult
 from ._harness import BackendHarness
 
 __all__ = [

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 
 from .._backend import MAX_ATTEMPTS_REASON
-from .._errors import UnknownStream
-from .._event import NewEvent
-from .._settle_results import SettleKind
+from .._model._errors import UnknownStream
+from .._model._event import NewEvent
+from .._model._settle_results import SettleKind
 from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, positions
 
 STALE = SettleKind.STALE_LEASE

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .._errors import StoreLost, UnknownGroup, UnknownStream
-from .._event import NewEvent
-from .._lease import Lease
-from .._query import Query
+from .._model._errors import StoreLost, UnknownGroup, UnknownStream
+from .._model._event import NewEvent
+from .._model._lease import Lease
+from .._model._query import Query
 from ._case import (
     CaseEnv,
     ConformanceFailure,

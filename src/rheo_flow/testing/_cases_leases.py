@@ -7,9 +7,9 @@ import dataclasses
 from typing import Any
 
 from .._backend import MAX_ATTEMPTS_REASON
-from .._event import NewEvent
-from .._lease import Lease
-from .._settle_results import SettleKind
+from .._model._event import NewEvent
+from .._model._lease import Lease
+from .._model._settle_results import SettleKind
 from ._case import CaseEnv, case, check, check_equal, check_results, positions
 
 STALE = SettleKind.STALE_LEASE

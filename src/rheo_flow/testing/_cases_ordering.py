@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from .._errors import InvalidArgument
-from .._event import NewEvent
-from .._lease import Lease
-from .._settle_results import SettleKind
+from .._model._errors import InvalidArgument
+from .._model._event import NewEvent
+from .._model._lease import Lease
+from .._model._settle_results import SettleKind
 from ._case import CaseEnv, case, check, check_equal, check_results, expect_error
 
 Settle = Literal["ack", "reject", "nack at max attempts", "expiry at max attempts"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON
-from .._query import Query
-from .._settle_results import SettleKind
-from .._stream import GroupInfo
+from .._model._query import Query
+from .._model._settle_results import SettleKind
+from .._model._stream import GroupInfo
 from ._case import CaseEnv, case, check, check_equal, check_results, positions
 
 STALE = SettleKind.STALE_LEASE

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .._capabilities import Capabilities
-from .._errors import InvalidArgument, InvalidCapabilities
-from .._event import Event, NewEvent
-from .._query import Query
+from .._model._capabilities import Capabilities
+from .._model._errors import InvalidArgument, InvalidCapabilities
+from .._model._event import Event, NewEvent
+from .._model._query import Query
+from .._model._settle_results import SettleKind
 from .._rheo import Rheo
-from .._settle_results import SettleKind
 from ._case import (
     CaseEnv,
     ConformanceFailure,

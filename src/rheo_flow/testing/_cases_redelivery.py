@@ -11,9 +11,9 @@ import asyncio
 import dataclasses
 from typing import Literal
 
-from .._event import NewEvent
-from .._lease import Lease
-from .._settle_results import SettleKind
+from .._model._event import NewEvent
+from .._model._lease import Lease
+from .._model._settle_results import SettleKind
 from ._case import CaseEnv, case, check, check_equal, check_results, positions
 
 STALE = SettleKind.STALE_LEASE

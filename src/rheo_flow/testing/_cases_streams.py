@@ -13,11 +13,11 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .._errors import ConflictError, InvalidArgument, UnknownGroup, UnknownStream
-from .._event import Event, NewEvent
-from .._query import Query
-from .._routing import partition_for
-from .._stream import DeadLetter
+from .._model._errors import ConflictError, InvalidArgument, UnknownGroup, UnknownStream
+from .._model._event import Event, NewEvent
+from .._model._query import Query
+from .._model._routing import partition_for
+from .._model._stream import DeadLetter
 from ._case import CaseEnv, case, check, check_equal, expect_error, positions
 
 # Golden routing values: the hash must never change between versions, processes or

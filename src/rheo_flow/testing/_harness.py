@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._backend import Backend
-from .._clock import ManualClock, system_clock
+from .._support._clock import ManualClock, system_clock
 
 __all__ = [
     "BackendFactory",
@@ -204,7 +204,7 @@ def url_harness(name: str, url: str, *, short_ms: int = 150) -> BackendHarness:
     Every test builds a new backend object on the same server; the kit's unique
     stream names keep tests apart. A peer is another backend from the same URL.
     """
-    from .._urls import backend_from_url
+    from .._backends._urls import backend_from_url
 
     @asynccontextmanager
     async def factory() -> AsyncIterator[Backend]:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .._backend import MAX_ATTEMPTS_REASON
-from .._event import Event
-from .._lease import Lease
-from .._settle_results import SettleResult
-from .._stream import StartPosition
+from .._model._event import Event
+from .._model._lease import Lease
+from .._model._settle_results import SettleResult
+from .._model._stream import StartPosition
 from ._case import ConformanceFailure, check, check_equal
 
 __all__ = ["GroupModel", "Outcome", "outcome_of"]

@@ -44,10 +44,10 @@ from hypothesis.stateful import (
 )
 
 from .._backend import Backend
-from .._event import NewEvent
-from .._lease import Lease
+from .._model._event import NewEvent
+from .._model._lease import Lease
+from .._model._stream import DeadLetter, StartPosition
 from .._rheo import Rheo, orders_keys
-from .._stream import DeadLetter, StartPosition
 from ._case import LONG_MS, ConformanceFailure, check, check_equal
 from ._harness import BackendHarness
 from ._model import GroupModel, Op, outcome_of

@@ -49,7 +49,7 @@ classification), ``_streams``, ``_append``, ``_claim``, ``_claim_keyed``,
 
 from __future__ import annotations
 
-from ..._errors import MissingExtra
+from ..._model._errors import MissingExtra
 
 try:
     import bson  # noqa: F401

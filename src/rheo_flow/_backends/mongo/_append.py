@@ -22,9 +22,9 @@ from pymongo import DESCENDING, ReturnDocument, UpdateOne
 from pymongo import errors as mongo_errors
 
 from ..._backend import AppendRecord
-from ..._call_retry import retried
-from ..._errors import UnknownStream
-from ..._event import Event
+from ..._model._errors import UnknownStream
+from ..._model._event import Event
+from ..._support._call_retry import retried
 from ._client import resolve
 from ._core import MongoCore
 from ._documents import event_document, event_of, partition_id

@@ -12,10 +12,10 @@ import asyncio
 from typing import Any, Final
 
 from ..._backend import Backend
-from ..._capabilities import Capabilities
-from ..._clock import Clock, system_clock
-from ..._errors import InvalidArgument
-from ..._settle_results import SettleKind
+from ..._model._capabilities import Capabilities
+from ..._model._errors import InvalidArgument
+from ..._model._settle_results import SettleKind
+from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from .._shared import Waiters
 from ._append import AppendOps

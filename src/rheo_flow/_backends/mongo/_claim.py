@@ -22,8 +22,8 @@ from typing import Any, Final
 from pymongo import ASCENDING, InsertOne, UpdateOne
 from pymongo import errors as mongo_errors
 
-from ..._call_retry import retried
-from ..._lease import Lease
+from ..._model._lease import Lease
+from ..._support._call_retry import retried
 from .._shared import round_robin
 from .._transitions import Settled, expire
 from ._core import MongoCore

@@ -34,7 +34,7 @@ from typing import Any, Final
 from pymongo import ASCENDING, UpdateOne
 from pymongo import errors as mongo_errors
 
-from ..._lease import Lease
+from ..._model._lease import Lease
 from .._shared import round_robin
 from .._transitions import Settled
 from ._claim import Doc, FetchOps, _Claim, _fenced, _leased

@@ -16,8 +16,8 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from pymongo import errors as mongo_errors
 
-from ..._errors import BackendUnavailable, InvalidArgument
-from ..._urls import check_hosts, redact_url
+from ..._model._errors import BackendUnavailable, InvalidArgument
+from .._urls import check_hosts, redact_url
 from ._errors import AUTH_CODES
 
 __all__ = [

@@ -14,12 +14,12 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from ..._capabilities import Capabilities
-from ..._clock import Clock
-from ..._errors import UnknownGroup, UnknownStream
-from ..._event import Event
-from ..._urls import redact_url, scrub_secrets
+from ..._model._capabilities import Capabilities
+from ..._model._errors import UnknownGroup, UnknownStream
+from ..._model._event import Event
+from ..._support._clock import Clock
 from .._shared import Waiters
+from .._urls import redact_url, scrub_secrets
 from ._client import DEFAULT_DATABASE, greet, make_client, resolve, supports_transactions
 from ._documents import Group, event_id, event_of, partition_id
 from ._schema import check_schema, create_indexes

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..._backend import AppendRecord
-from ..._event import Event
-from ..._stream import GroupInfo
+from ..._model._event import Event
+from ..._model._stream import GroupInfo
 from .._transitions import Settled
 
 __all__ = [

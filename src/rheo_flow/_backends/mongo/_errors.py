@@ -9,7 +9,7 @@ from typing import Final
 
 from pymongo import errors as mongo_errors
 
-from ..._settle_results import SettleKind
+from ..._model._settle_results import SettleKind
 
 __all__ = [
     "AUTH_CODES",

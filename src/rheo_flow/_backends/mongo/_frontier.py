@@ -14,7 +14,7 @@ import logging
 from collections.abc import Set
 from typing import Any, Final
 
-from ..._call_retry import retried
+from ..._support._call_retry import retried
 from .._transitions import TERMINAL, advance_frontier
 from ._documents import delivery_id
 

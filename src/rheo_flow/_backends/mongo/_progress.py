@@ -12,7 +12,7 @@ from typing import Any
 
 from pymongo import ASCENDING
 
-from ..._stream import DeadLetter, StartPosition
+from ..._model._stream import DeadLetter, StartPosition
 from .._shared import start_position
 from ._core import MongoCore
 from ._documents import Group

@@ -13,7 +13,7 @@ from typing import Any, Final
 from pymongo import ASCENDING, ReturnDocument
 from pymongo import errors as mongo_errors
 
-from ..._errors import BackendError, InvalidArgument
+from ..._model._errors import BackendError, InvalidArgument
 
 __all__ = [
     "ACTIVE_INDEX",

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pymongo import UpdateOne
 
-from ..._lease import Lease
-from ..._settle_results import SettleKind, SettleResult
+from ..._model._lease import Lease
+from ..._model._settle_results import SettleKind, SettleResult
 from .._shared import fence, missing_delivery
 from .._transitions import Op, not_leased, renew_delivery, settle_delivery
 from ._core import MongoCore

@@ -11,11 +11,11 @@ from pymongo import ASCENDING
 from pymongo import errors as mongo_errors
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
-from ..._errors import ConflictError
-from ..._event import Event
-from ..._query import Query
-from ..._stream import GroupInfo, StartPosition, StreamInfo
-from ..._validation import ordering_mismatch
+from ..._model._errors import ConflictError
+from ..._model._event import Event
+from ..._model._query import Query
+from ..._model._stream import GroupInfo, StartPosition, StreamInfo
+from ..._model._validation import ordering_mismatch
 from .._shared import query_window, start_position
 from ._core import MongoCore
 from ._documents import Group, event_of, ordering_of, partition_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._errors import InvalidArgument
+from ..._model._errors import InvalidArgument
 from .._guard import guard_operations
 from ._config import DEFAULT_SCHEMA, check_schema
 from ._groups import GroupOps

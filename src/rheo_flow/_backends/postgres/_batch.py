@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final, Literal
 
-from ..._lease import Lease
-from ..._settle_results import SettleKind, SettleResult, settle_ok
+from ..._model._lease import Lease
+from ..._model._settle_results import SettleKind, SettleResult, settle_ok
 from ._sql import BIGINT_MAX
 
 __all__ = ["OP_CODES", "Op", "SettleBatch"]

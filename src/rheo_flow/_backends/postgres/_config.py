@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..._errors import InvalidArgument
-from ..._urls import check_hosts, redact_url, url_flag
+from ..._model._errors import InvalidArgument
 from .._guard import check_timeout_ms
+from .._urls import check_hosts, redact_url, url_flag
 from ._sql import SCHEMA_NAME
 
 __all__ = ["DEFAULT_SCHEMA", "POOLERS", "URL_OPTIONS", "channel", "check_listen_url",

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
 from ..._backend import Backend
-from ..._capabilities import Capabilities
-from ..._errors import InvalidArgument, UnknownGroup, UnknownStream
-from ..._settle_results import SettleKind
-from ..._urls import check_hosts, redact_url
+from ..._model._capabilities import Capabilities
+from ..._model._errors import InvalidArgument, UnknownGroup, UnknownStream
+from ..._model._settle_results import SettleKind
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms
+from .._urls import check_hosts, redact_url
 from . import _errors
 from ._config import (
     DEFAULT_SCHEMA,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urlsplit
 
-from ..._settle_results import SettleKind
-from ..._urls import redact_url
+from ..._model._settle_results import SettleKind
+from .._urls import redact_url
 
 __all__ = ["classify_error", "error_prefix", "scrub"]
 

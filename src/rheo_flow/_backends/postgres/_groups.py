@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
-from ..._errors import UnknownGroup
-from ..._stream import DeadLetter, GroupInfo, StartPosition
-from ..._validation import ordering_mismatch
+from ..._model._errors import UnknownGroup
+from ..._model._stream import DeadLetter, GroupInfo, StartPosition
+from ..._model._validation import ordering_mismatch
 from ._core import PostgresCore
 from ._sql import BIGINT_MAX, INTEGER_MAX
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..._errors import InvalidArgument, UnknownGroup
-from ..._event import decode_json, make_event_json
-from ..._lease import Lease, make_lease
-from ..._settle_results import SettleResult
+from ..._model._errors import InvalidArgument, UnknownGroup
+from ..._model._event import decode_json, make_event_json
+from ..._model._lease import Lease, make_lease
+from ..._model._settle_results import SettleResult
 from ._batch import OP_CODES, Op, SettleBatch
 from ._core import PostgresCore, StreamMeta
 from ._pool import PoolCalls

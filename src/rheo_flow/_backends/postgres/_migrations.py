@@ -51,7 +51,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from ..._errors import BackendError
+from ..._model._errors import BackendError
 from ._pool import driver
 from ._sql import Statements, load, render
 

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
-from ..._errors import BackendUnavailable
-from ..._urls import require_driver, unreachable
+from ..._model._errors import BackendUnavailable
 from .._guard import mark_sent
+from .._urls import require_driver, unreachable
 
 if TYPE_CHECKING:
     import asyncpg

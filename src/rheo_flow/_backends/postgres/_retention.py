@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..._errors import UnknownGroup, UnknownStream
+from ..._model._errors import UnknownGroup, UnknownStream
 from ._core import PostgresCore
 
 if TYPE_CHECKING:

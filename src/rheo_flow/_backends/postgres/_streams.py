@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from ..._backend import AppendRecord
-from ..._call_retry import retried
-from ..._errors import BackendError, ConflictError, InvalidArgument
-from ..._event import Event, decode_json, make_event_json
-from ..._query import Query
-from ..._stream import StreamInfo
+from ..._model._errors import BackendError, ConflictError, InvalidArgument
+from ..._model._event import Event, decode_json, make_event_json
+from ..._model._query import Query
+from ..._model._stream import StreamInfo
+from ..._support._call_retry import retried
 from .._shared import query_window
 from ._core import PostgresCore, StreamMeta
 from ._pool import PoolCalls

@@ -7,10 +7,10 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..._backend import Backend
-from ..._capabilities import Capabilities
-from ..._errors import BackendError, InvalidArgument
-from ..._urls import redact_url, url_secrets
+from ..._model._capabilities import Capabilities
+from ..._model._errors import BackendError, InvalidArgument
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
+from .._urls import redact_url, url_secrets
 from ._cluster import cluster_client, is_cluster_url
 from ._dead_letters import DeadLetterOperations
 from ._driver import Client, ExponentialWithJitterBackoff, RedisCluster, aioredis, rex

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from ..._backend import AppendRecord
-from ..._event import Event, make_event_json
-from ..._lease import Lease, make_lease
+from ..._model._event import Event, make_event_json
+from ..._model._lease import Lease, make_lease
 
 __all__ = [
     "appended_events",

@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from ..._errors import BackendError, StoreLost, UnknownGroup, UnknownStream
-from ..._settle_results import SettleKind
+from ..._model._errors import BackendError, StoreLost, UnknownGroup, UnknownStream
+from ..._model._settle_results import SettleKind
 from ._codec import stream_record, text
 from ._driver import Client
 from ._errors import DRIVER_ERRORS, classify, store_lost, translate

@@ -6,8 +6,8 @@ import json
 from collections.abc import Sequence
 from typing import Final
 
-from ..._errors import UnknownGroup
-from ..._stream import DeadLetter
+from ..._model._errors import UnknownGroup
+from ..._model._stream import DeadLetter
 from ._core import RedisCore
 from ._scripts import ScriptCall
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-from ..._errors import MissingExtra
+from ..._model._errors import MissingExtra
 
 try:
     import redis.asyncio as aioredis

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..._errors import BackendError, BackendUnavailable, OutcomeUnknown, StoreLost
-from ..._settle_results import SettleKind
+from ..._model._errors import BackendError, BackendUnavailable, OutcomeUnknown, StoreLost
+from ..._model._settle_results import SettleKind
 from ._driver import Retry, rex
 
 __all__ = ["DRIVER_ERRORS", "SentAwareRetry", "classify", "is_no_script", "store_lost",

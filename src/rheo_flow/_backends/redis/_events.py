@@ -9,8 +9,8 @@ from typing import Any, Final
 import orjson
 
 from ..._backend import AppendRecord
-from ..._event import Event
-from ..._query import Query
+from ..._model._event import Event
+from ..._model._query import Query
 from .._shared import query_matches, query_window
 from ._codec import appended_events, encode_metas, entry_event, text
 from ._core import RedisCore

@@ -13,8 +13,8 @@ from typing import Final
 
 import orjson
 
-from ..._errors import BackendError, UnknownGroup
-from ..._lease import Lease
+from ..._model._errors import BackendError, UnknownGroup
+from ..._model._lease import Lease
 from .._shared import round_robin
 from ._codec import fetched_leases
 from ._core import RedisCore

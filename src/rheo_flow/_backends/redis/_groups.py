@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
-from ..._errors import UnknownGroup
-from ..._stream import GroupInfo, StartPosition
-from ..._validation import ordering_mismatch
+from ..._model._errors import UnknownGroup
+from ..._model._stream import GroupInfo, StartPosition
+from ..._model._validation import ordering_mismatch
 from ._codec import group_record, text
 from ._core import RedisCore
 from ._scripts import is_reply

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from ..._errors import InvalidArgument
+from ..._model._errors import InvalidArgument
 
 __all__ = ["DEFAULT_PREFIX", "KeyLayout", "check_prefix"]
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from importlib.resources import files
 from typing import Any, Final, TypeAlias
 
-from ..._errors import BackendError, OutcomeUnknown
+from ..._model._errors import BackendError, OutcomeUnknown
 from ._driver import Client, rex
 from ._errors import DRIVER_ERRORS, is_no_script
 

@@ -13,9 +13,9 @@ from typing import Any, Final
 
 import orjson
 
-from ..._lease import Lease
-from ..._settle_results import SettleKind, SettleResult, settle_ok
-from ..._validation import NAME_PATTERN
+from ..._model._lease import Lease
+from ..._model._settle_results import SettleKind, SettleResult, settle_ok
+from ..._model._validation import NAME_PATTERN
 from ._codec import text
 from ._core import RedisCore
 from ._scripts import ScriptCall

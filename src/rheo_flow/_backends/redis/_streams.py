@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..._errors import ConflictError
-from ..._stream import StreamInfo
+from ..._model._errors import ConflictError
+from ..._model._stream import StreamInfo
 from ._codec import stream_record, text
 from ._core import RedisCore
 

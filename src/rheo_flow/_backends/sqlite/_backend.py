@@ -15,17 +15,17 @@ from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, unquote
 
 from ..._backend import AppendRecord, Backend
-from ..._capabilities import Capabilities
-from ..._clock import Clock, system_clock
-from ..._errors import InvalidArgument
-from ..._event import Event
-from ..._lease import Lease
-from ..._query import Query
-from ..._settle_results import SettleKind, SettleResult
-from ..._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
-from ..._urls import redact_url, url_flag
+from ..._model._capabilities import Capabilities
+from ..._model._errors import InvalidArgument
+from ..._model._event import Event
+from ..._model._lease import Lease
+from ..._model._query import Query
+from ..._model._settle_results import SettleKind, SettleResult
+from ..._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from .._shared import Waiters
+from .._urls import redact_url, url_flag
 from . import _catalog, _events, _progress, _settle
 from ._errors import classify_error
 from ._fetch import Fetcher

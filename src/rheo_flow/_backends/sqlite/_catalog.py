@@ -10,10 +10,10 @@ import sqlite3
 from dataclasses import dataclass
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
-from ..._clock import Clock
-from ..._errors import ConflictError, UnknownGroup, UnknownStream
-from ..._stream import GroupInfo, StartPosition, StreamInfo
-from ..._validation import ordering_mismatch
+from ..._model._errors import ConflictError, UnknownGroup, UnknownStream
+from ..._model._stream import GroupInfo, StartPosition, StreamInfo
+from ..._model._validation import ordering_mismatch
+from ..._support._clock import Clock
 from .._shared import start_position
 from . import _sql as sql
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..._backend import MAX_ATTEMPTS_REASON
-from ..._lease import Lease
-from ..._settle_results import SettleKind, SettleResult
+from ..._model._lease import Lease
+from ..._model._settle_results import SettleKind, SettleResult
 from .._shared import fence, missing_delivery
 from .._transitions import Settled
 from . import _sql as sql

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from ..._settle_results import SettleKind
+from ..._model._settle_results import SettleKind
 
 __all__ = ["classify_error", "is_locked"]
 

@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 
 from ..._backend import AppendRecord
-from ..._clock import Clock
-from ..._event import Event, decode_json, make_event_json
-from ..._query import Query
+from ..._model._event import Event, decode_json, make_event_json
+from ..._model._query import Query
+from ..._support._clock import Clock
 from .._shared import query_window
 from . import _sql as sql
 from ._catalog import Stream, get_stream, waters

@@ -14,9 +14,9 @@ import os
 import sqlite3
 from dataclasses import dataclass
 
-from ..._clock import Clock
-from ..._errors import BackendError
-from ..._lease import Lease, make_lease
+from ..._model._errors import BackendError
+from ..._model._lease import Lease, make_lease
+from ..._support._clock import Clock
 from .._shared import round_robin
 from .._transitions import Settled, expire
 from . import _sql as sql

@@ -25,7 +25,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..._lease import Lease, make_lease
+from ..._model._lease import Lease, make_lease
 from .._transitions import Settled, expire
 from . import _sql as sql
 from ._events import load_events

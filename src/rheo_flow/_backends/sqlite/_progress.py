@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..._clock import Clock
-from ..._stream import DeadLetter, StartPosition
+from ..._model._stream import DeadLetter, StartPosition
+from ..._support._clock import Clock
 from .._shared import start_position
 from . import _sql as sql
 from ._catalog import get_group, waters

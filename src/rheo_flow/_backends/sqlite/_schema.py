@@ -10,8 +10,8 @@ import sqlite3
 from pathlib import Path
 from typing import Final
 
-from ..._call_retry import retrying_sync
-from ..._errors import BackendError, BackendUnavailable
+from ..._model._errors import BackendError, BackendUnavailable
+from ..._support._call_retry import retrying_sync
 from . import _sql as sql
 from ._errors import is_locked
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..._clock import Clock
-from ..._lease import Lease
-from ..._settle_results import SettleResult, settle_ok
+from ..._model._lease import Lease
+from ..._model._settle_results import SettleResult, settle_ok
+from ..._support._clock import Clock
 from .._transitions import Op, renew_delivery, settle_delivery
 from . import _sql as sql
 from ._deliveries import Deliveries, fenced_update

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from ..._errors import BackendUnavailable
+from ..._model._errors import BackendUnavailable
 from . import _sql as sql
 
 __all__ = ["Writer"]

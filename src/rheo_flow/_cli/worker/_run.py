@@ -1,13 +1,13 @@
 """A long-lived worker process: runs consumer groups and pipelines until told to stop.
 
-``rheo-flow worker MODULE:ATTR`` (see :mod:`rheo_flow._worker_cli`) loads what
+``rheo-flow worker MODULE:ATTR`` (see :mod:`rheo_flow._cli.worker._command`) loads what
 ATTR names, builds its runtimes on one :class:`~rheo_flow.Rheo` instance and
 runs them. The first SIGTERM or SIGINT starts a drain: fetching stops, leases
 no handler has started are handed back at once, running handlers and open
 batches finish and settle, all within a grace period; a second signal exits at
 once. Health is reported through a file touched while the runtimes are ready
-and a tiny HTTP endpoint (:mod:`rheo_flow._health`). With ``--processes`` a
-supervisor (:mod:`rheo_flow._worker_supervisor`) runs several such processes.
+and a tiny HTTP endpoint (:mod:`rheo_flow._cli.worker._health`). With ``--processes`` a
+supervisor (:mod:`rheo_flow._cli.worker._supervisor`) runs several such processes.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._backlog import wait_producer_caught_up
-from ._errors import InvalidArgument
-from ._group import Consumer, Group
+from ..._model._errors import InvalidArgument
+from ..._rheo import Rheo
+from ..._runtime._backlog import wait_producer_caught_up
+from ..._runtime._group import Consumer, Group
+from ...pipeline import Pipeline
 from ._health import Health
-from ._rheo import Rheo
-from .pipeline import Pipeline
 
 __all__ = ["SIGNALS", "SUPERVISOR_ENV", "WorkerConfig", "build_runtimes", "load_target",
            "run_worker"]

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._errors import RheoError
-from ._urls import redact_url, scrub_secrets
+from .._backends._urls import redact_url, scrub_secrets
+from .._model._errors import RheoError
 
 __all__ = [
     "URL_ENV",

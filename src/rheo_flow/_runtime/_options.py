@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
+from .._model._errors import InvalidArgument
+from .._model._validation import MAX_DELAY_MS, MAX_LEASE_MS, check_name
 from ._backoff import Backoff
-from ._errors import InvalidArgument
 from ._retry_policy import RetryPolicy
-from ._validation import MAX_DELAY_MS, MAX_LEASE_MS, check_name
 
 __all__ = [
     "BATCHER",

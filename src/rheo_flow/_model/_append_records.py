@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ._backend import AppendRecord, make_append_record
+from .._backend import AppendRecord, make_append_record
 from ._errors import InvalidArgument
 from ._event import NewEvent
 from ._validation import (

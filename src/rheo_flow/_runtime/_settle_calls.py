@@ -1,5 +1,5 @@
 """Settle calls in the runtimes: settling through the decision table, shared by
-consumer groups and producers (the vocabulary is in :mod:`rheo_flow._settle_results`).
+consumer groups and producers (the vocabulary is in :mod:`rheo_flow._model._settle_results`).
 
 :func:`settle` performs one batched ack / nack / reject, releases the leases from
 the runtime's inflight set and applies the runtime decision of every failure:
@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from . import _telemetry
+from .. import _telemetry
+from .._model._lease import Lease
+from .._model._settle_results import Decision, SettleResult
+from .._rheo import Rheo
 from ._inflight import Inflight
-from ._lease import Lease
-from ._rheo import Rheo
-from ._settle_results import Decision, SettleResult
 
 __all__ = ["BatchObserver", "SettleObserver", "SettleOp", "SettleOutcome", "dead_lettered",
            "per_outcome", "settle"]

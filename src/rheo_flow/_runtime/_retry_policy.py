@@ -15,8 +15,8 @@ import random
 
 import tenacity
 
-from ._errors import InvalidArgument
-from ._validation import check_duration_ms
+from .._model._errors import InvalidArgument
+from .._model._validation import check_duration_ms
 
 __all__ = ["RetryPolicy"]
 

@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
-from . import _telemetry
-from ._event import Event
-from ._failure import bounded, describe, error_text, failure_fields, truncated
-from ._lease import Lease
-from ._outcome import _CURRENT_LEASE, Ack, Context, Reject, Retry
+from .. import _telemetry
+from .._model._event import Event
+from .._model._failure import bounded, describe, error_text, failure_fields, truncated
+from .._model._lease import Lease
+from .._model._outcome import _CURRENT_LEASE, Ack, Context, Reject, Retry
+from .._model._settle_results import SettleResult, classify
+from .._model._validation import MAX_REASON
 from ._producer import Producer
 from ._retry_policy import RetryPolicy
 from ._settle_calls import SettleObserver, SettleOp, _outcome, dead_lettered
-from ._settle_results import SettleResult, classify
-from ._validation import MAX_REASON
 
 __all__ = ["EventHandler", "GroupLoop", "GroupStats", "short_repr"]
 

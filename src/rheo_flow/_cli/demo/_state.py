@@ -7,9 +7,9 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ._demo_orders import Faults
-from ._settle_results import SettleResult
-from ._stream import DeadLetter
+from ..._model._settle_results import SettleResult
+from ..._model._stream import DeadLetter
+from ._orders import Faults
 
 __all__ = ["GROUPS", "MAX_ATTEMPTS", "STREAM", "DemoConfig", "DemoResult", "DemoState",
            "GroupStats"]

@@ -8,8 +8,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ._demo_state import GROUPS, MAX_ATTEMPTS, STREAM, DemoState
-from ._urls import redact_url
+from ..._backends._urls import redact_url
+from ._state import GROUPS, MAX_ATTEMPTS, STREAM, DemoState
 
 __all__ = ["render_line", "render_live", "render_summary"]
 

@@ -23,16 +23,16 @@ from collections.abc import Awaitable, Callable
 from rich.console import Console
 from rich.live import Live
 
-from ._demo_orders import RETRY_DELAY_MS, Billing, Shipping, generate_orders
-from ._demo_state import GROUPS, MAX_ATTEMPTS, STREAM, DemoConfig, DemoResult, DemoState, GroupStats
-from ._demo_view import render_line, render_live, render_summary
-from ._event import Event, NewEvent
-from ._failure import bounded, error_text
-from ._lease import Lease
-from ._outcome import Context, Outcome, Reject, Retry
-from ._rheo import Rheo
-from ._settle_results import Decision
-from ._stream import DeadLetter
+from ..._model._event import Event, NewEvent
+from ..._model._failure import bounded, error_text
+from ..._model._lease import Lease
+from ..._model._outcome import Context, Outcome, Reject, Retry
+from ..._model._settle_results import Decision
+from ..._model._stream import DeadLetter
+from ..._rheo import Rheo
+from ._orders import RETRY_DELAY_MS, Billing, Shipping, generate_orders
+from ._state import GROUPS, MAX_ATTEMPTS, STREAM, DemoConfig, DemoResult, DemoState, GroupStats
+from ._view import render_line, render_live, render_summary
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo", "run_worker"]
 

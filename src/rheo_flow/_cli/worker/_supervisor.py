@@ -1,7 +1,7 @@
 """``rheo-flow worker --processes N``: a supervisor running N worker processes.
 
 Each child is ``rheo-flow worker`` with the same target (see
-:mod:`rheo_flow._worker`), in a session of its own, with the supervisor's
+:mod:`rheo_flow._cli.worker._run`), in a session of its own, with the supervisor's
 process id in its environment so that it drains should the supervisor vanish.
 The supervisor passes signals on, reports health for all of them, and stops
 the others when one exits on its own.
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from ._health import Health
-from ._worker import SIGNALS, SUPERVISOR_ENV, WorkerConfig
+from ._run import SIGNALS, SUPERVISOR_ENV, WorkerConfig
 
 __all__ = ["supervise"]
 

@@ -8,8 +8,8 @@ import re
 from typing import Final
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
-from ._backend import Backend
-from ._errors import BackendUnavailable, InvalidArgument, MissingExtra
+from .._backend import Backend
+from .._model._errors import BackendUnavailable, InvalidArgument, MissingExtra
 
 __all__ = ["backend_from_url", "redact_url", "scrub_secrets", "url_flag", "url_secrets"]
 

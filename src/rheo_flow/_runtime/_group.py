@@ -6,12 +6,12 @@ A :class:`Consumer` implements :meth:`Consumer.handle_event` (and optionally
 fetches, renews and settles for it. A plain async function becomes a consumer
 with the :func:`consumer` decorator. The two classes share one module because
 each needs the other: ``start`` builds a Group, a Group checks and runs a
-Consumer. What a handler returns (the outcomes) is in :mod:`rheo_flow._outcome`.
+Consumer. What a handler returns (the outcomes) is in :mod:`rheo_flow._model._outcome`.
 
 A :class:`Group` resolves the options, claims its (instance, stream, group)
 slot in this process, runs ``setup`` and owns the lifecycle; the
 :class:`~rheo_flow.Producer` fetches and renews for it, and its loop
-(:mod:`rheo_flow._group_loop`) feeds, handles and settles.
+(:mod:`rheo_flow._runtime._group_loop`) feeds, handles and settles.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Self, TypeAlias
 
-from . import _telemetry
-from ._backlog import wait_producer_caught_up
-from ._backoff import Backoff
-from ._errors import (
+from .. import _telemetry
+from .._model._errors import (
     AlreadyStarted,
     InvalidArgument,
     NotStarted,
@@ -35,17 +33,19 @@ from ._errors import (
     SetupRefused,
     StoreLost,
 )
-from ._event import Event
-from ._failure import describe
+from .._model._event import Event
+from .._model._failure import describe
+from .._model._outcome import Context, Outcome
+from .._rheo import Partitions, Rheo
+from .._support._waiting import cancel_and_wait
+from ._backlog import wait_producer_caught_up
+from ._backoff import Backoff
 from ._group_loop import EventHandler, GroupLoop, GroupStats, short_repr
 from ._group_options import resolve_group_options
 from ._options import CONSUMER, GROUP, validate
-from ._outcome import Context, Outcome
 from ._producer import Producer
 from ._retry_policy import RetryPolicy
-from ._rheo import Partitions, Rheo
 from ._settle_calls import SettleObserver
-from ._waiting import cancel_and_wait
 
 __all__ = ["Consumer", "Group", "consumer"]
 

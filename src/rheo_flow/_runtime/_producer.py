@@ -24,12 +24,15 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
 
+from .._model._errors import AlreadyStarted, InvalidArgument, NotStarted, StoreLost
+from .._model._lease import Lease
+from .._model._settle_results import SettleResult, classify
+from .._model._validation import check_partition, check_positive_int
+from .._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
+from .._support._waiting import first_of, wait_event
 from ._backoff import Backoff
-from ._errors import AlreadyStarted, InvalidArgument, NotStarted, StoreLost
 from ._inflight import Inflight
-from ._lease import Lease
 from ._options import PRODUCER
-from ._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
 from ._settle_calls import (
     BatchObserver,
     SettleObserver,
@@ -38,9 +41,6 @@ from ._settle_calls import (
     per_outcome,
     settle,
 )
-from ._settle_results import SettleResult, classify
-from ._validation import check_partition, check_positive_int
-from ._waiting import first_of, wait_event
 
 __all__ = ["Producer", "ProducerStats"]
 

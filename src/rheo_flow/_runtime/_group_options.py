@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ._errors import InvalidArgument
+from .._model._errors import InvalidArgument
+from .._rheo import Rheo
 from ._options import GROUP
 from ._retry_policy import RetryPolicy
-from ._rheo import Rheo
 
 if TYPE_CHECKING:
     from ._group import Consumer

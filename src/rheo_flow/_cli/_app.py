@@ -1,8 +1,8 @@
 """The ``rheo-flow`` command line: the app, the live demo, and every command registered.
 
-The commands live in modules of their own: :mod:`._cli_inspect` (read-only),
-:mod:`._cli_ops` (changes), :mod:`._faults._cli` (torture), :mod:`._worker_cli`
-(worker), :mod:`._top_cli` (the live view).
+The commands live in modules of their own: :mod:`._inspect` (read-only),
+:mod:`._ops` (changes), :mod:`rheo_flow._faults._cli` (torture),
+:mod:`.worker._command` (worker), :mod:`.top._command` (the live view).
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from urllib.parse import quote
 
 import typer
 
-from . import __version__, _cli_inspect, _cli_ops
-from ._cli_common import console as cli_console
-from ._cli_common import run
-from ._demo import DemoConfig, run_demo
-from ._faults._cli import torture as _torture
-from ._top_cli import top as _top
-from ._worker_cli import worker as _worker
+from .. import __version__
+from .._faults._cli import torture as _torture
+from . import _inspect, _ops
+from ._common import console as cli_console
+from ._common import run
+from .demo._run import DemoConfig, run_demo
+from .top._command import top as _top
+from .worker._command import worker as _worker
 
 __all__ = ["app", "main"]
 
@@ -109,8 +110,8 @@ def demo(
         raise typer.Exit(1)
 
 
-_cli_inspect.register(app)
-_cli_ops.register(app)
+_inspect.register(app)
+_ops.register(app)
 # Kept in their own modules; registered here so that they are commands of this app.
 app.command("torture")(_torture)
 app.command("worker")(_worker)

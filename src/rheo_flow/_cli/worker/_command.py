@@ -13,10 +13,10 @@ from typing import Annotated
 
 import typer
 
-from ._errors import InvalidArgument, RheoError
-from ._urls import redact_url, scrub_secrets
-from ._worker import WorkerConfig, load_target, run_worker
-from ._worker_supervisor import supervise
+from ..._backends._urls import redact_url, scrub_secrets
+from ..._model._errors import InvalidArgument, RheoError
+from ._run import WorkerConfig, load_target, run_worker
+from ._supervisor import supervise
 
 __all__ = ["worker"]
 

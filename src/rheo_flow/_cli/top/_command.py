@@ -1,4 +1,4 @@
-"""``rheo-flow top``: the command that starts the live view of :mod:`._top`."""
+"""``rheo-flow top``: the command that starts the live view of :mod:`._view`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ._cli_common import StreamArg, UrlOption, console, errors, existing, run
-from ._errors import MissingExtra
-from ._rheo import Rheo
+from ..._model._errors import MissingExtra
+from ..._rheo import Rheo
+from .._common import StreamArg, UrlOption, console, errors, existing, run
 
 __all__ = ["top"]
 
@@ -29,7 +29,7 @@ def top(
     (pip install 'rheo-flow[tui]').
     """
     try:
-        from ._top import TopApp
+        from ._view import TopApp
     except MissingExtra as exc:
         errors().print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None

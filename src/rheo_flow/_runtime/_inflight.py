@@ -16,9 +16,9 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Protocol
 
-from ._lease import Lease
-from ._settle_results import Decision, SettleResult
-from ._waiting import wait_event
+from .._model._lease import Lease
+from .._model._settle_results import Decision, SettleResult
+from .._support._waiting import wait_event
 
 __all__ = ["Inflight", "InflightEntry"]
 

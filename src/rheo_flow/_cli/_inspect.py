@@ -19,7 +19,11 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ._cli_common import (
+from .._backends._urls import redact_url
+from .._model._event import Event
+from .._model._query import Query
+from .._rheo import Rheo
+from ._common import (
     GroupArg,
     JsonOption,
     StreamArg,
@@ -29,10 +33,6 @@ from ._cli_common import (
     existing,
     run,
 )
-from ._event import Event
-from ._query import Query
-from ._rheo import Rheo
-from ._urls import redact_url
 
 __all__ = ["register"]
 

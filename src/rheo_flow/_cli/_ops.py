@@ -15,7 +15,12 @@ import orjson
 import typer
 from rich.markup import escape
 
-from ._cli_common import (
+from .._backends._urls import redact_url
+from .._model._errors import InvalidArgument
+from .._model._stream import DeadLetter, StartPosition
+from .._model._validation import MAX_PARTITIONS
+from .._rheo import MAX_APPEND, Rheo
+from ._common import (
     GroupArg,
     JsonOption,
     StreamArg,
@@ -28,11 +33,6 @@ from ._cli_common import (
     existing,
     run,
 )
-from ._errors import InvalidArgument
-from ._rheo import MAX_APPEND, Rheo
-from ._stream import DeadLetter, StartPosition
-from ._urls import redact_url
-from ._validation import MAX_PARTITIONS
 
 __all__ = ["register"]
 
@@ -278,11 +278,11 @@ def migrate(
 
     async def go() -> str:
         if postgres:
-            from ._urls import require_driver
+            from .._backends._urls import require_driver
 
             require_driver("PostgreSQL", "postgres", "asyncpg")
-            from ._backends.postgres import DEFAULT_SCHEMA, PostgresBackend
-            from ._backends.postgres import migrate as pg_migrate
+            from .._backends.postgres import DEFAULT_SCHEMA, PostgresBackend
+            from .._backends.postgres import migrate as pg_migrate
 
             in_url = PostgresBackend.from_url(url).schema if "schema=" in url else None
             if schema is not None and in_url is not None and schema != in_url:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._rheo import Partitions, Rheo
+from .._rheo import Partitions, Rheo
 
 if TYPE_CHECKING:
     from ._producer import Producer

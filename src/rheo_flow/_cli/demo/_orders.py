@@ -12,8 +12,8 @@ import asyncio
 import random
 from dataclasses import dataclass, replace
 
-from ._event import Event, NewEvent
-from ._outcome import ACK, Context, Outcome, Reject, Retry
+from ..._model._event import Event, NewEvent
+from ..._model._outcome import ACK, Context, Outcome, Reject, Retry
 
 __all__ = ["COUNTRIES", "RETRY_DELAY_MS", "Billing", "Faults", "Shipping", "generate_orders"]
 

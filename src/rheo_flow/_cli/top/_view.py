@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ._errors import MissingExtra
+from ..._model._errors import MissingExtra
 
 try:
     from textual.app import App, ComposeResult
@@ -26,10 +26,10 @@ try:
 except ImportError:
     raise MissingExtra("top command", "tui", "textual") from None
 
-from ._cli_common import existing
-from ._rheo import Rheo
-from ._stream import DeadLetter
-from ._urls import redact_url, scrub_secrets
+from ..._backends._urls import redact_url, scrub_secrets
+from ..._model._stream import DeadLetter
+from ..._rheo import Rheo
+from .._common import existing
 
 __all__ = ["DEAD_LETTER_LIMIT", "HISTORY", "TopApp"]
 

@@ -1,0 +1,1 @@
+"""``rheo-flow demo``: the scenario, its state, its view and the run."""

@@ -1,0 +1,1 @@
+"""``rheo-flow top``: the live view and the command that starts it."""

@@ -1,0 +1,1 @@
+"""``rheo-flow worker``: the worker process, its supervisor and its health reporting."""
