@@ -26,9 +26,10 @@ from rheo_flow import (
     Rheo,
     SettleKind,
 )
-from rheo_flow._backend import Backend, make_append_record
+from rheo_flow._backend import Backend
 from rheo_flow._backends._urls import backend_from_url
 from rheo_flow._faults._proxy import FaultProxy
+from rheo_flow._model._append_records import make_append_record
 from rheo_flow.backends import PostgresBackend, SQLiteBackend
 
 WaitUntil = Callable[..., Awaitable[None]]

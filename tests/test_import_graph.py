@@ -2,11 +2,13 @@
 
 The graph is built statically from the source (``ast``, no import is run): every
 ``import`` and ``from ... import`` of a ``rheo_flow`` module, at module level or
-inside a function, is an edge; imports under ``if TYPE_CHECKING:`` are not (they
-never run). ``from package import name`` is an edge to the submodule when ``name``
-is one, else to the package. Importing a module also runs the ``__init__`` of every
-package above it, so those are edges too, except the packages above the importing
-module itself (they are already being imported when it runs).
+inside a function or under ``if TYPE_CHECKING:``, is an edge. A type-only import
+never runs, but it still couples the two modules both ways: a cycle through one
+means the layers are not what the tree says. ``from package import name`` is an edge
+to the submodule when ``name`` is one, else to the package. Importing a module also
+runs the ``__init__`` of every package above it, so those are edges too, except the
+packages above the importing module itself (they are already being imported when it
+runs).
 
 A cycle that only closes through a function-level import still couples the two
 modules both ways; moving the import into the function only defers the failure.
@@ -25,14 +27,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "rheo_flow"
 
 @dataclass(frozen=True)
 class Import:
-    """One edge of the graph: where the import is, and whether it runs at import time."""
+    """One edge of the graph: where the import is, whether it runs at import time,
+    and whether it is only for the type checker."""
 
     target: str
     line: int
     in_function: bool
+    type_only: bool = False
 
     def describe(self) -> str:
-        return f"line {self.line}{', in a function' if self.in_function else ''}"
+        where = ", in a function" if self.in_function else ""
+        return f"line {self.line}{where}{', type-only' if self.type_only else ''}"
 
 
 def modules(root: Path = PACKAGE) -> dict[str, Path]:
@@ -51,18 +56,23 @@ def _is_type_checking(test: ast.expr) -> bool:
             or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def _imports(tree: ast.AST, in_function: bool = False) -> Iterator[tuple[ast.stmt, bool]]:
-    """Every import statement below ``tree`` that runs, with whether it is in a function."""
+def _imports(tree: ast.AST, in_function: bool = False, type_only: bool = False
+             ) -> Iterator[tuple[ast.stmt, bool, bool]]:
+    """Every import statement below ``tree``, with whether it is in a function and
+    whether it is under ``if TYPE_CHECKING:``."""
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node, in_function
+            yield node, in_function, type_only
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for stmt in node.body:
+                yield from _imports(ast.Module(body=[stmt], type_ignores=[]), in_function, True)
             for stmt in node.orelse:  # ``else:`` of ``if TYPE_CHECKING:`` runs
-                yield from _imports(ast.Module(body=[stmt], type_ignores=[]), in_function)
+                yield from _imports(ast.Module(body=[stmt], type_ignores=[]), in_function,
+                                    type_only)
         else:
             nested = in_function or isinstance(
                 node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
-            yield from _imports(node, nested)
+            yield from _imports(node, nested, type_only)
 
 
 def _ancestors(name: str) -> list[str]:
@@ -71,7 +81,8 @@ def _ancestors(name: str) -> list[str]:
 
 
 def import_graph(root: Path = PACKAGE) -> dict[str, list[Import]]:
-    """The runtime import edges of every module of the package (to its own modules)."""
+    """The import edges of every module of the package (to its own modules), type-only
+    ones included."""
     known = modules(root)
     graph: dict[str, list[Import]] = {name: [] for name in known}
     for name, path in known.items():
@@ -79,7 +90,7 @@ def import_graph(root: Path = PACKAGE) -> dict[str, list[Import]]:
         package = name if is_package else name.rpartition(".")[0]
         already = {name, *_ancestors(name)}
         tree = ast.parse(path.read_text(), filename=str(path))
-        for node, in_function in _imports(tree):
+        for node, in_function, type_only in _imports(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -102,7 +113,8 @@ def import_graph(root: Path = PACKAGE) -> dict[str, list[Import]]:
                     continue
                 for module in [*_ancestors(target), target]:
                     if module in known and module not in already:
-                        graph[name].append(Import(module, node.lineno, in_function))
+                        graph[name].append(Import(module, node.lineno, in_function,
+                                                  type_only))
     return graph
 
 
@@ -196,7 +208,7 @@ def test_the_package_has_no_import_cycle() -> None:
 
 def test_the_graph_sees_what_a_cycle_is_made_of(tmp_path: Path) -> None:
     # The checker itself: relative and absolute imports, function-level imports,
-    # ``from package import module``, package __init__ edges; not TYPE_CHECKING blocks.
+    # ``from package import module``, package __init__ edges, TYPE_CHECKING blocks.
     pkg = tmp_path / "rheo_flow"
     (pkg / "sub").mkdir(parents=True)
     files = {
@@ -217,8 +229,10 @@ def test_the_graph_sees_what_a_cycle_is_made_of(tmp_path: Path) -> None:
     assert [(e.target, e.in_function) for e in graph["rheo_flow._b"]] == [
         ("rheo_flow._a", True)]
     assert [e.target for e in graph["rheo_flow._a"]] == ["rheo_flow._b"]
-    assert graph["rheo_flow._c"] == []
+    assert [(e.target, e.type_only) for e in graph["rheo_flow._c"]] == [("rheo_flow._d", True)]
     assert [e.target for e in graph["rheo_flow._f"]] == ["rheo_flow.sub", "rheo_flow.sub._x"]
     assert [e.target for e in graph["rheo_flow.sub"]] == ["rheo_flow._e"]
-    assert cycles(graph) == [["rheo_flow._a", "rheo_flow._b", "rheo_flow._a"]]
+    assert cycles(graph) == [["rheo_flow._a", "rheo_flow._b", "rheo_flow._a"],
+                             ["rheo_flow._c", "rheo_flow._d", "rheo_flow._c"]]
     assert "line 2, in a function" in describe(graph, cycles(graph)[0])
+    assert "line 3, type-only" in describe(graph, cycles(graph)[1])

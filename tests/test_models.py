@@ -108,7 +108,7 @@ def test_models_survive_pickling() -> None:
 
 
 def test_fast_built_records_results_and_outcomes_are_the_real_frozen_types() -> None:
-    from rheo_flow._backend import AppendRecord, make_append_record
+    from rheo_flow._model._append_records import AppendRecord, make_append_record
     from rheo_flow._model._settle_results import SettleResult, settle_ok
     from rheo_flow._runtime._settle_calls import SettleOutcome, _outcome
 
@@ -129,3 +129,21 @@ def test_fast_built_records_results_and_outcomes_are_the_real_frozen_types() -> 
     for value, field in ((record, "partition"), (result, "lease_id"), (outcome, "op")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(value, field, None)
+    # One builder makes them all, and refuses a class it would build wrongly.
+    from rheo_flow._model._builders import positional_builder
+
+    @dataclasses.dataclass(frozen=True)
+    class NoSlots:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self) -> None:
+            raise AssertionError("never skipped")
+
+    for cls, problem in ((NoSlots, "not a slotted dataclass"), (Checked, "__post_init__")):
+        with pytest.raises(TypeError, match=problem):
+            positional_builder(cls)
+    assert positional_builder(SettleResult)("l-2", None, True).repeated

@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
+from ._model._append_records import AppendRecord
 from ._model._capabilities import Capabilities
 from ._model._errors import Unsupported
-from ._model._event import JSON, Event
+from ._model._event import Event
 from ._model._lease import Lease
 from ._model._query import Query
 from ._model._settle_results import SettleKind, SettleResult
@@ -32,51 +31,6 @@ __all__ = ["AppendRecord", "Backend"]
 
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_ATTEMPTS_REASON = "max_attempts"
-
-
-@dataclass(frozen=True, slots=True)
-class AppendRecord:
-    """One validated, routed event for :meth:`Backend.append`.
-
-    ``data_json`` is the compact JSON text of ``data``; backends that store text
-    store it, backends that store documents may use ``data``.
-    """
-
-    partition: int
-    id: str
-    type: str
-    key: str | None
-    data: JSON
-    data_json: str
-    headers: Mapping[str, str]
-
-
-class _AppendRecordSlots:
-    """The same slots as :class:`AppendRecord`, assignable: a fast way to fill one."""
-
-    __slots__ = ("data", "data_json", "headers", "id", "key", "partition", "type")
-
-    def __init__(self, partition: int, id: str, type: str, key: str | None, data: JSON,
-                 data_json: str, headers: Mapping[str, str]) -> None:
-        self.partition = partition
-        self.id = id
-        self.type = type
-        self.key = key
-        self.data = data
-        self.data_json = data_json
-        self.headers = headers
-
-
-if sorted(_AppendRecordSlots.__slots__) != sorted(AppendRecord.__slots__):  # pragma: no cover
-    raise TypeError("_AppendRecordSlots must have the slots of AppendRecord")
-
-
-def make_append_record(partition: int, id: str, type: str, key: str | None, data: JSON,
-                       data_json: str, headers: Mapping[str, str]) -> AppendRecord:
-    """An :class:`AppendRecord` from positional fields, without the frozen ``__init__``'s cost."""
-    record: Any = _AppendRecordSlots(partition, id, type, key, data, data_json, headers)
-    record.__class__ = AppendRecord
-    return record  # type: ignore[no-any-return]
 
 
 class Backend(ABC):

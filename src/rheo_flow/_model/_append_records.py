@@ -1,5 +1,6 @@
 """What :meth:`Rheo.append <rheo_flow.Rheo.append>` sends: the events it is given,
-validated, with their ids and partitions, as :class:`~rheo_flow._backend.AppendRecord` s.
+validated, with their ids and partitions, as :class:`AppendRecord` s (what
+:meth:`Backend.append <rheo_flow.Backend.append>` takes).
 
 One pass over the events, with a cheap path for well-formed ones (a type check
 per field, the full check only when it fails): this is the hot path of every
@@ -12,12 +13,13 @@ from __future__ import annotations
 import os
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
-from .._backend import AppendRecord, make_append_record
+from ._builders import positional_builder
 from ._errors import InvalidArgument
-from ._event import NewEvent
+from ._event import JSON, NewEvent
 from ._validation import (
     MAX_ID,
     MAX_TYPE,
@@ -29,7 +31,7 @@ from ._validation import (
     encode_json,
 )
 
-__all__ = ["append_records"]
+__all__ = ["AppendRecord", "append_records", "make_append_record"]
 
 _EVENT_FIELDS: Final = frozenset({"type", "data", "id", "key", "partition", "headers"})
 _UUID_VARIANT: Final = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
@@ -38,6 +40,30 @@ _NO_HEADERS: Final[Mapping[str, str]] = {}
 
 _Fields = tuple[Any, Any, Any, Any, Any, Any]
 """An event's type, data, id, key, partition and headers, as given."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRecord:
+    """One validated, routed event for :meth:`Backend.append`.
+
+    ``data_json`` is the compact JSON text of ``data``; backends that store text
+    store it, backends that store documents may use ``data``.
+    """
+
+    partition: int
+    id: str
+    type: str
+    key: str | None
+    data: JSON
+    data_json: str
+    headers: Mapping[str, str]
+
+
+make_append_record: Callable[
+    [int, str, str, str | None, JSON, str, Mapping[str, str]], AppendRecord,
+] = positional_builder(AppendRecord)
+"""An :class:`AppendRecord` from positional fields (partition, id, type, key, data,
+data_json, headers), without the frozen ``__init__``'s cost."""
 
 
 def append_records(

@@ -1,16 +1,17 @@
 """Leases: a consumer's fenced, time-limited claim on one delivery of an event.
 
 Backends build leases in bulk with :func:`make_lease` (positional, several times
-cheaper than the frozen dataclass's ``__init__``); the result is an ordinary,
+cheaper than the frozen dataclass's ``__init__``: see :mod:`._builders`); the result is an ordinary,
 immutable :class:`Lease`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
+from ._builders import positional_builder
 from ._event import Event
 
 __all__ = ["Lease", "make_lease"]
@@ -58,32 +59,8 @@ class Lease:
         return datetime.fromtimestamp(self.deadline_ms / 1000, tz=UTC)
 
 
-class _LeaseSlots:
-    """The same slots as :class:`Lease`, assignable: a fast way to fill a new Lease."""
+make_lease: Callable[[str, str, str, str, Event, int, int], Lease] = positional_builder(Lease)
+"""A :class:`Lease` from positional fields (lease_id, receipt, group, consumer_id, event,
+attempt, deadline_ms), without the frozen ``__init__``'s cost.
 
-    __slots__ = ("attempt", "consumer_id", "deadline_ms", "event", "group", "lease_id", "receipt")
-
-    def __init__(self, lease_id: str, receipt: str, group: str, consumer_id: str, event: Event,
-                 attempt: int, deadline_ms: int) -> None:
-        self.lease_id = lease_id
-        self.receipt = receipt
-        self.group = group
-        self.consumer_id = consumer_id
-        self.event = event
-        self.attempt = attempt
-        self.deadline_ms = deadline_ms
-
-
-if sorted(_LeaseSlots.__slots__) != sorted(Lease.__slots__):  # pragma: no cover
-    raise TypeError("_LeaseSlots must have the slots of Lease")
-
-
-def make_lease(lease_id: str, receipt: str, group: str, consumer_id: str, event: Event,
-               attempt: int, deadline_ms: int) -> Lease:
-    """A :class:`Lease` from positional fields, without the frozen ``__init__``'s cost.
-
-    For backends, which build leases in bulk from values they already trust.
-    """
-    lease: Any = _LeaseSlots(lease_id, receipt, group, consumer_id, event, attempt, deadline_ms)
-    lease.__class__ = Lease
-    return lease  # type: ignore[no-any-return]
+For backends, which build leases in bulk from values they already trust."""

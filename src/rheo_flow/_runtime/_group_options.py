@@ -10,20 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._model._errors import InvalidArgument
 from .._rheo import Rheo
 from ._options import GROUP
 from ._retry_policy import RetryPolicy
 
-if TYPE_CHECKING:
-    from ._group import Consumer
-
-__all__ = ["resolve_group_options"]
+__all__ = ["Configured", "resolve_group_options"]
 
 
-def resolve_group_options(rheo: Rheo, consumer: Consumer, options: Mapping[str, Any]
+class Configured(Protocol):
+    """What resolving reads of a :class:`~rheo_flow.Consumer`: the keywords it was built
+    with (its class attributes are read by name). A protocol, so the group's options sit
+    below the group."""
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """The consumer's constructor (or ``@consumer``) keywords."""
+
+
+def resolve_group_options(rheo: Rheo, consumer: Configured, options: Mapping[str, Any]
                           ) -> Mapping[str, Any]:
     """Every option of the group, validated and with its default filled in (a generated
     consumer id, ``fetch_size`` = ``max_demand``, ``RetryPolicy()``), after the

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from .. import _telemetry
+from .._model._builders import positional_builder
 from .._model._lease import Lease
 from .._model._settle_results import Decision, SettleResult
 from .._rheo import Rheo
@@ -44,26 +45,9 @@ BatchObserver = Callable[[SettleOp, Sequence[Lease], Sequence[SettleResult]], No
 leases and their results in the same order (follow-up nacks included)."""
 
 
-class _OutcomeSlots:
-    """The same slots as :class:`SettleOutcome`, assignable: a fast way to fill one."""
-
-    __slots__ = ("lease", "op", "result")
-
-    def __init__(self, op: SettleOp, lease: Lease, result: SettleResult) -> None:
-        self.op = op
-        self.lease = lease
-        self.result = result
-
-
-if sorted(_OutcomeSlots.__slots__) != sorted(SettleOutcome.__slots__):  # pragma: no cover
-    raise TypeError("_OutcomeSlots must have the slots of SettleOutcome")
-
-
-def _outcome(op: SettleOp, lease: Lease, result: SettleResult) -> SettleOutcome:
-    """A :class:`SettleOutcome` without the frozen ``__init__``'s cost (one per settled lease)."""
-    outcome: Any = _OutcomeSlots(op, lease, result)
-    outcome.__class__ = SettleOutcome
-    return outcome  # type: ignore[no-any-return]
+_outcome: Callable[[SettleOp, Lease, SettleResult], SettleOutcome] = positional_builder(
+    SettleOutcome)
+"""A :class:`SettleOutcome` without the frozen ``__init__``'s cost (one per settled lease)."""
 
 
 def per_outcome(observer: SettleObserver) -> BatchObserver:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from time import perf_counter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -29,9 +29,9 @@ from ._state import OFF, Off, tracer
 
 if TYPE_CHECKING:
     from .._model._lease import Lease
-    from ..pipeline._message import BatchInfo, Message
 
-__all__ = ["EventProcessing", "MessagesProcessing", "detached", "process_event",
+__all__ = ["EventProcessing", "MessagesProcessing", "StepBatch", "StepMessage", "detached",
+           "process_event",
            "process_messages"]
 
 log = logging.getLogger("rheo_flow.telemetry")
@@ -158,8 +158,35 @@ class EventProcessing(_Step):
 # Pipelines: one span per processor chunk and per batch ---------------------------
 
 
+class StepMessage(Protocol):
+    """What a pipeline step's span reads of a message (a pipeline ``Message``: the
+    telemetry layer sits below the pipeline and names none of its classes)."""
+
+    @property
+    def lease(self) -> Lease:
+        """The message's lease."""
+
+    @property
+    def status(self) -> str:
+        """``ok`` or a failure status."""
+
+    @property
+    def reason(self) -> str | None:
+        """Why the message failed, if it did."""
+
+
+class StepBatch(Protocol):
+    """What a batch step's span reads of the batch (a pipeline ``BatchInfo``)."""
+
+    @property
+    def trigger(self) -> str:
+        """Why the batch was emitted."""
+
+
+
 def process_messages(
-    messages: Sequence[Message], stage: str, stage_name: str, info: BatchInfo | None = None
+    messages: Sequence[StepMessage], stage: str, stage_name: str,
+    info: StepBatch | None = None
 ) -> MessagesProcessing | Off:
     """A context manager around one pipeline step over ``messages`` (a processor's chunk
     or a batcher's batch); failures are read from the messages' status at exit."""
@@ -178,8 +205,8 @@ class MessagesProcessing(_Step):
     __slots__ = ("_info", "_messages", "_stage", "_stage_name", "_tracer")
 
     def __init__(self, tracer_: trace.Tracer | None, bundle: Instruments | None,
-                 messages: Sequence[Message], stage: str, stage_name: str,
-                 info: BatchInfo | None) -> None:
+                 messages: Sequence[StepMessage], stage: str, stage_name: str,
+                 info: StepBatch | None) -> None:
         first = messages[0].lease
         stream, group, partition = first.stream, first.group, first.partition
         one_partition = all(m.lease.partition == partition for m in messages)
