@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 from ._redis_cluster import ThrowawayRedisCluster, own_cluster, track
-from ._run_objects import RunObjects
+from ._run_objects import RunObjects, throwaway_endpoints_of
 from ._scenario import Endpoints, RunControl, Scenario, register
 
 __all__ = ["CLUSTER_FAILOVER", "cluster_endpoints"]
@@ -30,26 +28,14 @@ _clusters: RunObjects[ThrowawayRedisCluster] = RunObjects("throwaway Redis Clust
                                                           "cluster_endpoints")
 
 
-@contextlib.asynccontextmanager
-async def cluster_endpoints(url: str) -> AsyncIterator[Endpoints]:
+def cluster_endpoints(url: str) -> contextlib.AbstractAsyncContextManager[Endpoints]:
     """Endpoints on a throwaway Redis Cluster (the URL's query string is kept).
 
     Reuses the throwaway cluster ``url`` names when this process started it.
     """
-    owned = own_cluster(url)
-    cluster = owned
-    if cluster is None:
-        cluster = track(await asyncio.to_thread(lambda: ThrowawayRedisCluster().start()))
-    query = urlsplit(url).query
-    run_url = f"{cluster.url}?{query}" if query else cluster.url
-    try:
-        with _clusters.registered(run_url, cluster):
-            yield Endpoints(run_url, run_url)
-    finally:
-        if owned is None:
-            await asyncio.to_thread(cluster.close)
-        elif not cluster.running:
-            await asyncio.to_thread(cluster.rejoin)  # give the owner its cluster back
+    return throwaway_endpoints_of(
+        _clusters, url, own_cluster(url), lambda: track(ThrowawayRedisCluster().start()),
+        ThrowawayRedisCluster.rejoin)
 
 
 async def _fail_over(run: RunControl) -> None:

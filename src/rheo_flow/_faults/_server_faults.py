@@ -29,7 +29,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
 from .._backends.postgres import DEFAULT_SCHEMA
-from ._run_objects import NETWORKED, RunObjects
+from ._run_objects import NETWORKED, RunObjects, throwaway_endpoints_of
 from ._scenario import (
     Endpoints,
     RunControl,
@@ -58,29 +58,14 @@ def server_of(run: RunControl) -> ThrowawayServer:
     return _servers.of(run)
 
 
-@contextlib.asynccontextmanager
-async def throwaway_endpoints(url: str) -> AsyncIterator[Endpoints]:
+def throwaway_endpoints(url: str) -> contextlib.AbstractAsyncContextManager[Endpoints]:
     """Endpoints on a throwaway server of ``url``'s kind (the URL's query string is kept).
 
     Reuses the throwaway server ``url`` names when this process started it.
     """
-    owned = _own_server(url)
-    server = owned
-    if server is None:
-        kind = PostgresServer if backend_family(url) == "postgres" else RedisServer
-        server = await asyncio.to_thread(lambda: kind().start())
-    query = urlsplit(url).query
-    run_url = f"{server.url}?{query}" if query else server.url
-    if not server.running:
-        await asyncio.to_thread(server.start)
-    try:
-        with _servers.registered(run_url, server):
-            yield Endpoints(run_url, run_url)
-    finally:
-        if owned is None:
-            await asyncio.to_thread(server.close)
-        elif not server.running:
-            await asyncio.to_thread(server.start)  # give the owner its server back
+    kind = PostgresServer if backend_family(url) == "postgres" else RedisServer
+    return throwaway_endpoints_of(_servers, url, _own_server(url), lambda: kind().start(),
+                                  ThrowawayServer.start)
 
 
 def _own_server(url: str) -> ThrowawayServer | None:
