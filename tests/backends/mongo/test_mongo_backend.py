@@ -3,26 +3,26 @@ change streams across processes, transactions vs. standalone appends, races betw
 backend objects (as between processes) and error classification.
 
 Runs against ``RHEO_MONGO_URL`` (default: the emulator ``.ci/mongo-emulator.sh`` starts);
-every test works in collections of its own prefix, dropped afterwards.
+every test works in collections of its own prefix, dropped afterwards (the ``backends``
+fixture of tests/backends/mongo/conftest.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient
 from pymongo import errors as mongo_errors
 
+from _mongo_backends import Backends, fresh_prefix
 from rheo_flow import (
     BackendError,
     BackendUnavailable,
     InvalidArgument,
     Lease,
-    ManualClock,
     NewEvent,
     OutcomeUnknown,
     Query,
@@ -33,48 +33,6 @@ from rheo_flow._model._settle_results import SettleKind, classify
 from rheo_flow.backends import MongoBackend
 
 WaitUntil = Callable[..., Awaitable[None]]
-
-
-def _prefix() -> str:
-    return f"t{uuid.uuid4().hex[:10]}_"
-
-
-class Backends:
-    """Builds backends on one fresh prefix (as separate processes would) and drops it."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.prefix = _prefix()
-        self.clock = ManualClock()
-        self.built: list[MongoBackend] = []
-        self.clients: list[Any] = []
-
-    def make(self, **options: Any) -> MongoBackend:
-        """A backend with its own AsyncMongoClient (``clock=None``: the system clock)."""
-        options.setdefault("clock", self.clock)
-        backend = MongoBackend(self.url, collection_prefix=self.prefix, **options)
-        self.built.append(backend)
-        return backend
-
-    def motor(self, **options: Any) -> MongoBackend:
-        """A backend around a host-owned Motor client."""
-        from motor.motor_asyncio import AsyncIOMotorClient
-
-        client = AsyncIOMotorClient(self.url)
-        self.clients.append(client)
-        options.setdefault("clock", self.clock)
-        backend = MongoBackend(client=client, collection_prefix=self.prefix, **options)
-        self.built.append(backend)
-        return backend
-
-    async def cleanup(self) -> None:
-        """Close every backend built here, then drop the prefix's collections."""
-        for backend in self.built:
-            await backend.close()
-        cleaner = self.make()
-        await cleaner.drop_all()
-        for client in self.clients:
-            client.close()
 
 
 @pytest.fixture(scope="module")
@@ -95,16 +53,6 @@ def needs_replica_set(replica_set: bool) -> None:
     """Skip on a standalone server (no transactions, no change streams)."""
     if not replica_set:
         pytest.skip("the MongoDB test server is a standalone: no transactions or change streams")
-
-
-@pytest.fixture
-async def backends(mongo_url: str) -> AsyncIterator[Backends]:
-    """A factory of backends sharing one fresh collection prefix."""
-    made = Backends(mongo_url)
-    try:
-        yield made
-    finally:
-        await made.cleanup()
 
 
 # URLs and construction -------------------------------------------------------------
@@ -266,7 +214,7 @@ async def test_host_owned_client_is_not_closed(mongo_url: str, kind: str) -> Non
         client = AsyncIOMotorClient(mongo_url)
     else:
         client = AsyncMongoClient(mongo_url)
-    prefix = _prefix()
+    prefix = fresh_prefix()
     backend = MongoBackend(client=client, collection_prefix=prefix)
     try:
         async with Rheo(backend) as rheo:

@@ -2,11 +2,11 @@
 cases: how the ordering and the blocked deliveries are stored, old group documents,
 a blocked key among many, releases by settle, trim and redrive, both client types,
 and races between backend objects (the race between OS processes is
-tests/test_key_ordering_processes.py, which runs on MongoDB too).
+tests/runtime/test_key_ordering_processes.py, which runs on MongoDB too).
 
 Runs against ``RHEO_MONGO_URL`` (default: the emulator ``.ci/mongo-emulator.sh``
 starts); every test works in collections of its own prefix (the ``backends``
-fixture of tests/test_mongo_backend.py), dropped afterwards.
+fixture of tests/backends/mongo/conftest.py), dropped afterwards.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from typing import Any
 import pytest
 from bson import ObjectId
 
+from _mongo_backends import Backends
 from rheo_flow import InvalidArgument, Lease, NewEvent, Rheo
 from rheo_flow._backends.mongo._keys import BLOCKED_MS
 from rheo_flow.backends import MongoBackend
-from test_mongo_backend import Backends, backends
-
-__all__ = ["backends"]  # the fixture, shared with tests/test_mongo_backend.py
 
 
 def _collection(backends: Backends, backend: MongoBackend, name: str) -> Any:
