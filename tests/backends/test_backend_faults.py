@@ -30,7 +30,7 @@ from rheo_flow._backend import Backend
 from rheo_flow._backends._urls import backend_from_url
 from rheo_flow._faults._proxy import FaultProxy
 from rheo_flow._model._append_records import make_append_record
-from rheo_flow.backends import PostgresBackend, SQLiteBackend
+from rheo_flow.backends import SQLiteBackend
 
 WaitUntil = Callable[..., Awaitable[None]]
 
@@ -58,9 +58,9 @@ def _server_url(kind: str, request: pytest.FixtureRequest) -> str:
 
 
 def _names() -> dict[str, str]:
+    """Names of this test only (PostgreSQL's schema is conftest's ``postgres_schema``)."""
     tag = uuid.uuid4().hex[:10]
-    return {"postgres": f"hb_faults_{tag}", "redis": f"hbfaults{tag}",
-            "mongo": f"hbfaults{tag}_"}
+    return {"redis": f"hbfaults{tag}", "mongo": f"hbfaults{tag}_"}
 
 
 def _scoped(kind: str, url: str, name: str) -> str:
@@ -68,31 +68,25 @@ def _scoped(kind: str, url: str, name: str) -> str:
     return _url(url, **{option: name})
 
 
-async def _cleanup(kind: str, url: str) -> None:
-    """Drop what a test created under its own schema, prefix or collection prefix."""
+async def _cleanup(url: str) -> None:
+    """Drop what a test created under its own prefix or collection prefix."""
     backend = backend_from_url(url)
-    if kind == "postgres":
-        assert isinstance(backend, PostgresBackend)
-        import asyncpg
-
-        conn = await asyncpg.connect(_url(url.split("?")[0]))
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{backend.schema}" CASCADE')
-        finally:
-            await conn.close()
-    else:
-        drop: Callable[[], Awaitable[Any]] = backend.drop_all  # type: ignore[attr-defined]
-        await drop()
-        await backend.close()
+    drop: Callable[[], Awaitable[Any]] = backend.drop_all  # type: ignore[attr-defined]
+    await drop()
+    await backend.close()
 
 
 @pytest.fixture(params=["postgres", "redis", "mongo"])
 async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, str]]:
     """(kind, URL) of a server backend, in a namespace of its own (dropped afterwards)."""
     kind: str = request.param
+    if kind == "postgres":  # a schema dropped afterwards
+        yield kind, _scoped(kind, _server_url(kind, request),
+                            request.getfixturevalue("postgres_schema"))
+        return
     url = _scoped(kind, _server_url(kind, request), _names()[kind])
     yield kind, url
-    await _cleanup(kind, url)
+    await _cleanup(url)
 
 
 def _record(event_id: str) -> Any:
@@ -200,38 +194,35 @@ async def test_a_connection_dropped_mid_call_makes_a_write_ambiguous_and_a_read_
 # The operation timeout -------------------------------------------------------------
 
 
-async def test_a_postgres_stall_times_out_within_timeout_ms(postgres_url: str) -> None:
-    schema = _names()["postgres"]
-    url = _scoped("postgres", postgres_url, schema)
+async def test_a_postgres_stall_times_out_within_timeout_ms(
+        postgres_url: str, postgres_schema: str) -> None:
+    url = _scoped("postgres", postgres_url, postgres_schema)
     host, port = urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 5432
-    try:
-        async with FaultProxy(host, port) as proxy:
-            rheo = Rheo(_url(url, port=proxy.port, timeout_ms="500", pool_max_size="1",
-                             listen="false"))
-            try:
-                await rheo.create_stream("s")
-                await rheo.append("s", NewEvent("t"))
-                (lease,) = await rheo.fetch("s", "g", consumer_id="c", limit=1)
-                proxy.blackhole(3600, then="resume")
-                async with asyncio.timeout(_BOUND):
-                    [result] = await rheo.ack([lease])
-                assert result.kind is SettleKind.AMBIGUOUS
-                assert "timeout_ms=500" in result.error.reason  # type: ignore[union-attr]
-                async with asyncio.timeout(_BOUND):
-                    with pytest.raises(BackendUnavailable, match="nothing was sent"):
-                        # The stalled connection was closed: a new one cannot be made.
-                        await rheo.append("s", NewEvent("t"))
-                proxy.pass_traffic()
-                # Once the network is back, the backend works again (the ack may have
-                # committed: a repeat either settles or finds it done).
-                [again] = await rheo.ack([lease])
-                assert again.ok
-                assert (await rheo.frontier("s", "g")) == {0: 1}
-            finally:
-                proxy.pass_traffic()
-                await rheo.close()
-    finally:
-        await _cleanup("postgres", url)
+    async with FaultProxy(host, port) as proxy:
+        rheo = Rheo(_url(url, port=proxy.port, timeout_ms="500", pool_max_size="1",
+                         listen="false"))
+        try:
+            await rheo.create_stream("s")
+            await rheo.append("s", NewEvent("t"))
+            (lease,) = await rheo.fetch("s", "g", consumer_id="c", limit=1)
+            proxy.blackhole(3600, then="resume")
+            async with asyncio.timeout(_BOUND):
+                [result] = await rheo.ack([lease])
+            assert result.kind is SettleKind.AMBIGUOUS
+            assert "timeout_ms=500" in result.error.reason  # type: ignore[union-attr]
+            async with asyncio.timeout(_BOUND):
+                with pytest.raises(BackendUnavailable, match="nothing was sent"):
+                    # The stalled connection was closed: a new one cannot be made.
+                    await rheo.append("s", NewEvent("t"))
+            proxy.pass_traffic()
+            # Once the network is back, the backend works again (the ack may have
+            # committed: a repeat either settles or finds it done).
+            [again] = await rheo.ack([lease])
+            assert again.ok
+            assert (await rheo.frontier("s", "g")) == {0: 1}
+        finally:
+            proxy.pass_traffic()
+            await rheo.close()
 
 
 @pytest.mark.parametrize("url", [
@@ -273,12 +264,12 @@ async def test_sqlite_errors_are_typed(tmp_path: Path) -> None:
 
 
 async def test_close_without_open_leaves_no_postgres_connection(
-    postgres_url: str, wait_until: WaitUntil
+    postgres_url: str, postgres_schema: str, wait_until: WaitUntil
 ) -> None:
     import asyncpg
 
     app = f"hb_close_{uuid.uuid4().hex[:10]}"
-    url = _url(_scoped("postgres", postgres_url, _names()["postgres"]), application_name=app)
+    url = _url(_scoped("postgres", postgres_url, postgres_schema), application_name=app)
     admin = await asyncpg.connect(postgres_url)
 
     async def connections() -> int:
@@ -290,7 +281,6 @@ async def test_close_without_open_leaves_no_postgres_connection(
         await _close_without_open_closes_everything(url, connections, wait_until)
     finally:
         await admin.close()
-        await _cleanup("postgres", url)
 
 
 async def test_close_without_open_leaves_no_redis_connection(
@@ -309,7 +299,7 @@ async def test_close_without_open_leaves_no_redis_connection(
         await _close_without_open_closes_everything(url, connections, wait_until)
     finally:
         await admin.aclose()
-        await _cleanup("redis", url)
+        await _cleanup(url)
 
 
 async def _close_without_open_closes_everything(

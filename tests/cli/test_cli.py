@@ -158,43 +158,32 @@ def test_passwords_never_printed() -> None:
     assert "***" in result.output
 
 
-def test_migrate_postgres_applies_the_schema_once(postgres_url: str) -> None:
+def test_migrate_postgres_applies_the_schema_once(
+        postgres_url: str, postgres_schema: str, postgres_schema_url: str) -> None:
     import asyncio
-    import uuid
 
     import asyncpg
 
     from rheo_flow._backends.postgres._migrations import SCHEMA_VERSION
 
-    schema = f"rheo_cli_{uuid.uuid4().hex[:8]}"
-    url = f"{postgres_url}{'&' if '?' in postgres_url else '?'}schema={schema}"
-    try:
-        for _ in range(2):  # idempotent: the second run finds the version in place
-            result = runner.invoke(app, ["migrate", "--url", url])
-            assert result.exit_code == 0, result.output
-            assert (f"schema {schema}: version {SCHEMA_VERSION} is in place"
-                    in " ".join(_plain(result.output).split()))
+    schema, url = postgres_schema, postgres_schema_url
+    for _ in range(2):  # idempotent: the second run finds the version in place
+        result = runner.invoke(app, ["migrate", "--url", url])
+        assert result.exit_code == 0, result.output
+        assert (f"schema {schema}: version {SCHEMA_VERSION} is in place"
+                in " ".join(_plain(result.output).split()))
 
-        async def tables() -> set[str]:
-            conn = await asyncpg.connect(postgres_url)
-            try:
-                rows = await conn.fetch(
-                    "SELECT table_name FROM information_schema.tables WHERE table_schema = $1",
-                    schema)
-                return {r["table_name"] for r in rows}
-            finally:
-                await conn.close()
+    async def tables() -> set[str]:
+        conn = await asyncpg.connect(postgres_url)
+        try:
+            rows = await conn.fetch(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = $1",
+                schema)
+            return {r["table_name"] for r in rows}
+        finally:
+            await conn.close()
 
-        assert {"streams", "events", "deliveries"} <= asyncio.run(tables())
-    finally:
-        async def drop() -> None:
-            conn = await asyncpg.connect(postgres_url)
-            try:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            finally:
-                await conn.close()
-
-        asyncio.run(drop())
+    assert {"streams", "events", "deliveries"} <= asyncio.run(tables())
 
 
 def test_migrate_sqlite_creates_the_file(tmp_path: Path) -> None:

@@ -308,9 +308,11 @@ async def any_backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
         url = "memory://"
     elif kind == "sqlite":
         url = f"sqlite:///{tmp_path / 'retry.db'}"
+    elif kind == "postgres":
+        url = request.getfixturevalue("postgres_schema_url")  # a schema dropped afterwards
     else:
         base = request.getfixturevalue(f"{kind}_url")
-        option = {"postgres": "schema", "redis": "prefix", "mongo": "collection_prefix"}[kind]
+        option = {"redis": "prefix", "mongo": "collection_prefix"}[kind]
         url = f"{base}{'&' if '?' in base else '?'}{option}={tag}"
         cleanup = _cleanup(kind, base, tag)
     try:
@@ -323,15 +325,7 @@ async def any_backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
 
 def _cleanup(kind: str, base: str, tag: str) -> Callable[[], Awaitable[None]]:
     async def drop() -> None:
-        if kind == "postgres":
-            import asyncpg
-
-            conn = await asyncpg.connect(base)
-            try:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{tag}" CASCADE')
-            finally:
-                await conn.close()
-        elif kind == "redis":
+        if kind == "redis":
             from redis.asyncio import Redis
 
             client = Redis.from_url(base)

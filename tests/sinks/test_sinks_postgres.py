@@ -10,7 +10,6 @@ import json
 import signal
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -38,15 +37,9 @@ COLUMNS = [
 
 
 @pytest.fixture
-async def schema(postgres_url: str) -> AsyncIterator[str]:
+def schema(postgres_schema: str) -> str:
     """A schema name of this test only; dropped (with whatever it holds) afterwards."""
-    name = f"rheo_sink_{uuid.uuid4().hex[:12]}"
-    yield name
-    conn = await asyncpg.connect(postgres_url)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    finally:
-        await conn.close()
+    return postgres_schema
 
 
 @pytest.fixture
