@@ -1,4 +1,4 @@
-"""The loop every multi-process worker script runs (tests/_*_worker.py).
+"""The loop every multi-process worker script runs (tests/**/_*_worker.py).
 
 A worker waits until all its siblings are ready, then fetches and acks until the
 group's frontier reaches the high water, and reports every lease and every ack

@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from test_docs import ROOT
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # the benchmarks package's root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import run as runner
 from benchmarks import scaling as scaling_suite
