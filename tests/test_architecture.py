@@ -85,3 +85,16 @@ if __name__ == "__main__":
     tail = rest.split(END, 1)[1]
     DOC.write_text(f"{head}{START}\n\n{module_table()}\n{END}{tail}")
     sys.exit(0)
+
+
+def test_the_top_level_shows_the_layers_not_a_heap_of_modules() -> None:
+    # Private modules live in packages by role (model, support, backends, runtime,
+    # telemetry, command line, faults); only the facade, the contract and a few
+    # single-purpose modules stand beside them.
+    package = SRC / "rheo_flow"
+    private = sorted(p.name for p in package.iterdir()
+                     if p.name.startswith("_") and p.name not in ("__init__.py", "__main__.py")
+                     and p.name != "__pycache__")
+    assert len(private) <= 12, f"{len(private)} private entries at the top: {private}"
+    tests = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert len(tests) <= 10, f"{len(tests)} test files directly under tests/: {tests}"

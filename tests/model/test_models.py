@@ -145,5 +145,5 @@ def test_fast_built_records_results_and_outcomes_are_the_real_frozen_types() -> 
 
     for cls, problem in ((NoSlots, "not a slotted dataclass"), (Checked, "__post_init__")):
         with pytest.raises(TypeError, match=problem):
-            positional_builder(cls)
-    assert positional_builder(SettleResult)("l-2", None, True).repeated
+            positional_builder(cls, "doc")
+    assert positional_builder(SettleResult, "doc")("l-2", None, True).repeated

@@ -59,11 +59,13 @@ class AppendRecord:
     headers: Mapping[str, str]
 
 
+_RECORD_DOC = """An :class:`AppendRecord` from positional fields (partition, id, type, key,
+data, data_json, headers), without the frozen ``__init__``'s cost."""
+
 make_append_record: Callable[
     [int, str, str, str | None, JSON, str, Mapping[str, str]], AppendRecord,
-] = positional_builder(AppendRecord)
-"""An :class:`AppendRecord` from positional fields (partition, id, type, key, data,
-data_json, headers), without the frozen ``__init__``'s cost."""
+] = positional_builder(
+    AppendRecord, _RECORD_DOC)
 
 
 def append_records(

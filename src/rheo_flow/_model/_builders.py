@@ -18,12 +18,13 @@ from typing import Any
 __all__ = ["positional_builder"]
 
 
-def positional_builder(cls: type[Any]) -> Callable[..., Any]:
+def positional_builder(cls: type[Any], doc: str) -> Callable[..., Any]:
     """A function taking ``cls``'s fields positionally, in declaration order (the ones
     with a default may be left out), and returning a ``cls`` built without ``__init__``.
 
     ``cls`` must be a ``@dataclass(frozen=True, slots=True)`` with no ``__post_init__``
-    (a builder would skip it). Callers annotate the result with the exact signature.
+    (a builder would skip it). ``doc`` becomes the builder's docstring. Callers annotate
+    the result with the exact signature.
     """
     if not dataclasses.is_dataclass(cls) or "__slots__" not in vars(cls):
         raise TypeError(f"{cls.__name__} is not a slotted dataclass")
@@ -59,4 +60,5 @@ def positional_builder(cls: type[Any]) -> Callable[..., Any]:
         "__slots__": tuple(names), "__init__": namespace["__init__"]})
     build: Callable[..., Any] = namespace["build"]
     build.__name__ = build.__qualname__ = f"build_{cls.__name__}"
+    build.__doc__ = doc
     return build

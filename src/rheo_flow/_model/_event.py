@@ -111,13 +111,16 @@ def _data(self: Event) -> JSON:
 type.__setattr__(Event, "data", property(_data, _set_data))
 
 
-make_event: Callable[
-    [str, int, int, str, str, JSON, str | None, Mapping[str, str], int], Event,
-] = positional_builder(Event)
-"""An :class:`Event` from positional fields (stream, partition, sequence, id, type,
-data, key, headers, appended_at_ms), without the frozen ``__init__``'s cost.
+_EVENT_DOC = """An :class:`Event` from positional fields (stream, partition, sequence, id,
+type, data, key, headers, appended_at_ms), without the frozen ``__init__``'s
+cost.
 
 For backends, which build events in bulk from values they already trust."""
+
+make_event: Callable[
+    [str, int, int, str, str, JSON, str | None, Mapping[str, str], int], Event,
+] = positional_builder(
+    Event, _EVENT_DOC)
 
 
 def make_event_json(

@@ -59,8 +59,11 @@ class Lease:
         return datetime.fromtimestamp(self.deadline_ms / 1000, tz=UTC)
 
 
-make_lease: Callable[[str, str, str, str, Event, int, int], Lease] = positional_builder(Lease)
-"""A :class:`Lease` from positional fields (lease_id, receipt, group, consumer_id, event,
-attempt, deadline_ms), without the frozen ``__init__``'s cost.
+_LEASE_DOC = """A :class:`Lease` from positional fields (lease_id, receipt, group,
+consumer_id, event, attempt, deadline_ms), without the frozen ``__init__``'s
+cost.
 
 For backends, which build leases in bulk from values they already trust."""
+
+make_lease: Callable[[str, str, str, str, Event, int, int], Lease] = positional_builder(
+    Lease, _LEASE_DOC)

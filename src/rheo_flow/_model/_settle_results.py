@@ -112,8 +112,11 @@ class SettleResult:
         return cls(lease_id, SettleError(kind, reason))
 
 
-settle_ok: Callable[[str], SettleResult] = positional_builder(SettleResult)
-"""``SettleResult.success(lease_id)`` without the frozen ``__init__``'s cost (hot paths)."""
+_OK_DOC = """``SettleResult.success(lease_id)`` without the frozen ``__init__``'s cost
+(hot paths)."""
+
+settle_ok: Callable[[str], SettleResult] = positional_builder(
+    SettleResult, _OK_DOC)
 
 
 ErrorClassifier = Callable[[BaseException], SettleKind | None]

@@ -9,7 +9,7 @@ default and a one-line doc. Each runtime is a :class:`Runtime` listing the
 options it takes (with its own default where it differs) and the cross-option
 :class:`Rule` s it applies, so that an option has the same bounds wherever it is
 accepted and is refused with the same message. The docs' option tables are
-checked against this schema (``tests/test_docs_runtimes.py``).
+checked against this schema (``tests/docs/test_docs_runtimes.py``).
 
 Options given as keyword dicts (``Consumer(**options)``, ``@consumer(...)``,
 ``start(rheo, **options)``, ``Group(rheo, consumer, **options)``) go through

@@ -45,9 +45,11 @@ BatchObserver = Callable[[SettleOp, Sequence[Lease], Sequence[SettleResult]], No
 leases and their results in the same order (follow-up nacks included)."""
 
 
+_OUTCOME_DOC = """A :class:`SettleOutcome` without the frozen ``__init__``'s cost (one per
+settled lease)."""
+
 _outcome: Callable[[SettleOp, Lease, SettleResult], SettleOutcome] = positional_builder(
-    SettleOutcome)
-"""A :class:`SettleOutcome` without the frozen ``__init__``'s cost (one per settled lease)."""
+    SettleOutcome, _OUTCOME_DOC)
 
 
 def per_outcome(observer: SettleObserver) -> BatchObserver:
