@@ -446,3 +446,30 @@ async def case_redrive_reopens_the_frontier(env: CaseEnv) -> None:
     check_equal(await env.rheo.lag(stream, "g"), {0: 3}, "lag with the hole")
     await env.ack_ok([again])
     check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "frontier once 2 is acked")
+
+
+@case(rules=["redrive.dead_letters_only", "frontier.contiguous"])
+async def case_redrive_above_a_leased_hole(env: CaseEnv) -> None:
+    """Redriving a dead letter above a leased delivery keeps the frontier below that hole."""
+    stream = await env.stream_with(5, 3)
+    one, two, three, four, five = await env.fetch(stream, "g", partitions=[0])
+    others = await env.fetch(stream, "g", partitions=[1])
+    await env.ack_ok([one, four, *others])
+    check_results(await env.rheo.reject([three, five], "bad"), [three, five], [None, None],
+                  "reject 3 and 5")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1, 1: 3}, "2 is leased: a hole")
+    dead = await env.rheo.dead_letters(stream, "g")
+    check_equal(await env.rheo.redrive(stream, "g", dead[:1]), 1, "redrive 3")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1, 1: 3},
+                "the frontier stays below the leased 2, not below the redriven 3")
+    check_equal(await env.rheo.lag(stream, "g"), {0: 4, 1: 0}, "lag")
+    await env.ack_ok([two])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2, 1: 3}, "3 is a hole now")
+    [again] = await env.fetch(stream, "g")
+    check_equal((again.sequence, again.attempt), (3, 1), "the redriven delivery")
+    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive 5 while 3 is leased")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2, 1: 3}, "still below the leased 3")
+    await env.ack_ok([again])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4, 1: 3}, "5 is a hole now")
+    await env.ack_ok(await env.fetch(stream, "g"))
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 5, 1: 3}, "final frontier")

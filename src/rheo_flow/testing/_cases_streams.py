@@ -356,8 +356,17 @@ async def case_unknown_stream_errors(env: CaseEnv) -> None:
         "groups": lambda: env.rheo.groups(missing),
         "query_page": lambda: env.rheo.query_page(Query(stream=missing)),
         "frontier": lambda: env.rheo.frontier(missing, "g"),
+        "lag": lambda: env.rheo.lag(missing, "g"),
+        "group_info": lambda: env.rheo.group_info(missing, "g"),
+        "dead_letters": lambda: env.rheo.dead_letters(missing, "g"),
+        "redrive": lambda: env.rheo.redrive(missing, "g"),
+        "replay": lambda: env.rheo.replay(missing, "g"),
+        "reset": lambda: env.rheo.reset(missing, "g"),
+        "delete_group": lambda: env.rheo.delete_group(missing, "g"),
         "delete_stream": lambda: env.rheo.delete_stream(missing),
     }
+    if env.backend.capabilities.trim:
+        calls["trim"] = lambda: env.rheo.trim(missing, up_to=1, force=True)
     for what, call in calls.items():
         exc = await expect_error(UnknownStream, call(), f"{what} on a missing stream")
         check(missing in str(exc), f"the {what} error names the stream")
@@ -377,6 +386,8 @@ async def case_unknown_group_errors(env: CaseEnv) -> None:
         "redrive": lambda: env.rheo.redrive(stream, "nope"),
         "replay": lambda: env.rheo.replay(stream, "nope"),
         "reset": lambda: env.rheo.reset(stream, "nope"),
+        "lag": lambda: env.rheo.lag(stream, "nope"),
+        "delete_group": lambda: env.rheo.delete_group(stream, "nope"),
     }
     for what, call in calls.items():
         exc = await expect_error(UnknownGroup, call(), f"{what} on a missing group")
