@@ -65,7 +65,7 @@ class Case:
 
 
 _AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "progress", "reads",
-          "deletion"]
+          "deletion", "time"]
 
 
 def _area_rank(module: str) -> int:
