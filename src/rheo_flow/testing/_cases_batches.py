@@ -122,6 +122,23 @@ async def case_small_fetches_serve_every_partition(env: CaseEnv) -> None:
                         f"partitions served by {count} fetch(limit={limit}) of {count} partitions")
 
 
+@case(rules=["fetch.fair", "group.independent"])
+async def case_fair_rotation_is_per_group(env: CaseEnv) -> None:
+    """Two groups fetching in alternation each take turns over every partition."""
+    for count in (2, 4):
+        stream = await env.stream(partitions=count)
+        for p in range(count):
+            await env.append(stream, 2 * count, partition=p)
+        served: dict[str, set[int]] = {"g1": set(), "g2": set()}
+        for _ in range(count):
+            for group, seen in served.items():
+                seen |= {lease.partition for lease in await env.fetch(stream, group, 1)}
+        for group, seen in served.items():
+            check_equal(seen, set(range(count)),
+                        f"partitions served to {group} by {count} fetch(limit=1) alternating "
+                        f"with another group's, {count} partitions")
+
+
 @case(rules=["errors.isolated"])
 async def case_failing_call_fails_alone(env: CaseEnv) -> None:
     """A call that raises fails alone: concurrent calls on the same instance are unaffected."""
