@@ -21,10 +21,11 @@ from ._case import CaseEnv, case, check, check_equal, check_results, expect_erro
 
 STALE = SettleKind.STALE_LEASE
 MISMATCH = SettleKind.RECEIPT_MISMATCH
-Shape = Literal["alone", "clean", "mixed", "twice"]
-SHAPES: tuple[Shape, ...] = ("alone", "clean", "mixed", "twice")
+Shape = Literal["alone", "clean", "mixed", "twice", "large"]
+SHAPES: tuple[Shape, ...] = ("alone", "clean", "mixed", "twice", "large")
 """How two live leases reach a settle: one call each; together; beside a stale lease and a
-forged receipt of one of them; or one named twice after a forged receipt of it."""
+forged receipt of one of them; one named twice after a forged receipt of it; or after
+``LARGE`` leases of sequences never appended (a batch larger than one statement takes)."""
 Op = Literal["nack", "reject"]
 LARGE = 300
 """A batch larger than one statement of most stores takes (SQLite binds, IN lists)."""
@@ -164,15 +165,19 @@ async def _settle_as(env: CaseEnv, shape: Shape, op: Op, live: Sequence[Lease], 
                      error: str | None) -> None:
     """Settle the two ``live`` leases through a batch of ``shape``; every result is exact."""
     one, two = live
+    far = [dataclasses.replace(stale, lease_id=f"{stale.lease_id}-{i}",
+                               event=dataclasses.replace(stale.event, sequence=10_000 + i))
+           for i in range(LARGE)]
     batches: dict[Shape, list[list[Lease]]] = {
         "alone": [[one], [two]],
         "clean": [[one, two]],
         "mixed": [[stale, one, dataclasses.replace(two, receipt=two.receipt + "-x"), two]],
         "twice": [[dataclasses.replace(one, receipt=one.receipt + "-x"), one, one, two]],
+        "large": [[*far, one, two]],
     }
     expected: dict[Shape, list[SettleKind | None]] = {
         "alone": [None], "clean": [None, None], "mixed": [STALE, None, MISMATCH, None],
-        "twice": [MISMATCH, None, None, None],
+        "twice": [MISMATCH, None, None, None], "large": [SettleKind.INVALID] * LARGE + [None] * 2,
     }
     for batch in batches[shape]:
         if op == "nack":
@@ -185,7 +190,7 @@ async def _settle_as(env: CaseEnv, shape: Shape, op: Op, live: Sequence[Lease], 
 
 
 @case(rules=["settle.last_error", "dead_letters.rejected_at", "settle.results", "settle.repeat",
-             "settle.fencing", "attempts.max"])
+             "settle.fencing", "settle.unknown_lease", "attempts.max"])
 async def case_settle_effects_on_every_batch_path(env: CaseEnv) -> None:
     """Last errors, max attempts and dead-letter times hold alone, in clean and mixed batches."""
     for shape in SHAPES:
