@@ -166,7 +166,8 @@ def _mongo_harness(name: str, url: str) -> BackendHarness:
             finally:
                 await release(other)
 
-    return dataclasses.replace(base, factory=factory, peer=peer_factory)
+    # Every factory call makes collections of their own: a store apart.
+    return dataclasses.replace(base, factory=factory, peer=peer_factory, apart=factory)
 
 
 _PG_SCHEMA = f"rheo_conformance_{os.getpid()}"
@@ -176,10 +177,14 @@ _PG_SCHEMA = f"rheo_conformance_{os.getpid()}"
 _PGBOUNCER_SCHEMA = f"rheo_conformance_pgbouncer_{os.getpid()}"
 """The PgBouncer run's own schema (apart from the direct run's), dropped when the session ends."""
 
+_APART = "_apart"
+"""The suffix of each run's second schema: the store apart of the cases that need one."""
+
 
 def _postgres_harness(url: str) -> BackendHarness:
     separator = "&" if "?" in url else "?"
-    return url_harness("postgres", f"{url}{separator}schema={_PG_SCHEMA}")
+    return url_harness("postgres", f"{url}{separator}schema={_PG_SCHEMA}",
+                       apart_url=f"{url}{separator}schema={_PG_SCHEMA}{_APART}")
 
 
 def _direct_postgres_url() -> str:
@@ -191,10 +196,13 @@ def _pgbouncer_harness(url: str) -> BackendHarness:
     """PostgreSQL through PgBouncer; LISTEN over a direct ``listen_url`` unless one is named."""
     from urllib.parse import quote
 
-    url = f"{url}{'&' if '?' in url else '?'}schema={_PGBOUNCER_SCHEMA}"
+    base = url
+    url = f"{base}{'&' if '?' in base else '?'}schema={_PGBOUNCER_SCHEMA}"
+    apart = f"{url}{_APART}"
     if "listen_url=" not in url:
-        url += f"&listen_url={quote(_direct_postgres_url(), safe='')}"
-    return url_harness("pgbouncer", url)
+        listen = f"&listen_url={quote(_direct_postgres_url(), safe='')}"
+        url, apart = url + listen, apart + listen
+    return url_harness("pgbouncer", url, apart_url=apart)
 
 
 def _redis_harness(url: str, name: str = "redis") -> BackendHarness:
@@ -224,7 +232,8 @@ def _redis_harness(url: str, name: str = "redis") -> BackendHarness:
         assert isinstance(backend, RedisBackend)
         return await backend.server_time_ms()
 
-    return BackendHarness(name=name, factory=factory, peer=peer, now=now)
+    # Every factory call makes a key prefix of its own: a store apart.
+    return BackendHarness(name=name, factory=factory, peer=peer, apart=factory, now=now)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -235,9 +244,9 @@ def _drop_postgres_schema() -> Iterator[None]:
     lives on the server behind it.
     """
     yield
-    schemas = [schema for name, schema in (("postgres", _PG_SCHEMA),
-                                           ("pgbouncer", _PGBOUNCER_SCHEMA))
-               if name in SELECTED]
+    schemas = [schema + suffix for name, schema in (("postgres", _PG_SCHEMA),
+                                                    ("pgbouncer", _PGBOUNCER_SCHEMA))
+               if name in SELECTED for suffix in ("", _APART)]
     if not schemas or not _shipped("postgres"):
         return
 

@@ -52,6 +52,8 @@ class Case:
     """The case needs a second backend over the same store (``harness.peer``)."""
     rules: tuple[str, ...] = ()
     """The rules of docs/contract.md the case checks (``area.rule`` names)."""
+    needs_apart: bool = False
+    """The case needs a backend over a store apart from the case's (``harness.apart``)."""
 
     def skip_reason(self, backend: Backend, harness: BackendHarness) -> str | None:
         """Why this case does not apply to ``backend``, or ``None`` when it does."""
@@ -61,11 +63,13 @@ class Case:
                 return f"capability {flag!r} is not declared by backend {harness.name!r}"
         if self.needs_peer and harness.peer is None:
             return f"harness {harness.name!r} provides no peer (a second backend on the same store)"
+        if self.needs_apart and harness.apart is None:
+            return f"harness {harness.name!r} provides no store apart (harness.apart)"
         return None
 
 
 _AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "progress", "reads",
-          "deletion"]
+          "deletion", "time", "isolation"]
 
 
 def _area_rank(module: str) -> int:
@@ -78,7 +82,8 @@ CASES: list[Case] = []
 
 
 def case(
-    *, rules: Sequence[str] = (), requires: Sequence[str] = (), needs_peer: bool = False
+    *, rules: Sequence[str] = (), requires: Sequence[str] = (), needs_peer: bool = False,
+    needs_apart: bool = False,
 ) -> Callable[[CaseFunc], CaseFunc]:
     """Register an async function ``case_<name>(env)`` as a conformance case.
 
@@ -97,7 +102,8 @@ def case(
         rank = _area_rank(func.__module__)
         # Keep CASES grouped by area whatever order the case modules are imported in.
         index = sum(1 for c in CASES if _area_rank(c.func.__module__) <= rank)
-        CASES.insert(index, Case(name, func, doc, tuple(requires), needs_peer, tuple(rules)))
+        CASES.insert(index, Case(name, func, doc, tuple(requires), needs_peer, tuple(rules),
+                                 needs_apart))
         return func
 
     return register
@@ -203,6 +209,15 @@ class CaseEnv:
         if self.harness.peer is None:
             raise ConformanceFailure("this case needs harness.peer")
         async with self.harness.peer(self.backend) as other, Rheo(other) as rheo:
+            yield rheo
+
+    @asynccontextmanager
+    async def apart(self) -> AsyncIterator[Rheo]:
+        """An instance over a store apart from this case's (a stream of the same name
+        there is another stream)."""
+        if self.harness.apart is None:
+            raise ConformanceFailure("this case needs harness.apart")
+        async with self.harness.apart() as other, Rheo(other) as rheo:
             yield rheo
 
 

@@ -8,14 +8,25 @@ one statement takes; the rules must hold on every path.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
 
 from .._backend import MAX_ATTEMPTS_REASON
 from .._model._errors import UnknownStream
 from .._model._event import NewEvent
+from .._model._lease import Lease
 from .._model._settle_results import SettleKind
 from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, positions
 
 STALE = SettleKind.STALE_LEASE
+MISMATCH = SettleKind.RECEIPT_MISMATCH
+Shape = Literal["alone", "clean", "mixed", "twice", "large"]
+SHAPES: tuple[Shape, ...] = ("alone", "clean", "mixed", "twice", "large")
+"""How two live leases reach a settle: one call each; together; beside a stale lease and a
+forged receipt of one of them; one named twice after a forged receipt of it; or after
+``LARGE`` leases of sequences never appended (a batch larger than one statement takes)."""
+Op = Literal["nack", "reject"]
 LARGE = 300
 """A batch larger than one statement of most stores takes (SQLite binds, IN lists)."""
 
@@ -112,6 +123,23 @@ async def case_small_fetches_serve_every_partition(env: CaseEnv) -> None:
                         f"partitions served by {count} fetch(limit={limit}) of {count} partitions")
 
 
+@case(rules=["fetch.fair", "group.independent"])
+async def case_fair_rotation_is_per_group(env: CaseEnv) -> None:
+    """Two groups fetching in alternation each take turns over every partition."""
+    for count in (2, 4):
+        stream = await env.stream(partitions=count)
+        for p in range(count):
+            await env.append(stream, 2 * count, partition=p)
+        served: dict[str, set[int]] = {"g1": set(), "g2": set()}
+        for _ in range(count):
+            for group, seen in served.items():
+                seen |= {lease.partition for lease in await env.fetch(stream, group, 1)}
+        for group, seen in served.items():
+            check_equal(seen, set(range(count)),
+                        f"partitions served to {group} by {count} fetch(limit=1) alternating "
+                        f"with another group's, {count} partitions")
+
+
 @case(rules=["errors.isolated"])
 async def case_failing_call_fails_alone(env: CaseEnv) -> None:
     """A call that raises fails alone: concurrent calls on the same instance are unaffected."""
@@ -131,3 +159,67 @@ async def case_failing_call_fails_alone(env: CaseEnv) -> None:
     check_equal(sorted(positions(await env.drain(stream, "g"))), [(0, 1), (0, 2)],
                 "both appends were stored")
     await expect_error(UnknownStream, env.rheo.stream_info(missing), "nothing was created")
+
+
+async def _settle_as(env: CaseEnv, shape: Shape, op: Op, live: Sequence[Lease], stale: Lease,
+                     error: str | None) -> None:
+    """Settle the two ``live`` leases through a batch of ``shape``; every result is exact."""
+    one, two = live
+    far = [dataclasses.replace(stale, lease_id=f"{stale.lease_id}-{i}",
+                               event=dataclasses.replace(stale.event, sequence=10_000 + i))
+           for i in range(LARGE)]
+    batches: dict[Shape, list[list[Lease]]] = {
+        "alone": [[one], [two]],
+        "clean": [[one, two]],
+        "mixed": [[stale, one, dataclasses.replace(two, receipt=two.receipt + "-x"), two]],
+        "twice": [[dataclasses.replace(one, receipt=one.receipt + "-x"), one, one, two]],
+        "large": [[*far, one, two]],
+    }
+    expected: dict[Shape, list[SettleKind | None]] = {
+        "alone": [None], "clean": [None, None], "mixed": [STALE, None, MISMATCH, None],
+        "twice": [MISMATCH, None, None, None], "large": [SettleKind.INVALID] * LARGE + [None] * 2,
+    }
+    for batch in batches[shape]:
+        if op == "nack":
+            results = await env.rheo.nack(batch, "again", delay_ms=0, error=error)
+        else:
+            results = await env.rheo.reject(batch, "bad", error=error)
+        repeated = [shape == "twice" and i == 2 for i in range(len(batch))]
+        check_results(results, batch, expected[shape], f"{shape}: {op} without an error"
+                      if error is None else f"{shape}: {op}", repeated=repeated)
+
+
+@case(rules=["settle.last_error", "dead_letters.rejected_at", "settle.results", "settle.repeat",
+             "settle.fencing", "settle.unknown_lease", "attempts.max"])
+async def case_settle_effects_on_every_batch_path(env: CaseEnv) -> None:
+    """Last errors, max attempts and dead-letter times hold alone, in clean and mixed batches."""
+    for shape in SHAPES:
+        stream = await env.stream()
+        await env.append(stream, 5)
+        await env.rheo.create_group(stream, "g", max_attempts=3)
+        old, *leases = await env.fetch(stream, "g")
+        check_results(await env.rheo.nack(old, "again", delay_ms=0), [old], [None], "nack 1")
+        [current] = await env.fetch(stream, "g", 1)  # ``old`` is stale from here on
+        for attempt in (1, 2):
+            error = "E1" if attempt == 1 else None
+            await _settle_as(env, shape, "nack", leases[:2], old, error)
+            await _settle_as(env, shape, "nack", leases[2:], old, error and "E2")
+            leases = await env.fetch(stream, "g")
+            check_equal([(x.sequence, x.attempt) for x in leases],
+                        [(s, attempt + 1) for s in (2, 3, 4, 5)], f"{shape}: redeliveries")
+        await env.advance(env.short_ms)
+        t0 = await env.now()
+        await _settle_as(env, shape, "nack", leases[:2], old, None)
+        await _settle_as(env, shape, "reject", leases[2:], old, None)
+        t1 = await env.now()
+        dead = await env.rheo.dead_letters(stream, "g")
+        check_equal([(d.sequence, d.reason, d.last_error, d.attempts) for d in dead],
+                    [(2, MAX_ATTEMPTS_REASON, "E1", 3), (3, MAX_ATTEMPTS_REASON, "E1", 3),
+                     (4, "bad", "E2", 3), (5, "bad", "E2", 3)],
+                    f"{shape}: dead letters keep the last error of the first nack")
+        for letter in dead:
+            stamp = letter.rejected_at_ms
+            check(t0 - env.margin_ms <= stamp <= t1 + env.margin_ms,
+                  f"{shape}: rejected_at_ms of {letter.sequence} is {stamp}, not in {t0}..{t1}")
+        await env.ack_ok([current])
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, f"{shape}: frontier")

@@ -204,3 +204,146 @@ async def case_ordering_persists_for_peers(env: CaseEnv) -> None:
         check_results(await other.ack(mine), mine, [None], "ack via the peer")
         check_equal(_seqs(await other.fetch(stream, "g", limit=10, lease_ms=env.long_ms)), [2],
                     "the next of the key, on the peer")
+
+
+def _tried(leases: Sequence[Lease]) -> list[tuple[int, int]]:
+    return [(lease.sequence, lease.attempt) for lease in leases]
+
+
+@case(rules=["ordering.key_blocked", "fetch.limit"], requires=["key_ordering"])
+async def case_new_event_of_leased_key_waits(env: CaseEnv) -> None:
+    """An event of a leased (or nacked) key appended after an empty fetch still waits."""
+    heads: tuple[str, ...] = ("leased", "nacked")
+    for head in heads:
+        stream = await _keyed(env, ["a"])
+        [first] = await env.fetch(stream, "g")
+        if head == "nacked":
+            delay = env.long_ms if env.backend.capabilities.delayed_nack else 0
+            check_results(await env.rheo.nack(first, "later", delay_ms=delay), [first], [None],
+                          "nack")
+            if not delay:
+                [first] = await env.fetch(stream, "g")
+        check_equal(await env.fetch(stream, "g"), [], f"{head}: nothing is eligible")
+        await env.rheo.append(stream, [NewEvent("t", key="a", partition=0),
+                                       NewEvent("t", key=None, partition=0)])
+        check_equal(_seqs(await env.fetch(stream, "g")), [3],
+                    f"{head}: the keyless event, not the second event of a")
+        check_equal(await env.fetch(stream, "g"), [], f"{head}: a is still blocked")
+        await env.rheo.append(stream, [NewEvent("t", key="a", partition=0)])
+        check_equal(await env.fetch(stream, "g"), [], f"{head}: a third event of a waits too")
+        if head == "leased":
+            await env.ack_ok([first])
+            check_equal(_tried(await env.fetch(stream, "g")), [(2, 1)], f"{head}: after the ack")
+            check_equal(await env.fetch(stream, "g"), [], f"{head}: 4 waits for 2")
+
+
+@case(rules=["ordering.key_blocked", "redrive.dead_letters_only", "lease.expiry", "fetch.limit"],
+      requires=["key_ordering"])
+async def case_redriven_head_and_a_later_lease(env: CaseEnv) -> None:
+    """A redriven dead letter and a later lease of its key at once; the later one then expires.
+
+    The redrive does not revoke the later lease, and the redriven delivery is
+    eligible at once (nothing before it is unsettled); once the later lease
+    expires, that delivery waits behind the redriven one like any other.
+    """
+    whens: tuple[str, ...] = ("before the expiry", "after the expiry")
+    for when in whens:
+        stream = await _keyed(env, ["a", "a", "a"])
+        [first] = await env.fetch(stream, "g")
+        check_results(await env.rheo.reject(first, "bad"), [first], [None], f"{when}: reject 1")
+        [second] = await env.fetch(stream, "g", lease_ms=env.short_ms)
+        check_equal(second.sequence, 2, f"{when}: the key is released by the reject")
+        check_equal(await env.rheo.redrive(stream, "g"), 1, f"{when}: redrive 1")
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 0}, f"{when}: frontier")
+        if when == "before the expiry":
+            redelivered = await env.fetch(stream, "g")
+            await env.expire()
+        else:
+            await env.expire()
+            redelivered = await env.fetch(stream, "g")
+        check_equal(_tried(redelivered), [(1, 1)], f"{when}: the redriven 1 only")
+        check_equal(await env.fetch(stream, "g"), [], f"{when}: 2 (expired) and 3 wait for 1")
+        check_equal(await env.rheo.dead_letters(stream, "g"), [], f"{when}: no dead letter")
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 0}, f"{when}: 1 is leased")
+        await env.ack_ok(redelivered)
+        nxt = await env.fetch(stream, "g")
+        check_equal(_tried(nxt), [(2, 2)], f"{when}: 2 again once 1 is acked")
+        check_equal(await env.fetch(stream, "g"), [], f"{when}: 3 waits for 2")
+        await env.ack_ok(nxt)
+        last = await env.fetch(stream, "g")
+        check_equal(_tried(last), [(3, 1)], f"{when}: then 3")
+        await env.ack_ok(last)
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, f"{when}: final frontier")
+
+
+@case(rules=["ordering.key_blocked", "trim.removed", "fetch.limit"],
+      requires=["key_ordering", "trim"])
+async def case_trimmed_head_releases_its_key(env: CaseEnv) -> None:
+    """Trimming a key's leased or nacked head releases the next event, and only that one."""
+    heads: tuple[str, ...] = ("leased", "nacked")
+    for head in heads:
+        stream = await _keyed(env, ["a", "a", "a", "b"])
+        first, other = await env.fetch(stream, "g")
+        check_equal(_seqs([first, other]), [1, 4], f"{head}: the heads of a and b")
+        if head == "nacked":
+            delay = env.long_ms if env.backend.capabilities.delayed_nack else 0
+            check_results(await env.rheo.nack(first, "later", delay_ms=delay), [first], [None],
+                          f"{head}: nack 1")
+            if not delay:
+                [first] = await env.fetch(stream, "g")
+        check_equal(await env.fetch(stream, "g"), [], f"{head}: 2 and 3 are held behind 1")
+        check_equal(await env.rheo.trim(stream, up_to={0: 1}, force=True), {0: 1},
+                    f"{head}: trim 1")
+        check_results(await env.rheo.ack(first), [first], [SettleKind.STALE_LEASE],
+                      f"{head}: the trimmed head's lease")
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, f"{head}: frontier")
+        second = await env.fetch(stream, "g")
+        check_equal(_tried(second), [(2, 1)], f"{head}: the next event of a, alone")
+        check_equal(await env.fetch(stream, "g"), [], f"{head}: 3 waits for 2")
+        await env.ack_ok([*second, other])
+        check_equal(_tried(await env.fetch(stream, "g")), [(3, 1)], f"{head}: then 3")
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, f"{head}: frontier at the end")
+
+
+@case(rules=["ordering.key_blocked", "ordering.released", "trim.removed"],
+      requires=["key_ordering", "trim"])
+async def case_blocked_key_after_a_trim(env: CaseEnv) -> None:
+    """A trim past a blocked key's head and some held events leaves the first retained one next."""
+    stream = await _keyed(env, ["a", "a", "a", "a", "b"])
+    first, other = await env.fetch(stream, "g")
+    check_equal(_seqs([first, other]), [1, 5], "the heads of a and b")
+    check_equal(await env.fetch(stream, "g"), [], "2, 3 and 4 are held")
+    check_results(await env.rheo.renew(first, lease_ms=env.short_ms), [first], [None],
+                  "renew a's head to a short lease")
+    check_equal(await env.rheo.trim(stream, up_to={0: 2}, force=True), {0: 2}, "trim 1 and 2")
+    await env.expire()  # the trimmed head's lease runs out: nothing may come back of it
+    third = await env.fetch(stream, "g")
+    check_equal(_tried(third), [(3, 1)], "3 is a's head now")
+    check_equal(await env.fetch(stream, "g"), [], "4 waits for 3, b is leased")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "frontier after the trim")
+    await env.ack_ok(third)
+    fourth = await env.fetch(stream, "g")
+    check_equal(_tried(fourth), [(4, 1)], "then 4")
+    await env.ack_ok([*fourth, other])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, "frontier at the end")
+
+
+BLOCKED = 1_200
+"""More blocked events of one key than a backend reads in one round (1,000 is common)."""
+
+
+@case(rules=["ordering.others_flow", "fetch.limit"], requires=["key_ordering"])
+async def case_free_events_behind_many_blocked(env: CaseEnv) -> None:
+    """A fetch finds the free events behind more than a thousand blocked events of one key."""
+    stream = await _keyed(env, ["a"] * (BLOCKED + 1) + ["b", None, "c"])
+    free = [BLOCKED + 2, BLOCKED + 3, BLOCKED + 4]
+    check_equal(_seqs(await env.fetch(stream, "g", 10)), [1, *free],
+                "a's head, then past every blocked event of a")
+    check_equal(await env.fetch(stream, "g", 10), [], "nothing more is eligible")
+    await env.rheo.create_group(stream, "h", ordering="key")
+    check_equal(_seqs(await env.fetch(stream, "h", 1)), [1], "another group: a's head")
+    check_equal(_seqs(await env.fetch(stream, "h", 10)), free, "then the free events")
+    await env.rheo.append(stream, [NewEvent("t", key="a", partition=0),
+                                   NewEvent("t", key="d", partition=0)])
+    check_equal(_seqs(await env.fetch(stream, "h", 10)), [BLOCKED + 6],
+                "a new free event behind them")

@@ -132,7 +132,7 @@ async def case_trim_never_removes_unsettled(env: CaseEnv) -> None:
     check_equal(await env.rheo.trim(stream), {0: 2}, "trim up to every group's frontier")
 
 
-@case(rules=["trim.removed", "settle.fencing"], requires=["trim"])
+@case(rules=["trim.removed", "settle.fencing", "frontier.contiguous"], requires=["trim"])
 async def case_trim_force_fences_and_skips(env: CaseEnv) -> None:
     """A forced trim removes events: never fetched again, their leases stale, frontier moved."""
     stream = await env.stream()
@@ -141,8 +141,9 @@ async def case_trim_force_fences_and_skips(env: CaseEnv) -> None:
     check_equal(await env.rheo.trim(stream, up_to={0: 3}, force=True), {0: 3}, "removed")
     check_results(await env.rheo.ack(held), held, [SettleKind.STALE_LEASE] * 2,
                   "leases on trimmed events")
-    check(min((await env.rheo.frontier(stream, "g")).values()) >= 3,
-          "trimmed deliveries count as settled")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3},
+                "trimmed deliveries count as settled; 4 is not delivered yet")
+    check_equal(await env.rheo.lag(stream, "g"), {0: 2}, "lag after the trim")
     check_equal([lease.sequence for lease in await env.drain(stream, "g")], [4, 5],
                 "only retained events are delivered")
     check_equal([lease.sequence for lease in await env.drain(stream, "new")], [4, 5],
@@ -322,3 +323,38 @@ async def _append_until_woken(env: CaseEnv, stream: str, waiter: asyncio.Task[bo
         await through.append(stream, NewEvent("t"))
         await asyncio.wait({waiter}, timeout=0.05)
     check_equal(waiter.result(), True, "wait_for_append woken by an append")
+
+
+@case(rules=["trim.removed", "redrive.dead_letters_only", "dead_letters.listing"],
+      requires=["trim"])
+async def case_nothing_survives_a_trim(env: CaseEnv) -> None:
+    """Trimmed dead letters are not listed and not redriven; trimmed leases and holes are gone."""
+    stream = await env.stream_with(6, 2)
+    p0 = await env.fetch(stream, "g", partitions=[0])
+    p1 = await env.fetch(stream, "g", partitions=[1])
+    check_results(await env.rheo.reject([p0[0], p0[1], p1[1]], "bad"), [p0[0], p0[1], p1[1]],
+                  [None] * 3, "reject 1 and 2 of partition 0, 2 of partition 1")
+    old = await env.rheo.dead_letters(stream, "g")
+    check_equal(await env.rheo.trim(stream, up_to={0: 2}), {0: 2},
+                "an unforced trim of the dead letters")
+    check_equal([(d.partition, d.sequence) for d in await env.rheo.dead_letters(stream, "g")],
+                [(1, 2)],
+                "the other partition's dead letter is left")
+    check_equal(await env.rheo.redrive(stream, "g", old[:2]), 0, "redrive of trimmed ones")
+    check_results(await env.rheo.nack([p0[2], p0[4]], "again", delay_ms=0), [p0[2], p0[4]],
+                  [None, None], "nack 3 and 5")
+    await env.ack_ok([p0[5], p1[0]])
+    check_equal(await env.rheo.trim(stream, up_to={0: 6, 1: 2}, force=True), {0: 4, 1: 2},
+                "a forced trim of the rest")
+    check_equal(await env.rheo.dead_letters(stream, "g"), [], "no dead letter is left")
+    check_equal(await env.rheo.redrive(stream, "g"), 0, "redrive of everything")
+    check_equal(await env.rheo.redrive(stream, "g", old), 0, "redrive of the old dead letters")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 6, 1: 2}, "frontier after the trim")
+    check_equal(await env.rheo.lag(stream, "g"), {0: 0, 1: 0}, "lag after the trim")
+    check_equal(await env.fetch(stream, "g"), [], "nothing is left to deliver")
+    check_results(await env.rheo.ack(p0[3]), [p0[3]], [SettleKind.STALE_LEASE],
+                  "the lease of a trimmed delivery")
+    check_equal([g.group for g in await env.rheo.groups(stream)], ["g"], "the group stays")
+    await env.append(stream, 1, partition=0)
+    [fresh] = await env.fetch(stream, "g")
+    check_equal((fresh.partition, fresh.sequence, fresh.attempt), (0, 7, 1), "a new event")

@@ -295,12 +295,14 @@ async def case_stream_info_water_marks(env: CaseEnv) -> None:
     before = await env.now()
     stream = env.name("s")
     created = await env.rheo.create_stream(stream, partitions=3)
+    after = await env.now()
     info = await env.rheo.stream_info(stream)
     check_equal(created, info, "create_stream returns the stream's info")
     check_equal((info.name, info.partitions), (stream, 3), "name and partitions")
     check_equal(dict(info.high_water), {0: 0, 1: 0, 2: 0}, "high water of a new stream")
     check_equal(dict(info.low_water), {0: 1, 1: 1, 2: 1}, "low water of a new stream")
-    check(info.created_at_ms >= before - env.margin_ms, "created_at_ms is the creation time")
+    check(before - env.margin_ms <= info.created_at_ms <= after + env.margin_ms,
+          f"created_at_ms {info.created_at_ms} is the creation time ({before}..{after})")
     await env.append(stream, 4, partition=1)
     info = await env.rheo.stream_info(stream)
     check_equal(dict(info.high_water), {0: 0, 1: 4, 2: 0}, "high water after appends")
@@ -356,8 +358,17 @@ async def case_unknown_stream_errors(env: CaseEnv) -> None:
         "groups": lambda: env.rheo.groups(missing),
         "query_page": lambda: env.rheo.query_page(Query(stream=missing)),
         "frontier": lambda: env.rheo.frontier(missing, "g"),
+        "lag": lambda: env.rheo.lag(missing, "g"),
+        "group_info": lambda: env.rheo.group_info(missing, "g"),
+        "dead_letters": lambda: env.rheo.dead_letters(missing, "g"),
+        "redrive": lambda: env.rheo.redrive(missing, "g"),
+        "replay": lambda: env.rheo.replay(missing, "g"),
+        "reset": lambda: env.rheo.reset(missing, "g"),
+        "delete_group": lambda: env.rheo.delete_group(missing, "g"),
         "delete_stream": lambda: env.rheo.delete_stream(missing),
     }
+    if env.backend.capabilities.trim:
+        calls["trim"] = lambda: env.rheo.trim(missing, up_to=1, force=True)
     for what, call in calls.items():
         exc = await expect_error(UnknownStream, call(), f"{what} on a missing stream")
         check(missing in str(exc), f"the {what} error names the stream")
@@ -377,6 +388,8 @@ async def case_unknown_group_errors(env: CaseEnv) -> None:
         "redrive": lambda: env.rheo.redrive(stream, "nope"),
         "replay": lambda: env.rheo.replay(stream, "nope"),
         "reset": lambda: env.rheo.reset(stream, "nope"),
+        "lag": lambda: env.rheo.lag(stream, "nope"),
+        "delete_group": lambda: env.rheo.delete_group(stream, "nope"),
     }
     for what, call in calls.items():
         exc = await expect_error(UnknownGroup, call(), f"{what} on a missing group")

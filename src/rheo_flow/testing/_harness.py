@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -60,6 +61,11 @@ class BackendHarness:
     ``peer`` (optional) builds a second backend object over the same store as
     a given one, as another process would; cases about competing instances
     skip visibly without it.
+
+    ``apart`` (optional) builds a backend over a store of its own, apart from
+    every store ``factory`` builds: a stream of the same name there is another
+    stream. Cases about stores that must share nothing (wake-ups, caches) use
+    one beside the case's backend, and skip visibly without it.
     """
 
     name: str
@@ -67,6 +73,7 @@ class BackendHarness:
     advance: Advance | None = None
     now: Now | None = None
     peer: PeerFactory | None = None
+    apart: BackendFactory | None = None
     exact_time: bool = False
     short_ms: int = 150
     clock_margin_ms: int = 50
@@ -166,11 +173,17 @@ def memory_harness() -> BackendHarness:
     """
     from .._backends.memory import MemoryBackend
 
-    return BackendHarness.with_manual_clock(
+    harness = BackendHarness.with_manual_clock(
         "memory",
         lambda clock: MemoryBackend(clock=clock),
         peer=lambda backend, clock: backend,
     )
+    return _stores_apart(harness)
+
+
+def _stores_apart(harness: BackendHarness) -> BackendHarness:
+    """``harness`` whose every factory call makes a store of its own, as its ``apart``."""
+    return dataclasses.replace(harness, apart=harness.factory)
 
 
 def sqlite_harness(directory: str | Path) -> BackendHarness:
@@ -195,14 +208,18 @@ def sqlite_harness(directory: str | Path) -> BackendHarness:
         paths[other] = paths[backend]
         return other
 
-    return BackendHarness.with_manual_clock("sqlite", build, peer=peer)
+    # Every backend it builds has a file of its own: a store apart.
+    return _stores_apart(BackendHarness.with_manual_clock("sqlite", build, peer=peer))
 
 
-def url_harness(name: str, url: str, *, short_ms: int = 150) -> BackendHarness:
+def url_harness(name: str, url: str, *, short_ms: int = 150, apart_url: str | None = None
+                ) -> BackendHarness:
     """A backend built from a URL (``postgresql://``, ``redis://``, ...) on its real clock.
 
     Every test builds a new backend object on the same server; the kit's unique
-    stream names keep tests apart. A peer is another backend from the same URL.
+    stream names keep tests apart. A peer is another backend from the same URL;
+    ``apart_url`` (optional) names a store apart from ``url``'s (another
+    database, schema or key prefix) for the cases about stores sharing nothing.
     """
     from .._backends._urls import backend_from_url
 
@@ -214,4 +231,14 @@ def url_harness(name: str, url: str, *, short_ms: int = 150) -> BackendHarness:
     async def peer(backend: Backend) -> AsyncIterator[Backend]:
         yield backend_from_url(url)
 
-    return BackendHarness(name=name, factory=factory, peer=peer, short_ms=short_ms)
+    apart: BackendFactory | None = None
+    if apart_url is not None:
+        other_url = apart_url
+
+        @asynccontextmanager
+        async def apart_factory() -> AsyncIterator[Backend]:
+            yield backend_from_url(other_url)
+
+        apart = apart_factory
+
+    return BackendHarness(name=name, factory=factory, peer=peer, apart=apart, short_ms=short_ms)

@@ -13,12 +13,14 @@ from .._rheo import Rheo
 from . import (
     _cases_batches,
     _cases_deletion,
+    _cases_isolation,
     _cases_leases,
     _cases_ordering,
     _cases_progress,
     _cases_reads,
     _cases_redelivery,
     _cases_streams,
+    _cases_time,
 )
 from ._case import CASES, Case, CaseEnv
 from ._harness import BackendHarness
@@ -27,7 +29,8 @@ __all__ = ["CaseResult", "all_cases", "execute_case", "run_case", "run_cases"]
 
 # Importing the case modules registers their cases; keep them referenced.
 _CASE_MODULES = (_cases_streams, _cases_leases, _cases_redelivery, _cases_batches,
-                 _cases_ordering, _cases_progress, _cases_reads, _cases_deletion)
+                 _cases_ordering, _cases_progress, _cases_reads, _cases_deletion, _cases_time,
+                 _cases_isolation)
 
 CASE_TIMEOUT_S = float(os.environ.get("RHEO_CASE_TIMEOUT", "60"))
 """Upper bound of one case: a hung backend fails the case instead of the whole run."""

@@ -42,7 +42,8 @@ def _standalone_harness(url: str) -> BackendHarness:
             finally:
                 await backend.drop_all()
 
-    return dataclasses.replace(base, factory=factory)
+    # Every factory call makes collections of their own: a store apart.
+    return dataclasses.replace(base, factory=factory, apart=factory)
 
 
 @pytest.fixture(scope="module")

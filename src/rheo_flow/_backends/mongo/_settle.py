@@ -95,11 +95,14 @@ class SettleOps(MongoCore):
         batch = _Batch(self._groups, self._deliveries, self._highs)
         await batch.load(leases)
         results: list[SettleResult | None] = [None] * len(leases)
-        first: dict[tuple[str, str, str, int, int], int] = {}
+        first: dict[tuple[str, str, str, str, int, int], int] = {}
         repeats: list[tuple[int, int]] = []
         writes: list[_Write] = []
         for i, lease in enumerate(leases):
-            key = (lease.lease_id, lease.stream, lease.group, lease.partition, lease.sequence)
+            # The receipt is part of the lease: a forged receipt beside the real one is
+            # another lease (receipt_mismatch), not a repeat of it.
+            key = (lease.lease_id, lease.receipt, lease.stream, lease.group, lease.partition,
+                   lease.sequence)
             if key in first:
                 repeats.append((i, first[key]))
                 continue

@@ -1,0 +1,67 @@
+"""Cases about the times a backend records: when streams and groups were created.
+
+On a harness with a manual clock time moves only when the case says so, so the
+stamps are checked to the millisecond; on a real clock, within the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from ._case import CaseEnv, case, check, check_equal
+
+
+async def _stamped(env: CaseEnv, call: Callable[[], Awaitable[int]], what: str) -> int:
+    """Run ``call`` (returning a ``created_at_ms``) and check it is the time of the call."""
+    await env.advance(env.short_ms)
+    before = await env.now()
+    stamp = await call()
+    after = await env.now()
+    check(before - env.margin_ms <= stamp <= after + env.margin_ms,
+          f"{what}: created_at_ms is {stamp}, the call ran from {before} to {after}")
+    return stamp
+
+
+@case(rules=["stream.lifecycle", "delete.stream"])
+async def case_stream_created_at_is_kept(env: CaseEnv) -> None:
+    """A stream's created_at_ms is its creation time; creating it again keeps it."""
+    name = env.name("s")
+
+    async def create() -> int:
+        return (await env.rheo.create_stream(name, partitions=2)).created_at_ms
+
+    created = await _stamped(env, create, "a new stream")
+    await env.advance(env.short_ms)
+    check_equal((await env.rheo.create_stream(name, partitions=2)).created_at_ms, created,
+                "create_stream of an existing stream, later")
+    check_equal((await env.rheo.stream_info(name)).created_at_ms, created, "stream_info")
+    await env.rheo.delete_stream(name)
+    again = await _stamped(env, create, "the stream created again after its deletion")
+    check(again > created, "a stream created again after a deletion is a new stream")
+
+
+@case(rules=["group.lifecycle", "delete.group"])
+async def case_group_created_at_is_kept(env: CaseEnv) -> None:
+    """A group's created_at_ms is its creation time (explicit or by fetch); it never moves."""
+    stream = await env.stream()
+    await env.append(stream, 1)
+
+    async def create() -> int:
+        return (await env.rheo.create_group(stream, "g")).created_at_ms
+
+    async def fetch() -> int:
+        await env.fetch(stream, "f")
+        return (await env.rheo.group_info(stream, "f")).created_at_ms
+
+    created = await _stamped(env, create, "create_group")
+    by_fetch = await _stamped(env, fetch, "a group created by fetch")
+    await env.advance(env.short_ms)
+    check_equal((await env.rheo.create_group(stream, "g", max_attempts=9)).created_at_ms,
+                created, "create_group of an existing group, later, with max_attempts")
+    check_equal((await env.rheo.create_group(stream, "f", start="latest")).created_at_ms,
+                by_fetch, "create_group of a group fetch created, later")
+    check_equal({g.group: g.created_at_ms for g in await env.rheo.groups(stream)},
+                {"f": by_fetch, "g": created}, "groups")
+    await env.rheo.delete_group(stream, "g")
+    again = await _stamped(env, create, "the group created again after its deletion")
+    check(again > created, "a group created again after a deletion is a new group")
