@@ -135,7 +135,7 @@ def _mongo_harness(name: str, url: str) -> BackendHarness:
         assert isinstance(backend, MongoBackend)
         return build(clock, backend.collection_prefix)
 
-    base = BackendHarness.with_manual_clock(name, build, peer=peer)
+    base = BackendHarness.with_manual_clock(name, build, peer=peer, independent_stores=True)
     assert base.peer is not None
     base_peer = base.peer
 
@@ -224,7 +224,8 @@ def _redis_harness(url: str, name: str = "redis") -> BackendHarness:
         assert isinstance(backend, RedisBackend)
         return await backend.server_time_ms()
 
-    return BackendHarness(name=name, factory=factory, peer=peer, now=now)
+    return BackendHarness(name=name, factory=factory, peer=peer, now=now,
+                          independent_stores=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

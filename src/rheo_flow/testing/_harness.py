@@ -60,6 +60,12 @@ class BackendHarness:
     ``peer`` (optional) builds a second backend object over the same store as
     a given one, as another process would; cases about competing instances
     skip visibly without it.
+
+    ``independent_stores`` says that each ``factory`` call gives a store of its
+    own (a new in-memory backend, a new file, a new key prefix or collection
+    prefix), so the same stream name in two of them names two streams; the
+    stateful test then checks that nothing crosses between two stores. Leave it
+    False when factories share one store (as :func:`url_harness` does).
     """
 
     name: str
@@ -70,6 +76,7 @@ class BackendHarness:
     exact_time: bool = False
     short_ms: int = 150
     clock_margin_ms: int = 50
+    independent_stores: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -105,13 +112,15 @@ class BackendHarness:
         *,
         peer: Callable[[Backend, ManualClock], Backend] | None = None,
         short_ms: int = 1_000,
+        independent_stores: bool = False,
     ) -> BackendHarness:
         """A harness for a backend that takes an injectable clock.
 
         ``build(clock)`` returns a new backend using ``clock``; ``peer(backend,
         clock)`` (optional) a second backend over the same store. Time then
         only moves when the kit advances the :class:`~rheo_flow.ManualClock`, so
-        expiry tests are instant and exact.
+        expiry tests are instant and exact. ``independent_stores``: each
+        ``build`` call makes a store of its own (see :class:`BackendHarness`).
         """
         clocks: weakref.WeakKeyDictionary[Backend, ManualClock] = weakref.WeakKeyDictionary()
 
@@ -156,13 +165,15 @@ class BackendHarness:
             exact_time=True,
             short_ms=short_ms,
             clock_margin_ms=0,
+            independent_stores=independent_stores,
         )
 
 
 def memory_harness() -> BackendHarness:
     """The in-memory backend on a :class:`~rheo_flow.ManualClock`.
 
-    Its peer is the same backend object: one process, one store.
+    Its peer is the same backend object: one process, one store; each new
+    backend is a store of its own.
     """
     from .._backends.memory import MemoryBackend
 
@@ -170,6 +181,7 @@ def memory_harness() -> BackendHarness:
         "memory",
         lambda clock: MemoryBackend(clock=clock),
         peer=lambda backend, clock: backend,
+        independent_stores=True,
     )
 
 
@@ -195,7 +207,7 @@ def sqlite_harness(directory: str | Path) -> BackendHarness:
         paths[other] = paths[backend]
         return other
 
-    return BackendHarness.with_manual_clock("sqlite", build, peer=peer)
+    return BackendHarness.with_manual_clock("sqlite", build, peer=peer, independent_stores=True)
 
 
 def url_harness(name: str, url: str, *, short_ms: int = 150) -> BackendHarness:

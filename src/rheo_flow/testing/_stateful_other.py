@@ -1,0 +1,124 @@
+"""A stateful rule on a second, independent store with the same stream and group names.
+
+The machine opens a second backend from the same harness (the first time the
+rule runs) and appends, fetches and settles there too, checked against a model
+of its own. Nothing may cross between the two stores: ids appended in the first
+are new in the second, sequences start at 1 in each, an append to the second
+wakes no waiter of the first, and the first store's model stays exact (the
+machine's invariant checks it after every step). Only for a harness whose
+factory gives independent stores (:attr:`BackendHarness.independent_stores`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from hypothesis import event
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from .._model._event import NewEvent
+from .._model._lease import Lease
+from ._case import LONG_MS, check, check_equal
+from ._model import GroupModel, Op
+from ._stateful_base import (
+    ERRORS,
+    KEYS,
+    MAX_ATTEMPTS,
+    PARTITIONS,
+    MachineBase,
+    Store,
+    settle_checked,
+)
+
+__all__ = ["OtherStoreRules"]
+
+WAIT_S = 0.05
+"""How long a waiter of the first store waits while the second store appends."""
+
+
+@dataclass(slots=True)
+class _Other:
+    store: Store
+    leases: dict[str, Lease] = field(default_factory=dict)
+    appended: int = 0
+
+
+class OtherStoreRules(MachineBase):
+    """Appends, fetches and settles on a second store, which must not touch the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.other: _Other | None = None
+
+    @precondition(lambda self: self.harness.independent_stores)
+    @rule(keys=st.lists(st.sampled_from([*KEYS, None]), min_size=1, max_size=4),
+          op=st.sampled_from(["ack", "nack", "reject"]), error=st.integers(0, 99),
+          wait=st.booleans())
+    def other_store(self, keys: list[str | None], op: Op, error: int, wait: bool) -> None:
+        self.run(self._other_store(keys, op, error, wait))
+
+    async def _other_store(self, keys: list[str | None], op: Op, error: int,
+                           wait: bool) -> None:
+        other = self.other or await self._open_other()
+        await self._append_other(other, keys, wait)
+        store, model = other.store, other.store.model
+        t0 = await store.now()
+        leases = await store.rheo.fetch(self.stream, self.group, consumer_id="other",
+                                        limit=4, lease_ms=LONG_MS)
+        model.check_fetch(leases, limit=4, partitions=None, consumer_id="other",
+                          lease_ms=LONG_MS, t0=t0, t1=await store.now())
+        other.leases.update((x.lease_id, x) for x in leases)
+        current = [other.leases[i] for i in model.current_lease_ids()]
+        if current:
+            await settle_checked(store, op, current, error=ERRORS[error % len(ERRORS)])
+        info = await store.rheo.stream_info(self.stream)
+        check_equal([info.high_water[p] for p in range(PARTITIONS)], model.high_water,
+                    "high water of the second store")
+        model.check_dead_letters(
+            await store.rheo.dead_letters(self.stream, self.group, limit=10_000),
+            await store.now())
+        model.check_frontier(await store.rheo.frontier(self.stream, self.group),
+                             await store.now())
+        event(f"other_store: {op}")
+
+    async def _open_other(self) -> _Other:
+        """The second store, with the first store's stream and group names."""
+        backend, rheo = await self.open_store()
+        streams = await rheo.streams()
+        check(self.stream not in streams,
+              "a second store from the harness already holds the first store's stream "
+              "(the stores are not independent)")
+        await rheo.create_stream(self.stream, partitions=PARTITIONS)
+        await rheo.create_group(self.stream, self.group, max_attempts=MAX_ATTEMPTS)
+        model = GroupModel(self.stream, self.group, PARTITIONS, MAX_ATTEMPTS,
+                           self.harness.clock_margin_ms)
+        self.other = _Other(Store(backend, rheo, model, self.harness, self.error_aware))
+        return self.other
+
+    async def _append_other(self, other: _Other, keys: list[str | None], wait: bool) -> None:
+        """Append events whose ids the first store holds (or held): new in this one.
+
+        With ``wait``, a waiter of the first store's stream (on a backend with push
+        wake-ups) must not be woken by it (``wakeup.own_stream``).
+        """
+        events = []
+        for key in keys:
+            other.appended += 1
+            events.append(NewEvent("sm.other", {"other": other.appended},
+                                   id=f"e{other.appended}", key=key,
+                                   partition=None if key else other.appended % PARTITIONS))
+        assert self.backend is not None
+        waiter = None
+        if wait and self.backend.capabilities.push_wakeups:
+            waiter = asyncio.ensure_future(self.rheo.wait_for_append(self.stream, WAIT_S))
+            await asyncio.sleep(0.01)  # let it start waiting
+        stored = await other.store.rheo.append(self.stream, events)
+        check_equal(len(stored), len(events), "one stored event per appended event")
+        for new, stored_event in zip(events, stored, strict=True):
+            assert new.id is not None
+            other.store.model.appended(new.id, stored_event)
+        if waiter is not None:
+            check(not await waiter, "an append to the second store woke a waiter of the first "
+                  "store's stream")

@@ -1,0 +1,161 @@
+"""Stateful rules that re-drive dead letters and delete the group or the stream.
+
+``redrive_all`` re-drives every dead letter at once; ``expire_at_max_then_redrive``
+takes one delivery (of a key, when there is one) to its last attempt, lets the
+lease run out there, fetches (which dead-letters it and, in a key-ordered group,
+may lease the next delivery of its key), re-drives it and fetches again, so
+that expiry, max attempts, key ordering and redrive meet by design rather than
+by chance. The deletions check that the group (or stream) is gone, create it
+again under the same name and start the model afresh.
+"""
+
+from __future__ import annotations
+
+from hypothesis import event
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from .._model._errors import UnknownGroup, UnknownStream
+from .._model._lease import Lease
+from .._model._stream import StartPosition
+from ._case import LONG_MS, check, check_equal, expect_error
+from ._model import outcome_of
+from ._stateful_base import (
+    CONSUMERS,
+    KEYS,
+    MAX_ATTEMPTS,
+    PARTITIONS,
+    START_CHOICES,
+    MachineBase,
+)
+
+__all__ = ["RedriveAndDeletionRules"]
+
+DRIVE_LIMIT = 8
+"""How many leases a fetch of the drive takes from the partition."""
+
+
+class RedriveAndDeletionRules(MachineBase):
+    """Rules re-driving dead letters and deleting the group or the stream."""
+
+    @rule()
+    def redrive_all(self) -> None:
+        self.run(self._redrive_all())
+
+    async def _redrive_all(self) -> None:
+        """``redrive`` naming no dead letter re-drives every one of the group
+        (``redrive.dead_letters_only``) and counts them."""
+        await self._settle_doomed()
+        expected = sorted(self.model.rejected())
+        count = await self.rheo.redrive(self.stream, self.group)
+        check_equal(count, len(expected), "redrive of every dead letter: the count")
+        self.model.redriven(expected)
+        event(f"redrive_all: {'some' if expected else 'no'} dead letters")
+
+    # Two rules, one per kind of redrive: the interplay is worth twice the steps.
+    @rule(index=st.integers(0, 99))
+    def expire_at_max_then_redrive(self, index: int) -> None:
+        self._give_work(index)
+        self.run(self._expire_at_max_then_redrive(index, everything=False))
+
+    @rule(index=st.integers(0, 99))
+    def expire_at_max_then_redrive_all(self, index: int) -> None:
+        self._give_work(index)
+        self.run(self._expire_at_max_then_redrive(index, everything=True))
+
+    def _give_work(self, index: int) -> None:
+        """With nothing held, append two events of one key first (whose second waits
+        for the first in a key-ordered group)."""
+        if not self.current():
+            self.append_events([(KEYS[index % len(KEYS)], None)] * 2, duplicate=1)
+
+    async def _expire_at_max_then_redrive(self, index: int, *, everything: bool) -> None:
+        """Nack one held lease (or one fetched now) up to its last attempt, let it
+        expire there, fetch, and re-drive it (or every dead letter), then fetch
+        again: the fetches check that
+        the expiry dead-letters it, that its key moves on (``ordering.released``) and
+        that the redriven delivery comes back with attempt 1, beside a later lease of
+        its key that the redrive does not revoke (``ordering.key_blocked``)."""
+        current = self.current() or await self._fetch(DRIVE_LIMIT, None, CONSUMERS[1], LONG_MS)
+        keyed = [x for x in current if x.event.key is not None] or current
+        if not keyed:
+            event("expire_at_max_then_redrive: nothing to lease")
+            return
+        lease: Lease | None = keyed[index % len(keyed)]
+        while lease is not None and lease.attempt < MAX_ATTEMPTS:
+            await self._settle("nack", [lease])
+            lease = await self._fetch_again(lease)
+        if lease is None:
+            event("expire_at_max_then_redrive: not leased again")
+            return
+        await self._expire([lease])
+        await self._fetch(DRIVE_LIMIT, [lease.partition], CONSUMERS[1], LONG_MS)
+        await self._settle_doomed()
+        position = (lease.partition, lease.sequence)
+        if position not in self.model.rejected():
+            event("expire_at_max_then_redrive: not dead-lettered")
+            return
+        if everything:
+            await self._redrive_all()
+        else:
+            dead = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
+            chosen = [d for d in dead if (d.partition, d.sequence) == position]
+            check_equal(await self.rheo.redrive(self.stream, self.group, chosen), 1,
+                        f"redrive of dead letter {position}: the count")
+            self.model.redriven([position])
+        await self._fetch(DRIVE_LIMIT, [lease.partition], CONSUMERS[1], LONG_MS)
+        key = "keyed" if lease.event.key is not None else "keyless"
+        order = "key-ordered" if self.model.ordered else "unordered"
+        event(f"expire_at_max_then_redrive: {key} delivery of a {order} group")
+
+    async def _fetch_again(self, lease: Lease) -> Lease | None:
+        """Fetch from the lease's partition; the new lease of its delivery, if leased."""
+        leases = await self._fetch(DRIVE_LIMIT, [lease.partition], CONSUMERS[1], LONG_MS)
+        return next((x for x in leases if x.sequence == lease.sequence), None)
+
+    @rule(start=START_CHOICES, flip=st.integers(0, 3))
+    def delete_and_recreate_group(self, start: StartPosition, flip: int) -> None:
+        """Created again with the same ordering, or (one time in four) the other one."""
+        self.run(self._recreate_group(start, self.model.ordered != (flip == 0)))
+
+    async def _recreate_group(self, start: StartPosition, ordered: bool) -> None:
+        """``delete_group`` removes the group (``delete.group``): it is no longer listed,
+        calls naming it raise ``UnknownGroup`` naming it, its leases settle nothing
+        (``settle.unknown_lease``); created again, it starts fresh at ``start``."""
+        await self.rheo.delete_group(self.stream, self.group)
+        groups = [g.group for g in await self.rheo.groups(self.stream)]
+        check(self.group not in groups, f"groups() lists the deleted group: {groups}")
+        exc = await expect_error(UnknownGroup, self.rheo.group_info(self.stream, self.group),
+                                 "group_info of the deleted group")
+        check_equal((getattr(exc, "stream", None), getattr(exc, "group", None)),
+                    (self.stream, self.group), "the stream and group UnknownGroup names")
+        await expect_error(UnknownGroup, self.rheo.dead_letters(self.stream, self.group),
+                           "dead_letters of the deleted group")
+        held = [x for x in self.current()[:2] if x.lease_id not in self.orphans]
+        if held:
+            results = await self.rheo.ack(held)
+            check_equal([outcome_of(r) for r in results], ["invalid"] * len(held),
+                        "ack with leases of the deleted group")
+        await self._create_group(start, ordered)
+        event(f"delete_and_recreate_group: start={'sequence' if isinstance(start, int) else start}")
+
+    @precondition(lambda self: self.counter >= 12)
+    @rule(ordered=st.booleans())
+    def delete_and_recreate_stream(self, ordered: bool) -> None:
+        self.run(self._recreate_stream(ordered))
+
+    async def _recreate_stream(self, ordered: bool) -> None:
+        """``delete_stream`` removes the stream with its groups (``delete.stream``); the
+        name created again is a new stream: sequences from 1, old ids new again, old
+        leases settle nothing."""
+        await self.rheo.delete_stream(self.stream)
+        streams = await self.rheo.streams()
+        check(self.stream not in streams, "streams() lists the deleted stream")
+        exc = await expect_error(UnknownStream, self.rheo.stream_info(self.stream),
+                                 "stream_info of the deleted stream")
+        check_equal(getattr(exc, "stream", None), self.stream, "the stream UnknownStream names")
+        self.orphans.update(self.leases)
+        self.model = self.new_model()
+        await self.rheo.create_stream(self.stream, partitions=PARTITIONS)
+        await self._create_group("earliest", ordered)
+        event("delete_and_recreate_stream")
