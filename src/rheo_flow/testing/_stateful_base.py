@@ -21,7 +21,7 @@ from .._backend import Backend
 from .._model._event import NewEvent
 from .._model._lease import Lease
 from .._model._settle_results import SettleResult
-from .._model._stream import StartPosition
+from .._model._stream import DeadLetter, StartPosition
 from .._rheo import Rheo, orders_keys
 from ._case import LONG_MS, check, check_equal
 from ._harness import BackendHarness
@@ -253,27 +253,29 @@ class MachineBase(RuleBasedStateMachine):
         if deadlines:
             await self._advance_past(max(deadlines))
 
-    async def _settle_doomed(self) -> None:
+    async def _settle_doomed(self) -> list[DeadLetter]:
         """Make the model know every dead letter of the group, until a lease runs out
         again: let each lease held at the last attempt that may run out soon run out
         (on a real clock, one could run out during the next call), reject those that
         ran out (the backend may have dead-lettered them already: ``ok`` or
-        ``stale_lease``, a dead letter either way), then list the dead letters."""
+        ``stale_lease``, a dead letter either way), then list the dead letters (and
+        return them)."""
         soon = self.model.doomed_soon(await self.now() + SOON_MS)
         if soon:
             await self._advance_past(max(soon))
         doomed = self.model.doomed_lease_ids(await self.now())
         await self._settle("reject", [self.leases[i] for i in doomed])
-        await self._check_dead_letters()
+        return await self._check_dead_letters()
 
     # Checks ------------------------------------------------------------
 
-    async def _check_dead_letters(self) -> None:
+    async def _check_dead_letters(self) -> list[DeadLetter]:
         dead = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
         positions = [(d.partition, d.sequence) for d in dead]
         check_equal(len(set(positions)), len(dead), "dead letters are listed once each")
         check_equal(positions, sorted(positions), "dead letters in (partition, sequence) order")
         self.model.check_dead_letters(dead, await self.now())
+        return dead
 
     async def _check_progress(self) -> None:
         info = await self.rheo.stream_info(self.stream)

@@ -17,7 +17,7 @@ from hypothesis.stateful import precondition, rule
 
 from .._model._errors import UnknownGroup, UnknownStream
 from .._model._lease import Lease
-from .._model._stream import StartPosition
+from .._model._stream import DeadLetter, StartPosition
 from ._case import LONG_MS, check, check_equal, expect_error
 from ._model import outcome_of
 from ._stateful_base import (
@@ -42,67 +42,53 @@ class RedriveAndDeletionRules(MachineBase):
     def redrive_all(self) -> None:
         self.run(self._redrive_all())
 
-    async def _redrive_all(self) -> None:
+    async def _redrive_all(self, dead: list[DeadLetter] | None = None) -> None:
         """``redrive`` naming no dead letter re-drives every one of the group
-        (``redrive.dead_letters_only``) and counts them."""
-        await self._settle_doomed()
-        expected = sorted(self.model.rejected())
+        (``redrive.dead_letters_only``) and counts them. ``dead``: the model was just
+        told every dead letter (:meth:`_settle_doomed`), here they are."""
+        if dead is None:
+            dead = await self._settle_doomed()
         count = await self.rheo.redrive(self.stream, self.group)
-        check_equal(count, len(expected), "redrive of every dead letter: the count")
-        self.model.redriven(expected)
-        event(f"redrive_all: {'some' if expected else 'no'} dead letters")
+        check_equal(count, len(dead), "redrive of every dead letter: the count")
+        self.model.redriven([(d.partition, d.sequence) for d in dead])
+        event(f"redrive_all: {'some' if dead else 'no'} dead letters")
 
-    # Two rules, one per kind of redrive: the interplay is worth twice the steps.
-    @rule(index=st.integers(0, 99))
-    def expire_at_max_then_redrive(self, index: int) -> None:
-        self._give_work(index)
-        self.run(self._expire_at_max_then_redrive(index, everything=False))
-
-    @rule(index=st.integers(0, 99))
-    def expire_at_max_then_redrive_all(self, index: int) -> None:
-        self._give_work(index)
-        self.run(self._expire_at_max_then_redrive(index, everything=True))
-
-    def _give_work(self, index: int) -> None:
-        """With nothing held, append two events of one key first (whose second waits
-        for the first in a key-ordered group)."""
+    @rule(index=st.integers(0, 99), everything=st.booleans())
+    def expire_at_max_then_redrive(self, index: int, everything: bool) -> None:
         if not self.current():
+            # Two events of one key: the second waits for the first when key-ordered.
             self.append_events([(KEYS[index % len(KEYS)], None)] * 2, duplicate=1)
+        self.run(self._expire_at_max_then_redrive(index, everything=everything))
 
     async def _expire_at_max_then_redrive(self, index: int, *, everything: bool) -> None:
-        """Nack one held lease (or one fetched now) up to its last attempt, let it
-        expire there, fetch, and re-drive it (or every dead letter), then fetch
-        again: the fetches check that
-        the expiry dead-letters it, that its key moves on (``ordering.released``) and
-        that the redriven delivery comes back with attempt 1, beside a later lease of
-        its key that the redrive does not revoke (``ordering.key_blocked``)."""
+        """Nack one held lease (of a key, when there is one; or one fetched now) up to
+        its last attempt, let it expire there, fetch, re-drive it (or every dead
+        letter) and fetch again. The fetches check that the expiry dead-letters it,
+        that its key moves on (``ordering.released``) and that the redriven delivery
+        comes back with attempt 1, beside a later lease of its key that the redrive
+        does not revoke (``ordering.key_blocked``)."""
         current = self.current() or await self._fetch(DRIVE_LIMIT, None, CONSUMERS[1], LONG_MS)
         keyed = [x for x in current if x.event.key is not None] or current
         if not keyed:
-            event("expire_at_max_then_redrive: nothing to lease")
             return
         lease: Lease | None = keyed[index % len(keyed)]
         while lease is not None and lease.attempt < MAX_ATTEMPTS:
             await self._settle("nack", [lease])
             lease = await self._fetch_again(lease)
         if lease is None:
-            event("expire_at_max_then_redrive: not leased again")
             return
         await self._expire([lease])
         await self._fetch(DRIVE_LIMIT, [lease.partition], CONSUMERS[1], LONG_MS)
-        await self._settle_doomed()
-        position = (lease.partition, lease.sequence)
-        if position not in self.model.rejected():
-            event("expire_at_max_then_redrive: not dead-lettered")
+        dead = await self._settle_doomed()
+        chosen = [d for d in dead if (d.partition, d.sequence) == (lease.partition, lease.sequence)]
+        if not chosen:
             return
         if everything:
-            await self._redrive_all()
+            await self._redrive_all(dead)
         else:
-            dead = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
-            chosen = [d for d in dead if (d.partition, d.sequence) == position]
             check_equal(await self.rheo.redrive(self.stream, self.group, chosen), 1,
-                        f"redrive of dead letter {position}: the count")
-            self.model.redriven([position])
+                        f"redrive of dead letter {(lease.partition, lease.sequence)}: the count")
+            self.model.redriven([(lease.partition, lease.sequence)])
         await self._fetch(DRIVE_LIMIT, [lease.partition], CONSUMERS[1], LONG_MS)
         key = "keyed" if lease.event.key is not None else "keyless"
         order = "key-ordered" if self.model.ordered else "unordered"
