@@ -156,17 +156,9 @@ class BackendHarness:
 
             peer_factory = peer_factory_impl
 
-        return cls(
-            name=name,
-            factory=factory,
-            advance=advance,
-            now=now,
-            peer=peer_factory,
-            exact_time=True,
-            short_ms=short_ms,
-            clock_margin_ms=0,
-            independent_stores=independent_stores,
-        )
+        return cls(name=name, factory=factory, advance=advance, now=now, peer=peer_factory,
+                   exact_time=True, short_ms=short_ms, clock_margin_ms=0,
+                   independent_stores=independent_stores)
 
 
 def memory_harness() -> BackendHarness:

@@ -42,9 +42,9 @@ PICKS = st.lists(st.integers(0, 99), min_size=1, max_size=4)
 """Which current leases a settle takes (by index, modulo how many there are)."""
 STALE_PICKS = st.lists(st.integers(0, 99), max_size=2)
 """Which leases no longer current a settle takes as well (see ``choose``)."""
-ERRORS: list[str | None] = [None, "ValueError: bad input", None, "TimeoutError: db busy ⏳", ""]
-"""The error a nack or reject gives (by index, modulo): none (the last one is kept),
-two texts (one replaces the other) and the empty text (given, so recorded)."""
+ERRORS: list[str | None] = ["ValueError: bad input", "TimeoutError: db busy ⏳", "", None, None]
+"""The error a nack or reject gives (by index, modulo): two texts (one replaces the
+other), the empty text (given, so recorded) and none (the last one is kept)."""
 SOON_MS = 30_000
 """Leases ending sooner than this may expire during a step (the kit's short leases);
 the others are :data:`LONG_MS` and never do."""

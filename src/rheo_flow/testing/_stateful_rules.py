@@ -11,6 +11,8 @@ again under the same name and start the model afresh.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -22,6 +24,7 @@ from ._case import LONG_MS, check, check_equal, expect_error
 from ._model import outcome_of
 from ._stateful_base import (
     CONSUMERS,
+    ERRORS,
     KEYS,
     MAX_ATTEMPTS,
     PARTITIONS,
@@ -33,6 +36,9 @@ __all__ = ["RedriveAndDeletionRules"]
 
 DRIVE_LIMIT = 8
 """How many leases a fetch of the drive takes from the partition."""
+End = Literal["expire", "nack", "reject"]
+ENDS: list[End] = ["expire", "expire", "nack", "reject"]
+"""How the drive dead-letters a delivery at its last attempt (an expiry half the time)."""
 
 
 class RedriveAndDeletionRules(MachineBase):
@@ -53,31 +59,37 @@ class RedriveAndDeletionRules(MachineBase):
         self.model.redriven([(d.partition, d.sequence) for d in dead])
         event(f"redrive_all: {'some' if dead else 'no'} dead letters")
 
-    @rule(index=st.integers(0, 99), everything=st.booleans())
-    def expire_at_max_then_redrive(self, index: int, everything: bool) -> None:
+    @rule(index=st.integers(0, 99), end=st.sampled_from(ENDS), everything=st.booleans())
+    def expire_at_max_then_redrive(self, index: int, end: End, everything: bool) -> None:
         if not self.current():
             # Two events of one key: the second waits for the first when key-ordered.
             self.append_events([(KEYS[index % len(KEYS)], None)] * 2, duplicate=1)
-        self.run(self._expire_at_max_then_redrive(index, everything=everything))
+        self.run(self._expire_at_max_then_redrive(index, end, everything=everything))
 
-    async def _expire_at_max_then_redrive(self, index: int, *, everything: bool) -> None:
-        """Nack one held lease (of a key, when there is one; or one fetched now) up to
-        its last attempt, let it expire there, fetch, re-drive it (or every dead
-        letter) and fetch again. The fetches check that the expiry dead-letters it,
-        that its key moves on (``ordering.released``) and that the redriven delivery
-        comes back with attempt 1, beside a later lease of its key that the redrive
-        does not revoke (``ordering.key_blocked``)."""
+    async def _expire_at_max_then_redrive(self, index: int, end: End, *,
+                                          everything: bool) -> None:
+        """Nack one held lease (of a key, when there is one; or one fetched now) with an
+        error up to its last attempt; there let it expire (``end="expire"``), or nack
+        or reject it without an error; fetch, re-drive it (or every dead letter) and
+        fetch again. The dead letter keeps the error (``settle.last_error``); the
+        fetches check that it is dead-lettered, that its key moves on
+        (``ordering.released``) and that the redriven delivery comes back with
+        attempt 1, beside a later lease of its key that the redrive does not revoke
+        (``ordering.key_blocked``)."""
         current = self.current() or await self._fetch(DRIVE_LIMIT, None, CONSUMERS[1], LONG_MS)
         keyed = [x for x in current if x.event.key is not None] or current
         if not keyed:
             return
         lease: Lease | None = keyed[index % len(keyed)]
         while lease is not None and lease.attempt < MAX_ATTEMPTS:
-            await self._settle("nack", [lease])
+            await self._settle("nack", [lease], error=ERRORS[index % 2])
             lease = await self._fetch_again(lease)
         if lease is None:
             return
-        await self._expire([lease])
+        if end == "expire":
+            await self._expire([lease])
+        else:
+            await self._settle(end, [lease])
         await self._fetch(DRIVE_LIMIT, [lease.partition], CONSUMERS[1], LONG_MS)
         dead = await self._settle_doomed()
         chosen = [d for d in dead if (d.partition, d.sequence) == (lease.partition, lease.sequence)]
@@ -92,7 +104,7 @@ class RedriveAndDeletionRules(MachineBase):
         await self._fetch(DRIVE_LIMIT, [lease.partition], CONSUMERS[1], LONG_MS)
         key = "keyed" if lease.event.key is not None else "keyless"
         order = "key-ordered" if self.model.ordered else "unordered"
-        event(f"expire_at_max_then_redrive: {key} delivery of a {order} group")
+        event(f"expire_at_max_then_redrive: {key} delivery of a {order} group, {end}")
 
     async def _fetch_again(self, lease: Lease) -> Lease | None:
         """Fetch from the lease's partition; the new lease of its delivery, if leased."""
@@ -107,7 +119,12 @@ class RedriveAndDeletionRules(MachineBase):
     async def _recreate_group(self, start: StartPosition, ordered: bool) -> None:
         """``delete_group`` removes the group (``delete.group``): it is no longer listed,
         calls naming it raise ``UnknownGroup`` naming it, its leases settle nothing
-        (``settle.unknown_lease``); created again, it starts fresh at ``start``."""
+        (``settle.unknown_lease``); created again, it starts fresh at ``start``
+        (``group.start``), without the dead letters of the old group: the rule
+        rejects a held lease first when the group has none."""
+        held = self.current()
+        if held and not self.model.rejected():
+            await self._settle("reject", held[-1:], error=ERRORS[0])
         await self.rheo.delete_group(self.stream, self.group)
         groups = [g.group for g in await self.rheo.groups(self.stream)]
         check(self.group not in groups, f"groups() lists the deleted group: {groups}")
