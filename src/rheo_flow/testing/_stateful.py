@@ -1,14 +1,21 @@
 """The stateful conformance test: random operation sequences against the reference model.
 
 Hypothesis drives appends (with duplicate ids, also of trimmed events), fetches
-(alone and concurrent), acks, nacks (with delays), rejects, renews (short and
-long), expiries, clock advances, replays, redrives, resets, trims (forced and
-capped at the frontier, when the backend declares ``trim``) and paged
-dead-letter listings against a fresh backend from a harness, checking every
-answer against :class:`~rheo_flow.testing._model.GroupModel` and, after each
-step, the high and low water, the dead letters and the frontier. Each example
-ends by draining the group and comparing what is left with the model: nothing
-lost, nothing unexpected.
+(alone and concurrent), acks, nacks (with delays, with and without an error),
+rejects (with and without an error), renews (short and long), expiries, clock
+advances, replays, redrives (chosen dead letters, and all of them), resets,
+trims (forced and capped at the frontier, when the backend declares ``trim``),
+paged dead-letter listings, group and stream deletions (created again under
+the same name) and, on a harness with independent stores, appends, fetches and
+settles on a second store with the same names (:mod:`._stateful_other`)
+against a fresh backend from a harness, checking every answer against
+:class:`~rheo_flow.testing._model.GroupModel` and, after each step, the high
+and low water, the frontier and each dead letter exactly: its event id,
+attempts, reason, last error and ``rejected_at_ms``. One rule takes a delivery
+to its last attempt, dead-letters it there and re-drives it
+(:mod:`._stateful_rules`), so key order, expiry at max attempts and redrive meet
+by design. Each example ends by draining the group and comparing what is left
+with the model: nothing lost, nothing unexpected.
 
 Hypothesis calls the machine synchronously, so the machine owns an event loop
 and runs each step to completion on it.
