@@ -34,9 +34,9 @@ from ._stateful_base import (
 
 __all__ = ["OtherStoreRules"]
 
-WAIT_S = 0.05
+WAIT_S = 0.02
 """How long a waiter of the first store waits while the second store appends."""
-SETTLE_S = 0.01
+SETTLE_S = 0.005
 """How long a waiter is given to start waiting (or to end at once)."""
 
 
@@ -76,14 +76,10 @@ class OtherStoreRules(MachineBase):
         current = [other.leases[i] for i in model.current_lease_ids()]
         if current:
             await settle_checked(store, op, current, error=ERRORS[error % len(ERRORS)])
-        info = await store.rheo.stream_info(self.stream)
-        check_equal([info.high_water[p] for p in range(PARTITIONS)], model.high_water,
-                    "high water of the second store")
+        # Its appends checked its sequences; its dead letters carry its errors and ids.
         model.check_dead_letters(
             await store.rheo.dead_letters(self.stream, self.group, limit=10_000),
             await store.now())
-        model.check_frontier(await store.rheo.frontier(self.stream, self.group),
-                             await store.now())
         event(f"other_store: {op}")
 
     async def _open_other(self) -> _Other:

@@ -132,8 +132,6 @@ class RedriveAndDeletionRules(MachineBase):
                                  "group_info of the deleted group")
         check_equal((getattr(exc, "stream", None), getattr(exc, "group", None)),
                     (self.stream, self.group), "the stream and group UnknownGroup names")
-        await expect_error(UnknownGroup, self.rheo.dead_letters(self.stream, self.group),
-                           "dead_letters of the deleted group")
         held = [x for x in self.current()[:2] if x.lease_id not in self.orphans]
         if held:
             results = await self.rheo.ack(held)
