@@ -12,6 +12,8 @@ factory gives independent stores (:attr:`BackendHarness.independent_stores`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
 from hypothesis import event
@@ -20,6 +22,7 @@ from hypothesis.stateful import precondition, rule
 
 from .._model._event import NewEvent
 from .._model._lease import Lease
+from .._rheo import Rheo
 from ._case import LONG_MS, check, check_equal
 from ._model import GroupModel, Op
 from ._stateful_base import (
@@ -36,8 +39,8 @@ __all__ = ["OtherStoreRules"]
 
 WAIT_S = 0.02
 """How long a waiter of the first store waits while the second store appends."""
-SETTLE_S = 0.005
-"""How long a waiter is given to start waiting (or to end at once)."""
+SETTLE_S = 0.01
+"""How long a waiter is given to start waiting."""
 
 
 @dataclass(slots=True)
@@ -109,30 +112,39 @@ class OtherStoreRules(MachineBase):
                                    id=f"e{other.appended}", key=key,
                                    partition=None if key else other.appended % PARTITIONS))
         assert self.backend is not None
-        waiter = None
-        if wait and self.backend.capabilities.push_wakeups:
-            waiter = await self._waiting()
-        stored = await other.store.rheo.append(self.stream, events)
+        async with self._first_store_waiter(wait) as waiter:
+            stored = await other.store.rheo.append(self.stream, events)
+            if waiter is not None:
+                check(not await waiter, "an append to the second store woke a waiter of the "
+                      "first store's stream")
         check_equal(len(stored), len(events), "one stored event per appended event")
         for new, stored_event in zip(events, stored, strict=True):
             assert new.id is not None
             other.store.model.appended(new.id, stored_event)
-        if waiter is not None:
-            check(not await waiter, "an append to the second store woke a waiter of the first "
-                  "store's stream")
 
-    async def _waiting(self) -> asyncio.Future[bool] | None:
-        """A waiter of the first store's stream, still waiting.
+    @asynccontextmanager
+    async def _first_store_waiter(self, wait: bool) -> AsyncIterator[asyncio.Future[bool] | None]:
+        """With ``wait``, on a backend with push wake-ups and a harness with peers, a
+        waiter of the first store's stream on a new instance over that store.
 
-        A wake-up already due there (an append no fetch has seen yet, a settle that
-        released a key: docs/ordering.md) ends a wait at once; it is taken, and a
-        second waiter started. None when that one ends at once too.
+        A new instance has no wake-up due yet (the machine's own may have one: an
+        append no fetch has seen, a settle that released a key, docs/ordering.md),
+        so only an append can end its wait. A peer that is the backend itself (one
+        process, one store: memory) wakes on appends only.
         """
-        for _ in range(2):
-            waiter = asyncio.ensure_future(self.rheo.wait_for_append(self.stream, WAIT_S))
-            await asyncio.sleep(SETTLE_S)
-            if not waiter.done():
-                return waiter
-            await waiter
-        event("other_store: a wake-up of the first store was due")
-        return None
+        peer = self.harness.peer
+        assert self.backend is not None
+        if not (wait and peer is not None and self.backend.capabilities.push_wakeups):
+            yield None
+            return
+        async with AsyncExitStack() as stack:
+            other = await stack.enter_async_context(peer(self.backend))
+            rheo = self.rheo if other is self.backend else await stack.enter_async_context(
+                Rheo(other))
+            waiter = asyncio.ensure_future(rheo.wait_for_append(self.stream, WAIT_S))
+            try:
+                await asyncio.sleep(SETTLE_S)  # let it start waiting
+                yield waiter
+            finally:
+                waiter.cancel()
+                await asyncio.gather(waiter, return_exceptions=True)
