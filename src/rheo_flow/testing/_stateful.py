@@ -258,7 +258,14 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
         self.run(self._page_dead_letters(limit))
 
     async def _page_dead_letters(self, limit: int) -> None:
-        """Paging with ``after=`` the last one listed gives the whole list, once each."""
+        """Paging with ``after=`` the last one listed gives the whole list, once each.
+
+        With fewer dead letters than two pages need, held leases are rejected first
+        (redrives of every dead letter would otherwise leave few to page through).
+        """
+        missing = limit + 1 - len(self.model.rejected())
+        if missing > 0:
+            await self._settle("reject", self.current()[:missing])
         paged: list[DeadLetter] = []
         after: DeadLetter | None = None
         for _ in range(len(self.model.deliveries) + 2):
