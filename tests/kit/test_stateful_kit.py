@@ -1,22 +1,27 @@
 """The stateful test's newer rules can fail, and its search profiles.
 
 Each mutant is the in-memory backend with one rule of reset, trim, replay below
-the low water, dead-letter paging or renew with a short lease broken; the
-stateful model must catch every one of them. The runs are derandomized and use
-no example database, so they are deterministic. The search profiles of
-:func:`stateful_settings` are checked without running a search.
+the low water, dead-letter paging, renew with a short lease, last errors,
+dead-letter times and ids, redrive of every dead letter, group deletion or
+store isolation broken; the stateful model must catch every one of them. The
+runs are derandomized and use no example database, so they are deterministic.
+The search profiles of :func:`stateful_settings` are checked without running a
+search.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from rheo_flow import Lease, SettleResult
+from rheo_flow._backends._shared import Waiters
 from rheo_flow._backends.memory import MemoryBackend
-from rheo_flow._model._stream import DeadLetter, StartPosition, StreamInfo
+from rheo_flow._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from rheo_flow._support._clock import Clock
 from rheo_flow.testing import BackendHarness, ConformanceFailure, memory_harness, run_stateful
 from rheo_flow.testing._stateful import PROFILES, stateful_settings
 
@@ -128,11 +133,91 @@ class RenewIgnoresLeaseTime(MemoryBackend):
         return await super().renew(leases, lease_ms if lease_ms <= 10 else max(lease_ms, 60_000))
 
 
+class NackWithoutErrorClearsLastError(MemoryBackend):
+    """A nack without an error clears the delivery's last error (it must keep it)."""
+
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        results = await super().nack(leases, reason, delay_ms, error)
+        for lease, result in zip(leases, results, strict=True):
+            found = self._find(lease)
+            if error is None and result.ok and not isinstance(found, SettleResult):
+                found[2].last_error = None
+        return results
+
+
+class RejectStampsNoTime(MemoryBackend):
+    """An explicit reject leaves ``rejected_at_ms`` unset (0)."""
+
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
+        results = await super().reject(leases, reason, error)
+        for lease, result in zip(leases, results, strict=True):
+            found = self._find(lease)
+            if result.ok and not result.repeated and not isinstance(found, SettleResult):
+                found[2].rejected_at_ms = 0
+        return results
+
+
+class RedriveAllMissesTheLast(MemoryBackend):
+    """redrive with no dead letter named leaves the last one of the group out."""
+
+    async def redrive(self, stream: str, group: str,
+                      positions: Sequence[tuple[int, int]] | None) -> int:
+        if positions is None:
+            dead = await self.dead_letters(stream, group, 10_000, None)
+            positions = [(d.partition, d.sequence) for d in dead[:-1]]
+        return await super().redrive(stream, group, positions)
+
+
+class DeletedGroupLeavesDeadLetters(MemoryBackend):
+    """delete_group leaves the dead letters behind: a group created again under the
+    name finds them."""
+
+    async def delete_group(self, stream: str, group: str) -> None:
+        g = self._group(stream, group)
+        self._graves = {(stream, group): [
+            {q: d for q, d in gp.done.items() if d.state == "rejected"} for gp in g.partitions]}
+        await super().delete_group(stream, group)
+
+    async def create_group(self, stream: str, group: str, start: StartPosition,
+                           max_attempts: int | None, *, ordering: str = "none") -> GroupInfo:
+        info = await super().create_group(stream, group, start, max_attempts, ordering=ordering)
+        graves: dict[tuple[str, str], list[dict[int, object]]] = getattr(self, "_graves", {})
+        for gp, dead in zip(self._group(stream, group).partitions,
+                            graves.pop((stream, group), []), strict=False):
+            gp.done.update(dead)  # type: ignore[arg-type]
+        return info
+
+
+class DeadLetterNamesTheNextEvent(MemoryBackend):
+    """A dead letter names the id of the next event of its partition (when there is one)."""
+
+    async def dead_letters(self, stream: str, group: str, limit: int,
+                           after: tuple[int, int] | None) -> list[DeadLetter]:
+        events = self._stream(stream).partitions
+        return [dataclasses.replace(d, event_id=events[d.partition].events.get(
+                    d.sequence + 1, events[d.partition].events[d.sequence]).id)
+                for d in await super().dead_letters(stream, group, limit, after)]
+
+
+_SHARED_WAITERS = Waiters()
+
+
+class WaitersSharedAcrossStores(MemoryBackend):
+    """Every instance shares one set of waiters: an append to a stream of one store
+    wakes the waiters of a stream of that name in another."""
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        super().__init__(clock=clock)
+        self._waiters = _SHARED_WAITERS
+
+
 def harness_for(backend: type[MemoryBackend]) -> BackendHarness:
-    """The memory harness, building the mutant instead."""
-    return BackendHarness.with_manual_clock(
-        backend.__name__, lambda clock: backend(clock=clock), peer=lambda b, clock: b
-    )
+    """The memory harness, building the mutant instead (one store per instance)."""
+    harness = BackendHarness.with_manual_clock(
+        backend.__name__, lambda clock: backend(clock=clock), peer=lambda b, clock: b)
+    return dataclasses.replace(harness, apart=harness.factory)
 
 
 def deterministic(max_examples: int = 300) -> settings:
@@ -145,7 +230,9 @@ def deterministic(max_examples: int = 300) -> settings:
 
 MUTANTS = [ResetKeepsDeadLetters, ResetKeepsLeases, ResetBelowLowWater, TrimFrontierOnlyToBound,
            TrimKeepsLowWater, TrimLowWaterPastHighWater, ReplayBelowLowWater,
-           DeadLetterPagesSkipOne, RenewIgnoresLeaseTime]
+           DeadLetterPagesSkipOne, RenewIgnoresLeaseTime, NackWithoutErrorClearsLastError,
+           RejectStampsNoTime, RedriveAllMissesTheLast, DeletedGroupLeavesDeadLetters,
+           DeadLetterNamesTheNextEvent, WaitersSharedAcrossStores]
 
 
 def test_a_conformance_failure_is_an_assertion_error() -> None:

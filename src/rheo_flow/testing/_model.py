@@ -23,7 +23,7 @@ from .._backend import MAX_ATTEMPTS_REASON
 from .._model._event import Event
 from .._model._lease import Lease
 from .._model._settle_results import SettleResult
-from .._model._stream import StartPosition
+from .._model._stream import DeadLetter, StartPosition
 from ._case import ConformanceFailure, check, check_equal
 
 __all__ = ["GroupModel", "Outcome", "outcome_of"]
@@ -64,6 +64,12 @@ class _Delivery:
     """A nacked delivery may be eligible from ``ready_lo`` and surely is after ``ready_hi``."""
     settled_by: Op | None = None
     reason: str = ""
+    last_error: str | None = None
+    """The error of the last nack or reject that gave one (``settle.last_error``)."""
+    rejected_lo: int = 0
+    rejected_hi: int = 0
+    """A dead letter's ``rejected_at_ms`` lies in ``rejected_lo..rejected_hi`` (one value
+    once a listing reported it: it never changes after that)."""
 
 
 class GroupModel:
@@ -186,6 +192,7 @@ class GroupModel:
                   f"fetch leased {pos} of key {d.event.key!r} although an earlier delivery "
                   f"of the key is unsettled (ordering='key')")
             check_equal(lease.attempt, d.attempt + 1, f"attempt of {pos}")
+            check_equal(lease.event.id, d.event.id, f"event id of {pos}")
             check_equal(lease.event, d.event, f"event of {pos}")
             check_equal((lease.group, lease.consumer_id), (self.group, consumer_id),
                         "lease group and consumer")
@@ -221,25 +228,32 @@ class GroupModel:
         return {"stale_lease"}
 
     def apply(self, lease: Lease, op: Op, result: SettleResult, *, reason: str, delay_ms: int,
-              lease_ms: int, t0: int, t1: int) -> None:
-        """Record a settle or renew result (already checked against :meth:`expect`)."""
+              lease_ms: int, t0: int, t1: int, error: str | None = None) -> None:
+        """Record a settle or renew result (already checked against :meth:`expect`).
+
+        ``error`` is the error the backend was given with a nack or reject: one that
+        takes effect records it as the last error, replacing an earlier one; ``None``
+        keeps the earlier one (``settle.last_error``).
+        """
         d = self.deliveries.get((lease.partition, lease.sequence))
         if d is None:  # trimmed: the lease was stale
             return
         outcome = outcome_of(result)
         if outcome == "stale_lease" and d.state == "leased" and d.lease_id == lease.lease_id:
             # A doomed delivery: the backend dead-lettered it when its lease expired.
-            self._reject(d, MAX_ATTEMPTS_REASON, None)
+            self._reject(d, MAX_ATTEMPTS_REASON, None, d.deadline_ms, t1)
             return
         if outcome != "ok":
             return
+        if op in ("nack", "reject") and error is not None:
+            d.last_error = error
         if op == "ack":
             d.state, d.settled_by = "acked", "ack"
         elif op == "reject":
-            self._reject(d, reason, "reject")
+            self._reject(d, reason, "reject", t0, t1)
         elif op == "nack":
             if d.attempt >= self.max_attempts:
-                self._reject(d, MAX_ATTEMPTS_REASON, "nack")
+                self._reject(d, MAX_ATTEMPTS_REASON, "nack", t0, t1)
             else:
                 d.state, d.settled_by, d.reason = "available", "nack", reason
                 d.ready_lo = _IMMEDIATE if delay_ms == 0 else t0 + delay_ms
@@ -252,15 +266,19 @@ class GroupModel:
                   f"renewed deadline {deadline} is not now + {lease_ms}")
             d.deadline_ms = deadline
 
-    @staticmethod
-    def _reject(d: _Delivery, reason: str, by: Op | None) -> None:
+    def _reject(self, d: _Delivery, reason: str, by: Op | None, lo: int, hi: int) -> None:
+        """Dead-letter ``d``, at a time between ``lo`` and ``hi`` (``dead_letters.rejected_at``):
+        the call's own time for a reject or a nack, from the lease's deadline to the
+        call that reported it for an expiry at max attempts."""
         d.state, d.reason, d.settled_by = "rejected", reason, by
+        d.rejected_lo, d.rejected_hi = lo - self.margin, hi + self.margin
 
     # Re-drives -------------------------------------------------------------
 
     def _restart(self, d: _Delivery) -> None:
         d.state, d.attempt, d.lease_id, d.settled_by, d.reason = "available", 0, None, None, ""
         d.ready_lo = d.ready_hi = _IMMEDIATE
+        d.last_error = None
 
     def replayed(self, partition: int, from_sequence: int) -> None:
         """Every delivery of ``partition`` from ``from_sequence`` on starts over."""
@@ -297,6 +315,14 @@ class GroupModel:
             self._restart(d)
             if s <= position:
                 d.state = "skipped"
+
+    def recreated(self, start: StartPosition, *, ordered: bool) -> None:
+        """The group was deleted and created again at ``start``: it starts fresh
+        (``delete.group``, ``group.start``): no delivery, lease or dead letter of the
+        old group is left, and what lies after ``start`` is delivered with attempt 1."""
+        self.ordered = ordered
+        for p in range(self.partitions):
+            self.reset(p, start)
 
     # Trims -----------------------------------------------------------------
 
@@ -351,19 +377,34 @@ class GroupModel:
 
     # Observations ----------------------------------------------------------
 
-    def check_dead_letters(self, listed: dict[Position, tuple[int, str]], t1: int) -> None:
-        """Compare listed dead letters ``{position: (attempts, reason)}`` with the model."""
+    def check_dead_letters(self, dead: list[DeadLetter], t1: int) -> None:
+        """Compare a full dead-letter listing ending at ``t1`` with the model.
+
+        Each dead letter names its stream, group and event id, and carries the
+        model's attempts, reason and last error, and a ``rejected_at_ms`` within the
+        model's bounds (then pinned: a later listing must report the same time).
+        """
+        listed = {(d.partition, d.sequence): d for d in dead}
         for pos, d in self.deliveries.items():
             if d.state == "rejected":
                 check(pos in listed, f"rejected {pos} is missing from dead_letters")
-                check_equal(listed[pos], (d.attempt, d.reason), f"dead letter {pos}")
-        for pos, (attempts, reason) in listed.items():
+        for pos, letter in listed.items():
             d = self.delivery(pos, "dead_letters lists")
-            if d.state == "rejected":
-                continue
-            check(self.doomed(d, t1), f"dead_letters lists {pos} which is {d.state}")
-            check_equal((attempts, reason), (d.attempt, MAX_ATTEMPTS_REASON), f"dead letter {pos}")
-            self._reject(d, MAX_ATTEMPTS_REASON, None)
+            if d.state != "rejected":
+                check(self.doomed(d, t1), f"dead_letters lists {pos} which is {d.state}")
+                self._reject(d, MAX_ATTEMPTS_REASON, None, d.deadline_ms, t1)
+            self._check_letter(pos, d, letter)
+
+    def _check_letter(self, pos: Position, d: _Delivery, letter: DeadLetter) -> None:
+        check_equal((letter.stream, letter.group), (self.stream, self.group),
+                    f"stream and group of dead letter {pos}")
+        check_equal(letter.event_id, d.event.id, f"event id of dead letter {pos}")
+        check_equal((letter.attempts, letter.reason), (d.attempt, d.reason), f"dead letter {pos}")
+        check_equal(letter.last_error, d.last_error, f"last_error of dead letter {pos}")
+        at, lo, hi = letter.rejected_at_ms, d.rejected_lo, d.rejected_hi
+        check(lo <= at <= hi, f"rejected_at_ms of dead letter {pos} is {at}, expected "
+              f"{lo if lo == hi else f'{lo}..{hi}'}")
+        d.rejected_lo = d.rejected_hi = at
 
     def frontier_bounds(self, t1: int) -> list[tuple[int, int]]:
         """Per partition, the lowest and highest frontier the contract allows now.
@@ -420,7 +461,19 @@ class GroupModel:
         return max((d.ready_hi for d in self.deliveries.values() if d.state == "available"),
                    default=_IMMEDIATE)
 
-    def rejected(self) -> dict[Position, tuple[int, str]]:
-        """Dead letters the model knows of."""
-        return {p: (d.attempt, d.reason) for p, d in self.deliveries.items()
-                if d.state == "rejected"}
+    def rejected(self) -> dict[Position, tuple[str, int, str, str | None]]:
+        """Dead letters the model knows of: (event id, attempts, reason, last error)."""
+        return {p: (d.event.id, d.attempt, d.reason, d.last_error)
+                for p, d in self.deliveries.items() if d.state == "rejected"}
+
+    def doomed_lease_ids(self, t1: int) -> list[str]:
+        """Ids of the current leases whose delivery may have been dead-lettered by ``t1``."""
+        return [d.lease_id for d in self.deliveries.values()
+                if d.lease_id is not None and self.doomed(d, t1)]
+
+    def doomed_soon(self, before: int) -> list[int]:
+        """Deadlines before ``before`` of the leases held at the last attempt: they may be
+        dead-lettered by then (a call that must know every dead letter waits them out)."""
+        return [d.deadline_ms for d in self.deliveries.values()
+                if d.state == "leased" and d.attempt >= self.max_attempts
+                and d.deadline_ms < before]

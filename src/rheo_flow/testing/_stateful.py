@@ -1,14 +1,21 @@
 """The stateful conformance test: random operation sequences against the reference model.
 
 Hypothesis drives appends (with duplicate ids, also of trimmed events), fetches
-(alone and concurrent), acks, nacks (with delays), rejects, renews (short and
-long), expiries, clock advances, replays, redrives, resets, trims (forced and
-capped at the frontier, when the backend declares ``trim``) and paged
-dead-letter listings against a fresh backend from a harness, checking every
-answer against :class:`~rheo_flow.testing._model.GroupModel` and, after each
-step, the high and low water, the dead letters and the frontier. Each example
-ends by draining the group and comparing what is left with the model: nothing
-lost, nothing unexpected.
+(alone and concurrent), acks, nacks (with delays, with and without an error),
+rejects (with and without an error), renews (short and long), expiries, clock
+advances, replays, redrives (chosen dead letters, and all of them), resets,
+trims (forced and capped at the frontier, when the backend declares ``trim``),
+paged dead-letter listings, group and stream deletions (created again under
+the same name) and, on a harness with independent stores, appends, fetches and
+settles on a second store with the same names (:mod:`._stateful_other`)
+against a fresh backend from a harness, checking every answer against
+:class:`~rheo_flow.testing._model.GroupModel` and, after each step, the high
+and low water, the frontier and each dead letter exactly: its event id,
+attempts, reason, last error and ``rejected_at_ms``. One rule takes a delivery
+to its last attempt, dead-letters it there and re-drives it
+(:mod:`._stateful_rules`), so key order, expiry at max attempts and redrive meet
+by design. Each example ends by draining the group and comparing what is left
+with the model: nothing lost, nothing unexpected.
 
 Hypothesis calls the machine synchronously, so the machine owns an event loop
 and runs each step to completion on it.
@@ -25,12 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
-from collections.abc import Awaitable, Coroutine, Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Final
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -43,14 +48,22 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from .._backend import Backend
-from .._model._event import NewEvent
 from .._model._lease import Lease
 from .._model._stream import DeadLetter, StartPosition
-from .._rheo import Rheo, orders_keys
+from .._rheo import _takes_error
 from ._case import LONG_MS, ConformanceFailure, check, check_equal
 from ._harness import BackendHarness
-from ._model import GroupModel, Op, outcome_of
+from ._stateful_base import (
+    CONSUMERS,
+    ERRORS,
+    KEYS,
+    PARTITION_CHOICES,
+    PARTITIONS,
+    PICKS,
+    STALE_PICKS,
+)
+from ._stateful_other import OtherStoreRules
+from ._stateful_rules import RedriveAndDeletionRules
 
 __all__ = [
     "PROFILES",
@@ -60,95 +73,14 @@ __all__ = [
     "stateful_settings",
 ]
 
-T = TypeVar("T")
 
-PARTITIONS = 2
-MAX_ATTEMPTS = 2
-KEYS = ["a", "b", "c", "d", "e"]
-CONSUMERS = ["c1", "c2"]
-STEP_TIMEOUT_S = 60.0
-PARTITION_CHOICES: list[list[int] | None] = [None, [0], [1]]
-"""Which partitions a reset or trim acts on (``None``: every partition)."""
-PICKS = st.lists(st.integers(0, 99), min_size=1, max_size=4)
-"""Which current leases a settle takes (by index, modulo how many there are)."""
-STALE_PICKS = st.lists(st.integers(0, 99), max_size=2)
-"""Which leases no longer current a settle takes as well (see ``choose``)."""
-
-
-class ConformanceMachine(RuleBasedStateMachine):
+class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
     """Random operations on one group of one stream, checked against the model.
 
     The machine of one harness is the subclass :func:`conformance_state_machine`
     builds, which sets :attr:`harness` and makes :meth:`fetch`, :meth:`renew` and
     :meth:`advance` rules with strategies fitting the harness's clock.
     """
-
-    harness: ClassVar[BackendHarness]
-    """The harness whose backend the machine checks."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.loop = asyncio.new_event_loop()
-        self.stack = AsyncExitStack()
-        self.in_step = False
-        self.leases: dict[str, Lease] = {}
-        self.counter = 0
-        self.stream = f"sm-{uuid.uuid4().hex[:12]}"
-        self.group = "g"
-        self.backend: Backend | None = None
-        self._rheo: Rheo | None = None
-        self.model = GroupModel(self.stream, self.group, PARTITIONS, MAX_ATTEMPTS,
-                                self.harness.clock_margin_ms)
-        self.nack_delays = [0]
-        self.can_trim = False
-
-    # Plumbing ----------------------------------------------------------
-
-    @property
-    def rheo(self) -> Rheo:
-        assert self._rheo is not None, "the machine is not open"
-        return self._rheo
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        self.in_step = True
-        result = self.loop.run_until_complete(asyncio.wait_for(coro, STEP_TIMEOUT_S))
-        self.in_step = False
-        return result
-
-    async def now(self) -> int:
-        assert self.backend is not None
-        return await self.harness.current_time(self.backend)
-
-    async def timed(self, call: Awaitable[T]) -> tuple[T, int, int]:
-        t0 = await self.now()
-        result = await call
-        return result, t0, await self.now()
-
-    def current(self) -> list[Lease]:
-        return [self.leases[i] for i in self.model.current_lease_ids()]
-
-    def choose(self, indexes: Sequence[int], stale_indexes: Sequence[int]) -> list[Lease]:
-        """Current leases by ``indexes``, and leases no longer current by ``stale_indexes``.
-
-        An odd stale index picks, when there is one, a lease that settled its delivery
-        last (settling it again with the same op is ``repeated``); resets and trims
-        leave many other stale leases, which would drown those out.
-        """
-        current = self.current()
-        current_ids = {lease.lease_id for lease in current}
-        stale = [lease for lease in self.leases.values() if lease.lease_id not in current_ids]
-        last = [lease for lease in stale if self.model.is_newest_lease(lease)]
-        chosen: dict[str, Lease] = {}
-        for i in indexes:
-            if current:
-                lease = current[i % len(current)]
-                chosen[lease.lease_id] = lease
-        for i in stale_indexes:
-            pool = last if i % 2 and last else stale
-            if pool:
-                lease = pool[i // 2 % len(pool)]
-                chosen[lease.lease_id] = lease
-        return list(chosen.values())
 
     @initialize(keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=10),
                 ordered=st.booleans())
@@ -158,14 +90,12 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.append([(key, None) for key in keys], duplicate=1)
 
     async def _open(self, ordered: bool) -> None:
-        backend = await self.stack.enter_async_context(self.harness.factory())
+        backend, self._rheo = await self.open_store()
         self.backend = backend
-        self._rheo = await self.stack.enter_async_context(Rheo(backend))
+        self.error_aware = _takes_error(backend)
         await self.rheo.create_stream(self.stream, partitions=PARTITIONS)
         # Half the examples are key-ordered, on a backend declaring it.
-        self.model.ordered = ordered and orders_keys(backend)
-        await self.rheo.create_group(self.stream, self.group, max_attempts=MAX_ATTEMPTS,
-                                     ordering="key" if self.model.ordered else "none")
+        await self._create_group("earliest", ordered)
         if backend.capabilities.delayed_nack:
             self.nack_delays = [0, 0, 1, 1_000, LONG_MS] if self.harness.exact_time else [0, 0, 20]
         self.can_trim = backend.capabilities.trim
@@ -189,37 +119,14 @@ class ConformanceMachine(RuleBasedStateMachine):
                          min_size=1, max_size=6),
           duplicate=st.integers(0, 99))
     def append(self, specs: list[tuple[str | None, int | None]], duplicate: int) -> None:
-        events: list[NewEvent] = []
-        for key, partition in specs:
-            self.counter += 1
-            if key is None and partition is None:
-                partition = self.counter % PARTITIONS  # a keyless event names its partition
-            events.append(NewEvent("sm.event", {"n": self.counter}, id=f"e{self.counter}",
-                                   key=key, partition=partition))
-        # Every id appended so far: a retained one returns the stored event, a
-        # trimmed one is appended anew.
-        known = self.counter - len(events)
-        if known and duplicate % 3 == 0:
-            events.append(NewEvent("sm.again", {"dup": True}, id=f"e{duplicate % known + 1}",
-                                   key=KEYS[0]))
-        stored = self.run(self.rheo.append(self.stream, events))
-        check_equal(len(stored), len(events), "one stored event per appended event")
-        for new, event in zip(events, stored, strict=True):
-            assert new.id is not None
-            self.model.appended(new.id, event)
+        self.append_events(specs, duplicate)
 
     # fetch, renew and advance are made rules per harness (conformance_state_machine):
     # their strategies depend on its clock.
 
     def fetch(self, limit: int, partitions: list[int] | None, consumer: str,
               lease_ms: int) -> None:
-        call = self.rheo.fetch(self.stream, self.group, consumer_id=consumer, limit=limit,
-                               lease_ms=lease_ms,
-                               partitions="all" if partitions is None else partitions)
-        leases, t0, t1 = self.run(self.timed(call))
-        self.model.check_fetch(leases, limit=limit, partitions=partitions,
-                               consumer_id=consumer, lease_ms=lease_ms, t0=t0, t1=t1)
-        self.leases.update((lease.lease_id, lease) for lease in leases)
+        self.run(self._fetch(limit, partitions, consumer, lease_ms))
 
     @rule(limits=st.lists(st.integers(1, 4), min_size=2, max_size=4))
     def fetch_concurrently(self, limits: list[int]) -> None:
@@ -246,14 +153,17 @@ class ConformanceMachine(RuleBasedStateMachine):
     def ack(self, indexes: list[int], stale_indexes: list[int]) -> None:
         self.run(self._settle("ack", self.choose(indexes, stale_indexes)))
 
-    @rule(indexes=PICKS, stale_indexes=STALE_PICKS, delay=st.integers(0, 99))
-    def nack(self, indexes: list[int], stale_indexes: list[int], delay: int) -> None:
+    @rule(indexes=PICKS, stale_indexes=STALE_PICKS, delay=st.integers(0, 99),
+          error=st.integers(0, 99))
+    def nack(self, indexes: list[int], stale_indexes: list[int], delay: int, error: int) -> None:
         delay_ms = self.nack_delays[delay % len(self.nack_delays)]
-        self.run(self._settle("nack", self.choose(indexes, stale_indexes), delay_ms=delay_ms))
+        self.run(self._settle("nack", self.choose(indexes, stale_indexes), delay_ms=delay_ms,
+                              error=ERRORS[error % len(ERRORS)]))
 
-    @rule(indexes=PICKS, stale_indexes=STALE_PICKS)
-    def reject(self, indexes: list[int], stale_indexes: list[int]) -> None:
-        self.run(self._settle("reject", self.choose(indexes, stale_indexes)))
+    @rule(indexes=PICKS, stale_indexes=STALE_PICKS, error=st.integers(0, 99))
+    def reject(self, indexes: list[int], stale_indexes: list[int], error: int) -> None:
+        self.run(self._settle("reject", self.choose(indexes, stale_indexes),
+                              error=ERRORS[error % len(ERRORS)]))
 
     def renew(self, indexes: list[int], stale_indexes: list[int], lease_ms: int) -> None:
         self.run(self._settle("renew", self.choose(indexes, stale_indexes), lease_ms=lease_ms))
@@ -262,19 +172,6 @@ class ConformanceMachine(RuleBasedStateMachine):
     def expire(self, indexes: list[int]) -> None:
         """Shorten some leases to the minimum, then let them run out."""
         self.run(self._expire(self.choose(indexes, [])))
-
-    async def _expire(self, leases: list[Lease]) -> None:
-        if not leases:
-            return
-        results = await self._settle("renew", leases, lease_ms=10)
-        deadlines = [r.deadline_ms for r in results if r.ok and r.deadline_ms is not None]
-        if deadlines:
-            await self._advance_past(max(deadlines))
-
-    async def _advance_past(self, moment: int) -> None:
-        assert self.backend is not None
-        wait = moment + self.harness.clock_margin_ms + 1 - await self.now()
-        await self.harness.advance_time(self.backend, wait)
 
     def advance(self, ms: int) -> None:
         assert self.backend is not None
@@ -361,7 +258,14 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.run(self._page_dead_letters(limit))
 
     async def _page_dead_letters(self, limit: int) -> None:
-        """Paging with ``after=`` the last one listed gives the whole list, once each."""
+        """Paging with ``after=`` the last one listed gives the whole list, once each.
+
+        With fewer dead letters than two pages need, held leases are rejected first
+        (redrives of every dead letter would otherwise leave few to page through).
+        """
+        missing = limit + 1 - len(self.model.rejected())
+        if missing > 0:
+            await self._settle("reject", self.current()[:missing])
         paged: list[DeadLetter] = []
         after: DeadLetter | None = None
         for _ in range(len(self.model.deliveries) + 2):
@@ -381,8 +285,7 @@ class ConformanceMachine(RuleBasedStateMachine):
                     f"paging dead_letters(limit={limit}) lists each once")
         check_equal(positions, sorted(positions),
                     f"paging dead_letters(limit={limit}) in (partition, sequence) order")
-        self.model.check_dead_letters(
-            {(d.partition, d.sequence): (d.attempts, d.reason) for d in paged}, t1)
+        self.model.check_dead_letters(paged, t1)
         whole = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
         if self.harness.exact_time:
             check_equal(paged, whole, f"paging dead_letters(limit={limit}) gives the full list")
@@ -394,52 +297,7 @@ class ConformanceMachine(RuleBasedStateMachine):
                         f"paging dead_letters(limit={limit}) gives the full list")
         await self._check_dead_letters()
 
-    async def _settle(self, op: Op, leases: list[Lease], *, delay_ms: int = 0,
-                      lease_ms: int = LONG_MS) -> list[Any]:
-        if not leases:
-            return []
-        reason = f"{op} by the model"
-        t0 = await self.now()
-        if op == "ack":
-            call = self.rheo.ack(leases)
-        elif op == "nack":
-            call = self.rheo.nack(leases, reason, delay_ms=delay_ms)
-        elif op == "reject":
-            call = self.rheo.reject(leases, reason)
-        else:
-            call = self.rheo.renew(leases, lease_ms=lease_ms)
-        results = await call
-        t1 = await self.now()
-        check_equal([r.lease_id for r in results], [x.lease_id for x in leases],
-                    f"{op}: one result per lease, in order")
-        for lease, result in zip(leases, results, strict=True):
-            allowed = self.model.expect(lease, op, t1)
-            got = outcome_of(result)
-            detail = f" ({result.error.reason})" if result.error is not None else ""
-            check(got in allowed, f"{op} of {(lease.partition, lease.sequence)} "
-                  f"(attempt {lease.attempt}): expected {sorted(allowed)}, got {got}{detail}")
-            self.model.apply(lease, op, result, reason=reason, delay_ms=delay_ms,
-                             lease_ms=lease_ms, t0=t0, t1=t1)
-        return results
-
     # Checks ------------------------------------------------------------
-
-    async def _check_dead_letters(self) -> None:
-        dead = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
-        listed = {(d.partition, d.sequence): (d.attempts, d.reason) for d in dead}
-        check_equal(len(listed), len(dead), "dead letters are listed once each")
-        check_equal([(d.partition, d.sequence) for d in dead], sorted(listed),
-                    "dead letters in (partition, sequence) order")
-        self.model.check_dead_letters(listed, await self.now())
-
-    async def _check_progress(self) -> None:
-        info = await self.rheo.stream_info(self.stream)
-        check_equal([info.high_water[p] for p in range(PARTITIONS)], self.model.high_water,
-                    "high water")
-        self.model.check_low_water(dict(info.low_water))
-        await self._check_dead_letters()
-        frontier = await self.rheo.frontier(self.stream, self.group)
-        self.model.check_frontier(frontier, await self.now())
 
     @invariant()
     def progress_matches_model(self) -> None:
@@ -471,8 +329,9 @@ class ConformanceMachine(RuleBasedStateMachine):
         lag = await self.rheo.lag(self.stream, self.group)
         check_equal(sum(lag.values()), 0, "lag after the drain")
         dead = await self.rheo.dead_letters(self.stream, self.group, limit=10_000)
-        check_equal({(d.partition, d.sequence): (d.attempts, d.reason) for d in dead},
-                    self.model.rejected(), "dead letters after the drain")
+        check_equal({(d.partition, d.sequence): (d.event_id, d.attempts, d.reason, d.last_error)
+                     for d in dead}, self.model.rejected(), "dead letters after the drain")
+        self.model.check_dead_letters(dead, await self.now())
 
 
 def conformance_state_machine(harness: BackendHarness) -> type[RuleBasedStateMachine]:
@@ -512,6 +371,8 @@ class StatefulProfile:
 
 PROFILES: Final[Mapping[str, StatefulProfile]] = MappingProxyType({
     # Stop at the first failure and report it as found: seconds.
+    # 25 examples: fewer (17 kept the run as short as before the rules of redrive-all,
+    # deletion and a second store) let older kinds of bug slip through more often.
     "fast": StatefulProfile(max_examples=25, stateful_step_count=50, shrink=False),
     # A wider search, and a failure shrunk to a minimal step sequence: minutes.
     "full": StatefulProfile(max_examples=200, stateful_step_count=100, shrink=True),
