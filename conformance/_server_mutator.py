@@ -157,9 +157,15 @@ def _mask(text: str, lang: str) -> list[str]:
     return out
 
 
-def _tokens(masked: list[str]) -> list[Tok]:
-    return [Tok(m.group(), ln, m.start()) for ln, line in enumerate(masked)
-            for m in _TOKEN.finditer(line)]
+def _tokens(masked: list[str], lines: list[str]) -> list[Tok]:
+    """The tokens of the masked lines; a statements file's ``-- name:`` line (a comment,
+    masked) ends the statement before it, as a ``;`` token would."""
+    out = []
+    for ln, line in enumerate(masked):
+        if lines[ln].startswith("-- name:"):
+            out.append(Tok(";", ln, 0))
+        out.extend(Tok(m.group(), ln, m.start()) for m in _TOKEN.finditer(line))
+    return out
 
 
 def _functions(lines: list[str], lang: str) -> list[str]:
@@ -212,7 +218,7 @@ class _Scan:
         self.lang = lang
         self.lines = text.split("\n")
         self.masked = _mask(text, lang)
-        self.toks = _tokens(self.masked)
+        self.toks = _tokens(self.masked, self.lines)
         self.depth = self._depths()
         self.between: set[int] = set()
 

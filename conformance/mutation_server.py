@@ -648,8 +648,16 @@ class Runner:
                       file=sys.stderr, flush=True)
             return r
 
-        with ThreadPoolExecutor(max_workers=self.children) as pool:
-            results = list(pool.map(task, todo))
+        pool = ThreadPoolExecutor(max_workers=self.children)
+        try:
+            futures = [pool.submit(task, m) for m in todo]
+            results = [f.result() for f in futures]
+        except KeyboardInterrupt:
+            print("interrupted: finishing the kit runs under way (results so far are kept)",
+                  file=sys.stderr)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
         return results
 
 
@@ -751,10 +759,10 @@ def to_text(s: dict[str, Any]) -> str:
            f"{s['projected_minutes_for_the_rest']} min, for all "
            f"{s['projected_minutes_for_all']} min ({s.get('children')} children)"]
     width = max([len(f) for f in s["per_file"]] + [5]) + 2
-    out.append("file".ljust(width) + "".join(c.rjust(10) for c in [*COLUMNS, "score"]))
+    out.append("file".ljust(width) + "".join(c.rjust(11) for c in [*COLUMNS, "score"]))
     for name, c in [*s["per_file"].items(), ("total", s["totals"])]:
-        out.append(name.ljust(width) + "".join(str(c.get(k, 0)).rjust(10) for k in COLUMNS)
-                   + base._fmt_score(c["score"]).rjust(10))
+        out.append(name.ljust(width) + "".join(str(c.get(k, 0)).rjust(11) for k in COLUMNS)
+                   + base._fmt_score(c["score"]).rjust(11))
     open_ = [m for m in s["survivors"] if m["equivalent"] is None]
     out.append(f"\nSurvivors not triaged as equivalent: {len(open_)}")
     op = None
