@@ -274,7 +274,7 @@ class RedisServer:
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = self.port or _free_port()  # a restart keeps the port
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.dir), "--busy-reply-threshold", "1000",
@@ -450,8 +450,12 @@ class Worker:
     index: int
     dir: Path
     redis: RedisServer | None = None
-    redis_url: str | None = None
+    shared_redis_url: str | None = None
     pg: Postgres | None = None
+
+    @property
+    def redis_url(self) -> str | None:
+        return self.redis.url if self.redis is not None else self.shared_redis_url
 
     @property
     def src(self) -> Path:
@@ -482,11 +486,10 @@ class Runner:
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
             if "redis" in backends:
                 if self.redis_url:
-                    w.redis_url = self.redis_url
+                    w.shared_redis_url = self.redis_url
                 else:
                     w.redis = RedisServer(w.dir / "redis")
                     w.redis.start()
-                    w.redis_url = w.redis.url
             if "postgres" in backends:
                 w.pg = Postgres(PG_URL, f"w{i}_{os.getpid()}")
             self.workers.append(w)
@@ -637,6 +640,14 @@ class Runner:
             w = free.get()
             try:
                 r = self.one(w, m, (hashes[m.file], kit), stateful_only)
+            except Exception as exc:  # a server that went away: note it, go on
+                r = Result(key=m.key, file=m.file, line=m.line, op=m.op, function=m.function,
+                           original=m.original, mutated=m.mutated, removed=m.removed,
+                           added=m.added, status="error",
+                           killer=f"{type(exc).__name__}: {exc}"[:300])
+                if w.redis is not None:
+                    with contextlib.suppress(Exception):
+                        w.redis.restart_if_needed()
             finally:
                 free.put(w)
             with self.lock:
@@ -903,7 +914,8 @@ def main(argv: list[str] | None = None) -> int:
 
             def done(m: ServerMutant) -> bool:
                 r = results.get(m.key)
-                return (not args.fresh and r is not None and r.file_hash == hashes[m.file]
+                return (not args.fresh and r is not None and r.status != "error"
+                        and r.file_hash == hashes[m.file]
                         and r.kit_hash == kit
                         and (r.stateful or not args.with_stateful or r.status == "invalid"))
 
