@@ -358,7 +358,7 @@ def _sql_edits(s: _Scan) -> Iterator[_Edit]:
             yield from _order_items(s, i + 1)
         # dropped conditions
         if up in ("WHERE", "ON", "IF", "ELSIF") or (up == "AND" and i not in between):
-            if up == "ON" and p is not None and p.up == "CONFLICT":
+            if up == "ON" and n is not None and n.up in ("CONFLICT", "COMMIT"):
                 continue
             yield from _drop_term(s, i + 1)
 

@@ -834,7 +834,7 @@ def _print_list(chosen: dict[str, list[ServerMutant]]) -> None:
         for m in ms:
             print(f"{m.key:40} {m.function:22} {m.original.strip()[:60]}  ->  "
                   f"{m.mutated.strip()[:60] or '(removed)'}")
-    counts = {f.rsplit("/", 1)[-1]: len(ms) for f, ms in chosen.items()}
+    counts = {f.removeprefix("src/rheo_flow/_backends/"): len(ms) for f, ms in chosen.items()}
     print(f"{sum(counts.values())} mutants: {counts}", file=sys.stderr)
 
 

@@ -166,3 +166,9 @@ def test_statement_sections_end_at_their_name_line() -> None:
     assert order == ["SELECT name FROM {s}.streams ORDER BY name DESC"]
     assert {m.function for m in ms} == {"first", "second"}
     assert "SELECT part, seq FROM {s}.events WHERE TRUE" in {m.mutated for m in ms}
+
+
+def test_on_conflict_is_not_a_join_condition() -> None:
+    text = "-- name: insert\nINSERT INTO t (a) VALUES ($1)\nON CONFLICT (a) DO NOTHING\n"
+    ms = mutator.mutants_of("src/rheo_flow/_backends/postgres/statements.sql", text)
+    assert not any("ON TRUE" in m.mutated for m in ms)
