@@ -734,6 +734,8 @@ def summarise(files: list[str], generated: dict[str, list[ServerMutant]],
             m = as_mutants[r.key]
             survivors.append(asdict(r) | {"equivalent": m.equivalent})
     survivors.sort(key=lambda s: (OPERATORS.index(s["op"]), s["file"], s["line"]))
+    judged = [r for rs in measured.values() for r in rs if r.status != "invalid"]
+    meta = meta | {"stateful_in_verdict": f"{sum(r.stateful for r in judged)} of {len(judged)}"}
     mean = sum(seconds) / len(seconds) if seconds else None
     left = totals["mutants"] - totals["measured"]
     children = meta.get("children") or 2
@@ -763,7 +765,8 @@ def _diff(s: dict[str, Any]) -> list[str]:
 
 def to_text(s: dict[str, Any]) -> str:
     out = [f"Mutation testing of the conformance kit on server-side code, {s['date']}",
-           f"stateful test: {s['stateful']}",
+           f"stateful test: {s['stateful']}; in the verdict of {s['stateful_in_verdict']} "
+           "measured mutants (detected ones need no more)",
            f"baseline (unmutated kit, one run): {s.get('baseline') or 'not measured this run'}",
            f"this run: {s.get('run_seconds')} s; mean per mutant "
            f"{s['mean_seconds_per_mutant']} s; projected for the unmeasured mutants "
