@@ -326,7 +326,9 @@ def short_diff(m: Mutant) -> str:
                      + [f"+ {ln.strip()}" for ln in m.added])
 
 
-def summarise(mutants: list[Mutant], entries: list[Entry], elapsed: float | None) -> dict[str, Any]:
+def apply_triage(mutants: list[Mutant], entries: list[Entry]) -> None:
+    """Mark each undetected mutant an entry matches as equivalent (the first entry's
+    reason), and count every entry's matches (``mutation_server.py`` shares this)."""
     for m in mutants:
         if m.status in DETECTED:
             continue
@@ -335,6 +337,10 @@ def summarise(mutants: list[Mutant], entries: list[Entry], elapsed: float | None
                 e.matches += 1
                 if m.equivalent is None:
                     m.equivalent = e.reason
+
+
+def summarise(mutants: list[Mutant], entries: list[Entry], elapsed: float | None) -> dict[str, Any]:
+    apply_triage(mutants, entries)
     per_file: dict[str, dict[str, int]] = {}
     for m in mutants:
         counts = per_file.setdefault(m.file, {"total": 0, "equivalent": 0})
