@@ -1,7 +1,7 @@
 """The text mutator of ``mutation_server.py``: one-line mutants of SQL and Lua files.
 
 Kept apart from the runner so that it imports nothing but the standard library
-(``tests/test_server_mutation.py`` exercises it on small snippets).
+(``tests/kit/test_server_mutation.py`` exercises it on small snippets).
 
 A file is scanned once: comments and string literals are masked (replaced by
 spaces, so columns stay put), the rest is split into tokens with their line and
