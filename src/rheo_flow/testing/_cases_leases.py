@@ -484,6 +484,47 @@ async def case_same_lease_twice_in_a_batch(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "frontier")
 
 
+@case(rules=["settle.repeat", "settle.fencing", "settle.results", "replay.from_sequence"])
+async def case_old_and_new_lease_of_one_delivery_in_a_batch(env: CaseEnv) -> None:
+    """A batch naming a delivery's replayed lease and its new lease classifies each on
+    its own, in either order: the old one is stale, the new one is current (ok) or,
+    once settled, its repeat."""
+    stream = await env.stream()
+    await env.append(stream, 4)
+    first = await env.fetch(stream, "g")
+    await env.rheo.replay(stream, "g", from_sequence=2)
+    again = await env.fetch(stream, "g")
+    check_equal([(x.sequence, x.attempt) for x in again], [(2, 1), (3, 1), (4, 1)],
+                "the replayed deliveries come back with attempt 1")
+    old2, old3, old4 = first[1:]
+    new2, new3, new4 = again
+    # Current leases past the frontier (sequence 1 is still leased).
+    check_results(await env.rheo.renew([old2, new2], lease_ms=env.long_ms), [old2, new2],
+                  [STALE, None], "renew [old, new]")
+    check_results(await env.rheo.ack([old3, new3]), [old3, new3], [STALE, None],
+                  "ack [old, new] past the frontier", repeated=[False, False])
+    check_results(await env.rheo.ack([new2, old2]), [new2, old2], [None, STALE],
+                  "ack [new, old] past the frontier", repeated=[False, False])
+    # Settled at or behind the frontier: the new lease's ack repeats.
+    await env.ack_ok([first[0]])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "frontier after the acks")
+    for name, batch, kinds, repeated in (
+        ("[old, new]", [old2, new2], [STALE, None], [False, True]),
+        ("[new, old]", [new3, old3], [None, STALE], [True, False]),
+    ):
+        check_results(await env.rheo.ack(batch), batch, kinds, f"ack {name} again",
+                      repeated=repeated)
+    # The old lease of a delivery still leased changes nothing, named before its new one.
+    check_results(await env.rheo.ack([old4]), [old4], [STALE], "ack [old] of a leased one")
+    check_results(await env.rheo.nack([old4, new4], "r"), [old4, new4], [STALE, None],
+                  "nack [old, new]")
+    [redelivered] = await env.fetch(stream, "g")
+    check_equal((redelivered.sequence, redelivered.attempt), (4, 2),
+                "the new lease's nack took effect once")
+    await env.ack_ok([redelivered])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "frontier")
+
+
 @case(rules=["settle.unknown_lease"])
 async def case_lease_on_unleased_sequence_is_stale(env: CaseEnv) -> None:
     """A lease naming an appended sequence the group holds no lease for is stale_lease."""

@@ -4,8 +4,11 @@ local x, m, G, D, Z, R, B, Y = unpack(KEYS, 1, 8)
 local BY = {a = 'K', n = 'N', r = 'J'}
 BY['-'] = 'X'
 -- The record of each leased sequence. A delivery without a record of its own that a
--- block covers is leased by the block lease (listed in `virt`: not in Z, nothing in D)
--- past the frontier `f`, acked by it at or behind.
+-- block covers is leased by the block lease (listed in `virt` with its lease id: not in
+-- Z, nothing in D) past the frontier `f`, acked by it at or behind. Such a record is
+-- found through the lease's own id: a batch may name another lease of the sequence
+-- first (one of a block that no longer covers it), which finds none (false, as HMGET
+-- answers) and must not hide the record the next one finds.
 local function lookup(leases, f)
   local hw = tonumber(redis.call('HGET', m, 'hw') or '0')
   local fields = {}
@@ -13,7 +16,7 @@ local function lookup(leases, f)
   local cur = hmget(D, fields)
   local state, virt, blocks = {}, {}, {}
   for k, sq in ipairs(fields) do
-    if state[sq] == nil then
+    if not state[sq] then
       local r = cur[k]
       local lid = leases[k][3]
       if not r and type(lid) == 'string' then
@@ -36,7 +39,7 @@ local function lookup(leases, f)
               r = 'K|1|' .. lid .. '|a||'
             else
               r = 'L|1|' .. lid .. '|||'
-              virt[sq] = true
+              virt[sq] = lid
             end
           end
         end

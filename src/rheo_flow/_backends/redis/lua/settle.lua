@@ -108,7 +108,7 @@ for k, l in ipairs(leases) do
   local cur = state[sq]
   local code, st, att, lid, by, err
   local a = l[4]
-  if virt[sq] and l[2] == sq .. '-0' then
+  if virt[sq] == l[3] and l[2] == sq .. '-0' then
     st, att, lid = 'L', 1, l[3]
   elseif cur and type(a) == 'number' and a % 1 == 0 and type(l[3]) == 'string'
       and cur == 'L|' .. S(a) .. '|' .. l[3] .. '|||' and l[2] == sq .. '-0' then
