@@ -347,3 +347,64 @@ async def case_free_events_behind_many_blocked(env: CaseEnv) -> None:
                                    NewEvent("t", key="d", partition=0)])
     check_equal(_seqs(await env.fetch(stream, "h", 10)), [BLOCKED + 6],
                 "a new free event behind them")
+
+
+def _at(leases: Sequence[Lease]) -> dict[tuple[int, int], Lease]:
+    return {(lease.partition, lease.sequence): lease for lease in leases}
+
+
+def _states(leases: Sequence[Lease]) -> list[tuple[int, int, int]]:
+    return sorted((lease.partition, lease.sequence, lease.attempt) for lease in leases)
+
+
+async def _cross_two_groups(env: CaseEnv, stream: str) -> dict[tuple[int, int], Lease]:
+    """Group ``n`` (unordered) and group ``k`` (key-ordered) each leave nacked, expiring
+    and held deliveries where the other has others; returns ``k``'s held leases."""
+    await env.rheo.append(stream, [NewEvent("t", {"n": i}, key=k, partition=0)
+                                   for i, k in enumerate("xxzz")])
+    await env.rheo.append(stream, [NewEvent("t", {"n": i}, key="y", partition=1)
+                                   for i in range(4)])
+    n = _at(await env.fetch(stream, "n", partitions=[0], lease_ms=env.short_ms))
+    n |= _at(await env.fetch(stream, "n", partitions=[1]))
+    await env.ack_ok([n[0, 1], n[1, 3]])
+    check_results(await env.rheo.renew(n[0, 2], lease_ms=env.long_ms), [n[0, 2]], [None],
+                  "n renews (0, 2)")
+    check_results(await env.rheo.nack([n[1, 1], n[1, 4]], "r"), [n[1, 1], n[1, 4]],
+                  [None, None], "n nacks (1, 1) and (1, 4)")
+    k = _at(await env.fetch(stream, "k", lease_ms=env.short_ms))
+    check_equal(sorted(k), [(0, 1), (0, 3), (1, 1)], "k leases the head of each key")
+    await env.ack_ok([k[1, 1]])
+    check_results(await env.rheo.renew(k[0, 3], lease_ms=env.long_ms), [k[0, 3]], [None],
+                  "k renews (0, 3)")
+    [k12] = await env.fetch(stream, "k")
+    check_equal((k12.partition, k12.sequence, k12.attempt), (1, 2, 1), "k's next of key y")
+    check_results(await env.rheo.nack(k12, "r"), [k12], [None], "k nacks (1, 2)")
+    return k
+
+
+@case(rules=["group.independent", "ordering.key_blocked", "lease.expiry", "settle.nack",
+             "fetch.limit"], requires=["key_ordering"])
+async def case_two_groups_redeliver_only_their_own(env: CaseEnv) -> None:
+    """A key-ordered and an unordered group crossing redeliveries each fetch only their own.
+
+    Both groups hold nacked, expired and held deliveries at sequences where the
+    other holds deliveries in another state, in two partitions.
+    """
+    stream = await env.stream(2)
+    await env.rheo.create_group(stream, "k", ordering="key")
+    await env.rheo.create_group(stream, "n")
+    k = await _cross_two_groups(env, stream)
+    await env.expire()
+    again = await env.fetch(stream, "k")
+    check_equal(_states(again), [(0, 1, 2), (1, 2, 2)],
+                "k: its expired head of x and its nacked head of y, nothing of n's")
+    check_equal(_states(await env.fetch(stream, "n")),
+                [(0, 3, 2), (0, 4, 2), (1, 1, 2), (1, 4, 2)],
+                "n: its expired and nacked deliveries, nothing of k's")
+    check_equal(await env.fetch(stream, "k"), [], "k: every other delivery blocked or held")
+    check_equal(await env.fetch(stream, "n"), [], "n: every other delivery settled or held")
+    check_equal(await env.rheo.frontier(stream, "k"), {0: 0, 1: 1}, "frontier of k")
+    check_equal(await env.rheo.frontier(stream, "n"), {0: 1, 1: 0}, "frontier of n")
+    await env.ack_ok([lease for lease in again if lease.partition == 0] + [k[0, 3]])
+    check_equal(_states(await env.fetch(stream, "k")), [(0, 2, 1), (0, 4, 1)],
+                "k: the next of x and of z once their heads are acked")
