@@ -9,6 +9,7 @@ other's state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 from .._model._errors import UnknownStream
@@ -199,3 +200,50 @@ async def case_trim_bound_per_partition(env: CaseEnv) -> None:
     kept = [leases[0, 3], leases[1, 3], leases[2, 5]]
     await env.ack_ok(kept)
     check_equal(await env.rheo.frontier(stream, "g"), {0: 3, 1: 3, 2: 5}, "frontier")
+
+
+async def _twin(env: CaseEnv, stream: str, tag: str) -> list[Lease]:
+    """Append ids e0..e5 alternately to partitions 0 and 1 of ``stream``; lease them in ``g``."""
+    events = await env.rheo.append(stream, [NewEvent("t", {"in": tag, "n": i}, id=f"e{i}",
+                                                     partition=i % 2) for i in range(6)])
+    check_equal([(e.stream, e.id, e.partition, e.sequence, e.data) for e in events],
+                [(stream, f"e{i}", i % 2, i // 2 + 1, {"in": tag, "n": i}) for i in range(6)],
+                f"the ids are new in stream {tag}")
+    leases = await env.fetch(stream, "g")
+    check_equal(sorted((x.stream, x.partition, x.sequence, x.attempt, x.event.data["in"])
+                       for x in leases),
+                sorted((stream, i % 2, i // 2 + 1, 1, tag) for i in range(6)),
+                f"stream {tag}: its own events, first deliveries")
+    return sorted(leases, key=lambda x: (x.partition, x.sequence))
+
+
+@case(rules=["append.idempotent", "query.filters", "group.independent", "settle.unknown_lease"])
+async def case_streams_sharing_ids_and_positions_stay_apart(env: CaseEnv) -> None:
+    """Two streams with the same event ids, partitions and sequences never see each other."""
+    one, two = await env.stream(2), await env.stream(2)
+    first = await _twin(env, one, "one")
+    await env.ack_ok([first[0]])
+    check_results(await env.rheo.nack(first[1], "r"), [first[1]], [None], "nack (0, 2) in one")
+    check_results(await env.rheo.reject(first[3], "r"), [first[3]], [None], "reject (1, 1)")
+    second = await _twin(env, two, "two")
+    [again] = await env.rheo.append(one, NewEvent("t", {"in": "neither"}, id="e2"))
+    check_equal((again.stream, again.sequence, again.data), (one, 2, {"in": "one", "n": 2}),
+                "an id stored in both streams returns its own stream's event")
+    for stream, tag in ((one, "one"), (two, "two")):
+        page = await env.rheo.query_page(Query(stream=stream, partitions=[1], from_sequence=2,
+                                               to_sequence=3))
+        check_equal([(e.stream, e.sequence, e.data) for e in page.events],
+                    [(stream, 2, {"in": tag, "n": 3}), (stream, 3, {"in": tag, "n": 5})],
+                    f"query of partition 1, sequences 2..3, in stream {tag}")
+    crossed = [dataclasses.replace(x, event=dataclasses.replace(x.event, stream=two))
+               for x in first[2:]]
+    check_results(await env.rheo.ack(crossed), crossed, [SettleKind.STALE_LEASE] * 4,
+                  "leases of stream one naming stream two")
+    check_equal(await env.rheo.frontier(two, "g"), {0: 0, 1: 0}, "nothing settled in two")
+    check_equal(await env.rheo.dead_letters(two, "g"), [], "no dead letter in two")
+    check_equal(await env.fetch(two, "g"), [], "two: every delivery still leased")
+    await env.ack_ok(second)
+    check_equal(await env.rheo.frontier(one, "g"), {0: 1, 1: 1}, "one's frontier")
+    check_equal([(d.partition, d.sequence) for d in await env.rheo.dead_letters(one, "g")],
+                [(1, 1)], "one's dead letters")
+    check_equal(_states(await env.fetch(one, "g")), [(0, 2, 2)], "one: its nacked delivery")
