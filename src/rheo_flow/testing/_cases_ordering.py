@@ -408,3 +408,41 @@ async def case_two_groups_redeliver_only_their_own(env: CaseEnv) -> None:
     await env.ack_ok([lease for lease in again if lease.partition == 0] + [k[0, 3]])
     check_equal(_states(await env.fetch(stream, "k")), [(0, 2, 1), (0, 4, 1)],
                 "k: the next of x and of z once their heads are acked")
+
+
+def _tried(leases: Sequence[Lease]) -> list[tuple[int, int]]:
+    return [(lease.sequence, lease.attempt) for lease in leases]
+
+
+@case(rules=["ordering.key_blocked", "ordering.released", "lease.expiry", "settle.nack"],
+      requires=["key_ordering"])
+async def case_key_with_settled_history_flows_exactly(env: CaseEnv) -> None:
+    """After acked and rejected deliveries, a key's expired, held, released delivery
+    still gates exactly the key's later events, one at a time."""
+    stream = await _keyed(env, ["a", "a", "b", "a", "a", None, "a"])
+    first = await env.fetch(stream, "g")
+    check_equal(_seqs(first), [1, 3, 6], "the head of a, of b and the keyless event")
+    await env.ack_ok(first)
+    [second] = await env.fetch(stream, "g")
+    check_equal(_tried([second]), [(2, 1)], "a after its acked first delivery")
+    check_results(await env.rheo.reject(second, "bad"), [second], [None], "reject 2")
+    [third] = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    check_equal(_tried([third]), [(4, 1)], "a after an acked and a rejected delivery")
+    await env.expire()
+    held = await env.fetch(stream, "g")
+    check_equal(_tried(held), [(4, 2)], "the expired delivery comes back, the later ones wait")
+    await env.rheo.append(stream, NewEvent("t", key="a", partition=0))
+    check_equal(await env.fetch(stream, "g"), [], "a is held: 5, 7 and the new 8 wait")
+    check_results(await env.rheo.nack(held, "again"), held, [None], "nack the redelivery")
+    released = await env.fetch(stream, "g")
+    check_equal(_tried(released), [(4, 3)], "the nacked delivery, before any later one")
+    await env.ack_ok(released)
+    for sequence in (5, 7, 8):
+        nxt = await env.fetch(stream, "g")
+        check_equal(_tried(nxt), [(sequence, 1)], "the key's next event, alone")
+        check_equal(await env.fetch(stream, "g"), [], f"a is held by {sequence}")
+        await env.ack_ok(nxt)
+    check_equal(await env.fetch(stream, "g"), [], "the key is exhausted")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 8}, "frontier")
+    check_equal([d.sequence for d in await env.rheo.dead_letters(stream, "g")], [2],
+                "dead letters")
