@@ -410,10 +410,6 @@ async def case_two_groups_redeliver_only_their_own(env: CaseEnv) -> None:
                 "k: the next of x and of z once their heads are acked")
 
 
-def _tried(leases: Sequence[Lease]) -> list[tuple[int, int]]:
-    return [(lease.sequence, lease.attempt) for lease in leases]
-
-
 @case(rules=["ordering.key_blocked", "ordering.released", "lease.expiry", "settle.nack"],
       requires=["key_ordering"])
 async def case_key_with_settled_history_flows_exactly(env: CaseEnv) -> None:
