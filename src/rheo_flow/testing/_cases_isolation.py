@@ -247,3 +247,8 @@ async def case_streams_sharing_ids_and_positions_stay_apart(env: CaseEnv) -> Non
     check_equal([(d.partition, d.sequence) for d in await env.rheo.dead_letters(one, "g")],
                 [(1, 1)], "one's dead letters")
     check_equal(_states(await env.fetch(one, "g")), [(0, 2, 2)], "one: its nacked delivery")
+    await env.append(two, 3, partition=0)
+    above = [dataclasses.replace(first[2], event=dataclasses.replace(first[2].event, sequence=s))
+             for s in (4, 6)]
+    check_results(await env.rheo.ack(above), above, [SettleKind.INVALID] * 2,
+                  "one's leases naming sequences above one's high water, not above two's")

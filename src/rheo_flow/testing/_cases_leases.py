@@ -512,14 +512,16 @@ async def case_lease_naming_another_delivery_is_stale(env: CaseEnv) -> None:
     """A real lease presented with another group, partition or sequence is stale_lease.
 
     Each named delivery exists and is leased, under another lease; the forged
-    lease settles nothing, and every real lease still settles as a first settle.
+    lease (with the real lease's receipt, or with the named delivery's own) settles
+    nothing, and every real lease still settles as a first settle.
     """
     stream = await env.stream_with(3, 3)
     await env.rheo.create_group(stream, "idle")
     mine = await env.fetch(stream, "a")
     theirs = await env.fetch(stream, "b")
     check_equal(sorted(positions(mine)), sorted(positions(theirs)), "both groups lease all")
-    real = next(lease for lease in mine if (lease.partition, lease.sequence) == (0, 1))
+    at = {(lease.partition, lease.sequence): lease for lease in mine}
+    real = at[0, 1]
 
     def moved(**event: Any) -> Lease:
         return dataclasses.replace(real, event=dataclasses.replace(real.event, **event))
@@ -530,6 +532,8 @@ async def case_lease_naming_another_delivery_is_stale(env: CaseEnv) -> None:
         moved(partition=1),
         moved(sequence=2),
         moved(partition=1, sequence=3),
+        # The other delivery's own lease (its receipt, event, attempt) under real's id.
+        *(dataclasses.replace(at[p, s], lease_id=real.lease_id) for p, s in ((1, 1), (0, 2))),
     ]
     stale = [STALE] * len(forged)
     check_results(await env.rheo.ack(forged), forged, stale, "ack naming another delivery")
