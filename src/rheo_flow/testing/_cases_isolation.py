@@ -174,33 +174,42 @@ async def case_delete_group_leaves_other_groups_alone(env: CaseEnv) -> None:
                 [(p, s, 1) for p in (0, 1) for s in (1, 2, 3, 4)], "a created again starts fresh")
 
 
-@case(rules=["trim.bound", "trim.removed", "frontier.contiguous"], requires=["trim"])
+@case(rules=["trim.bound", "trim.removed", "frontier.contiguous", "group.start"],
+      requires=["trim"])
 async def case_trim_bound_per_partition(env: CaseEnv) -> None:
-    """A trim with a bound per partition moves each partition's low water to its own bound."""
+    """A trim with a bound per partition moves each partition's low water to its own bound.
+
+    Group ``g`` has consumed partition 1 only up to 2, group ``late`` nothing: the
+    events the trim keeps are all delivered, in each partition, to each group.
+    """
     stream = await env.stream_with(5, 5, 5)
-    leases = {(x.partition, x.sequence): x for x in await env.fetch(stream, "g")}
-    await env.ack_ok([leases[1, 1], leases[1, 2]])
+    await env.rheo.create_group(stream, "late")
+    await env.ack_ok(await env.fetch(stream, "g", 2, partitions=[1]))
+    leases = {(x.partition, x.sequence): x for x in
+              await env.fetch(stream, "g", partitions=[0, 2])}
     removed = await env.rheo.trim(stream, up_to={0: 2, 2: 4}, force=True)
     check_equal({p: n for p, n in removed.items() if n}, {0: 2, 2: 4}, "removed per partition")
     info = await env.rheo.stream_info(stream)
     check_equal(dict(info.low_water), {0: 3, 1: 1, 2: 5}, "low water per partition")
     check_equal(dict(info.high_water), {0: 5, 1: 5, 2: 5}, "high water stays")
-    check_equal(await env.rheo.frontier(stream, "g"), {0: 2, 1: 2, 2: 4}, "frontier")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2, 1: 2, 2: 4}, "frontier of g")
+    check_equal(await env.rheo.frontier(stream, "late"), {0: 2, 1: 0, 2: 4}, "of late")
     removed = await env.rheo.trim(stream, up_to={0: 5, 1: 1})
-    check_equal({p: n for p, n in removed.items() if n}, {1: 1},
-                "an unforced trim capped at each partition's frontier")
-    info = await env.rheo.stream_info(stream)
-    check_equal(dict(info.low_water), {0: 3, 1: 2, 2: 5}, "low water after the second trim")
+    check_equal({p: n for p, n in removed.items() if n}, {},
+                "an unforced trim capped at the lowest frontier of each partition")
     page = await env.rheo.query_page(Query(stream=stream))
-    check_equal(positions(page.events), [(0, 3), (0, 4), (0, 5), (1, 2), (1, 3), (1, 4),
-                                         (1, 5), (2, 5)], "the retained events")
+    retained = [(0, 3), (0, 4), (0, 5), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (2, 5)]
+    check_equal(positions(page.events), retained, "the retained events")
     gone = [leases[0, 1], leases[0, 2], leases[2, 1], leases[2, 4]]
     check_results(await env.rheo.ack(gone), gone, [SettleKind.STALE_LEASE] * 4,
                   "leases of trimmed events")
-    kept = [leases[0, 3], leases[1, 3], leases[2, 5]]
-    await env.ack_ok(kept)
-    check_equal(await env.rheo.frontier(stream, "g"), {0: 3, 1: 3, 2: 5}, "frontier")
-
+    rest = await env.fetch(stream, "g", partitions=[1])
+    check_equal(_states(rest), [(1, 3, 1), (1, 4, 1), (1, 5, 1)],
+                "g: the rest of partition 1, which the trim did not touch")
+    check_equal(sorted(positions(await env.fetch(stream, "late"))), retained,
+                "late: every retained event")
+    await env.ack_ok([leases[0, 3], leases[2, 5], *rest])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3, 1: 5, 2: 5}, "frontier of g")
 
 async def _twin(env: CaseEnv, stream: str, tag: str) -> list[Lease]:
     """Append ids e0..e5 alternately to partitions 0 and 1 of ``stream``; lease them in ``g``."""
