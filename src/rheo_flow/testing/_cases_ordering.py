@@ -418,8 +418,9 @@ async def case_two_groups_redeliver_only_their_own(env: CaseEnv) -> None:
 @case(rules=["ordering.key_blocked", "ordering.released", "lease.expiry", "settle.nack"],
       requires=["key_ordering"])
 async def case_key_with_settled_history_flows_exactly(env: CaseEnv) -> None:
-    """After acked and rejected deliveries, a key's expired, held, released delivery
-    still gates exactly the key's later events, one at a time."""
+    """A key's delivery that expires, is held and released after acked and rejected ones.
+
+    It still gates exactly the key's later events, which then flow one at a time."""
     stream = await _keyed(env, ["a", "a", "b", "a", "a", None, "a"])
     first = await env.fetch(stream, "g")
     check_equal(_seqs(first), [1, 3, 6], "the head of a, of b and the keyless event")
