@@ -187,7 +187,12 @@ async def case_trim_bound_per_partition(env: CaseEnv) -> None:
     await env.ack_ok(await env.fetch(stream, "g", 2, partitions=[1]))
     leases = {(x.partition, x.sequence): x for x in
               await env.fetch(stream, "g", partitions=[0, 2])}
+    dead = [leases[0, 1], leases[0, 4], leases[2, 3]]
+    check_results(await env.rheo.reject(dead, "bad"), dead, [None] * 3, "reject")
     removed = await env.rheo.trim(stream, up_to={0: 2, 2: 4}, force=True)
+    check_equal([(d.partition, d.sequence) for d in await env.rheo.dead_letters(stream, "g")],
+                [(0, 4)], "only the dead letter above its partition's bound stays")
+    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive finds that one only")
     check_equal({p: n for p, n in removed.items() if n}, {0: 2, 2: 4}, "removed per partition")
     info = await env.rheo.stream_info(stream)
     check_equal(dict(info.low_water), {0: 3, 1: 1, 2: 5}, "low water per partition")
@@ -200,8 +205,8 @@ async def case_trim_bound_per_partition(env: CaseEnv) -> None:
     page = await env.rheo.query_page(Query(stream=stream))
     retained = [(0, 3), (0, 4), (0, 5), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (2, 5)]
     check_equal(positions(page.events), retained, "the retained events")
-    gone = [leases[0, 1], leases[0, 2], leases[2, 1], leases[2, 4]]
-    check_results(await env.rheo.ack(gone), gone, [SettleKind.STALE_LEASE] * 4,
+    gone = [leases[0, 2], leases[2, 1], leases[2, 4]]
+    check_results(await env.rheo.ack(gone), gone, [SettleKind.STALE_LEASE] * 3,
                   "leases of trimmed events")
     rest = await env.fetch(stream, "g", partitions=[1])
     check_equal(_states(rest), [(1, 3, 1), (1, 4, 1), (1, 5, 1)],
