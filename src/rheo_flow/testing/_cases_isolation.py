@@ -9,12 +9,17 @@ other's state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Sequence
 
 from .._model._errors import UnknownStream
 from .._model._event import NewEvent
+from .._model._lease import Lease
+from .._model._query import Query
 from .._model._settle_results import SettleKind
+from .._model._stream import DeadLetter
 from .._rheo import Rheo
-from ._case import CaseEnv, case, check, check_equal, check_results, expect_error
+from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, positions
 
 
 async def _water(rheo: Rheo, stream: str) -> dict[int, int]:
@@ -88,3 +93,176 @@ async def _quietly(through: Rheo, stream: str, asleep: asyncio.Task[bool], *,
         check(not asleep.done(), "an append in another store woke a waiter")
     if until_woken is not None:
         check_equal(until_woken.result(), True, "woken by an append to its own stream")
+
+
+def _states(leases: Sequence[Lease]) -> list[tuple[int, int, int]]:
+    return sorted((lease.partition, lease.sequence, lease.attempt) for lease in leases)
+
+
+async def _mixed(env: CaseEnv, stream: str, group: str) -> tuple[list[Lease], list[DeadLetter]]:
+    """Leave ``group`` of a two-partition stream of four events each with acked
+    (0, 1) and (1, 1), rejected (0, 4) and (1, 2), nacked (0, 3), and leased
+    (0, 2), (1, 3) and (1, 4); returns the held leases and the dead letters."""
+    leases = {(x.partition, x.sequence): x for x in await env.fetch(stream, group)}
+    check_equal(len(leases), 8, f"{group} leases every event")
+    await env.ack_ok([leases[0, 1], leases[1, 1]])
+    dead = [leases[0, 4], leases[1, 2]]
+    check_results(await env.rheo.reject(dead, "poison", error=f"{group} failed"), dead,
+                  [None, None], f"{group} rejects")
+    check_results(await env.rheo.nack(leases[0, 3], "r"), [leases[0, 3]], [None],
+                  f"{group} nacks (0, 3)")
+    return [leases[0, 2], leases[1, 3], leases[1, 4]], await env.rheo.dead_letters(stream, group)
+
+
+async def _still_mixed(env: CaseEnv, stream: str, group: str, held: list[Lease],
+                       dead: list[DeadLetter], what: str) -> None:
+    """``group`` is exactly as :func:`_mixed` left it (then acks everything it holds)."""
+    check_equal(await env.rheo.dead_letters(stream, group), dead, f"{what}: dead letters")
+    check_equal(await env.rheo.frontier(stream, group), {0: 1, 1: 2}, f"{what}: frontier")
+    again = await env.fetch(stream, group)
+    check_equal(_states(again), [(0, 3, 2)], f"{what}: only its nacked delivery is eligible")
+    leases = [*held, *again]
+    check_results(await env.rheo.ack(leases), leases, [None] * len(leases),
+                  f"{what}: its leases settle, as first settles", repeated=[False] * len(leases))
+    check_equal(await env.rheo.frontier(stream, group), {0: 4, 1: 4}, f"{what}: frontier")
+
+
+@case(rules=["group.independent", "redrive.dead_letters_only", "frontier.contiguous"])
+async def case_redrive_leaves_other_groups_alone(env: CaseEnv) -> None:
+    """A redrive in one group touches no other group's dead letters or deliveries."""
+    stream = await env.stream_with(4, 4)
+    held, dead = await _mixed(env, stream, "b")
+    await _mixed(env, stream, "a")
+    check_equal(await env.rheo.redrive(stream, "a"), 2, "a's dead letters re-driven")
+    check_equal(await env.rheo.redrive(stream, "a"), 0, "a second redrive re-drives nothing")
+    check_equal(await env.rheo.dead_letters(stream, "a"), [], "a's dead letters")
+    check_equal(await env.rheo.frontier(stream, "a"), {0: 1, 1: 1}, "a's frontier")
+    check_equal(_states(await env.fetch(stream, "a")), [(0, 3, 2), (0, 4, 1), (1, 2, 1)],
+                "a: its nacked delivery and its re-driven dead letters")
+    await _still_mixed(env, stream, "b", held, dead, "b after a's redrive")
+
+
+@case(rules=["group.independent", "replay.from_sequence", "reset.position"])
+async def case_replay_and_reset_leave_other_groups_alone(env: CaseEnv) -> None:
+    """A replay of one partition and a reset of another in one group touch no other group."""
+    stream = await env.stream_with(4, 4)
+    held, dead = await _mixed(env, stream, "b")
+    await _mixed(env, stream, "a")
+    await env.rheo.replay(stream, "a", from_sequence=2, partitions=[0])
+    check_equal(await env.rheo.frontier(stream, "a"), {0: 1, 1: 2}, "a's frontier after replay")
+    check_equal([(d.partition, d.sequence) for d in await env.rheo.dead_letters(stream, "a")],
+                [(1, 2)], "a's dead letters after a replay of partition 0")
+    await env.rheo.reset(stream, "a", to="earliest", partitions=[1])
+    check_equal(await env.rheo.frontier(stream, "a"), {0: 1, 1: 0}, "a's frontier after reset")
+    check_equal(await env.rheo.dead_letters(stream, "a"), [], "a's dead letters after reset")
+    check_equal(_states(await env.fetch(stream, "a")),
+                [(0, 2, 1), (0, 3, 1), (0, 4, 1), (1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 4, 1)],
+                "a: everything replayed or reset, as first deliveries")
+    await _still_mixed(env, stream, "b", held, dead, "b after a's replay and reset")
+
+
+@case(rules=["group.independent", "delete.group"])
+async def case_delete_group_leaves_other_groups_alone(env: CaseEnv) -> None:
+    """Deleting a group leaves another group's deliveries, leases and dead letters as they were."""
+    stream = await env.stream_with(4, 4)
+    held, dead = await _mixed(env, stream, "b")
+    await _mixed(env, stream, "a")
+    await env.rheo.delete_group(stream, "a")
+    check_equal([g.group for g in await env.rheo.groups(stream)], ["b"], "groups")
+    await _still_mixed(env, stream, "b", held, dead, "b after deleting a")
+    check_equal(_states(await env.fetch(stream, "a")),
+                [(p, s, 1) for p in (0, 1) for s in (1, 2, 3, 4)], "a created again starts fresh")
+
+
+@case(rules=["trim.bound", "trim.removed", "frontier.contiguous", "group.start"],
+      requires=["trim"])
+async def case_trim_bound_per_partition(env: CaseEnv) -> None:
+    """A trim with a bound per partition moves each partition's low water to its own bound.
+
+    Group ``g`` has consumed partition 1 only up to 2, group ``late`` nothing: the
+    events the trim keeps are all delivered, in each partition, to each group.
+    """
+    stream = await env.stream_with(5, 5, 5)
+    await env.rheo.create_group(stream, "late")
+    await env.ack_ok(await env.fetch(stream, "g", 2, partitions=[1]))
+    leases = {(x.partition, x.sequence): x for x in
+              await env.fetch(stream, "g", partitions=[0, 2])}
+    dead = [leases[0, 1], leases[0, 4], leases[2, 3]]
+    check_results(await env.rheo.reject(dead, "bad"), dead, [None] * 3, "reject")
+    removed = await env.rheo.trim(stream, up_to={0: 2, 2: 4}, force=True)
+    check_equal([(d.partition, d.sequence) for d in await env.rheo.dead_letters(stream, "g")],
+                [(0, 4)], "only the dead letter above its partition's bound stays")
+    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive finds that one only")
+    check_equal({p: n for p, n in removed.items() if n}, {0: 2, 2: 4}, "removed per partition")
+    info = await env.rheo.stream_info(stream)
+    check_equal(dict(info.low_water), {0: 3, 1: 1, 2: 5}, "low water per partition")
+    check_equal(dict(info.high_water), {0: 5, 1: 5, 2: 5}, "high water stays")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2, 1: 2, 2: 4}, "frontier of g")
+    check_equal(await env.rheo.frontier(stream, "late"), {0: 2, 1: 0, 2: 4}, "of late")
+    removed = await env.rheo.trim(stream, up_to={0: 5, 1: 1})
+    check_equal({p: n for p, n in removed.items() if n}, {},
+                "an unforced trim capped at the lowest frontier of each partition")
+    page = await env.rheo.query_page(Query(stream=stream))
+    retained = [(0, 3), (0, 4), (0, 5), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (2, 5)]
+    check_equal(positions(page.events), retained, "the retained events")
+    gone = [leases[0, 2], leases[2, 1], leases[2, 4]]
+    check_results(await env.rheo.ack(gone), gone, [SettleKind.STALE_LEASE] * 3,
+                  "leases of trimmed events")
+    rest = await env.fetch(stream, "g", partitions=[1])
+    check_equal(_states(rest), [(1, 3, 1), (1, 4, 1), (1, 5, 1)],
+                "g: the rest of partition 1, which the trim did not touch")
+    check_equal(sorted(positions(await env.fetch(stream, "late"))), retained,
+                "late: every retained event")
+    await env.ack_ok([leases[0, 3], leases[2, 5], *rest])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3, 1: 5, 2: 5}, "frontier of g")
+
+async def _twin(env: CaseEnv, stream: str, tag: str) -> list[Lease]:
+    """Append ids e0..e5 alternately to partitions 0 and 1 of ``stream``; lease them in ``g``."""
+    events = await env.rheo.append(stream, [NewEvent("t", {"in": tag, "n": i}, id=f"e{i}",
+                                                     partition=i % 2) for i in range(6)])
+    check_equal([(e.stream, e.id, e.partition, e.sequence, e.data) for e in events],
+                [(stream, f"e{i}", i % 2, i // 2 + 1, {"in": tag, "n": i}) for i in range(6)],
+                f"the ids are new in stream {tag}")
+    leases = await env.fetch(stream, "g")
+    check_equal(sorted((x.stream, x.partition, x.sequence, x.attempt, x.event.data["in"])
+                       for x in leases),
+                sorted((stream, i % 2, i // 2 + 1, 1, tag) for i in range(6)),
+                f"stream {tag}: its own events, first deliveries")
+    return sorted(leases, key=lambda x: (x.partition, x.sequence))
+
+
+@case(rules=["append.idempotent", "query.filters", "group.independent", "settle.unknown_lease"])
+async def case_streams_sharing_ids_and_positions_stay_apart(env: CaseEnv) -> None:
+    """Two streams with the same event ids, partitions and sequences never see each other."""
+    one, two = await env.stream(2), await env.stream(2)
+    first = await _twin(env, one, "one")
+    await env.ack_ok([first[0]])
+    check_results(await env.rheo.nack(first[1], "r"), [first[1]], [None], "nack (0, 2) in one")
+    check_results(await env.rheo.reject(first[3], "r"), [first[3]], [None], "reject (1, 1)")
+    second = await _twin(env, two, "two")
+    [again] = await env.rheo.append(one, NewEvent("t", {"in": "neither"}, id="e2"))
+    check_equal((again.stream, again.sequence, again.data), (one, 2, {"in": "one", "n": 2}),
+                "an id stored in both streams returns its own stream's event")
+    for stream, tag in ((one, "one"), (two, "two")):
+        page = await env.rheo.query_page(Query(stream=stream, partitions=[1], from_sequence=2,
+                                               to_sequence=3))
+        check_equal([(e.stream, e.sequence, e.data) for e in page.events],
+                    [(stream, 2, {"in": tag, "n": 3}), (stream, 3, {"in": tag, "n": 5})],
+                    f"query of partition 1, sequences 2..3, in stream {tag}")
+    crossed = [dataclasses.replace(x, event=dataclasses.replace(x.event, stream=two))
+               for x in first[2:]]
+    check_results(await env.rheo.ack(crossed), crossed, [SettleKind.STALE_LEASE] * 4,
+                  "leases of stream one naming stream two")
+    check_equal(await env.rheo.frontier(two, "g"), {0: 0, 1: 0}, "nothing settled in two")
+    check_equal(await env.rheo.dead_letters(two, "g"), [], "no dead letter in two")
+    check_equal(await env.fetch(two, "g"), [], "two: every delivery still leased")
+    await env.ack_ok(second)
+    check_equal(await env.rheo.frontier(one, "g"), {0: 1, 1: 1}, "one's frontier")
+    check_equal([(d.partition, d.sequence) for d in await env.rheo.dead_letters(one, "g")],
+                [(1, 1)], "one's dead letters")
+    check_equal(_states(await env.fetch(one, "g")), [(0, 2, 2)], "one: its nacked delivery")
+    await env.append(two, 3, partition=0)
+    above = [dataclasses.replace(first[2], event=dataclasses.replace(first[2].event, sequence=s))
+             for s in (4, 6)]
+    check_results(await env.rheo.ack(above), above, [SettleKind.INVALID] * 2,
+                  "one's leases naming sequences above one's high water, not above two's")

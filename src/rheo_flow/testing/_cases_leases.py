@@ -546,3 +546,50 @@ async def case_lease_on_unleased_sequence_is_stale(env: CaseEnv) -> None:
     check_equal([(lease.sequence, lease.attempt) for lease in rest], [(2, 1), (3, 1)],
                 "the never-fetched deliveries are untouched")
     await env.ack_ok([real, *rest])
+
+
+@case(rules=["settle.unknown_lease", "settle.fencing", "group.independent"])
+async def case_lease_naming_another_delivery_is_stale(env: CaseEnv) -> None:
+    """A real lease presented with another group, partition or sequence is stale_lease.
+
+    Each named delivery exists and is leased, under another lease; the forged
+    lease (with the real lease's receipt, or with the named delivery's own) settles
+    nothing, and every real lease still settles as a first settle.
+    """
+    stream = await env.stream_with(3, 3)
+    await env.rheo.create_group(stream, "idle")
+    mine = await env.fetch(stream, "a")
+    theirs = await env.fetch(stream, "b")
+    check_equal(sorted(positions(mine)), sorted(positions(theirs)), "both groups lease all")
+    at = {(lease.partition, lease.sequence): lease for lease in mine}
+    real = at[0, 1]
+
+    def moved(**event: Any) -> Lease:
+        return dataclasses.replace(real, event=dataclasses.replace(real.event, **event))
+
+    forged = [
+        dataclasses.replace(real, group="b"),
+        dataclasses.replace(real, group="idle"),
+        moved(partition=1),
+        moved(sequence=2),
+        moved(partition=1, sequence=3),
+        # The other delivery's own lease (its receipt, event, attempt) under real's id.
+        *(dataclasses.replace(at[p, s], lease_id=real.lease_id) for p, s in ((1, 1), (0, 2))),
+    ]
+    stale = [STALE] * len(forged)
+    check_results(await env.rheo.ack(forged), forged, stale, "ack naming another delivery")
+    check_results(await env.rheo.nack(forged, "r"), forged, stale, "nack naming another delivery")
+    check_results(await env.rheo.reject(forged, "r"), forged, stale,
+                  "reject naming another delivery")
+    check_results(await env.rheo.renew(forged, lease_ms=env.short_ms), forged, stale,
+                  "renew naming another delivery")
+    await env.expire()
+    for group in ("a", "b", "idle"):
+        check_equal(await env.rheo.frontier(stream, group), {0: 0, 1: 0}, f"frontier of {group}")
+        check_equal(await env.rheo.dead_letters(stream, group), [], f"dead letters of {group}")
+    check_equal(await env.fetch(stream, "a"), [], "group a's deliveries are all still leased")
+    check_equal(await env.fetch(stream, "b"), [], "group b's deliveries are all still leased")
+    for leases in (mine, theirs):
+        check_results(await env.rheo.ack(leases), leases, [None] * len(leases),
+                      "the real leases settle", repeated=[False] * len(leases))
+    check_equal(await env.rheo.frontier(stream, "a"), {0: 3, 1: 3}, "frontier of a")

@@ -347,3 +347,104 @@ async def case_free_events_behind_many_blocked(env: CaseEnv) -> None:
                                    NewEvent("t", key="d", partition=0)])
     check_equal(_seqs(await env.fetch(stream, "h", 10)), [BLOCKED + 6],
                 "a new free event behind them")
+
+
+def _at(leases: Sequence[Lease]) -> dict[tuple[int, int], Lease]:
+    return {(lease.partition, lease.sequence): lease for lease in leases}
+
+
+def _states(leases: Sequence[Lease]) -> list[tuple[int, int, int]]:
+    return sorted((lease.partition, lease.sequence, lease.attempt) for lease in leases)
+
+
+async def _cross_two_groups(env: CaseEnv, stream: str) -> dict[tuple[int, int], Lease]:
+    """Group ``n`` (unordered) and group ``k`` (key-ordered) each leave nacked, expiring
+    and held deliveries where the other has others; returns ``k``'s first leases.
+
+    Both partitions hold keys x, x, z, z. ``n``: (0, 1) and (1, 2) acked, (0, 2) and
+    (1, 4) held, (0, 3) and (0, 4) expiring, (1, 1) and (1, 3) nacked. ``k``: (1, 1)
+    acked, (0, 3) and (1, 3) held then (1, 3) nacked, (0, 1) and (1, 2) expiring.
+    """
+    for partition in (0, 1):
+        await env.rheo.append(stream, [NewEvent("t", {"n": i}, key=k, partition=partition)
+                                       for i, k in enumerate("xxzz")])
+    n = _at(await env.fetch(stream, "n", partitions=[0], lease_ms=env.short_ms))
+    n |= _at(await env.fetch(stream, "n", partitions=[1]))
+    await env.ack_ok([n[0, 1], n[1, 2]])
+    check_results(await env.rheo.renew(n[0, 2], lease_ms=env.long_ms), [n[0, 2]], [None],
+                  "n renews (0, 2)")
+    check_results(await env.rheo.nack([n[1, 1], n[1, 3]], "r"), [n[1, 1], n[1, 3]],
+                  [None, None], "n nacks (1, 1) and (1, 3)")
+    k = _at(await env.fetch(stream, "k", lease_ms=env.short_ms))
+    check_equal(sorted(k), [(0, 1), (0, 3), (1, 1), (1, 3)], "k leases the head of each key")
+    await env.ack_ok([k[1, 1]])
+    held = [k[0, 3], k[1, 3]]
+    check_results(await env.rheo.renew(held, lease_ms=env.long_ms), held, [None, None],
+                  "k renews (0, 3) and (1, 3)")
+    [k12] = await env.fetch(stream, "k", lease_ms=env.short_ms)
+    check_equal((k12.partition, k12.sequence, k12.attempt), (1, 2, 1), "k's next of x in 1")
+    check_results(await env.rheo.nack(k[1, 3], "r"), [k[1, 3]], [None], "k nacks (1, 3)")
+    return k
+
+
+@case(rules=["group.independent", "ordering.key_blocked", "lease.expiry", "settle.nack",
+             "fetch.limit"], requires=["key_ordering"])
+async def case_two_groups_redeliver_only_their_own(env: CaseEnv) -> None:
+    """A key-ordered and an unordered group crossing redeliveries each fetch only their own.
+
+    Both groups hold nacked, expired and held deliveries at sequences where the
+    other holds deliveries in another state, in two partitions.
+    """
+    stream = await env.stream(2)
+    await env.rheo.create_group(stream, "k", ordering="key")
+    await env.rheo.create_group(stream, "n")
+    k = await _cross_two_groups(env, stream)
+    await env.expire()
+    again = await env.fetch(stream, "k")
+    check_equal(_states(again), [(0, 1, 2), (1, 2, 2), (1, 3, 2)],
+                "k: its expired heads of x and its nacked head of z, nothing of n's")
+    check_equal(_states(await env.fetch(stream, "n")),
+                [(0, 3, 2), (0, 4, 2), (1, 1, 2), (1, 3, 2)],
+                "n: its expired and nacked deliveries, nothing of k's")
+    check_equal(await env.fetch(stream, "k"), [], "k: every other delivery blocked or held")
+    check_equal(await env.fetch(stream, "n"), [], "n: every other delivery settled or held")
+    check_equal(await env.rheo.frontier(stream, "k"), {0: 0, 1: 1}, "frontier of k")
+    check_equal(await env.rheo.frontier(stream, "n"), {0: 1, 1: 0}, "frontier of n")
+    await env.ack_ok([lease for lease in again if lease.partition == 0] + [k[0, 3]])
+    check_equal(_states(await env.fetch(stream, "k")), [(0, 2, 1), (0, 4, 1)],
+                "k: the next of x and of z once their heads are acked")
+
+
+@case(rules=["ordering.key_blocked", "ordering.released", "lease.expiry", "settle.nack"],
+      requires=["key_ordering"])
+async def case_key_with_settled_history_flows_exactly(env: CaseEnv) -> None:
+    """A key's delivery that expires, is held and released after acked and rejected ones.
+
+    It still gates exactly the key's later events, which then flow one at a time."""
+    stream = await _keyed(env, ["a", "a", "b", "a", "a", None, "a"])
+    first = await env.fetch(stream, "g")
+    check_equal(_seqs(first), [1, 3, 6], "the head of a, of b and the keyless event")
+    await env.ack_ok(first)
+    [second] = await env.fetch(stream, "g")
+    check_equal(_tried([second]), [(2, 1)], "a after its acked first delivery")
+    check_results(await env.rheo.reject(second, "bad"), [second], [None], "reject 2")
+    [third] = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    check_equal(_tried([third]), [(4, 1)], "a after an acked and a rejected delivery")
+    await env.expire()
+    held = await env.fetch(stream, "g")
+    check_equal(_tried(held), [(4, 2)], "the expired delivery comes back, the later ones wait")
+    await env.rheo.append(stream, NewEvent("t", key="a", partition=0))
+    check_equal(await env.fetch(stream, "g"), [], "a is held: 5, 7 and the new 8 wait")
+    check_results(await env.rheo.nack(held, "again"), held, [None], "nack the redelivery")
+    released = await env.fetch(stream, "g")
+    check_equal(_tried(released), [(4, 3)], "the nacked delivery, before any later one")
+    await env.ack_ok(released)
+    for sequence in (5, 7, 8):
+        nxt = await env.fetch(stream, "g")
+        check_equal(_tried(nxt), [(sequence, 1)], "the key's next event, alone")
+        check_equal(await env.fetch(stream, "g"), [], f"a is held by {sequence}")
+        await env.ack_ok(nxt)
+    check_equal(await env.fetch(stream, "g"), [], "the key is exhausted")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 8}, "frontier")
+    check_equal([d.sequence for d in await env.rheo.dead_letters(stream, "g")], [2],
+                "dead letters")

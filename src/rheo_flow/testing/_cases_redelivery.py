@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 from typing import Literal
 
+from .._backend import MAX_ATTEMPTS_REASON
 from .._model._event import NewEvent
 from .._model._lease import Lease
 from .._model._settle_results import SettleKind
@@ -168,3 +169,49 @@ async def case_fencing_on_redeliveries(env: CaseEnv) -> None:
                   "renew of an expired redelivery nobody leased again")
     check_equal(await env.fetch(stream, "g"), [], "the renewed redelivery is not handed out")
     await env.ack_ok([two])
+
+
+def _in_order_per_partition(leases: list[Lease]) -> bool:
+    for partition in {lease.partition for lease in leases}:
+        seqs = [lease.sequence for lease in leases if lease.partition == partition]
+        if seqs != sorted(set(seqs)):
+            return False
+    return True
+
+
+@case(rules=["fetch.limit", "fetch.order", "attempts.max", "lease.expiry", "settle.nack"])
+async def case_more_redeliveries_than_the_limit(env: CaseEnv) -> None:
+    """With more redeliveries than the limit, each fetch fills its batch with eligible ones.
+
+    Deliveries dead-lettered at max attempts by the fetch that sees their expiry sit
+    below and between the eligible ones, in both partitions; they take no place.
+    """
+    stream = await env.stream_with(8, 8)
+    await env.rheo.create_group(stream, "g", max_attempts=2)
+    first = {(x.partition, x.sequence): x for x in
+             await env.fetch(stream, "g", 16, lease_ms=env.short_ms)}
+    odd = [first[p, s] for p in (0, 1) for s in (1, 3, 5, 7)]
+    check_results(await env.rheo.nack(odd, "r"), odd, [None] * 8, "nack the odd sequences")
+    last = await env.fetch(stream, "g", 8, lease_ms=env.short_ms)
+    check_equal(sorted((x.partition, x.sequence, x.attempt) for x in last),
+                sorted((x.partition, x.sequence, 2) for x in odd), "the last attempts")
+    nacked = [first[p, s] for p in (0, 1) for s in (6, 8)]
+    check_results(await env.rheo.nack(nacked, "r"), nacked, [None] * 4, "nack 6 and 8")
+    await env.expire()
+    eligible = sorted((p, s) for p in (0, 1) for s in (2, 4, 6, 8))
+    got: list[Lease] = []
+    for size in (3, 3, 2):
+        batch = await env.fetch(stream, "g", 3)
+        check_equal(len(batch), size, f"a fetch of limit 3 after {len(got)} of 8 eligible")
+        check(_in_order_per_partition(batch),
+              f"each delivery once, in sequence order per partition: {positions(batch)}")
+        got.extend(batch)
+    check_equal(await env.fetch(stream, "g"), [], "nothing else is eligible")
+    check_equal(sorted(positions(got)), eligible, "every eligible redelivery, once")
+    check_equal({x.attempt for x in got}, {2}, "attempts of the redeliveries")
+    dead = await env.rheo.dead_letters(stream, "g")
+    check_equal([(d.partition, d.sequence, d.attempts, d.reason) for d in dead],
+                [(x.partition, x.sequence, 2, MAX_ATTEMPTS_REASON) for x in odd],
+                "the expired last attempts are dead letters")
+    await env.ack_ok(got)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 8, 1: 8}, "frontier")
