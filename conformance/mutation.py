@@ -403,6 +403,19 @@ def to_text(s: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def score_table(per_file: dict[str, dict[str, Any]], totals: dict[str, Any],
+                columns: list[str], *, code: bool = False) -> list[str]:
+    """The markdown rows of a per-file score table with a total row (file names in
+    backticks with ``code``)."""
+    rows = ["| file | " + " | ".join(columns) + " | score |",
+            "|---|" + "---:|" * (len(columns) + 1)]
+    for name, c in [*per_file.items(), ("**total**", totals)]:
+        shown = f"`{name}`" if code and name != "**total**" else name
+        rows.append(f"| {shown} | " + " | ".join(str(c.get(k, 0)) for k in columns)
+                    + f" | {_fmt_score(c['score'])} |")
+    return rows
+
+
 def to_markdown(s: dict[str, Any]) -> str:
     t = s["totals"]
     detected = sum(t.get(k, 0) for k in DETECTED)
@@ -417,12 +430,8 @@ def to_markdown(s: dict[str, Any]) -> str:
         f"({t['total']} mutants - {t['equivalent']} equivalent); without the triage "
         f"{_fmt_score(detected / t['total'] if t['total'] else None)}.",
         "",
-        "| file | " + " | ".join(COLUMNS) + " | score |",
-        "|---|" + "---:|" * (len(COLUMNS) + 1),
+        *score_table(s["per_file"], t, COLUMNS),
     ]
-    for name, c in [*s["per_file"].items(), ("**total**", t)]:
-        out.append(f"| {name} | " + " | ".join(str(c.get(k, 0)) for k in COLUMNS)
-                   + f" | {_fmt_score(c['score'])} |")
     open_ = [m for m in s["survivors"] if m["equivalent"] is None]
     out += ["", f"### Survivors the kit should catch ({len(open_)})", ""]
     for m in open_:

@@ -811,12 +811,8 @@ def to_markdown(s: dict[str, Any]) -> str:
         f"{t['timeout']}) / (measured {t['measured']} - invalid {t['invalid']} - "
         f"equivalent {t['equivalent']}), on {t['measured']} of {t['mutants']} mutants.",
         "",
-        "| file | " + " | ".join(COLUMNS) + " | score |",
-        "|---|" + "---:|" * (len(COLUMNS) + 1),
+        *base.score_table(s["per_file"], t, COLUMNS, code=True),
     ]
-    for name, c in [*s["per_file"].items(), ("**total**", t)]:
-        out.append(f"| `{name}` | " + " | ".join(str(c.get(k, 0)) for k in COLUMNS)
-                   + f" | {base._fmt_score(c['score'])} |")
     open_ = [m for m in s["survivors"] if m["equivalent"] is None]
     out += ["", f"Survivors ({len(open_)}), by kind:", ""]
     op = None
