@@ -69,6 +69,8 @@ def test_demo_on_default_sqlite_finishes_and_summarises() -> None:
     assert "✓ shipping: all 150 events settled" in output
     # The poison event is dead-lettered by billing at max_attempts (3).
     assert re.search(r"billing\s+\d+\s+\d+\s+\S+-placed\s+3\s+max_attempts", output), output
+    # Piped to a file, its panels and tables stay a terminal's width.
+    assert max(len(line) for line in output.splitlines()) <= 120, output[:500]
 
 
 def test_demo_in_memory_non_tty_prints_progress_lines() -> None:

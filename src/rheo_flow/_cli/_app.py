@@ -13,11 +13,11 @@ from typing import Annotated
 from urllib.parse import quote
 
 import typer
+from rich.console import Console
 
 from .. import __version__
 from .._faults._cli import torture as _torture
 from . import _inspect, _ops
-from ._common import console as cli_console
 from ._common import run
 from .demo._run import DemoConfig, run_demo
 from .top._command import top as _top
@@ -93,7 +93,10 @@ def demo(
     poison event at max_attempts=3 and shows throughput, lag per partition and
     settle outcomes. Uses an embedded SQLite file: no server needed.
     """
-    console = cli_console()
+    # The demo draws panels and tables, which fill the console's width: off a terminal
+    # it keeps rich's default width (80, or $COLUMNS) rather than the never-wrapping
+    # console of the other commands, whose panels would be 100,000 columns wide.
+    console = Console(highlight=False)
     if db is not None and url is not None:
         console.print("[bold red]error:[/] give --db or --url, not both")
         raise typer.Exit(2)
