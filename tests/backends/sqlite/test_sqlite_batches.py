@@ -244,7 +244,11 @@ async def _queued(backend: SQLiteBackend, *calls: Awaitable[Any]) -> list[Any]:
     assert executor is not None
     blocker = asyncio.wrap_future(executor.submit(gate.wait, 10))
     tasks = [asyncio.ensure_future(call) for call in calls]
-    await asyncio.sleep(0)  # every call reaches the queue
+    # Release the thread only once every call waits in the writer's queue.
+    deadline = asyncio.get_running_loop().time() + 10
+    while len(backend._writer._pending) < len(calls):
+        assert asyncio.get_running_loop().time() < deadline, "calls never queued up"
+        await asyncio.sleep(0.001)
     gate.set()
     await blocker
     return list(await asyncio.gather(*tasks, return_exceptions=True))
