@@ -12,8 +12,8 @@ statements, ASC/DESC) and runs the kit against each mutant::
     score = (killed + timeout) / (measured - invalid - equivalent)
 
 How a mutant runs: ``src/`` is copied once per worker into
-``mutants-server/w<N>/src`` (git-ignored); the mutated file is written there and
-``pytest conformance -x -q -p no:cacheprovider -n 0`` runs with
+``mutants-server/w<N>-<pid>/src`` (git-ignored, removed at the end); the mutated
+file is written there and ``pytest conformance -x -q -p no:cacheprovider -n 0`` runs with
 ``PYTHONPATH=<that copy>`` and ``RHEO_BACKENDS`` the backend of the file
 (``postgres``, ``redis`` or ``sqlite``), then the file is restored. A small pytest
 plugin (``mutants-server/boot/rheo_mutation_boot.py``, loaded with ``-p``) makes
@@ -213,6 +213,18 @@ def _hash(*paths: Path) -> str:
         h.update(p.as_posix().encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:12]
+
+
+DETECTED = frozenset({"killed", "timeout", "invalid"})
+"""Verdicts that stand while the mutated file is unchanged, whatever the kit's hash: the
+kit only grows, so a mutant it caught (or one that never compiled) stays caught;
+survivors are measured again whenever the kit changes (``--fresh`` measures all)."""
+
+
+def current(r: Result | None, file_hash: str, kit: str) -> bool:
+    """Whether ``r`` is a verdict on this version of the file under this kit."""
+    return (r is not None and r.file_hash == file_hash
+            and (r.kit_hash == kit or r.status in DETECTED))
 
 
 def kit_hash() -> str:
@@ -479,7 +491,9 @@ class Runner:
         boot.mkdir(exist_ok=True)
         (boot / "rheo_mutation_boot.py").write_text(_BOOT, encoding="utf-8")
         for i in range(self.children):
-            w = Worker(i, OUT / f"w{i}")
+            # One folder per process and child: runs for different files may go on
+            # side by side.
+            w = Worker(i, OUT / f"w{i}-{os.getpid()}")
             if w.src.exists():
                 shutil.rmtree(w.src)
             shutil.copytree(ROOT / "src", w.src,
@@ -500,6 +514,7 @@ class Runner:
                 w.redis.stop()
             if w.pg is not None:
                 w.pg.close()
+            shutil.rmtree(w.dir, ignore_errors=True)
 
     def _env(self, w: Worker, backend: str, only_stateful: bool) -> dict[str, str]:
         env = dict(os.environ)
@@ -655,7 +670,7 @@ class Runner:
                 with RESULTS.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(asdict(r)) + "\n")
                 print(f"[{count[0]}/{len(todo)}] {r.status:8} {r.seconds:5.1f}s  "
-                      f"{m.file.rsplit('/', 1)[-1]}:{m.line} {m.op}  {r.killer[:70]}",
+                      f"{m.key}  {r.killer[:70]}",
                       file=sys.stderr, flush=True)
             return r
 
@@ -706,7 +721,8 @@ def summarise(files: list[str], generated: dict[str, list[ServerMutant]],
     for f in files:
         for m in generated[f]:
             r = results.get(m.key)
-            if r is not None and r.file_hash == hashes[f] and r.kit_hash == kit:
+            if current(r, hashes[f], kit):
+                assert r is not None
                 measured[f].append(r)
     as_mutants = {r.key: base.Mutant(name=r.key, file=r.file, function=r.function,
                                      status=r.status, removed=r.removed, added=r.added)
@@ -861,6 +877,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", action="append", metavar="GLOB",
                         help="mutate only these files (glob on the path from the repository "
                         "root, or its tail, e.g. 'postgres/functions/*'); repeatable")
+    parser.add_argument("--only", action="append", metavar="KEY",
+                        help="measure only mutants whose key (as --list prints it, e.g. "
+                        "'redrive.lua:23:drop-cond:*') matches this glob; repeatable")
     parser.add_argument("--every", type=int, default=1, metavar="K",
                         help="measure every K-th mutant of each file (a sample)")
     parser.add_argument("--offset", type=int, default=0, help="with --every: start here")
@@ -892,6 +911,9 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         raise SystemExit(f"no mutated file matches {args.files}")
     chosen = select(files, max(args.every, 1), args.offset, args.limit)
+    if args.only:
+        chosen = {f: [m for m in ms if any(fnmatch.fnmatch(m.key, g) for g in args.only)]
+                  for f, ms in chosen.items()}
     if args.list:
         _print_list(chosen)
         return 0
@@ -914,8 +936,7 @@ def main(argv: list[str] | None = None) -> int:
             def done(m: ServerMutant) -> bool:
                 r = results.get(m.key)
                 return (not args.fresh and r is not None and r.status != "error"
-                        and r.file_hash == hashes[m.file]
-                        and r.kit_hash == kit
+                        and current(r, hashes[m.file], kit)
                         and (r.stateful or not args.with_stateful or r.status == "invalid"))
 
             todo = [m for ms in chosen.values() for m in ms if not done(m)]
@@ -931,9 +952,8 @@ def main(argv: list[str] | None = None) -> int:
             # Cases first (with the stateful test, if asked, in the same run): then a
             # mutant that was measured without the stateful test and survived gets only
             # the stateful test now.
-            fresh = [m for m in todo if results.get(m.key) is None or args.fresh
-                     or results[m.key].file_hash != hashes[m.file]
-                     or results[m.key].kit_hash != kit]
+            fresh = [m for m in todo if args.fresh
+                     or not current(results.get(m.key), hashes[m.file], kit)]
             upgrade = [m for m in todo if m not in fresh
                        and results[m.key].status == "survived"]
             rest = [m for m in todo if m not in fresh and m not in upgrade]
