@@ -16,10 +16,14 @@ How a mutant runs: ``src/`` is copied once per worker into
 file is written there and ``pytest conformance -x -q -p no:cacheprovider -n 0`` runs with
 ``PYTHONPATH=<that copy>`` and ``RHEO_BACKENDS`` the backend of the file
 (``postgres``, ``redis`` or ``sqlite``), then the file is restored. A small pytest
-plugin (``mutants-server/boot/rheo_mutation_boot.py``, loaded with ``-p``) makes
-Hypothesis derandomized and without its database, checks that rheo_flow is imported
-from the copy, leaves the stateful test out unless ``--with-stateful``, and puts the
-cases that killed the most mutants so far first (``-x`` stops at the first failure).
+plugin (``_mutation_boot.py``, copied to ``mutants-server/boot`` and loaded with
+``-p``) makes Hypothesis derandomized and without its database, checks that rheo_flow
+is imported from the copy, leaves the stateful test out unless ``--with-stateful``,
+and puts the cases that killed the most mutants so far first (``-x`` stops at the
+first failure). The baseline run of each backend is traced: which PL/pgSQL
+functions, statements and Lua scripts each case runs; a mutant then runs only the
+cases that run its function, statement or script (``_kit_trace.py``; the whole kit
+for the migrations, ``common.lua`` and SQLite).
 ``CI=true`` turns a backend that cannot even open into a failure, not a skip.
 Each conformance session installs the PostgreSQL functions from the copy's files
 into its own schema (``rheo_conformance_<pid>``), and the Redis scripts are loaded
@@ -91,6 +95,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import mutation as base  # noqa: E402
+from _kit_trace import cases_for, load_trace  # noqa: E402
 from _server_mutator import OPERATORS, ServerMutant, apply, mutants_of  # noqa: E402
 
 ROOT = HERE.parent
@@ -125,47 +130,8 @@ FATAL: dict[str, tuple[str, str, str]] = {
 }
 """One obviously fatal mutant per backend, for ``--check``."""
 
-_BOOT = '''"""Loaded by mutation_server.py's kit runs (pytest -p rheo_mutation_boot)."""
-import importlib.util
-import json
-import os
-import sys
-from pathlib import Path
-
-from hypothesis import settings
-
-settings.register_profile("rheo-mutation", database=None, derandomize=True)
-settings.load_profile("rheo-mutation")
-
-_expected = Path(os.environ["RHEO_MUT_EXPECT"]).resolve()
-_origin = Path(importlib.util.find_spec("rheo_flow").origin).resolve()
-if _expected not in _origin.parents:
-    print(f"RHEO-MUTATION: rheo_flow would be imported from {_origin}, not from {_expected}",
-          file=sys.__stderr__, flush=True)
-    os._exit(97)
-
-
-def pytest_collection_modifyitems(session, config, items):
-    only = os.environ.get("RHEO_MUT_ONLY", "")
-    stateful = os.environ.get("RHEO_MUT_STATEFUL") == "1"
-    keep, drop = [], []
-    for item in items:
-        is_stateful = item.name.startswith("test_stateful_model")
-        if only == "stateful":
-            (keep if is_stateful else drop).append(item)
-        elif is_stateful and not stateful:
-            drop.append(item)
-        else:
-            keep.append(item)
-    order = os.environ.get("RHEO_MUT_ORDER")
-    if order and Path(order).exists():
-        kills = json.loads(Path(order).read_text())
-        keep.sort(key=lambda it: (it.name.startswith("test_stateful_model"),
-                                  -kills.get(getattr(it, "originalname", it.name), 0)))
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-    items[:] = keep
-'''
+BOOT = Path(__file__).resolve().parent / "_mutation_boot.py"
+"""The pytest plugin every kit run loads (copied to ``mutants-server/boot``)."""
 
 
 @dataclass
@@ -484,12 +450,14 @@ class Runner:
     lock: threading.Lock = field(default_factory=threading.Lock)
     workers: list[Worker] = field(default_factory=list)
     baseline: dict[str, float] = field(default_factory=dict)
+    trace: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    """Per backend: case -> the server-side units it runs (``_kit_trace.py``)."""
 
     def setup(self, backends: set[str]) -> None:
         OUT.mkdir(exist_ok=True)
         boot = OUT / "boot"
         boot.mkdir(exist_ok=True)
-        (boot / "rheo_mutation_boot.py").write_text(_BOOT, encoding="utf-8")
+        shutil.copyfile(BOOT, boot / "rheo_mutation_boot.py")
         for i in range(self.children):
             # One folder per process and child: runs for different files may go on
             # side by side.
@@ -516,10 +484,18 @@ class Runner:
                 w.pg.close()
             shutil.rmtree(w.dir, ignore_errors=True)
 
-    def _env(self, w: Worker, backend: str, only_stateful: bool) -> dict[str, str]:
+    def _env(self, w: Worker, backend: str, only_stateful: bool,
+             select: list[str] | None = None, trace: Path | None = None) -> dict[str, str]:
         env = dict(os.environ)
-        for name in ("RHEO_MATRIX_PATH", "PYTEST_ADDOPTS", "MUTANT_UNDER_TEST"):
+        for name in ("RHEO_MATRIX_PATH", "PYTEST_ADDOPTS", "MUTANT_UNDER_TEST",
+                     "RHEO_MUT_SELECT", "RHEO_MUT_TRACE"):
             env.pop(name, None)
+        if select is not None:
+            chosen = w.dir / "select.json"
+            chosen.write_text(json.dumps(select), encoding="utf-8")
+            env["RHEO_MUT_SELECT"] = str(chosen)
+        if trace is not None:
+            env["RHEO_MUT_TRACE"] = str(trace)
         order = w.dir / "order.json"
         with self.lock:
             order.write_text(json.dumps(self.kills), encoding="utf-8")
@@ -535,7 +511,8 @@ class Runner:
         return env
 
     def kit(self, w: Worker, backend: str, *, only_stateful: bool = False,
-            timeout: float | None = None) -> tuple[str, str, float]:
+            timeout: float | None = None, select: list[str] | None = None,
+            trace: Path | None = None) -> tuple[str, str, float]:
         """Run the kit in ``w``'s copy: (status, killer or reason, seconds)."""
         cmd = [sys.executable, "-m", "pytest", "conformance", "-x", "-q", "-p",
                "no:cacheprovider", "-n", "0", "-p", "rheo_mutation_boot"]
@@ -544,7 +521,8 @@ class Runner:
         limit = timeout or self.timeout or 600
         hung = ""
         with log.open("wb") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=self._env(w, backend, only_stateful),
+            env = self._env(w, backend, only_stateful, select, trace)
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env,
                                     stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             schema = f"rheo_conformance_{proc.pid}"
@@ -597,11 +575,14 @@ class Runner:
 
     def measure_baseline(self, backend: str) -> None:
         w = self.workers[0]
-        status, why, seconds = self.kit(w, backend, timeout=900)
+        trace = w.dir / f"trace-{backend}.json"
+        status, why, seconds = self.kit(w, backend, timeout=900, trace=trace)
         if status != "survived":
             raise SystemExit(f"the unmutated kit does not pass on {backend}: {status} {why} "
                              f"(see {w.dir / 'kit.log'})")
         self.baseline[backend] = round(seconds, 1)
+        if trace.exists():
+            self.trace[backend] = load_trace(trace)
         print(f"baseline: the unmutated kit on {backend} passes in {seconds:.0f} s "
               f"(stateful test {'in' if self.with_stateful else 'out'})", file=sys.stderr)
         if self.with_stateful:
@@ -629,7 +610,10 @@ class Runner:
             if error is not None:
                 status, why, seconds = "invalid", error, 0.0
             else:
-                status, why, seconds = self.kit(w, backend, only_stateful=stateful_only)
+                select = None if stateful_only else cases_for(
+                    m.file, m.function, self.trace.get(backend))
+                status, why, seconds = self.kit(w, backend, only_stateful=stateful_only,
+                                                select=select)
         finally:
             path.write_text(original, encoding="utf-8")
         if status == "killed":

@@ -172,3 +172,41 @@ def test_on_conflict_is_not_a_join_condition() -> None:
     text = "-- name: insert\nINSERT INTO t (a) VALUES ($1)\nON CONFLICT (a) DO NOTHING\n"
     ms = mutator.mutants_of("src/rheo_flow/_backends/postgres/statements.sql", text)
     assert not any("ON TRUE" in m.mutated for m in ms)
+
+
+trace = _conformance_module("_kit_trace")
+
+
+def test_a_traced_call_runs_its_function_and_the_functions_it_calls(tmp_path: Path) -> None:
+    functions = {"fetch": {"fetch_scan", "release_keys"}, "fetch_scan": set(),
+                 "release_keys": set(), "settle": {"release_keys"}}
+    sections = {"append": "INSERT INTO {s}.events (seq) VALUES ($1)"}
+    call = 'pg:SELECT * FROM "rheo_conformance_1".fetch($1, $2)'
+    assert trace.units_of(call, functions, sections) == {
+        "fn:fetch", "fn:fetch_scan", "fn:release_keys"}
+    insert = 'pg:INSERT INTO "s_apart".events (seq)\n   VALUES ($1) RETURNING seq'
+    assert trace.units_of(insert, functions, sections) == {"sql:append"}
+    assert trace.units_of("lua:fetch", functions, sections) == {"lua:fetch"}
+
+
+def test_cases_for_a_mutant_are_those_that_ran_its_unit(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    path.write_text(
+        '{"texts": ["pg:SELECT * FROM \\"x\\".fetch($1)", "group:key", "lua:redrive",'
+        ' "lua:settle"], "cases": {"test_plain": [0], "test_keyed": [0, 1],'
+        ' "test_redrive": [2], "test_settle": [3]}}', encoding="utf-8")
+    ran = trace.load_trace(path)
+    assert "fn:fetch_scan" not in ran["test_plain"]  # no key-ordered group: never ran
+    pg = "src/rheo_flow/_backends/postgres/functions/fetch_keyed.sql"
+    assert trace.cases_for(pg, "fetch_scan", ran) == ["test_keyed"]
+    assert trace.cases_for(pg.replace("fetch_keyed", "fetch"), "fetch", ran) == [
+        "test_keyed", "test_plain"]
+    lua = "src/rheo_flow/_backends/redis/lua/"
+    assert trace.cases_for(lua + "redrive.lua", "own_record", ran) == ["test_redrive"]
+    assert trace.cases_for(lua + "lookup.lua", "<script>", ran) == ["test_settle"]
+    # The whole kit: shared code, a unit no case ran, migrations, no trace.
+    assert trace.cases_for(lua + "common.lua", "advance", ran) is None
+    assert trace.cases_for(lua + "replay.lua", "<script>", ran) is None
+    migration = "src/rheo_flow/_backends/postgres/migrations/v1_tables.sql"
+    assert trace.cases_for(migration, "<script>", ran) is None
+    assert trace.cases_for(pg, "fetch_scan", None) is None

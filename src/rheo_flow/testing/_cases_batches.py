@@ -223,3 +223,68 @@ async def case_settle_effects_on_every_batch_path(env: CaseEnv) -> None:
                   f"{shape}: rejected_at_ms of {letter.sequence} is {stamp}, not in {t0}..{t1}")
         await env.ack_ok([current])
         check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, f"{shape}: frontier")
+
+
+@case(rules=["fetch.fair", "fetch.order"])
+async def case_one_fetch_spreads_over_partitions(env: CaseEnv) -> None:
+    """One fetch takes from the partitions in turns, redeliveries first; a short
+    partition's share is all it had and the others make up the rest."""
+    await _spread_over_partitions(env, keyed=False)
+
+
+@case(rules=["fetch.fair", "fetch.order", "ordering.key_blocked"], requires=["key_ordering"])
+async def case_blocked_events_take_no_turn(env: CaseEnv) -> None:
+    """In a key-ordered group one fetch's turns go to eligible deliveries only: the
+    events a key blocks take no turn, in a partition's share or in another's."""
+    await _spread_over_partitions(env, keyed=True)
+
+
+async def _spread_over_partitions(env: CaseEnv, *, keyed: bool) -> None:
+    what = f"ordering={'key' if keyed else 'none'!r}"
+    stream = await env.stream(partitions=3)
+    await env.rheo.create_group(stream, "g", ordering="key" if keyed else "none")
+
+    async def add(partition: int, keys: list[str]) -> None:
+        await env.rheo.append(stream, [NewEvent("t", {"k": k}, key=k, partition=partition)
+                                       for k in keys])
+
+    # Redeliveries waiting: three in partition 0, one in partition 2.
+    await add(0, ["a0", "b0", "c0"])
+    await add(2, ["a2"])
+    first = await env.fetch(stream, "g", 10)
+    check_equal(sorted(positions(first)), [(0, 1), (0, 2), (0, 3), (2, 1)],
+                f"the first fetch, {what}")
+    check_results(await env.rheo.nack(first, "again"), first, [None] * 4, "nack")
+    # New events: partition 0's a0 and partition 1's second k wait behind an
+    # earlier delivery of their key in a key-ordered group.
+    await add(0, ["a0", "d0", "e0", "f0", "g0"])  # seqs 4-8
+    await add(1, ["k", "k", "a1", "b1", "c1"])  # seqs 1-5
+    await add(2, ["b2", "c2", "d2", "e2", "f2"])  # seqs 2-6
+
+    def shares(leases: list[Lease]) -> dict[int, list[tuple[int, int]]]:
+        out: dict[int, list[tuple[int, int]]] = {0: [], 1: [], 2: []}
+        for lease in leases:
+            out[lease.partition].append((lease.sequence, lease.attempt))
+        return {p: sorted(v) for p, v in out.items()}
+
+    one = shares(await env.fetch(stream, "g", 6))
+    check_equal(len(one[0]), 2, f"partition 0's share of fetch(limit=6), {what}: {one}")
+    check(all(seq <= 3 and attempt == 2 for seq, attempt in one[0]),
+          f"partition 0's share is two of its redeliveries, {what}: {one[0]}")
+    check_equal(one[1], [(1, 1), (3, 1)] if keyed else [(1, 1), (2, 1)],
+                f"partition 1's share of fetch(limit=6), {what}")
+    check_equal(one[2], [(1, 2), (2, 1)], f"partition 2's share of fetch(limit=6), {what}")
+    left = ({1, 2, 3} - {seq for seq, _ in one[0]}).pop()
+    # Eligible now: partition 0 one redelivery and 5 (keyed: 4) new, partition 1
+    # 3 (keyed: 2, its second k waits behind the first), partition 2 four.
+    limit = 8 if keyed else 9
+    two = shares(await env.fetch(stream, "g", limit))
+    check_equal(two, {0: sorted([(left, 2), (5, 1), (6, 1)] if keyed
+                                else [(left, 2), (4, 1), (5, 1)]),
+                      1: [(4, 1), (5, 1)] if keyed else [(3, 1), (4, 1), (5, 1)],
+                      2: [(3, 1), (4, 1), (5, 1)]},
+                f"the shares of fetch(limit={limit}), {what}")
+    three = shares(await env.fetch(stream, "g", 100))
+    check_equal(three, {0: [(7, 1), (8, 1)] if keyed else [(6, 1), (7, 1), (8, 1)],
+                        1: [], 2: [(6, 1)]},
+                f"what is left eligible, {what}")

@@ -82,7 +82,7 @@ class FetchOperations(RedisCore):
         more = [p for p in ids if left.get(p, 0) > 0]
         if not more:
             return
-        shares = _fill(wanted, [left[p] for p in more])
+        shares = _fill(wanted, [left[p] for p in more], [len(per.get(p, ())) for p in more])
         second = [(p, q) for p, q in zip(more, shares, strict=True) if q > 0]
         await self._fetch_round(stream, group, consumer_id, lease_ms, second, per, left, scan)
         # A partition's second round may hold redeliveries below its first
@@ -183,22 +183,22 @@ def _shares(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def _fill(total: int, capacity: Sequence[int]) -> list[int]:
-    """Share ``total`` round-robin over slots of the given capacities."""
+def _fill(total: int, capacity: Sequence[int], have: Sequence[int]) -> list[int]:
+    """Share ``total`` over slots of the given capacities that already hold ``have``:
+    one at a time to the lowest slots first (in order on a tie), as the turns of one
+    fetch would have taken them."""
     shares = [0] * len(capacity)
-    active = [i for i, c in enumerate(capacity) if c > 0]
-    while total > 0 and active:
-        step = max(1, total // len(active))
-        still = []
-        for i in active:
+    while total > 0:
+        open_ = [i for i, c in enumerate(capacity) if shares[i] < c]
+        if not open_:
+            break
+        level = min(have[i] + shares[i] for i in open_)
+        for i in open_:
             if total == 0:
                 break
-            give = min(step, capacity[i] - shares[i], total)
-            shares[i] += give
-            total -= give
-            if shares[i] < capacity[i]:
-                still.append(i)
-        active = still
+            if have[i] + shares[i] == level:
+                shares[i] += 1
+                total -= 1
     return shares
 
 
