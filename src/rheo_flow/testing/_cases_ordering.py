@@ -124,6 +124,26 @@ async def case_blocked_key_does_not_stall_others(env: CaseEnv) -> None:
     check_equal(_seqs(await env.fetch(stream, "g")), [2, 10], "the next of a and of b")
 
 
+@case(rules=["ordering.released", "attempts.max"], requires=["key_ordering"])
+async def case_key_released_for_an_event_appended_after(env: CaseEnv) -> None:
+    """An event of a key appended after its last delivery was settled for good is
+    eligible at the next fetch, while an earlier event of another key is in flight."""
+    hows: tuple[Settle, ...] = ("ack", "reject", "nack at max attempts")
+    for how in hows:
+        stream = await _keyed(env, ["h", "a"], max_attempts=1)
+        held, first = await env.fetch(stream, "g")
+        check_equal((held.sequence, first.sequence), (1, 2), f"{how}: the first fetch")
+        if how == "ack":
+            await env.ack_ok([first])
+        elif how == "reject":
+            check_results(await env.rheo.reject(first, "bad"), [first], [None], how)
+        else:
+            check_results(await env.rheo.nack(first, "again"), [first], [None], how)
+        await env.rheo.append(stream, [NewEvent("t", key="a", partition=0)])
+        check_equal([(x.sequence, x.attempt) for x in await env.fetch(stream, "g")], [(3, 1)],
+                    f"{how}: the key's new event, with h still leased")
+
+
 @case(rules=["ordering.key_blocked"], requires=["key_ordering"])
 async def case_key_order_is_per_partition(env: CaseEnv) -> None:
     """The same key in two partitions is two independent orders."""
@@ -134,6 +154,12 @@ async def case_key_order_is_per_partition(env: CaseEnv) -> None:
     leased = await env.fetch(stream, "g")
     check_equal(sorted((x.partition, x.sequence) for x in leased), [(0, 1), (1, 1)],
                 "the earliest of the key in each partition")
+    # Settling partition 1's head releases partition 1's next, whatever partition 0
+    # still holds; events appended now are ordered per partition too.
+    await env.ack_ok([x for x in leased if x.partition == 1])
+    await env.rheo.append(stream, [NewEvent("t", key="a", partition=1)])
+    check_equal([(x.partition, x.sequence) for x in await env.fetch(stream, "g")], [(1, 2)],
+                "partition 1's next a, while partition 0's first a is leased")
 
 
 @case(rules=["ordering.released", "replay.from_sequence"], requires=["key_ordering"])
@@ -347,6 +373,30 @@ async def case_free_events_behind_many_blocked(env: CaseEnv) -> None:
                                    NewEvent("t", key="d", partition=0)])
     check_equal(_seqs(await env.fetch(stream, "h", 10)), [BLOCKED + 6],
                 "a new free event behind them")
+
+
+@case(rules=["ordering.key_blocked", "ordering.others_flow", "fetch.fair"],
+      requires=["key_ordering"])
+async def case_blocked_runs_within_one_fetch(env: CaseEnv) -> None:
+    """Within one fetch a key met earlier stays blocked however far the fetch reads,
+    and a partition whose first events are blocked still gets its turns from the
+    free events behind them."""
+    for keys, want in (
+        # x's second event is read only once partition 1 has come up short.
+        ((["x", "w", "x", "y"], ["a", "a", "a"]), {0: [1, 2, 4], 1: [1]}),
+        # b waits behind a run of a: it takes partition 1's second turn.
+        ((["x", "w", "x", "y", "z"], ["a", "a", "a", "a", "b"]), {0: [1, 2], 1: [1, 5]}),
+    ):
+        stream = await env.stream(partitions=2)
+        await env.rheo.create_group(stream, "g", ordering="key")
+        for partition, part_keys in enumerate(keys):
+            await env.rheo.append(stream, [NewEvent("t", key=k, partition=partition)
+                                           for k in part_keys])
+        got: dict[int, list[int]] = {0: [], 1: []}
+        for lease in await env.fetch(stream, "g", 4):
+            got[lease.partition].append(lease.sequence)
+        check_equal({p: sorted(v) for p, v in got.items()}, want,
+                    f"fetch(limit=4) over partitions keyed {keys}")
 
 
 def _at(leases: Sequence[Lease]) -> dict[tuple[int, int], Lease]:

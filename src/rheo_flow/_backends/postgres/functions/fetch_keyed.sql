@@ -47,8 +47,9 @@
 -- yet.)
 -- Events are read (seq, key) in rounds, every partition short of the round's
 -- depth in one statement: round-robin takes about p_limit / partitions from each,
--- so the first round asks that many of each and reads no further unless blocked
--- keys or dry partitions leave the batch short. A partition stops at its high
+-- so the first round asks that many of each and reads on only where blocked
+-- keys or dry partitions leave the batch short, or leave a partition that can read
+-- on below the depth the batch reaches (its free events would take turns there). A partition stops at its high
 -- water or after c_budget events (the cursor moves past what was read, so the
 -- next fetch goes on from there: a long run of one key never stalls the others).
 -- Returns every event read (f_depth NULL when blocked; f_hold true when a blocked
@@ -73,7 +74,7 @@ DECLARE
     v_met_part integer[] := '{}';
     v_met_key text[] := '{}';
     v_depth bigint;
-    v_short boolean;
+    v_level bigint;
 BEGIN
     f_part := '{}';
     f_seq := '{}';
@@ -166,11 +167,25 @@ BEGIN
         INTO f_part, f_seq, f_depth, f_hold, v_met_part, v_met_key, k_last, k_have, k_read,
              k_open;
 
-        -- Short of p_limit turns at this depth, and some partition can read on:
+        -- The depth the batch reaches with what was found: the smallest d with
+        -- sum(LEAST(have, d)) >= p_limit (NULL: short of p_limit at any depth).
+        -- Done when no partition that can read on is below it: its free events
+        -- up to that depth would take turns another partition's events now take.
+        SELECT ceil((p_limit - h.below)::numeric / (h.n - h.j + 1)) INTO v_level
+        FROM (SELECT x.have, row_number() OVER w AS j, count(*) OVER () AS n,
+                     COALESCE(sum(x.have) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING
+                                                  AND 1 PRECEDING), 0) AS below
+              FROM unnest(k_have || o_have) AS x(have) WINDOW w AS (ORDER BY x.have)) h
+        WHERE h.below + (h.n - h.j + 1) * h.have >= p_limit
+        ORDER BY h.j LIMIT 1;
+        EXIT WHEN NOT EXISTS (SELECT FROM unnest(k_have, k_open) AS h(have, open)
+                              WHERE h.open AND (v_level IS NULL OR h.have < v_level));
+        IF v_level IS NOT NULL THEN
+            v_depth := v_level;
+            CONTINUE;
+        END IF;
+        -- Short of p_limit turns at any depth, and some partition can read on:
         -- deepen by the shortfall spread over the partitions that can give more.
-        SELECT sum(LEAST(h.have, v_depth)) < p_limit INTO v_short
-        FROM unnest(k_have || o_have) AS h(have);
-        EXIT WHEN NOT v_short OR NOT (true = ANY (k_open));
         SELECT GREATEST(v_depth + ceil((p_limit - sum(LEAST(h.have, v_depth)))::numeric
                                        / GREATEST(1, count(*) FILTER (WHERE h.open
                                                                       OR h.have > v_depth))),
