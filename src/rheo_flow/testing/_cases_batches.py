@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 from collections.abc import Sequence
 from typing import Literal
 
@@ -288,3 +289,92 @@ async def _spread_over_partitions(env: CaseEnv, *, keyed: bool) -> None:
     check_equal(three, {0: [(7, 1), (8, 1)] if keyed else [(6, 1), (7, 1), (8, 1)],
                         1: [], 2: [(6, 1)]},
                 f"what is left eligible, {what}")
+
+
+@case(rules=["fetch.fair", "fetch.limit", "fetch.order"])
+async def case_turns_match_a_model(env: CaseEnv) -> None:
+    """Fetches of every size over uneven partitions: each takes the first eligible
+    events of each partition in turns, as a model of the rule predicts."""
+    await _turns_against_model(env, keyed=False)
+
+
+@case(rules=["fetch.fair", "fetch.limit", "ordering.key_blocked", "ordering.released",
+             "ordering.others_flow"], requires=["key_ordering"])
+async def case_keyed_turns_match_a_model(env: CaseEnv) -> None:
+    """The same in a key-ordered group with runs of blocked keys: each fetch takes
+    the first eligible events of each partition in turns, as a model predicts."""
+    await _turns_against_model(env, keyed=True)
+
+
+async def _turns_against_model(env: CaseEnv, *, keyed: bool) -> None:
+    """Layouts drawn from fixed seeds (3 partitions, runs of a few keys, keyless
+    events); fetches of limits 1..9, acking every other one. After each fetch:
+    each partition's share is its first eligible events in sequence order, and the
+    shares are a water-filling of ``limit`` over what each partition had."""
+    for seed in (3, 11, 29):
+        rng = random.Random(seed)
+        stream = await env.stream(partitions=3)
+        await env.rheo.create_group(stream, "g", ordering="key" if keyed else "none")
+        layout: list[list[str | None]] = []
+        for partition in range(3):
+            keys: list[str | None] = []
+            for _ in range(rng.choice((0, 6, 14, 25))):
+                keys.append(None if rng.random() < 0.2 else rng.choice("abcd"))
+            layout.append(keys)
+            if keys:
+                await env.rheo.append(stream, [NewEvent("t", key=k, partition=partition)
+                                               for k in keys])
+        leased: dict[int, dict[int, Lease]] = {0: {}, 1: {}, 2: {}}  # in flight
+        done: dict[int, set[int]] = {0: set(), 1: set(), 2: set()}  # acked
+        for step in range(40):
+            eligible = {p: _model_eligible(layout[p], leased[p], done[p], keyed)
+                        for p in range(3)}
+            total = sum(map(len, eligible.values()))
+            if total == 0 and not any(leased.values()):
+                break
+            limit = 1 + step % 9
+            got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+            batch = await env.fetch(stream, "g", limit)
+            for lease in batch:
+                got[lease.partition].append(lease.sequence)
+                leased[lease.partition][lease.sequence] = lease
+            what = f"seed {seed}, fetch {step} (limit {limit}), eligible {eligible}: got {got}"
+            check_equal(len(batch), min(limit, total), f"{what}: how many")
+            for p in range(3):
+                check_equal(sorted(got[p]), eligible[p][:len(got[p])],
+                            f"{what}: partition {p} takes its first eligible")
+            level = _water_level(limit, [len(e) for e in eligible.values()])
+            for p in range(3):
+                low, high = min(len(eligible[p]), level), min(len(eligible[p]), level + 1)
+                check(low <= len(got[p]) <= high,
+                      f"{what}: partition {p}'s share is {low}..{high} (turns)")
+            if step % 2:  # ack everything in flight
+                flying = [x for per in leased.values() for x in per.values()]
+                await env.ack_ok(flying)
+                for p in range(3):
+                    done[p] |= set(leased[p])
+                    leased[p].clear()
+
+
+def _model_eligible(keys: Sequence[str | None], leased: dict[int, Lease], done: set[int],
+                    keyed: bool) -> list[int]:
+    """The sequences a fetch may lease in one partition, in order: never delivered,
+    and (keyed) every earlier event of the key acked."""
+    out: list[int] = []
+    for seq, key in enumerate(keys, start=1):
+        if seq in leased or seq in done:
+            continue
+        if keyed and key is not None and any(
+                k == key and s not in done for s, k in enumerate(keys[:seq - 1], start=1)):
+            continue
+        out.append(seq)
+    return out
+
+
+def _water_level(limit: int, sizes: Sequence[int]) -> int:
+    """The largest d with sum(min(size, d)) <= limit: every share is min(size, d) or
+    min(size, d + 1)."""
+    d = 0
+    while sum(min(size, d + 1) for size in sizes) <= limit and d < max(sizes, default=0):
+        d += 1
+    return d

@@ -307,6 +307,8 @@ async def case_stream_info_water_marks(env: CaseEnv) -> None:
     info = await env.rheo.stream_info(stream)
     check_equal(dict(info.high_water), {0: 0, 1: 4, 2: 0}, "high water after appends")
     check_equal(dict(info.low_water), {0: 1, 1: 1, 2: 1}, "low water after appends")
+    check_equal((list(info.high_water), list(info.low_water)), ([0, 1, 2], [0, 1, 2]),
+                "the water marks list the partitions in order")
 
 
 @case(rules=["stream.lifecycle"])
