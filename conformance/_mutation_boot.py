@@ -6,7 +6,7 @@ stateful test in or out, the cases that killed the most mutants first, and two
 things for choosing cases:
 
 * ``RHEO_MUT_TRACE=<file>``: record which server-side code each case runs (the
-  SQL text every asyncpg connection is given, the Redis scripts the backend calls,
+  SQL text every asyncpg and sqlite3 connection is given, the Redis scripts called,
   whether it makes a key-ordered group) and write it to ``<file>`` as JSON
   ``{"texts": [...], "cases": {case: [index]}}``.
 * ``RHEO_MUT_SELECT=<file>``: run only the cases named in that JSON list.
@@ -75,6 +75,42 @@ def _trace_redis() -> None:
     ScriptRunner.run = run
 
 
+def _trace_sqlite() -> None:
+    # Connections made by sqlite3.connect get a factory whose execute methods, and
+    # those of its cursors, note the statement first.
+    import sqlite3
+
+    def traced(cls):
+        class Traced(cls):
+            def execute(self, sql, *args):
+                _note("sqlite:" + sql)
+                return super().execute(sql, *args)
+
+            def executemany(self, sql, *args):
+                _note("sqlite:" + sql)
+                return super().executemany(sql, *args)
+
+            def executescript(self, sql):
+                _note("sqlite:" + sql)
+                return super().executescript(sql)
+
+        return Traced
+
+    TracedCursor = traced(sqlite3.Cursor)
+
+    class TracedConnection(traced(sqlite3.Connection)):
+        def cursor(self, factory=TracedCursor):
+            return super().cursor(factory)
+
+    connect = sqlite3.connect
+
+    def traced_connect(*args, **kwargs):
+        kwargs.setdefault("factory", TracedConnection)
+        return connect(*args, **kwargs)
+
+    sqlite3.connect = traced_connect
+
+
 def _trace_ordering() -> None:
     # fetch_scan and release_keys run only for key-ordered groups, which only
     # Rheo.create_group(ordering="key") makes (a fetch creates unordered groups).
@@ -91,6 +127,7 @@ def _trace_ordering() -> None:
 
 
 if _TRACE:
+    _trace_sqlite()
     _trace_asyncpg()
     _trace_redis()
     _trace_ordering()

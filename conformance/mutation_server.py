@@ -23,7 +23,7 @@ and puts the cases that killed the most mutants so far first (``-x`` stops at th
 first failure). The baseline run of each backend is traced: which PL/pgSQL
 functions, statements and Lua scripts each case runs; a mutant then runs only the
 cases that run its function, statement or script (``_kit_trace.py``; the whole kit
-for the migrations, ``common.lua`` and SQLite).
+for the migrations, the schemas and ``common.lua``).
 ``CI=true`` turns a backend that cannot even open into a failure, not a skip.
 Each conformance session installs the PostgreSQL functions from the copy's files
 into its own schema (``rheo_conformance_<pid>``), and the Redis scripts are loaded

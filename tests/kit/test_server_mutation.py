@@ -210,3 +210,18 @@ def test_cases_for_a_mutant_are_those_that_ran_its_unit(tmp_path: Path) -> None:
     migration = "src/rheo_flow/_backends/postgres/migrations/v1_tables.sql"
     assert trace.cases_for(migration, "<script>", ran) is None
     assert trace.cases_for(pg, "fetch_scan", None) is None
+
+
+def test_a_sqlite_statement_is_found_in_what_ran_with_its_slots_filled() -> None:
+    sections = trace._sqlite_sections()
+    assert sections["list_streams"], "the section has text"
+    ran = "sqlite:" + " ".join(sections["list_streams"])
+    assert "sqlite:list_streams" in trace.units_of(ran, {}, {}, sections)
+    # A statement with a slot the caller fills: its fragments, in order.
+    assert trace._holds("DELETE FROM t WHERE id IN (?, ?) AND g = ?",
+                        ["DELETE FROM t WHERE id IN (", ") AND g = ?"])
+    assert not trace._holds("AND g = ? DELETE FROM t WHERE id IN (?)",
+                            ["DELETE FROM t WHERE id IN (", ") AND g = ?"])
+    sqlite = "src/rheo_flow/_backends/sqlite/statements.sql"
+    assert trace.unit_of(sqlite, "rewind") == {"sqlite:rewind"}
+    assert trace.unit_of("src/rheo_flow/_backends/sqlite/schema.sql", "x") is None
