@@ -124,6 +124,8 @@ async def case_lag_is_high_water_minus_frontier(env: CaseEnv) -> None:
     check_equal(await env.rheo.lag(stream, "g"), {0: 0, 1: 0}, "lag after acking all")
     await env.append(stream, 2, partition=1)
     check_equal(await env.rheo.lag(stream, "g"), {0: 0, 1: 2}, "lag after new appends")
+    check_equal((list(await env.rheo.lag(stream, "g")), list(await env.rheo.frontier(stream, "g"))),
+                ([0, 1], [0, 1]), "lag and frontier list the partitions in order")
 
 
 @case(rules=["dead_letters.listing"])
