@@ -174,6 +174,36 @@ async def case_delete_group_leaves_other_groups_alone(env: CaseEnv) -> None:
                 [(p, s, 1) for p in (0, 1) for s in (1, 2, 3, 4)], "a created again starts fresh")
 
 
+@case(rules=["group.independent", "trim.removed", "delete.stream"], requires=["trim"])
+async def case_trim_and_delete_leave_other_streams_alone(env: CaseEnv) -> None:
+    """A forced trim of one stream to its high water and then its deletion leave
+    another stream's events, groups, positions, leases and dead letters as they were,
+    whatever names and positions the two share."""
+    other = await env.stream_with(4, 4)
+    held, dead = await _mixed(env, other, "g")
+    await env.rheo.create_group(other, "unread")  # its cursors stay at the start
+    stream = await env.stream_with(4, 4)
+    await _mixed(env, stream, "g")
+    await env.rheo.create_group(stream, "unread")
+    removed = await env.rheo.trim(stream, up_to=4, force=True)
+    check_equal(removed, {0: 4, 1: 4}, "the trimmed stream loses all its events")
+    every = [(p, s) for p in (0, 1) for s in (1, 2, 3, 4)]
+    page = await env.rheo.query_page(Query(stream=other))
+    check_equal(positions(page.events), every, "the other stream keeps its events")
+    check_equal(dict((await env.rheo.stream_info(other)).low_water), {0: 1, 1: 1},
+                "the other stream's low water")
+    check_equal(await env.rheo.frontier(other, "unread"), {0: 0, 1: 0},
+                "the other stream's unread group: its frontier")
+    await env.rheo.delete_stream(stream)
+    check_equal(positions((await env.rheo.query_page(Query(stream=other))).events), every,
+                "the other stream keeps its events after the deletion")
+    check_equal(sorted(g.group for g in await env.rheo.groups(other)), ["g", "unread"],
+                "the other stream's groups")
+    check_equal(sorted(positions(await env.fetch(other, "unread"))), every,
+                "the other stream's unread group gets every event, first deliveries")
+    await _still_mixed(env, other, "g", held, dead, "the other stream after trim and delete")
+
+
 @case(rules=["trim.bound", "trim.removed", "frontier.contiguous", "group.start"],
       requires=["trim"])
 async def case_trim_bound_per_partition(env: CaseEnv) -> None:
