@@ -25,6 +25,8 @@ __all__ = ["FetchOperations"]
 _MAX_TRACKED_CONSUMERS: Final = 10_000
 _FORGET_CHUNK: Final = 500
 """How many consumer names one ``forget_consumers`` call takes."""
+_FILL_ROUNDS: Final = 8
+"""How many more round trips a fetch makes to top up a batch the first round left short."""
 _SCAN_ROUNDS: Final = 8
 """How many more round trips a fetch makes for key-ordered partitions whose scan stopped
 at its budget (``fetch.lua`` reads at most the quota plus 1,000 events per call)."""
@@ -59,10 +61,14 @@ class FetchOperations(RedisCore):
         await self._fetch_round(stream, group, consumer_id, lease_ms,
                                 list(zip(ids, _shares(limit, len(ids)), strict=True)), per,
                                 left, scan)
-        got = sum(len(v) for v in per.values())
-        if got < limit and len(ids) > 1:
-            await self._fill_up(stream, group, consumer_id, lease_ms, limit - got, ids, per,
-                                left, scan)
+        # A round can come back short where a key-ordered partition's unread events
+        # were blocked: top up from the partitions that still report work, until the
+        # batch is full or none does (each round leases or reads past blocked events).
+        for _ in range(_FILL_ROUNDS):
+            got = sum(len(v) for v in per.values())
+            if got >= limit or len(ids) <= 1 or not await self._fill_up(
+                    stream, group, consumer_id, lease_ms, limit - got, ids, per, left, scan):
+                break
         if scan:
             await self._scan_on(stream, group, consumer_id, lease_ms, limit, per, left, scan)
         lists = [per[p] for p in ids if per.get(p)]
@@ -76,12 +82,12 @@ class FetchOperations(RedisCore):
         self, stream: str, group: str, consumer_id: str, lease_ms: int, wanted: int,
         ids: Sequence[int], per: dict[int, list[Lease]], left: dict[int, int],
         scan: set[int],
-    ) -> None:
-        """The second round of an uneven fetch: ``wanted`` more leases, from the
-        partitions the first round says still have some."""
+    ) -> bool:
+        """Another round of an uneven fetch: ``wanted`` more leases, from the
+        partitions the last round says still have some; False when none has."""
         more = [p for p in ids if left.get(p, 0) > 0]
         if not more:
-            return
+            return False
         shares = _fill(wanted, [left[p] for p in more], [len(per.get(p, ())) for p in more])
         second = [(p, q) for p, q in zip(more, shares, strict=True) if q > 0]
         await self._fetch_round(stream, group, consumer_id, lease_ms, second, per, left, scan)
@@ -89,6 +95,7 @@ class FetchOperations(RedisCore):
         # round's (each round takes the earliest due): keep sequence order.
         for p, _ in second:
             per.get(p, []).sort(key=_sequence_of)
+        return True
 
     async def _scan_on(
         self, stream: str, group: str, consumer_id: str, lease_ms: int, limit: int,
