@@ -302,6 +302,26 @@ async def case_redriven_head_and_a_later_lease(env: CaseEnv) -> None:
         check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, f"{when}: final frontier")
 
 
+@case(rules=["ordering.released", "settle.nack", "redrive.dead_letters_only"],
+      requires=["key_ordering"])
+async def case_release_keeps_a_nacked_head_waiting(env: CaseEnv) -> None:
+    """Settling a later lease of a key whose redriven head is nacked with a delay
+    does not make the head due early: it waits for its delay."""
+    stream = await _keyed(env, ["a", "a", "a"])
+    [first] = await env.fetch(stream, "g")
+    check_results(await env.rheo.reject(first, "bad"), [first], [None], "reject 1")
+    [second] = await env.fetch(stream, "g")
+    check_equal(second.sequence, 2, "the key is released by the reject")
+    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive 1")
+    [again] = await env.fetch(stream, "g")
+    check_equal(_tried([again]), [(1, 1)], "the redriven 1, beside 2's lease")
+    check_results(await env.rheo.nack(again, "later", delay_ms=env.long_ms), [again], [None],
+                  "nack 1 with a delay")
+    await env.ack_ok([second])
+    check_equal(await env.fetch(stream, "g"), [],
+                "1 waits for its delay, 3 waits for 1, after 2 is acked")
+
+
 @case(rules=["ordering.key_blocked", "trim.removed", "fetch.limit"],
       requires=["key_ordering", "trim"])
 async def case_trimmed_head_releases_its_key(env: CaseEnv) -> None:
