@@ -85,6 +85,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -187,10 +188,20 @@ kit only grows, so a mutant it caught (or one that never compiled) stays caught;
 survivors are measured again whenever the kit changes (``--fresh`` measures all)."""
 
 
-def current(r: Result | None, file_hash: str, kit: str) -> bool:
-    """Whether ``r`` is a verdict on this version of the file under this kit."""
-    return (r is not None and r.file_hash == file_hash
-            and (r.kit_hash == kit or r.status in DETECTED))
+def current(r: Result | None, file_hash: str, kit: str,
+            entries: Sequence[base.Entry] = ()) -> bool:
+    """Whether ``r`` is a verdict on this version of the file under this kit. A
+    survivor triaged as equivalent stays one under a later kit too: no case can
+    kill a mutant that changes nothing the contract can observe."""
+    if r is None or r.file_hash != file_hash:
+        return False
+    return r.kit_hash == kit or r.status in DETECTED or (
+        r.status == "survived" and any(e.match(_as_mutant(r)) for e in entries))
+
+
+def _as_mutant(r: Result) -> base.Mutant:
+    return base.Mutant(name=r.key, file=r.file, function=r.function, status=r.status,
+                       removed=r.removed, added=r.added)
 
 
 def kit_hash() -> str:
@@ -705,11 +716,10 @@ def summarise(files: list[str], generated: dict[str, list[ServerMutant]],
     for f in files:
         for m in generated[f]:
             r = results.get(m.key)
-            if current(r, hashes[f], kit):
+            if current(r, hashes[f], kit, entries):
                 assert r is not None
                 measured[f].append(r)
-    as_mutants = {r.key: base.Mutant(name=r.key, file=r.file, function=r.function,
-                                     status=r.status, removed=r.removed, added=r.added)
+    as_mutants = {r.key: _as_mutant(r)
                   for rs in measured.values() for r in rs if r.status != "invalid"}
     base.apply_triage(list(as_mutants.values()), entries)
     per_file: dict[str, dict[str, Any]] = {}
@@ -920,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
             def done(m: ServerMutant) -> bool:
                 r = results.get(m.key)
                 return (not args.fresh and r is not None and r.status != "error"
-                        and current(r, hashes[m.file], kit)
+                        and current(r, hashes[m.file], kit, entries)
                         and (r.stateful or not args.with_stateful or r.status == "invalid"))
 
             todo = [m for ms in chosen.values() for m in ms if not done(m)]
@@ -937,7 +947,7 @@ def main(argv: list[str] | None = None) -> int:
             # mutant that was measured without the stateful test and survived gets only
             # the stateful test now.
             fresh = [m for m in todo if args.fresh
-                     or not current(results.get(m.key), hashes[m.file], kit)]
+                     or not current(results.get(m.key), hashes[m.file], kit, entries)]
             upgrade = [m for m in todo if m not in fresh
                        and results[m.key].status == "survived"]
             rest = [m for m in todo if m not in fresh and m not in upgrade]
