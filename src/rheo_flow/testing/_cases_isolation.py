@@ -290,9 +290,22 @@ async def case_streams_sharing_ids_and_positions_stay_apart(env: CaseEnv) -> Non
     check_equal(await env.rheo.frontier(one, "g"), {0: 1, 1: 1}, "one's frontier")
     check_equal([(d.partition, d.sequence) for d in await env.rheo.dead_letters(one, "g")],
                 [(1, 1)], "one's dead letters")
-    check_equal(_states(await env.fetch(one, "g")), [(0, 2, 2)], "one: its nacked delivery")
+    redelivered = await env.fetch(one, "g")
+    check_equal([(x.partition, x.sequence, x.attempt, x.event.id, x.event.data)
+                 for x in redelivered], [(0, 2, 2, "e2", {"in": "one", "n": 2})],
+                "one: its nacked delivery, with one's event")
     await env.append(two, 3, partition=0)
     above = [dataclasses.replace(first[2], event=dataclasses.replace(first[2].event, sequence=s))
              for s in (4, 6)]
     check_results(await env.rheo.ack(above), above, [SettleKind.INVALID] * 2,
                   "one's leases naming sequences above one's high water, not above two's")
+    # New events of the older stream at positions the newer one holds too.
+    await env.rheo.append(one, [NewEvent("t", {"in": "one", "n": i}, id=f"f{i}", partition=0)
+                                for i in (6, 7)])
+    await env.rheo.append(two, [NewEvent("t", {"in": "two", "n": i}, id=f"f{i}", partition=0)
+                                for i in (6, 7)])
+    fresh = await env.fetch(one, "g")
+    check_equal(sorted((x.partition, x.sequence, x.event.id, x.event.data["in"])
+                       for x in fresh), [(0, 4, "f6", "one"), (0, 5, "f7", "one")],
+                "one: its new events, not two's at the same positions")
+    await env.ack_ok([*redelivered, *fresh])
