@@ -15,11 +15,19 @@ change the contract can observe) leave the denominator::
 A timeout counts as detected: the suite did not pass. "no tests" mutants (in code no
 conformance case runs) and "suspicious" ones count as not detected.
 
+``--target mongo`` mutates the MongoDB backend's Python instead, with the kit on
+``RHEO_BACKENDS=mongo``; ``--only NAME`` (a glob on mutmut's mutant names, e.g.
+``'rheo_flow._backends.mongo._settle*'``) runs part of a target and keeps earlier
+results, so a slow target is measured in pieces and the summary counts the mutants
+run so far.
+
 Usage (from the repository root or anywhere)::
 
     .venv/bin/python conformance/mutation.py [--max-children N] [--json | --markdown]
     .venv/bin/python conformance/mutation.py --report-only   # re-triage the last run
     .venv/bin/python conformance/mutation.py --files   # list what would be mutated, and stop
+    .venv/bin/python conformance/mutation.py --target mongo \\
+        --only 'rheo_flow._backends.mongo._settle*'
 
 The summary is printed (text, ``--json`` or ``--markdown``) and written to
 ``mutants/mutation-summary.json`` and ``mutants/mutation-summary.md`` (``mutants/``
@@ -57,16 +65,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
 EQUIVALENTS = Path(__file__).resolve().parent / "mutation-equivalent.toml"
-BACKENDS = "memory,sqlite"
-MUTATED = [
-    "src/rheo_flow/_backends/memory.py",
-    "src/rheo_flow/_backends/sqlite/*.py",
-    "src/rheo_flow/_backends/_shared.py",
-    "src/rheo_flow/_backends/_transitions.py",
-]
-"""mutmut's ``only_mutate``: the files whose mutants the kit should kill (globs).
+TARGETS: dict[str, tuple[str, list[str]]] = {
+    "memory-sqlite": ("memory,sqlite", [
+        "src/rheo_flow/_backends/memory.py",
+        "src/rheo_flow/_backends/sqlite/*.py",
+        "src/rheo_flow/_backends/_shared.py",
+        "src/rheo_flow/_backends/_transitions.py",
+    ]),
+    "mongo": ("mongo", ["src/rheo_flow/_backends/mongo/*.py"]),
+}
+"""``--target``: the kit's backends (``RHEO_BACKENDS``) and the files mutmut mutates.
 
-The SQL of the SQLite backend is in ``.sql`` files, which mutmut does not mutate."""
+The SQL of the SQLite backend is in ``.sql`` files, which mutmut does not mutate
+(``mutation_server.py`` does). The MongoDB kit runs against its server (the CI
+emulator is slow: sample it with ``--only``)."""
+BACKENDS, MUTATED = TARGETS["memory-sqlite"]
+"""The target of this run (``main`` sets them from ``--target``)."""
 
 # mutmut's exit codes, as its stats module reads them (mutmut 3.x).
 STATUS_BY_EXIT_CODE: dict[int | None, str] = {
@@ -214,9 +228,10 @@ def load_entries(path: Path) -> list[Entry]:
     return entries
 
 
-def run_mutmut(max_children: int) -> float:
-    """Delete mutants/ and run mutmut from scratch; the run's wall time in seconds."""
-    if MUTANTS.exists():
+def run_mutmut(max_children: int, only: list[str] | None = None) -> float:
+    """Delete mutants/ and run mutmut from scratch (with ``only``: just the mutants
+    whose names match, keeping earlier results); the run's wall time in seconds."""
+    if MUTANTS.exists() and not only:
         shutil.rmtree(MUTANTS)
     env = dict(os.environ, RHEO_BACKENDS=BACKENDS)
     env.pop("RHEO_MATRIX_PATH", None)  # never write the published matrix
@@ -224,7 +239,8 @@ def run_mutmut(max_children: int) -> float:
     start = time.monotonic()
     # mutmut's spinner and counters go to stderr, so that stdout stays the summary.
     proc = subprocess.run(
-        [sys.executable, "-c", _boot(_BOOT), "run", "--max-children", str(max_children)],
+        [sys.executable, "-c", _boot(_BOOT), "run", "--max-children", str(max_children),
+         *(only or [])],
         cwd=ROOT, env=env, stdout=sys.stderr, check=False,
     )
     elapsed = time.monotonic() - start
@@ -461,16 +477,28 @@ def main(argv: list[str] | None = None) -> int:
     out.add_argument("--markdown", action="store_true", help="print a markdown section")
     parser.add_argument("--report-only", action="store_true",
                         help="do not run mutmut; summarise the results in mutants/")
+    parser.add_argument("--target", choices=sorted(TARGETS), default="memory-sqlite",
+                        help="which backends' Python to mutate (default memory-sqlite)")
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="run only the mutants whose mutmut name matches (a glob, e.g. "
+                        "'rheo_flow._backends.mongo._settle*'); repeatable; the summary "
+                        "then counts the mutants measured so far")
     parser.add_argument("--files", action="store_true",
                         help="list the files mutmut would mutate and check the triage "
                         "file, then stop (a quick self-check)")
     args = parser.parse_args(argv)
+    global BACKENDS, MUTATED
+    BACKENDS, MUTATED = TARGETS[args.target]
 
     entries = load_entries(EQUIVALENTS)  # a broken triage file fails before the long run
     if args.files:
         files = mutated_files()
         print("\n".join(files))
-        stray = stray_entries(entries, files)
+        # One triage file serves every target: an entry is stray when it matches
+        # the code of none.
+        every = sorted({p.relative_to(ROOT).as_posix() for _, globs in TARGETS.values()
+                        for g in globs for p in ROOT.glob(g)})
+        stray = stray_entries(entries, every)
         if stray:
             raise SystemExit(f"{EQUIVALENTS.name}: entries naming no mutated file or no "
                              f"function of one: {stray}")
@@ -485,8 +513,13 @@ def main(argv: list[str] | None = None) -> int:
         if previous.exists():
             elapsed = json.loads(previous.read_text(encoding="utf-8")).get("run_seconds")
     else:
-        elapsed = run_mutmut(args.max_children)
-    summary = summarise(collect(), entries, elapsed)
+        elapsed = run_mutmut(args.max_children, args.only)
+    mutants = [m for m in collect()
+               if any(fnmatch.fnmatch(m.file, pattern) for pattern in MUTATED)]
+    if args.only or args.target != "memory-sqlite":
+        # A sample: mutants not run yet are unmeasured, not undetected.
+        mutants = [m for m in mutants if m.status != "not checked"]
+    summary = summarise(mutants, entries, elapsed)
     (MUTANTS / "mutation-summary.json").write_text(json.dumps(summary, indent=2) + "\n",
                                                    encoding="utf-8")
     (MUTANTS / "mutation-summary.md").write_text(to_markdown(summary), encoding="utf-8")
