@@ -393,3 +393,27 @@ def _water_level(limit: int, sizes: Sequence[int]) -> int:
     while sum(min(size, d + 1) for size in sizes) <= limit and d < max(sizes, default=0):
         d += 1
     return d
+
+
+@case(rules=["settle.nack", "attempts.max", "frontier.contiguous", "group.independent"])
+async def case_nack_across_groups_with_one_at_its_last_attempt(env: CaseEnv) -> None:
+    """One nack of two groups' leases, one at its last attempt: that one is dead-
+    lettered and its group's frontier moves; the other goes back, whichever comes first."""
+    for order in ("back first", "dead first"):
+        stream = await env.stream_with(1, 1)
+        await env.rheo.create_group(stream, "a", max_attempts=5)
+        await env.rheo.create_group(stream, "b", max_attempts=1)
+        [back] = await env.fetch(stream, "a", partitions=[0])
+        [dead] = await env.fetch(stream, "b", partitions=[1])
+        batch = [back, dead] if order == "back first" else [dead, back]
+        check_results(await env.rheo.nack(batch, "again"), batch, [None, None],
+                      f"{order}: nack of both")
+        check_equal(await env.rheo.frontier(stream, "b"), {0: 0, 1: 1},
+                    f"{order}: b's frontier passes its dead letter")
+        check_equal(await env.rheo.frontier(stream, "a"), {0: 0, 1: 0}, f"{order}: a's frontier")
+        check_equal([(d.partition, d.sequence, d.reason)
+                     for d in await env.rheo.dead_letters(stream, "b")],
+                    [(1, 1, MAX_ATTEMPTS_REASON)], f"{order}: b's dead letter")
+        check_equal([(x.partition, x.sequence, x.attempt)
+                     for x in await env.fetch(stream, "a", partitions=[0])],
+                    [(0, 1, 2)], f"{order}: a's delivery comes back")
