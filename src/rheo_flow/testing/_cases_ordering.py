@@ -327,6 +327,30 @@ async def case_release_keeps_a_nacked_head_waiting(env: CaseEnv) -> None:
                 "1 waits for its delay, 3 waits for 1, after 2 is acked")
 
 
+@case(rules=["ordering.key_blocked", "group.independent", "settle.nack", "lease.expiry"],
+      requires=["key_ordering"])
+async def case_two_key_ordered_groups_block_only_themselves(env: CaseEnv) -> None:
+    """A key leased in one key-ordered group never holds back the same key's
+    redeliveries in another: nacked, expired or new."""
+    stream = await _keyed(env, ["a", "a", "a"])
+    await env.rheo.create_group(stream, "h", ordering="key")
+    [held] = await env.fetch(stream, "g")  # g holds a1; its a2 and a3 wait
+    [one] = await env.fetch(stream, "h")
+    await env.ack_ok([one])
+    [two] = await env.fetch(stream, "h", lease_ms=env.short_ms)
+    check_equal(two.sequence, 2, "h: a2 once a1 is acked")
+    check_results(await env.rheo.nack(two, "again"), [two], [None], "h nacks a2")
+    [again] = await env.fetch(stream, "h", lease_ms=env.short_ms)
+    check_equal((again.sequence, again.attempt), (2, 2), "h: the nacked a2, while g holds a1")
+    await env.expire()
+    [third] = await env.fetch(stream, "h")
+    check_equal((third.sequence, third.attempt), (2, 3), "h: the expired a2, while g holds a1")
+    await env.ack_ok([third])
+    check_equal(_tried(await env.fetch(stream, "h")), [(3, 1)], "h: a3, new")
+    check_equal(await env.fetch(stream, "g"), [], "g: a2 still waits behind its own a1")
+    await env.ack_ok([held])
+
+
 @case(rules=["ordering.key_blocked", "trim.removed", "fetch.limit"],
       requires=["key_ordering", "trim"])
 async def case_trimmed_head_releases_its_key(env: CaseEnv) -> None:
