@@ -233,7 +233,9 @@ def run_mutmut(max_children: int, only: list[str] | None = None) -> float:
     whose names match, keeping earlier results); the run's wall time in seconds."""
     if MUTANTS.exists() and not only:
         shutil.rmtree(MUTANTS)
-    env = dict(os.environ, RHEO_BACKENDS=BACKENDS)
+    # CI=true: a backend that cannot open fails its cases instead of skipping them
+    # (mutmut's check that a broken function fails a test relies on it for MongoDB).
+    env = dict(os.environ, RHEO_BACKENDS=BACKENDS, CI="true")
     env.pop("RHEO_MATRIX_PATH", None)  # never write the published matrix
     env.pop("MUTANT_UNDER_TEST", None)
     start = time.monotonic()
