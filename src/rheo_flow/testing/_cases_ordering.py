@@ -351,6 +351,23 @@ async def case_two_key_ordered_groups_block_only_themselves(env: CaseEnv) -> Non
     await env.ack_ok([held])
 
 
+@case(rules=["ordering.key_blocked", "ordering.released", "trim.removed"],
+      requires=["key_ordering", "trim"])
+async def case_trim_releases_by_key_and_partition(env: CaseEnv) -> None:
+    """Trimming a key's leased head releases its next event whatever other keys, or
+    the same key in another partition, still hold in flight."""
+    stream = await env.stream(2)
+    await env.rheo.create_group(stream, "g", ordering="key")
+    await env.rheo.append(stream, [NewEvent("t", key=k, partition=0) for k in ("a", "x", "a")])
+    await env.rheo.append(stream, [NewEvent("t", key="a", partition=1)])
+    leased = await env.fetch(stream, "g")
+    check_equal(sorted((x.partition, x.sequence) for x in leased), [(0, 1), (0, 2), (1, 1)],
+                "a1 and x2 of partition 0, a1 of partition 1; a3 waits")
+    await env.rheo.trim(stream, up_to={0: 1}, force=True)
+    check_equal([(x.partition, x.sequence) for x in await env.fetch(stream, "g")], [(0, 3)],
+                "a3 once a1 is trimmed, with x2 and partition 1's a1 still leased")
+
+
 @case(rules=["ordering.key_blocked", "trim.removed", "fetch.limit"],
       requires=["key_ordering", "trim"])
 async def case_trimmed_head_releases_its_key(env: CaseEnv) -> None:
