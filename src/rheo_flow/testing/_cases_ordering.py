@@ -165,6 +165,14 @@ async def case_key_order_is_per_partition(env: CaseEnv) -> None:
     await env.rheo.append(stream, [NewEvent("t", key="a", partition=1)])
     check_equal([(x.partition, x.sequence) for x in await env.fetch(stream, "g")], [(1, 2)],
                 "partition 1's next a, while partition 0's first a is leased")
+    # Both partitions' heads nacked at the same sequence: each comes back once.
+    stream = await env.stream(2)
+    await env.rheo.create_group(stream, "g", ordering="key")
+    await env.rheo.append(stream, [NewEvent("t", key="a", partition=p) for p in (0, 1, 0, 1)])
+    heads = await env.fetch(stream, "g")
+    check_results(await env.rheo.nack(heads, "again"), heads, [None, None], "nack both heads")
+    check_equal(sorted((x.partition, x.sequence, x.attempt) for x in await env.fetch(stream, "g")),
+                [(0, 1, 2), (1, 1, 2)], "each partition's nacked head, once")
 
 
 @case(rules=["ordering.released", "replay.from_sequence"], requires=["key_ordering"])

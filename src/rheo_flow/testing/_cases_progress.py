@@ -477,3 +477,26 @@ async def case_redrive_above_a_leased_hole(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 4, 1: 3}, "5 is a hole now")
     await env.ack_ok(await env.fetch(stream, "g"))
     check_equal(await env.rheo.frontier(stream, "g"), {0: 5, 1: 3}, "final frontier")
+
+
+@case(rules=["redrive.dead_letters_only", "frontier.contiguous", "group.independent"])
+async def case_redrive_frontier_ignores_other_groups(env: CaseEnv) -> None:
+    """A redrive lowers its group's frontier to just below the re-driven letter,
+    whatever another group holds lower in the partition; a partition's only event
+    re-drives like any other."""
+    stream = await env.stream_with(4)
+    [held] = await env.fetch(stream, "b", 1)  # b holds (0, 1)
+    leases = await env.fetch(stream, "a")
+    await env.ack_ok(leases[:3])
+    check_results(await env.rheo.reject(leases[3], "bad"), [leases[3]], [None], "a rejects 4")
+    check_equal(await env.rheo.frontier(stream, "a"), {0: 4}, "a's frontier past its letter")
+    check_equal(await env.rheo.redrive(stream, "a"), 1, "a re-drives 4")
+    check_equal(await env.rheo.frontier(stream, "a"), {0: 3}, "a's frontier just below 4")
+    check_equal(await env.rheo.frontier(stream, "b"), {0: 0}, "b's frontier")
+    await env.ack_ok([held])
+    single = await env.stream_with(1)
+    [only] = await env.fetch(single, "g")
+    check_results(await env.rheo.reject(only, "bad"), [only], [None], "reject the only event")
+    check_equal(await env.rheo.redrive(single, "g"), 1, "the only event re-driven")
+    check_equal([(x.sequence, x.attempt) for x in await env.fetch(single, "g")], [(1, 1)],
+                "the only event again, a first attempt")
