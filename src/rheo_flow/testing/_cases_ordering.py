@@ -376,6 +376,20 @@ async def case_trim_releases_by_key_and_partition(env: CaseEnv) -> None:
                 "a3 once a1 is trimmed, with x2 and partition 1's a1 still leased")
 
 
+@case(rules=["ordering.released", "settle.nack"], requires=["key_ordering"])
+async def case_release_leaves_other_delays_alone(env: CaseEnv) -> None:
+    """Releasing a key makes only its next delivery due: another key's delivery
+    nacked with a delay in the same partition keeps its delay."""
+    stream = await _keyed(env, ["a", "a", "b"])
+    first, other = await env.fetch(stream, "g")
+    check_equal((first.sequence, other.sequence), (1, 3), "a1 and b3; a2 waits")
+    check_results(await env.rheo.nack(other, "later", delay_ms=env.long_ms), [other], [None],
+                  "nack b3 with a delay")
+    await env.ack_ok([first])
+    check_equal(_tried(await env.fetch(stream, "g")), [(2, 1)],
+                "a2, released; b3 waits for its delay")
+
+
 @case(rules=["ordering.key_blocked", "trim.removed", "fetch.limit"],
       requires=["key_ordering", "trim"])
 async def case_trimmed_head_releases_its_key(env: CaseEnv) -> None:
