@@ -390,6 +390,23 @@ async def case_release_leaves_other_delays_alone(env: CaseEnv) -> None:
                 "a2, released; b3 waits for its delay")
 
 
+@case(rules=["ordering.key_blocked", "redrive.dead_letters_only", "settle.nack"],
+      requires=["key_ordering"])
+async def case_nacked_later_lease_waits_for_redriven_head(env: CaseEnv) -> None:
+    """A later lease of a key nacked after an earlier delivery was redriven waits
+    behind that one: only the redriven head is eligible."""
+    stream = await _keyed(env, ["a", "a"])
+    [first] = await env.fetch(stream, "g")
+    check_results(await env.rheo.reject(first, "bad"), [first], [None], "reject a1")
+    [second] = await env.fetch(stream, "g")
+    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive a1")
+    check_results(await env.rheo.nack(second, "again"), [second], [None], "nack a2")
+    head = await env.fetch(stream, "g")
+    check_equal(_tried(head), [(1, 1)], "a1 only; a2 waits behind it")
+    await env.ack_ok(head)
+    check_equal(_tried(await env.fetch(stream, "g")), [(2, 2)], "then a2")
+
+
 @case(rules=["ordering.key_blocked", "trim.removed", "fetch.limit"],
       requires=["key_ordering", "trim"])
 async def case_trimmed_head_releases_its_key(env: CaseEnv) -> None:
