@@ -708,17 +708,27 @@ COLUMNS = ["mutants", "measured", "invalid", "killed", "timeout", "survived", "e
            "equivalent"]
 
 
+_PENDING = "survivors_to_measure_again"
+
+
 def summarise(files: list[str], generated: dict[str, list[ServerMutant]],
               results: dict[str, Result], entries: list[base.Entry], kit: str,
               meta: dict[str, Any]) -> dict[str, Any]:
     hashes = {f: _hash(ROOT / f) for f in files}
     measured: dict[str, list[Result]] = {f: [] for f in files}
+    pending = 0
     for f in files:
         for m in generated[f]:
             r = results.get(m.key)
             if current(r, hashes[f], kit, entries):
                 assert r is not None
                 measured[f].append(r)
+            elif r is not None and r.file_hash == hashes[f] and r.status == "survived":
+                # Survived an earlier kit and not measured since: it counts as a
+                # survivor until a run under this kit says otherwise.
+                measured[f].append(r)
+                pending += 1
+    meta = {**meta, _PENDING: pending}
     as_mutants = {r.key: _as_mutant(r)
                   for rs in measured.values() for r in rs if r.status != "invalid"}
     base.apply_triage(list(as_mutants.values()), entries)
@@ -781,7 +791,9 @@ def to_text(s: dict[str, Any]) -> str:
            f"this run: {s.get('run_seconds')} s; mean per mutant "
            f"{s['mean_seconds_per_mutant']} s; projected for the unmeasured mutants "
            f"{s['projected_minutes_for_the_rest']} min, for all "
-           f"{s['projected_minutes_for_all']} min ({s.get('children')} children)"]
+           f"{s['projected_minutes_for_all']} min ({s.get('children')} children)",
+           f"survivors of an earlier kit, counted as survivors until measured again: "
+           f"{s.get(_PENDING, 0)}"]
     width = max([len(f) for f in s["per_file"]] + [5]) + 2
     out.append("file".ljust(width) + "".join(c.rjust(11) for c in [*COLUMNS, "score"]))
     for name, c in [*s["per_file"].items(), ("total", s["totals"])]:
@@ -819,7 +831,9 @@ def to_markdown(s: dict[str, Any]) -> str:
         "",
         f"**Score: {base._fmt_score(t['score'])}** = (killed {t['killed']} + timeout "
         f"{t['timeout']}) / (measured {t['measured']} - invalid {t['invalid']} - "
-        f"equivalent {t['equivalent']}), on {t['measured']} of {t['mutants']} mutants.",
+        f"equivalent {t['equivalent']}), on {t['measured']} of {t['mutants']} mutants"
+        + (f" ({s[_PENDING]} survivors of an earlier kit not yet measured again count as "
+           "survivors)." if s.get(_PENDING) else "."),
         "",
         *base.score_table(s["per_file"], t, COLUMNS, code=True),
     ]
