@@ -208,9 +208,11 @@ async def case_dead_letters_keep_the_last_error(env: CaseEnv) -> None:
 
 @case(rules=["redrive.dead_letters_only", "settle.fencing"])
 async def case_redrive_all_and_selected(env: CaseEnv) -> None:
-    """redrive makes dead letters deliverable again (attempt 1); their old leases are stale."""
+    """redrive makes dead letters deliverable again (attempt 1); their old leases are stale.
+
+    The events share a key, which orders nothing in this (unordered) group."""
     stream = await env.stream()
-    await env.append(stream, 3)
+    await env.append(stream, 3, key="a")
     leases = await env.fetch(stream, "g")
     check_results(await env.rheo.reject(leases, "bad"), leases, [None] * 3, "reject")
     check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "frontier after rejects")
@@ -341,14 +343,18 @@ async def case_reset_forgets_dead_letters(env: CaseEnv) -> None:
 
 @case(rules=["redrive.dead_letters_only"])
 async def case_redrive_touches_only_dead_letters(env: CaseEnv) -> None:
-    """redrive leaves acked, available and leased deliveries alone; a second run re-drives none."""
+    """redrive leaves acked, available and leased deliveries alone; a second run re-drives none.
+
+    A dead letter listed twice in one call is re-driven (and counted) once."""
     stream = await env.stream()
     await env.append(stream, 4)
     leases = await env.fetch(stream, "g")
     check_results(await env.rheo.reject(leases, "bad"), leases, [None] * 4, "reject all")
     dead = await env.rheo.dead_letters(stream, "g")
-    check_equal(await env.rheo.redrive(stream, "g", dead[:1]), 1, "redrive 1")
+    check_equal(await env.rheo.redrive(stream, "g", [dead[0], dead[0]]), 1,
+                "redrive 1, listed twice: re-driven once")
     [one] = await env.fetch(stream, "g")
+    check_equal((one.sequence, one.attempt), (1, 1), "the re-driven delivery, once")
     await env.ack_ok([one])
     check_equal(await env.rheo.redrive(stream, "g", dead[:2]), 1,
                 "redrive of 1 (now acked) and 2 re-drives 2 only")
