@@ -223,3 +223,40 @@ async def case_settle_effects_on_every_batch_path(env: CaseEnv) -> None:
                   f"{shape}: rejected_at_ms of {letter.sequence} is {stamp}, not in {t0}..{t1}")
         await env.ack_ok([current])
         check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, f"{shape}: frontier")
+
+
+@case(rules=["settle.ack", "settle.fencing", "settle.nack", "settle.renew",
+             "frontier.contiguous"])
+async def case_ack_of_a_whole_fetch_after_changes_to_it(env: CaseEnv) -> None:
+    """The leases of one fetch acked together, in order, after one of them changed.
+
+    A lease of the fetch renewed (its own deadline), nacked (stale, its
+    delivery back), or cut off by a replay (stale from there on): the ack acts on
+    each lease alone, the frontier is exact, and nothing acked comes back.
+    """
+    changes: tuple[str, ...] = ("renewed", "nacked", "replayed", "untouched")
+    for change in changes:
+        stream = await env.stream()
+        await env.append(stream, 5)
+        leases = await env.fetch(stream, "g")
+        kinds: list[SettleKind | None] = [None] * 5
+        if change == "renewed":
+            check_results(await env.rheo.renew(leases[2], lease_ms=env.short_ms), leases[2:3],
+                          [None], f"{change}: renew 3")
+        elif change == "nacked":
+            check_results(await env.rheo.nack(leases[2], "later", delay_ms=0), leases[2:3],
+                          [None], f"{change}: nack 3")
+            kinds[2] = STALE
+        elif change == "replayed":
+            await env.rheo.replay(stream, "g", from_sequence=4)
+            kinds[3:] = [STALE, STALE]
+        check_results(await env.rheo.ack(leases), leases, kinds, f"{change}: ack all five")
+        frontier = {"nacked": 2, "replayed": 3}.get(change, 5)
+        check_equal(await env.rheo.frontier(stream, "g"), {0: frontier}, f"{change}: frontier")
+        await env.expire()
+        back = {"nacked": [(3, 2)], "replayed": [(4, 1), (5, 1)]}.get(change, [])
+        again = await env.fetch(stream, "g")
+        check_equal([(x.sequence, x.attempt) for x in again], back,
+                    f"{change}: only what the ack did not settle comes back")
+        await env.ack_ok(again)
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, f"{change}: final frontier")
