@@ -260,3 +260,21 @@ async def case_ack_of_a_whole_fetch_after_changes_to_it(env: CaseEnv) -> None:
                     f"{change}: only what the ack did not settle comes back")
         await env.ack_ok(again)
         check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, f"{change}: final frontier")
+
+
+@case(rules=["settle.repeat", "frontier.contiguous"])
+async def case_repeated_ack_of_part_of_a_fetch(env: CaseEnv) -> None:
+    """The leases of one fetch acked together, then a part of them (or all) acked again
+    behind the frontier: each a repeat, the frontier where it was."""
+    stream = await env.stream()
+    await env.append(stream, 4)
+    [one] = await env.fetch(stream, "g", 1)
+    fetched = await env.fetch(stream, "g")
+    await env.ack_ok([one, *fetched])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "frontier after acking all")
+    for part in (fetched[:1], fetched[:2], fetched[1:], fetched, [one]):
+        check_results(await env.rheo.ack(part), part, [None] * len(part),
+                      f"a repeated ack of {[x.sequence for x in part]}",
+                      repeated=[True] * len(part))
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 4},
+                    "a repeated ack leaves the frontier")

@@ -134,6 +134,29 @@ async def case_later_lease_rejected_behind_a_redriven_head(env: CaseEnv) -> None
     check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "final frontier")
 
 
+@case(rules=["ordering.released", "redrive.dead_letters_only", "settle.results"],
+      requires=["key_ordering"])
+async def case_redriven_head_and_later_lease_acked_in_one_batch(env: CaseEnv) -> None:
+    """A redriven head and the later lease beside it, acked in one batch in either order,
+    release the key: its held event comes next."""
+    orders: tuple[str, ...] = ("later first", "head first")
+    for order in orders:
+        stream = await _keyed(env, ["a", "a", "a"])
+        [first] = await env.fetch(stream, "g")
+        check_results(await env.rheo.reject(first, "bad"), [first], [None], f"{order}: reject 1")
+        [second] = await env.fetch(stream, "g")
+        check_equal(await env.rheo.redrive(stream, "g"), 1, f"{order}: redrive 1")
+        [again] = await env.fetch(stream, "g")
+        check_equal(_tried([second, again]), [(2, 1), (1, 1)], f"{order}: 2, then 1 again")
+        both = [second, again] if order == "later first" else [again, second]
+        await env.ack_ok(both)
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, f"{order}: frontier")
+        last = await env.fetch(stream, "g")
+        check_equal(_tried(last), [(3, 1)], f"{order}: then a's held 3")
+        await env.ack_ok(last)
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, f"{order}: final frontier")
+
+
 @case(rules=["ordering.key_blocked", "redrive.dead_letters_only", "settle.fencing"],
       requires=["key_ordering"])
 async def case_redrives_one_by_one_ahead_of_a_lease(env: CaseEnv) -> None:
