@@ -278,3 +278,20 @@ async def case_repeated_ack_of_part_of_a_fetch(env: CaseEnv) -> None:
                       repeated=[True] * len(part))
         check_equal(await env.rheo.frontier(stream, "g"), {0: 4},
                     "a repeated ack leaves the frontier")
+
+
+@case(rules=["lease.expiry", "settle.ack", "frontier.contiguous"])
+async def case_fetch_acked_from_the_front_then_the_rest_expires(env: CaseEnv) -> None:
+    """The leases of one fetch acked from the front, one settle each: the rest still
+    expire and come back, once, with attempt 2."""
+    stream = await env.stream()
+    await env.append(stream, 4)
+    one, two, *_rest = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    await env.ack_ok([one])
+    await env.ack_ok([two])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "frontier")
+    await env.expire()
+    again = await env.fetch(stream, "g")
+    check_equal([(x.sequence, x.attempt) for x in again], [(3, 2), (4, 2)], "the expired rest")
+    await env.ack_ok(again)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "final frontier")
