@@ -295,3 +295,20 @@ async def case_fetch_acked_from_the_front_then_the_rest_expires(env: CaseEnv) ->
     check_equal([(x.sequence, x.attempt) for x in again], [(3, 2), (4, 2)], "the expired rest")
     await env.ack_ok(again)
     check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "final frontier")
+
+
+@case(rules=["settle.results", "settle.fencing", "frontier.contiguous"])
+async def case_replayed_lease_beside_the_current_one(env: CaseEnv) -> None:
+    """A lease from before a replay and the current lease of the same delivery, acked
+    together at the frontier: the old one is stale, the new one takes effect."""
+    stream = await env.stream()
+    await env.append(stream, 2)
+    old = await env.fetch(stream, "g")
+    await env.rheo.replay(stream, "g", from_sequence=1)
+    new = await env.fetch(stream, "g")
+    check_results(await env.rheo.ack([old[0], new[0]]), [old[0], new[0]], [STALE, None],
+                  "the replayed lease, then the current one")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "frontier")
+    check_results(await env.rheo.ack([new[1], old[1]]), [new[1], old[1]], [None, STALE],
+                  "the current lease, then the replayed one")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "final frontier")
