@@ -417,3 +417,90 @@ async def case_nack_across_groups_with_one_at_its_last_attempt(env: CaseEnv) -> 
         check_equal([(x.partition, x.sequence, x.attempt)
                      for x in await env.fetch(stream, "a", partitions=[0])],
                     [(0, 1, 2)], f"{order}: a's delivery comes back")
+@case(rules=["settle.ack", "settle.fencing", "settle.nack", "settle.renew",
+             "frontier.contiguous"])
+async def case_ack_of_a_whole_fetch_after_changes_to_it(env: CaseEnv) -> None:
+    """The leases of one fetch acked together, in order, after one of them changed.
+
+    A lease of the fetch renewed (its own deadline), nacked (stale, its
+    delivery back), or cut off by a replay (stale from there on): the ack acts on
+    each lease alone, the frontier is exact, and nothing acked comes back.
+    """
+    changes: tuple[str, ...] = ("renewed", "nacked", "replayed", "untouched")
+    for change in changes:
+        stream = await env.stream()
+        await env.append(stream, 5)
+        leases = await env.fetch(stream, "g")
+        kinds: list[SettleKind | None] = [None] * 5
+        if change == "renewed":
+            check_results(await env.rheo.renew(leases[2], lease_ms=env.short_ms), leases[2:3],
+                          [None], f"{change}: renew 3")
+        elif change == "nacked":
+            check_results(await env.rheo.nack(leases[2], "later", delay_ms=0), leases[2:3],
+                          [None], f"{change}: nack 3")
+            kinds[2] = STALE
+        elif change == "replayed":
+            await env.rheo.replay(stream, "g", from_sequence=4)
+            kinds[3:] = [STALE, STALE]
+        check_results(await env.rheo.ack(leases), leases, kinds, f"{change}: ack all five")
+        frontier = {"nacked": 2, "replayed": 3}.get(change, 5)
+        check_equal(await env.rheo.frontier(stream, "g"), {0: frontier}, f"{change}: frontier")
+        await env.expire()
+        back = {"nacked": [(3, 2)], "replayed": [(4, 1), (5, 1)]}.get(change, [])
+        again = await env.fetch(stream, "g")
+        check_equal([(x.sequence, x.attempt) for x in again], back,
+                    f"{change}: only what the ack did not settle comes back")
+        await env.ack_ok(again)
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, f"{change}: final frontier")
+
+
+@case(rules=["settle.repeat", "frontier.contiguous"])
+async def case_repeated_ack_of_part_of_a_fetch(env: CaseEnv) -> None:
+    """The leases of one fetch acked together, then a part of them (or all) acked again
+    behind the frontier: each a repeat, the frontier where it was."""
+    stream = await env.stream()
+    await env.append(stream, 4)
+    [one] = await env.fetch(stream, "g", 1)
+    fetched = await env.fetch(stream, "g")
+    await env.ack_ok([one, *fetched])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "frontier after acking all")
+    for part in (fetched[:1], fetched[:2], fetched[1:], fetched, [one]):
+        check_results(await env.rheo.ack(part), part, [None] * len(part),
+                      f"a repeated ack of {[x.sequence for x in part]}",
+                      repeated=[True] * len(part))
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 4},
+                    "a repeated ack leaves the frontier")
+
+
+@case(rules=["lease.expiry", "settle.ack", "frontier.contiguous"])
+async def case_fetch_acked_from_the_front_then_the_rest_expires(env: CaseEnv) -> None:
+    """The leases of one fetch acked from the front, one settle each: the rest still
+    expire and come back, once, with attempt 2."""
+    stream = await env.stream()
+    await env.append(stream, 4)
+    one, two, *_rest = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    await env.ack_ok([one])
+    await env.ack_ok([two])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "frontier")
+    await env.expire()
+    again = await env.fetch(stream, "g")
+    check_equal([(x.sequence, x.attempt) for x in again], [(3, 2), (4, 2)], "the expired rest")
+    await env.ack_ok(again)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "final frontier")
+
+
+@case(rules=["settle.results", "settle.fencing", "frontier.contiguous"])
+async def case_replayed_lease_beside_the_current_one(env: CaseEnv) -> None:
+    """A lease from before a replay and the current lease of the same delivery, acked
+    together at the frontier: the old one is stale, the new one takes effect."""
+    stream = await env.stream()
+    await env.append(stream, 2)
+    old = await env.fetch(stream, "g")
+    await env.rheo.replay(stream, "g", from_sequence=1)
+    new = await env.fetch(stream, "g")
+    check_results(await env.rheo.ack([old[0], new[0]]), [old[0], new[0]], [STALE, None],
+                  "the replayed lease, then the current one")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "frontier")
+    check_results(await env.rheo.ack([new[1], old[1]]), [new[1], old[1]], [None, STALE],
+                  "the current lease, then the replayed one")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "final frontier")

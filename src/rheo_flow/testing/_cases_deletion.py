@@ -128,14 +128,17 @@ async def case_delete_group_removes_its_state(env: CaseEnv) -> None:
     await env.ack_ok(again)
 
 
-@case(rules=["delete.seen_elsewhere"], needs_peer=True)
+@case(rules=["delete.seen_elsewhere", "delete.group", "settle.unknown_lease"], needs_peer=True)
 async def case_deletion_seen_by_another_instance(env: CaseEnv) -> None:
     """An instance that used a stream or group gets UnknownGroup/UnknownStream once it is gone."""
     stream = await env.stream()
-    await env.append(stream, 2)
+    await env.append(stream, 3)
     await env.ack_ok(await env.fetch(stream, "g", 1))
+    held = await env.fetch(stream, "g", 2)
     async with env.peer() as other:
         await other.delete_group(stream, "g")
+        check_results(await env.rheo.ack(held), held, [INVALID, INVALID],
+                      "leases of a group another instance deleted")
         exc = await expect_error(UnknownGroup, env.fetch(stream, "g"),
                                  "fetch of a group another instance deleted")
         check_equal((getattr(exc, "stream", None), getattr(exc, "group", None)), (stream, "g"),

@@ -276,65 +276,6 @@ async def case_new_event_of_leased_key_waits(env: CaseEnv) -> None:
             check_equal(await env.fetch(stream, "g"), [], f"{head}: 4 waits for 2")
 
 
-@case(rules=["ordering.key_blocked", "redrive.dead_letters_only", "lease.expiry", "fetch.limit"],
-      requires=["key_ordering"])
-async def case_redriven_head_and_a_later_lease(env: CaseEnv) -> None:
-    """A redriven dead letter and a later lease of its key at once; the later one then expires.
-
-    The redrive does not revoke the later lease, and the redriven delivery is
-    eligible at once (nothing before it is unsettled); once the later lease
-    expires, that delivery waits behind the redriven one like any other.
-    """
-    whens: tuple[str, ...] = ("before the expiry", "after the expiry")
-    for when in whens:
-        stream = await _keyed(env, ["a", "a", "a"])
-        [first] = await env.fetch(stream, "g")
-        check_results(await env.rheo.reject(first, "bad"), [first], [None], f"{when}: reject 1")
-        [second] = await env.fetch(stream, "g", lease_ms=env.short_ms)
-        check_equal(second.sequence, 2, f"{when}: the key is released by the reject")
-        check_equal(await env.rheo.redrive(stream, "g"), 1, f"{when}: redrive 1")
-        check_equal(await env.rheo.frontier(stream, "g"), {0: 0}, f"{when}: frontier")
-        if when == "before the expiry":
-            redelivered = await env.fetch(stream, "g")
-            await env.expire()
-        else:
-            await env.expire()
-            redelivered = await env.fetch(stream, "g")
-        check_equal(_tried(redelivered), [(1, 1)], f"{when}: the redriven 1 only")
-        check_equal(await env.fetch(stream, "g"), [], f"{when}: 2 (expired) and 3 wait for 1")
-        check_equal(await env.rheo.dead_letters(stream, "g"), [], f"{when}: no dead letter")
-        check_equal(await env.rheo.frontier(stream, "g"), {0: 0}, f"{when}: 1 is leased")
-        await env.ack_ok(redelivered)
-        nxt = await env.fetch(stream, "g")
-        check_equal(_tried(nxt), [(2, 2)], f"{when}: 2 again once 1 is acked")
-        check_equal(await env.fetch(stream, "g"), [], f"{when}: 3 waits for 2")
-        await env.ack_ok(nxt)
-        last = await env.fetch(stream, "g")
-        check_equal(_tried(last), [(3, 1)], f"{when}: then 3")
-        await env.ack_ok(last)
-        check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, f"{when}: final frontier")
-
-
-@case(rules=["ordering.released", "settle.nack", "redrive.dead_letters_only"],
-      requires=["key_ordering"])
-async def case_release_keeps_a_nacked_head_waiting(env: CaseEnv) -> None:
-    """Settling a later lease of a key whose redriven head is nacked with a delay
-    does not make the head due early: it waits for its delay."""
-    stream = await _keyed(env, ["a", "a", "a"])
-    [first] = await env.fetch(stream, "g")
-    check_results(await env.rheo.reject(first, "bad"), [first], [None], "reject 1")
-    [second] = await env.fetch(stream, "g")
-    check_equal(second.sequence, 2, "the key is released by the reject")
-    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive 1")
-    [again] = await env.fetch(stream, "g")
-    check_equal(_tried([again]), [(1, 1)], "the redriven 1, beside 2's lease")
-    check_results(await env.rheo.nack(again, "later", delay_ms=env.long_ms), [again], [None],
-                  "nack 1 with a delay")
-    await env.ack_ok([second])
-    check_equal(await env.fetch(stream, "g"), [],
-                "1 waits for its delay, 3 waits for 1, after 2 is acked")
-
-
 @case(rules=["ordering.key_blocked", "group.independent", "settle.nack", "lease.expiry"],
       requires=["key_ordering"])
 async def case_two_key_ordered_groups_block_only_themselves(env: CaseEnv) -> None:
@@ -388,23 +329,6 @@ async def case_release_leaves_other_delays_alone(env: CaseEnv) -> None:
     await env.ack_ok([first])
     check_equal(_tried(await env.fetch(stream, "g")), [(2, 1)],
                 "a2, released; b3 waits for its delay")
-
-
-@case(rules=["ordering.key_blocked", "redrive.dead_letters_only", "settle.nack"],
-      requires=["key_ordering"])
-async def case_nacked_later_lease_waits_for_redriven_head(env: CaseEnv) -> None:
-    """A later lease of a key nacked after an earlier delivery was redriven waits
-    behind that one: only the redriven head is eligible."""
-    stream = await _keyed(env, ["a", "a"])
-    [first] = await env.fetch(stream, "g")
-    check_results(await env.rheo.reject(first, "bad"), [first], [None], "reject a1")
-    [second] = await env.fetch(stream, "g")
-    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive a1")
-    check_results(await env.rheo.nack(second, "again"), [second], [None], "nack a2")
-    head = await env.fetch(stream, "g")
-    check_equal(_tried(head), [(1, 1)], "a1 only; a2 waits behind it")
-    await env.ack_ok(head)
-    check_equal(_tried(await env.fetch(stream, "g")), [(2, 2)], "then a2")
 
 
 @case(rules=["ordering.key_blocked", "trim.removed", "fetch.limit"],

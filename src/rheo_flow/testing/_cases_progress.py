@@ -210,9 +210,11 @@ async def case_dead_letters_keep_the_last_error(env: CaseEnv) -> None:
 
 @case(rules=["redrive.dead_letters_only", "settle.fencing"])
 async def case_redrive_all_and_selected(env: CaseEnv) -> None:
-    """redrive makes dead letters deliverable again (attempt 1); their old leases are stale."""
+    """redrive makes dead letters deliverable again (attempt 1); their old leases are stale.
+
+    The events share a key, which orders nothing in this (unordered) group."""
     stream = await env.stream()
-    await env.append(stream, 3)
+    await env.append(stream, 3, key="a")
     leases = await env.fetch(stream, "g")
     check_results(await env.rheo.reject(leases, "bad"), leases, [None] * 3, "reject")
     check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "frontier after rejects")
@@ -259,6 +261,48 @@ async def case_replay_from_sequence(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "other"), {0: 0}, "other groups unaffected")
     await env.ack_ok(again)
     check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, "frontier after re-acking")
+    await env.rheo.replay(stream, "g", from_sequence=5)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "frontier after replay from 5")
+    check_equal([(x.sequence, x.attempt) for x in await env.fetch(stream, "g")], [(5, 1)],
+                "replay from the last event read re-delivers it")
+    await env.append(stream, 3)
+    check_equal([x.sequence for x in await env.fetch(stream, "g", 1)], [6], "one more read")
+    await env.rheo.replay(stream, "g", from_sequence=8)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 4},
+                "replay from past what the group read moves no frontier")
+    check_equal([(x.sequence, x.attempt) for x in await env.fetch(stream, "g")],
+                [(7, 1), (8, 1)], "nothing skipped, nothing repeated")
+
+
+@case(rules=["replay.from_sequence", "settle.fencing", "redrive.dead_letters_only",
+             "frontier.contiguous"])
+async def case_replay_forgets_every_kind_of_delivery(env: CaseEnv) -> None:
+    """A replay from the first event, or from the second, forgets what each delivery
+    went through: a nack, a dead letter, an ack, a renewal; none is left to redrive."""
+    for start in (1, 2):
+        stream = await env.stream()
+        await env.append(stream, 5)
+        leases = await env.fetch(stream, "g")
+        check_results(await env.rheo.nack(leases[1], "again", delay_ms=0), leases[1:2], [None],
+                      f"from {start}: nack 2")
+        [two] = await env.fetch(stream, "g")
+        check_results(await env.rheo.reject(leases[2], "bad", error="E"), leases[2:3], [None],
+                      f"from {start}: reject 3")
+        check_results(await env.rheo.renew(leases[3]), leases[3:4], [None],
+                      f"from {start}: renew 4")
+        await env.ack_ok([leases[0], leases[4]])
+        await env.rheo.replay(stream, "g", from_sequence=start)
+        check_equal(await env.rheo.frontier(stream, "g"), {0: start - 1},
+                    f"from {start}: frontier")
+        check_equal(await env.rheo.dead_letters(stream, "g"), [], f"from {start}: dead letters")
+        check_equal(await env.rheo.redrive(stream, "g"), 0, f"from {start}: nothing to redrive")
+        old = [two, leases[3]]
+        check_results(await env.rheo.ack(old), old, [STALE, STALE], f"from {start}: old leases")
+        again = await env.fetch(stream, "g")
+        check_equal([(x.sequence, x.attempt) for x in again],
+                    [(n, 1) for n in range(start, 6)], f"from {start}: every one once more")
+        await env.ack_ok(again)
+        check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, f"from {start}: at the end")
 
 
 @case(rules=["replay.from_sequence"])
@@ -343,14 +387,18 @@ async def case_reset_forgets_dead_letters(env: CaseEnv) -> None:
 
 @case(rules=["redrive.dead_letters_only"])
 async def case_redrive_touches_only_dead_letters(env: CaseEnv) -> None:
-    """redrive leaves acked, available and leased deliveries alone; a second run re-drives none."""
+    """redrive leaves acked, available and leased deliveries alone; a second run re-drives none.
+
+    A dead letter listed twice in one call is re-driven (and counted) once."""
     stream = await env.stream()
     await env.append(stream, 4)
     leases = await env.fetch(stream, "g")
     check_results(await env.rheo.reject(leases, "bad"), leases, [None] * 4, "reject all")
     dead = await env.rheo.dead_letters(stream, "g")
-    check_equal(await env.rheo.redrive(stream, "g", dead[:1]), 1, "redrive 1")
+    check_equal(await env.rheo.redrive(stream, "g", [dead[0], dead[0]]), 1,
+                "redrive 1, listed twice: re-driven once")
     [one] = await env.fetch(stream, "g")
+    check_equal((one.sequence, one.attempt), (1, 1), "the re-driven delivery, once")
     await env.ack_ok([one])
     check_equal(await env.rheo.redrive(stream, "g", dead[:2]), 1,
                 "redrive of 1 (now acked) and 2 re-drives 2 only")

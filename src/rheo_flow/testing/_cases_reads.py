@@ -222,6 +222,21 @@ async def case_wait_for_append_times_out(env: CaseEnv) -> None:
     check_equal(await env.rheo.wait_for_append(stream, 0.05), False, "wait on a quiet stream")
 
 
+@case(rules=["wakeup.own_stream"], requires=["key_ordering"])
+async def case_settles_releasing_nothing_wake_no_one(env: CaseEnv) -> None:
+    """Settles in a key-ordered group that make nothing due leave a wait on the quiet
+    stream to time out: an ack, a reject, a nack of keys with no later event."""
+    stream = await env.stream()
+    await env.rheo.create_group(stream, "g", ordering="key")
+    await env.rheo.append(stream, [NewEvent("t", key=k, partition=0) for k in "abc"])
+    one, two, three = await env.fetch(stream, "g")
+    await env.ack_ok([one])
+    check_results(await env.rheo.reject(two, "bad"), [two], [None], "reject 2")
+    check_results(await env.rheo.nack(three, "later", delay_ms=env.long_ms), [three], [None],
+                  "nack 3")
+    check_equal(await env.rheo.wait_for_append(stream, 0.05), False, "wait on the quiet stream")
+
+
 @case(rules=["trim.removed", "frontier.contiguous", "frontier.lag"], requires=["trim"])
 async def case_trim_below_a_hole_walks_the_frontier(env: CaseEnv) -> None:
     """A forced trim below a hole moves the frontier over every settled delivery after it."""

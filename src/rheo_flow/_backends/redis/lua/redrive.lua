@@ -78,9 +78,14 @@ if g[2] == 'k' then
           prev = after
           after = prev ~= tail and redis.call('HGET', N, prev)
         end
-        redis.call('HSET', N, prev, sq)
-        if after then redis.call('HSET', N, sq, after) else tail = sq end
-        redis.call('HSET', K, k, head .. '|' .. tail)
+        -- A later delivery rejected while an earlier one was redriven ahead of it is
+        -- still linked in its place: it stays there (linking it again made it its own
+        -- next one, and the key's later deliveries were lost).
+        if after ~= sq then
+          redis.call('HSET', N, prev, sq)
+          if after then redis.call('HSET', N, sq, after) else tail = sq end
+          redis.call('HSET', K, k, head .. '|' .. tail)
+        end
         park[#park + 1] = S(PARK)
         park[#park + 1] = sq
       end
