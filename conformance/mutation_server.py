@@ -175,9 +175,11 @@ def target_files(globs: list[str] | None) -> list[str]:
 
 
 def _hash(*paths: Path) -> str:
+    """A digest of the files' paths (from the repository root, so that every checkout
+    agrees) and contents."""
     h = hashlib.sha1()
     for p in paths:
-        h.update(p.as_posix().encode())
+        h.update(p.relative_to(ROOT).as_posix().encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:12]
 
