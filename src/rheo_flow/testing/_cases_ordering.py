@@ -307,18 +307,19 @@ async def case_trim_releases_by_key_and_partition(env: CaseEnv) -> None:
     the same key in another partition, still hold in flight."""
     stream = await env.stream(2)
     await env.rheo.create_group(stream, "g", ordering="key")
-    await env.rheo.append(stream, [NewEvent("t", key=k, partition=0) for k in ("a", "x", "a")])
-    await env.rheo.append(stream, [NewEvent("t", key=k, partition=1) for k in ("a", "b")])
+    await env.rheo.append(stream, [NewEvent("t", key=k, partition=0)
+                                   for k in ("a", "x", "a", "b")])
+    await env.rheo.append(stream, [NewEvent("t", key="a", partition=1)])
     leased = await env.fetch(stream, "g")
     check_equal(sorted((x.partition, x.sequence) for x in leased),
-                [(0, 1), (0, 2), (1, 1), (1, 2)],
-                "a1 and x2 of partition 0, a1 and b2 of partition 1; a3 waits")
-    later = [x for x in leased if (x.partition, x.sequence) == (1, 2)]
+                [(0, 1), (0, 2), (0, 4), (1, 1)],
+                "a1, x2 and b4 of partition 0, a1 of partition 1; a3 waits")
+    later = [x for x in leased if (x.partition, x.sequence) == (0, 4)]
     check_results(await env.rheo.nack(later, "later", delay_ms=env.long_ms), later, [None],
-                  "nack partition 1's b2 with a delay")
+                  "nack b4 with a delay")
     await env.rheo.trim(stream, up_to={0: 1}, force=True)
     check_equal([(x.partition, x.sequence) for x in await env.fetch(stream, "g")], [(0, 3)],
-                "a3 once a1 is trimmed, with x2 and partition 1's a1 still leased (and b2 "
+                "a3 once a1 is trimmed, with x2 and partition 1's a1 still leased (and b4 "
                 "waiting for its delay)")
 
 
