@@ -338,6 +338,31 @@ def rheo_harness(request: pytest.FixtureRequest, tmp_path: Path) -> BackendHarne
     return harness
 
 
+COLUMNS_BY_FILE: dict[str, frozenset[str]] = {
+    "test_conformance_mongo.py": frozenset({"mongo", "mongo-motor"}),
+    "test_conformance_postgres.py": frozenset({"postgres", "pgbouncer"}),
+}
+"""The columns a test file runs; ``test_conformance.py`` runs every other one. Three
+files let ``--dist loadfile`` spread the columns over the workers (the MongoDB
+ones, against the CI's emulator, are the slowest)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    claimed = frozenset().union(*COLUMNS_BY_FILE.values())
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        column = callspec.params.get("rheo_harness") if callspec is not None else None
+        mine = COLUMNS_BY_FILE.get(item.path.name)
+        if column is None or (column in mine if mine is not None else column not in claimed):
+            keep.append(item)
+        else:
+            drop.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Record every conformance result into the matrix, when a path is given."""
     if MATRIX_PATH is not None and not config.pluginmanager.has_plugin("rheo-matrix-recorder"):

@@ -316,15 +316,8 @@ async def _turns_against_model(env: CaseEnv, *, keyed: bool) -> None:
         rng = random.Random(seed)
         stream = await env.stream(partitions=3)
         await env.rheo.create_group(stream, "g", ordering="key" if keyed else "none")
-        layout: list[list[str | None]] = []
-        for partition in range(3):
-            keys: list[str | None] = []
-            for _ in range(rng.choice((0, 6, 14, 25))):
-                if keys and rng.random() < 0.4:  # runs of one key
-                    keys.append(keys[-1])
-                else:
-                    keys.append(None if rng.random() < 0.2 else rng.choice("abcdef"))
-            layout.append(keys)
+        layout = [_model_keys(rng) for _ in range(3)]
+        for partition, keys in enumerate(layout):
             if keys:
                 await env.rheo.append(stream, [NewEvent("t", key=k, partition=partition)
                                                for k in keys])
@@ -369,6 +362,17 @@ async def _turns_against_model(env: CaseEnv, *, keyed: bool) -> None:
                 for p in range(3):
                     done[p] |= set(leased[p])
                     leased[p].clear()
+
+
+def _model_keys(rng: random.Random) -> list[str | None]:
+    """One partition's keys: 0 to 25 events, runs of one key, a few keys, keyless ones."""
+    keys: list[str | None] = []
+    for _ in range(rng.choice((0, 6, 14, 25))):
+        if keys and rng.random() < 0.4:  # runs of one key
+            keys.append(keys[-1])
+        else:
+            keys.append(None if rng.random() < 0.2 else rng.choice("abcdef"))
+    return keys
 
 
 def _model_eligible(keys: Sequence[str | None], leased: dict[int, Lease], done: set[int],
