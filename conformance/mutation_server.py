@@ -209,7 +209,7 @@ def _as_mutant(r: Result) -> base.Mutant:
 def kit_hash() -> str:
     """The Python that judges a mutant: the kit, the conformance runner, the package."""
     files = [*sorted((ROOT / "src").rglob("*.py")), ROOT / "conformance" / "conftest.py",
-             ROOT / "conformance" / "test_conformance.py"]
+             *sorted((ROOT / "conformance").glob("test_*.py"))]
     return _hash(*files)
 
 
