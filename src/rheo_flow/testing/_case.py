@@ -150,6 +150,17 @@ class CaseEnv:
         """Let every lease or delay of :attr:`short_ms` run out."""
         await self.advance(self.short_ms + self.margin_ms + 1)
 
+    async def expire_at_the_deadline(self, stream: str, group: str) -> None:
+        """Let leases and delays of :attr:`short_ms` taken just now run out: on a
+        harness with exact time, to the millisecond, after checking that a fetch of
+        ``group`` one millisecond before finds nothing; elsewhere as :meth:`expire`."""
+        if not self.exact_time:
+            await self.expire()
+            return
+        await self.advance(self.short_ms - 1)
+        check_equal(await self.fetch(stream, group), [], "a fetch a millisecond before the end")
+        await self.advance(1)  # the deadline itself: expired
+
     def name(self, prefix: str = "t") -> str:
         """A name unique to this run (servers may be shared between runs)."""
         self._counter += 1
