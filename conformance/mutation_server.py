@@ -197,8 +197,10 @@ def current(r: Result | None, file_hash: str, kit: str,
     kill a mutant that changes nothing the contract can observe."""
     if r is None or r.file_hash != file_hash:
         return False
-    return r.kit_hash == kit or r.status in DETECTED or (
-        r.status == "survived" and any(e.match(_as_mutant(r)) for e in entries))
+    if r.kit_hash == kit or r.status in DETECTED:
+        return True
+    mutant = _as_mutant(r) if r.status == "survived" else None
+    return mutant is not None and any(e.match(mutant) for e in entries)
 
 
 def _as_mutant(r: Result) -> base.Mutant:
