@@ -103,12 +103,7 @@ async def case_redriven_dead_letters_head_a_free_key(env: CaseEnv) -> None:
     await env.ack_ok(await env.fetch(stream, "g"))
     check_equal(await env.rheo.redrive(stream, "g"), 2, "redrive 1 and 2")
     await env.rheo.append(stream, NewEvent("t", key="a", partition=0))
-    for n in (1, 2, 4):
-        got = await env.fetch(stream, "g")
-        check_equal(_tried(got), [(n, 1)], f"{n}, alone")
-        check_equal(await env.fetch(stream, "g"), [], f"a is held by {n}")
-        await env.ack_ok(got)
-    check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "final frontier")
+    await _flow_one_at_a_time(env, stream, [1, 2, 4])
 
 
 @case(rules=["ordering.key_blocked", "ordering.released", "redrive.dead_letters_only"],
@@ -126,12 +121,18 @@ async def case_later_lease_rejected_behind_a_redriven_head(env: CaseEnv) -> None
     check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive 1")
     check_results(await env.rheo.reject(second, "bad"), [second], [None], "reject 2")
     check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive 2")
-    for n in (1, 2, 3):
+    await _flow_one_at_a_time(env, stream, [1, 2, 3])
+
+
+async def _flow_one_at_a_time(env: CaseEnv, stream: str, sequences: list[int]) -> None:
+    """Key a's deliveries ``sequences`` of partition 0 come one fetch at a time, each a
+    first attempt holding the key until acked; the frontier ends at the last."""
+    for n in sequences:
         got = await env.fetch(stream, "g")
         check_equal(_tried(got), [(n, 1)], f"{n}, alone")
         check_equal(await env.fetch(stream, "g"), [], f"a is held by {n}")
         await env.ack_ok(got)
-    check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "final frontier")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: sequences[-1]}, "final frontier")
 
 
 @case(rules=["ordering.released", "redrive.dead_letters_only", "settle.results"],

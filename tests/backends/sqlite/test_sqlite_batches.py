@@ -239,13 +239,23 @@ async def test_batch_with_a_lease_from_elsewhere_is_answered_lease_by_lease(rheo
 
 async def _queued(backend: SQLiteBackend, *calls: Awaitable[Any]) -> list[Any]:
     """Run ``calls`` while the backend thread is held, so that they queue up."""
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
     executor = backend._writer.executor
     assert executor is not None
-    blocker = asyncio.wrap_future(executor.submit(gate.wait, 10))
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(10)
+
+    blocker = asyncio.wrap_future(executor.submit(hold))
+    # The thread may still be finishing an earlier drain, which would take the new
+    # calls one by one as they come: queue them only once the thread is held.
+    deadline = asyncio.get_running_loop().time() + 10
+    while not holding.is_set():
+        assert asyncio.get_running_loop().time() < deadline, "the thread was never held"
+        await asyncio.sleep(0.001)
     tasks = [asyncio.ensure_future(call) for call in calls]
     # Release the thread only once every call waits in the writer's queue.
-    deadline = asyncio.get_running_loop().time() + 10
     while len(backend._writer._pending) < len(calls):
         assert asyncio.get_running_loop().time() < deadline, "calls never queued up"
         await asyncio.sleep(0.001)
