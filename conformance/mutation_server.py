@@ -53,8 +53,8 @@ Usage::
         [--every K] [--limit N] [--max-children 2] [--with-stateful] [--markdown]
     .venv/bin/python conformance/mutation_server.py --report-only [--files GLOB]
 
-Results accumulate in ``mutants-server/results.jsonl`` (one record per mutant run,
-with hashes of the mutated file and of the kit and backends' Python): a run skips
+Results accumulate in ``conformance/mutation-server-results.jsonl`` (tracked; one record
+per mutant run, with hashes of the mutated file and of the kit and backends' Python): a run skips
 mutants already measured against the same code (``--fresh`` measures again), so a
 sample can be widened in steps and runs for different files add up. The summary
 covers every selected file: mutants generated, measured (the sample), the verdicts,
@@ -101,7 +101,9 @@ from _server_mutator import OPERATORS, ServerMutant, apply, mutants_of  # noqa: 
 
 ROOT = HERE.parent
 OUT = ROOT / "mutants-server"
-RESULTS = OUT / "results.jsonl"
+RESULTS = ROOT / "conformance" / "mutation-server-results.jsonl"
+"""Every verdict, kept in git: a killed, timed-out or invalid one stands while its file is
+unchanged, so a later session (or another checkout) measures only what is new."""
 EQUIVALENTS = HERE / "mutation-server-equivalent.toml"
 TARGETS: dict[str, str] = {
     "src/rheo_flow/_backends/postgres/functions/*.sql": "postgres",

@@ -297,3 +297,8 @@ def positions(items: Iterable[Lease | Event]) -> list[tuple[int, int]]:
     for item in items:
         out.append((item.partition, item.sequence))
     return out
+
+
+def tried(leases: Iterable[Lease]) -> list[tuple[int, int]]:
+    """``(sequence, attempt)`` of each lease: which delivery, and its how-many-th try."""
+    return [(lease.sequence, lease.attempt) for lease in leases]

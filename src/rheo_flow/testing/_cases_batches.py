@@ -508,3 +508,33 @@ async def case_replayed_lease_beside_the_current_one(env: CaseEnv) -> None:
     check_results(await env.rheo.ack([new[1], old[1]]), [new[1], old[1]], [None, STALE],
                   "the current lease, then the replayed one")
     check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "final frontier")
+
+
+HUGE = 4_100
+"""Events in one append: more than a server takes in one variadic command (Redis' Lua
+unpacks 8,000 values at most, two per event id: a backend must send them in pieces)."""
+RUN = 2_001
+"""Events read in one fetch: a replay of all but the first forgets a range longer than a
+server handles in one command of a chunked loop (2,000 for the Redis scripts)."""
+
+
+@case(rules=["append.batch", "replay.from_sequence", "frontier.contiguous"])
+async def case_replay_of_a_long_run(env: CaseEnv) -> None:
+    """Thousands of events appended in one call, read in one fetch and replayed: the
+    replay forgets the ack behind a hole in the run, and once the hole closes the frontier
+    jumps every ack behind it at once."""
+    stream = await env.stream()
+    events = await env.append(stream, HUGE)
+    check_equal([e.sequence for e in events], list(range(1, HUGE + 1)), "one append")
+    leases = await env.fetch(stream, "g", RUN)
+    check_equal([x.sequence for x in leases], list(range(1, RUN + 1)), "one fetch")
+    await env.ack_ok(leases[2:3])
+    await env.rheo.replay(stream, "g", from_sequence=2)
+    again = await env.fetch(stream, "g", 50)
+    check_equal([(x.sequence, x.attempt) for x in again], [(n, 1) for n in range(2, 52)],
+                "the replayed run, delivered afresh")
+    await env.ack_ok(again[1:40])
+    await env.ack_ok(leases[:1])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "2 is a hole")
+    await env.ack_ok(again[:1])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 41}, "the hole closes")

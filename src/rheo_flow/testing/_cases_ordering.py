@@ -15,7 +15,7 @@ from .._model._errors import InvalidArgument
 from .._model._event import NewEvent
 from .._model._lease import Lease
 from .._model._settle_results import SettleKind
-from ._case import CaseEnv, case, check, check_equal, check_results, expect_error
+from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, tried
 
 Settle = Literal["ack", "reject", "nack at max attempts", "expiry at max attempts"]
 
@@ -44,6 +44,37 @@ async def case_key_blocked_while_leased(env: CaseEnv) -> None:
     check_equal(await env.fetch(stream, "g"), [], "later deliveries of leased keys")
     await env.ack_ok([x for x in first if x.event.key == "b"])
     check_equal(await env.fetch(stream, "g"), [], "a is still leased")
+
+
+@case(rules=["ordering.key_blocked", "trim.removed"], requires=["key_ordering", "trim"])
+async def case_trim_leaves_keys_past_its_bound_blocked(env: CaseEnv) -> None:
+    """A forced trim releases only the keys whose leased head it removes: a key leased
+    past the bound still blocks its later events."""
+    stream = await _keyed(env, ["a", "b", "b", "a"])
+    first = await env.fetch(stream, "g")
+    check_equal(_seqs(first), [1, 2], "the heads of a and b")
+    check_equal(await env.rheo.trim(stream, up_to=1, force=True), {0: 1}, "trim a's head")
+    check_equal(_seqs(await env.fetch(stream, "g")), [4], "a is free; b's 3 waits for 2")
+    await env.ack_ok(first[1:])
+    check_equal(_seqs(await env.fetch(stream, "g")), [3], "then 3")
+
+
+@case(rules=["ordering.key_blocked", "append.round_trip"], requires=["key_ordering"])
+async def case_keys_in_any_text_block(env: CaseEnv) -> None:
+    """A key blocks whatever its text, and whatever the text of its events' types and ids:
+    quotes, backslashes and control characters (which a store may have to escape) too."""
+    stream = await env.stream()
+    await env.rheo.create_group(stream, "g", ordering="key")
+    keys = ['q"k', "b\\k", "t\tk", "a", "a"]
+    events = [NewEvent("t", key=k) for k in keys[:3]]
+    events += [NewEvent('t"y', key="a", id='i"d\\'), NewEvent("t\n", key="a")]
+    events += [NewEvent("t", key=k) for k in keys[:3]] + [NewEvent("t", key="a")]
+    await env.rheo.append(stream, events)
+    first = await env.fetch(stream, "g")
+    check_equal(_seqs(first), [1, 2, 3, 4], "the first delivery of each key")
+    check_equal([x.event.key for x in first], keys[:4], "the keys come back as written")
+    await env.ack_ok(first)
+    check_equal(_seqs(await env.fetch(stream, "g")), [5, 6, 7, 8], "then the second ones")
 
 
 @case(rules=["ordering.released", "attempts.max"], requires=["key_ordering"])
@@ -240,10 +271,6 @@ async def case_ordering_persists_for_peers(env: CaseEnv) -> None:
                     "the next of the key, on the peer")
 
 
-def _tried(leases: Sequence[Lease]) -> list[tuple[int, int]]:
-    return [(lease.sequence, lease.attempt) for lease in leases]
-
-
 @case(rules=["ordering.key_blocked", "fetch.limit"], requires=["key_ordering"])
 async def case_new_event_of_leased_key_waits(env: CaseEnv) -> None:
     """An event of a leased (or nacked) key appended after an empty fetch still waits."""
@@ -267,7 +294,7 @@ async def case_new_event_of_leased_key_waits(env: CaseEnv) -> None:
         check_equal(await env.fetch(stream, "g"), [], f"{head}: a third event of a waits too")
         if head == "leased":
             await env.ack_ok([first])
-            check_equal(_tried(await env.fetch(stream, "g")), [(2, 1)], f"{head}: after the ack")
+            check_equal(tried(await env.fetch(stream, "g")), [(2, 1)], f"{head}: after the ack")
             check_equal(await env.fetch(stream, "g"), [], f"{head}: 4 waits for 2")
 
 
@@ -290,7 +317,7 @@ async def case_two_key_ordered_groups_block_only_themselves(env: CaseEnv) -> Non
     [third] = await env.fetch(stream, "h")
     check_equal((third.sequence, third.attempt), (2, 3), "h: the expired a2, while g holds a1")
     await env.ack_ok([third])
-    check_equal(_tried(await env.fetch(stream, "h")), [(3, 1)], "h: a3, new")
+    check_equal(tried(await env.fetch(stream, "h")), [(3, 1)], "h: a3, new")
     check_equal(await env.fetch(stream, "g"), [], "g: a2 still waits behind its own a1")
     await env.ack_ok([held])
 
@@ -328,7 +355,7 @@ async def case_release_leaves_other_delays_alone(env: CaseEnv) -> None:
     check_results(await env.rheo.nack(other, "later", delay_ms=env.long_ms), [other], [None],
                   "nack b3 with a delay")
     await env.ack_ok([first])
-    check_equal(_tried(await env.fetch(stream, "g")), [(2, 1)],
+    check_equal(tried(await env.fetch(stream, "g")), [(2, 1)],
                 "a2, released; b3 waits for its delay")
 
 
@@ -354,10 +381,10 @@ async def case_trimmed_head_releases_its_key(env: CaseEnv) -> None:
                       f"{head}: the trimmed head's lease")
         check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, f"{head}: frontier")
         second = await env.fetch(stream, "g")
-        check_equal(_tried(second), [(2, 1)], f"{head}: the next event of a, alone")
+        check_equal(tried(second), [(2, 1)], f"{head}: the next event of a, alone")
         check_equal(await env.fetch(stream, "g"), [], f"{head}: 3 waits for 2")
         await env.ack_ok([*second, other])
-        check_equal(_tried(await env.fetch(stream, "g")), [(3, 1)], f"{head}: then 3")
+        check_equal(tried(await env.fetch(stream, "g")), [(3, 1)], f"{head}: then 3")
         check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, f"{head}: frontier at the end")
 
 
@@ -374,12 +401,12 @@ async def case_blocked_key_after_a_trim(env: CaseEnv) -> None:
     check_equal(await env.rheo.trim(stream, up_to={0: 2}, force=True), {0: 2}, "trim 1 and 2")
     await env.expire()  # the trimmed head's lease runs out: nothing may come back of it
     third = await env.fetch(stream, "g")
-    check_equal(_tried(third), [(3, 1)], "3 is a's head now")
+    check_equal(tried(third), [(3, 1)], "3 is a's head now")
     check_equal(await env.fetch(stream, "g"), [], "4 waits for 3, b is leased")
     check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "frontier after the trim")
     await env.ack_ok(third)
     fourth = await env.fetch(stream, "g")
-    check_equal(_tried(fourth), [(4, 1)], "then 4")
+    check_equal(tried(fourth), [(4, 1)], "then 4")
     await env.ack_ok([*fourth, other])
     check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, "frontier at the end")
 
@@ -517,22 +544,22 @@ async def case_key_with_settled_history_flows_exactly(env: CaseEnv) -> None:
     check_equal(_seqs(first), [1, 3, 6], "the head of a, of b and the keyless event")
     await env.ack_ok(first)
     [second] = await env.fetch(stream, "g")
-    check_equal(_tried([second]), [(2, 1)], "a after its acked first delivery")
+    check_equal(tried([second]), [(2, 1)], "a after its acked first delivery")
     check_results(await env.rheo.reject(second, "bad"), [second], [None], "reject 2")
     [third] = await env.fetch(stream, "g", lease_ms=env.short_ms)
-    check_equal(_tried([third]), [(4, 1)], "a after an acked and a rejected delivery")
+    check_equal(tried([third]), [(4, 1)], "a after an acked and a rejected delivery")
     await env.expire()
     held = await env.fetch(stream, "g")
-    check_equal(_tried(held), [(4, 2)], "the expired delivery comes back, the later ones wait")
+    check_equal(tried(held), [(4, 2)], "the expired delivery comes back, the later ones wait")
     await env.rheo.append(stream, NewEvent("t", key="a", partition=0))
     check_equal(await env.fetch(stream, "g"), [], "a is held: 5, 7 and the new 8 wait")
     check_results(await env.rheo.nack(held, "again"), held, [None], "nack the redelivery")
     released = await env.fetch(stream, "g")
-    check_equal(_tried(released), [(4, 3)], "the nacked delivery, before any later one")
+    check_equal(tried(released), [(4, 3)], "the nacked delivery, before any later one")
     await env.ack_ok(released)
     for sequence in (5, 7, 8):
         nxt = await env.fetch(stream, "g")
-        check_equal(_tried(nxt), [(sequence, 1)], "the key's next event, alone")
+        check_equal(tried(nxt), [(sequence, 1)], "the key's next event, alone")
         check_equal(await env.fetch(stream, "g"), [], f"a is held by {sequence}")
         await env.ack_ok(nxt)
     check_equal(await env.fetch(stream, "g"), [], "the key is exhausted")

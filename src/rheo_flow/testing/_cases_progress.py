@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .._backend import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_REASON
+from .._model._event import NewEvent
 from .._model._query import Query
 from .._model._settle_results import SettleKind
 from .._model._stream import GroupInfo
@@ -35,6 +36,25 @@ async def case_create_group_idempotent(env: CaseEnv) -> None:
     await env.rheo.create_group(stream, "a")
     check_equal([g.group for g in await env.rheo.groups(stream)], ["a", "b", "c"],
                 "groups sorted by name")
+
+
+@case(rules=["group.lifecycle", "attempts.max"])
+async def case_updated_max_attempts_applies(env: CaseEnv) -> None:
+    """max_attempts given for an existing group governs its deliveries from then on, in
+    every partition: raised from 1 to 2, a nack at attempt 1 sends the delivery back."""
+    stream = await env.stream(2)
+    await env.rheo.create_group(stream, "g", max_attempts=1)
+    await env.rheo.append(stream, [NewEvent("t", partition=p) for p in (0, 1)])
+    first = await env.fetch(stream, "g")
+    await env.rheo.create_group(stream, "g", max_attempts=2)
+    check_results(await env.rheo.nack(first, "again"), first, [None, None], "nack at attempt 1")
+    again = await env.fetch(stream, "g")
+    check_equal(sorted((x.partition, x.attempt) for x in again), [(0, 2), (1, 2)],
+                "both come back for their second attempt")
+    check_results(await env.rheo.nack(again, "again"), again, [None, None], "nack at attempt 2")
+    dead = await env.rheo.dead_letters(stream, "g")
+    check_equal(sorted((d.partition, d.attempts, d.reason) for d in dead),
+                [(0, 2, MAX_ATTEMPTS_REASON), (1, 2, MAX_ATTEMPTS_REASON)], "then they die")
 
 
 @case(rules=["group.start"])

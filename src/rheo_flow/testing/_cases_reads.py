@@ -20,6 +20,7 @@ from ._case import (
     check_results,
     expect_error,
     positions,
+    tried,
 )
 
 
@@ -179,6 +180,68 @@ async def case_replay_after_trim(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "frontier after replay from 1")
     check_equal([lease.sequence for lease in await env.drain(stream, "g")], [3, 4, 5],
                 "replayed retained events")
+
+
+@case(rules=["trim.removed", "settle.nack", "lease.expiry"], requires=["trim"])
+async def case_trim_keeps_redeliveries_past_its_bound(env: CaseEnv) -> None:
+    """A forced trim forgets the deliveries up to its bound, a nacked one at the bound
+    included, and keeps the later ones: a nacked or expired delivery past it comes back."""
+    stream = await env.stream()
+    await env.append(stream, 6)
+    leases = await env.fetch(stream, "g")
+    nacked = [leases[1], leases[3]]
+    check_results(await env.rheo.nack(nacked, "again"), nacked, [None, None], "nack 2 and 4")
+    check_results(await env.rheo.renew(leases[4], lease_ms=env.short_ms), leases[4:5], [None],
+                  "renew 5 to a short lease")
+    check_equal(await env.rheo.trim(stream, up_to=2, force=True), {0: 2}, "trim 1 and 2")
+    await env.expire()
+    again = await env.fetch(stream, "g")
+    check_equal(tried(again), [(4, 2), (5, 2)], "4 (nacked) and 5 (expired) come back, 2 not")
+    await env.ack_ok([leases[2], leases[5], *again])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 6}, "frontier at the end")
+
+
+@case(rules=["replay.from_sequence", "settle.ack", "lease.expiry"])
+async def case_replay_keeps_redeliveries_before_its_start(env: CaseEnv) -> None:
+    """A replay forgets the deliveries from its start, a leased one at the start included
+    (its deadline with it), and leaves the earlier ones: a nacked or expired delivery
+    before it comes back as a redelivery."""
+    stream = await env.stream()
+    await env.append(stream, 6)
+    leases = await env.fetch(stream, "g")
+    check_results(await env.rheo.nack(leases[0], "again"), leases[:1], [None], "nack 1")
+    short = [leases[1], leases[3]]
+    check_results(await env.rheo.renew(short, lease_ms=env.short_ms), short, [None, None],
+                  "renew 2 and 4 to a short lease")
+    await env.rheo.replay(stream, "g", from_sequence=4)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 0}, "frontier after the replay")
+    first = await env.fetch(stream, "g")
+    check_equal(tried(first), [(1, 2), (4, 1), (5, 1), (6, 1)],
+                "1 (nacked) comes back, 4..6 are delivered afresh")
+    await env.ack_ok(first[1:2])
+    await env.expire()
+    second = await env.fetch(stream, "g")
+    check_equal(tried(second), [(2, 2)],
+                "2 (expired) comes back; 4, acked since the replay, does not")
+    old = [leases[3], *leases[4:]]
+    check_results(await env.rheo.ack(old), old, [SettleKind.STALE_LEASE] * 3,
+                  "leases held over the replay")
+    await env.ack_ok([leases[2], first[0], *first[2:], *second])
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 6}, "frontier at the end")
+
+
+@case(rules=["append.idempotent", "append.routing", "trim.removed"], requires=["trim"])
+async def case_trimmed_id_is_new_again(env: CaseEnv) -> None:
+    """An id whose event was trimmed is new again, also in another partition: appended
+    there, it goes where its record says, as a new event."""
+    stream = await env.stream(2)
+    [old] = await env.rheo.append(stream, [NewEvent("t", {"v": 1}, id="once", partition=0)])
+    check_equal(await env.rheo.trim(stream, up_to={0: 1}, force=True), {0: 1}, "trim it")
+    [new] = await env.rheo.append(stream, [NewEvent("t", {"v": 2}, id="once", partition=1)])
+    check_equal((new.partition, new.sequence, new.data), (1, 1, {"v": 2}), "a new event")
+    check(new.appended_at_ms >= old.appended_at_ms, "appended now")
+    [same] = await env.rheo.append(stream, [NewEvent("t", {"v": 3}, id="once", partition=0)])
+    check_equal(same, new, "the id is held again: the new event is returned")
 
 
 @case(rules=["capabilities.declared"])

@@ -215,3 +215,66 @@ async def case_more_redeliveries_than_the_limit(env: CaseEnv) -> None:
                 "the expired last attempts are dead letters")
     await env.ack_ok(got)
     check_equal(await env.rheo.frontier(stream, "g"), {0: 8, 1: 8}, "frontier")
+
+
+@case(rules=["settle.repeat", "redrive.dead_letters_only", "settle.expired_unreleased"])
+async def case_repeated_acks_after_expiries_and_a_redrive(env: CaseEnv) -> None:
+    """Acks repeat as acks whatever happened around them since: the expiry of their
+    batch's other leases, the expiry of their settled batch, a redrive of an earlier
+    dead letter that takes the frontier back below them."""
+    stream = await env.stream()
+    await env.append(stream, 8)
+    [dead] = await env.fetch(stream, "g", 1)
+    check_results(await env.rheo.reject(dead, "bad"), [dead], [None], "reject 1")
+    part = await env.fetch(stream, "g", 3, lease_ms=env.short_ms)
+    await env.ack_ok(part[:1])
+    await env.expire()
+    back = await env.fetch(stream, "g", 2)
+    check_equal([(x.sequence, x.attempt) for x in back], [(3, 2), (4, 2)],
+                "3 and 4 expired, 2 was acked")
+    check_results(await env.rheo.ack(part[:1]), part[:1], [None], "ack 2 again",
+                  repeated=[True])
+    early = await env.fetch(stream, "g", 2, lease_ms=env.short_ms)
+    late = await env.fetch(stream, "g", 2)
+    await env.ack_ok(early)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "3 and 4 are leased")
+    await env.ack_ok(back)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 6}, "7 and 8 are leased")
+    await env.ack_ok(late)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 8}, "every event settled")
+    await env.expire()
+    check_equal(await env.fetch(stream, "g"), [], "the acked leases expire to nothing")
+    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive 1")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 0}, "frontier below 1")
+    acked = [part[0], *back, *early, *late]
+    check_results(await env.rheo.ack(acked), acked, [None] * 7, "the acks again",
+                  repeated=[True] * 7)
+    again = await env.fetch(stream, "g")
+    check_equal([(x.sequence, x.attempt) for x in again], [(1, 1)], "only 1 comes back")
+    await env.ack_ok(again)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 8}, "frontier at the end")
+
+
+FETCHES = 520
+"""Fetches of one event each: more batches than a store may keep in the order it took
+them (a small Redis hash keeps insertion order, up to 512 fields by default)."""
+
+
+@case(rules=["settle.repeat", "redrive.dead_letters_only"])
+async def case_repeated_acks_after_a_redrive_behind_many_fetches(env: CaseEnv) -> None:
+    """Acks of many small fetches repeat as acks after a redrive of a dead letter
+    before them takes the frontier back below them all."""
+    stream = await env.stream()
+    await env.append(stream, FETCHES)
+    leases = [x for _ in range(FETCHES) for x in await env.fetch(stream, "g", 1)]
+    check_equal([x.sequence for x in leases], list(range(1, FETCHES + 1)), "one event a fetch")
+    check_results(await env.rheo.reject(leases[0], "bad"), leases[:1], [None], "reject 1")
+    await env.ack_ok(leases[1:])
+    check_equal(await env.rheo.redrive(stream, "g"), 1, "redrive 1")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 0}, "frontier below 1")
+    check_results(await env.rheo.ack(leases[1:]), leases[1:], [None] * (FETCHES - 1),
+                  "the acks again", repeated=[True] * (FETCHES - 1))
+    again = await env.fetch(stream, "g")
+    check_equal([(x.sequence, x.attempt) for x in again], [(1, 1)], "only 1 comes back")
+    await env.ack_ok(again)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: FETCHES}, "frontier at the end")
