@@ -19,7 +19,16 @@ from .._model._query import Query
 from .._model._settle_results import SettleKind
 from .._model._stream import DeadLetter
 from .._rheo import Rheo
-from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, positions
+from ._case import (
+    CaseEnv,
+    case,
+    check,
+    check_equal,
+    check_results,
+    expect_error,
+    positions,
+    tried,
+)
 
 
 async def _water(rheo: Rheo, stream: str) -> dict[int, int]:
@@ -309,3 +318,23 @@ async def case_streams_sharing_ids_and_positions_stay_apart(env: CaseEnv) -> Non
                        for x in fresh), [(0, 4, "f6", "one"), (0, 5, "f7", "one")],
                 "one: its new events, not two's at the same positions")
     await env.ack_ok([*redelivered, *fresh])
+
+
+@case(rules=["group.independent", "lease.expiry"])
+async def case_expired_leases_come_back_to_their_own_group(env: CaseEnv) -> None:
+    """Leases of one group that run out come back to that group only: a second group
+    fetching the same partition afterwards gets none of them."""
+    stream = await env.stream()
+    await env.append(stream, 3)
+    mine = await env.fetch(stream, "a", lease_ms=env.short_ms)
+    theirs = await env.fetch(stream, "b", limit=1)
+    check_equal(positions(theirs), [(0, 1)], "b leases 1 for long")
+    await env.expire()
+    check_equal(tried(await env.fetch(stream, "b")),
+                [(2, 1), (3, 1)], "b gets its own 2 and 3, first attempts, not a's expired leases")
+    again = await env.fetch(stream, "a")
+    check_equal(tried(again), [(1, 2), (2, 2), (3, 2)],
+                "a's expired leases come back to a")
+    check_results(await env.rheo.ack(mine), mine, [SettleKind.STALE_LEASE] * 3,
+                  "a's superseded leases")
+    await env.ack_ok(again)

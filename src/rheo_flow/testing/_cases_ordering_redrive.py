@@ -344,3 +344,21 @@ async def case_redriven_heads_pass_their_key_on(env: CaseEnv) -> None:
     check_equal(tried(last), [(5, 1)], "e is free once 3 is acked: its new event 5")
     await env.ack_ok([later[0], *last])
     check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, "frontier at the end")
+
+
+@case(rules=["ordering.key_blocked", "lease.expiry", "fetch.limit"], requires=["key_ordering"])
+async def case_expired_heads_of_every_key_come_back_together(env: CaseEnv) -> None:
+    """When the leased heads of several keys all run out, one fetch leases every one of
+    them again (each heads its key), not only the first key's."""
+    stream = await env.stream()
+    await env.rheo.create_group(stream, "g", ordering="key")
+    await env.rheo.append(stream, [NewEvent("t", key=k, partition=0) for k in "cab" * 2])
+    heads = await env.fetch(stream, "g", lease_ms=env.short_ms)
+    check_equal(tried(heads), [(1, 1), (2, 1), (3, 1)], "the head of c, a and b")
+    await env.expire()
+    again = await env.fetch(stream, "g")
+    check_equal(tried(again), [(1, 2), (2, 2), (3, 2)], "all three heads again, in one fetch")
+    await env.ack_ok(again)
+    check_equal(tried(await env.fetch(stream, "g")), [(4, 1), (5, 1), (6, 1)],
+                "then the next event of each key")
+
