@@ -520,7 +520,9 @@ server handles in one command of a chunked loop (2,000 for the Redis scripts).""
 
 @case(rules=["append.batch", "replay.from_sequence", "frontier.contiguous"])
 async def case_replay_of_a_long_run(env: CaseEnv) -> None:
-    """Thousands of events appended in one call, read in one fetch and replayed: the
+    """Thousands of events in one append, fetch and replay keep an exact frontier.
+
+    Thousands of events appended in one call, read in one fetch and replayed: the
     replay forgets the ack behind a hole in the run, and once the hole closes the frontier
     jumps every ack behind it at once."""
     stream = await env.stream()

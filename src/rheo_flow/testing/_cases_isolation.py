@@ -322,7 +322,9 @@ async def case_streams_sharing_ids_and_positions_stay_apart(env: CaseEnv) -> Non
 
 @case(rules=["group.independent", "lease.expiry"])
 async def case_expired_leases_come_back_to_their_own_group(env: CaseEnv) -> None:
-    """Leases of one group that run out come back to that group only: a second group
+    """Leases of one group that run out come back to that group only.
+
+    Leases of one group that run out come back to that group only: a second group
     fetching the same partition afterwards gets none of them."""
     stream = await env.stream()
     await env.append(stream, 3)

@@ -48,7 +48,9 @@ async def case_key_blocked_while_leased(env: CaseEnv) -> None:
 
 @case(rules=["ordering.key_blocked", "trim.removed"], requires=["key_ordering", "trim"])
 async def case_trim_leaves_keys_past_its_bound_blocked(env: CaseEnv) -> None:
-    """A forced trim releases only the keys whose leased head it removes: a key leased
+    """A forced trim releases only the keys whose leased head it removes.
+
+    A forced trim releases only the keys whose leased head it removes: a key leased
     past the bound still blocks its later events."""
     stream = await _keyed(env, ["a", "b", "b", "a"])
     first = await env.fetch(stream, "g")
@@ -61,7 +63,9 @@ async def case_trim_leaves_keys_past_its_bound_blocked(env: CaseEnv) -> None:
 
 @case(rules=["ordering.key_blocked", "append.round_trip"], requires=["key_ordering"])
 async def case_keys_in_any_text_block(env: CaseEnv) -> None:
-    """A key blocks whatever its text, and whatever the text of its events' types and ids:
+    """A key blocks whatever its text, and whatever its events' types and ids.
+
+    A key blocks whatever its text, and whatever the text of its events' types and ids:
     quotes, backslashes and control characters (which a store may have to escape) too."""
     stream = await env.stream()
     await env.rheo.create_group(stream, "g", ordering="key")

@@ -315,7 +315,9 @@ async def case_nacked_later_lease_waits_for_redriven_head(env: CaseEnv) -> None:
 @case(rules=["ordering.released", "lease.exclusive", "redrive.dead_letters_only",
              "wakeup.own_stream"], requires=["key_ordering"])
 async def case_redriven_heads_pass_their_key_on(env: CaseEnv) -> None:
-    """A redriven head settled ahead of its key's later deliveries passes the key on as
+    """A redriven head settled ahead of its key's later deliveries passes the key on.
+
+    A redriven head settled ahead of its key's later deliveries passes the key on as
     they stand: a later one still leased keeps its lease (nothing becomes due, no one is
     woken), a later one rejected meanwhile is passed over, and the key is free.
 
@@ -348,7 +350,9 @@ async def case_redriven_heads_pass_their_key_on(env: CaseEnv) -> None:
 
 @case(rules=["ordering.key_blocked", "lease.expiry", "fetch.limit"], requires=["key_ordering"])
 async def case_expired_heads_of_every_key_come_back_together(env: CaseEnv) -> None:
-    """When the leased heads of several keys all run out, one fetch leases every one of
+    """Expired heads of several keys all come back in one fetch.
+
+    When the leased heads of several keys all run out, one fetch leases every one of
     them again (each heads its key), not only the first key's."""
     stream = await env.stream()
     await env.rheo.create_group(stream, "g", ordering="key")

@@ -40,7 +40,9 @@ async def case_create_group_idempotent(env: CaseEnv) -> None:
 
 @case(rules=["group.lifecycle", "attempts.max"])
 async def case_updated_max_attempts_applies(env: CaseEnv) -> None:
-    """max_attempts given for an existing group governs its deliveries from then on, in
+    """A max_attempts given for an existing group governs it from then on.
+
+    max_attempts given for an existing group governs its deliveries from then on, in
     every partition: raised from 1 to 2, a nack at attempt 1 sends the delivery back."""
     stream = await env.stream(2)
     await env.rheo.create_group(stream, "g", max_attempts=1)

@@ -219,7 +219,9 @@ async def case_more_redeliveries_than_the_limit(env: CaseEnv) -> None:
 
 @case(rules=["settle.repeat", "redrive.dead_letters_only", "settle.expired_unreleased"])
 async def case_repeated_acks_after_expiries_and_a_redrive(env: CaseEnv) -> None:
-    """Acks repeat as acks whatever happened around them since: the expiry of their
+    """Acks repeat as acks whatever happened around them since.
+
+    Acks repeat as acks whatever happened around them since: the expiry of their
     batch's other leases, the expiry of their settled batch, a redrive of an earlier
     dead letter that takes the frontier back below them."""
     stream = await env.stream()
@@ -262,7 +264,9 @@ them (a small Redis hash keeps insertion order, up to 512 fields by default)."""
 
 @case(rules=["settle.repeat", "redrive.dead_letters_only"])
 async def case_repeated_acks_after_a_redrive_behind_many_fetches(env: CaseEnv) -> None:
-    """Acks of many small fetches repeat as acks after a redrive of a dead letter
+    """Acks of many small fetches repeat as acks after a redrive behind them.
+
+    Acks of many small fetches repeat as acks after a redrive of a dead letter
     before them takes the frontier back below them all."""
     stream = await env.stream()
     await env.append(stream, FETCHES)
