@@ -302,3 +302,9 @@ def positions(items: Iterable[Lease | Event]) -> list[tuple[int, int]]:
 def tried(leases: Iterable[Lease]) -> list[tuple[int, int]]:
     """``(sequence, attempt)`` of each lease: which delivery, and its how-many-th try."""
     return [(lease.sequence, lease.attempt) for lease in leases]
+
+
+def states(leases: Iterable[Lease]) -> list[tuple[int, int, int]]:
+    """``(partition, sequence, attempt)`` of each lease, sorted: a batch's deliveries
+    whatever order the partitions came in."""
+    return sorted((lease.partition, lease.sequence, lease.attempt) for lease in leases)

@@ -18,7 +18,7 @@ from .._model._errors import UnknownStream
 from .._model._event import NewEvent
 from .._model._lease import Lease
 from .._model._settle_results import SettleKind
-from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, positions
+from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, positions, tried
 
 STALE = SettleKind.STALE_LEASE
 MISMATCH = SettleKind.RECEIPT_MISMATCH
@@ -64,7 +64,7 @@ async def case_settle_effects_in_mixed_batches(env: CaseEnv) -> None:
                   [acked, nacked], [STALE, None], "nack [acked, live]")
     await env.expire()  # the fourth lease was not renewed: it comes back, attempt 2
     again = await env.fetch(stream, "g", lease_ms=env.short_ms)
-    check_equal([(lease.sequence, lease.attempt) for lease in again], [(3, 2), (4, 2)],
+    check_equal(tried(again), [(3, 2), (4, 2)],
                 "redeliveries: the nacked one and the expired one, not the renewed ones")
     nacked_again, renewed_again = again
     check_results(await env.rheo.nack([acked, nacked_again], "again"), [acked, nacked_again],
@@ -206,7 +206,7 @@ async def case_settle_effects_on_every_batch_path(env: CaseEnv) -> None:
             await _settle_as(env, shape, "nack", leases[:2], old, error)
             await _settle_as(env, shape, "nack", leases[2:], old, error and "E2")
             leases = await env.fetch(stream, "g")
-            check_equal([(x.sequence, x.attempt) for x in leases],
+            check_equal(tried(leases),
                         [(s, attempt + 1) for s in (2, 3, 4, 5)], f"{shape}: redeliveries")
         await env.advance(env.short_ms)
         t0 = await env.now()
@@ -452,7 +452,7 @@ async def case_ack_of_a_whole_fetch_after_changes_to_it(env: CaseEnv) -> None:
         await env.expire()
         back = {"nacked": [(3, 2)], "replayed": [(4, 1), (5, 1)]}.get(change, [])
         again = await env.fetch(stream, "g")
-        check_equal([(x.sequence, x.attempt) for x in again], back,
+        check_equal(tried(again), back,
                     f"{change}: only what the ack did not settle comes back")
         await env.ack_ok(again)
         check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, f"{change}: final frontier")
@@ -488,7 +488,7 @@ async def case_fetch_acked_from_the_front_then_the_rest_expires(env: CaseEnv) ->
     check_equal(await env.rheo.frontier(stream, "g"), {0: 2}, "frontier")
     await env.expire()
     again = await env.fetch(stream, "g")
-    check_equal([(x.sequence, x.attempt) for x in again], [(3, 2), (4, 2)], "the expired rest")
+    check_equal(tried(again), [(3, 2), (4, 2)], "the expired rest")
     await env.ack_ok(again)
     check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "final frontier")
 
@@ -522,9 +522,8 @@ server handles in one command of a chunked loop (2,000 for the Redis scripts).""
 async def case_replay_of_a_long_run(env: CaseEnv) -> None:
     """Thousands of events in one append, fetch and replay keep an exact frontier.
 
-    Thousands of events appended in one call, read in one fetch and replayed: the
-    replay forgets the ack behind a hole in the run, and once the hole closes the frontier
-    jumps every ack behind it at once."""
+    The replay forgets the ack behind a hole in the run, and once the hole closes
+    the frontier jumps every ack behind it at once."""
     stream = await env.stream()
     events = await env.append(stream, HUGE)
     check_equal([e.sequence for e in events], list(range(1, HUGE + 1)), "one append")
@@ -533,7 +532,7 @@ async def case_replay_of_a_long_run(env: CaseEnv) -> None:
     await env.ack_ok(leases[2:3])
     await env.rheo.replay(stream, "g", from_sequence=2)
     again = await env.fetch(stream, "g", 50)
-    check_equal([(x.sequence, x.attempt) for x in again], [(n, 1) for n in range(2, 52)],
+    check_equal(tried(again), [(n, 1) for n in range(2, 52)],
                 "the replayed run, delivered afresh")
     await env.ack_ok(again[1:40])
     await env.ack_ok(leases[:1])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
 
 from .._model._errors import UnknownStream
 from .._model._event import NewEvent
@@ -27,6 +26,7 @@ from ._case import (
     check_results,
     expect_error,
     positions,
+    states,
     tried,
 )
 
@@ -104,10 +104,6 @@ async def _quietly(through: Rheo, stream: str, asleep: asyncio.Task[bool], *,
         check_equal(until_woken.result(), True, "woken by an append to its own stream")
 
 
-def _states(leases: Sequence[Lease]) -> list[tuple[int, int, int]]:
-    return sorted((lease.partition, lease.sequence, lease.attempt) for lease in leases)
-
-
 async def _mixed(env: CaseEnv, stream: str, group: str) -> tuple[list[Lease], list[DeadLetter]]:
     """Leave ``group`` of a two-partition stream of four events each with acked
     (0, 1) and (1, 1), rejected (0, 4) and (1, 2), nacked (0, 3), and leased
@@ -129,7 +125,7 @@ async def _still_mixed(env: CaseEnv, stream: str, group: str, held: list[Lease],
     check_equal(await env.rheo.dead_letters(stream, group), dead, f"{what}: dead letters")
     check_equal(await env.rheo.frontier(stream, group), {0: 1, 1: 2}, f"{what}: frontier")
     again = await env.fetch(stream, group)
-    check_equal(_states(again), [(0, 3, 2)], f"{what}: only its nacked delivery is eligible")
+    check_equal(states(again), [(0, 3, 2)], f"{what}: only its nacked delivery is eligible")
     leases = [*held, *again]
     check_results(await env.rheo.ack(leases), leases, [None] * len(leases),
                   f"{what}: its leases settle, as first settles", repeated=[False] * len(leases))
@@ -146,7 +142,7 @@ async def case_redrive_leaves_other_groups_alone(env: CaseEnv) -> None:
     check_equal(await env.rheo.redrive(stream, "a"), 0, "a second redrive re-drives nothing")
     check_equal(await env.rheo.dead_letters(stream, "a"), [], "a's dead letters")
     check_equal(await env.rheo.frontier(stream, "a"), {0: 1, 1: 1}, "a's frontier")
-    check_equal(_states(await env.fetch(stream, "a")), [(0, 3, 2), (0, 4, 1), (1, 2, 1)],
+    check_equal(states(await env.fetch(stream, "a")), [(0, 3, 2), (0, 4, 1), (1, 2, 1)],
                 "a: its nacked delivery and its re-driven dead letters")
     await _still_mixed(env, stream, "b", held, dead, "b after a's redrive")
 
@@ -164,7 +160,7 @@ async def case_replay_and_reset_leave_other_groups_alone(env: CaseEnv) -> None:
     await env.rheo.reset(stream, "a", to="earliest", partitions=[1])
     check_equal(await env.rheo.frontier(stream, "a"), {0: 1, 1: 0}, "a's frontier after reset")
     check_equal(await env.rheo.dead_letters(stream, "a"), [], "a's dead letters after reset")
-    check_equal(_states(await env.fetch(stream, "a")),
+    check_equal(states(await env.fetch(stream, "a")),
                 [(0, 2, 1), (0, 3, 1), (0, 4, 1), (1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 4, 1)],
                 "a: everything replayed or reset, as first deliveries")
     await _still_mixed(env, stream, "b", held, dead, "b after a's replay and reset")
@@ -179,7 +175,7 @@ async def case_delete_group_leaves_other_groups_alone(env: CaseEnv) -> None:
     await env.rheo.delete_group(stream, "a")
     check_equal([g.group for g in await env.rheo.groups(stream)], ["b"], "groups")
     await _still_mixed(env, stream, "b", held, dead, "b after deleting a")
-    check_equal(_states(await env.fetch(stream, "a")),
+    check_equal(states(await env.fetch(stream, "a")),
                 [(p, s, 1) for p in (0, 1) for s in (1, 2, 3, 4)], "a created again starts fresh")
 
 
@@ -248,7 +244,7 @@ async def case_trim_bound_per_partition(env: CaseEnv) -> None:
     check_results(await env.rheo.ack(gone), gone, [SettleKind.STALE_LEASE] * 3,
                   "leases of trimmed events")
     rest = await env.fetch(stream, "g", partitions=[1])
-    check_equal(_states(rest), [(1, 3, 1), (1, 4, 1), (1, 5, 1)],
+    check_equal(states(rest), [(1, 3, 1), (1, 4, 1), (1, 5, 1)],
                 "g: the rest of partition 1, which the trim did not touch")
     check_equal(sorted(positions(await env.fetch(stream, "late"))), retained,
                 "late: every retained event")
@@ -324,8 +320,7 @@ async def case_streams_sharing_ids_and_positions_stay_apart(env: CaseEnv) -> Non
 async def case_expired_leases_come_back_to_their_own_group(env: CaseEnv) -> None:
     """Leases of one group that run out come back to that group only.
 
-    Leases of one group that run out come back to that group only: a second group
-    fetching the same partition afterwards gets none of them."""
+    A second group fetching the same partition afterwards gets none of them."""
     stream = await env.stream()
     await env.append(stream, 3)
     mine = await env.fetch(stream, "a", lease_ms=env.short_ms)

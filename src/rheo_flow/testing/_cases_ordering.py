@@ -15,7 +15,7 @@ from .._model._errors import InvalidArgument
 from .._model._event import NewEvent
 from .._model._lease import Lease
 from .._model._settle_results import SettleKind
-from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, tried
+from ._case import CaseEnv, case, check, check_equal, check_results, expect_error, states, tried
 
 Settle = Literal["ack", "reject", "nack at max attempts", "expiry at max attempts"]
 
@@ -50,8 +50,7 @@ async def case_key_blocked_while_leased(env: CaseEnv) -> None:
 async def case_trim_leaves_keys_past_its_bound_blocked(env: CaseEnv) -> None:
     """A forced trim releases only the keys whose leased head it removes.
 
-    A forced trim releases only the keys whose leased head it removes: a key leased
-    past the bound still blocks its later events."""
+    A key leased past the bound still blocks its later events."""
     stream = await _keyed(env, ["a", "b", "b", "a"])
     first = await env.fetch(stream, "g")
     check_equal(_seqs(first), [1, 2], "the heads of a and b")
@@ -65,8 +64,8 @@ async def case_trim_leaves_keys_past_its_bound_blocked(env: CaseEnv) -> None:
 async def case_keys_in_any_text_block(env: CaseEnv) -> None:
     """A key blocks whatever its text, and whatever its events' types and ids.
 
-    A key blocks whatever its text, and whatever the text of its events' types and ids:
-    quotes, backslashes and control characters (which a store may have to escape) too."""
+    Quotes, backslashes and control characters (which a store may have to escape)
+    too."""
     stream = await env.stream()
     await env.rheo.create_group(stream, "g", ordering="key")
     keys = ['q"k', "b\\k", "t\tk", "a", "a"]
@@ -102,7 +101,7 @@ async def case_key_released_by_settling_for_good(env: CaseEnv) -> None:
         nxt = await env.fetch(stream, "g")
         if not nxt and short:  # the fetch that dead-letters may still hold the key
             nxt = await env.fetch(stream, "g")
-        check_equal([(x.sequence, x.attempt) for x in nxt], [(2, 1)],
+        check_equal(tried(nxt), [(2, 1)],
                     f"{how}: the next delivery of the key")
         if how != "ack":
             dead = await env.rheo.dead_letters(stream, "g")
@@ -120,13 +119,13 @@ async def case_nack_keeps_key_blocked(env: CaseEnv) -> None:
     check_equal(await env.fetch(stream, "g"), [], "during the nack delay")
     await env.expire()
     again = await env.fetch(stream, "g")
-    check_equal([(x.sequence, x.attempt) for x in again], [(1, 2)], "the redelivery only")
+    check_equal(tried(again), [(1, 2)], "the redelivery only")
     check_equal(await env.fetch(stream, "g"), [], "while the redelivery is leased")
     check_results(await env.rheo.nack(again, "now", delay_ms=0), again, [None], "nack")
     third = await env.fetch(stream, "g")
-    check_equal([(x.sequence, x.attempt) for x in third], [(1, 3)], "nacked without delay")
+    check_equal(tried(third), [(1, 3)], "nacked without delay")
     await env.ack_ok(third)
-    check_equal([(x.sequence, x.attempt) for x in await env.fetch(stream, "g")], [(2, 1)],
+    check_equal(tried(await env.fetch(stream, "g")), [(2, 1)],
                 "after the redelivery is acked")
 
 
@@ -137,7 +136,7 @@ async def case_expired_lease_re_leases_earliest_first(env: CaseEnv) -> None:
     [first] = await env.fetch(stream, "g", lease_ms=env.short_ms)
     await env.expire_at_the_deadline(stream, "g")
     again = await env.fetch(stream, "g")
-    check_equal([(x.sequence, x.attempt) for x in again], [(1, 2)], "after the expiry")
+    check_equal(tried(again), [(1, 2)], "after the expiry")
     check_equal(await env.fetch(stream, "g"), [], "the later one stays blocked")
     check_results(await env.rheo.ack(first), [first], [SettleKind.STALE_LEASE],
                   "the expired lease")
@@ -175,7 +174,7 @@ async def case_key_released_for_an_event_appended_after(env: CaseEnv) -> None:
         else:
             check_results(await env.rheo.nack(first, "again"), [first], [None], how)
         await env.rheo.append(stream, [NewEvent("t", key="a", partition=0)])
-        check_equal([(x.sequence, x.attempt) for x in await env.fetch(stream, "g")], [(3, 1)],
+        check_equal(tried(await env.fetch(stream, "g")), [(3, 1)],
                     f"{how}: the key's new event, with h still leased")
 
 
@@ -201,7 +200,7 @@ async def case_key_order_is_per_partition(env: CaseEnv) -> None:
     await env.rheo.append(stream, [NewEvent("t", key="a", partition=p) for p in (0, 1, 0, 1)])
     heads = await env.fetch(stream, "g")
     check_results(await env.rheo.nack(heads, "again"), heads, [None, None], "nack both heads")
-    check_equal(sorted((x.partition, x.sequence, x.attempt) for x in await env.fetch(stream, "g")),
+    check_equal(states(await env.fetch(stream, "g")),
                 [(0, 1, 2), (1, 1, 2)], "each partition's nacked head, once")
 
 
@@ -475,10 +474,6 @@ def _at(leases: Sequence[Lease]) -> dict[tuple[int, int], Lease]:
     return {(lease.partition, lease.sequence): lease for lease in leases}
 
 
-def _states(leases: Sequence[Lease]) -> list[tuple[int, int, int]]:
-    return sorted((lease.partition, lease.sequence, lease.attempt) for lease in leases)
-
-
 async def _cross_two_groups(env: CaseEnv, stream: str) -> dict[tuple[int, int], Lease]:
     """Group ``n`` (unordered) and group ``k`` (key-ordered) each leave nacked, expiring
     and held deliveries where the other has others; returns ``k``'s first leases.
@@ -523,9 +518,9 @@ async def case_two_groups_redeliver_only_their_own(env: CaseEnv) -> None:
     k = await _cross_two_groups(env, stream)
     await env.expire()
     again = await env.fetch(stream, "k")
-    check_equal(_states(again), [(0, 1, 2), (1, 2, 2), (1, 3, 2)],
+    check_equal(states(again), [(0, 1, 2), (1, 2, 2), (1, 3, 2)],
                 "k: its expired heads of x and its nacked head of z, nothing of n's")
-    check_equal(_states(await env.fetch(stream, "n")),
+    check_equal(states(await env.fetch(stream, "n")),
                 [(0, 3, 2), (0, 4, 2), (1, 1, 2), (1, 3, 2)],
                 "n: its expired and nacked deliveries, nothing of k's")
     check_equal(await env.fetch(stream, "k"), [], "k: every other delivery blocked or held")
@@ -533,7 +528,7 @@ async def case_two_groups_redeliver_only_their_own(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "k"), {0: 0, 1: 1}, "frontier of k")
     check_equal(await env.rheo.frontier(stream, "n"), {0: 1, 1: 0}, "frontier of n")
     await env.ack_ok([lease for lease in again if lease.partition == 0] + [k[0, 3]])
-    check_equal(_states(await env.fetch(stream, "k")), [(0, 2, 1), (0, 4, 1)],
+    check_equal(states(await env.fetch(stream, "k")), [(0, 2, 1), (0, 4, 1)],
                 "k: the next of x and of z once their heads are acked")
 
 

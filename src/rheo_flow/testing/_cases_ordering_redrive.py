@@ -317,9 +317,9 @@ async def case_nacked_later_lease_waits_for_redriven_head(env: CaseEnv) -> None:
 async def case_redriven_heads_pass_their_key_on(env: CaseEnv) -> None:
     """A redriven head settled ahead of its key's later deliveries passes the key on.
 
-    A redriven head settled ahead of its key's later deliveries passes the key on as
-    they stand: a later one still leased keeps its lease (nothing becomes due, no one is
-    woken), a later one rejected meanwhile is passed over, and the key is free.
+    It passes the key on as the later deliveries stand: a later one still leased
+    keeps its lease (nothing becomes due, no one is woken), a later one rejected
+    meanwhile is passed over, and the key is free.
 
     d holds 1 and 2, e holds 3 and 4. The heads 1 and 3 are rejected, so 2 and 4 are
     leased; both dead letters are redriven and leased again ahead of them; 4 is rejected.
@@ -352,8 +352,8 @@ async def case_redriven_heads_pass_their_key_on(env: CaseEnv) -> None:
 async def case_expired_heads_of_every_key_come_back_together(env: CaseEnv) -> None:
     """Expired heads of several keys all come back in one fetch.
 
-    When the leased heads of several keys all run out, one fetch leases every one of
-    them again (each heads its key), not only the first key's."""
+    Each heads its key, so one fetch leases every one of them again, not only the
+    first key's."""
     stream = await env.stream()
     await env.rheo.create_group(stream, "g", ordering="key")
     await env.rheo.append(stream, [NewEvent("t", key=k, partition=0) for k in "cab" * 2])

@@ -7,7 +7,7 @@ from .._model._event import NewEvent
 from .._model._query import Query
 from .._model._settle_results import SettleKind
 from .._model._stream import GroupInfo
-from ._case import CaseEnv, case, check, check_equal, check_results, positions
+from ._case import CaseEnv, case, check, check_equal, check_results, positions, states, tried
 
 STALE = SettleKind.STALE_LEASE
 
@@ -42,8 +42,8 @@ async def case_create_group_idempotent(env: CaseEnv) -> None:
 async def case_updated_max_attempts_applies(env: CaseEnv) -> None:
     """A max_attempts given for an existing group governs it from then on.
 
-    max_attempts given for an existing group governs its deliveries from then on, in
-    every partition: raised from 1 to 2, a nack at attempt 1 sends the delivery back."""
+    In every partition: raised from 1 to 2, a nack at attempt 1 sends the delivery
+    back."""
     stream = await env.stream(2)
     await env.rheo.create_group(stream, "g", max_attempts=1)
     await env.rheo.append(stream, [NewEvent("t", partition=p) for p in (0, 1)])
@@ -203,7 +203,7 @@ async def case_dead_letters_keep_the_last_error(env: CaseEnv) -> None:
                   "nack with a 1,000-character error")
     check_results(await env.rheo.nack(four, "shutdown"), [four], [None], "nack without error")
     again = await env.fetch(stream, "g", limit=4, lease_ms=env.short_ms)
-    check_equal([(lease.sequence, lease.attempt) for lease in again], [(2, 2), (3, 2), (4, 2)],
+    check_equal(tried(again), [(2, 2), (3, 2), (4, 2)],
                 "second attempts")
     two, three, four = again
     # The last nack's error replaces the earlier one; a nack without one keeps it.
@@ -252,7 +252,7 @@ async def case_redrive_all_and_selected(env: CaseEnv) -> None:
     await env.ack_ok([again])
     check_equal(await env.rheo.redrive(stream, "g"), 2, "redrive the rest")
     rest = await env.fetch(stream, "g")
-    check_equal([(lease.sequence, lease.attempt) for lease in rest], [(1, 1), (3, 1)],
+    check_equal(tried(rest), [(1, 1), (3, 1)],
                 "the rest redelivered")
     await env.ack_ok(rest)
     check_equal(await env.rheo.dead_letters(stream, "g"), [], "no dead letters left")
@@ -274,7 +274,7 @@ async def case_replay_from_sequence(env: CaseEnv) -> None:
     check_results(await env.rheo.ack(leases[2]), leases[2:3], [STALE],
                   "repeating an ack of a replayed delivery")
     again = await env.fetch(stream, "g")
-    check_equal([(lease.sequence, lease.attempt) for lease in again], [(3, 1), (4, 1), (5, 1)],
+    check_equal(tried(again), [(3, 1), (4, 1), (5, 1)],
                 "replayed deliveries")
     check_equal([lease.event for lease in again], [lease.event for lease in leases[2:]],
                 "replay delivers the same events")
@@ -285,14 +285,14 @@ async def case_replay_from_sequence(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, "frontier after re-acking")
     await env.rheo.replay(stream, "g", from_sequence=5)
     check_equal(await env.rheo.frontier(stream, "g"), {0: 4}, "frontier after replay from 5")
-    check_equal([(x.sequence, x.attempt) for x in await env.fetch(stream, "g")], [(5, 1)],
+    check_equal(tried(await env.fetch(stream, "g")), [(5, 1)],
                 "replay from the last event read re-delivers it")
     await env.append(stream, 3)
     check_equal([x.sequence for x in await env.fetch(stream, "g", 1)], [6], "one more read")
     await env.rheo.replay(stream, "g", from_sequence=8)
     check_equal(await env.rheo.frontier(stream, "g"), {0: 4},
                 "replay from past what the group read moves no frontier")
-    check_equal([(x.sequence, x.attempt) for x in await env.fetch(stream, "g")],
+    check_equal(tried(await env.fetch(stream, "g")),
                 [(7, 1), (8, 1)], "nothing skipped, nothing repeated")
 
 
@@ -321,7 +321,7 @@ async def case_replay_forgets_every_kind_of_delivery(env: CaseEnv) -> None:
         old = [two, leases[3]]
         check_results(await env.rheo.ack(old), old, [STALE, STALE], f"from {start}: old leases")
         again = await env.fetch(stream, "g")
-        check_equal([(x.sequence, x.attempt) for x in again],
+        check_equal(tried(again),
                     [(n, 1) for n in range(start, 6)], f"from {start}: every one once more")
         await env.ack_ok(again)
         check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, f"from {start}: at the end")
@@ -350,14 +350,14 @@ async def case_reset_positions(env: CaseEnv) -> None:
     check_results(await env.rheo.ack(leases[2:]), leases[2:], [STALE, STALE],
                   "leases held over a reset")
     after_four = await env.drain(stream, "g")
-    check_equal([(lease.sequence, lease.attempt) for lease in after_four], [(5, 1), (6, 1)],
+    check_equal(tried(after_four), [(5, 1), (6, 1)],
                 "after reset to 4")
     await env.rheo.reset(stream, "g", to="earliest")
     check_equal(await env.rheo.frontier(stream, "g"), {0: 0}, "frontier after reset earliest")
     check_results(await env.rheo.ack(after_four), after_four, [STALE, STALE],
                   "leases held over reset earliest")
     everything = await env.drain(stream, "g")
-    check_equal([(lease.sequence, lease.attempt) for lease in everything],
+    check_equal(tried(everything),
                 [(s, 1) for s in range(1, 7)], "after reset earliest")
     await env.rheo.reset(stream, "g", to="latest")
     check_equal(await env.rheo.frontier(stream, "g"), {0: 6}, "frontier after reset latest")
@@ -391,7 +391,7 @@ async def case_reset_forgets_dead_letters(env: CaseEnv) -> None:
         check_equal(await env.rheo.trim(stream, up_to={0: 5}), {0: 3},
                     "an unforced trim after the reset stops at the frontier")
     again = await env.drain(stream, "g", partitions=[0])
-    check_equal([(lease.sequence, lease.attempt) for lease in again], [(4, 1), (5, 1)],
+    check_equal(tried(again), [(4, 1), (5, 1)],
                 "deliveries after the position start over")
     await env.ack_ok(again)
     check_equal(await env.rheo.redrive(stream, "g"), 1, "only the other partition's dead letter")
@@ -402,7 +402,7 @@ async def case_reset_forgets_dead_letters(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: trimmed, 1: 0},
                 "frontier after reset earliest: the low water - 1")
     everything = await env.drain(stream, "g")
-    check_equal(sorted((x.partition, x.sequence, x.attempt) for x in everything),
+    check_equal(states(everything),
                 [(0, s, 1) for s in range(trimmed + 1, 6)] + [(1, s, 1) for s in (1, 2, 3)],
                 "every retained event is delivered again, first attempts")
 
@@ -568,5 +568,5 @@ async def case_redrive_frontier_ignores_other_groups(env: CaseEnv) -> None:
     [only] = await env.fetch(single, "g")
     check_results(await env.rheo.reject(only, "bad"), [only], [None], "reject the only event")
     check_equal(await env.rheo.redrive(single, "g"), 1, "the only event re-driven")
-    check_equal([(x.sequence, x.attempt) for x in await env.fetch(single, "g")], [(1, 1)],
+    check_equal(tried(await env.fetch(single, "g")), [(1, 1)],
                 "the only event again, a first attempt")

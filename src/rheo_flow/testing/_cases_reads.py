@@ -186,8 +186,8 @@ async def case_replay_after_trim(env: CaseEnv) -> None:
 async def case_trim_keeps_redeliveries_past_its_bound(env: CaseEnv) -> None:
     """A forced trim forgets deliveries up to its bound and keeps the later ones.
 
-    A forced trim forgets the deliveries up to its bound, a nacked one at the bound
-    included, and keeps the later ones: a nacked or expired delivery past it comes back."""
+    A nacked one at the bound is forgotten too; a nacked or expired delivery past
+    the bound comes back."""
     stream = await env.stream()
     await env.append(stream, 6)
     leases = await env.fetch(stream, "g")
@@ -207,9 +207,8 @@ async def case_trim_keeps_redeliveries_past_its_bound(env: CaseEnv) -> None:
 async def case_replay_keeps_redeliveries_before_its_start(env: CaseEnv) -> None:
     """A replay forgets deliveries from its start and keeps the earlier ones.
 
-    A replay forgets the deliveries from its start, a leased one at the start included
-    (its deadline with it), and leaves the earlier ones: a nacked or expired delivery
-    before it comes back as a redelivery."""
+    A leased one at the start is forgotten too (its deadline with it); a nacked or
+    expired delivery before the start comes back as a redelivery."""
     stream = await env.stream()
     await env.append(stream, 6)
     leases = await env.fetch(stream, "g")
@@ -238,8 +237,7 @@ async def case_replay_keeps_redeliveries_before_its_start(env: CaseEnv) -> None:
 async def case_trimmed_id_is_new_again(env: CaseEnv) -> None:
     """An id whose event was trimmed is new again, in any partition.
 
-    An id whose event was trimmed is new again, also in another partition: appended
-    there, it goes where its record says, as a new event."""
+    Appended in another partition, it goes where its record says, as a new event."""
     stream = await env.stream(2)
     [old] = await env.rheo.append(stream, [NewEvent("t", {"v": 1}, id="once", partition=0)])
     check_equal(await env.rheo.trim(stream, up_to={0: 1}, force=True), {0: 1}, "trim it")

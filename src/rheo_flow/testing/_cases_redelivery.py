@@ -15,7 +15,7 @@ from .._backend import MAX_ATTEMPTS_REASON
 from .._model._event import NewEvent
 from .._model._lease import Lease
 from .._model._settle_results import SettleKind
-from ._case import CaseEnv, case, check, check_equal, check_results, positions
+from ._case import CaseEnv, case, check, check_equal, check_results, positions, states, tried
 
 STALE = SettleKind.STALE_LEASE
 How = Literal["expiry", "nack"]
@@ -193,7 +193,7 @@ async def case_more_redeliveries_than_the_limit(env: CaseEnv) -> None:
     odd = [first[p, s] for p in (0, 1) for s in (1, 3, 5, 7)]
     check_results(await env.rheo.nack(odd, "r"), odd, [None] * 8, "nack the odd sequences")
     last = await env.fetch(stream, "g", 8, lease_ms=env.short_ms)
-    check_equal(sorted((x.partition, x.sequence, x.attempt) for x in last),
+    check_equal(states(last),
                 sorted((x.partition, x.sequence, 2) for x in odd), "the last attempts")
     nacked = [first[p, s] for p in (0, 1) for s in (6, 8)]
     check_results(await env.rheo.nack(nacked, "r"), nacked, [None] * 4, "nack 6 and 8")
@@ -221,9 +221,9 @@ async def case_more_redeliveries_than_the_limit(env: CaseEnv) -> None:
 async def case_repeated_acks_after_expiries_and_a_redrive(env: CaseEnv) -> None:
     """Acks repeat as acks whatever happened around them since.
 
-    Acks repeat as acks whatever happened around them since: the expiry of their
-    batch's other leases, the expiry of their settled batch, a redrive of an earlier
-    dead letter that takes the frontier back below them."""
+    What happens around them: the expiry of their batch's other leases, the expiry
+    of their settled batch, a redrive of an earlier dead letter that takes the
+    frontier back below them."""
     stream = await env.stream()
     await env.append(stream, 8)
     [dead] = await env.fetch(stream, "g", 1)
@@ -232,7 +232,7 @@ async def case_repeated_acks_after_expiries_and_a_redrive(env: CaseEnv) -> None:
     await env.ack_ok(part[:1])
     await env.expire()
     back = await env.fetch(stream, "g", 2)
-    check_equal([(x.sequence, x.attempt) for x in back], [(3, 2), (4, 2)],
+    check_equal(tried(back), [(3, 2), (4, 2)],
                 "3 and 4 expired, 2 was acked")
     check_results(await env.rheo.ack(part[:1]), part[:1], [None], "ack 2 again",
                   repeated=[True])
@@ -252,7 +252,7 @@ async def case_repeated_acks_after_expiries_and_a_redrive(env: CaseEnv) -> None:
     check_results(await env.rheo.ack(acked), acked, [None] * 7, "the acks again",
                   repeated=[True] * 7)
     again = await env.fetch(stream, "g")
-    check_equal([(x.sequence, x.attempt) for x in again], [(1, 1)], "only 1 comes back")
+    check_equal(tried(again), [(1, 1)], "only 1 comes back")
     await env.ack_ok(again)
     check_equal(await env.rheo.frontier(stream, "g"), {0: 8}, "frontier at the end")
 
@@ -266,8 +266,8 @@ them (a small Redis hash keeps insertion order, up to 512 fields by default)."""
 async def case_repeated_acks_after_a_redrive_behind_many_fetches(env: CaseEnv) -> None:
     """Acks of many small fetches repeat as acks after a redrive behind them.
 
-    Acks of many small fetches repeat as acks after a redrive of a dead letter
-    before them takes the frontier back below them all."""
+    The redriven dead letter comes before them all, so the redrive takes the
+    frontier back below every one of them."""
     stream = await env.stream()
     await env.append(stream, FETCHES)
     leases = [x for _ in range(FETCHES) for x in await env.fetch(stream, "g", 1)]
@@ -279,6 +279,6 @@ async def case_repeated_acks_after_a_redrive_behind_many_fetches(env: CaseEnv) -
     check_results(await env.rheo.ack(leases[1:]), leases[1:], [None] * (FETCHES - 1),
                   "the acks again", repeated=[True] * (FETCHES - 1))
     again = await env.fetch(stream, "g")
-    check_equal([(x.sequence, x.attempt) for x in again], [(1, 1)], "only 1 comes back")
+    check_equal(tried(again), [(1, 1)], "only 1 comes back")
     await env.ack_ok(again)
     check_equal(await env.rheo.frontier(stream, "g"), {0: FETCHES}, "frontier at the end")
