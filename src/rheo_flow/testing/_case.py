@@ -68,8 +68,8 @@ class Case:
         return None
 
 
-_AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "ordering_redrive",
-          "progress", "reads", "deletion", "time", "isolation"]
+_AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "ordering_scans",
+          "ordering_redrive", "progress", "reads", "deletion", "time", "isolation"]
 
 
 def _area_rank(module: str) -> int:

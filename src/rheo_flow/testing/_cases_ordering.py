@@ -414,62 +414,6 @@ async def case_blocked_key_after_a_trim(env: CaseEnv) -> None:
     check_equal(await env.rheo.frontier(stream, "g"), {0: 5}, "frontier at the end")
 
 
-BLOCKED = 1_200
-"""More blocked events of one key than a backend reads in one round (1,000 is common)."""
-
-
-@case(rules=["ordering.others_flow", "fetch.limit"], requires=["key_ordering"])
-async def case_free_events_behind_many_blocked(env: CaseEnv) -> None:
-    """A fetch finds the free events behind more than a thousand blocked events of one key."""
-    stream = await _keyed(env, ["a"] * (BLOCKED + 1) + ["b", None, "c"])
-    free = [BLOCKED + 2, BLOCKED + 3, BLOCKED + 4]
-    check_equal(_seqs(await env.fetch(stream, "g", 10)), [1, *free],
-                "a's head, then past every blocked event of a")
-    check_equal(await env.fetch(stream, "g", 10), [], "nothing more is eligible")
-    await env.rheo.create_group(stream, "h", ordering="key")
-    check_equal(_seqs(await env.fetch(stream, "h", 1)), [1], "another group: a's head")
-    check_equal(_seqs(await env.fetch(stream, "h", 10)), free, "then the free events")
-    await env.rheo.append(stream, [NewEvent("t", key="a", partition=0),
-                                   NewEvent("t", key="d", partition=0)])
-    check_equal(_seqs(await env.fetch(stream, "h", 10)), [BLOCKED + 6],
-                "a new free event behind them")
-
-
-@case(rules=["ordering.key_blocked", "ordering.others_flow", "fetch.fair"],
-      requires=["key_ordering"])
-async def case_blocked_runs_within_one_fetch(env: CaseEnv) -> None:
-    """Within one fetch a key met earlier stays blocked however far the fetch reads,
-    and a partition whose first events are blocked still gets its turns from the
-    free events behind them."""
-    free = ["f1", "f2", "f3", "f4", "f5", "f6"]
-    for keys, want in (
-        # x's second event is read only once partition 1 has come up short.
-        ((["x", "w", "x", "y"], ["a", "a", "a"]), {0: [1, 2, 4], 1: [1]}),
-        # b waits behind a run of a: it takes partition 1's second turn.
-        ((["x", "w", "x", "y", "z"], ["a", "a", "a", "a", "b"]), {0: [1, 2], 1: [1, 5]}),
-        # A longer run, beside two partitions of free events.
-        ((["a", "a", "a", "a", "a", "b", "c"], free, free), {0: [1, 6], 1: [1, 2], 2: [1, 2]}),
-        # A run beside a partition that runs dry and one that does not.
-        ((["a", "a", "a", "a", "b", "c"], ["x", "y", "z", "w"], ["q"]), None),
-    ):
-        stream = await env.stream(partitions=len(keys))
-        await env.rheo.create_group(stream, "g", ordering="key")
-        for partition, part_keys in enumerate(keys):
-            await env.rheo.append(stream, [NewEvent("t", key=k, partition=partition)
-                                           for k in part_keys])
-        got: dict[int, list[int]] = {p: [] for p in range(len(keys))}
-        for lease in await env.fetch(stream, "g", 6 if len(keys) == 3 else 4):
-            got[lease.partition].append(lease.sequence)
-        got = {p: sorted(v) for p, v in got.items()}
-        what = f"fetch over partitions keyed {keys}"
-        if want is not None:
-            check_equal(got, want, what)
-        else:  # partition 0: a1, b5, c6 free; 1: four; 2: one. Shares 2 or 3, 2 or 3, 1.
-            check(got[0] in ([1, 5], [1, 5, 6]) and got[1] in ([1, 2], [1, 2, 3])
-                  and got[2] == [1] and sum(map(len, got.values())) == 6,
-                  f"{what}: partition 0 takes turns from a1, b5 and c6: {got}")
-
-
 def _at(leases: Sequence[Lease]) -> dict[tuple[int, int], Lease]:
     return {(lease.partition, lease.sequence): lease for lease in leases}
 

@@ -17,6 +17,7 @@ from . import (
     _cases_leases,
     _cases_ordering,
     _cases_ordering_redrive,
+    _cases_ordering_scans,
     _cases_progress,
     _cases_reads,
     _cases_redelivery,
@@ -30,7 +31,8 @@ __all__ = ["CaseResult", "all_cases", "execute_case", "run_case", "run_cases"]
 
 # Importing the case modules registers their cases; keep them referenced.
 _CASE_MODULES = (_cases_streams, _cases_leases, _cases_redelivery, _cases_batches,
-                 _cases_ordering, _cases_ordering_redrive, _cases_progress, _cases_reads,
+                 _cases_ordering, _cases_ordering_scans, _cases_ordering_redrive,
+                 _cases_progress, _cases_reads,
                  _cases_deletion, _cases_time, _cases_isolation)
 
 CASE_TIMEOUT_S = float(os.environ.get("RHEO_CASE_TIMEOUT", "60"))
