@@ -26,7 +26,7 @@ Usage (from the repository root or anywhere)::
     .venv/bin/python conformance/mutation.py [--max-children N] [--json | --markdown]
     .venv/bin/python conformance/mutation.py --report-only   # re-triage the last run
     .venv/bin/python conformance/mutation.py --files   # list what would be mutated, and stop
-    .venv/bin/python conformance/mutation.py --target mongo \\
+    .venv/bin/python conformance/mutation.py --target mongo --cases-only \\
         --only 'rheo_flow._backends.mongo._settle*'
 
 The summary is printed (text, ``--json`` or ``--markdown``) and written to
@@ -103,6 +103,8 @@ _load = c._load_config
 def _load_config():
     config = _load()
     config.only_mutate = list(ONLY_MUTATE)
+    if CASES_ONLY:
+        config.pytest_add_cli_args = [*config.pytest_add_cli_args, "-k", "not stateful"]
     return config
 c._load_config = _load_config
 c.reset_config()
@@ -252,9 +254,15 @@ def run_mutmut(max_children: int, only: list[str] | None = None) -> float:
     return elapsed
 
 
+CASES_ONLY = False
+"""``--cases-only``: the kit's cases alone, its stateful test deselected (as
+``mutation_server.py`` measures by default)."""
+
+
 def _boot(code: str) -> str:
-    """``code`` to run with ``python -c``, after ``ONLY_MUTATE = MUTATED``."""
-    return f"ONLY_MUTATE = {MUTATED!r}\n{code}"
+    """``code`` to run with ``python -c``, after ``ONLY_MUTATE = MUTATED`` (and
+    ``CASES_ONLY``)."""
+    return f"ONLY_MUTATE = {MUTATED!r}\nCASES_ONLY = {CASES_ONLY!r}\n{code}"
 
 
 def mutated_files() -> list[str]:
@@ -485,12 +493,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the mutants whose mutmut name matches (a glob, e.g. "
                         "'rheo_flow._backends.mongo._settle*'); repeatable; the summary "
                         "then counts the mutants measured so far")
+    parser.add_argument("--cases-only", action="store_true",
+                        help="run the kit's cases without its stateful test (the MongoDB "
+                        "emulator takes minutes over it)")
     parser.add_argument("--files", action="store_true",
                         help="list the files mutmut would mutate and check the triage "
                         "file, then stop (a quick self-check)")
     args = parser.parse_args(argv)
-    global BACKENDS, MUTATED
+    global BACKENDS, MUTATED, CASES_ONLY
     BACKENDS, MUTATED = TARGETS[args.target]
+    CASES_ONLY = args.cases_only
 
     entries = load_entries(EQUIVALENTS)  # a broken triage file fails before the long run
     if args.files:

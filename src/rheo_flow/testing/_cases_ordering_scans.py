@@ -71,12 +71,14 @@ async def case_blocked_runs_within_one_fetch(env: CaseEnv) -> None:
 @case(rules=["fetch.limit", "fetch.order", "ordering.others_flow"], requires=["key_ordering"])
 async def case_key_ordered_fetch_cut_by_its_limit(env: CaseEnv) -> None:
     """A key-ordered fetch cut by its limit leaves the rest, and later appends, to next fetches."""
-    stream = await _keyed(env, ["a", "b"])
-    check_equal(tried(await env.fetch(stream, "g", 1)), [(1, 1)], "the limit cuts b off")
-    await env.rheo.append(stream, [NewEvent("t", key="c", partition=0),
+    # The read that finds b reads on to c (past a's blocked 2): c is cut off, not read.
+    stream = await _keyed(env, ["a", "a", "b", "c"])
+    check_equal(tried(await env.fetch(stream, "g", 2)), [(1, 1), (3, 1)],
+                "a's head and b; the limit cuts c off (2 waits for 1)")
+    await env.rheo.append(stream, [NewEvent("t", key="d", partition=0),
                                    NewEvent("t", key="a", partition=0)])
-    check_equal(tried(await env.fetch(stream, "g", 10)), [(2, 1), (3, 1)],
-                "b, first delivered now, then the new c (the new a waits for 1)")
+    check_equal(tried(await env.fetch(stream, "g", 10)), [(4, 1), (5, 1)],
+                "c, first delivered now, then the new d (2 and 6 wait for 1)")
     check_equal(await env.fetch(stream, "g", 10), [], "nothing more is eligible")
 
 
