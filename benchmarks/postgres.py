@@ -65,6 +65,25 @@ PGMQ_LOOPS = 2
 RAW = "raw-asyncpg"
 
 
+WAL_BYTES: dict[str, list[float]] = {}
+"""WAL bytes written per consumed event, by contender (``"group"``, ``"raw"``, ...) and
+batch: one sample per round, read from ``pg_current_wal_insert_lsn()`` around the run
+(the whole server's WAL: run the suite on a quiet server)."""
+
+
+async def _wal_lsn() -> int:
+    """The server's WAL insert position, in bytes."""
+    conn = await asyncpg.connect(URL)
+    try:
+        return int(await conn.fetchval("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"))
+    finally:
+        await conn.close()
+
+
+def _record_wal(contender: str, batch: int, start: int, end: int, events: int) -> None:
+    WAL_BYTES.setdefault(f"{contender} {batch}", []).append((end - start) / events)
+
+
 def _url(schema: str, **options: str) -> str:
     query = "&".join(f"{k}={v}" for k, v in {"schema": schema, **options}.items())
     return f"{URL}{'&' if '?' in URL else '?'}{query}"
@@ -177,10 +196,12 @@ async def consume_group(events: int, batch: int) -> float:
         async def noop(event: Any, context: Any) -> Any:
             return ACK
 
+        lsn = await _wal_lsn()
         started = time.perf_counter()
         async with noop.start(rheo) as group:
             await wait_until(lambda: group.stats.acked >= events, 300)
             elapsed = time.perf_counter() - started
+        _record_wal("group", batch, lsn, await _wal_lsn(), events)
         return events / elapsed
     finally:
         await rheo.close()
@@ -196,7 +217,8 @@ class _NoOp(PipelineHandler):
 
 
 async def consume_pipeline(events: int, batch: int) -> float:
-    """Events per second through a :class:`Pipeline` (4 processors, one batcher)."""
+    """Events per second through a :class:`Pipeline` (4 processors, one batcher; each
+    fetch claims at most ``batch``, as the ``Group`` and the raw loop do)."""
     rheo = await _rheo()
     try:
         stream = await _backlog(rheo, events)
@@ -204,7 +226,7 @@ async def consume_pipeline(events: int, batch: int) -> float:
             rheo, stream=stream, group="g", handler=_NoOp(),
             processors=Processors(concurrency=4, max_demand=batch),
             batchers={"default": Batcher(batch_size=batch, batch_timeout=0.05, concurrency=2)},
-            max_inflight=4 * batch, poll_ms=50,
+            max_inflight=4 * batch, fetch_size=batch, poll_ms=50,
         )
         started = time.perf_counter()
         await pipeline.start()
@@ -233,12 +255,15 @@ async def consume_raw(events: int, batch: int) -> float:
         take = await conn.prepare(
             f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} ORDER BY id LIMIT $1 "
             "FOR UPDATE SKIP LOCKED) RETURNING id, payload")
+        lsn = await _wal_lsn()
         started = time.perf_counter()
         done = 0
         while done < events:
             rows = await take.fetch(batch)
             done += len(rows)
-        return events / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        _record_wal("raw", batch, lsn, await _wal_lsn(), events)
+        return events / elapsed
     finally:
         await conn.close()
 
@@ -519,6 +544,9 @@ async def _run(quick: bool, rounds: int, pgmq: bool) -> list[Result]:
                 results.append(Result.compared(
                     f"consume+ack batch {batch}: {name} {how}", name, medians[key],
                     "events/s", raw, note, baseline_name=RAW))
+        results.append(Result.compared(f"consume+ack batch {batch}: group vs pipeline",
+                                       "postgres", medians["group"], "events/s",
+                                       medians["pipeline"], note, baseline_name="pipeline"))
         for label in ("fetch/ack", "group", "pipeline"):
             results.append(Result.compared(f"consume+ack batch {batch}: {label}", "postgres",
                                            medians[label], "events/s", raw, note,
@@ -528,6 +556,15 @@ async def _run(quick: bool, rounds: int, pgmq: bool) -> list[Result]:
                     results.append(Result.compared(
                         f"consume+ack batch {batch}: {label} vs {name} {how}", "postgres",
                         medians[label], "events/s", medians[key], note, baseline_name=key))
+        wal_group, wal_raw = (statistics.median(WAL_BYTES[f"{c} {batch}"])
+                              for c in ("group", "raw"))
+        results += [
+            Result(f"WAL per consumed event, batch {batch}: raw DELETE ... RETURNING", RAW,
+                   wal_raw, "B/event", note=note),
+            Result.compared(f"WAL per consumed event, batch {batch}: group", "postgres",
+                            wal_group, "B/event", wal_raw, note + "; lower is better",
+                            baseline_name=RAW),
+        ]
     small, large = 10_000, (50_000 if quick else 1_000_000)
     probe_rounds = 30 if quick else 60
     at_small, at_large = await fetch_latency_with_history(small, large, probe_rounds)

@@ -354,6 +354,14 @@ async def test_settings_are_validated(rheo: Rheo) -> None:
                           on_failure="drop"), "on_failure"),  # type: ignore[arg-type]
         (lambda: Pipeline(rheo, stream="orders", group="g", handler=Echo(),
                           max_inflight=0), "max_inflight"),
+        (lambda: Pipeline(rheo, stream="orders", group="g", handler=Echo(),
+                          max_inflight=10, fetch_size=11),
+         r"fetch_size \(11\) cannot exceed max_inflight \(10\)"),
+        (lambda: Pipeline(rheo, stream="orders", group="g", handler=Echo(),
+                          fetch_size=81),  # the computed max_inflight is 80
+         r"fetch_size \(81\) cannot exceed max_inflight \(80, computed"),
+        (lambda: Pipeline(rheo, stream="orders", group="g", handler=Echo(),
+                          fetch_size=0), "fetch_size"),
     ]:
         with pytest.raises(InvalidArgument, match=match):
             bad()
@@ -371,6 +379,26 @@ async def test_settings_are_validated(rheo: Rheo) -> None:
 
     with pytest.raises(InvalidArgument, match="must implement handle_message"):
         Pipeline(rheo, stream="orders", group="g", handler=Missing())
+
+
+async def test_fetch_size_caps_each_fetch(rheo: Rheo, wait_until: WaitUntil) -> None:
+    await rheo.create_stream("orders")
+    await rheo.append("orders", [NewEvent("t", i) for i in range(30)])
+    sizes: list[int] = []
+    fetch = rheo.backend.fetch
+
+    async def sized_fetch(*args: Any, **kwargs: Any) -> Any:
+        leases = await fetch(*args, **kwargs)
+        sizes.append(len(leases))
+        return leases
+
+    rheo.backend.fetch = sized_fetch  # type: ignore[method-assign]
+    pipeline = Pipeline(rheo, stream="orders", group="g", handler=Echo(),
+                        max_inflight=20, fetch_size=4, poll_ms=10)
+    async with pipeline:
+        await wait_until(lambda: pipeline.stats().acked == 30)
+    assert max(sizes) == 4, sizes
+    assert sum(sizes) == 30
 
 
 async def test_lifecycle(rheo: Rheo) -> None:

@@ -112,11 +112,12 @@ def _routes_of(name: str) -> list[tuple[str, str, Build, str]]:
 
 
 def _context(runtime: str, name: str) -> dict[str, Any]:
-    """Other options a value needs to be valid: room under ``max_demand`` where a rule
-    bounds the option by it."""
+    """Other options a value needs to be valid: room under ``max_demand`` (or
+    ``max_inflight``) where a rule bounds the option by it."""
     rules = RUNTIMES[runtime].rules
-    if any(rule.option == name and rule.at_most == "max_demand" for rule in rules):
-        return {"max_demand": MAX_DEMAND}
+    for bound in ("max_demand", "max_inflight"):
+        if any(rule.option == name and rule.at_most == bound for rule in rules):
+            return {bound: MAX_DEMAND}
     return {}
 
 

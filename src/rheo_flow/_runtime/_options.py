@@ -319,6 +319,8 @@ CONCURRENCY_WITHIN_DEMAND: Final = Rule("concurrency", "max_demand",
                                         "a handler needs a lease to work on")
 FETCH_WITHIN_DEMAND: Final = Rule("fetch_size", "max_demand",
                                   "never more than max_demand leases are held")
+FETCH_WITHIN_INFLIGHT: Final = Rule("fetch_size", "max_inflight",
+                                    "never more than max_inflight leases are held")
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,9 +431,10 @@ PRODUCER: Final = Runtime(
 PIPELINE: Final = Runtime(
     "Pipeline",
     _defaults("stream", "group", "handler", "processors", "batchers", "context", "rate_limit",
-              "max_inflight", "lease_ms", "poll_ms", "consumer_id", "partitions",
+              "max_inflight", "fetch_size", "lease_ms", "poll_ms", "consumer_id", "partitions",
               "max_attempts", "ordering", "on_failure", "retry_delay_ms", "retry_policy",
               "shutdown_timeout"),
+    rules=(FETCH_WITHIN_INFLIGHT,),
 )
 
 PROCESSORS: Final = Runtime(

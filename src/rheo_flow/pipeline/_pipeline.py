@@ -87,7 +87,9 @@ class Pipeline:
     batchers, processors ack successful messages themselves.
 
     ``max_inflight`` defaults to room for every processor's demand twice over
-    plus ``concurrency + 1`` batches per batcher.
+    plus ``concurrency + 1`` batches per batcher. ``fetch_size`` caps one fetch
+    (default: all the free demand, up to ``max_inflight``), e.g. to claim the
+    batches a benchmark compares at a fixed size.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class Pipeline:
         context: Any = None,
         rate_limit: RateLimit | RateLimiter | None = None,
         max_inflight: int | None = None,
+        fetch_size: int | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,
         poll_ms: int = 200,
         consumer_id: str | None = None,
@@ -121,7 +124,8 @@ class Pipeline:
                                   f"{type(processors).__name__}")
         self._processors = processors
         self._batchers = _check_batchers(batchers)
-        PIPELINE.resolve({"max_inflight": max_inflight, "on_failure": on_failure,
+        PIPELINE.resolve({"max_inflight": max_inflight, "fetch_size": fetch_size,
+                          "on_failure": on_failure,
                           "retry_delay_ms": retry_delay_ms, "retry_policy": retry_policy,
                           "shutdown_timeout": shutdown_timeout})
         if max_inflight is None:
@@ -133,8 +137,13 @@ class Pipeline:
                     f"{MAX_DEMAND:,}: pass max_inflight")
         else:
             _warn_if_batches_cannot_fill(max_inflight, self._batchers)
+        if fetch_size is not None and fetch_size > max_inflight:
+            raise InvalidArgument(f"fetch_size ({fetch_size}) cannot exceed max_inflight "
+                                  f"({max_inflight}, computed from the stages): never more "
+                                  "than max_inflight leases are held")
         self._producer = Producer(
-            rheo, stream, group, max_demand=max_inflight, lease_ms=lease_ms, poll_ms=poll_ms,
+            rheo, stream, group, max_demand=max_inflight, fetch_size=fetch_size,
+            lease_ms=lease_ms, poll_ms=poll_ms,
             consumer_id=consumer_id, partitions=partitions, max_attempts=max_attempts,
             ordering=ordering,
         )
