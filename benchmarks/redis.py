@@ -5,8 +5,10 @@
   10) and by the fastest plain loop a redis-py user would write: ``XREADGROUP
   COUNT 500`` and one ``XACK`` per batch, the ack of one batch and the read of
   the next pipelined in one round trip (``transaction=False``), on redis-py's
-  hiredis parser (no fencing, no leases, no frontier). saq (no-op jobs, 10
-  workers) is the peer.
+  hiredis parser (no fencing, no leases, no frontier). A
+  :class:`~rheo_flow.pipeline.Pipeline` with the same 500 leases inflight (4
+  processors, one batcher of 250) runs beside them, and the Group is compared
+  with it. saq (no-op jobs, 10 workers) is the peer.
 * **append throughput at batch 1000** — ``Rheo.append`` of 1000-event batches
   against one ``transaction=False`` pipeline of 1000 ``XADD`` per batch (the
   type and the orjson-encoded data per entry; Redis makes the entry id).
@@ -38,8 +40,9 @@ import redis.utils
 
 from rheo_flow import ACK, Consumer, Event, NewEvent, Rheo
 from rheo_flow.backends import RedisBackend
+from rheo_flow.pipeline import Batcher, BatchInfo, Message, Pipeline, PipelineHandler, Processors
 
-from ._common import Result, append_rate, payload
+from ._common import Result, append_rate, payload, wait_until
 
 URL = os.environ.get("RHEO_REDIS_URL") or "redis://127.0.0.1:6379/0"
 MAX_DEMAND = 500
@@ -93,6 +96,46 @@ async def rheo_consume(events: int) -> float:
                 await consumer.done.wait()
                 # The measurement ends when the last ack has landed.
                 await group.drain(timeout=60)
+                elapsed = time.perf_counter() - started
+            if sum((await rheo.lag("bench", "bench")).values()) != 0:
+                raise RuntimeError("rheo_flow left events unsettled")
+            return events / elapsed
+    finally:
+        await backend.drop_all()
+        await backend.close()
+
+
+class _NoOp(PipelineHandler):
+    async def handle_message(self, processor: str, message: Message, context: Any) -> Message:
+        return message
+
+    async def handle_batch(self, batcher: str, messages: list[Message], batch_info: BatchInfo,
+                           context: Any) -> list[Message]:
+        return messages
+
+
+async def rheo_pipeline(events: int) -> float:
+    """Events per second through a ``Pipeline`` (4 processors, one batcher of
+    ``MAX_DEMAND``; at most ``MAX_DEMAND`` leases inflight and per fetch, as the Group)."""
+    backend = RedisBackend.from_url(URL, prefix=f"rheo-bench-{uuid.uuid4().hex[:10]}")
+    try:
+        async with Rheo(backend) as rheo:
+            await rheo.create_stream("bench")
+            for start in range(0, events, APPEND_CHUNK):
+                await rheo.append("bench", [
+                    NewEvent("bench.event", payload(i))
+                    for i in range(start, min(events, start + APPEND_CHUNK))
+                ])
+            pipeline = Pipeline(
+                rheo, stream="bench", group="bench", handler=_NoOp(),
+                processors=Processors(concurrency=4, max_demand=MAX_DEMAND // 4),
+                batchers={"default": Batcher(batch_size=MAX_DEMAND // 2, batch_timeout=0.05,
+                                             concurrency=2)},
+                max_inflight=MAX_DEMAND, poll_ms=50,
+            )
+            started = time.perf_counter()
+            async with pipeline:
+                await wait_until(lambda: pipeline.stats().acked >= events, 300)
                 elapsed = time.perf_counter() - started
             if sum((await rheo.lag("bench", "bench")).values()) != 0:
                 raise RuntimeError("rheo_flow left events unsettled")
@@ -330,15 +373,17 @@ async def run(quick: bool) -> list[Result]:
     jobs = 1_000 if quick else 10_000  # saq runs once: it is two orders of magnitude slower
     samples = 200 if quick else 1_000
 
-    rates: dict[str, list[float]] = {"raw": [], "rheo": [], "raw append": [],
+    rates: dict[str, list[float]] = {"raw": [], "rheo": [], "pipeline": [], "raw append": [],
                                      "rheo append": []}
     for _ in range(rounds):
         rates["raw"].append(await raw_consume(events))
         rates["rheo"].append(await rheo_consume(events))
+        rates["pipeline"].append(await rheo_pipeline(events))
         rates["raw append"].append(await raw_append(events))
         rates["rheo append"].append(await rheo_append(events))
-    raw, ours, raw_append_rate, append_rate = (
-        statistics.median(rates[k]) for k in ("raw", "rheo", "raw append", "rheo append"))
+    raw, ours, piped, raw_append_rate, append_rate = (
+        statistics.median(rates[k])
+        for k in ("raw", "rheo", "pipeline", "raw append", "rheo append"))
     peer, saq_version = await saq_consume(jobs)
     raw_p50, raw_p99 = await raw_latency(samples)
     p50, p99 = await rheo_latency(samples)
@@ -350,6 +395,10 @@ async def run(quick: bool) -> list[Result]:
                "events/s", note=shape),
         Result.compared("consume+ack: Group vs raw redis-py", "rheo_flow", ours, "events/s", raw,
                         note=f"{shape}; target ratio >= 0.5", baseline_name=RAW),
+        Result.compared("consume+ack: Pipeline vs raw redis-py", "rheo_flow", piped,
+                        "events/s", raw, note=shape, baseline_name=RAW),
+        Result.compared("consume+ack: Group vs Pipeline", "rheo_flow", ours, "events/s", piped,
+                        note=shape, baseline_name="pipeline"),
         Result(f"consume+ack: no-op jobs ({SAQ_CONCURRENCY} workers)", saq_name, peer,
                "jobs/s", note=f"{jobs} jobs"),
         Result.compared("consume+ack: Group vs saq", "rheo_flow", ours, "events/s", peer,

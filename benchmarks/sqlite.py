@@ -13,8 +13,10 @@ so the event loop stays free in both.
   idempotency).
 * **consume + ack throughput at batch 100** — a backlog is consumed and
   acknowledged through a :class:`rheo_flow.Group` (``max_demand`` 200,
-  ``fetch_size`` 100, ``concurrency`` 100, as the ``postgres`` suite) and a bare
-  ``fetch``/``ack`` loop (``limit`` 100), against a claim + delete loop: one
+  ``fetch_size`` 100, ``concurrency`` 100, as the ``postgres`` suite), a
+  :class:`~rheo_flow.pipeline.Pipeline` (4 processors, one batcher of 100,
+  ``fetch_size`` 100) and a bare ``fetch``/``ack`` loop (``limit`` 100), against a
+  claim + delete loop: one
   ``DELETE FROM q WHERE id IN (SELECT id FROM q ORDER BY id LIMIT 100) RETURNING``
   per batch, one statement and one commit (no leases, fencing or frontier).
 
@@ -37,6 +39,7 @@ import orjson
 
 from rheo_flow import ACK, NewEvent, Rheo, consumer
 from rheo_flow.backends import SQLiteBackend
+from rheo_flow.pipeline import Batcher, BatchInfo, Message, Pipeline, PipelineHandler, Processors
 
 from ._common import Result, alternating_rounds, append_rate, payload, wait_until
 
@@ -101,6 +104,41 @@ async def rheo_group(events: int) -> float:
             started = time.perf_counter()
             async with noop.start(rheo) as group:
                 await wait_until(lambda: group.stats.acked >= events, 300)
+                elapsed = time.perf_counter() - started
+            if sum((await rheo.lag("bench", "g")).values()) != 0:
+                raise RuntimeError("rheo_flow left events unsettled")
+        finally:
+            await rheo.close()
+        _check_wal(path)
+        return events / elapsed
+
+
+class _NoOp(PipelineHandler):
+    async def handle_message(self, processor: str, message: Message, context: Any) -> Message:
+        return message
+
+    async def handle_batch(self, batcher: str, messages: list[Message], batch_info: BatchInfo,
+                           context: Any) -> list[Message]:
+        return messages
+
+
+async def rheo_pipeline(events: int) -> float:
+    """Events per second through a ``Pipeline`` (4 processors, one batcher of
+    ``CONSUME_BATCH``; each fetch claims at most ``CONSUME_BATCH``, as the ``Group`` does)."""
+    with tempfile.TemporaryDirectory(prefix="rheo-bench-") as directory:
+        rheo, path = await _rheo(directory)
+        try:
+            await _backlog(rheo, events)
+            pipeline = Pipeline(
+                rheo, stream="bench", group="g", handler=_NoOp(),
+                processors=Processors(concurrency=4, max_demand=CONSUME_BATCH),
+                batchers={"default": Batcher(batch_size=CONSUME_BATCH, batch_timeout=0.05,
+                                             concurrency=2)},
+                max_inflight=4 * CONSUME_BATCH, fetch_size=CONSUME_BATCH, poll_ms=50,
+            )
+            started = time.perf_counter()
+            async with pipeline:
+                await wait_until(lambda: pipeline.stats().acked >= events, 300)
                 elapsed = time.perf_counter() - started
             if sum((await rheo.lag("bench", "g")).values()) != 0:
                 raise RuntimeError("rheo_flow left events unsettled")
@@ -221,6 +259,7 @@ async def run(quick: bool) -> list[Result]:
         "append": lambda: rheo_append(events),
         "raw consume": lambda: raw_consume(events),
         "group": lambda: rheo_group(events),
+        "pipeline": lambda: rheo_pipeline(events),
         "fetch/ack": lambda: rheo_fetch_ack(events),
     })
     shape = (f"{events} events per contender, median of {rounds} alternating rounds, "
@@ -237,6 +276,12 @@ async def run(quick: bool) -> list[Result]:
         Result.compared(f"consume+ack batch {CONSUME_BATCH}: Group vs raw claim+delete",
                         "sqlite", medians["group"], "events/s", raw_consume_rate,
                         note=f"{shape}; target ratio >= 0.5", baseline_name=RAW),
+        Result.compared(f"consume+ack batch {CONSUME_BATCH}: Pipeline vs raw claim+delete",
+                        "sqlite", medians["pipeline"], "events/s", raw_consume_rate,
+                        note=shape, baseline_name=RAW),
+        Result.compared(f"consume+ack batch {CONSUME_BATCH}: Group vs Pipeline", "sqlite",
+                        medians["group"], "events/s", medians["pipeline"], note=shape,
+                        baseline_name="pipeline"),
         Result.compared(f"consume+ack batch {CONSUME_BATCH}: fetch/ack vs raw claim+delete",
                         "sqlite", medians["fetch/ack"], "events/s", raw_consume_rate,
                         note=shape, baseline_name=RAW),
