@@ -348,6 +348,21 @@ async def case_trim_releases_by_key_and_partition(env: CaseEnv) -> None:
                 "waiting for its delay)")
 
 
+@case(rules=["ordering.released", "trim.removed"], requires=["key_ordering", "trim"])
+async def case_trim_of_several_partitions_releases_each(env: CaseEnv) -> None:
+    """One forced trim over several partitions releases the held keys of every one."""
+    stream = await env.stream(2)
+    await env.rheo.create_group(stream, "g", ordering="key")
+    for partition in (0, 1):
+        await env.rheo.append(stream, [NewEvent("t", key="a", partition=partition)] * 2)
+    check_equal(states(await env.fetch(stream, "g")), [(0, 1, 1), (1, 1, 1)],
+                "a1 of each partition; both a2s wait")
+    check_equal(await env.rheo.trim(stream, up_to={0: 1, 1: 1}, force=True), {0: 1, 1: 1},
+                "trim both leased heads")
+    check_equal(states(await env.fetch(stream, "g")), [(0, 2, 1), (1, 2, 1)],
+                "both a2s, released by the one trim")
+
+
 @case(rules=["ordering.released", "settle.nack"], requires=["key_ordering"])
 async def case_release_leaves_other_delays_alone(env: CaseEnv) -> None:
     """Releasing a key makes only its next delivery due: another key's delivery
