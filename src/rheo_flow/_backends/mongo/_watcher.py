@@ -24,6 +24,9 @@ log = logging.getLogger("rheo_flow.mongo")
 
 _WATCH_AWAIT_MS: Final = 500
 _WATCH_RETRY_S: Final = 1.0
+_CLOSE_S: Final = 2.0
+"""How long stopping waits for the change stream to close: a server that holds its
+``getMore`` past ``maxAwaitTimeMS`` must not make closing the backend hang."""
 _PIPELINE: Final = [
     {"$match": {"operationType": "insert"}},
     {"$project": {"fullDocument.st": 1}},
@@ -72,8 +75,13 @@ class Watcher:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=_CLOSE_S)
+            if not done:
+                log.warning("the change stream on %s did not close within %.0f s; "
+                            "left behind", self._where(), _CLOSE_S)
+                return
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                task.result()
 
     async def _watch(self, events: Any) -> None:
         while True:
@@ -84,16 +92,21 @@ class Watcher:
             except Exception as exc:
                 log.warning("change stream on %s failed, retrying in %.0f s: %s",
                             self._where(), _WATCH_RETRY_S, exc)
-                await asyncio.sleep(_WATCH_RETRY_S)
+            else:
+                log.info("change stream on %s was closed by the server, reopening in %.0f s",
+                         self._where(), _WATCH_RETRY_S)
+            await asyncio.sleep(_WATCH_RETRY_S)
 
     async def _follow(self, events: Any) -> None:
-        """Wake the waiters of every stream appended to, until the change stream fails."""
+        """Wake the waiters of every stream appended to, until the change stream fails
+        or is closed (a closed one answers ``try_next`` at once, without awaiting
+        anything: looping on it would starve the event loop)."""
         changes = await resolve(events.watch(_PIPELINE, max_await_time_ms=_WATCH_AWAIT_MS))
         try:
-            while True:
+            while changes.alive:
                 change = await changes.try_next()
                 if change is not None:
                     self._waiters.wake(change.get("fullDocument", {}).get("st", ""))
         finally:
             with contextlib.suppress(Exception):
-                await changes.close()
+                await asyncio.wait_for(changes.close(), _CLOSE_S)
