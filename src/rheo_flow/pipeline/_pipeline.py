@@ -128,19 +128,7 @@ class Pipeline:
                           "on_failure": on_failure,
                           "retry_delay_ms": retry_delay_ms, "retry_policy": retry_policy,
                           "shutdown_timeout": shutdown_timeout})
-        if max_inflight is None:
-            max_inflight = default_max_inflight(processors, self._batchers)
-            if max_inflight > MAX_DEMAND:
-                raise InvalidArgument(
-                    f"the default max_inflight ({max_inflight}: room for the processors' "
-                    f"demand twice over and concurrency + 1 batches per batcher) is above "
-                    f"{MAX_DEMAND:,}: pass max_inflight")
-        else:
-            _warn_if_batches_cannot_fill(max_inflight, self._batchers)
-        if fetch_size is not None and fetch_size > max_inflight:
-            raise InvalidArgument(f"fetch_size ({fetch_size}) cannot exceed max_inflight "
-                                  f"({max_inflight}, computed from the stages): never more "
-                                  "than max_inflight leases are held")
+        max_inflight = _inflight_bound(max_inflight, fetch_size, processors, self._batchers)
         self._producer = Producer(
             rheo, stream, group, max_demand=max_inflight, fetch_size=fetch_size,
             lease_ms=lease_ms, poll_ms=poll_ms,
@@ -446,6 +434,26 @@ class Pipeline:
         if exc is None or isinstance(exc, Exception):
             await self.drain()
         await self.stop()
+
+
+def _inflight_bound(max_inflight: int | None, fetch_size: int | None, processors: Processors,
+                    batchers: Mapping[str, Batcher]) -> int:
+    """``max_inflight`` as given (warning when a batch cannot fill), else the default
+    the stages need; checked against ``fetch_size``."""
+    if max_inflight is None:
+        max_inflight = default_max_inflight(processors, batchers)
+        if max_inflight > MAX_DEMAND:
+            raise InvalidArgument(
+                f"the default max_inflight ({max_inflight}: room for the processors' "
+                f"demand twice over and concurrency + 1 batches per batcher) is above "
+                f"{MAX_DEMAND:,}: pass max_inflight")
+    else:
+        _warn_if_batches_cannot_fill(max_inflight, batchers)
+    if fetch_size is not None and fetch_size > max_inflight:
+        raise InvalidArgument(f"fetch_size ({fetch_size}) cannot exceed max_inflight "
+                              f"({max_inflight}, computed from the stages): never more "
+                              "than max_inflight leases are held")
+    return max_inflight
 
 
 def default_max_inflight(processors: Processors, batchers: Mapping[str, Batcher]) -> int:
