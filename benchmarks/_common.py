@@ -67,6 +67,38 @@ def payload(i: int) -> dict[str, Any]:
     return {"n": i, "kind": "bench", "tags": ["a", "b"]}
 
 
+async def pipeline_rate(rheo: Rheo, stream: str, group: str, events: int, *, demand: int,
+                        batch: int, max_inflight: int, fetch_size: int | None = None) -> float:
+    """Events per second through a pass-through :class:`~rheo_flow.pipeline.Pipeline` on
+    a prepared backlog of ``events``: 4 processors of ``demand``, one batcher of
+    ``batch`` (2 batch tasks, 50 ms timeout), ``max_inflight`` and ``fetch_size`` as
+    given; timed until the last ack."""
+    from rheo_flow.pipeline import Batcher, Pipeline, Processors
+
+    pipeline = Pipeline(
+        rheo, stream=stream, group=group, handler=_PassThrough(),
+        processors=Processors(concurrency=4, max_demand=demand),
+        batchers={"default": Batcher(batch_size=batch, batch_timeout=0.05, concurrency=2)},
+        max_inflight=max_inflight, fetch_size=fetch_size, poll_ms=50,
+    )
+    started = time.perf_counter()
+    async with pipeline:
+        await wait_until(lambda: pipeline.stats().acked >= events, 300)
+        elapsed = time.perf_counter() - started
+    return events / elapsed
+
+
+class _PassThrough:
+    """A pipeline handler that passes every message and batch through."""
+
+    async def handle_message(self, processor: str, message: Any, context: Any) -> Any:
+        return message
+
+    async def handle_batch(self, batcher: str, messages: list[Any], batch_info: Any,
+                           context: Any) -> list[Any]:
+        return messages
+
+
 async def wait_until(predicate: Callable[[], bool], timeout: float) -> None:
     """Wait for ``predicate`` to hold, failing the run after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -48,9 +48,8 @@ import asyncpg
 
 from rheo_flow import ACK, NewEvent, Rheo, consumer
 from rheo_flow.backends import PostgresBackend
-from rheo_flow.pipeline import Batcher, BatchInfo, Message, Pipeline, PipelineHandler, Processors
 
-from ._common import Result, alternating_rounds, wait_until
+from ._common import Result, alternating_rounds, pipeline_rate, wait_until
 
 URL = os.environ.get("RHEO_POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 PARTITIONS = 4
@@ -207,35 +206,14 @@ async def consume_group(events: int, batch: int) -> float:
         await rheo.close()
 
 
-class _NoOp(PipelineHandler):
-    async def handle_message(self, processor: str, message: Message, context: Any) -> Message:
-        return message
-
-    async def handle_batch(self, batcher: str, messages: list[Message], batch_info: BatchInfo,
-                           context: Any) -> list[Message]:
-        return messages
-
-
 async def consume_pipeline(events: int, batch: int) -> float:
     """Events per second through a :class:`Pipeline` (4 processors, one batcher; each
     fetch claims at most ``batch``, as the ``Group`` and the raw loop do)."""
     rheo = await _rheo()
     try:
         stream = await _backlog(rheo, events)
-        pipeline = Pipeline(
-            rheo, stream=stream, group="g", handler=_NoOp(),
-            processors=Processors(concurrency=4, max_demand=batch),
-            batchers={"default": Batcher(batch_size=batch, batch_timeout=0.05, concurrency=2)},
-            max_inflight=4 * batch, fetch_size=batch, poll_ms=50,
-        )
-        started = time.perf_counter()
-        await pipeline.start()
-        try:
-            await wait_until(lambda: pipeline.stats().acked >= events, 300)
-            elapsed = time.perf_counter() - started
-        finally:
-            await pipeline.drain(10)
-        return events / elapsed
+        return await pipeline_rate(rheo, stream, "g", events, demand=batch, batch=batch,
+                                   max_inflight=4 * batch, fetch_size=batch)
     finally:
         await rheo.close()
 

@@ -32,6 +32,8 @@ import os
 import statistics
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -40,9 +42,8 @@ import redis.utils
 
 from rheo_flow import ACK, Consumer, Event, NewEvent, Rheo
 from rheo_flow.backends import RedisBackend
-from rheo_flow.pipeline import Batcher, BatchInfo, Message, Pipeline, PipelineHandler, Processors
 
-from ._common import Result, append_rate, payload, wait_until
+from ._common import Result, append_rate, payload, pipeline_rate
 
 URL = os.environ.get("RHEO_REDIS_URL") or "redis://127.0.0.1:6379/0"
 MAX_DEMAND = 500
@@ -79,8 +80,10 @@ class Counting(Consumer):
         return ACK
 
 
-async def rheo_consume(events: int) -> float:
-    """Events per second consumed and acked through a Group on a fresh prefix."""
+@asynccontextmanager
+async def _consumed(events: int) -> AsyncIterator[Rheo]:
+    """rheo_flow on a fresh key prefix holding a backlog of ``events``; on exit, checks
+    that group ``bench`` settled all of them, then deletes every key."""
     backend = RedisBackend.from_url(URL, prefix=f"rheo-bench-{uuid.uuid4().hex[:10]}")
     try:
         async with Rheo(backend) as rheo:
@@ -90,59 +93,33 @@ async def rheo_consume(events: int) -> float:
                     NewEvent("bench.event", payload(i))
                     for i in range(start, min(events, start + APPEND_CHUNK))
                 ])
-            consumer = Counting(events)
-            started = time.perf_counter()
-            async with consumer.start(rheo) as group:
-                await consumer.done.wait()
-                # The measurement ends when the last ack has landed.
-                await group.drain(timeout=60)
-                elapsed = time.perf_counter() - started
+            yield rheo
             if sum((await rheo.lag("bench", "bench")).values()) != 0:
                 raise RuntimeError("rheo_flow left events unsettled")
-            return events / elapsed
     finally:
         await backend.drop_all()
         await backend.close()
 
 
-class _NoOp(PipelineHandler):
-    async def handle_message(self, processor: str, message: Message, context: Any) -> Message:
-        return message
-
-    async def handle_batch(self, batcher: str, messages: list[Message], batch_info: BatchInfo,
-                           context: Any) -> list[Message]:
-        return messages
+async def rheo_consume(events: int) -> float:
+    """Events per second consumed and acked through a Group on a fresh prefix."""
+    async with _consumed(events) as rheo:
+        consumer = Counting(events)
+        started = time.perf_counter()
+        async with consumer.start(rheo) as group:
+            await consumer.done.wait()
+            # The measurement ends when the last ack has landed.
+            await group.drain(timeout=60)
+            elapsed = time.perf_counter() - started
+    return events / elapsed
 
 
 async def rheo_pipeline(events: int) -> float:
     """Events per second through a ``Pipeline`` (4 processors, one batcher of
-    ``MAX_DEMAND``; at most ``MAX_DEMAND`` leases inflight and per fetch, as the Group)."""
-    backend = RedisBackend.from_url(URL, prefix=f"rheo-bench-{uuid.uuid4().hex[:10]}")
-    try:
-        async with Rheo(backend) as rheo:
-            await rheo.create_stream("bench")
-            for start in range(0, events, APPEND_CHUNK):
-                await rheo.append("bench", [
-                    NewEvent("bench.event", payload(i))
-                    for i in range(start, min(events, start + APPEND_CHUNK))
-                ])
-            pipeline = Pipeline(
-                rheo, stream="bench", group="bench", handler=_NoOp(),
-                processors=Processors(concurrency=4, max_demand=MAX_DEMAND // 4),
-                batchers={"default": Batcher(batch_size=MAX_DEMAND // 2, batch_timeout=0.05,
-                                             concurrency=2)},
-                max_inflight=MAX_DEMAND, poll_ms=50,
-            )
-            started = time.perf_counter()
-            async with pipeline:
-                await wait_until(lambda: pipeline.stats().acked >= events, 300)
-                elapsed = time.perf_counter() - started
-            if sum((await rheo.lag("bench", "bench")).values()) != 0:
-                raise RuntimeError("rheo_flow left events unsettled")
-            return events / elapsed
-    finally:
-        await backend.drop_all()
-        await backend.close()
+    ``MAX_DEMAND // 2``; at most ``MAX_DEMAND`` leases inflight, as the Group)."""
+    async with _consumed(events) as rheo:
+        return await pipeline_rate(rheo, "bench", "bench", events, demand=MAX_DEMAND // 4,
+                                   batch=MAX_DEMAND // 2, max_inflight=MAX_DEMAND)
 
 
 # raw redis-py ------------------------------------------------------------------

@@ -30,8 +30,9 @@ import asyncio
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,9 +40,15 @@ import orjson
 
 from rheo_flow import ACK, NewEvent, Rheo, consumer
 from rheo_flow.backends import SQLiteBackend
-from rheo_flow.pipeline import Batcher, BatchInfo, Message, Pipeline, PipelineHandler, Processors
 
-from ._common import Result, alternating_rounds, append_rate, payload, wait_until
+from ._common import (
+    Result,
+    alternating_rounds,
+    append_rate,
+    payload,
+    pipeline_rate,
+    wait_until,
+)
 
 SYNCHRONOUS = "FULL"
 BUSY_TIMEOUT_MS = 5_000
@@ -88,64 +95,46 @@ async def rheo_append(events: int) -> float:
         return rate
 
 
-async def rheo_group(events: int) -> float:
-    """Events per second consumed and acked through a ``Group`` (no-op handler)."""
+@asynccontextmanager
+async def _consumed(events: int) -> AsyncIterator[Rheo]:
+    """rheo_flow on a fresh file holding a backlog of ``events``; on exit, checks
+    that group ``g`` settled all of them and that the file is still in WAL mode."""
     with tempfile.TemporaryDirectory(prefix="rheo-bench-") as directory:
         rheo, path = await _rheo(directory)
         try:
             await _backlog(rheo, events)
-
-            # One batch per fetch, the next fetched while the last is handled and settled.
-            @consumer(stream="bench", group="g", max_demand=2 * CONSUME_BATCH,
-                      fetch_size=CONSUME_BATCH, concurrency=CONSUME_BATCH, poll_ms=50)
-            async def noop(event: Any, context: Any) -> Any:
-                return ACK
-
-            started = time.perf_counter()
-            async with noop.start(rheo) as group:
-                await wait_until(lambda: group.stats.acked >= events, 300)
-                elapsed = time.perf_counter() - started
+            yield rheo
             if sum((await rheo.lag("bench", "g")).values()) != 0:
                 raise RuntimeError("rheo_flow left events unsettled")
         finally:
             await rheo.close()
         _check_wal(path)
-        return events / elapsed
 
 
-class _NoOp(PipelineHandler):
-    async def handle_message(self, processor: str, message: Message, context: Any) -> Message:
-        return message
+async def rheo_group(events: int) -> float:
+    """Events per second consumed and acked through a ``Group`` (no-op handler)."""
+    async with _consumed(events) as rheo:
 
-    async def handle_batch(self, batcher: str, messages: list[Message], batch_info: BatchInfo,
-                           context: Any) -> list[Message]:
-        return messages
+        # One batch per fetch, the next fetched while the last is handled and settled.
+        @consumer(stream="bench", group="g", max_demand=2 * CONSUME_BATCH,
+                  fetch_size=CONSUME_BATCH, concurrency=CONSUME_BATCH, poll_ms=50)
+        async def noop(event: Any, context: Any) -> Any:
+            return ACK
+
+        started = time.perf_counter()
+        async with noop.start(rheo) as group:
+            await wait_until(lambda: group.stats.acked >= events, 300)
+            elapsed = time.perf_counter() - started
+    return events / elapsed
 
 
 async def rheo_pipeline(events: int) -> float:
     """Events per second through a ``Pipeline`` (4 processors, one batcher of
     ``CONSUME_BATCH``; each fetch claims at most ``CONSUME_BATCH``, as the ``Group`` does)."""
-    with tempfile.TemporaryDirectory(prefix="rheo-bench-") as directory:
-        rheo, path = await _rheo(directory)
-        try:
-            await _backlog(rheo, events)
-            pipeline = Pipeline(
-                rheo, stream="bench", group="g", handler=_NoOp(),
-                processors=Processors(concurrency=4, max_demand=CONSUME_BATCH),
-                batchers={"default": Batcher(batch_size=CONSUME_BATCH, batch_timeout=0.05,
-                                             concurrency=2)},
-                max_inflight=4 * CONSUME_BATCH, fetch_size=CONSUME_BATCH, poll_ms=50,
-            )
-            started = time.perf_counter()
-            async with pipeline:
-                await wait_until(lambda: pipeline.stats().acked >= events, 300)
-                elapsed = time.perf_counter() - started
-            if sum((await rheo.lag("bench", "g")).values()) != 0:
-                raise RuntimeError("rheo_flow left events unsettled")
-        finally:
-            await rheo.close()
-        _check_wal(path)
-        return events / elapsed
+    async with _consumed(events) as rheo:
+        return await pipeline_rate(rheo, "bench", "g", events, demand=CONSUME_BATCH,
+                                   batch=CONSUME_BATCH, max_inflight=4 * CONSUME_BATCH,
+                                   fetch_size=CONSUME_BATCH)
 
 
 async def rheo_fetch_ack(events: int) -> float:
