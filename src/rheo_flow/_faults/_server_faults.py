@@ -139,7 +139,8 @@ _Held = list[tuple[int, int, int]]
 
 
 class _PostgresLeases:
-    """Reads, in PostgreSQL's deliveries table, what one worker of the run's group holds."""
+    """Reads, in PostgreSQL's deliveries and ranges tables, what one worker of the run's
+    group holds."""
 
     def __init__(self, conn: Any, schema: str, group_id: int, worker: str) -> None:
         self._conn, self._schema, self._group_id, self._worker = conn, schema, group_id, worker
@@ -148,7 +149,11 @@ class _PostgresLeases:
         """The deliveries the worker holds leased now."""
         rows = await self._conn.fetch(
             f'SELECT part, seq, attempt FROM "{self._schema}".deliveries '
-            "WHERE group_id = $1 AND state = 1 AND consumer_id = $2",
+            "WHERE group_id = $1 AND state = 1 AND consumer_id = $2 "
+            f'UNION ALL SELECT r.part, s.seq, r.attempt FROM "{self._schema}".ranges r '
+            "CROSS JOIN LATERAL generate_series(r.first_seq, r.last_seq) AS s(seq) "
+            "WHERE r.group_id = $1 AND r.pending > 0 AND r.consumer_id = $2 "
+            "AND get_bit(r.done, (s.seq - r.first_seq)::integer) = 0",
             self._group_id, self._worker)
         return [(r["part"], r["seq"], r["attempt"]) for r in rows]
 
@@ -159,7 +164,11 @@ class _PostgresLeases:
             f'SELECT EXISTS (SELECT 1 FROM "{self._schema}".deliveries d '
             "JOIN unnest($2::int[], $3::bigint[], $4::int[]) AS h(part, seq, attempt) "
             "ON d.part = h.part AND d.seq = h.seq "
-            "WHERE d.group_id = $1 AND d.attempt > h.attempt)",
+            "WHERE d.group_id = $1 AND d.attempt > h.attempt) OR EXISTS (SELECT 1 "
+            f'FROM "{self._schema}".ranges r '
+            "JOIN unnest($2::int[], $3::bigint[], $4::int[]) AS h(part, seq, attempt) "
+            "ON r.part = h.part AND h.seq BETWEEN r.first_seq AND r.last_seq "
+            "WHERE r.group_id = $1 AND r.attempt > h.attempt)",
             self._group_id, parts, seqs, attempts))
 
 
@@ -214,7 +223,7 @@ async def _stall_holding_leases(run: RunControl, worker: WorkerProcess,
 async def _wait_re_lease(run: RunControl, probe: _PostgresLeases | None, held: _Held) -> bool:
     """Wait until another worker has leased again one of the deliveries in ``held``.
 
-    PostgreSQL shows it in the deliveries table; elsewhere the wait is the lease
+    PostgreSQL shows it in the deliveries and ranges tables; elsewhere the wait is the lease
     plus a few polls of the live workers.
     """
     lease_s = run.settings.lease_ms / 1000

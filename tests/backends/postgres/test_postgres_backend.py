@@ -193,16 +193,18 @@ RELEASED_FUNCTIONS = {
     4: ("v4_settle",),
     5: ("v5_fetch_keyed", "v5_fetch"),
     6: ("v6_fetch_keyed", "v6_fetch", "v6_settle"),
+    7: ("v7_advance_frontiers", "v7_fetch_keyed", "v7_fetch", "v7_settle", "v7_renew"),
 }
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
-CURRENT_FUNCTIONS = {"advance_frontiers", "fetch", "fetch_scan", "release_keys", "renew",
-                     "settle", "settle_leased", "settle_misses"}
+CURRENT_FUNCTIONS = {"advance_frontiers", "expire_spent", "fetch", "fetch_ranges", "fetch_scan",
+                     "release_keys", "renew", "settle", "settle_leased", "settle_misses",
+                     "settle_ranged"}
 """The server-side functions the current version installs (functions/)."""
 
 
 async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> None:
-    """Leave ``schema`` as the release at schema ``version`` (1..6) left it: its tables
+    """Leave ``schema`` as the release at schema ``version`` (1..7) left it: its tables
     (the migrations up to it) and the functions it defined, version by version."""
     for migration in MIGRATIONS[:version]:
         scripts = [*(BOOTSTRAP.statements if migration.version == 1 else ()),
@@ -595,7 +597,8 @@ async def test_lease_changes_commit_synchronously(rheo: Rheo, schema: str,
             rows = await admin.fetch(sql.fetch, gid, [0], 4, 60_000, "c")
             assert [r[2] for r in rows] == [1 if fresh else 2] * 4
             assert await admin.fetchval("SHOW synchronous_commit") == "on"
-        await admin.execute(f'UPDATE "{schema}".deliveries SET deadline_ms = 0')
+        for table in ("deliveries", "ranges"):
+            await admin.execute(f'UPDATE "{schema}".{table} SET deadline_ms = 0')
     leases = await rheo.fetch("s", "g", limit=4)
     assert [lease.attempt for lease in leases] == [3, 3, 3, 3]
     batch = await backend._batch(leases)
@@ -615,12 +618,15 @@ async def test_lease_changes_commit_synchronously(rheo: Rheo, schema: str,
 
 
 @pytest.mark.parametrize("op", ["ack", "renew"])
+@pytest.mark.parametrize("table", ["ranges", "deliveries"])
 async def test_a_settle_waiting_on_a_concurrent_update_applies_to_the_new_row_version(
         rheo: Rheo, schema: str, postgres_url: str, admin: asyncpg.Connection,
-        wait_until: WaitUntil, op: str) -> None:
-    # Settles lock their rows first and then update them by physical address: the
-    # address must be the one of the row version they waited for, not a stale one.
+        wait_until: WaitUntil, op: str, table: str) -> None:
+    # Settles lock their rows first and then update them: the row version they
+    # update must be the one they waited for, not a stale one. An unordered group
+    # holds its leases in a range row, a key-ordered one in a delivery row each.
     await rheo.create_stream("s")
+    await rheo.create_group("s", "g", ordering="key" if table == "deliveries" else "none")
     await rheo.append("s", [NewEvent("t") for _ in range(3)])
     leases = await rheo.fetch("s", "g", limit=3)
     other = await asyncpg.connect(postgres_url)
@@ -628,7 +634,7 @@ async def test_a_settle_waiting_on_a_concurrent_update_applies_to_the_new_row_ve
         tx = other.transaction()
         await tx.start()
         # Another transaction moves the rows to new versions and holds them.
-        await other.execute(f'UPDATE "{schema}".deliveries SET deadline_ms = deadline_ms + 1')
+        await other.execute(f'UPDATE "{schema}".{table} SET deadline_ms = deadline_ms + 1')
         settling = asyncio.create_task(
             rheo.ack(leases) if op == "ack" else rheo.renew(leases, lease_ms=60_000))
         await wait_until(lambda: admin.fetchval(
@@ -638,12 +644,20 @@ async def test_a_settle_waiting_on_a_concurrent_update_applies_to_the_new_row_ve
     finally:
         await other.close()
     assert all(r.ok and not r.repeated for r in results)
-    rows = await admin.fetch(f'SELECT state, deadline_ms FROM "{schema}".deliveries ORDER BY seq')
+    if table == "deliveries":
+        rows = await admin.fetch(
+            f'SELECT state, deadline_ms FROM "{schema}".deliveries ORDER BY seq')
+        states, deadlines = [r[0] for r in rows], [r[1] for r in rows]
+        acked = states == [2, 2, 2]
+    else:
+        [row] = await admin.fetch(f'SELECT pending, deadline_ms FROM "{schema}".ranges')
+        deadlines = [row[1]] * 3
+        acked = row[0] == 0
     if op == "ack":
-        assert [r[0] for r in rows] == [2, 2, 2]
+        assert acked
         assert await rheo.frontier("s", "g") == {0: 3}
     else:
-        assert [r[1] for r in rows] == [r.deadline_ms for r in results]
+        assert deadlines == [r.deadline_ms for r in results]
 
 
 async def test_frontier_under_concurrent_settles(rheo: Rheo) -> None:

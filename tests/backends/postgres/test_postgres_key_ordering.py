@@ -154,7 +154,7 @@ async def test_only_key_ordered_groups_store_keys(postgres_rheo: Rheo, postgres_
     rheo, schema, admin = postgres_rheo, postgres_schema, postgres_admin
     # A key K is stored as "k" + K, a keyless event as "-" + its sequence (its own
     # key: never blocked); the delivery of a later event of a leased key is stored
-    # available, attempt 0.
+    # available, attempt 0. An unordered group stores no delivery rows for its leases.
     await rheo.create_stream("s")
     await rheo.create_group("s", "plain")
     await rheo.create_group("s", "keyed", ordering="key")
@@ -165,8 +165,12 @@ async def test_only_key_ordered_groups_store_keys(postgres_rheo: Rheo, postgres_
         f'SELECT g.name, d.seq, d.state, d.key FROM "{schema}".deliveries d '
         f'JOIN "{schema}".groups g ON g.id = d.group_id ORDER BY g.name, d.seq')
     assert [tuple(r) for r in rows] == [
-        ("keyed", 1, 1, "ka"), ("keyed", 2, 0, "ka"), ("keyed", 3, 1, "-3"),
-        ("plain", 1, 1, None), ("plain", 2, 1, None), ("plain", 3, 1, None)]
+        ("keyed", 1, 1, "ka"), ("keyed", 2, 0, "ka"), ("keyed", 3, 1, "-3")]
+    # The unordered group's fetch stored one range (schema version 8), no delivery rows.
+    ranges = await admin.fetch(
+        f'SELECT g.name, r.first_seq, r.last_seq, r.pending FROM "{schema}".ranges r '
+        f'JOIN "{schema}".groups g ON g.id = r.group_id')
+    assert [tuple(r) for r in ranges] == [("plain", 1, 3, 3)]
 
 
 # Held deliveries (schema version 7) ------------------------------------------

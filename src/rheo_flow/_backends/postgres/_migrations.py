@@ -99,6 +99,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(7, "key-ordered groups hold the events waiting for their key until it is "
                  "released, and fetch reads the index of ready keyed deliveries",
               ("v7_ready_deliveries",)),
+    Migration(8, "range leases: an unordered group's fetch stores one range per partition "
+                 "instead of a delivery row per event",
+              ("v8_ranges",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 
@@ -111,7 +114,8 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 """Run under the migration lock before the migrations (never recorded as a version)."""
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
-                             ("advance_frontiers", "fetch_keyed", "fetch", "settle", "renew"))
+                             ("advance_frontiers", "fetch_keyed", "fetch_ranges", "fetch",
+                              "settle_ranged", "settle", "renew"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 

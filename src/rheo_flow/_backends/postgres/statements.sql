@@ -179,7 +179,19 @@ SELECT part, GREATEST($3::bigint, low_water) FROM {s}.partitions
 WHERE stream_id = $1 AND part = ANY($2::integer[]) ORDER BY part
 
 -- Deleting a delivery fences its lease; it is materialised again, attempt 1.
+-- Ranges from the start on go; a range across it keeps the events before it.
 -- name: replay_deliveries
+WITH gone AS (
+    DELETE FROM {s}.ranges r USING unnest($2::integer[], $3::bigint[]) AS u(p, s)
+    WHERE r.group_id = $1 AND r.part = u.p AND r.first_seq >= u.s
+), cut AS (
+    UPDATE {s}.ranges r SET last_seq = u.s - 1,
+        done = substring(r.done FROM 1 FOR (u.s - r.first_seq)::integer),
+        pending = length(replace(substring(r.done FROM 1 FOR (u.s - r.first_seq)::integer)::text,
+                                 '1', ''))
+    FROM unnest($2::integer[], $3::bigint[]) AS u(p, s)
+    WHERE r.group_id = $1 AND r.part = u.p AND r.first_seq < u.s AND r.last_seq >= u.s
+)
 DELETE FROM {s}.deliveries d USING unnest($2::integer[], $3::bigint[]) AS u(p, s)
 WHERE d.group_id = $1 AND d.part = u.p AND d.seq >= u.s
 
@@ -196,6 +208,10 @@ SELECT part, GREATEST(low_water - 1, LEAST(COALESCE($3::bigint, high_water), hig
 FROM {s}.partitions WHERE stream_id = $1 AND part = ANY($2::integer[]) ORDER BY part
 
 -- name: reset_deliveries
+WITH gone AS (
+    DELETE FROM {s}.ranges r USING unnest($2::integer[]) AS u(p)
+    WHERE r.group_id = $1 AND r.part = u.p
+)
 DELETE FROM {s}.deliveries d USING unnest($2::integer[], $3::bigint[]) AS u(p, s)
 WHERE d.group_id = $1 AND d.part = u.p
 
@@ -222,6 +238,7 @@ WHERE s.name = $1 FOR UPDATE OF s
 SELECT id FROM {s}.groups WHERE stream_id = $1 ORDER BY id
 
 -- name: delete_deliveries
+WITH gone AS (DELETE FROM {s}.ranges WHERE group_id = ANY($1::integer[]))
 DELETE FROM {s}.deliveries WHERE group_id = ANY($1::integer[])
 
 -- name: delete_frontiers
@@ -270,9 +287,20 @@ SELECT 1 FROM {s}.cursors c JOIN unnest($1::integer[], $2::integer[], $3::bigint
 ORDER BY c.group_id, c.part FOR UPDATE OF c
 
 -- The keys of the unsettled deliveries of key-ordered groups it removed are
--- released (release_keys) once it is done.
+-- released (release_keys) once it is done. Ranges up to the bound go; a range
+-- across it keeps the events after it.
 -- name: trim_deliveries
-WITH gone AS (
+WITH dropped AS (
+    DELETE FROM {s}.ranges r USING unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
+    WHERE r.group_id = u.g AND r.part = u.p AND r.last_seq <= u.b
+), cut AS (
+    UPDATE {s}.ranges r SET first_seq = u.b + 1,
+        done = substring(r.done FROM (u.b - r.first_seq + 2)::integer),
+        pending = length(replace(substring(r.done FROM (u.b - r.first_seq + 2)::integer)::text,
+                                 '1', ''))
+    FROM unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
+    WHERE r.group_id = u.g AND r.part = u.p AND r.first_seq <= u.b AND r.last_seq > u.b
+), gone AS (
     DELETE FROM {s}.deliveries d
     USING unnest($1::integer[], $2::integer[], $3::bigint[]) AS u(g, p, b)
     WHERE d.group_id = u.g AND d.part = u.p AND d.seq <= u.b

@@ -1,5 +1,6 @@
 -- advance_frontiers: moves the stored frontiers of (group, partition) pairs over
--- the settled deliveries right after them, with the plan options of fetch.
+-- the settled deliveries and range events right after them, with the plan
+-- options of fetch.
 
 CREATE OR REPLACE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
 RETURNS void LANGUAGE plpgsql
@@ -19,6 +20,10 @@ BEGIN
                       WHERE d.group_id = f2.group_id AND d.part = f2.part
                         AND d.seq > f2.frontier AND d.state < 2
                       ORDER BY d.seq LIMIT 1), 9223372036854775807),
+            -- the first event in flight of the lowest range with any (ranges_open)
+            COALESCE((SELECT r.first_seq + position(B'0' IN r.done) - 1 FROM {s}.ranges r
+                      WHERE r.group_id = f2.group_id AND r.part = f2.part AND r.pending > 0
+                      ORDER BY r.first_seq LIMIT 1), 9223372036854775807),
             (SELECT c.cursor + 1 FROM {s}.cursors c
              WHERE c.group_id = f2.group_id AND c.part = f2.part)) - 1 AS top
         FROM {s}.frontiers f2

@@ -68,6 +68,11 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
     END IF;
+    IF NOT v_keyed THEN  -- range leases (schema version 8)
+        RETURN QUERY SELECT * FROM {s}.fetch_ranges(p_group, v_stream, v_max, p_parts, p_limit,
+                                                    p_lease_ms, p_consumer);
+        RETURN;
+    END IF;
 
     -- Deliveries to lease again, per partition lowest first and locked FOR UPDATE
     -- SKIP LOCKED: up to p_limit available and p_limit expired. A key-ordered

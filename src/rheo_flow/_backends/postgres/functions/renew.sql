@@ -13,12 +13,20 @@ AS $fn$
 DECLARE
     v_tids tid[];
     v_done bigint[];
+    v_ridx bigint[];
 BEGIN
     deadline_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint + p_lease_ms;
     SELECT array_agg(l.o_tid), array_agg(l.o_idx) INTO v_tids, v_done
     FROM {s}.settle_leased(p_groups, p_parts, p_seqs, p_leases, p_atts) l;
     IF v_tids IS NOT NULL THEN
         UPDATE {s}.deliveries d SET deadline_ms = renew.deadline_ms WHERE d.ctid = ANY (v_tids);
+    END IF;
+    IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
+        -- The rest may be events held by range leases (functions/settle_ranged.sql).
+        SELECT r.o_idx INTO v_ridx
+        FROM {s}.settle_ranged(0::smallint, p_groups, p_parts, p_seqs, p_leases, p_atts, v_done,
+                               '', 0, NULL, deadline_ms - p_lease_ms, deadline_ms) r;
+        v_done := v_done || v_ridx;
     END IF;
     IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
         SELECT * INTO bad_idx, bad_code, bad_by

@@ -50,6 +50,13 @@ AS $fn$
 BEGIN
     SELECT array_agg(u.idx ORDER BY u.idx),
            array_agg(CASE
+               WHEN d.seq IS NULL AND r.token IS NOT NULL THEN
+                   CASE WHEN replace(u.lease::text, '-', '')
+                             <> r.token || lpad(to_hex(u.seq - r.base_seq), 8, '0') THEN 2
+                        WHEN r.attempt <> u.att THEN 3
+                        WHEN get_bit(r.done, (u.seq - r.first_seq)::integer) = 0 THEN 7
+                        WHEN p_op = 1 THEN 1
+                        ELSE 4 END
                WHEN d.seq IS NULL THEN
                    CASE WHEN u.seq >= 1 AND u.seq <= pt.high_water THEN 5 ELSE 6 END
                WHEN d.lease_id IS DISTINCT FROM u.lease THEN 2
@@ -57,13 +64,20 @@ BEGIN
                WHEN d.state = 1 THEN 7
                WHEN p_op <> 0 AND d.settled_by = p_op THEN 1
                ELSE 4 END::smallint ORDER BY u.idx),
-           array_agg(d.settled_by ORDER BY u.idx)
+           array_agg(CASE WHEN d.seq IS NULL AND r.token IS NOT NULL THEN 1::smallint
+                          ELSE d.settled_by END ORDER BY u.idx)
     INTO bad_idx, bad_code, bad_by
     FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
          AS u(g, part, seq, lease, att, idx)
     LEFT JOIN LATERAL (
         SELECT d.seq, d.lease_id, d.attempt, d.state, d.settled_by FROM {s}.deliveries d
         WHERE d.group_id = u.g AND d.part = u.part AND d.seq = u.seq OFFSET 0) d ON true
+    LEFT JOIN LATERAL (
+        -- No delivery row: the range holding the event, if any (migrations/v8_ranges.sql).
+        SELECT r.last_seq, r.base_seq, r.token, r.attempt, r.done, r.first_seq
+        FROM {s}.ranges r
+        WHERE d.seq IS NULL AND r.group_id = u.g AND r.part = u.part AND r.first_seq <= u.seq
+        ORDER BY r.first_seq DESC LIMIT 1) r ON r.last_seq >= u.seq
     LEFT JOIN LATERAL (
         SELECT pt.high_water FROM {s}.groups gr
         JOIN {s}.partitions pt ON pt.stream_id = gr.stream_id AND pt.part = u.part
@@ -90,6 +104,9 @@ DECLARE
     v_kg integer[];
     v_kp integer[];
     v_keys text[];
+    v_ridx bigint[];
+    v_rg integer[];
+    v_rp integer[];
 BEGIN
     WITH hit AS (
         -- spent: a nack of this attempt dead-letters (only nack needs max_attempts).
@@ -135,6 +152,15 @@ BEGIN
                       AND w.available_at_ms = 9223372036854775807 LIMIT 1) w) THEN
             PERFORM {s}.release_keys(v_kg, v_kp, v_keys, v_now);
         END IF;
+    END IF;
+    IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
+        -- The rest may be events held by range leases (functions/settle_ranged.sql).
+        SELECT * INTO v_ridx, v_rg, v_rp
+        FROM {s}.settle_ranged(p_op, p_groups, p_parts, p_seqs, p_leases, p_atts, v_done,
+                               p_reason, p_delay_ms, p_error, v_now, NULL);
+        v_done := v_done || v_ridx;
+        v_tg := v_tg || v_rg;
+        v_tp := v_tp || v_rp;
     END IF;
     IF v_tg IS NOT NULL THEN
         PERFORM {s}.advance_frontiers(v_tg, v_tp);
