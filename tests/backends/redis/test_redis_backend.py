@@ -235,16 +235,20 @@ async def test_each_partition_lives_in_one_cluster_slot(
             assert await backend.client.exists(tag + suffix), tag + suffix
 
 
-async def test_pel_mirrors_who_holds_what(rheo: Rheo, backend: RedisBackend,
-                                          wait_until: WaitUntil) -> None:
+async def test_the_pel_holds_redeliveries_not_first_deliveries(
+        rheo: Rheo, backend: RedisBackend, wait_until: WaitUntil) -> None:
     await rheo.create_stream("s")
     await rheo.append("s", [NewEvent("t") for _ in range(3)])
     key = f"{{{backend.prefix}:s:0}}:x"
     first = await rheo.fetch("s", "g", consumer_id="alice", limit=3, lease_ms=60_000)
-    pending = await backend.client.xpending_range(key, "g", "-", "+", 10)
-    assert [(p["message_id"], p["consumer"]) for p in pending] == [
-        (b"1-0", b"alice"), (b"2-0", b"alice"), (b"3-0", b"alice")]
     assert [x.receipt for x in first] == ["1-0", "2-0", "3-0"], "the receipt is the entry id"
+    # A range lease: one block record, nothing in the PEL; the consumer group's last id
+    # follows the cursor all the same.
+    assert await backend.client.xpending_range(key, "g", "-", "+", 10) == []
+    blocks = await backend.client.hgetall(f"{{{backend.prefix}:s:0}}:g:g:b")
+    assert [v.decode().split("|")[:2] for v in blocks.values()] == [["1", "3"]]
+    [info] = await backend.client.xinfo_groups(key)
+    assert info["last-delivered-id"] == b"3-0"
     await rheo.ack(first[:1])
     [short] = await rheo.renew(first[1:2], lease_ms=10)
     assert short.deadline_ms is not None
@@ -252,18 +256,23 @@ async def test_pel_mirrors_who_holds_what(rheo: Rheo, backend: RedisBackend,
     await wait_until(lambda: _expired(backend, deadline), message="expiry")
     [again] = await rheo.fetch("s", "g", consumer_id="bob", limit=3)
     assert (again.sequence, again.attempt) == (2, 2)
-    pending = await backend.client.xpending_range(key, "g", "-", "+", 10)
-    assert [(p["message_id"], p["consumer"]) for p in pending] == [
-        (b"2-0", b"bob"), (b"3-0", b"alice")]
-    # A renew of our own lease resets its idle time; a stale lease touches nothing.
+    # A redelivery is taken with XCLAIM: the PEL shows who holds it.
+    [entry] = await backend.client.xpending_range(key, "g", "-", "+", 10)
+    assert (entry["message_id"], entry["consumer"]) == (b"2-0", b"bob")
+    # A renew of our own lease claims it again (one more delivery in the PEL's count);
+    # a stale lease touches nothing.
     [stale] = await rheo.renew(first[1])
     assert stale.kind is SettleKind.STALE_LEASE
-    [ok] = await rheo.renew(first[2])
+    [kept] = await backend.client.xpending_range(key, "g", "-", "+", 10)
+    assert kept["times_delivered"] == entry["times_delivered"]
+    [ok] = await rheo.renew(again)
     assert ok.ok
-    assert ok.deadline_ms is not None
-    idle = {p["message_id"]: int(p["time_since_delivered"])
-            for p in await backend.client.xpending_range(key, "g", "-", "+", 10)}
-    assert idle[b"3-0"] <= idle[b"2-0"]
+    [renewed] = await backend.client.xpending_range(key, "g", "-", "+", 10)
+    assert (renewed["consumer"], renewed["times_delivered"]) == (
+        b"bob", entry["times_delivered"] + 1)
+    assert all(r.ok for r in await rheo.ack([again, first[2]]))
+    assert await backend.client.xpending_range(key, "g", "-", "+", 10) == []
+    assert await rheo.frontier("s", "g") == {0: 3}
 
 
 async def test_close_forgets_idle_redis_consumers(redis_url: str, backend: RedisBackend) -> None:
@@ -271,6 +280,8 @@ async def test_close_forgets_idle_redis_consumers(redis_url: str, backend: Redis
     async with Rheo(user) as rheo:
         await rheo.create_stream("s", partitions=2)
         await rheo.append("s", [NewEvent("t", partition=p) for p in (0, 1, 0)])
+        # Redeliveries make Redis consumers (first deliveries do not: see above).
+        await rheo.nack(await rheo.fetch("s", "g", consumer_id="first", limit=3), "again")
         done = await rheo.fetch("s", "g", consumer_id="done", limit=2, partitions=[0])
         await rheo.ack(done)
         await rheo.fetch("s", "g", consumer_id="holding", limit=1, partitions=[1])

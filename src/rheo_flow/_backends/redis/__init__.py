@@ -10,8 +10,10 @@ can spread partitions over shards and each Lua script stays on one slot:
 * ``{P:s:p}:m`` — high water ``hw``, low water ``lw``, last append time ``ts``.
 * ``{P:s:p}:i`` — event id -> sequence (idempotent appends).
 * ``{P:s:p}:g:<g>`` — the group's frontier ``f``, cursor ``c`` and
-  ``max_attempts``; the Redis consumer group ``<g>`` on ``:x`` delivers new
-  entries (``XREADGROUP``) and mirrors who holds what in its PEL.
+  ``max_attempts``; the Redis consumer group ``<g>`` on ``:x`` has its last id at
+  the cursor. Its PEL shows who holds the redeliveries (taken with ``XCLAIM``)
+  and the deliveries of key-ordered groups; an unordered group's first
+  deliveries never enter it (range leases, below).
 * ``{P:s:p}:g:<g>:d`` — one delivery record per materialised sequence (state,
   attempt, lease id, who settled it); ``:z`` — available and leased deliveries
   by the time they become eligible; ``:r`` — dead letters by sequence. As in
@@ -25,7 +27,12 @@ can spread partitions over shards and each Lua script stays on one slot:
   moves the frontier over it writes nothing more. It gets its own record when
   acked out of order, nacked, rejected or renewed, or when its block expires (a
   fetch then writes records for the entries still leased). Replay, reset and
-  trim clip or drop the blocks they reach.
+  trim clip or drop the blocks they reach. In an unordered group a block is a
+  *range lease*: the fetch script moves the cursor over the range and reads no
+  entry (the client reads them with ``XRANGE`` in the same round trip), so
+  they stay out of the PEL; a settle sends ``XACK`` only when ``XPENDING``
+  finds some of its deliveries there (a redelivery, or a lease taken by a
+  release that put every delivery in the PEL: such leases keep settling).
 * Key-ordered groups (``ordering="key"``: field ``o`` = ``k`` of ``:g:<g>``, and
   the group record ends with ``|key``; older records have no such field and are
   unordered) lease their new deliveries in blocks too.
@@ -53,7 +60,8 @@ can spread partitions over shards and each Lua script stays on one slot:
   which partition owns an event id (streams with several partitions).
 
 Every fetch, settle batch and renew tick is one round trip: one script per
-partition, pipelined, with JSON requests and replies (orjson on this side). A
+partition, pipelined, with JSON requests and replies (orjson on this side); a
+fetch's ``XRANGE`` reads ride in the same pipeline. A
 fetch whose partitions turn out uneven may take a second one to fill its limit;
 an append to a multi-partition stream first records which partition owns each
 event id. The layout is cluster-ready;
@@ -63,7 +71,7 @@ over every partition of the stream. Lease deadlines, nack delays and append time
 Redis server's clock (``TIME`` inside the scripts). A fetch finds due work
 through the ``:z`` sorted set rather than ``XAUTOCLAIM``, whose single idle
 threshold cannot express per-fetch lease times or nack delays; expired
-entries are taken over with ``XCLAIM`` so the PEL still shows the holder.
+entries are taken over with ``XCLAIM`` so the PEL shows who holds a redelivery.
 
 Modules: ``_backend`` (the class: construction and lifecycle), one mixin module per
 group of operations (``_streams``, ``_events``, ``_groups``, ``_fetch``, ``_settle``,

@@ -23,6 +23,7 @@ __all__ = [
     "entry_event",
     "fetched_leases",
     "group_record",
+    "range_leases",
     "stream_record",
     "text",
 ]
@@ -102,6 +103,56 @@ def fetched_leases(
             attempt, deadline)
         for n, ((seq, attempt, at, meta), data) in enumerate(zip(items, datas, strict=True), 1)
     ]
+
+
+def range_leases(
+    stream: str, partition: int, group: str, consumer_id: str, token: str, deadline: int,
+    entries: Sequence[Any], first: int, last: int, *, whole: bool = True,
+) -> list[Lease] | None:
+    """The block leases (attempt 1, lease ids ``<token>:<seq>``) of the new deliveries
+    ``first..last`` of one fetch, from an ``XRANGE`` reply (entries ``[id, [field, value,
+    ...]]``, or redis-py's ``(id, {field: value})``).
+
+    With ``whole``, None unless ``entries`` hold every one of them (they may start
+    before ``first`` and go on past ``last``); without it, the leases of those there.
+    """
+    n = last - first + 1
+    if entries:
+        start = first - _seq(entries[0][0])
+        if start >= 0 and start + n <= len(entries) and _seq(entries[start + n - 1][0]) == last:
+            # Ids strictly increase: from first to last in n entries, none is missing.
+            return _block_leases(stream, partition, group, consumer_id, token, deadline,
+                                 entries[start:start + n], range(first, last + 1))
+    if whole:
+        return None
+    inside = [e for e in entries if first <= _seq(e[0]) <= last]
+    return _block_leases(stream, partition, group, consumer_id, token, deadline, inside,
+                         [_seq(e[0]) for e in inside])
+
+
+def _seq(entry_id: Any) -> int:
+    """The sequence of an entry id ``<seq>-0`` (bytes or text)."""
+    return int(entry_id[:-2])
+
+
+def _block_leases(
+    stream: str, partition: int, group: str, consumer_id: str, token: str, deadline: int,
+    entries: Sequence[Any], seqs: Sequence[int],
+) -> list[Lease]:
+    loads = orjson.loads
+    out: list[Lease] = []
+    add = out.append
+    for seq, (_, fields) in zip(seqs, entries, strict=True):
+        if type(fields) is not list:
+            fields = [item for pair in fields.items() for item in pair]
+        # The fields as XADD wrote them: meta, data, time.
+        meta = loads(fields[1])
+        add(make_lease(
+            f"{token}:{seq}", f"{seq}-0", group, consumer_id,
+            make_event_json(stream, partition, seq, meta[0], meta[1], fields[3], meta[2],
+                            meta[3], int(fields[5])),
+            1, deadline))
+    return out
 
 
 def entry_event(stream: str, partition: int, entry_id: Any, fields: Mapping[Any, Any]

@@ -45,6 +45,9 @@ class RedisCore:
     _stale: dict[str, set[int]]
     _valid_keys: dict[tuple[Any, Any, Any], bool]
     """(stream, group, partition) of settled leases -> whether it can name a delivery."""
+    _cursors: dict[tuple[str, str, int], int]
+    """(stream, group, partition) -> where this backend's last fetch left the group's
+    cursor: the next fetch reads the entries past it in the same round trip."""
     _consumers: dict[tuple[str, str], set[str]]
     """The Redis consumers fetches created, per (stream, group); ``_tracked`` counts them."""
     _tracked: int
@@ -59,6 +62,7 @@ class RedisCore:
         self._seen = {}
         self._stale = {}
         self._valid_keys = {}
+        self._cursors = {}
         self._consumers = {}
         self._tracked = 0
         self._released = {}
@@ -173,6 +177,6 @@ class RedisCore:
         self._known_groups.difference_update(gone(self._known_groups))
         for key in gone(self._consumers):
             self._tracked -= len(self._consumers.pop(key))
-        for cache in (self._keys.cache, self._valid_keys, self._rotation):
+        for cache in (self._keys.cache, self._valid_keys, self._rotation, self._cursors):
             for key in gone(cache):
                 del cache[key]

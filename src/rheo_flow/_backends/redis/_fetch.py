@@ -1,7 +1,12 @@
 """Fetching leases from the Redis backend, and the Redis consumers fetches create.
 
-A fetch is one round trip: one ``fetch.lua`` call per partition, pipelined. A
-fetch whose partitions turn out uneven may take a second one to fill its limit.
+A fetch is one round trip: one ``fetch.lua`` call per partition, pipelined, each
+followed by an ``XRANGE`` of the entries past where the last fetch left the group's
+cursor. The script leases an unordered group's new deliveries as a range without reading
+them; the ``XRANGE`` reads them, its reply parsed as the server sent it (no dict per
+entry). When it missed them (the first fetch of a partition, or another consumer moved
+the cursor) one more round trip reads them. A fetch whose partitions turn out uneven may
+take another round to fill its limit.
 """
 
 from __future__ import annotations
@@ -9,16 +14,16 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final, TypeAlias
 
 import orjson
 
 from ..._model._errors import BackendError, UnknownGroup
 from ..._model._lease import Lease
 from .._shared import round_robin
-from ._codec import fetched_leases
+from ._codec import fetched_leases, range_leases
 from ._core import RedisCore
-from ._scripts import LOST, ScriptCall, is_reply
+from ._scripts import LOST, Read, ScriptCall, is_reply
 
 __all__ = ["FetchOperations"]
 
@@ -27,6 +32,11 @@ _FORGET_CHUNK: Final = 500
 """How many consumer names one ``forget_consumers`` call takes."""
 _FILL_ROUNDS: Final = 8
 """How many more round trips a fetch makes to top up a batch the first round left short."""
+_Missed: TypeAlias = tuple[int, str, int, int, int]
+"""A range of new deliveries a fetch round's reads did not hold: partition, block token,
+deadline, first and last sequence."""
+_MAX_CURSORS: Final = 4096
+"""How many (stream, group, partition) cursors a backend remembers (see ``_cursor_at``)."""
 _SCAN_ROUNDS: Final = 8
 """How many more round trips a fetch makes for key-ordered partitions whose scan stopped
 at its budget (``fetch.lua`` reads at most the quota plus 1,000 events per call)."""
@@ -132,37 +142,96 @@ class FetchOperations(RedisCore):
         ``left`` gets how many more each partition has due, ``scan`` the key-ordered
         partitions whose scan stopped at its budget."""
         token = os.urandom(8).hex()
-        calls: list[ScriptCall] = [
-            ("fetch", self._keys.group(stream, group, p),
-             [group, consumer_id, quota, lease_ms, f"{token}.{p}.", f"{token}.{p}"])
-            for p, quota in quotas
-        ]
-        replies = await self._eval(calls)
-        seen = self._seen_for(stream)
-        stale = self._stale.get(stream)
-        loads = orjson.loads
+        cursors = self._cursors
+        calls: list[ScriptCall] = []
+        reads: list[Read] = []
+        read_for: dict[int, int] = {}
+        for p, quota in quotas:
+            keys = self._keys.group(stream, group, p)
+            calls.append(("fetch", keys, [group, consumer_id, quota, lease_ms, f"{token}.{p}.",
+                                          f"{token}.{p}"]))
+            # The new deliveries start past the group's cursor: read from where the last
+            # fetch left it, in the same round trip (right unless another one moved it).
+            at = cursors.get((stream, group, p))
+            if at is not None:
+                read_for[p] = len(reads)
+                reads.append(("XRANGE", keys[0], f"{at + 1}-0", "+", "COUNT", quota))
+        replies, entries = await self._scripts.run_and_read(calls, reads)
+        missed: list[_Missed] = []
         for (p, _), reply in zip(quotas, replies, strict=True):
-            if is_reply(reply, "NOGROUP"):
-                raise UnknownGroup(stream, group)
-            if is_reply(reply, LOST):
-                raise self._lost(stream)
-            if is_reply(reply, "AGAIN"):
-                # A resent call that had already run: its leases went unanswered and
-                # expire; fetch again for this partition.
-                left[p] = 1
-                continue
-            head = loads(reply[0])
-            high = head[0]
-            left[p] = head[1]
-            if high > seen[p]:
-                seen[p] = high
-            if stale:
-                stale.discard(p)
-            if len(head) > 5 and head[5]:
-                scan.add(p)
-            if head[4]:
-                per.setdefault(p, []).extend(fetched_leases(
-                    stream, p, group, consumer_id, f"{token}.{p}", head, reply[1:]))
+            index = read_for.get(p)
+            self._take(stream, group, consumer_id, p, f"{token}.{p}", reply,
+                       None if index is None else entries[index], per, left, scan, missed)
+        if missed:
+            await self._read_missed(stream, group, consumer_id, missed, per)
+
+    def _take(
+        self, stream: str, group: str, consumer_id: str, p: int, block: str, reply: Any,
+        entries: Any, per: dict[int, list[Lease]], left: dict[int, int], scan: set[int],
+        missed: list[_Missed],
+    ) -> None:
+        """One partition's fetch reply (and the entries read past the cursor, if any):
+        its leases into ``per``; ``missed`` gets its range of new deliveries when
+        ``entries`` do not hold it."""
+        if is_reply(reply, "NOGROUP"):
+            raise UnknownGroup(stream, group)
+        if is_reply(reply, LOST):
+            raise self._lost(stream)
+        if is_reply(reply, "AGAIN"):
+            # A resent call that had already run: its leases went unanswered and
+            # expire; fetch again for this partition.
+            left[p] = 1
+            return
+        head = orjson.loads(reply[0])
+        high = head[0]
+        left[p] = head[1]
+        seen = self._seen_for(stream)
+        if high > seen[p]:
+            seen[p] = high
+        stale = self._stale.get(stream)
+        if stale:
+            stale.discard(p)
+        more, first, last, cursor = head[5:9]
+        if more:
+            scan.add(p)
+        self._cursor_at(stream, group, p, cursor)
+        got = per.setdefault(p, [])
+        if head[4]:
+            got.extend(fetched_leases(stream, p, group, consumer_id, block, head, reply[1:]))
+        if first:
+            leases = None if entries is None else range_leases(
+                stream, p, group, consumer_id, block, head[2], entries, first, last)
+            if leases is None:
+                missed.append((p, block, head[2], first, last))
+            else:
+                got.extend(leases)
+
+    async def _read_missed(
+        self, stream: str, group: str, consumer_id: str,
+        missed: Sequence[_Missed], per: dict[int, list[Lease]],
+    ) -> None:
+        """Read the new deliveries the round's reads did not hold (no cursor known yet,
+        or another fetch had moved it) in one more round trip. An entry trimmed since
+        its fetch is gone: its lease is not returned (trim settled it)."""
+        reads: list[Read] = [
+            ("XRANGE", self._keys.partition(stream, p)[0], f"{first}-0", f"{last}-0")
+            for p, _, _, first, last in missed]
+        for (p, block, deadline, first, last), entries in zip(
+                missed, await self._scripts.read(reads), strict=True):
+            per[p].extend(range_leases(stream, p, group, consumer_id, block, deadline, entries,
+                                       first, last, whole=False) or ())
+
+    def _cursor_at(self, stream: str, group: str, partition: int, cursor: int) -> None:
+        """Remember where a fetch left the group's cursor (-1: a key-ordered group, whose
+        new deliveries come in the fetch's reply)."""
+        cursors = self._cursors
+        key = (stream, group, partition)
+        if cursor < 0:
+            cursors.pop(key, None)
+            return
+        if key not in cursors and len(cursors) >= _MAX_CURSORS:
+            cursors.clear()
+        cursors[key] = cursor
 
     def _track_consumer(self, stream: str, group: str, consumer_id: str) -> None:
         names = self._consumers.setdefault((stream, group), set())

@@ -38,7 +38,7 @@ from ..._model._errors import BackendError, OutcomeUnknown
 from ._driver import Client, rex
 from ._errors import DRIVER_ERRORS, is_no_script
 
-__all__ = ["LOST", "SCRIPTS", "ScriptCall", "ScriptRunner", "is_reply"]
+__all__ = ["LOST", "SCRIPTS", "Read", "ScriptCall", "ScriptRunner", "is_reply"]
 
 LOST: Final = "LOST"
 """The reply of append and fetch when the partition's presence marker ``mk`` (written
@@ -67,6 +67,9 @@ _SHAS: Final = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in 
 
 ScriptCall: TypeAlias = tuple[str, Sequence[str], Sequence[Any]]
 """One script call: the script's name, its keys and its arguments."""
+Read: TypeAlias = tuple[Any, ...]
+"""One read-only command (``XRANGE``): its name and arguments. Its reply comes back as the
+server sent it (see :meth:`ScriptRunner.run_and_read`)."""
 
 
 def is_reply(reply: Any, word: str) -> bool:
@@ -108,27 +111,62 @@ class ScriptRunner:
         if self._cluster:
             return await self._run_concurrently(calls, atomic=transaction)
         results = await self._pipeline(calls, transaction, by_source=False)
-        missing = [i for i, r in enumerate(results) if is_no_script(r)]
-        if missing:
-            again = await self._pipeline([calls[i] for i in missing], transaction,
-                                         by_source=True)
-            for i, result in zip(missing, again, strict=True):
-                results[i] = result
+        await self._retry_missing(calls, results, transaction)
         for result in results:
             if isinstance(result, BaseException):
                 raise self._translate(result)
         return results
 
+    async def run_and_read(self, calls: Sequence[ScriptCall], reads: Sequence[Read]
+                           ) -> tuple[list[Any], list[Any]]:
+        """Run the calls and the reads in one round trip (a cluster: all at once); the
+        replies of each, in order. An error reply raises its translation.
+
+        A read's reply is the server's as parsed (``XRANGE``: a list of ``[id,
+        [field, value, ...]]``), not turned into redis-py's tuples and dicts: the
+        command is queued under its name as bytes, which no response callback is
+        registered for (a connection that falls back from RESP3 may still apply one,
+        so a reader accepts both forms). On a cluster it goes through redis-py's own
+        method, parsed."""
+        if not reads:
+            return await self.run(calls), []
+        if self._cluster:
+            got = await self._gather([*(self._run_one(*call) for call in calls),
+                                      *(self._read_one(read) for read in reads)])
+            return got[:len(calls)], got[len(calls):]
+        results = await self._pipeline(calls, False, by_source=False, reads=reads)
+        read_replies = results[len(calls):]
+        del results[len(calls):]
+        await self._retry_missing(calls, results, False)
+        for result in (*results, *read_replies):
+            if isinstance(result, BaseException):
+                raise self._translate(result)
+        return results, read_replies
+
+    async def read(self, reads: Sequence[Read]) -> list[Any]:
+        """Only reads, in one round trip (see :meth:`run_and_read`)."""
+        return (await self.run_and_read((), reads))[1] if reads else []
+
+    async def _read_one(self, read: Read) -> Any:
+        name, key, *args = read
+        try:
+            return await self._client.execute_command(name, key, *args)
+        except DRIVER_ERRORS as exc:
+            raise self._translate(exc) from None
+
     async def _run_concurrently(self, calls: Sequence[ScriptCall], *, atomic: bool
                                 ) -> list[Any]:
-        """Every call at once (a cluster); the first error raises once all ended.
+        """Every call at once (a cluster); see :meth:`_gather`."""
+        return await self._gather([self._run_one(*call) for call in calls], atomic=atomic)
+
+    async def _gather(self, coros: Sequence[Any], *, atomic: bool = False) -> list[Any]:
+        """Every coroutine at once; the first error raises once all ended.
 
         A batch meant to be ``atomic`` (an append to several partitions) that failed
         only in part raises :class:`~rheo_flow.OutcomeUnknown`: some of it is stored,
         and running it again (same event ids) completes it.
         """
-        results = await asyncio.gather(*(self._run_one(*call) for call in calls),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*coros, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if not errors:
             return results
@@ -141,6 +179,16 @@ class ScriptRunner:
                 "it again, with the same event ids, to complete it)")
         ambiguous = [e for e in errors if isinstance(e, OutcomeUnknown)]
         raise (ambiguous or errors)[0]
+
+    async def _retry_missing(self, calls: Sequence[ScriptCall], results: list[Any],
+                             transaction: bool) -> None:
+        """Run again by source the calls whose script the server did not have."""
+        missing = [i for i, r in enumerate(results) if is_no_script(r)]
+        if missing:
+            again = await self._pipeline([calls[i] for i in missing], transaction,
+                                         by_source=True)
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
 
     async def _run_one(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -156,8 +204,10 @@ class ScriptRunner:
 
     async def _pipeline(
         self, calls: Sequence[ScriptCall], transaction: bool, *, by_source: bool,
+        reads: Sequence[Read] = (),
     ) -> list[Any]:
-        """One round trip; an error reply stays in its place in the list."""
+        """One round trip (the calls, then the reads); an error reply stays in its place
+        in the list."""
         pipe = self._client.pipeline(transaction=transaction)
         if by_source:
             for name, keys, args in calls:
@@ -166,6 +216,8 @@ class ScriptRunner:
             shas = _SHAS
             for name, keys, args in calls:
                 pipe.evalsha(shas[name], len(keys), *keys, *args)
+        for name, *args in reads:
+            pipe.execute_command(name.encode(), *args)
         try:
             return list(await pipe.execute(raise_on_error=False))
         except rex.NoScriptError as exc:

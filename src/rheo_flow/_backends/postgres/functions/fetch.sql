@@ -1,34 +1,26 @@
--- fetch: one round trip claims up to p_limit deliveries of a group, round-robin
--- over p_parts (see the package docstring for the tables and the lock order).
--- Installed at its latest version after every migration (CREATE OR REPLACE).
+-- fetch_ranges: fetch (functions/fetch.sql) for an unordered group, whose new
+-- leases are range rows (migrations/v8_ranges.sql), not a delivery row each.
 --
--- It commits durably: a fetch that switched its own transaction to
--- asynchronous commit (schema version 2) let a server crash right after a
--- re-lease undo the re-lease while the superseded holder's ack, arriving after
--- the restart, matched the restored row and took effect.
+-- Steps: lock the delivery rows to lease again (available, or leased past their
+-- deadline) and the ranges past their deadline with events in flight, both FOR
+-- UPDATE SKIP LOCKED; then the cursors with work, as fetch does. Expired leases
+-- at max_attempts are dead-lettered: a range's events in flight become delivery
+-- rows in state 3. The round-robin winners are chosen as in fetch (an expired
+-- range's events in flight are candidates like delivery rows), then ONE
+-- statement leases them: delivery rows again by address; expired ranges again
+-- under a new token and attempt (a range the limit cut keeps its tail, with its
+-- old token, attempt and deadline, as a range of its own; its acked events keep
+-- their old lease as acked delivery rows); each partition's new
+-- events, cursor + 1 .. hi, as one new range; it moves the cursors and returns
+-- the leases in their order.
 --
--- Plans do not depend on table statistics: PL/pgSQL caches one generic plan per
--- statement and session, and a plan made while `deliveries` was small joined
--- the batch by hashing every delivery of the group. Every row is found through
--- its key (LATERAL subqueries the planner cannot flatten, sequential and bitmap
--- scans off inside the function), and locked rows are updated by address
--- (`ctid = ANY(...)`: a locked row cannot move before the transaction ends).
---
--- Steps: lock the deliveries to lease again, then the cursors with work; dead-
--- letter expired leases at max_attempts; pick the round-robin winners (by depth,
--- a candidate's place in its partition's turn, then the rotation position); then
--- ONE statement leases the winners again by address, reads each partition's new
--- rows as one range of events (cursor + 1 .. hi), inserts them, moves the
--- cursors and returns the leases in their order.
---
--- A key-ordered group (groups.ordering = 1; functions/fetch_keyed.sql) takes the
--- same steps, but leases again only the heads of their keys, finds its new
--- deliveries with fetch_scan, and its new rows store their key, the blocked
--- events among them inserted available, attempt 0, and held where fetch_scan
--- says so; dead-lettering an expired lease releases its key (release_keys).
+-- Tokens are 16 random hex digits per call and the range's place in the call
+-- (8 hex digits); an event's lease id is its range's token and its offset from
+-- the range's base_seq.
 
-CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
-                                     p_lease_ms bigint, p_consumer text)
+CREATE OR REPLACE FUNCTION {s}.fetch_ranges(p_group integer, p_stream integer, p_max integer,
+                                            p_parts integer[], p_limit integer,
+                                            p_lease_ms bigint, p_consumer text)
 RETURNS TABLE (o_part integer, o_seq bigint, o_attempt integer, o_lease uuid,
                o_deadline bigint, o_event_id text, o_type text, o_key text,
                o_data text, o_headers text, o_appended bigint)
@@ -36,52 +28,30 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
 AS $fn$
 DECLARE
-    v_stream integer;
-    v_max integer;
-    v_keyed boolean;
     v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     c_part integer[];
     c_seq bigint[];
     c_att integer[];
     c_tid tid[];
+    r_part integer[];
+    r_first bigint[];
+    r_last bigint[];
+    r_att integer[];
+    r_done varbit[];
+    r_pend integer[];
     k_part integer[];
     k_cur bigint[];
     k_top bigint[];
-    k_last bigint[];
-    f_part integer[];
-    f_seq bigint[];
-    f_depth bigint[];
-    f_hold boolean[];
     o_parts integer[];
     o_seqs bigint[];
-    r_tid tid[];
+    o_rngs bigint[];
+    d_tid tid[];
     m_part integer[];
     m_hi bigint[];
     v_wait integer;
-    v_doomed tid[];
-    v_key_parts integer[];
-    v_keys text[];
     v_prefix text;
+    v_ranges integer;
 BEGIN
-    SELECT g.stream_id, g.max_attempts, g.ordering = 1 INTO v_stream, v_max, v_keyed
-    FROM {s}.groups g WHERE g.id = p_group;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
-    END IF;
-    IF NOT v_keyed THEN  -- range leases (schema version 8)
-        RETURN QUERY SELECT * FROM {s}.fetch_ranges(p_group, v_stream, v_max, p_parts, p_limit,
-                                                    p_lease_ms, p_consumer);
-        RETURN;
-    END IF;
-
-    -- Deliveries to lease again, per partition lowest first and locked FOR UPDATE
-    -- SKIP LOCKED: up to p_limit available and p_limit expired. A key-ordered
-    -- group's available ones are its due heads (see functions/fetch_keyed.sql):
-    -- deliveries_ready by sequence (its held deliveries are not in it), each
-    -- checked to head its key with one descent of deliveries_keyed; its expired
-    -- leases are checked the same way (only a redriven earlier delivery can make
-    -- one not the head). The head check is a column (a sub-select per row): in
-    -- WHERE, the planner could hash the whole partition's keyed deliveries instead.
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
     INTO c_part, c_seq, c_att, c_tid
     FROM unnest(p_parts) AS p(part)
@@ -92,59 +62,38 @@ BEGIN
             WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
               AND d.state = 0 AND d.available_at_ms <= v_now
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
-        WHERE NOT v_keyed
-        UNION ALL
-        SELECT y.* FROM (
-            SELECT z.* FROM (
-                SELECT h.seq FROM (
-                    SELECT r.seq, (SELECT b.seq FROM {s}.deliveries b
-                                   WHERE b.group_id = p_group AND b.part = p.part
-                                     AND b.key = r.key AND b.key IS NOT NULL AND b.state < 2
-                                   ORDER BY b.key, b.seq LIMIT 1) AS head
-                    FROM {s}.deliveries r
-                    WHERE r.group_id = p_group AND r.part = p.part AND r.seq > f.frontier
-                      AND r.state = 0 AND r.key IS NOT NULL
-                      AND r.available_at_ms < 9223372036854775807
-                      AND r.available_at_ms <= v_now
-                    ORDER BY r.seq OFFSET 0) h
-                WHERE h.seq = h.head) h
-            CROSS JOIN LATERAL (
-                SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
-                WHERE d.group_id = p_group AND d.part = p.part AND d.seq = h.seq
-                  AND d.state = 0 AND d.available_at_ms <= v_now
-                FOR UPDATE OF d SKIP LOCKED) z
-            LIMIT p_limit) y
-        WHERE v_keyed
         UNION ALL
         SELECT b.* FROM (
             SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
             WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
               AND d.state = 1 AND d.deadline_ms <= v_now
-              AND (NOT v_keyed OR d.seq = (SELECT b.seq FROM {s}.deliveries b
-                                           WHERE b.group_id = p_group AND b.part = d.part
-                                             AND b.key = d.key AND b.key IS NOT NULL
-                                             AND b.state < 2
-                                           ORDER BY b.key, b.seq LIMIT 1))
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
+
+    SELECT array_agg(x.part), array_agg(x.first_seq), array_agg(x.last_seq),
+           array_agg(x.attempt), array_agg(x.done), array_agg(x.pending)
+    INTO r_part, r_first, r_last, r_att, r_done, r_pend
+    FROM unnest(p_parts) AS p(part)
+    CROSS JOIN LATERAL (
+        SELECT r.part, r.first_seq, r.last_seq, r.attempt, r.done, r.pending FROM {s}.ranges r
+        WHERE r.group_id = p_group AND r.part = p.part AND r.pending > 0
+          AND r.deadline_ms <= v_now
+        ORDER BY r.first_seq LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
 
     FOR v_wait IN 0 .. 1 LOOP
         SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
         INTO k_part, k_cur, k_top
         FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-              JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+              JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
               WHERE c.group_id = p_group AND c.part = ANY (p_parts)
                 AND c.cursor < pt.high_water
               FOR UPDATE OF c SKIP LOCKED) k;
-        EXIT WHEN c_part IS NOT NULL OR k_part IS NOT NULL OR v_wait = 1;
-        -- Competing fetches hold every cursor with work: wait for ONE of them
-        -- (chosen first, then locked alone) while holding no other lock, so
-        -- waiting fetches never deadlock one another; then claim again from
-        -- every cursor that is free by now (a fresh snapshot sees their moves).
+        EXIT WHEN c_part IS NOT NULL OR r_part IS NOT NULL OR k_part IS NOT NULL OR v_wait = 1;
+        -- As in fetch: wait for ONE cursor while holding no lock, then claim again.
         PERFORM 1 FROM {s}.cursors c
         WHERE c.group_id = p_group
           AND c.part = (SELECT c.part FROM {s}.cursors c
-                        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
+                        JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
                         WHERE c.group_id = p_group AND c.part = ANY (p_parts)
                           AND c.cursor < pt.high_water
                         ORDER BY array_position(p_parts, c.part)
@@ -152,154 +101,213 @@ BEGIN
         FOR UPDATE;
         EXIT WHEN NOT FOUND;
     END LOOP;
-    IF c_part IS NULL AND k_part IS NULL THEN
+    IF c_part IS NULL AND r_part IS NULL AND k_part IS NULL THEN
         RETURN;
     END IF;
 
-    IF c_part IS NOT NULL THEN
-        SELECT array_agg(x.tid) INTO v_doomed
-        FROM unnest(c_tid, c_att) AS x(tid, attempt) WHERE x.attempt >= v_max;
-    END IF;
-    IF v_doomed IS NOT NULL THEN
-        -- Expired leases at max attempts are dead-lettered (which releases their keys).
-        WITH dead AS (
-            UPDATE {s}.deliveries d
-            SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = v_now
-            WHERE d.ctid = ANY (v_doomed)
-            RETURNING d.part, d.key
-        )
-        SELECT array_agg(dead.part), array_agg(dead.key) INTO v_key_parts, v_keys
-        FROM dead WHERE dead.key IS NOT NULL;
-        IF v_keys IS NOT NULL THEN
-            PERFORM {s}.release_keys(array_fill(p_group, ARRAY[cardinality(v_keys)]),
-                                     v_key_parts, v_keys, v_now);
-        END IF;
-        PERFORM {s}.advance_frontiers(array_agg(p_group), array_agg(x.part))
-        FROM (SELECT DISTINCT x.part FROM unnest(c_part, c_att) AS x(part, attempt)
-              WHERE x.attempt >= v_max) x;
+    IF p_max <= ANY (c_att) OR p_max <= ANY (r_att) THEN
+        PERFORM {s}.expire_spent(p_group, p_max, v_now, c_tid, c_att, r_part, r_first, r_att);
         SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
         INTO c_part, c_seq, c_att, c_tid
         FROM unnest(c_part, c_seq, c_att, c_tid) AS x(part, seq, attempt, tid)
-        WHERE x.attempt < v_max;
+        WHERE x.attempt < p_max;
+        SELECT array_agg(x.part), array_agg(x.first), array_agg(x.last), array_agg(x.att),
+               array_agg(x.done), array_agg(x.pend)
+        INTO r_part, r_first, r_last, r_att, r_done, r_pend
+        FROM unnest(r_part, r_first, r_last, r_att, r_done, r_pend)
+             AS x(part, first, last, att, done, pend)
+        WHERE x.att < p_max;
     END IF;
-    IF v_keyed AND k_part IS NOT NULL THEN  -- the new events it may lease, and their depth
-        SELECT * INTO f_part, f_seq, f_depth, f_hold, k_last
-        FROM {s}.fetch_scan(p_group, v_stream, p_limit, k_part, k_cur, k_top, c_part);
-    END IF;
+    v_ranges := COALESCE(cardinality(r_part), 0);
 
-    -- The round-robin winners, in delivery order: existing rows to lease again
-    -- (by address) and new deliveries. A candidate's depth is its place in its
-    -- partition's turn: the candidates to lease again come first, then the new
-    -- ones (a key-ordered group's from its scan; else the partition's next
-    -- sequences). Each partition's new rows are inserted up to just before its
-    -- first new candidate not chosen (a key-ordered group's blocked events among
-    -- them stored available), and its cursor moves there.
+    -- The winners in delivery order. A candidate's depth is its place in its
+    -- partition's turn: the events to lease again first (rng: the expired range
+    -- holding one, by its place in r_*), then the partition's next sequences.
     WITH cand AS (
-        SELECT x.part, x.seq, x.tid, row_number() OVER (PARTITION BY x.part ORDER BY x.seq)
-               AS depth
-        FROM unnest(c_part, c_seq, c_tid) AS x(part, seq, tid)
+        SELECT x.part, x.seq, x.tid, x.rng,
+               row_number() OVER (PARTITION BY x.part ORDER BY x.seq) AS depth
+        FROM (SELECT c.part, c.seq, c.tid, NULL::bigint AS rng
+              FROM unnest(c_part, c_seq, c_tid) AS c(part, seq, tid)
+              UNION ALL
+              SELECT r.part, s.seq, NULL::tid, r.i
+              FROM unnest(r_part, r_first, r_last, r_done) WITH ORDINALITY
+                   AS r(part, first, last, done, i)
+              CROSS JOIN LATERAL generate_series(r.first, r.last) AS s(seq)
+              WHERE get_bit(r.done, (s.seq - r.first)::integer) = 0) x
     ), fresh AS (
-        SELECT f.part, f.seq, NULL::tid AS tid, f.depth
-        FROM unnest(f_part, f_seq, f_depth) AS f(part, seq, depth) WHERE f.depth IS NOT NULL
-        UNION ALL
-        SELECT k.part, s.seq, NULL::tid, COALESCE(n.n, 0) + (s.seq - k.cur)
+        SELECT k.part, s.seq, NULL::tid AS tid, NULL::bigint AS rng,
+               COALESCE(n.n, 0) + (s.seq - k.cur) AS depth
         FROM unnest(k_part, k_cur, k_top) AS k(part, cur, high)
         LEFT JOIN (SELECT x.part, count(*) AS n FROM cand x GROUP BY x.part) n
           ON n.part = k.part
         CROSS JOIN LATERAL generate_series(k.cur + 1, LEAST(k.high, k.cur + p_limit)) AS s(seq)
-        WHERE NOT v_keyed
     ), chosen AS (
-        SELECT a.part, a.seq, a.tid, a.depth, array_position(p_parts, a.part) AS pos
+        SELECT a.part, a.seq, a.tid, a.rng, a.depth, array_position(p_parts, a.part) AS pos
         FROM (SELECT * FROM cand UNION ALL SELECT * FROM fresh) a
         ORDER BY a.depth, array_position(p_parts, a.part)
         LIMIT p_limit
     ), tops AS (
-        SELECT c.part, max(c.depth) AS top, max(c.seq) FILTER (WHERE c.tid IS NULL) AS hi
-        FROM chosen c GROUP BY c.part
-    ), moves AS (
-        -- Unordered, the new rows chosen are the partition's next sequences.
-        SELECT k.part, k.cur, CASE WHEN v_keyed THEN COALESCE(x.next - 1, k.last) ELSE t.hi END
-                              AS hi
-        FROM unnest(k_part, k_cur, k_last) AS k(part, cur, last)
-        LEFT JOIN tops t ON t.part = k.part
-        LEFT JOIN (SELECT f.part, min(f.seq) AS next FROM fresh f
-                   LEFT JOIN tops t ON t.part = f.part
-                   WHERE v_keyed AND f.depth > COALESCE(t.top, 0) GROUP BY f.part) x
-          ON x.part = k.part
+        SELECT c.part, max(c.seq) AS hi FROM chosen c
+        WHERE c.tid IS NULL AND c.rng IS NULL GROUP BY c.part
     )
     SELECT array_agg(c.part ORDER BY c.depth, c.pos), array_agg(c.seq ORDER BY c.depth, c.pos),
+           array_agg(c.rng ORDER BY c.depth, c.pos),
            array_agg(c.tid) FILTER (WHERE c.tid IS NOT NULL),
-           (SELECT array_agg(m.part) FROM moves m WHERE m.hi > m.cur),
-           (SELECT array_agg(m.hi) FROM moves m WHERE m.hi > m.cur)
-    INTO o_parts, o_seqs, r_tid, m_part, m_hi
+           (SELECT array_agg(t.part) FROM tops t), (SELECT array_agg(t.hi) FROM tops t)
+    INTO o_parts, o_seqs, o_rngs, d_tid, m_part, m_hi
     FROM chosen c;
 
-    IF o_parts IS NULL AND m_part IS NULL THEN
+    IF o_parts IS NULL THEN
         RETURN;
     END IF;
-    -- New leases are named by one random prefix per call and their position:
-    -- unique, and far cheaper than a random UUID per row.
-    v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 24);
+    v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
 
     RETURN QUERY
     WITH releases AS (
         UPDATE {s}.deliveries d
         SET state = 1, attempt = d.attempt + 1, lease_id = gen_random_uuid(),
             consumer_id = p_consumer, deadline_ms = v_now + p_lease_ms, settled_by = NULL
-        WHERE d.ctid = ANY (r_tid)
+        WHERE d.ctid = ANY (d_tid)
         RETURNING d.part, d.seq, d.attempt, d.lease_id
-    ), picked AS (
-        -- Each partition's new rows are its next sequences, cursor + 1 .. hi: one
-        -- range scan of the events reads them; ord is the lease's place in the
-        -- batch (NULL: blocked).  A re-leased row is never among them.
-        SELECT m.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms,
-               n.ord, COALESCE(h.hold, false) AS hold
-        FROM unnest(m_part, m_hi) AS m(part, hi)
-        JOIN unnest(k_part, k_cur) AS k(part, cur) ON k.part = m.part
-        CROSS JOIN LATERAL (
-            SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
-            FROM {s}.events e
-            WHERE e.stream_id = v_stream AND e.part = m.part AND e.seq BETWEEN k.cur + 1 AND m.hi
-            OFFSET 0) e
-        LEFT JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS n(part, seq, ord)
-          ON n.part = m.part AND n.seq = e.seq
-        LEFT JOIN unnest(f_part, f_seq, f_hold) AS h(part, seq, hold)
-          ON h.part = m.part AND h.seq = e.seq
+    ), relet AS (
+        -- Each expired range chosen: how many of its events, up to which (cut).
+        SELECT r.i, r.part, r.first, r.last, r.att, r.done, r.pend, x.n, x.cut,
+               v_prefix || lpad(to_hex(r.i), 8, '0') AS token
+        FROM unnest(r_part, r_first, r_last, r_att, r_done, r_pend) WITH ORDINALITY
+             AS r(part, first, last, att, done, pend, i)
+        JOIN (SELECT u.rng, count(*)::integer AS n, max(u.seq) AS cut
+              FROM unnest(o_seqs, o_rngs) AS u(seq, rng) WHERE u.rng IS NOT NULL
+              GROUP BY u.rng) x ON x.rng = r.i
+    ), tails AS (
+        INSERT INTO {s}.ranges (group_id, part, first_seq, last_seq, base_seq, token, attempt,
+                                deadline_ms, consumer_id, done, pending)
+        SELECT p_group, r.part, r.cut + 1, r.last, o.base_seq, o.token, r.att, o.deadline_ms,
+               o.consumer_id, substring(r.done FROM (r.cut - r.first + 2)::integer),
+               r.pend - r.n
+        FROM relet r
+        JOIN {s}.ranges o ON o.group_id = p_group AND o.part = r.part AND o.first_seq = r.first
+        WHERE r.n < r.pend
+    ), kept AS (
+        -- The acked events of a range leased again keep their old lease as a
+        -- delivery row (acked), so that their acks still repeat as acks.
+        INSERT INTO {s}.deliveries (group_id, part, seq, state, attempt, lease_id,
+                                    consumer_id, deadline_ms, settled_by)
+        SELECT p_group, r.part, s.seq, 2, r.att,
+               (o.token || lpad(to_hex(s.seq - o.base_seq), 8, '0'))::uuid, o.consumer_id,
+               o.deadline_ms, 1
+        FROM relet r
+        JOIN {s}.ranges o ON o.group_id = p_group AND o.part = r.part AND o.first_seq = r.first
+        CROSS JOIN LATERAL generate_series(r.first, CASE WHEN r.n < r.pend THEN r.cut
+                                                         ELSE r.last END) AS s(seq)
+        WHERE position(B'1' IN r.done) > 0
+          AND get_bit(r.done, (s.seq - r.first)::integer) = 1
+        ON CONFLICT DO NOTHING
+    ), relets AS (
+        UPDATE {s}.ranges o
+        SET last_seq = CASE WHEN r.n < r.pend THEN r.cut ELSE r.last END,
+            done = CASE WHEN r.n < r.pend
+                        THEN substring(r.done FROM 1 FOR (r.cut - r.first + 1)::integer)
+                        ELSE r.done END,
+            pending = r.n, token = r.token, base_seq = r.first, attempt = r.att + 1,
+            deadline_ms = v_now + p_lease_ms, consumer_id = p_consumer
+        FROM relet r
+        WHERE o.group_id = p_group AND o.part = r.part AND o.first_seq = r.first
     ), created AS (
-        INSERT INTO {s}.deliveries
-            (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms, key,
-             available_at_ms)
-        SELECT p_group, k.part, k.seq,
-               CASE WHEN k.ord IS NULL THEN 0 ELSE 1 END,
-               CASE WHEN k.ord IS NULL THEN 0 ELSE 1 END,
-               (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
-               CASE WHEN k.ord IS NOT NULL THEN p_consumer END,
-               CASE WHEN k.ord IS NULL THEN 0 ELSE v_now + p_lease_ms END,
-               CASE WHEN NOT v_keyed THEN NULL WHEN k.key IS NULL THEN '-' || k.seq
-                    ELSE 'k' || k.key END,
-               CASE WHEN k.ord IS NULL AND k.hold THEN 9223372036854775807 ELSE 0 END
-        FROM picked k
+        INSERT INTO {s}.ranges (group_id, part, first_seq, last_seq, base_seq, token, attempt,
+                                deadline_ms, consumer_id, done, pending)
+        SELECT p_group, m.part, k.cur + 1, m.hi, k.cur + 1,
+               v_prefix || lpad(to_hex(v_ranges + m.i), 8, '0'), 1, v_now + p_lease_ms,
+               p_consumer, repeat('0', (m.hi - k.cur)::integer)::varbit,
+               (m.hi - k.cur)::integer
+        FROM unnest(m_part, m_hi) WITH ORDINALITY AS m(part, hi, i)
+        JOIN unnest(k_part, k_cur) AS k(part, cur) ON k.part = m.part
     ), moved AS (
         UPDATE {s}.cursors cu SET cursor = m.hi
         FROM unnest(m_part, m_hi) AS m(part, hi)
         WHERE cu.group_id = p_group AND cu.part = m.part
+    ), leased AS (
+        -- Every lease: (part, seq, attempt, lease id) and its place in the batch.
+        SELECT r.part, r.seq, r.attempt, r.lease_id FROM releases r
+        UNION ALL
+        SELECT u.part, u.seq, r.att + 1,
+               (r.token || lpad(to_hex(u.seq - r.first), 8, '0'))::uuid
+        FROM unnest(o_parts, o_seqs, o_rngs) AS u(part, seq, rng)
+        JOIN relet r ON r.i = u.rng
     )
-    SELECT l.part, l.seq, l.attempt, l.lease_id, v_now + p_lease_ms,
+    SELECT l.part, l.seq, l.attempt, l.lease, v_now + p_lease_ms,
            l.event_id, l.type, l.key, l.data::text, l.headers::text, l.appended_at_ms
-    FROM (SELECT r.part, r.seq, r.attempt, r.lease_id, e.event_id, e.type, e.key, e.data,
-                 e.headers, e.appended_at_ms, o.ord
-          FROM releases r
+    FROM (SELECT r.part, r.seq, r.attempt, r.lease_id AS lease, e.event_id, e.type, e.key,
+                 e.data, e.headers, e.appended_at_ms, o.ord
+          FROM leased r
           JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
             ON o.part = r.part AND o.seq = r.seq
           CROSS JOIN LATERAL (
               SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
               FROM {s}.events e
-              WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq = r.seq
+              WHERE e.stream_id = p_stream AND e.part = r.part AND e.seq = r.seq
               OFFSET 0) e
           UNION ALL
-          SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
-                 k.event_id, k.type, k.key, k.data, k.headers, k.appended_at_ms, k.ord
-          FROM picked k WHERE k.ord IS NOT NULL) l
+          SELECT m.part, e.seq, 1,
+                 (v_prefix || lpad(to_hex(v_ranges + m.i), 8, '0')
+                  || lpad(to_hex(e.seq - k.cur - 1), 8, '0'))::uuid,
+                 e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms, o.ord
+          FROM unnest(m_part, m_hi) WITH ORDINALITY AS m(part, hi, i)
+          JOIN unnest(k_part, k_cur) AS k(part, cur) ON k.part = m.part
+          CROSS JOIN LATERAL (
+              SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+              FROM {s}.events e
+              WHERE e.stream_id = p_stream AND e.part = m.part
+                AND e.seq BETWEEN k.cur + 1 AND m.hi
+              OFFSET 0) e
+          JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
+            ON o.part = m.part AND o.seq = e.seq) l
     ORDER BY l.ord;
+END
+$fn$;
+
+-- expire_spent: dead-letters the expired leases a fetch locked at max_attempts:
+-- delivery rows (by address) and ranges (their events in flight become delivery
+-- rows in state 3, and the range settles them), then moves the frontiers.
+
+CREATE OR REPLACE FUNCTION {s}.expire_spent(p_group integer, p_max integer, p_now bigint,
+                                            c_tid tid[], c_att integer[], r_part integer[],
+                                            r_first bigint[], r_att integer[])
+RETURNS void LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+AS $fn$
+DECLARE
+    v_parts integer[];
+BEGIN
+    WITH dead AS (
+        UPDATE {s}.deliveries d
+        SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = p_now
+        WHERE d.ctid = ANY (ARRAY(SELECT x.tid FROM unnest(c_tid, c_att) AS x(tid, att)
+                                  WHERE x.att >= p_max))
+        RETURNING d.part
+    ), spent AS (
+        SELECT o.part, o.first_seq, o.last_seq, o.base_seq, o.token, o.attempt, o.deadline_ms,
+               o.consumer_id, o.done
+        FROM unnest(r_part, r_first, r_att) AS x(part, first, att)
+        JOIN {s}.ranges o ON o.group_id = p_group AND o.part = x.part AND o.first_seq = x.first
+        WHERE x.att >= p_max
+    ), split AS (
+        INSERT INTO {s}.deliveries (group_id, part, seq, state, attempt, lease_id, consumer_id,
+                                    deadline_ms, reason, rejected_at_ms)
+        SELECT p_group, o.part, s.seq, 3, o.attempt,
+               (o.token || lpad(to_hex(s.seq - o.base_seq), 8, '0'))::uuid, o.consumer_id,
+               o.deadline_ms, 'max_attempts', p_now
+        FROM spent o CROSS JOIN LATERAL generate_series(o.first_seq, o.last_seq) AS s(seq)
+        WHERE get_bit(o.done, (s.seq - o.first_seq)::integer) = 0
+    ), closed AS (
+        UPDATE {s}.ranges r SET done = repeat('1', length(r.done))::varbit, pending = 0
+        FROM spent o
+        WHERE r.group_id = p_group AND r.part = o.part AND r.first_seq = o.first_seq
+        RETURNING r.part
+    )
+    SELECT array_agg(DISTINCT x.part) INTO v_parts
+    FROM (SELECT dead.part FROM dead UNION ALL SELECT closed.part FROM closed) x;
+    IF v_parts IS NOT NULL THEN
+        PERFORM {s}.advance_frontiers(array_fill(p_group, ARRAY[cardinality(v_parts)]), v_parts);
+    END IF;
 END
 $fn$;

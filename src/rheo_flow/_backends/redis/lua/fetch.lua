@@ -1,11 +1,15 @@
 -- KEYS: x, m, G, D, Z, R, B, Y, K, N. ARGV: group, consumer, quota, lease_ms, lease id prefix,
 -- block token. Returns LOST, 'NOGROUP', 'AGAIN' (this call already ran: its answer was lost)
--- or an array: JSON [high_water, still_available, deadline,
--- redelivered, [[seq, attempt, time, meta], ...], more], then the data (JSON text) of each
--- item; more is 1 when a key-ordered group's scan stopped at its budget short of the
--- quota (call again: the events it passed over belonged to blocked keys).
--- The first `redelivered` items have lease ids
--- prefix .. 1, 2, ..., the new deliveries after them '<block token>:<seq>'.
+-- or an array: JSON [high_water, still_available, deadline, redelivered,
+-- [[seq, attempt, time, meta], ...], more, first, last, cursor], then the data (JSON text)
+-- of each item; more is 1 when a key-ordered group's scan stopped at its budget short of
+-- the quota (call again: the events it passed over belonged to blocked keys).
+-- The first `redelivered` items have lease ids prefix .. 1, 2, ..., the new deliveries
+-- after them '<block token>:<seq>'. An unordered group's new deliveries are not items:
+-- they are the range first..last (0..0: none), leased by the block without being read
+-- here, and cursor is where the group's cursor is now (-1 for a key-ordered group). The
+-- client reads them with XRANGE: a stream's entries never change, so that read may run
+-- before or after this call.
 local x, m, G, D, Z, R, B, Y, K, N = unpack(KEYS, 1, 10)
 local group, consumer, token, btoken = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
 local quota, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -29,6 +33,8 @@ local items = {}
 local datas = {''}
 local redelivered = 0
 local more = 0
+-- The range of an unordered group's new deliveries (see plain_new).
+local range = '0,0'
 -- Blocks past their deadline become per-delivery records, found below like any other.
 expire(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow), f, keyed and x, K)
 -- A new delivery (sequence sq, as text, and the entry's fields) goes into the reply.
@@ -36,22 +42,15 @@ local function new_item(sq, fl)
   items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ']'
   datas[#datas + 1] = fl[4]
 end
--- New deliveries of an unordered group: the next `want` entries of the consumer group.
--- Returns the first and last sequence read (nil: none) and the new cursor.
+-- New deliveries of an unordered group: the next `want` entries past the cursor, leased
+-- as one range and not read (every entry c + 1..hw is there: trim raises c to its bound).
+-- They do not enter the consumer group's PEL; its last id follows the cursor all the
+-- same (XREADGROUP '>' of a key-ordered group, or of an older release, starts there).
+-- Returns the first and last sequence and the new cursor.
 local function plain_new(want)
-  local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
-    'STREAMS', x, '>')
-  local first, last = nil, nil
-  if res then
-    for _, e in ipairs(res[1][2]) do
-      -- Entry ids are always '<seq>-0'.
-      local sq = string.sub(e[1], 1, -3)
-      if not first then first = sq end
-      last = sq
-      new_item(sq, e[2])
-    end
-  end
-  return first, last, last and tonumber(last) or c
+  local last = math.min(c + want, hw)
+  redis.call('XGROUP', 'SETID', x, group, eid(last))
+  return S(c + 1), S(last), last
 end
 -- New deliveries of a key-ordered group: the events of keyless and free keys are leased
 -- as in any group; those of blocked keys are passed over: linked behind their key's tail
@@ -234,6 +233,7 @@ if quota > 0 then
       first, last, nc = keyed_new(want)
     else
       first, last, nc = plain_new(want)
+      range = first .. ',' .. last
     end
     if first then
       redis.call('HSET', B, btoken, first .. '|' .. last .. '|' .. sdl)
@@ -256,5 +256,6 @@ end
 local left = redis.call('ZCOUNT', Z, '-inf', snow)
 if hw > c then left = left + hw - c end
 datas[1] = '[' .. S(hw) .. ',' .. S(left) .. ',' .. sdl .. ',' .. S(redelivered) .. ',['
-  .. table.concat(items, ',') .. '],' .. S(more) .. ']'
+  .. table.concat(items, ',') .. '],' .. S(more) .. ',' .. range .. ',' .. S(keyed and -1 or c)
+  .. ']'
 return datas

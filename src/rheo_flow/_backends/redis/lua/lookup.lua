@@ -61,3 +61,10 @@ local function check(l, r, hw)
   if l[2] ~= eid(seq) then return 'M' end
   return nil, st, att, lid, by, err
 end
+-- Whether the consumer group's PEL holds an entry of the sequences a..b: only those need
+-- an XACK. An unordered group's new deliveries never enter it (see fetch.lua); its
+-- redeliveries, the deliveries of a key-ordered group and the leases of releases that
+-- put every delivery there do.
+local function pel_holds(a, b)
+  return #redis.call('XPENDING', x, ARGV[1], eid(a), eid(b), 1) > 0
+end

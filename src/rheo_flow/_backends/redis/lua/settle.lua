@@ -74,9 +74,11 @@ if g[1] and ARGV[6] and op == 'a' then
       end
     end
     if first >= bf and last <= bl and not own then
-      local ids = {}
-      for n = first, last do ids[#ids + 1] = eid(n) end
-      bulk({'XACK', x, group}, ids)
+      if pel_holds(first, last) then
+        local ids = {}
+        for n = first, last do ids[#ids + 1] = eid(n) end
+        bulk({'XACK', x, group}, ids)
+      end
       local nf = advance(D, last)
       redis.call('HSET', G, 'f', S(nf))
       -- A block wholly behind the frontier has nothing left to expire.
@@ -100,6 +102,8 @@ local now = now_ms()
 local snow = S(now)
 local hw, fields, state, virt, blocks = lookup(leases, f)
 local codes, dirty, zrem, zadd, radd, acks, vacks = {}, {}, {}, {}, {}, {}, {}
+-- The lowest and highest sequence in acks.
+local lo, hi = nil, nil
 -- The keys and sequences of the deliveries settled for good (key-ordered groups).
 local fkeys, fseqs = {}, {}
 local front = false
@@ -139,6 +143,8 @@ for k, l in ipairs(leases) do
       if terminal then
         if not virt[sq] then zrem[#zrem + 1] = sq end
         acks[#acks + 1] = sq .. '-0'
+        if not lo or l[1] < lo then lo = l[1] end
+        if not hi or l[1] > hi then hi = l[1] end
         if op ~= 'a' then
           radd[#radd + 1] = sq
           radd[#radd + 1] = sq
@@ -190,7 +196,7 @@ if #dirty > 0 then bulk({'HSET', D}, dirty) end
 if #zrem > 0 then bulk({'ZREM', Z}, zrem) end
 if #zadd > 0 then bulk({'ZADD', Z}, zadd) end
 if #radd > 0 then bulk({'ZADD', R}, radd) end
-if #acks > 0 then bulk({'XACK', x, group}, acks) end
+if #acks > 0 and pel_holds(lo, hi) then bulk({'XACK', x, group}, acks) end
 -- After the records: releasing a key reads the records of its later deliveries.
 local woke = ''
 if #fseqs > 0 then woke = release_all(fkeys, fseqs, snow) end
