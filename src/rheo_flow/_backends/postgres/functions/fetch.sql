@@ -1,26 +1,40 @@
--- fetch_ranges: fetch (functions/fetch.sql) for an unordered group, whose new
--- leases are range rows (migrations/v8_ranges.sql), not a delivery row each.
+-- fetch: one round trip claims up to p_limit leases of a group, round-robin
+-- over p_parts (see the package docstring for the tables and the lock order).
+-- Installed at its latest version after every migration (CREATE OR REPLACE).
+-- A key-ordered group's fetch is functions/fetch_by_key.sql; this is the
+-- unordered group's, whose new leases are range rows (migrations/v8_ranges.sql),
+-- not a delivery row each.
+--
+-- Every lease change commits durably: no function switches its transaction to
+-- asynchronous commit (a server crash right after a re-lease must not undo it
+-- while the superseded holder's ack, arriving after the restart, takes effect).
+-- Plans do not depend on table statistics: PL/pgSQL caches one generic plan per
+-- statement and session, every row is found through its key (LATERAL
+-- subqueries the planner cannot flatten, sequential and bitmap scans off), and
+-- locked delivery rows are updated by address (`ctid = ANY(...)`).
 --
 -- Steps: lock the delivery rows to lease again (available, or leased past their
 -- deadline) and the ranges past their deadline with events in flight, both FOR
--- UPDATE SKIP LOCKED; then the cursors with work, as fetch does. Expired leases
--- at max_attempts are dead-lettered: a range's events in flight become delivery
--- rows in state 3. The round-robin winners are chosen as in fetch (an expired
--- range's events in flight are candidates like delivery rows), then ONE
--- statement leases them: delivery rows again by address; expired ranges again
--- under a new token and attempt (a range the limit cut keeps its tail, with its
--- old token, attempt and deadline, as a range of its own; its acked events keep
--- their old lease as acked delivery rows); each partition's new
--- events, cursor + 1 .. hi, as one new range; it moves the cursors and returns
--- the leases in their order.
+-- UPDATE SKIP LOCKED; then the cursors with work, waiting for one cursor only
+-- while holding no lock. Expired leases at max_attempts are dead-lettered
+-- (expire_spent). With nothing to lease again (the common case) each
+-- partition's share of the round-robin turn is counted, not chosen row by row
+-- (fetch_new). Else the round-robin winners are chosen by depth (a candidate's
+-- place in its partition's turn: the events to lease again first, an expired
+-- range's events in flight among them, then the partition's next sequences),
+-- then the rotation position; then ONE statement leases them: delivery rows
+-- again by address; expired ranges again under a new token and attempt (a range
+-- the limit cut keeps its tail, with its old token, attempt and deadline, as a
+-- range of its own; its acked events keep their old lease as acked delivery
+-- rows); each partition's new events, cursor + 1 .. hi, as one new range; it
+-- moves the cursors and returns the leases in their order.
 --
 -- Tokens are 16 random hex digits per call and the range's place in the call
 -- (8 hex digits); an event's lease id is its range's token and its offset from
 -- the range's base_seq.
 
-CREATE OR REPLACE FUNCTION {s}.fetch_ranges(p_group integer, p_stream integer, p_max integer,
-                                            p_parts integer[], p_limit integer,
-                                            p_lease_ms bigint, p_consumer text)
+CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
+                                     p_lease_ms bigint, p_consumer text)
 RETURNS TABLE (o_part integer, o_seq bigint, o_attempt integer, o_lease uuid,
                o_deadline bigint, o_event_id text, o_type text, o_key text,
                o_data text, o_headers text, o_appended bigint)
@@ -29,6 +43,9 @@ SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bit
 AS $fn$
 DECLARE
     v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    v_stream integer;
+    v_max integer;
+    v_keyed boolean;
     c_part integer[];
     c_seq bigint[];
     c_att integer[];
@@ -51,7 +68,24 @@ DECLARE
     v_wait integer;
     v_prefix text;
     v_ranges integer;
+    v_avail bigint[];
+    v_left bigint;
+    v_q bigint;
+    v_n bigint;
+    v_min bigint;
+    v_step bigint;
 BEGIN
+    SELECT g.stream_id, g.max_attempts, g.ordering = 1 INTO v_stream, v_max, v_keyed
+    FROM {s}.groups g WHERE g.id = p_group;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
+    END IF;
+    IF v_keyed THEN
+        RETURN QUERY SELECT * FROM {s}.fetch_by_key(p_group, v_stream, v_max, p_parts, p_limit,
+                                                    p_lease_ms, p_consumer);
+        RETURN;
+    END IF;
+
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
     INTO c_part, c_seq, c_att, c_tid
     FROM unnest(p_parts) AS p(part)
@@ -84,7 +118,7 @@ BEGIN
         SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
         INTO k_part, k_cur, k_top
         FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-              JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
+              JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
               WHERE c.group_id = p_group AND c.part = ANY (p_parts)
                 AND c.cursor < pt.high_water
               FOR UPDATE OF c SKIP LOCKED) k;
@@ -93,7 +127,7 @@ BEGIN
         PERFORM 1 FROM {s}.cursors c
         WHERE c.group_id = p_group
           AND c.part = (SELECT c.part FROM {s}.cursors c
-                        JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
+                        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
                         WHERE c.group_id = p_group AND c.part = ANY (p_parts)
                           AND c.cursor < pt.high_water
                         ORDER BY array_position(p_parts, c.part)
@@ -105,18 +139,70 @@ BEGIN
         RETURN;
     END IF;
 
-    IF p_max <= ANY (c_att) OR p_max <= ANY (r_att) THEN
-        PERFORM {s}.expire_spent(p_group, p_max, v_now, c_tid, c_att, r_part, r_first, r_att);
+    IF v_max <= ANY (c_att) OR v_max <= ANY (r_att) THEN
+        PERFORM {s}.expire_spent(p_group, v_max, v_now, c_tid, c_att, r_part, r_first, r_att);
         SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
         INTO c_part, c_seq, c_att, c_tid
         FROM unnest(c_part, c_seq, c_att, c_tid) AS x(part, seq, attempt, tid)
-        WHERE x.attempt < p_max;
+        WHERE x.attempt < v_max;
         SELECT array_agg(x.part), array_agg(x.first), array_agg(x.last), array_agg(x.att),
                array_agg(x.done), array_agg(x.pend)
         INTO r_part, r_first, r_last, r_att, r_done, r_pend
         FROM unnest(r_part, r_first, r_last, r_att, r_done, r_pend)
              AS x(part, first, last, att, done, pend)
-        WHERE x.att < p_max;
+        WHERE x.att < v_max;
+    END IF;
+    v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
+    IF c_part IS NULL AND r_part IS NULL THEN
+        -- Only new events (the common case): of its a = high - cursor, each
+        -- partition takes min(a, q), and one more for the first v_left of those
+        -- with more than q, in rotation order; q and v_left are counted here.
+        SELECT array_agg(k.high - k.cur) INTO v_avail
+        FROM unnest(k_top, k_cur) AS k(high, cur);
+        v_left := p_limit;
+        v_q := 0;
+        LOOP
+            SELECT count(*), min(a.n) INTO v_n, v_min FROM unnest(v_avail) AS a(n) WHERE a.n > v_q;
+            EXIT WHEN v_n = 0 OR v_left < v_n;
+            v_step := LEAST(v_min - v_q, v_left / v_n);
+            v_q := v_q + v_step;
+            v_left := v_left - v_step * v_n;
+        END LOOP;
+        RETURN QUERY
+        WITH t AS (
+            SELECT k.part, k.cur, array_position(p_parts, k.part) AS pos,
+                   k.cur + LEAST(k.high - k.cur, v_q)
+                   + CASE WHEN k.high - k.cur > v_q AND row_number() OVER (
+                                   PARTITION BY k.high - k.cur > v_q
+                                   ORDER BY array_position(p_parts, k.part)) <= v_left
+                          THEN 1 ELSE 0 END AS hi
+            FROM unnest(k_part, k_cur, k_top) AS k(part, cur, high)
+        ), m AS (
+            SELECT t.part, t.cur, t.hi, t.pos, row_number() OVER (ORDER BY t.pos) AS i
+            FROM t WHERE t.hi > t.cur
+        ), created AS (
+            INSERT INTO {s}.ranges (group_id, part, first_seq, last_seq, base_seq, token, attempt,
+                                    deadline_ms, consumer_id, done, pending)
+            SELECT p_group, m.part, m.cur + 1, m.hi, m.cur + 1,
+                   v_prefix || lpad(to_hex(m.i), 8, '0'), 1, v_now + p_lease_ms, p_consumer,
+                   repeat('0', (m.hi - m.cur)::integer)::varbit, (m.hi - m.cur)::integer
+            FROM m
+        ), moved AS (
+            UPDATE {s}.cursors cu SET cursor = m.hi FROM m
+            WHERE cu.group_id = p_group AND cu.part = m.part
+        )
+        SELECT m.part, e.seq, 1,
+               (v_prefix || lpad(to_hex(m.i), 8, '0') || lpad(to_hex(e.seq - m.cur - 1), 8, '0'))
+               ::uuid,
+               v_now + p_lease_ms, e.event_id, e.type, e.key, e.data::text, e.headers::text,
+               e.appended_at_ms
+        FROM m CROSS JOIN LATERAL (
+            SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+            FROM {s}.events e
+            WHERE e.stream_id = v_stream AND e.part = m.part AND e.seq BETWEEN m.cur + 1 AND m.hi
+            OFFSET 0) e
+        ORDER BY e.seq - m.cur, m.pos;
+        RETURN;
     END IF;
     v_ranges := COALESCE(cardinality(r_part), 0);
 
@@ -160,7 +246,6 @@ BEGIN
     IF o_parts IS NULL THEN
         RETURN;
     END IF;
-    v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
 
     RETURN QUERY
     WITH releases AS (
@@ -244,7 +329,7 @@ BEGIN
           CROSS JOIN LATERAL (
               SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
               FROM {s}.events e
-              WHERE e.stream_id = p_stream AND e.part = r.part AND e.seq = r.seq
+              WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq = r.seq
               OFFSET 0) e
           UNION ALL
           SELECT m.part, e.seq, 1,
@@ -256,7 +341,7 @@ BEGIN
           CROSS JOIN LATERAL (
               SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
               FROM {s}.events e
-              WHERE e.stream_id = p_stream AND e.part = m.part
+              WHERE e.stream_id = v_stream AND e.part = m.part
                 AND e.seq BETWEEN k.cur + 1 AND m.hi
               OFFSET 0) e
           JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
@@ -269,7 +354,7 @@ $fn$;
 -- delivery rows (by address) and ranges (their events in flight become delivery
 -- rows in state 3, and the range settles them), then moves the frontiers.
 
-CREATE OR REPLACE FUNCTION {s}.expire_spent(p_group integer, p_max integer, p_now bigint,
+CREATE OR REPLACE FUNCTION {s}.expire_spent(p_group integer, v_max integer, p_now bigint,
                                             c_tid tid[], c_att integer[], r_part integer[],
                                             r_first bigint[], r_att integer[])
 RETURNS void LANGUAGE plpgsql
@@ -282,14 +367,14 @@ BEGIN
         UPDATE {s}.deliveries d
         SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = p_now
         WHERE d.ctid = ANY (ARRAY(SELECT x.tid FROM unnest(c_tid, c_att) AS x(tid, att)
-                                  WHERE x.att >= p_max))
+                                  WHERE x.att >= v_max))
         RETURNING d.part
     ), spent AS (
         SELECT o.part, o.first_seq, o.last_seq, o.base_seq, o.token, o.attempt, o.deadline_ms,
                o.consumer_id, o.done
         FROM unnest(r_part, r_first, r_att) AS x(part, first, att)
         JOIN {s}.ranges o ON o.group_id = p_group AND o.part = x.part AND o.first_seq = x.first
-        WHERE x.att >= p_max
+        WHERE x.att >= v_max
     ), split AS (
         INSERT INTO {s}.deliveries (group_id, part, seq, state, attempt, lease_id, consumer_id,
                                     deadline_ms, reason, rejected_at_ms)

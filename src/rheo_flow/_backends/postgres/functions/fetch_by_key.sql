@@ -1,11 +1,11 @@
--- fetch: one round trip claims up to p_limit deliveries of a group, round-robin
--- over p_parts (see the package docstring for the tables and the lock order).
--- Installed at its latest version after every migration (CREATE OR REPLACE).
+-- fetch_by_key: fetch (functions/fetch.sql) for a key-ordered group
+-- (groups.ordering = 1; functions/fetch_keyed.sql), whose deliveries are rows
+-- of their own. See the package docstring for the tables and the lock order.
 --
--- It commits durably: a fetch that switched its own transaction to
--- asynchronous commit (schema version 2) let a server crash right after a
--- re-lease undo the re-lease while the superseded holder's ack, arriving after
--- the restart, matched the restored row and took effect.
+-- It commits durably (as every lease change): a fetch that switched its own
+-- transaction to asynchronous commit (schema version 2) let a server crash right
+-- after a re-lease undo the re-lease while the superseded holder's ack, arriving
+-- after the restart, matched the restored row and took effect.
 --
 -- Plans do not depend on table statistics: PL/pgSQL caches one generic plan per
 -- statement and session, and a plan made while `deliveries` was small joined
@@ -14,21 +14,19 @@
 -- scans off inside the function), and locked rows are updated by address
 -- (`ctid = ANY(...)`: a locked row cannot move before the transaction ends).
 --
--- Steps: lock the deliveries to lease again, then the cursors with work; dead-
--- letter expired leases at max_attempts; pick the round-robin winners (by depth,
--- a candidate's place in its partition's turn, then the rotation position); then
--- ONE statement leases the winners again by address, reads each partition's new
--- rows as one range of events (cursor + 1 .. hi), inserts them, moves the
--- cursors and returns the leases in their order.
---
--- A key-ordered group (groups.ordering = 1; functions/fetch_keyed.sql) takes the
--- same steps, but leases again only the heads of their keys, finds its new
--- deliveries with fetch_scan, and its new rows store their key, the blocked
--- events among them inserted available, attempt 0, and held where fetch_scan
--- says so; dead-lettering an expired lease releases its key (release_keys).
+-- Steps: lock the heads of their keys to lease again, then the cursors with
+-- work; dead-letter expired leases at max_attempts (which releases their keys,
+-- release_keys); find the new deliveries with fetch_scan; pick the round-robin
+-- winners (by depth, a candidate's place in its partition's turn, then the
+-- rotation position); then ONE statement leases the winners again by address,
+-- reads each partition's new rows as one range of events (cursor + 1 .. hi),
+-- inserts them (each storing its key; the blocked events among them inserted
+-- available, attempt 0, and held where fetch_scan says so), moves the cursors
+-- and returns the leases in their order.
 
-CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
-                                     p_lease_ms bigint, p_consumer text)
+CREATE OR REPLACE FUNCTION {s}.fetch_by_key(p_group integer, v_stream integer, v_max integer,
+                                            p_parts integer[], p_limit integer,
+                                            p_lease_ms bigint, p_consumer text)
 RETURNS TABLE (o_part integer, o_seq bigint, o_attempt integer, o_lease uuid,
                o_deadline bigint, o_event_id text, o_type text, o_key text,
                o_data text, o_headers text, o_appended bigint)
@@ -36,9 +34,6 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
 AS $fn$
 DECLARE
-    v_stream integer;
-    v_max integer;
-    v_keyed boolean;
     v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     c_part integer[];
     c_seq bigint[];
@@ -63,20 +58,9 @@ DECLARE
     v_keys text[];
     v_prefix text;
 BEGIN
-    SELECT g.stream_id, g.max_attempts, g.ordering = 1 INTO v_stream, v_max, v_keyed
-    FROM {s}.groups g WHERE g.id = p_group;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
-    END IF;
-    IF NOT v_keyed THEN  -- range leases (schema version 8)
-        RETURN QUERY SELECT * FROM {s}.fetch_ranges(p_group, v_stream, v_max, p_parts, p_limit,
-                                                    p_lease_ms, p_consumer);
-        RETURN;
-    END IF;
-
     -- Deliveries to lease again, per partition lowest first and locked FOR UPDATE
-    -- SKIP LOCKED: up to p_limit available and p_limit expired. A key-ordered
-    -- group's available ones are its due heads (see functions/fetch_keyed.sql):
+    -- SKIP LOCKED: up to p_limit available and p_limit expired. The available
+    -- ones are the group's due heads (see functions/fetch_keyed.sql):
     -- deliveries_ready by sequence (its held deliveries are not in it), each
     -- checked to head its key with one descent of deliveries_keyed; its expired
     -- leases are checked the same way (only a redriven earlier delivery can make
@@ -87,13 +71,6 @@ BEGIN
     FROM unnest(p_parts) AS p(part)
     JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
     CROSS JOIN LATERAL (
-        SELECT a.* FROM (
-            SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
-            WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-              AND d.state = 0 AND d.available_at_ms <= v_now
-            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
-        WHERE NOT v_keyed
-        UNION ALL
         SELECT y.* FROM (
             SELECT z.* FROM (
                 SELECT h.seq FROM (
@@ -114,17 +91,15 @@ BEGIN
                   AND d.state = 0 AND d.available_at_ms <= v_now
                 FOR UPDATE OF d SKIP LOCKED) z
             LIMIT p_limit) y
-        WHERE v_keyed
         UNION ALL
         SELECT b.* FROM (
             SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
             WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
               AND d.state = 1 AND d.deadline_ms <= v_now
-              AND (NOT v_keyed OR d.seq = (SELECT b.seq FROM {s}.deliveries b
-                                           WHERE b.group_id = p_group AND b.part = d.part
-                                             AND b.key = d.key AND b.key IS NOT NULL
-                                             AND b.state < 2
-                                           ORDER BY b.key, b.seq LIMIT 1))
+              AND d.seq = (SELECT b.seq FROM {s}.deliveries b
+                           WHERE b.group_id = p_group AND b.part = d.part
+                             AND b.key = d.key AND b.key IS NOT NULL AND b.state < 2
+                           ORDER BY b.key, b.seq LIMIT 1)
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
@@ -182,7 +157,7 @@ BEGIN
         FROM unnest(c_part, c_seq, c_att, c_tid) AS x(part, seq, attempt, tid)
         WHERE x.attempt < v_max;
     END IF;
-    IF v_keyed AND k_part IS NOT NULL THEN  -- the new events it may lease, and their depth
+    IF k_part IS NOT NULL THEN  -- the new events it may lease, and their depth
         SELECT * INTO f_part, f_seq, f_depth, f_hold, k_last
         FROM {s}.fetch_scan(p_group, v_stream, p_limit, k_part, k_cur, k_top, c_part);
     END IF;
@@ -201,30 +176,19 @@ BEGIN
     ), fresh AS (
         SELECT f.part, f.seq, NULL::tid AS tid, f.depth
         FROM unnest(f_part, f_seq, f_depth) AS f(part, seq, depth) WHERE f.depth IS NOT NULL
-        UNION ALL
-        SELECT k.part, s.seq, NULL::tid, COALESCE(n.n, 0) + (s.seq - k.cur)
-        FROM unnest(k_part, k_cur, k_top) AS k(part, cur, high)
-        LEFT JOIN (SELECT x.part, count(*) AS n FROM cand x GROUP BY x.part) n
-          ON n.part = k.part
-        CROSS JOIN LATERAL generate_series(k.cur + 1, LEAST(k.high, k.cur + p_limit)) AS s(seq)
-        WHERE NOT v_keyed
     ), chosen AS (
         SELECT a.part, a.seq, a.tid, a.depth, array_position(p_parts, a.part) AS pos
         FROM (SELECT * FROM cand UNION ALL SELECT * FROM fresh) a
         ORDER BY a.depth, array_position(p_parts, a.part)
         LIMIT p_limit
     ), tops AS (
-        SELECT c.part, max(c.depth) AS top, max(c.seq) FILTER (WHERE c.tid IS NULL) AS hi
-        FROM chosen c GROUP BY c.part
+        SELECT c.part, max(c.depth) AS top FROM chosen c GROUP BY c.part
     ), moves AS (
-        -- Unordered, the new rows chosen are the partition's next sequences.
-        SELECT k.part, k.cur, CASE WHEN v_keyed THEN COALESCE(x.next - 1, k.last) ELSE t.hi END
-                              AS hi
+        SELECT k.part, k.cur, COALESCE(x.next - 1, k.last) AS hi
         FROM unnest(k_part, k_cur, k_last) AS k(part, cur, last)
-        LEFT JOIN tops t ON t.part = k.part
         LEFT JOIN (SELECT f.part, min(f.seq) AS next FROM fresh f
                    LEFT JOIN tops t ON t.part = f.part
-                   WHERE v_keyed AND f.depth > COALESCE(t.top, 0) GROUP BY f.part) x
+                   WHERE f.depth > COALESCE(t.top, 0) GROUP BY f.part) x
           ON x.part = k.part
     )
     SELECT array_agg(c.part ORDER BY c.depth, c.pos), array_agg(c.seq ORDER BY c.depth, c.pos),
@@ -275,8 +239,7 @@ BEGIN
                (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
                CASE WHEN k.ord IS NOT NULL THEN p_consumer END,
                CASE WHEN k.ord IS NULL THEN 0 ELSE v_now + p_lease_ms END,
-               CASE WHEN NOT v_keyed THEN NULL WHEN k.key IS NULL THEN '-' || k.seq
-                    ELSE 'k' || k.key END,
+               CASE WHEN k.key IS NULL THEN '-' || k.seq ELSE 'k' || k.key END,
                CASE WHEN k.ord IS NULL AND k.hold THEN 9223372036854775807 ELSE 0 END
         FROM picked k
     ), moved AS (

@@ -1,4 +1,5 @@
--- renew: a fenced new deadline for a batch of leases. It locks the leased rows
+-- renew: a fenced new deadline for a batch of leases. Events held by range
+-- leases are renewed first (functions/settle_ranged.sql). It locks the leased rows
 -- as settle does (settle_leased, functions/settle.sql) and moves their deadline
 -- by address; the elements it could not renew are explained by settle_misses.
 
@@ -16,18 +17,22 @@ DECLARE
     v_ridx bigint[];
 BEGIN
     deadline_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint + p_lease_ms;
+    -- Events held by range leases first (functions/settle_ranged.sql; the lock
+    -- order), then the delivery rows, if any element is left (not those a range
+    -- just split off for this very renewal).
+    SELECT r.o_idx INTO v_ridx
+    FROM {s}.settle_ranged(0::smallint, p_groups, p_parts, p_seqs, p_leases, p_atts, NULL,
+                           '', 0, NULL, deadline_ms - p_lease_ms, deadline_ms) r;
+    IF COALESCE(cardinality(v_ridx), 0) = cardinality(p_seqs) THEN
+        RETURN;
+    END IF;
     SELECT array_agg(l.o_tid), array_agg(l.o_idx) INTO v_tids, v_done
-    FROM {s}.settle_leased(p_groups, p_parts, p_seqs, p_leases, p_atts) l;
+    FROM {s}.settle_leased(p_groups, p_parts, p_seqs, p_leases, p_atts) l
+    WHERE l.o_idx <> ALL (COALESCE(v_ridx, '{}'::bigint[]));
     IF v_tids IS NOT NULL THEN
         UPDATE {s}.deliveries d SET deadline_ms = renew.deadline_ms WHERE d.ctid = ANY (v_tids);
     END IF;
-    IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
-        -- The rest may be events held by range leases (functions/settle_ranged.sql).
-        SELECT r.o_idx INTO v_ridx
-        FROM {s}.settle_ranged(0::smallint, p_groups, p_parts, p_seqs, p_leases, p_atts, v_done,
-                               '', 0, NULL, deadline_ms - p_lease_ms, deadline_ms) r;
-        v_done := v_done || v_ridx;
-    END IF;
+    v_done := v_ridx || v_done;
     IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
         SELECT * INTO bad_idx, bad_code, bad_by
         FROM {s}.settle_misses(0::smallint, p_groups, p_parts, p_seqs, p_leases, p_atts, v_done);

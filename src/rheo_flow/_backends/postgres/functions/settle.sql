@@ -1,5 +1,6 @@
--- settle: the fenced ack / nack / reject of a batch. It locks the batch's
--- deliveries still leased under these very leases (settle_leased, below), then
+-- settle: the fenced ack / nack / reject of a batch. The events held by range
+-- leases are settled first (functions/settle_ranged.sql). For the rest, it locks
+-- the batch's deliveries still leased under these very leases (settle_leased, below), then
 -- updates them by address, releases the keys of a key-ordered group's finished
 -- ones (release_keys, functions/fetch_keyed.sql), and moves the frontiers the
 -- finished ones may free (advance_frontiers). Each leftover batch element is
@@ -108,6 +109,15 @@ DECLARE
     v_rg integer[];
     v_rp integer[];
 BEGIN
+    -- Events held by range leases first (functions/settle_ranged.sql; the lock
+    -- order), then the delivery rows, if any element is left.
+    SELECT * INTO v_ridx, v_rg, v_rp
+    FROM {s}.settle_ranged(p_op, p_groups, p_parts, p_seqs, p_leases, p_atts, NULL, p_reason,
+                           p_delay_ms, p_error, v_now, NULL);
+    IF COALESCE(cardinality(v_ridx), 0) = cardinality(p_seqs) THEN
+        PERFORM {s}.advance_frontiers(v_rg, v_rp) WHERE v_rg IS NOT NULL;
+        RETURN;
+    END IF;
     WITH hit AS (
         -- spent: a nack of this attempt dead-letters (only nack needs max_attempts).
         SELECT l.o_tid AS tid, l.o_idx AS idx, l.o_group AS g, l.o_part AS part,
@@ -153,15 +163,9 @@ BEGIN
             PERFORM {s}.release_keys(v_kg, v_kp, v_keys, v_now);
         END IF;
     END IF;
-    IF COALESCE(cardinality(v_done), 0) < cardinality(p_seqs) THEN
-        -- The rest may be events held by range leases (functions/settle_ranged.sql).
-        SELECT * INTO v_ridx, v_rg, v_rp
-        FROM {s}.settle_ranged(p_op, p_groups, p_parts, p_seqs, p_leases, p_atts, v_done,
-                               p_reason, p_delay_ms, p_error, v_now, NULL);
-        v_done := v_done || v_ridx;
-        v_tg := v_tg || v_rg;
-        v_tp := v_tp || v_rp;
-    END IF;
+    v_done := v_ridx || v_done;
+    v_tg := v_rg || v_tg;
+    v_tp := v_rp || v_tp;
     IF v_tg IS NOT NULL THEN
         PERFORM {s}.advance_frontiers(v_tg, v_tp);
     END IF;

@@ -50,7 +50,10 @@ BEGIN
         FROM u GROUP BY u.g, u.part, left(u.hex, 24)
         ORDER BY u.g, u.part, min(u.seq) OFFSET 0
     ), r AS (
-        SELECT x.* FROM k CROSS JOIN LATERAL (
+        -- spent: a nack of this attempt dead-letters (only nack needs max_attempts).
+        SELECT x.*, p_op = 2 AND x.attempt >= (SELECT gr.max_attempts FROM {s}.groups gr
+                                               WHERE gr.id = x.group_id) AS spent
+        FROM k CROSS JOIN LATERAL (
             SELECT r.group_id, r.part, r.first_seq, r.last_seq, r.base_seq, r.token, r.attempt,
                    r.done, r.pending, r.consumer_id, r.deadline_ms
             FROM {s}.ranges r
@@ -59,16 +62,14 @@ BEGIN
     )
     SELECT array_agg(u.idx), array_agg(u.g), array_agg(u.part), array_agg(r.first_seq),
            array_agg(u.seq), array_agg(u.lease), array_agg(u.att), array_agg(r.pending),
-           array_agg(p_op = 2 AND u.att >= gr.max_attempts), array_agg(r.consumer_id),
-           array_agg(r.deadline_ms)
+           array_agg(r.spent), array_agg(r.consumer_id), array_agg(r.deadline_ms)
     INTO o_idx, h_g, h_part, h_first, h_seq, h_lease, h_att, h_pend, h_spent, h_consumer,
          h_deadline
     FROM u
     JOIN r ON r.group_id = u.g AND r.part = u.part AND r.token = left(u.hex, 24)
           AND u.seq BETWEEN r.first_seq AND r.last_seq AND r.attempt = u.att
           AND u.seq - r.base_seq = ('x' || right(u.hex, 8))::bit(32)::integer
-          AND get_bit(r.done, (u.seq - r.first_seq)::integer) = 0
-    JOIN {s}.groups gr ON gr.id = u.g;
+          AND get_bit(r.done, (u.seq - r.first_seq)::integer) = 0;
     IF o_idx IS NULL THEN
         RETURN;
     END IF;

@@ -1,4 +1,4 @@
--- Migration 8: range leases for unordered groups (functions/fetch_ranges.sql).
+-- Migration 8: range leases for unordered groups (functions/fetch.sql).
 -- A fetch of an unordered group stores one row here per partition it leases new
 -- events from: the range first_seq .. last_seq, leased as a whole under one
 -- token and attempt until one deadline, with a bit per event set once the range
