@@ -41,8 +41,11 @@ _MAX_VALID_KEYS: Final = 4096
 # by one string compare; the key releases it in a key-ordered group), what a renew
 # sends, and where a lease points.
 _SETTLE_FIELDS: Final = attrgetter("event.sequence", "receipt", "lease_id", "attempt", "event")
+_SETTLE_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "attempt", "event.key")
+"""A settle row taken in one call, for a batch of one partition (its keys checked there)."""
 _RENEW_ROW: Final = attrgetter("event.sequence", "receipt", "lease_id", "consumer_id")
 _KEY: Final = attrgetter("event.stream", "group", "event.partition")
+_KEY_TYPES: Final = frozenset({str, type(None)})
 
 _Buckets = dict[tuple[str, str, int], list[int]]
 
@@ -93,7 +96,7 @@ class SettleOperations(RedisCore):
         results, replies = await self._settle(
             leases, "settle",
             lambda group, payload: [group, op, reason, delay_ms, payload],
-            _settle_row, run=op == "a",
+            _settle_row, fast_row=_SETTLE_ROW, run=op == "a",
         )
         if len(replies) == 1 and len(replies[0][0]) == len(leases):
             indexes, codes = replies[0]
@@ -110,13 +113,14 @@ class SettleOperations(RedisCore):
         script: str,
         args: Callable[[str, bytes], list[Any]],
         row: Callable[[Lease], tuple[Any, ...]],
+        fast_row: Callable[[Lease], tuple[Any, ...]] | None = None,
         run: bool = False,
     ) -> tuple[list[SettleResult | None], list[tuple[list[int], str]]]:
         """Run ``script`` for the leases, one call per group partition; the results of
         the leases that name no delivery, and per call the lease indexes and codes."""
         results: list[SettleResult | None] = [None] * len(leases)
         dumps = orjson.dumps
-        one = self._one_bucket(leases, row)
+        one = self._one_bucket(leases, fast_row or row)
         calls: list[ScriptCall]
         if one is not None:
             (stream, group, partition), rows = one
@@ -203,11 +207,20 @@ class SettleOperations(RedisCore):
         if ok is None:
             return None
         # True == 1: the cached answer may be for another type of partition.
-        if not (ok and type(key[2]) is int and all(
-                type(seq) is int and seq >= 0 and type(receipt) is str and type(lid) is str
-                for seq, receipt, lid, *_ in rows)):
+        if not (ok and type(key[2]) is int and _rows_ok(rows)):
             return None
         return key, rows
+
+
+def _rows_ok(rows: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether rows ``(seq, receipt, lease_id, ...)`` can name deliveries (sequences
+    non-negative ints, receipts and lease ids strings) and, in settle rows, every key
+    is a string or None. Checked a column at a time (each check one C loop)."""
+    columns = list(zip(*rows, strict=True))
+    seqs, receipts, lids = columns[:3]
+    return (set(map(type, seqs)) == {int} and min(seqs) >= 0
+            and set(map(type, receipts)) == {str} and set(map(type, lids)) == {str}
+            and (len(columns) < 5 or set(map(type, columns[4])) <= _KEY_TYPES))
 
 
 def _run_form(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
