@@ -469,6 +469,8 @@ async def test_fetch_uses_partial_index_whatever_the_acked_count(db: Path) -> No
         await r.append("s", [NewEvent("t", i) for i in range(10_003)])
         await r.ack(await r.fetch("s", "g", limit=10_000))
         assert await r.frontier("s", "g") == {0: 10_000}
+        # Nacked, the last 3 become delivery rows, eligible again at once.
+        await r.nack(await r.fetch("s", "g", limit=10), "again")
         pending = await r.fetch("s", "g", limit=10, lease_ms=60_000)
         assert [lease.sequence for lease in pending] == [10_001, 10_002, 10_003]
 

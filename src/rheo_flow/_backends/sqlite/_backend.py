@@ -240,6 +240,27 @@ class SQLiteBackend(Backend):
         return await self._write(self._fetcher.fetch, stream, group, consumer_id, limit,
                                  lease_ms, ids)
 
+    async def ack_and_fetch(
+        self,
+        acks: Sequence[Lease],
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> tuple[list[SettleResult], list[Lease]]:
+        """Ack ``acks`` and fetch the next batch in ONE transaction and commit (the
+        fetch sees the acks)."""
+        ids = None if partitions is None else list(partitions)
+        clock, fetch, acked = self._clock, self._fetcher.fetch, list(acks)
+
+        def both(conn: sqlite3.Connection) -> tuple[list[SettleResult], list[Lease]]:
+            results = _settle.settle(conn, clock, acked, "ack", "", 0) if acked else []
+            return results, fetch(conn, stream, group, consumer_id, limit, lease_ms, ids)
+
+        return await self._writer.run(True, both)
+
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._write(_settle.settle, self._clock, list(leases), "ack", "", 0)
 

@@ -7,15 +7,16 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from ..._backend import MAX_ATTEMPTS_REASON
 from ..._model._lease import Lease
 from ..._model._settle_results import SettleKind, SettleResult
 from .._shared import fence, missing_delivery
-from .._transitions import Settled
+from .._transitions import Op, Settled
 from . import _sql as sql
 from ._catalog import Group, Stream, find_group, find_stream
+from ._ranges import explain
 
 __all__ = ["Deliveries", "Row", "fenced_update"]
 
@@ -68,8 +69,10 @@ class Deliveries:
     back with one ``executemany``.
     """
 
-    def __init__(self, conn: sqlite3.Connection, leases: list[Lease]) -> None:
+    def __init__(self, conn: sqlite3.Connection, leases: list[Lease],
+                 op: Op | Literal["renew"]) -> None:
         self._conn = conn
+        self._op = op
         self._groups: dict[tuple[str, str], Group | None] = {}
         self._rows: dict[tuple[int, int, int], Row] = {}
         self._high: dict[int, dict[int, int]] = {}
@@ -115,7 +118,9 @@ class Deliveries:
             )
         d = self._rows.get((g.id, lease.partition, lease.sequence))
         if d is None:
-            return missing_delivery(lease, self._high_water(g.stream, lease.partition))
+            # An unordered group's event may be held by a range lease (_ranges.py).
+            return (explain(self._conn, g.id, lease, self._op) if g.ordering == "none" else None
+                    ) or missing_delivery(lease, self._high_water(g.stream, lease.partition))
         return fence(lease, d.lease_id, d.receipt) or (g, d)
 
     def _high_water(self, s: Stream, part: int) -> int:

@@ -177,6 +177,8 @@ def trim(conn: sqlite3.Connection, stream: str, up_to: dict[int, int]) -> dict[i
             conn.execute(sql.SET_LOW_WATER, (bound + 1, s.id, part))
         for group_id, ordering in groups:
             conn.execute(sql.DELETE_DELIVERIES_UP_TO, (group_id, part, bound))
+            conn.execute(sql.DELETE_RANGES_UP_TO, (group_id, part, bound))
+            conn.execute(sql.CUT_RANGES_UP_TO, (group_id, part, bound))
             if ordering == "key":  # deliveries blocked behind removed ones are free now
                 conn.execute(sql.RELEASE_HEADS, (group_id, part))
             conn.execute(sql.CATCH_UP, (bound, bound, group_id, part))

@@ -1,11 +1,15 @@
 """Fetch: leasing a group's eligible deliveries, a few statements per batch.
 
 A fetch reads the group and every partition's progress in one statement, scans
-each partition's eligible existing deliveries on a partial index (so its cost
-does not grow with the number of acked events), takes candidates round-robin
-across partitions, re-leases existing deliveries with one ``executemany`` and
-leases a partition's new sequences with one ``INSERT ... SELECT``: delivery rows
-are created only when a sequence past the cursor is actually leased.
+each partition's eligible delivery rows and expired ranges on partial indexes
+(so its cost does not grow with the number of acked events), takes candidates
+round-robin across partitions, re-leases delivery rows with one
+``executemany`` and ranges with a statement each, and leases a partition's new
+sequences as ONE range row (_ranges.py): an unordered group stores no delivery
+row per event. A key-ordered group's fetch is :mod:`._fetch_keyed`.
+
+With nothing to lease again (the common case) a fetch writes a range row and a
+cursor per partition, and reads the events in one range query each.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import os
 import sqlite3
 from dataclasses import dataclass
+from typing import Any
 
+from ..._backend import MAX_ATTEMPTS_REASON
 from ..._model._errors import BackendError
 from ..._model._lease import Lease, make_lease
 from ..._support._clock import Clock
@@ -24,11 +30,14 @@ from ._catalog import get_group
 from ._events import load_events
 from ._fetch_keyed import KeyedFetch
 from ._progress import advance_frontier
+from ._ranges import RangeRow, new_token
 
 __all__ = ["Fetcher"]
 
-Candidates = list[tuple[int, int]]
-"""A partition's eligible existing deliveries, as (sequence, attempt) in sequence order."""
+Candidates = list[tuple[int, int, int]]
+"""A partition's events to lease again, as (sequence, attempt, source) in sequence
+order; source is -1 for a delivery row, else the place of the expired range holding
+the event in the fetch's list of them."""
 
 
 @dataclass(slots=True)
@@ -81,16 +90,16 @@ class Fetcher:
             return KeyedFetch(conn, progress.group_id, progress.max_attempts,
                               progress.stream_id, now, limit).run(
                 stream, group, consumer_id, lease_ms, progress.cursors, ids)
-        existing, sizes = _candidates(conn, progress, ids, now, limit)
+        existing, sizes, expired = _candidates(conn, progress, ids, now, limit)
         if len(ids) == 1:
             order = [(0, d) for d in range(min(sizes[0], limit))]
         else:
             order = round_robin(sizes, limit)  # (index into ids, depth)
         if not order:
             return []
-        batch = _Batch(progress, ids, existing, order, now + lease_ms)
-        batch.write(conn, consumer_id, self._path, stream)
-        return batch.leases(conn, stream, group, consumer_id)
+        batch = _Batch(progress, ids, existing, expired, order, now + lease_ms)
+        batch.write(conn, consumer_id)
+        return batch.leases(conn, stream, group, consumer_id, self._path)
 
     def _rotate(self, group_id: int, ids: list[int]) -> list[int]:
         rotation = (self._rotation.get(group_id, 0) + 1) % len(ids)
@@ -108,18 +117,26 @@ def _read_progress(conn: sqlite3.Connection, stream: str, group: str) -> _Progre
                      {part: (cursor, high) for *_, part, cursor, high in rows})
 
 
-def _candidates(conn: sqlite3.Connection, p: _Progress, ids: list[int], now: int,
-                limit: int) -> tuple[list[Candidates], list[int]]:
-    """Per partition of ``ids``: its eligible existing deliveries, and how many
-    candidates it offers in all (those, then new sequences past the cursor).
 
-    Deliveries whose lease expired at max attempts are dead-lettered on the way.
+def _candidates(conn: sqlite3.Connection, p: _Progress, ids: list[int], now: int,
+                limit: int) -> tuple[list[Candidates], list[int], list[tuple[int, RangeRow]]]:
+    """Per partition of ``ids``: its events to lease again, and how many candidates
+    it offers in all (those, then new sequences past the cursor); and the expired
+    ranges those name, as (partition, row).
+
+    Delivery rows and ranges whose lease expired at max attempts are
+    dead-lettered on the way.
     """
     existing: list[Candidates] = []
     sizes: list[int] = []
     expired: list[tuple[Settled, int, int]] = []
+    ranges: list[tuple[int, RangeRow]] = []
+    spent: list[tuple[int, RangeRow]] = []
     for part in ids:
         found = _eligible(conn, p, part, now, limit, expired)
+        held = _expired_ranges(conn, p, part, now, limit, ranges, spent)
+        if held:
+            found = sorted(found + held)[:limit] if found else held
         cursor, high = p.cursors[part]
         existing.append(found)
         sizes.append(len(found) + max(0, min(limit - len(found), high - cursor)))
@@ -127,14 +144,16 @@ def _candidates(conn: sqlite3.Connection, p: _Progress, ids: list[int], now: int
         conn.executemany(sql.EXPIRE, [
             (s.state, s.reason, s.settled_by, s.rejected_at_ms, p.group_id, part, seq)
             for s, part, seq in expired])
-        for part in sorted({part for _, part, _ in expired}):
-            advance_frontier(conn, p.group_id, part)
-    return existing, sizes
+    if spent:
+        _dead_letter(conn, p.group_id, spent, now)
+    for part in sorted({part for _, part, _ in expired} | {part for part, _ in spent}):
+        advance_frontier(conn, p.group_id, part)
+    return existing, sizes, ranges
 
 
 def _eligible(conn: sqlite3.Connection, p: _Progress, part: int, now: int, limit: int,
               expired: list[tuple[Settled, int, int]]) -> Candidates:
-    """Up to ``limit`` eligible deliveries of ``part``; expired ones go to ``expired``."""
+    """Up to ``limit`` eligible delivery rows of ``part``; expired ones go to ``expired``."""
     found: Candidates = []
     cur = conn.execute(sql.ELIGIBLE, (p.group_id, part, now, now))
     try:
@@ -145,88 +164,150 @@ def _eligible(conn: sqlite3.Connection, p: _Progress, part: int, now: int, limit
             if dead is not None:
                 expired.append((dead, part, seq))
                 continue
-            found.append((seq, attempt))
+            found.append((seq, attempt, -1))
     finally:
         cur.close()
     return found
 
 
-class _Batch:
-    """The leases one fetch makes: existing deliveries leased again, and ranges of
-    new sequences, numbered in the fetch after one random lease id prefix."""
+def _expired_ranges(conn: sqlite3.Connection, p: _Progress, part: int, now: int, limit: int,
+                    ranges: list[tuple[int, RangeRow]],
+                    spent: list[tuple[int, RangeRow]]) -> Candidates:
+    """Up to ``limit`` events in flight of ``part``'s expired ranges; each range they
+    name is appended to ``ranges``, those at max attempts to ``spent`` instead."""
+    found: Candidates = []
+    for row in conn.execute(sql.EXPIRED_RANGES, (p.group_id, part, now)).fetchall():
+        first, _, _, _, attempt, _, _, done, _ = row
+        if attempt >= p.max_attempts:
+            spent.append((part, row))
+            continue
+        if len(found) >= limit:
+            continue  # only ranges at max attempts are still of interest
+        source = len(ranges)
+        ranges.append((part, row))
+        at = done.find("0")
+        while at >= 0 and len(found) < limit:
+            found.append((first + at, attempt, source))
+            at = done.find("0", at + 1)
+    return found
 
-    __slots__ = ("again", "deadline", "existing", "fresh", "ids", "order", "prefix", "progress")
+
+def _dead_letter(conn: sqlite3.Connection, group_id: int, spent: list[tuple[int, RangeRow]],
+                 now: int) -> None:
+    """Expired ranges at max attempts: their events in flight become dead letters
+    (delivery rows, rejected with reason ``max_attempts``) and the ranges settle."""
+    rows: list[tuple[Any, ...]] = []
+    for part, (first, _, base, token, attempt, deadline, consumer, done, _) in spent:
+        at = done.find("0")
+        while at >= 0:
+            seq = first + at
+            rows.append((group_id, part, seq, "rejected", attempt, f"{token}{seq - base:08x}",
+                         f"{part}-{seq}-{attempt}", consumer, deadline, 0, None,
+                         MAX_ATTEMPTS_REASON, now, None))
+            at = done.find("0", at + 1)
+        conn.execute(sql.MARK_RANGE, ("1" * len(done), 0, deadline, group_id, part, first))
+    conn.executemany(sql.SPLIT_DELIVERY, rows)
+
+
+class _Batch:
+    """The leases one fetch makes: delivery rows leased again (lease ids numbered in
+    the fetch after one random prefix), expired ranges leased again and new ranges
+    (under a new token each)."""
+
+    __slots__ = ("again", "deadline", "existing", "expired", "fresh", "ids", "order", "progress",
+                 "relet")
 
     def __init__(self, progress: _Progress, ids: list[int], existing: list[Candidates],
-                 order: list[tuple[int, int]], deadline: int) -> None:
+                 expired: list[tuple[int, RangeRow]], order: list[tuple[int, int]],
+                 deadline: int) -> None:
         self.progress = progress
         self.ids = ids
         self.existing = existing
+        self.expired = expired
         self.order = order
         self.deadline = deadline
-        self.prefix = os.urandom(12).hex()
         self.again: list[tuple[int, int, int, str, str]] = []
-        """Leased again: part, seq, the new attempt, lease id and receipt."""
-        self.fresh: list[tuple[int, int, int, int]] = []
-        """New deliveries: part, first and last sequence, the first lease number."""
+        """Delivery rows leased again: part, seq, the new attempt, lease id and receipt."""
+        self.relet: dict[int, tuple[list[int], str]] = {}
+        """Expired ranges leased again, by place in ``expired``: the sequences taken
+        (a prefix of its events in flight), the new token."""
+        self.fresh: list[tuple[int, int, int, str]] = []
+        """New ranges: part, first and last sequence, token."""
         picked = [0] * len(ids)
         for i, _ in order:
             picked[i] += 1
-        # A partition's picks are its eligible deliveries first, then new sequences.
-        number = 0
+        # A partition's picks are its events to lease again first, then new sequences.
+        prefix, number = os.urandom(12).hex(), 0
         for i, part in enumerate(ids):
             count = min(picked[i], len(existing[i]))
-            for seq, attempt in existing[i][:count]:
-                self.again.append((part, seq, attempt + 1, f"{self.prefix}{number:08x}",
+            for seq, attempt, source in existing[i][:count]:
+                if source >= 0:
+                    if source not in self.relet:
+                        self.relet[source] = ([], new_token())
+                    self.relet[source][0].append(seq)
+                    continue
+                self.again.append((part, seq, attempt + 1, f"{prefix}{number:08x}",
                                    f"{part}-{seq}-{attempt + 1}"))
                 number += 1
             new = picked[i] - count
             if new:
                 cursor = progress.cursors[part][0]
-                self.fresh.append((part, cursor + 1, cursor + new, number))
-                number += new
+                self.fresh.append((part, cursor + 1, cursor + new, new_token()))
 
-    def write(self, conn: sqlite3.Connection, consumer_id: str, path: str, stream: str) -> None:
-        """Store the leases: re-leased rows updated, new rows inserted, cursors moved."""
-        p, deadline = self.progress, self.deadline
+    def write(self, conn: sqlite3.Connection, consumer_id: str) -> None:
+        """Store the leases: delivery rows and ranges leased again, new ranges inserted,
+        cursors moved."""
+        group_id, deadline = self.progress.group_id, self.deadline
         if self.again:
             conn.executemany(sql.LEASE_AGAIN, [
-                (attempt, lease_id, receipt, consumer_id, deadline, p.group_id, part, seq)
+                (attempt, lease_id, receipt, consumer_id, deadline, group_id, part, seq)
                 for part, seq, attempt, lease_id, receipt in self.again])
-        for part, first, last, base in self.fresh:
-            # The lease id and receipt are built by SQLite exactly as in leases().
-            inserted = conn.execute(sql.LEASE_NEW, (
-                p.group_id, self.prefix, first, base, consumer_id, deadline, p.stream_id, part,
-                last)).rowcount
-            if inserted != last - first + 1:  # events past the cursor are never removed
-                raise BackendError(
-                    f"SQLite database {path!r}: events {first}..{last} of partition "
-                    f"{part} of stream {stream!r} are missing")
+        for source, (seqs, token) in self.relet.items():
+            part, row = self.expired[source]
+            _lease_again(conn, group_id, part, row, seqs[-1], len(seqs), token, deadline,
+                         consumer_id)
         if self.fresh:
+            conn.executemany(sql.INSERT_RANGE, [
+                (group_id, part, first, last, first, token, 1, deadline, consumer_id,
+                 "0" * (last - first + 1), last - first + 1)
+                for part, first, last, token in self.fresh])
             conn.executemany(sql.SET_CURSOR,
-                             [(last, p.group_id, part) for part, _, last, _ in self.fresh])
+                             [(last, group_id, part) for part, _, last, _ in self.fresh])
 
-    def leases(self, conn: sqlite3.Connection, stream: str, group: str,
-               consumer_id: str) -> list[Lease]:
+    def leases(self, conn: sqlite3.Connection, stream: str, group: str, consumer_id: str,
+               path: str) -> list[Lease]:
         """The stored leases with their events, in the order picked."""
         again: dict[int, list[int]] = {}
         for part, seq, *_ in self.again:
             again.setdefault(part, []).append(seq)
+        for source, (seqs, _) in self.relet.items():
+            again.setdefault(self.expired[source][0], []).extend(seqs)
         for seqs in again.values():
             seqs.sort()
         events = load_events(conn, self.progress.stream_id, stream,
                              {part: (first, last) for part, first, last, _ in self.fresh}, again)
+        if len(events) != len(self.order):  # events up to the high water are never removed
+            raise BackendError(f"SQLite database {path!r}: events of stream {stream!r} "
+                               f"leased by a fetch are missing")
         made: dict[tuple[int, int], Lease] = {}
+        deadline = self.deadline
         for part, seq, attempt, lease_id, receipt in self.again:
             made[(part, seq)] = make_lease(lease_id, receipt, group, consumer_id,
-                                           events[(part, seq)], attempt, self.deadline)
-        for part, first, last, base in self.fresh:
+                                           events[(part, seq)], attempt, deadline)
+        for source, (seqs, token) in self.relet.items():
+            part, (first, *_, attempt, _, _, _, _) = self.expired[source]
+            for seq in seqs:
+                made[(part, seq)] = make_lease(f"{token}{seq - first:08x}",
+                                               f"{part}-{seq}-{attempt + 1}", group,
+                                               consumer_id, events[(part, seq)], attempt + 1,
+                                               deadline)
+        for part, first, last, token in self.fresh:
             for seq in range(first, last + 1):
-                made[(part, seq)] = make_lease(f"{self.prefix}{seq - first + base:08x}",
-                                               f"{part}-{seq}-1", group, consumer_id,
-                                               events[(part, seq)], 1, self.deadline)
-        if len(self.ids) == 1:
-            return list(made.values())  # re-deliveries, then new ones: the order picked
+                made[(part, seq)] = make_lease(f"{token}{seq - first:08x}", f"{part}-{seq}-1",
+                                               group, consumer_id, events[(part, seq)], 1,
+                                               deadline)
+        if len(self.ids) == 1 and not (self.again and self.relet):
+            return list(made.values())  # again, then new ones: the order picked
         return [made[self._position(i, depth)] for i, depth in self.order]
 
     def _position(self, i: int, depth: int) -> tuple[int, int]:
@@ -236,3 +317,34 @@ class _Batch:
             return part, found[depth][0]
         return part, self.progress.cursors[part][0] + depth - len(found) + 1
 
+
+def _lease_again(conn: sqlite3.Connection, group_id: int, part: int, row: RangeRow, cut: int,
+                 taken: int, token: str, deadline: int, consumer_id: str) -> None:
+    """Lease an expired range again up to ``cut`` (its ``taken`` events in flight there)
+    under ``token``, one attempt later.
+
+    A range the fetch limit cut keeps its tail, with its old token, attempt and
+    deadline, as a range of its own. The acked events of the part leased again
+    keep their old lease as acked delivery rows, so that their acks still repeat
+    as acks.
+    """
+    first, last, base, old_token, attempt, old_deadline, old_consumer, done, pending = row
+    if taken < pending:
+        conn.execute(sql.INSERT_RANGE, (
+            group_id, part, cut + 1, last, base, old_token, attempt, old_deadline, old_consumer,
+            done[cut - first + 1:], pending - taken))
+    else:
+        cut = last
+    head = done[:cut - first + 1]
+    kept: list[tuple[Any, ...]] = []
+    at = head.find("1")
+    while at >= 0:
+        seq = first + at
+        kept.append((group_id, part, seq, "acked", attempt, f"{old_token}{seq - base:08x}",
+                     f"{part}-{seq}-{attempt}", old_consumer, old_deadline, 0, "ack", "", 0,
+                     None))
+        at = head.find("1", at + 1)
+    if kept:
+        conn.executemany(sql.KEEP_ACKED, kept)
+    conn.execute(sql.LEASE_RANGE_AGAIN, (cut, head, taken, token, attempt + 1, deadline,
+                                         consumer_id, group_id, part, first))

@@ -23,10 +23,11 @@ __all__ = ["advance_frontier", "dead_letters", "frontier", "redrive", "release_k
 def advance_frontier(conn: sqlite3.Connection, group_id: int, part: int) -> None:
     """Move the stored frontier up to the first pending delivery, or to the cursor.
 
-    Every sequence up to the cursor has a delivery row (fetch creates them in
-    order; replay, reset and trim move the cursor with what they delete), so the
-    settled run after the frontier ends right before the lowest available or
-    leased row: one probe of the partial index, whatever the acked history.
+    Every sequence up to the cursor has a delivery row or a range holding it
+    (fetch creates them in order; replay, reset and trim move the cursor with
+    what they delete), so the settled run after the frontier ends right before
+    the lowest available or leased row or the first event in flight of the
+    lowest open range: one probe of each partial index, whatever the acked history.
     """
     conn.execute(sql.ADVANCE_FRONTIER, (group_id, part))
 
@@ -80,8 +81,10 @@ def replay(conn: sqlite3.Connection, stream: str, group: str, from_sequence: int
     # Trimmed events are gone and count as settled: replay starts at the low water.
     starts = [(part, max(from_sequence, low[part])) for part in partitions]
     # Deleting a delivery fences its lease; it is materialised again, attempt 1.
-    conn.executemany(sql.DELETE_DELIVERIES_FROM,
-                     [(g.id, part, start) for part, start in starts])
+    forgotten = [(g.id, part, start) for part, start in starts]
+    conn.executemany(sql.DELETE_DELIVERIES_FROM, forgotten)
+    conn.executemany(sql.DELETE_RANGES_FROM, forgotten)
+    conn.executemany(sql.CUT_RANGES_FROM, forgotten)
     conn.executemany(sql.REWIND, [(start - 1, start - 1, g.id, part) for part, start in starts])
 
 
@@ -91,6 +94,7 @@ def reset(conn: sqlite3.Connection, stream: str, group: str, to: StartPosition,
     g = get_group(conn, stream, group)
     found = waters(conn, g.stream.id)
     conn.executemany(sql.DELETE_PARTITION_DELIVERIES, [(g.id, part) for part in partitions])
+    conn.executemany(sql.DELETE_PARTITION_RANGES, [(g.id, part) for part in partitions])
     moves = []
     for part in partitions:
         position = start_position(to, *found[part])

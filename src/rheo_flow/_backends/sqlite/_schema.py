@@ -17,7 +17,7 @@ from ._errors import is_locked
 
 __all__ = ["SCHEMA_VERSION", "connect"]
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 """Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change.
 
 1: first schema. 2: the ``deliveries`` state CHECK is written with ``OR`` instead
@@ -29,7 +29,10 @@ with the partial index ``deliveries_keyed``, for key-ordered groups. 5: no trigg
 on ``deliveries``: schema 4's released the next delivery of a key on every settle
 and delete of any group, which made every ack about a third dearer, unordered
 groups' included; the statements settling a key-ordered group's deliveries
-release their keys instead."""
+release their keys instead. 6: the ``ranges`` table (range leases of unordered
+groups: a row per partition a fetch leases new events from, instead of a delivery
+row per event); delivery rows keep their meaning, so leases in flight across the
+upgrade settle, expire and are leased again as before."""
 
 def connect(path: str, busy_timeout_ms: int, synchronous: str,
             migrate: bool) -> sqlite3.Connection:
@@ -165,8 +168,15 @@ def _migrate_4_to_5(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_5_to_6(conn: sqlite3.Connection) -> None:
+    """Create the ``ranges`` table; existing delivery rows stay as they are (leases in
+    flight keep settling, expiring and being leased again through them)."""
+    for statement in sql.RANGES_TABLE:
+        conn.execute(statement)
+
+
 _MIGRATIONS: Final = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4,
-                      4: _migrate_4_to_5}
+                      4: _migrate_4_to_5, 5: _migrate_5_to_6}
 """The step from each version to the next, run in order inside one transaction."""
 
 

@@ -52,11 +52,15 @@ CREATE_DELIVERIES: Final = _SCHEMA["create_deliveries"]
 DELIVERIES_INDEXES: Final = (
     _SCHEMA["index_deliveries_active"], _SCHEMA["index_deliveries_rejected"],
     _SCHEMA["index_deliveries_keyed"])
+RANGES_TABLE: Final = (
+    _SCHEMA["create_ranges"], _SCHEMA["index_ranges_open"], _SCHEMA["index_ranges_token"])
+"""The ``ranges`` table and its indexes (schema 6)."""
 SCHEMA: Final = (
     *(_SCHEMA[f"create_{table}"]
       for table in ("streams", "partitions", "events", "groups", "group_partitions")),
     CREATE_DELIVERIES.format(table="deliveries"),
     *DELIVERIES_INDEXES,
+    *RANGES_TABLE,
 )
 """A new file's schema, in order."""
 COPY_DELIVERIES_1_TO_2: Final = _SCHEMA["copy_deliveries_1_to_2"]
@@ -106,7 +110,8 @@ INSERT_GROUP: Final = _STATEMENTS["insert_group"]
 INSERT_GROUP_PARTITION: Final = _STATEMENTS["insert_group_partition"]
 LIST_GROUPS: Final = _STATEMENTS["list_groups"]
 DELETE_GROUP: Final = (
-    _STATEMENTS["delete_group_deliveries"], _STATEMENTS["delete_group_partitions"],
+    _STATEMENTS["delete_group_deliveries"], _STATEMENTS["delete_group_ranges"],
+    _STATEMENTS["delete_group_partitions"],
     _STATEMENTS["delete_group"])
 """A group's rows, table by table (each takes the group id)."""
 
@@ -165,6 +170,24 @@ DELETE_PARTITION_DELIVERIES: Final = _STATEMENTS["delete_partition_deliveries"]
 MOVE_TO: Final = _STATEMENTS["move_to"]
 DELETE_DELIVERIES_UP_TO: Final = _STATEMENTS["delete_deliveries_up_to"]
 CATCH_UP: Final = _STATEMENTS["catch_up"]
+DELETE_RANGES_FROM: Final = _STATEMENTS["delete_ranges_from"]
+CUT_RANGES_FROM: Final = _STATEMENTS["cut_ranges_from"]
+DELETE_PARTITION_RANGES: Final = _STATEMENTS["delete_partition_ranges"]
+DELETE_RANGES_UP_TO: Final = _STATEMENTS["delete_ranges_up_to"]
+CUT_RANGES_UP_TO: Final = _STATEMENTS["cut_ranges_up_to"]
+
+# Range leases ----------------------------------------------------------------------
+
+EXPIRED_RANGES: Final = _STATEMENTS["expired_ranges"]
+RANGES_BY_TOKEN: Final = _STATEMENTS["ranges_by_token"]
+RANGE_AT: Final = _STATEMENTS["range_at"]
+INSERT_RANGE: Final = _STATEMENTS["insert_range"]
+MARK_RANGE: Final = _STATEMENTS["mark_range"]
+LEASE_RANGE_AGAIN: Final = _STATEMENTS["lease_range_again"]
+SPLIT_DELIVERY: Final = _STATEMENTS["split_delivery"].format(conflict="")
+"""An event split off a range into a delivery row (the 14 columns of the statement)."""
+KEEP_ACKED: Final = _STATEMENTS["split_delivery"].format(conflict="OR IGNORE")
+"""The same, skipping an event that has a row already."""
 
 # IN lists --------------------------------------------------------------------------
 

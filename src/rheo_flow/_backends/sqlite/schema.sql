@@ -102,6 +102,42 @@ CREATE INDEX IF NOT EXISTS deliveries_keyed
     ON deliveries (group_id, part, key, seq)
     WHERE key IS NOT NULL AND state IN ('available', 'leased')
 
+-- name: create_ranges
+-- Range leases of unordered groups (_ranges.py): one row per partition a fetch
+-- leases new events from, first_seq .. last_seq leased as a whole under one token
+-- and attempt until one deadline. done holds a '0' or '1' per event: '1' once the
+-- range no longer governs it (acked, or split off into a delivery row by a nack,
+-- a reject, a dead letter or a renew of part of the range); pending counts the
+-- '0's. An event's lease id is the token (24 hex digits) and its offset from
+-- base_seq (8). An event is governed by its delivery row when it has one, else by
+-- the range holding it with its '0'; a '1' without a row is an ack. Fully settled
+-- ranges stay (pending 0) so that a repeated ack answers as a repeat; trim,
+-- replay, reset and deletion remove or cut them.
+CREATE TABLE IF NOT EXISTS ranges (
+    group_id INTEGER NOT NULL,
+    part INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    base_seq INTEGER NOT NULL,
+    token TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    deadline_ms INTEGER NOT NULL,
+    consumer_id TEXT,
+    done TEXT NOT NULL,
+    pending INTEGER NOT NULL,
+    PRIMARY KEY (group_id, part, first_seq)
+) WITHOUT ROWID
+
+-- name: index_ranges_open
+-- The ranges with events in flight, by sequence (expiry, frontiers): fetch and
+-- the frontier never read the settled ones.
+CREATE INDEX IF NOT EXISTS ranges_open ON ranges (group_id, part, first_seq, deadline_ms)
+    WHERE pending > 0
+
+-- name: index_ranges_token
+-- The same ranges by token (settles and renewals).
+CREATE INDEX IF NOT EXISTS ranges_token ON ranges (group_id, part, token) WHERE pending > 0
+
 -- Migrations ----------------------------------------------------------------------
 
 -- name: copy_deliveries_1_to_2

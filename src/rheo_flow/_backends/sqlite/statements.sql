@@ -144,6 +144,9 @@ ORDER BY name
 -- name: delete_group_deliveries
 DELETE FROM deliveries WHERE group_id = ?
 
+-- name: delete_group_ranges
+DELETE FROM ranges WHERE group_id = ?
+
 -- name: delete_group_partitions
 DELETE FROM group_partitions WHERE group_id = ?
 
@@ -323,10 +326,15 @@ WHERE group_id = ? AND part = ? AND seq = ?
 -- Progress ------------------------------------------------------------------------
 
 -- name: advance_frontier
--- The frontier moved over the settled run after it (see _progress.advance_frontier).
-UPDATE group_partitions SET frontier = MAX(frontier, COALESCE((
+-- The frontier moved over the settled run after it (see _progress.advance_frontier):
+-- up to the first pending delivery row, the first event in flight of the lowest
+-- range with any ('0' in done), or the cursor, whichever comes first.
+UPDATE group_partitions SET frontier = MAX(frontier, MIN(COALESCE((
     SELECT MIN(seq) - 1 FROM deliveries INDEXED BY deliveries_active
-    WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')), cursor))
+    WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')), cursor),
+    COALESCE((SELECT first_seq + instr(done, '0') - 2 FROM ranges INDEXED BY ranges_open
+              WHERE group_id = ?1 AND part = ?2 AND pending > 0
+              ORDER BY first_seq LIMIT 1), cursor)))
 WHERE group_id = ?1 AND part = ?2
 
 -- name: frontiers
@@ -360,6 +368,15 @@ WHERE group_id = ?
 -- name: delete_deliveries_from
 DELETE FROM deliveries WHERE group_id = ? AND part = ? AND seq >= ?
 
+-- name: delete_ranges_from
+-- Replay: the ranges from ?3 on go; a range across it keeps the events before it.
+DELETE FROM ranges WHERE group_id = ?1 AND part = ?2 AND first_seq >= ?3
+
+-- name: cut_ranges_from
+UPDATE ranges SET last_seq = ?3 - 1, done = substr(done, 1, ?3 - first_seq),
+    pending = length(replace(substr(done, 1, ?3 - first_seq), '1', ''))
+WHERE group_id = ?1 AND part = ?2 AND first_seq < ?3 AND last_seq >= ?3
+
 -- name: rewind
 UPDATE group_partitions SET cursor = MIN(cursor, ?), frontier = MIN(frontier, ?)
 WHERE group_id = ? AND part = ?
@@ -367,12 +384,65 @@ WHERE group_id = ? AND part = ?
 -- name: delete_partition_deliveries
 DELETE FROM deliveries WHERE group_id = ? AND part = ?
 
+-- name: delete_partition_ranges
+DELETE FROM ranges WHERE group_id = ? AND part = ?
+
 -- name: move_to
 UPDATE group_partitions SET cursor = ?, frontier = ? WHERE group_id = ? AND part = ?
 
 -- name: delete_deliveries_up_to
 DELETE FROM deliveries WHERE group_id = ? AND part = ? AND seq <= ?
 
+-- name: delete_ranges_up_to
+-- Trim: the ranges up to ?3 go; a range across it keeps the events after it.
+DELETE FROM ranges WHERE group_id = ?1 AND part = ?2 AND last_seq <= ?3
+
+-- name: cut_ranges_up_to
+UPDATE ranges SET first_seq = ?3 + 1, done = substr(done, ?3 - first_seq + 2),
+    pending = length(replace(substr(done, ?3 - first_seq + 2), '1', ''))
+WHERE group_id = ?1 AND part = ?2 AND first_seq <= ?3 AND last_seq > ?3
+
 -- name: catch_up
 UPDATE group_partitions SET cursor = MAX(cursor, ?), frontier = MAX(frontier, ?)
 WHERE group_id = ? AND part = ?
+
+-- Range leases (_ranges.py) -------------------------------------------------------
+
+-- name: range_columns
+first_seq, last_seq, base_seq, token, attempt, deadline_ms, consumer_id, done, pending
+
+-- name: expired_ranges
+-- A partition's ranges with events in flight past their deadline, by sequence.
+SELECT {range_columns} FROM ranges INDEXED BY ranges_open
+WHERE group_id = ? AND part = ? AND pending > 0 AND deadline_ms <= ?
+ORDER BY first_seq
+
+-- name: ranges_by_token
+SELECT {range_columns} FROM ranges INDEXED BY ranges_token
+WHERE group_id = ? AND part = ? AND token = ? AND pending > 0
+
+-- name: range_at
+-- The range holding sequence ?3 of a partition, if any (settled ones included).
+SELECT {range_columns} FROM ranges
+WHERE group_id = ?1 AND part = ?2 AND first_seq <= ?3 ORDER BY first_seq DESC LIMIT 1
+
+-- name: insert_range
+INSERT INTO ranges (group_id, part, {range_columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: mark_range
+UPDATE ranges SET done = ?, pending = ?, deadline_ms = ?
+WHERE group_id = ? AND part = ? AND first_seq = ?
+
+-- name: lease_range_again
+-- An expired range leased again (cut at last_seq when the fetch took part of it).
+UPDATE ranges SET last_seq = ?, done = ?, pending = ?, base_seq = first_seq, token = ?,
+    attempt = ?, deadline_ms = ?, consumer_id = ?
+WHERE group_id = ? AND part = ? AND first_seq = ?
+
+-- name: split_delivery
+-- An event a range no longer governs, as the delivery row it becomes; OR IGNORE
+-- for the acked events of a range leased again (kept with their old lease), which
+-- a row may hold already.
+INSERT {conflict} INTO deliveries (group_id, part, seq, state, attempt, lease_id, receipt,
+    consumer_id, deadline_ms, available_at_ms, settled_by, reason, rejected_at_ms, last_error)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)

@@ -1,0 +1,192 @@
+"""Range leases of unordered groups: settles and renewals of the events a range holds,
+and why a lease without a delivery row failed.
+
+A fetch of an unordered group leases new events as one ``ranges`` row per
+partition (schema.sql ``create_ranges``) instead of a delivery row each. An
+event's lease id is its range's token and its offset from ``base_seq``; its
+receipt is ``part-seq-attempt``, as a delivery row's. Settles and renewals take
+the events their ranges hold first (:func:`take`): an ack sets the event's mark;
+a nack or a reject sets it and splits the event off into the delivery row
+settle would have left; a renewal of every event a range has in flight moves
+the range's deadline, one of part of them splits the renewed events off into
+leased delivery rows. What is left goes the delivery rows' way, whose misses
+:func:`explain` answers from the range holding the event.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from ..._backend import MAX_ATTEMPTS_REASON
+from ..._model._lease import Lease
+from ..._model._settle_results import SettleKind, SettleResult
+from .._transitions import Op, not_leased
+from . import _sql as sql
+
+__all__ = ["RangeRow", "Split", "explain", "new_token", "take"]
+
+RangeRow = tuple[int, int, int, str, int, int, str | None, str, int]
+"""A ``ranges`` row as ``range_columns`` of statements.sql reads it: first_seq,
+last_seq, base_seq, token, attempt, deadline_ms, consumer_id, done, pending."""
+
+_TOKEN_LENGTH: Final = 24
+_LEASE_ID_LENGTH: Final = _TOKEN_LENGTH + 8
+_IN_FLIGHT: Final = ord("0")
+_DONE: Final = ord("1")
+
+
+def new_token() -> str:
+    """A range's token: 24 random hex digits."""
+    return os.urandom(_TOKEN_LENGTH // 2).hex()
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A settle or renew batch as the range step applies it."""
+
+    op: Op | Literal["renew"]
+    now: int
+    reason: str = ""
+    delay_ms: int = 0
+    error: str | None = None
+    deadline_ms: int = 0
+    """A renewal's new deadline."""
+
+    def row(self, group_id: int, part: int, seq: int, lease: Lease, attempt: int,
+            max_attempts: int, consumer: str | None, deadline: int) -> tuple[Any, ...]:
+        """The delivery row an event split off a range becomes (``split_delivery``)."""
+        op, now = self.op, self.now
+        if op == "renew":
+            return (group_id, part, seq, "leased", attempt, lease.lease_id, lease.receipt,
+                    consumer, self.deadline_ms, 0, None, "", 0, None)
+        if op == "reject":
+            state, reason, available, rejected = "rejected", self.reason, 0, now
+        elif attempt >= max_attempts:  # a nack of the last attempt dead-letters
+            state, reason, available, rejected = "rejected", MAX_ATTEMPTS_REASON, 0, now
+        else:
+            state, reason, available, rejected = "available", self.reason, now + self.delay_ms, 0
+        return (group_id, part, seq, state, attempt, lease.lease_id, lease.receipt, consumer,
+                deadline, available, op, reason, rejected, self.error)
+
+
+def take(conn: sqlite3.Connection, leases: list[Lease],
+         split: Split) -> tuple[set[int], set[tuple[int, int]]]:
+    """Apply ``split`` to the leases whose range still holds their event in flight.
+
+    Returns the positions in ``leases`` that took effect, and the (group id,
+    partition) pairs whose frontier may move. A lease named twice takes effect
+    once; the other goes the delivery rows' way like every lease not taken.
+    """
+    groups: dict[tuple[str, str], tuple[int, int] | None] = {}
+    wanted: dict[tuple[int, int, str], list[int]] = {}
+    for i, lease in enumerate(leases):
+        lease_id, event = lease.lease_id, lease.event
+        if lease_id.__class__ is not str or len(lease_id) != _LEASE_ID_LENGTH:
+            continue
+        name = (event.stream, lease.group)
+        if name in groups:
+            g = groups[name]
+        else:
+            g = groups[name] = _unordered_group(conn, *name)
+        part = event.partition
+        if g is None or part.__class__ is not int:
+            continue
+        key = (g[0], part, lease_id[:_TOKEN_LENGTH])
+        found = wanted.get(key)
+        if found is None:
+            wanted[key] = [i]
+        else:
+            found.append(i)
+    taken: set[int] = set()
+    finished: set[tuple[int, int]] = set()
+    max_attempts = {g[0]: g[1] for g in groups.values() if g is not None}
+    splits: list[tuple[Any, ...]] = []
+    for (group_id, part, token), positions in wanted.items():
+        for row in conn.execute(sql.RANGES_BY_TOKEN, (group_id, part, token)).fetchall():
+            took = _take_range(conn, leases, positions, split, group_id, part, row,
+                               max_attempts[group_id], splits)
+            if took:
+                taken.update(took)
+                if split.op in ("ack", "reject") or (
+                        split.op == "nack" and row[4] >= max_attempts[group_id]):
+                    finished.add((group_id, part))
+    if splits:
+        conn.executemany(sql.SPLIT_DELIVERY, splits)
+    return taken, finished
+
+
+def _unordered_group(conn: sqlite3.Connection, stream: str,
+                     group: str) -> tuple[int, int] | None:
+    """The id and max attempts of an unordered group (only they have ranges)."""
+    if stream.__class__ is not str or group.__class__ is not str:
+        return None
+    row = conn.execute(sql.SETTLE_GROUP, (group, stream)).fetchone()
+    if row is None or row[3] != "none":
+        return None
+    return row[0], row[1]
+
+
+def _take_range(conn: sqlite3.Connection, leases: list[Lease], positions: list[int],
+                split: Split, group_id: int, part: int, row: RangeRow, max_attempts: int,
+                splits: list[tuple[Any, ...]]) -> list[int]:
+    """The positions this range takes (marked, split off and stored), or none."""
+    first, last, base, _, attempt, deadline, consumer, done, pending = row
+    marks = bytearray(done, "ascii")
+    receipt_head = f"{part}-"
+    receipt_tail = f"-{attempt}"
+    renew = split.op == "renew"
+    took: list[int] = []
+    events = 0
+    for i in positions:
+        lease = leases[i]
+        seq = lease.event.sequence
+        if (seq.__class__ is not int or not first <= seq <= last
+                or lease.lease_id[_TOKEN_LENGTH:] != f"{seq - base:08x}"
+                or lease.receipt != f"{receipt_head}{seq}{receipt_tail}"):
+            continue
+        if marks[seq - first] != _IN_FLIGHT:
+            if renew and done[seq - first] == "0":
+                took.append(i)  # renewed twice in the batch: the same renewal
+            continue
+        marks[seq - first] = _DONE
+        took.append(i)
+        events += 1
+        if split.op != "ack":
+            splits.append(split.row(group_id, part, seq, lease, attempt, max_attempts,
+                                    consumer, deadline))
+    if not took:
+        return took
+    if renew and events == pending:
+        splits[len(splits) - events:] = []  # the whole range renewed: no row split off
+        conn.execute(sql.MARK_RANGE, (done, pending, split.deadline_ms, group_id, part, first))
+    else:
+        left = pending - events
+        conn.execute(sql.MARK_RANGE, (marks.decode("ascii") if left else "1" * len(marks),
+                                      left, deadline, group_id, part, first))
+    return took
+
+
+def explain(conn: sqlite3.Connection, group_id: int, lease: Lease,
+            op: Op | Literal["renew"]) -> SettleResult | None:
+    """Why a lease whose event has no delivery row failed, from the range holding the
+    event; ``None`` when no range holds it."""
+    seq = lease.sequence
+    if seq.__class__ is not int:
+        return None
+    row = conn.execute(sql.RANGE_AT, (group_id, lease.partition, seq)).fetchone()
+    if row is None or row[1] < seq:
+        return None
+    first, _, base, token, attempt, *_, done, _ = row
+    if lease.lease_id != f"{token}{seq - base:08x}":
+        return SettleResult.failure(
+            lease.lease_id, SettleKind.STALE_LEASE, "the delivery was leased again")
+    if lease.receipt != f"{lease.partition}-{seq}-{attempt}":
+        return SettleResult.failure(
+            lease.lease_id, SettleKind.RECEIPT_MISMATCH, "receipt does not match the lease")
+    if done[seq - first] == "0":  # held, yet not taken: only a change meanwhile explains it
+        return SettleResult.failure(
+            lease.lease_id, SettleKind.FAILED, "the delivery changed concurrently; retry")
+    return not_leased(lease, "ack", op)  # a mark without a delivery row is an ack

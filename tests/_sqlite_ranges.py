@@ -1,0 +1,25 @@
+"""An SQLite file's range leases turned back into delivery rows, as schema 5 stored
+every lease: for tests that rebuild an older file from one the current schema wrote."""
+
+from __future__ import annotations
+
+import sqlite3
+
+
+def ranges_to_delivery_rows(conn: sqlite3.Connection) -> None:
+    """Store each event a range holds as the delivery row schema 5 would hold (leased
+    under the same lease id and receipt, or acked), then drop the ``ranges`` table."""
+    rows = conn.execute(
+        "SELECT group_id, part, first_seq, last_seq, base_seq, token, attempt, deadline_ms,"
+        " consumer_id, done FROM ranges").fetchall()
+    for group_id, part, first, last, base, token, attempt, deadline, consumer, done in rows:
+        for seq in range(first, last + 1):
+            acked = done[seq - first] == "1"
+            conn.execute(
+                "INSERT OR IGNORE INTO deliveries (group_id, part, seq, state, attempt,"
+                " lease_id, receipt, consumer_id, deadline_ms, settled_by)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (group_id, part, seq, "acked" if acked else "leased", attempt,
+                 f"{token}{seq - base:08x}", f"{part}-{seq}-{attempt}", consumer, deadline,
+                 "ack" if acked else None))
+    conn.execute("DROP TABLE ranges")
