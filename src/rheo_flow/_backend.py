@@ -153,6 +153,27 @@ class Backend(ABC):
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         """Extend leases to now + ``lease_ms``; results carry the new ``deadline_ms``."""
 
+    async def ack_and_fetch(
+        self,
+        acks: Sequence[Lease],
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> tuple[list[SettleResult], list[Lease]]:
+        """:meth:`ack` ``acks``, then :meth:`fetch`: a consumer's last batch and its next.
+
+        Runtimes call it when both are due at once. This default makes the two
+        calls; a backend that can do both in one round trip overrides it. If it
+        raises, the acks may or may not have taken effect (the caller acks again:
+        an ack repeats as an ack).
+        """
+        results = await self.ack(acks) if acks else []
+        return results, await self.fetch(stream, group, consumer_id, limit, lease_ms,
+                                         partitions)
+
     # Progress ----------------------------------------------------------------
 
     @abstractmethod

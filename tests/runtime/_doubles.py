@@ -19,6 +19,7 @@ class FlakyBackend(MemoryBackend):
         self.nacks: list[tuple[str, list[int]]] = []
         self.renewed: list[int] = []
         self.fetch_failures = 0
+        self.combined_failures = 0
         self.ack_error: BaseException | None = None
         self._caps = dataclasses.replace(MemoryBackend._CAPABILITIES, push_wakeups=push)
 
@@ -39,6 +40,17 @@ class FlakyBackend(MemoryBackend):
         if self.ack_error is not None:
             raise self.ack_error
         return await super().ack(leases)
+
+    async def ack_and_fetch(self, acks: Sequence[Lease], stream: str, group: str,
+                            consumer_id: str, limit: int, lease_ms: int,
+                            partitions: Sequence[int] | None
+                            ) -> tuple[list[SettleResult], list[Lease]]:
+        self.calls["ack_and_fetch"] += 1
+        if self.combined_failures:
+            self.combined_failures -= 1
+            raise ConnectionResetError("connection reset")
+        return await super().ack_and_fetch(acks, stream, group, consumer_id, limit, lease_ms,
+                                           partitions)
 
     async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int
                    ) -> list[SettleResult]:

@@ -49,7 +49,7 @@ _READS: Final = frozenset({
 """Operations that change nothing: any failure of theirs is ``backend_unavailable``."""
 _WRITES: Final = frozenset({
     "create_stream", "append", "create_group", "fetch", "ack", "nack", "reject", "renew",
-    "redrive", "replay", "reset", "trim",
+    "redrive", "replay", "reset", "trim", "ack_and_fetch",
 })
 _UNBOUNDED: Final = frozenset({"wait_for_append"})
 """Operations that wait on purpose: errors are translated, no deadline applies."""

@@ -20,7 +20,6 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
 
@@ -30,9 +29,11 @@ from .._model._settle_results import SettleResult, classify
 from .._model._validation import check_partition, check_positive_int
 from .._rheo import DEFAULT_LEASE_MS, MAX_FETCH, Partitions, Rheo
 from .._support._waiting import first_of, wait_event
+from ._ack_handover import AckHandover, ack_then_fetch, resolve
 from ._backoff import Backoff
 from ._inflight import Inflight
 from ._options import PRODUCER
+from ._producer_stats import ProducerStats
 from ._settle_calls import (
     BatchObserver,
     SettleObserver,
@@ -40,6 +41,7 @@ from ._settle_calls import (
     dead_lettered,
     per_outcome,
     settle,
+    settled,
 )
 
 __all__ = ["Producer", "ProducerStats"]
@@ -47,42 +49,6 @@ __all__ = ["Producer", "ProducerStats"]
 log = logging.getLogger("rheo_flow.producer")
 
 State = Literal["new", "running", "draining", "stopped"]
-
-
-@dataclass(slots=True)
-class ProducerStats:
-    """Counters of one producer since it started (a snapshot from :meth:`Producer.stats`)."""
-
-    fetched: int = 0
-    acked: int = 0
-    nacked: int = 0
-    rejected: int = 0
-    """Rejects that took effect."""
-    confirmed: int = 0
-    fetch_failures: int = 0
-    renewals: int = 0
-    """Renew calls made (one per tick with something inflight)."""
-    settle_failures: dict[str, int] = field(default_factory=dict)
-    """Leases whose settle did not take effect, by classified kind."""
-    peak_inflight: int = 0
-    skipped: int = 0
-    """Leases lost (found stale on renew) before their handler started, released unsettled."""
-    fetch_failure_kinds: Counter[str] = field(default_factory=Counter)
-    """Failed fetches, by classified kind."""
-    renew_failures: Counter[str] = field(default_factory=Counter)
-    """Renew results (or whole renew calls) that did not take effect, by classified kind."""
-    dead_lettered: int = 0
-    """Deliveries these settles dead-lettered: the rejects, and the nacks of a last
-    attempt (reason ``"max_attempts"``). Expiries dead-lettered by a fetch are not seen."""
-
-    def copy(self) -> ProducerStats:
-        """A detached copy."""
-        return ProducerStats(
-            self.fetched, self.acked, self.nacked, self.rejected, self.confirmed,
-            self.fetch_failures, self.renewals, dict(self.settle_failures), self.peak_inflight,
-            self.skipped, Counter(self.fetch_failure_kinds), Counter(self.renew_failures),
-            self.dead_lettered,
-        )
 
 
 class Producer:
@@ -160,14 +126,14 @@ class Producer:
         self._inflight = Inflight(self._max_demand)
         self._state: State = "new"
         self._fetch_lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        """Set on every release and on drain/stop: wakes a demand waiting for capacity."""
+        self._wake = asyncio.Event()  # set on every release and drain/stop: wakes a demand
         self._halt = asyncio.Event()
         """Set when fetching must stop (drain or stop)."""
         self._poke = asyncio.Event()
         """Ends an idle wait early: set on halt and when a nack made work available."""
         self._renewer: asyncio.Task[None] | None = None
         self._stats = ProducerStats()
+        self._handover = AckHandover()  # acks riding on a waiting demand's next fetch
 
     # Properties --------------------------------------------------------------
 
@@ -334,19 +300,28 @@ class Producer:
         if self._state == "new":
             raise NotStarted("start the producer before asking it for leases")
         async with self._fetch_lock:
-            while not self._halt.is_set():
-                free = self._inflight.free
-                if free == 0:
-                    await self._wait_for_capacity()
-                    continue
-                self._poke.clear()
-                leases = await self._fetch(min(n, free, self._fetch_size, MAX_FETCH))
-                if leases is None:
-                    continue
-                if leases:
-                    return leases
-                await self._idle()
-            return []
+            try:
+                while not self._halt.is_set():
+                    free = self._inflight.free
+                    if self._handover.handed:
+                        leases = await self._ack_and_fetch(n)
+                    elif free == 0:
+                        await self._wait_for_capacity()
+                        continue
+                    else:
+                        self._poke.clear()
+                        leases = await self._fetch(min(n, free, self._fetch_size, MAX_FETCH))
+                    if leases is None:
+                        continue
+                    if leases:
+                        return leases
+                    await self._idle()
+                return []
+            finally:
+                if self._handover.handed:  # halted or cancelled: the acks go out alone
+                    handed = self._handover.take()
+                    assert handed is not None
+                    self._handover.keep(asyncio.ensure_future(self._ack_alone(*handed)))
 
     async def batches(self, size: int) -> AsyncIterator[list[Lease]]:
         """Leases in lists of at most ``size``, as demand allows, until drained or stopped."""
@@ -377,6 +352,10 @@ class Producer:
             await self._wait_halt(delay)
             return None
         self._backoff.reset()
+        return self._took(leases)
+
+    def _took(self, leases: list[Lease]) -> list[Lease]:
+        """Track the leases a fetch returned (none once stopped: they expire)."""
         if self._halt.is_set() and self._state == "stopped":
             # Stopped while fetching: nobody will settle these; let them expire.
             return []
@@ -392,7 +371,49 @@ class Producer:
         self._wake.clear()
         if self._inflight.free or self._halt.is_set():
             return
-        await wait_event(self._wake, self._poll_ms / 1000)
+        self._handover.waiting = True
+        try:
+            await wait_event(self._wake, self._poll_ms / 1000)
+        finally:
+            self._handover.waiting = False
+
+    async def _ack_and_fetch(self, n: int) -> list[Lease] | None:
+        """The acks :meth:`ack` handed over, and the fetch the room they free allows, in
+        one backend call; ``None`` if it failed (the acks then went out alone)."""
+        handed = self._handover.take()
+        assert handed is not None
+        acks, done = handed
+        inflight = self._inflight
+        room = inflight.free + sum(1 for lease in acks if lease.lease_id in inflight)
+        self._poke.clear()
+        try:
+            with inflight.settling(acks):
+                results, leases = await ack_then_fetch(
+                    self._rheo, acks, self._stream, self._group, self._consumer_id,
+                    min(n, room, self._fetch_size, MAX_FETCH), self._lease_ms, self._partitions)
+        except Exception:
+            # The acks may not have taken effect: ack them alone (an ack repeats as an
+            # ack); the fetch is made again on its own, with its own error handling.
+            await self._ack_alone(acks, done)
+            return None
+        inflight.release(acks)
+        try:
+            results = await settled(self._rheo, "ack", acks, results, observer=self._observer)
+        finally:
+            self._wake.set()
+            self._count("ack", acks, results)
+            resolve(done, results)
+        return self._took(leases)
+
+    async def _ack_alone(self, acks: list[Lease],
+                         done: asyncio.Future[list[SettleResult]]) -> None:
+        """Ack handed-over acks in a call of their own and give them their results."""
+        try:
+            resolve(done, await self._settle("ack", acks))
+        except BaseException as exc:
+            if not done.done():
+                done.set_exception(exc)
+            raise
 
     async def _idle(self) -> None:
         """Wait for an append (push wake-ups), a nack that made work available, the poll
@@ -442,8 +463,17 @@ class Producer:
     # Settling ----------------------------------------------------------------
 
     async def ack(self, leases: Iterable[Lease]) -> list[SettleResult]:
-        """Acknowledge leases in one call, release them and free demand."""
-        return await self._settle("ack", leases)
+        """Acknowledge leases in one call, release them and free demand.
+
+        While a :meth:`demand` waits for the room these acks free, they go with its
+        next fetch, in one backend call where the backend can (``ack_and_fetch``).
+        """
+        items = leases if isinstance(leases, list) else list(leases)
+        done = self._handover.offer(items)
+        if done is None:
+            return await self._settle("ack", items)
+        self._wake.set()
+        return await done
 
     async def nack(
         self, leases: Iterable[Lease], reason: str, delay_ms: int = 0, error: str | None = None
@@ -515,6 +545,12 @@ class Producer:
                                    observer=self._observer)
         finally:
             self._wake.set()
+        self._count(op, items, results)
+        return results
+
+    def _count(self, op: SettleOp, items: list[Lease], results: list[SettleResult]) -> None:
+        """Record a settle call's results in the stats; poke an idle fetch if it made
+        work available."""
         stats = self._stats
         failed = [result.error for result in results if result.error is not None]
         for error in failed:
@@ -530,13 +566,12 @@ class Producer:
         done = len(results) - failures
         if op == "ack":
             stats.acked += done
-            return results
+            return
         if op == "nack":
             stats.nacked += done
         else:
             stats.rejected += done
         stats.dead_lettered += dead_lettered(self._rheo, op, items, results)
-        return results
 
 
 def _position(lease: Lease) -> tuple[int, int]:

@@ -22,7 +22,7 @@ from .._rheo import Rheo
 from ._inflight import Inflight
 
 __all__ = ["BatchObserver", "SettleObserver", "SettleOp", "SettleOutcome", "dead_lettered",
-           "per_outcome", "settle"]
+           "per_outcome", "settle", "settled"]
 
 log = logging.getLogger("rheo_flow.settle")
 
@@ -88,6 +88,20 @@ async def settle(
         with inflight.settling(leases):
             results = await _call(rheo, op, leases, reason, delay_ms, error)
         inflight.release(leases)
+    return await settled(rheo, op, leases, results, error=error, observer=observer)
+
+
+async def settled(
+    rheo: Rheo,
+    op: SettleOp,
+    leases: Sequence[Lease],
+    results: list[SettleResult],
+    *,
+    error: str | None = None,
+    observer: BatchObserver | None = None,
+) -> list[SettleResult]:
+    """After a settle call returned ``results``: report them to ``observer`` and apply
+    the decision table to the failures (see :func:`settle`)."""
     if observer is not None:
         observer(op, leases, results)
     if all(result.error is None for result in results):

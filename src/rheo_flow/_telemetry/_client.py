@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from time import perf_counter, time_ns
@@ -170,8 +170,10 @@ def _start_send(
 async def receive(
     backend: Backend, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
     partitions: Sequence[int] | None, partition_count: int,
+    fetch: Callable[..., Awaitable[list[Lease]]] | None = None,
 ) -> list[Lease]:
-    """``backend.fetch``, reported as a ``poll`` span (CLIENT) linked to each lease's event.
+    """``backend.fetch`` (or ``fetch``, called with its arguments), reported as a ``poll``
+    span (CLIENT) linked to each lease's event.
 
     The span is made once the fetch returned, with the time it started: a fetch
     that returns nothing makes no span (idle consumers poll all the time), only
@@ -181,8 +183,9 @@ async def receive(
     """
     tracer_ = tracer()
     bundle = instruments()
+    call = backend.fetch if fetch is None else fetch
     if tracer_ is None and bundle is None:
-        return await backend.fetch(stream, group, consumer_id, limit, lease_ms, partitions)
+        return await call(stream, group, consumer_id, limit, lease_ms, partitions)
     base: dict[str, Any] = {
         n.MESSAGING_SYSTEM: n.SYSTEM, n.DESTINATION: stream, n.CONSUMER_GROUP: group,
         n.OPERATION_NAME: n.POLL,
@@ -197,7 +200,7 @@ async def receive(
     failure: BaseException | None = None
     leases: list[Lease] = []
     try:
-        leases = await backend.fetch(stream, group, consumer_id, limit, lease_ms, partitions)
+        leases = await call(stream, group, consumer_id, limit, lease_ms, partitions)
         return leases
     except BaseException as exc:
         error = error_type_of(exc, backend)

@@ -48,6 +48,37 @@ async def case_renew_batch_results(env: CaseEnv) -> None:
     check(all(r.repeated is False for r in clean), "renew results say repeated=False")
 
 
+@case(rules=["settle.ack_and_fetch", "settle.repeat", "settle.fencing",
+             "settle.expired_unreleased"])
+async def case_acks_ride_on_the_next_fetch(env: CaseEnv) -> None:
+    """ack_and_fetch acks a batch and fetches the next, answering as ack then fetch would."""
+    stream = await env.stream()
+    await env.append(stream, 7)
+    backend = env.rheo.backend
+    first = await env.fetch(stream, "g", 3)
+    results, second = await backend.ack_and_fetch(first, stream, "g", "c", 3, env.short_ms, None)
+    check_results(results, first, [None] * 3, "acks of the first batch")
+    check_equal(tried(second), [(4, 1), (5, 1), (6, 1)], "the next batch")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "the first batch is acked")
+    # A repeat answers as a repeat, a superseded lease as stale, beside live acks.
+    await env.expire()
+    again = await env.fetch(stream, "g", 1)
+    check_equal(tried(again), [(4, 2)], "4 leased again")
+    acks = [first[0], second[1], second[2]]
+    results, rest = await backend.ack_and_fetch(acks, stream, "g", "c", 10, env.long_ms, None)
+    check_results(results, acks, [None, None, None], "a repeat and two expired, unreleased",
+                  repeated=[True, False, False])
+    check_equal(tried(rest), [(7, 1)], "the fetch after them")
+    acks = [second[0], *rest]
+    results, none = await backend.ack_and_fetch(acks, stream, "g", "c", 10, env.long_ms, None)
+    check_results(results, acks, [STALE, None], "a superseded lease and a live one")
+    check_equal(none, [], "nothing left to fetch")
+    check_equal(await backend.ack_and_fetch([], stream, "g", "c", 10, env.long_ms, None),
+                ([], []), "no acks, nothing to fetch")
+    await env.ack_ok(again)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 7}, "every event acked")
+
+
 @case(rules=["settle.last_error", "attempts.max", "settle.renew", "settle.reject"])
 async def case_settle_effects_in_mixed_batches(env: CaseEnv) -> None:
     """A batch holding a stale lease settles the others fully: errors, max attempts, deadlines."""

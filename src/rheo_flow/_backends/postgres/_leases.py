@@ -19,7 +19,7 @@ Lease deadlines come from the database clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..._model._errors import InvalidArgument, UnknownGroup
 from ..._model._event import decode_json, make_event_json
@@ -47,32 +47,64 @@ class LeaseOps(PostgresCore):
         lease_ms: int,
         partitions: Sequence[int] | None,
     ) -> list[Lease]:
-        meta = await self._stream(stream)
-        gid = await self._group_id(stream, group)
-        ids = list(range(meta.partitions)) if partitions is None else list(partitions)
+        gid, ids = await self._fetch_args(stream, group, partitions)
         if not ids:
             return []
-        rotation = (self._rotation.get(gid, 0) + 1) % len(ids)
-        self._rotation[gid] = rotation
-        ids = ids[rotation:] + ids[:rotation]
-        self._listener.fetching(stream)
         pool = await self._ready()
         try:
             rows = await pool.fetch(self._sql.fetch, gid, ids, limit, lease_ms, consumer_id)
         except Exception as exc:
-            if getattr(exc, "sqlstate", None) == "RF001":  # the group was deleted
-                self._forget()
-                raise UnknownGroup(stream, group) from None
+            self._check_group(exc, stream, group)
             raise
-        leases: list[Lease] = []
-        append = leases.append
-        # This loop runs once per leased event: data stays JSON text until read.
-        for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at in rows:
-            event = make_event_json(stream, part, seq, event_id, type_, data, key,
-                                    decode_json(heads) if heads is not None else {}, at)
-            append(make_lease(lease_uuid.bytes.hex(), f"{part}-{seq}-{attempt}", group, consumer_id,
-                              event, attempt, deadline))
-        return leases
+        return _leases(rows, stream, group, consumer_id)
+
+    async def ack_and_fetch(
+        self,
+        acks: Sequence[Lease],
+        stream: str,
+        group: str,
+        consumer_id: str,
+        limit: int,
+        lease_ms: int,
+        partitions: Sequence[int] | None,
+    ) -> tuple[list[SettleResult], list[Lease]]:
+        """The acks and the fetch in one call to ``ack_fetch`` (one durable commit)."""
+        gid, ids = await self._fetch_args(stream, group, partitions)
+        batch = await self._batch(acks)
+        if not ids:
+            return await self.ack(acks) if acks else [], []
+        pool = await self._ready()
+        args = batch.args or ("{}",) * 5
+        try:
+            rows = await pool.fetch(self._sql.ack_fetch, *args, gid, ids, limit, lease_ms,
+                                    consumer_id)
+        except Exception as exc:
+            self._check_group(exc, stream, group)
+            raise
+        if batch.args:
+            batch.apply(rows[0][11], rows[0][12], rows[0][13], None)
+        if rows[0][1] is None:
+            rows = []
+        return batch.finish(renew=False), _leases(rows, stream, group, consumer_id)
+
+    async def _fetch_args(self, stream: str, group: str, partitions: Sequence[int] | None
+                          ) -> tuple[int, list[int]]:
+        """The group's id and the partitions to fetch from, in this fetch's rotation."""
+        meta = await self._stream(stream)
+        gid = await self._group_id(stream, group)
+        ids = list(range(meta.partitions)) if partitions is None else list(partitions)
+        if ids:
+            rotation = (self._rotation.get(gid, 0) + 1) % len(ids)
+            self._rotation[gid] = rotation
+            ids = ids[rotation:] + ids[:rotation]
+            self._listener.fetching(stream)
+        return gid, ids
+
+    def _check_group(self, exc: Exception, stream: str, group: str) -> None:
+        """Raise :class:`~rheo_flow.UnknownGroup` when a fetch found its group deleted."""
+        if getattr(exc, "sqlstate", None) == "RF001":
+            self._forget()
+            raise UnknownGroup(stream, group) from None
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._settle(leases, "ack", "", 0)
@@ -151,3 +183,18 @@ class LeaseOps(PostgresCore):
                 self._groups[key] = row[2]
                 self._streams.setdefault(row[0], StreamMeta(row[4], row[3], row[5]))
         return SettleBatch(leases, groups)
+
+
+def _leases(rows: Sequence[Sequence[Any]], stream: str, group: str, consumer_id: str
+            ) -> list[Lease]:
+    """The leases of a fetch's rows (part, seq, attempt, lease id, deadline, event; and
+    ack_fetch's columns after them)."""
+    leases: list[Lease] = []
+    append = leases.append
+    # This loop runs once per leased event: data stays JSON text until read.
+    for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at, *_ in rows:
+        event = make_event_json(stream, part, seq, event_id, type_, data, key,
+                                decode_json(heads) if heads is not None else {}, at)
+        append(make_lease(lease_uuid.bytes.hex(), f"{part}-{seq}-{attempt}", group, consumer_id,
+                          event, attempt, deadline))
+    return leases

@@ -115,7 +115,7 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
                              ("advance_frontiers", "fetch_keyed", "fetch_by_key", "fetch",
-                              "settle_ranged", "settle", "renew"))
+                              "settle_ranged", "settle", "renew", "ack_fetch"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 

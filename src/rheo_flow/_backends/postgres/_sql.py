@@ -81,6 +81,7 @@ class Statements:
     list_groups: str
     fetch: str
     settle: str
+    ack_fetch: str
     renew: str
     frontier: str
     dead_letters: str

@@ -129,6 +129,11 @@ SELECT * FROM {s}.fetch($1, $2, $3, $4, $5)
 SELECT * FROM {s}.settle($1, $2::text::integer[], $3::text::integer[], $4::text::bigint[],
                          $5::text::uuid[], $6::text::integer[], $7, $8, $9)
 
+-- The acks of a batch and the next fetch, in one call (functions/ack_fetch.sql).
+-- name: ack_fetch
+SELECT * FROM {s}.ack_fetch($1::text::integer[], $2::text::integer[], $3::text::bigint[],
+                            $4::text::uuid[], $5::text::integer[], $6, $7, $8, $9, $10)
+
 -- name: renew
 SELECT * FROM {s}.renew($1::text::integer[], $2::text::integer[], $3::text::bigint[],
                         $4::text::uuid[], $5::text::integer[], $6)

@@ -1,0 +1,94 @@
+"""Acks handed over to the next fetch: one backend call acks a batch and fetches the next.
+
+A consumer's acknowledger and its feeder often need the backend at the same moment:
+the acks of a finished batch free the room the feeder is waiting for. While (and only
+while) the feeder waits for room, :class:`AckHandover` lets those acks ride on the
+fetch they make possible, through ``Backend.ack_and_fetch`` (one round trip and one
+durable commit on PostgreSQL; two calls elsewhere). Acks offered at any other time
+(the feeder fetching, idle, drained or stopped) go out at once, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from .. import _telemetry
+from .._model._lease import Lease
+from .._model._settle_results import SettleResult
+from .._rheo import Partitions, Rheo
+
+__all__ = ["AckHandover", "ack_then_fetch"]
+
+Handed = tuple[list[Lease], "asyncio.Future[list[SettleResult]]"]
+"""Acks handed over, and the future their results go to."""
+
+
+class AckHandover:
+    """The acks an acknowledger handed to a feeder waiting for room (at most one batch)."""
+
+    __slots__ = ("_alone", "_handed", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting = False
+        """Set by the feeder while it waits for room: only then are acks taken."""
+        self._handed: Handed | None = None
+        self._alone: set[asyncio.Future[None]] = set()
+
+    def keep(self, task: asyncio.Future[None]) -> None:
+        """Hold on to ``task`` (acks a halted or cancelled feeder sends on their own) until
+        it is done."""
+        self._alone.add(task)
+        task.add_done_callback(self._alone.discard)
+
+    def offer(self, acks: list[Lease]) -> asyncio.Future[list[SettleResult]] | None:
+        """Hand ``acks`` to the waiting feeder: the future of their results, or None when
+        no feeder waits (or a batch is handed already): ack them now."""
+        if not self.waiting or self._handed is not None or not acks:
+            return None
+        done: asyncio.Future[list[SettleResult]] = asyncio.get_running_loop().create_future()
+        self._handed = (acks, done)
+        return done
+
+    @property
+    def handed(self) -> bool:
+        """Whether acks wait for the feeder."""
+        return self._handed is not None
+
+    def take(self) -> Handed | None:
+        """The acks handed over (and their future), once; None when there are none."""
+        handed, self._handed = self._handed, None
+        return handed
+
+
+def resolve(done: asyncio.Future[list[SettleResult]], results: list[SettleResult]) -> None:
+    """Give handed-over acks their results (unless the acknowledger gave up waiting)."""
+    if not done.done():
+        done.set_result(results)
+
+
+async def ack_then_fetch(
+    rheo: Rheo, acks: Sequence[Lease], stream: str, group: str, consumer_id: str, limit: int,
+    lease_ms: int, partitions: Partitions,
+) -> tuple[list[SettleResult], list[Lease]]:
+    """Ack ``acks`` and fetch up to ``limit`` leases in one backend call, reported as the
+    acks' settle span and the fetch's poll span. Raises if the call failed (the acks
+    may or may not have taken effect)."""
+    backend = rheo.backend
+    count = await rheo._partition_count(stream)
+    selected = rheo._partitions(partitions, count)
+    results: list[SettleResult] = []
+
+    async def fetch(stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+                    parts: Sequence[int] | None) -> list[Lease]:
+        nonlocal results
+        results, leases = await backend.ack_and_fetch(acks, stream, group, consumer_id, limit,
+                                                      lease_ms, parts)
+        return leases
+
+    with _telemetry.settling("ack", acks, backend, rheo._max_attempts) as telemetry:
+        leases = await _telemetry.receive(backend, stream, group, consumer_id, limit, lease_ms,
+                                          selected, count, fetch=fetch)
+        if telemetry is not None:
+            telemetry.done(results)
+    return results, leases
