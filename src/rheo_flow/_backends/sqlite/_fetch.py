@@ -27,7 +27,7 @@ from .._shared import round_robin
 from .._transitions import Settled, expire
 from . import _sql as sql
 from ._catalog import get_group
-from ._events import load_events
+from ._events import decode, load_events
 from ._fetch_keyed import KeyedFetch
 from ._progress import advance_frontier
 from ._ranges import RangeRow, new_token
@@ -277,6 +277,8 @@ class _Batch:
     def leases(self, conn: sqlite3.Connection, stream: str, group: str, consumer_id: str,
                path: str) -> list[Lease]:
         """The stored leases with their events, in the order picked."""
+        if not self.again and not self.relet and len(self.fresh) == 1:
+            return self._fresh_leases(conn, stream, group, consumer_id, path)
         again: dict[int, list[int]] = {}
         for part, seq, *_ in self.again:
             again.setdefault(part, []).append(seq)
@@ -309,6 +311,19 @@ class _Batch:
         if len(self.ids) == 1 and not (self.again and self.relet):
             return list(made.values())  # again, then new ones: the order picked
         return [made[self._position(i, depth)] for i, depth in self.order]
+
+    def _fresh_leases(self, conn: sqlite3.Connection, stream: str, group: str,
+                      consumer_id: str, path: str) -> list[Lease]:
+        """The leases of one new range (the common fetch), built as the events are read."""
+        part, first, last, token = self.fresh[0]
+        events = decode(stream, conn.execute(
+            sql.EVENTS_BETWEEN, (self.progress.stream_id, part, first, last)).fetchall())
+        if len(events) != last - first + 1:  # events up to the high water are never removed
+            raise BackendError(f"SQLite database {path!r}: events {first}..{last} of "
+                               f"partition {part} of stream {stream!r} are missing")
+        head, deadline = f"{part}-", self.deadline
+        return [make_lease(f"{token}{event.sequence - first:08x}", f"{head}{event.sequence}-1",
+                           group, consumer_id, event, 1, deadline) for event in events]
 
     def _position(self, i: int, depth: int) -> tuple[int, int]:
         """The (partition, sequence) of the candidate at ``depth`` of partition ``ids[i]``."""

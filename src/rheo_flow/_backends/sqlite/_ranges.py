@@ -80,38 +80,37 @@ def take(conn: sqlite3.Connection, leases: list[Lease],
     partition) pairs whose frontier may move. A lease named twice takes effect
     once; the other goes the delivery rows' way like every lease not taken.
     """
-    groups: dict[tuple[str, str], tuple[int, int] | None] = {}
-    wanted: dict[tuple[int, int, str], list[int]] = {}
+    # By token first: a token names one range (96 random bits), so the group and
+    # partition are looked up once per token, and each lease is checked against them.
+    wanted: dict[str, list[int]] = {}
     for i, lease in enumerate(leases):
-        lease_id, event = lease.lease_id, lease.event
-        if lease_id.__class__ is not str or len(lease_id) != _LEASE_ID_LENGTH:
-            continue
-        name = (event.stream, lease.group)
-        if name in groups:
-            g = groups[name]
-        else:
-            g = groups[name] = _unordered_group(conn, *name)
-        part = event.partition
-        if g is None or part.__class__ is not int:
-            continue
-        key = (g[0], part, lease_id[:_TOKEN_LENGTH])
-        found = wanted.get(key)
-        if found is None:
-            wanted[key] = [i]
-        else:
-            found.append(i)
+        lease_id = lease.lease_id
+        if lease_id.__class__ is str and len(lease_id) == _LEASE_ID_LENGTH:
+            found = wanted.get(lease_id[:_TOKEN_LENGTH])
+            if found is None:
+                wanted[lease_id[:_TOKEN_LENGTH]] = [i]
+            else:
+                found.append(i)
+    groups: dict[tuple[str, str], tuple[int, int] | None] = {}
     taken: set[int] = set()
     finished: set[tuple[int, int]] = set()
-    max_attempts = {g[0]: g[1] for g in groups.values() if g is not None}
     splits: list[tuple[Any, ...]] = []
-    for (group_id, part, token), positions in wanted.items():
+    for token, positions in wanted.items():
+        lease = leases[positions[0]]
+        name = (lease.event.stream, lease.group)
+        if name not in groups:
+            groups[name] = _unordered_group(conn, *name)
+        g, part = groups[name], lease.event.partition
+        if g is None or part.__class__ is not int:
+            continue
+        group_id, max_attempts = g
         for row in conn.execute(sql.RANGES_BY_TOKEN, (group_id, part, token)).fetchall():
-            took = _take_range(conn, leases, positions, split, group_id, part, row,
-                               max_attempts[group_id], splits)
+            took = _take_range(conn, leases, positions, split, (*name, group_id, part), row,
+                               max_attempts, splits)
             if took:
                 taken.update(took)
                 if split.op in ("ack", "reject") or (
-                        split.op == "nack" and row[4] >= max_attempts[group_id]):
+                        split.op == "nack" and row[4] >= max_attempts):
                     finished.add((group_id, part))
     if splits:
         conn.executemany(sql.SPLIT_DELIVERY, splits)
@@ -130,22 +129,27 @@ def _unordered_group(conn: sqlite3.Connection, stream: str,
 
 
 def _take_range(conn: sqlite3.Connection, leases: list[Lease], positions: list[int],
-                split: Split, group_id: int, part: int, row: RangeRow, max_attempts: int,
-                splits: list[tuple[Any, ...]]) -> list[int]:
-    """The positions this range takes (marked, split off and stored), or none."""
+                split: Split, where: tuple[str, str, int, int], row: RangeRow,
+                max_attempts: int, splits: list[tuple[Any, ...]]) -> list[int]:
+    """The positions this range takes (marked, split off and stored), or none.
+
+    ``where``: the range's stream, group, group id and partition.
+    """
+    stream, group, group_id, part = where
     first, last, base, _, attempt, deadline, consumer, done, pending = row
     marks = bytearray(done, "ascii")
-    receipt_head = f"{part}-"
-    receipt_tail = f"-{attempt}"
+    receipt_head, receipt_tail = f"{part}-", f"-{attempt}"
     renew = split.op == "renew"
     took: list[int] = []
     events = 0
     for i in positions:
         lease = leases[i]
-        seq = lease.event.sequence
+        event = lease.event
+        seq = event.sequence
         if (seq.__class__ is not int or not first <= seq <= last
                 or lease.lease_id[_TOKEN_LENGTH:] != f"{seq - base:08x}"
-                or lease.receipt != f"{receipt_head}{seq}{receipt_tail}"):
+                or lease.receipt != f"{receipt_head}{seq}{receipt_tail}"
+                or event.partition != part or lease.group != group or event.stream != stream):
             continue
         if marks[seq - first] != _IN_FLIGHT:
             if renew and done[seq - first] == "0":

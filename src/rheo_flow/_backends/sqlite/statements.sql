@@ -97,6 +97,7 @@ SELECT {event_columns} FROM events WHERE stream_id = ? AND part = ? AND seq IN {
 
 -- name: events_between
 SELECT {event_columns} FROM events WHERE stream_id = ? AND part = ? AND seq BETWEEN ? AND ?
+ORDER BY seq
 
 -- name: query_events
 -- {filters}: the query's conditions among the four below, each with its value.
