@@ -31,6 +31,7 @@ from .._model._lease import Lease
 from .._model._outcome import _CURRENT_LEASE, Ack, Context, Reject, Retry
 from .._model._settle_results import SettleResult, classify
 from .._model._validation import MAX_REASON
+from ._idle_workers import IdleWorkers
 from ._producer import Producer
 from ._retry_policy import RetryPolicy
 from ._settle_calls import SettleObserver, SettleOp, _outcome, dead_lettered
@@ -130,7 +131,7 @@ class GroupLoop:
         self._others: list[_Finished] = []
         self._settling: _Category = "ack"
         """The category the acknowledger is settling (read by :meth:`observe`)."""
-        self._work = asyncio.Event()
+        self._idle = IdleWorkers()
         self._room = asyncio.Event()
         self._flush = asyncio.Event()
         self._closing = False
@@ -158,7 +159,7 @@ class GroupLoop:
                 return
             self._stats.fetched += len(leases)
             ready.extend(leases)
-            self._work.set()
+            self._idle.wake_one()
 
     def hand_back_unstarted(self) -> None:
         """Stop fetching and hand back every lease no handler started (and those a
@@ -195,7 +196,7 @@ class GroupLoop:
     async def work(self, slot: int) -> None:
         """One worker: handle queued leases one at a time, forever."""
         ready = self._ready
-        work = self._work
+        idle = self._idle
         room = self._room
         flush = self._flush
         current = self._current
@@ -206,13 +207,14 @@ class GroupLoop:
         concurrency = self._concurrency
         while True:
             if not ready:
-                work.clear()
-                await work.wait()
+                await idle.wait()
                 continue
             context = self.context
             traced = _telemetry.tracer() is not None or _telemetry.instruments() is not None
             while ready:
                 lease = ready.popleft()
+                if ready:  # more waiting: another worker may take it while this one awaits
+                    idle.wake_one()
                 if len(ready) < concurrency:
                     room.set()
                 if lost_ids and producer.lost(lease):
