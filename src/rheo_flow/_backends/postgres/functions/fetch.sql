@@ -29,9 +29,9 @@
 -- rows); each partition's new events, cursor + 1 .. hi, as one new range; it
 -- moves the cursors and returns the leases in their order.
 --
--- Tokens are 16 random hex digits per call and the range's place in the call
--- (8 hex digits); an event's lease id is its range's token and its offset from
--- the range's base_seq.
+-- Tokens are 8 random bytes per call and the range's place in the call (4
+-- bytes); an event's lease id is its range's token and its offset from the
+-- range's base_seq (lease_of, below).
 
 CREATE OR REPLACE FUNCTION {s}.fetch(p_group integer, p_parts integer[], p_limit integer,
                                      p_lease_ms bigint, p_consumer text)
@@ -184,7 +184,8 @@ BEGIN
             INSERT INTO {s}.ranges (group_id, part, first_seq, last_seq, base_seq, token, attempt,
                                     deadline_ms, consumer_id, done, pending)
             SELECT p_group, m.part, m.cur + 1, m.hi, m.cur + 1,
-                   v_prefix || lpad(to_hex(m.i), 8, '0'), 1, v_now + p_lease_ms, p_consumer,
+                   decode(v_prefix || lpad(to_hex(m.i), 8, '0'), 'hex'), 1, v_now + p_lease_ms,
+                   p_consumer,
                    repeat('0', (m.hi - m.cur)::integer)::varbit, (m.hi - m.cur)::integer
             FROM m
         ), moved AS (
@@ -278,7 +279,7 @@ BEGIN
         INSERT INTO {s}.deliveries (group_id, part, seq, state, attempt, lease_id,
                                     consumer_id, deadline_ms, settled_by)
         SELECT p_group, r.part, s.seq, 2, r.att,
-               (o.token || lpad(to_hex(s.seq - o.base_seq), 8, '0'))::uuid, o.consumer_id,
+               {s}.lease_of(o.token, s.seq - o.base_seq), o.consumer_id,
                o.deadline_ms, 1
         FROM relet r
         JOIN {s}.ranges o ON o.group_id = p_group AND o.part = r.part AND o.first_seq = r.first
@@ -293,7 +294,8 @@ BEGIN
             done = CASE WHEN r.n < r.pend
                         THEN substring(r.done FROM 1 FOR (r.cut - r.first + 1)::integer)
                         ELSE r.done END,
-            pending = r.n, token = r.token, base_seq = r.first, attempt = r.att + 1,
+            pending = r.n, token = decode(r.token, 'hex'), base_seq = r.first,
+            attempt = r.att + 1,
             deadline_ms = v_now + p_lease_ms, consumer_id = p_consumer
         FROM relet r
         WHERE o.group_id = p_group AND o.part = r.part AND o.first_seq = r.first
@@ -301,8 +303,8 @@ BEGIN
         INSERT INTO {s}.ranges (group_id, part, first_seq, last_seq, base_seq, token, attempt,
                                 deadline_ms, consumer_id, done, pending)
         SELECT p_group, m.part, k.cur + 1, m.hi, k.cur + 1,
-               v_prefix || lpad(to_hex(v_ranges + m.i), 8, '0'), 1, v_now + p_lease_ms,
-               p_consumer, repeat('0', (m.hi - k.cur)::integer)::varbit,
+               decode(v_prefix || lpad(to_hex(v_ranges + m.i), 8, '0'), 'hex'), 1,
+               v_now + p_lease_ms, p_consumer, repeat('0', (m.hi - k.cur)::integer)::varbit,
                (m.hi - k.cur)::integer
         FROM unnest(m_part, m_hi) WITH ORDINALITY AS m(part, hi, i)
         JOIN unnest(k_part, k_cur) AS k(part, cur) ON k.part = m.part
@@ -379,7 +381,7 @@ BEGIN
         INSERT INTO {s}.deliveries (group_id, part, seq, state, attempt, lease_id, consumer_id,
                                     deadline_ms, reason, rejected_at_ms)
         SELECT p_group, o.part, s.seq, 3, o.attempt,
-               (o.token || lpad(to_hex(s.seq - o.base_seq), 8, '0'))::uuid, o.consumer_id,
+               {s}.lease_of(o.token, s.seq - o.base_seq), o.consumer_id,
                o.deadline_ms, 'max_attempts', p_now
         FROM spent o CROSS JOIN LATERAL generate_series(o.first_seq, o.last_seq) AS s(seq)
         WHERE get_bit(o.done, (s.seq - o.first_seq)::integer) = 0
@@ -395,4 +397,13 @@ BEGIN
         PERFORM {s}.advance_frontiers(array_fill(p_group, ARRAY[cardinality(v_parts)]), v_parts);
     END IF;
 END
+$fn$;
+
+-- lease_of: the lease id of the event at offset p_offset from a range's
+-- base_seq: its token (12 bytes) and the offset (4 bytes, big-endian).
+
+CREATE OR REPLACE FUNCTION {s}.lease_of(p_token bytea, p_offset bigint) RETURNS uuid
+LANGUAGE sql IMMUTABLE
+AS $fn$
+    SELECT encode(p_token || int4send(p_offset::integer), 'hex')::uuid
 $fn$;

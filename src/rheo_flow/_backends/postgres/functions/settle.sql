@@ -52,8 +52,7 @@ BEGIN
     SELECT array_agg(u.idx ORDER BY u.idx),
            array_agg(CASE
                WHEN d.seq IS NULL AND r.token IS NOT NULL THEN
-                   CASE WHEN replace(u.lease::text, '-', '')
-                             <> r.token || lpad(to_hex(u.seq - r.base_seq), 8, '0') THEN 2
+                   CASE WHEN u.lease <> {s}.lease_of(r.token, u.seq - r.base_seq) THEN 2
                         WHEN r.attempt <> u.att THEN 3
                         WHEN get_bit(r.done, (u.seq - r.first_seq)::integer) = 0 THEN 7
                         WHEN p_op = 1 THEN 1

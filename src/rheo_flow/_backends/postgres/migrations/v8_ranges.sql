@@ -4,8 +4,9 @@
 -- token and attempt until one deadline, with a bit per event set once the range
 -- no longer governs it (acked, or split off into a delivery row by a nack, a
 -- reject, a dead letter or a renew of part of the range). Leases stay unique per
--- event and attempt: an event's lease id is the range's token (24 hex digits,
--- random per fetch) followed by its offset from base_seq (8 hex digits).
+-- event and attempt: an event's lease id is the range's token (12 bytes: 8
+-- random per fetch, 4 for the range's place in it) followed by its offset from
+-- base_seq (4 bytes, big-endian).
 --
 -- Delivery rows keep their meaning: a key-ordered group's deliveries, the events
 -- a range split off, and the rows earlier versions stored (leases in flight
@@ -24,7 +25,7 @@ CREATE TABLE {s}.ranges (
     first_seq bigint NOT NULL,
     last_seq bigint NOT NULL,
     base_seq bigint NOT NULL,
-    token text COLLATE "C" NOT NULL,
+    token bytea NOT NULL,
     attempt integer NOT NULL,
     deadline_ms bigint NOT NULL,
     consumer_id text,
