@@ -146,7 +146,6 @@ HAS_BLOCKED: Final = _STATEMENTS["has_blocked"]
 RELEASE_HEADS: Final = _STATEMENTS["release_heads"]
 EXPIRE: Final = _STATEMENTS["expire"]
 LEASE_AGAIN: Final = _STATEMENTS["lease_again"]
-LEASE_NEW: Final = _STATEMENTS["lease_new"]
 SET_CURSOR: Final = _STATEMENTS["set_cursor"]
 SETTLE_GROUP: Final = _STATEMENTS["settle_group"]
 SETTLE: Final[dict[str, str]] = {

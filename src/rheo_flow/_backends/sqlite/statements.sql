@@ -263,16 +263,12 @@ group_id, part, seq, state, attempt, lease_id, receipt, consumer_id, deadline_ms
 ?1, part, seq, 'leased', 1, ?2 || printf('%08x', seq - ?3 + ?4), part || '-' || seq || '-1',
        ?5, ?6
 
--- name: lease_new
--- New deliveries of one partition's sequence range, leased at once; ?2 is the
--- fetch's lease id prefix, ?4 the number of the range's first lease in the fetch.
--- The lease id and receipt are built exactly as _fetch.py builds them in Python.
-INSERT INTO deliveries ({new_lease_columns})
-SELECT {new_lease_values}
-FROM events WHERE stream_id = ?7 AND part = ?8 AND seq BETWEEN ?3 AND ?9
-
 -- name: lease_new_keyed
--- The same for a key-ordered group: its deliveries carry their event's key.
+-- New deliveries of a key-ordered group (an unordered group's are a range row,
+-- insert_range), one partition's sequence range leased at once, each carrying its
+-- event's key; ?2 is the fetch's lease id prefix, ?4 the number of the range's
+-- first lease in the fetch. The lease id and receipt are built exactly as
+-- _fetch_keyed.py builds them in Python.
 INSERT INTO deliveries ({new_lease_columns}, key)
 SELECT {new_lease_values}, key
 FROM events WHERE stream_id = ?7 AND part = ?8 AND seq BETWEEN ?3 AND ?9
