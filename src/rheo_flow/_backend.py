@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 from ._model._append_records import AppendRecord
 from ._model._capabilities import Capabilities
@@ -152,6 +153,11 @@ class Backend(ABC):
     @abstractmethod
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         """Extend leases to now + ``lease_ms``; results carry the new ``deadline_ms``."""
+
+    one_call_ack_and_fetch: ClassVar[bool] = False
+    """Whether :meth:`ack_and_fetch` is one round trip (runtimes then send a batch's
+    acks with the next fetch whenever both wait; else only when the fetch waits for
+    the room the acks free)."""
 
     async def ack_and_fetch(
         self,

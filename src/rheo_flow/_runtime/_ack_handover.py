@@ -6,12 +6,16 @@ while) the feeder waits for room, :class:`AckHandover` lets those acks ride on t
 fetch they make possible, through ``Backend.ack_and_fetch`` (one round trip and one
 durable commit on PostgreSQL; two calls elsewhere). Acks offered at any other time
 (the feeder fetching, idle, drained or stopped) go out at once, as before.
+
+On a backend whose ``ack_and_fetch`` is one round trip, a runtime also lets the
+feeder collect the acks it has ready before each fetch (:meth:`AckHandover.collect`):
+a batch's acks then go with the next fetch whenever one is made while they wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import _telemetry
 from .._model._lease import Lease
@@ -20,18 +24,21 @@ from .._rheo import Partitions, Rheo
 
 __all__ = ["AckHandover", "ack_then_fetch"]
 
-Handed = tuple[list[Lease], "asyncio.Future[list[SettleResult]]"]
-"""Acks handed over, and the future their results go to."""
+Handed = tuple[list[Lease], "asyncio.Future[list[SettleResult]] | None"]
+"""Acks handed over, and the future their results go to (None: collected from the
+runtime, whose observer sees the results)."""
 
 
 class AckHandover:
     """The acks an acknowledger handed to a feeder waiting for room (at most one batch)."""
 
-    __slots__ = ("_alone", "_handed", "waiting")
+    __slots__ = ("_alone", "_handed", "source", "waiting")
 
     def __init__(self) -> None:
         self.waiting = False
         """Set by the feeder while it waits for room: only then are acks taken."""
+        self.source: Callable[[], list[Lease]] | None = None
+        """Where a runtime's finished acks wait (see :meth:`collect`)."""
         self._handed: Handed | None = None
         self._alone: set[asyncio.Future[None]] = set()
 
@@ -60,10 +67,17 @@ class AckHandover:
         handed, self._handed = self._handed, None
         return handed
 
+    def collect(self) -> Handed | None:
+        """The acks a runtime has ready (see :attr:`source`), taken from it; None when
+        there are none."""
+        acks = self.source() if self.source is not None else None
+        return (acks, None) if acks else None
 
-def resolve(done: asyncio.Future[list[SettleResult]], results: list[SettleResult]) -> None:
+
+def resolve(done: asyncio.Future[list[SettleResult]] | None,
+            results: list[SettleResult]) -> None:
     """Give handed-over acks their results (unless the acknowledger gave up waiting)."""
-    if not done.done():
+    if done is not None and not done.done():
         done.set_result(results)
 
 

@@ -132,6 +132,7 @@ class GroupLoop:
         self._settling: _Category = "ack"
         """The category the acknowledger is settling (read by :meth:`observe`)."""
         self._idle = IdleWorkers()
+        producer._collect_acks(self._take_acks)
         self._room = asyncio.Event()
         self._flush = asyncio.Event()
         self._closing = False
@@ -334,6 +335,12 @@ class GroupLoop:
                                       item.last_error), []).append(item.lease)
                 for (category, reason, delay_ms, error), leases in calls.items():
                     await self._settle_batch(category, leases, reason, delay_ms, error)
+
+    def _take_acks(self) -> list[Lease]:
+        """The acks ready now, for the producer's next fetch to carry."""
+        acks = self._acks[:]
+        self._acks.clear()
+        return acks
 
     async def _settle_batch(self, category: _Category, leases: list[Lease], reason: str = "",
                             delay_ms: int = 0, last_error: str | None = None) -> None:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 from typing import Literal, Self
 
@@ -303,8 +303,9 @@ class Producer:
             try:
                 while not self._halt.is_set():
                     free = self._inflight.free
-                    if self._handover.handed:
-                        leases = await self._ack_and_fetch(n)
+                    handed = self._handover.take() or self._handover.collect()
+                    if handed is not None:
+                        leases = await self._ack_and_fetch(n, *handed)
                     elif free == 0:
                         await self._wait_for_capacity()
                         continue
@@ -318,9 +319,8 @@ class Producer:
                     await self._idle()
                 return []
             finally:
-                if self._handover.handed:  # halted or cancelled: the acks go out alone
-                    handed = self._handover.take()
-                    assert handed is not None
+                handed = self._handover.take()
+                if handed is not None:  # halted or cancelled: the acks go out alone
                     self._handover.keep(asyncio.ensure_future(self._ack_alone(*handed)))
 
     async def batches(self, size: int) -> AsyncIterator[list[Lease]]:
@@ -377,12 +377,12 @@ class Producer:
         finally:
             self._handover.waiting = False
 
-    async def _ack_and_fetch(self, n: int) -> list[Lease] | None:
-        """The acks :meth:`ack` handed over, and the fetch the room they free allows, in
-        one backend call; ``None`` if it failed (the acks then went out alone)."""
-        handed = self._handover.take()
-        assert handed is not None
-        acks, done = handed
+    async def _ack_and_fetch(self, n: int, acks: list[Lease],
+                             done: asyncio.Future[list[SettleResult]] | None
+                             ) -> list[Lease] | None:
+        """Acks handed over (by :meth:`ack`, or collected from the runtime) and the fetch
+        the room they free allows, in one backend call; ``None`` if it failed (the acks
+        then went out alone)."""
         inflight = self._inflight
         room = inflight.free + sum(1 for lease in acks if lease.lease_id in inflight)
         self._poke.clear()
@@ -406,14 +406,21 @@ class Producer:
         return self._took(leases)
 
     async def _ack_alone(self, acks: list[Lease],
-                         done: asyncio.Future[list[SettleResult]]) -> None:
+                         done: asyncio.Future[list[SettleResult]] | None) -> None:
         """Ack handed-over acks in a call of their own and give them their results."""
         try:
             resolve(done, await self._settle("ack", acks))
         except BaseException as exc:
-            if not done.done():
+            if done is not None and not done.done():
                 done.set_exception(exc)
             raise
+
+    def _collect_acks(self, source: Callable[[], list[Lease]]) -> None:
+        """Let a runtime's finished acks go with this producer's fetches: before each
+        fetch, ``source`` gives the acks ready then (on a backend whose ``ack_and_fetch``
+        is one round trip; elsewhere they keep going out on their own)."""
+        if self._rheo.backend.one_call_ack_and_fetch:
+            self._handover.source = source
 
     async def _idle(self) -> None:
         """Wait for an append (push wake-ups), a nack that made work available, the poll

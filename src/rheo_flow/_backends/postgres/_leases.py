@@ -38,6 +38,8 @@ __all__ = ["LeaseOps"]
 class LeaseOps(PostgresCore):
     """Lease operations: fetch, ack, nack, reject, renew, and acks in a caller's transaction."""
 
+    one_call_ack_and_fetch = True
+
     async def fetch(
         self,
         stream: str,

@@ -240,6 +240,8 @@ class SQLiteBackend(Backend):
         return await self._write(self._fetcher.fetch, stream, group, consumer_id, limit,
                                  lease_ms, ids)
 
+    one_call_ack_and_fetch = True
+
     async def ack_and_fetch(
         self,
         acks: Sequence[Lease],
