@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from rheo_flow import AlreadyStarted, InvalidArgument, NewEvent, Rheo
+from rheo_flow._model._event import _DATA_SLOT, _Pending
 from rheo_flow.pipeline import (
     Batcher,
     BatchInfo,
@@ -431,3 +432,22 @@ async def test_a_duck_typed_handler_works(rheo: Rheo, wait_until: WaitUntil) -> 
     async with pipeline:
         await wait_until(lambda: pipeline.stats().acked == 3)
     assert pipeline.stats().batches == 1
+
+
+def _decoded(event: Any) -> bool:
+    """Whether an event's data was decoded from its JSON text already."""
+    return _DATA_SLOT.__get__(event, type(event)).__class__ is not _Pending
+
+
+async def test_a_message_decodes_its_data_only_when_read(rheo: Rheo) -> None:
+    await rheo.create_stream("lazy")
+    await rheo.append("lazy", [NewEvent("t", {"n": 1}), NewEvent("t", {"n": 2})])
+    unread, read = (Message(lease) for lease in await rheo.fetch("lazy", "g", limit=2))
+    # The memory backend hands over JSON text: a message nobody reads leaves it so.
+    assert not _decoded(unread.lease.event)
+    assert not _decoded(read.lease.event)
+    assert read.data == {"n": 2}
+    assert _decoded(read.lease.event)
+    assert read.update_data(lambda d: {**d, "seen": True}).data == {"n": 2, "seen": True}
+    assert unread.put_data("replaced").data == "replaced"
+    assert not _decoded(unread.lease.event)

@@ -51,6 +51,9 @@ class Settler(Protocol):
         ...
 
 
+_UNREAD: Any = object()
+"""A message's data before its first read (the event's, not decoded yet)."""
+
 class Message:
     """One leased event on its way through a pipeline.
 
@@ -64,11 +67,11 @@ class Message:
 
     __slots__ = (
         "_acknowledger",
+        "_data",
         "_metadata",
         "batch_key",
         "batch_mode",
         "batcher",
-        "data",
         "error",
         "lease",
         "on_failure",
@@ -78,7 +81,6 @@ class Message:
         "status",
     )
 
-    data: Any
     lease: Lease
     """The lease this message settles."""
     batcher: str
@@ -101,7 +103,7 @@ class Message:
 
     def __init__(self, lease: Lease, acknowledger: Settler | None = None) -> None:
         self.lease = lease
-        self.data = lease.event.data
+        self._data: Any = _UNREAD
         self.batcher = DEFAULT_BATCHER
         self.batch_key = DEFAULT_BATCH_KEY
         self.batch_mode = "bulk"
@@ -113,6 +115,19 @@ class Message:
         self.outcome = None
         self._acknowledger = acknowledger
         self._metadata: dict[str, Any] | None = None
+
+    @property
+    def data(self) -> Any:
+        """The message's data: the event's, decoded on first read, until a handler
+        puts its own."""
+        data = self._data
+        if data is _UNREAD:
+            data = self._data = self.lease.event.data
+        return data
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        self._data = value
 
     def __repr__(self) -> str:
         lease = self.lease
