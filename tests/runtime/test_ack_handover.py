@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import pytest
 
 from _doubles import FlakyBackend
-from rheo_flow import Lease, ManualClock, NewEvent, Producer, Rheo
+from rheo_flow import (
+    ACK,
+    Event,
+    Lease,
+    ManualClock,
+    NewEvent,
+    Producer,
+    Rheo,
+    SettleResult,
+    consumer,
+)
+
+WaitUntil = Callable[..., Awaitable[None]]
 
 
 @pytest.fixture
@@ -94,3 +107,49 @@ async def test_a_failed_combined_call_acks_alone_and_fetches_again(
         await producer.ack(second)
     assert producer.stats().acked == 20
     assert sum((await db.frontier("orders", "billing")).values()) == 20
+
+
+class SlowFetchBackend(FlakyBackend):
+    """A backend whose ack_and_fetch is one call, and whose fetches take a while (as
+    a round trip to a server does), recording the acks each combined call carried."""
+
+    one_call_ack_and_fetch = True
+
+    def __init__(self, *, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.carried: list[int] = []
+
+    async def fetch(self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+                    partitions: Sequence[int] | None) -> list[Lease]:
+        for _ in range(3):  # the round trip: other tasks run meanwhile
+            await asyncio.sleep(0)
+        return await super().fetch(stream, group, consumer_id, limit, lease_ms, partitions)
+
+    async def ack_and_fetch(self, acks: Sequence[Lease], stream: str, group: str,
+                            consumer_id: str, limit: int, lease_ms: int,
+                            partitions: Sequence[int] | None
+                            ) -> tuple[list[SettleResult], list[Lease]]:
+        self.carried.append(len(acks))
+        return await super().ack_and_fetch(acks, stream, group, consumer_id, limit, lease_ms,
+                                           partitions)
+
+
+async def test_a_group_sends_each_batch_s_acks_with_the_next_fetch(
+        clock: ManualClock, wait_until: WaitUntil) -> None:
+    backend = SlowFetchBackend(clock=clock)
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(100)])
+
+        @consumer(stream="orders", group="billing", concurrency=10, max_demand=20,
+                  fetch_size=10)
+        async def handle(event: Event, context: Mapping[str, Any]) -> Any:
+            return ACK
+
+        async with handle.start(rheo) as group:
+            await wait_until(lambda: group.stats.acked == 100, message="100 acks")
+    # Each batch is handled while the next fetch is under way, and its acks wait
+    # for that fetch to return: the call after it carries them.
+    assert sum(backend.carried) >= 80, backend.carried
+    assert backend.calls["ack"] - sum(1 for n in backend.carried if n) <= 2
+    assert await rheo.frontier("orders", "billing") == {0: 100}

@@ -8,14 +8,18 @@ durable commit on PostgreSQL; two calls elsewhere). Acks offered at any other ti
 (the feeder fetching, idle, drained or stopped) go out at once, as before.
 
 On a backend whose ``ack_and_fetch`` is one round trip, a runtime also lets the
-feeder collect the acks it has ready before each fetch (:meth:`AckHandover.collect`):
-a batch's acks then go with the next fetch whenever one is made while they wait.
+feeder collect the acks it has ready before each fetch (:meth:`AckHandover.collect`),
+and holds its acks while a fetch is under way (:meth:`AckHandover.defers`): the
+feeder makes its next call as soon as that fetch returns, with the acks of the
+batch handled meanwhile, and the batch that fetch brought is handled while the
+call is under way. Acks the feeder does not collect then go out on their own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 
 from .. import _telemetry
 from .._model._lease import Lease
@@ -32,7 +36,7 @@ runtime, whose observer sees the results)."""
 class AckHandover:
     """The acks an acknowledger handed to a feeder waiting for room (at most one batch)."""
 
-    __slots__ = ("_alone", "_handed", "source", "waiting")
+    __slots__ = ("_alone", "_handed", "_in_flight", "_landed", "source", "waiting")
 
     def __init__(self) -> None:
         self.waiting = False
@@ -41,6 +45,29 @@ class AckHandover:
         """Where a runtime's finished acks wait (see :meth:`collect`)."""
         self._handed: Handed | None = None
         self._alone: set[asyncio.Future[None]] = set()
+        self._in_flight = False
+        self._landed = asyncio.Event()
+
+    @contextlib.contextmanager
+    def fetching(self) -> Iterator[None]:
+        """Mark a fetch call under way (see :meth:`defers`)."""
+        self._in_flight = True
+        self._landed.clear()
+        try:
+            yield
+        finally:
+            self._in_flight = False
+            self._landed.set()
+
+    def defers(self) -> bool:
+        """Whether a runtime's acks should wait for the fetch under way: the feeder
+        collects them for the call it makes as soon as that fetch returns."""
+        return self._in_flight and self.source is not None
+
+    async def landed(self) -> None:
+        """Wait until the fetch under way returned."""
+        if self._in_flight:
+            await self._landed.wait()
 
     def keep(self, task: asyncio.Future[None]) -> None:
         """Hold on to ``task`` (acks a halted or cancelled feeder sends on their own) until

@@ -5,11 +5,14 @@ fetches, renews and frees demand); the :class:`~rheo_flow.Group` starts its
 tasks and stops them:
 
 * the feeder takes leases from the producer in batches, only while fewer than
-  ``concurrency`` are waiting for a worker;
+  ``concurrency`` plus one fetch are waiting for a worker (so the next fetch is
+  under way while a batch is handled);
 * ``concurrency`` workers run the handler on queued leases, straight from one
-  shared queue (no task or future per event);
+  shared queue (no task or future per event), woken one at a time;
 * the acknowledger settles whatever handlers finished since it last woke, one
-  backend call per (operation, reason), through the shared decision table.
+  backend call per (operation, reason), through the shared decision table. On a
+  backend whose ``ack_and_fetch`` is one call, acks finished while a fetch is
+  under way wait for it: the feeder's next call carries them.
 
 :class:`GroupStats` are the counters the loop keeps.
 """
@@ -147,8 +150,11 @@ class GroupLoop:
         ready = self._ready
         room = self._room
         size = producer.fetch_size
+        # One fetch of read-ahead beyond the workers: the next call is under way
+        # while a batch is handled (max_demand still bounds the leases held).
+        full = self._concurrency + size
         while True:
-            if len(ready) >= self._concurrency:
+            if len(ready) >= full:
                 room.clear()
                 await room.wait()
                 continue
@@ -205,7 +211,7 @@ class GroupLoop:
         producer = self._producer
         handle_event = self._handle_event
         lost_ids = producer.inflight.lost_ids
-        concurrency = self._concurrency
+        full = self._concurrency + producer.fetch_size
         while True:
             if not ready:
                 await idle.wait()
@@ -216,7 +222,7 @@ class GroupLoop:
                 lease = ready.popleft()
                 if ready:  # more waiting: another worker may take it while this one awaits
                     idle.wake_one()
-                if len(ready) < concurrency:
+                if len(ready) < full:
                     room.set()
                 if lost_ids and producer.lost(lease):
                     producer.skip(lease)
@@ -313,12 +319,17 @@ class GroupLoop:
     async def acknowledge(self) -> None:
         """The acknowledger: settle what finished, until :meth:`close` and all is settled."""
         flush = self._flush
+        producer = self._producer
         while True:
             if not self._acks and not self._others:
                 if self._closing:
                     return
                 flush.clear()
                 await flush.wait()
+                continue
+            if not self._others and not self._closing and producer._acks_wait_for_fetch():
+                # The feeder's next call carries these acks, the moment its fetch returns.
+                await producer._fetch_landed()
                 continue
             # Everything that finished since the last wake-up goes out together.
             # Workers append to these very lists: copy and empty them in place.

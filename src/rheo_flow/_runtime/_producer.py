@@ -335,10 +335,11 @@ class Producer:
     async def _fetch(self, limit: int) -> list[Lease] | None:
         """One fetch; ``None`` after a failure (already waited out its backoff)."""
         try:
-            leases = await self._rheo.fetch(
-                self._stream, self._group, consumer_id=self._consumer_id, limit=limit,
-                lease_ms=self._lease_ms, partitions=self._partitions,
-            )
+            with self._handover.fetching():
+                leases = await self._rheo.fetch(
+                    self._stream, self._group, consumer_id=self._consumer_id, limit=limit,
+                    lease_ms=self._lease_ms, partitions=self._partitions,
+                )
         except (InvalidArgument, StoreLost):
             raise  # retrying cannot help: the runtime stops with it
         except Exception as exc:
@@ -387,7 +388,7 @@ class Producer:
         room = inflight.free + sum(1 for lease in acks if lease.lease_id in inflight)
         self._poke.clear()
         try:
-            with inflight.settling(acks):
+            with inflight.settling(acks), self._handover.fetching():
                 results, leases = await ack_then_fetch(
                     self._rheo, acks, self._stream, self._group, self._consumer_id,
                     min(n, room, self._fetch_size, MAX_FETCH), self._lease_ms, self._partitions)
@@ -414,6 +415,15 @@ class Producer:
             if done is not None and not done.done():
                 done.set_exception(exc)
             raise
+
+    def _acks_wait_for_fetch(self) -> bool:
+        """Whether a runtime's acks should wait for the fetch under way (the next
+        call collects them; see :mod:`._ack_handover`)."""
+        return self._handover.defers()
+
+    async def _fetch_landed(self) -> None:
+        """Wait until the fetch under way returned."""
+        await self._handover.landed()
 
     def _collect_acks(self, source: Callable[[], list[Lease]]) -> None:
         """Let a runtime's finished acks go with this producer's fetches: before each
