@@ -68,6 +68,24 @@ async def test_acks_freeing_a_waiting_demand_go_with_its_fetch(
     assert sum((await db.frontier("orders", "billing")).values()) == 20
 
 
+async def test_two_batches_handed_over_share_the_call_and_get_their_own_results(
+        db: Rheo, backend: FlakyBackend) -> None:
+    async with Producer(db, "orders", "billing", max_demand=10) as producer:
+        first = await producer.demand(10)
+        waiting = await _waiting_for_room(producer)
+        calls = backend.calls.copy()
+        # Both batches are handed over before the demand takes them.
+        acking = [asyncio.create_task(producer.ack(part)) for part in (first[:4], first[4:])]
+        head, tail = await asyncio.wait_for(asyncio.gather(*acking), 5)
+        assert [r.lease_id for r in head] == [x.lease_id for x in first[:4]]
+        assert [r.lease_id for r in tail] == [x.lease_id for x in first[4:]]
+        assert all(r.ok for r in head + tail)
+        second = await asyncio.wait_for(waiting, 5)
+        assert len(second) == 10
+        assert backend.calls - calls == {"ack_and_fetch": 1, "ack": 1, "fetch": 1}
+        await producer.ack(second)
+
+
 @pytest.mark.parametrize("end", ["halt", "cancel"])
 async def test_acks_handed_to_a_demand_that_ends_go_out_alone(
         db: Rheo, backend: FlakyBackend, end: str) -> None:

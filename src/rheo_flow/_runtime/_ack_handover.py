@@ -34,16 +34,16 @@ runtime, whose observer sees the results)."""
 
 
 class AckHandover:
-    """The acks an acknowledger handed to a feeder waiting for room (at most one batch)."""
+    """The acks handed to a feeder waiting for room (one batch or several)."""
 
     __slots__ = ("_alone", "_handed", "_in_flight", "_landed", "source", "waiting")
 
     def __init__(self) -> None:
         self.waiting = False
-        """Set by the feeder while it waits for room: only then are acks taken."""
+        """Set by the feeder while it waits for room: acks are taken then."""
         self.source: Callable[[], list[Lease]] | None = None
         """Where a runtime's finished acks wait (see :meth:`collect`)."""
-        self._handed: Handed | None = None
+        self._handed: list[Handed] = []
         self._alone: set[asyncio.Future[None]] = set()
         self._in_flight = False
         self._landed = asyncio.Event()
@@ -76,29 +76,51 @@ class AckHandover:
         task.add_done_callback(self._alone.discard)
 
     def offer(self, acks: list[Lease]) -> asyncio.Future[list[SettleResult]] | None:
-        """Hand ``acks`` to the waiting feeder: the future of their results, or None when
-        no feeder waits (or a batch is handed already): ack them now."""
-        if not self.waiting or self._handed is not None or not acks:
+        """Hand ``acks`` to the feeder's next call: the future of their results, or None
+        when no feeder waits for room (ack them now)."""
+        if not acks or not self.waiting:
             return None
         done: asyncio.Future[list[SettleResult]] = asyncio.get_running_loop().create_future()
-        self._handed = (acks, done)
+        self._handed.append((acks, done))
         return done
 
     @property
     def handed(self) -> bool:
         """Whether acks wait for the feeder."""
-        return self._handed is not None
+        return bool(self._handed)
 
     def take(self) -> Handed | None:
-        """The acks handed over (and their future), once; None when there are none."""
-        handed, self._handed = self._handed, None
-        return handed
+        """The acks handed over (and the future of their results), once; None when there
+        are none. Several batches are taken as one, their results split back."""
+        handed, self._handed = self._handed, []
+        if len(handed) <= 1:
+            return handed[0] if handed else None
+        merged: asyncio.Future[list[SettleResult]] = asyncio.get_running_loop().create_future()
+        merged.add_done_callback(lambda done: _split(done, handed))
+        return [lease for acks, _ in handed for lease in acks], merged
 
     def collect(self) -> Handed | None:
         """The acks a runtime has ready (see :attr:`source`), taken from it; None when
         there are none."""
         acks = self.source() if self.source is not None else None
         return (acks, None) if acks else None
+
+
+def _split(done: asyncio.Future[list[SettleResult]], handed: list[Handed]) -> None:
+    """Give each batch taken together its own results (or the error of the call)."""
+    error = None if done.cancelled() else done.exception()
+    start = 0
+    for acks, future in handed:
+        if future is None or future.done():
+            start += len(acks)
+            continue
+        if done.cancelled():
+            future.cancel()
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(done.result()[start:start + len(acks)])
+        start += len(acks)
 
 
 def resolve(done: asyncio.Future[list[SettleResult]] | None,
