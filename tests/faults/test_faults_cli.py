@@ -32,8 +32,7 @@ def test_torture_on_sqlite_prints_the_table_and_exits_zero(tmp_path: Path) -> No
     url = f"sqlite:///{tmp_path / 't.db'}"
     result = runner.invoke(app, ["torture", url, "--scenario", "kill-restart",
                                  "--scenario", "poison", "--workload", "group",
-                                 "--events", "200", "--seconds", "60"],
-                           env={"COLUMNS": "250"})
+                                 "--events", "200", "--seconds", "60"])
     output = _plain(result.output)
     assert result.exit_code == 0, output
     rows = [line for line in output.splitlines() if line.startswith("│")]

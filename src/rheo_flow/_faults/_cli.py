@@ -82,6 +82,9 @@ def torture(
     events were not settled within the time bound.
     """
     console = Console(highlight=False)
+    if not console.is_terminal:  # a pipe, a file or a CI log: the table is never cut
+        console.soft_wrap = True
+        console.width = 1_000
     wanted = _workloads(workload)
     chosen, runs = _plan(console, url, scenario or (), wanted, seconds)
     settings = RunSettings(events=events, workers=workers, partitions=partitions,
