@@ -81,10 +81,7 @@ def torture(
     duplicate append, stale settle accepted) or failed run, 3 when clean but some
     events were not settled within the time bound.
     """
-    console = Console(highlight=False)
-    if not console.is_terminal:  # a pipe, a file or a CI log: the table is never cut
-        console.soft_wrap = True
-        console.width = 1_000
+    console = _console()
     wanted = _workloads(workload)
     chosen, runs = _plan(console, url, scenario or (), wanted, seconds)
     settings = RunSettings(events=events, workers=workers, partitions=partitions,
@@ -108,6 +105,15 @@ def _workloads(workload: list[str] | None) -> list[Workload]:
             raise typer.BadParameter(f"unknown workload {bad[0]!r}: use group or pipeline",
                                      param_hint="--workload")
     return [w for w in ("group", "pipeline") if not workload or w in workload]
+
+
+def _console() -> Console:
+    """The command's console: a pipe, a file or a CI log gets the table whole."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.soft_wrap = True
+        console.width = 1_000
+    return console
 
 
 def _plan(console: Console, url: str, names: list[str] | tuple[()], wanted: list[Workload],
