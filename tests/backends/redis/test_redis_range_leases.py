@@ -181,3 +181,24 @@ async def test_range_leases_in_either_response_mode(redis_url: str, decode: bool
                 assert all(r.ok for r in await rheo.ack(got))
     finally:
         await client.aclose()
+
+
+async def test_acks_and_the_next_fetch_share_one_pipeline(
+        prepared: Rheo, backend: RedisBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    rheo = prepared
+    first = await rheo.fetch("s", "g", consumer_id="c", limit=3)
+    await rheo.fetch("s", "g", consumer_id="c", limit=1)  # 4: the cursor is known now
+    runner = type(backend._scripts)
+    round_trips: list[int] = []
+    pipeline = runner._pipeline
+
+    async def counted(self: Any, calls: Any, *args: Any, **kwargs: Any) -> Any:
+        round_trips.append(len(calls))
+        return await pipeline(self, calls, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "_pipeline", counted)
+    results, leases = await backend.ack_and_fetch(first, "s", "g", "c", 2, 60_000, None)
+    assert [r.ok and not r.repeated for r in results] == [True] * 3
+    assert [lease.sequence for lease in leases] == [5, 6]
+    assert round_trips == [2]  # the settle script and the fetch script, one pipeline
+    assert await rheo.frontier("s", "g") == {0: 3}

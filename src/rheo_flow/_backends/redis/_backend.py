@@ -11,16 +11,15 @@ from ..._model._capabilities import Capabilities
 from ..._model._errors import BackendError, InvalidArgument
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from .._urls import redact_url, url_secrets
+from ._ack_fetch import AckFetchOperations
 from ._cluster import cluster_client, is_cluster_url
 from ._dead_letters import DeadLetterOperations
 from ._driver import Client, ExponentialWithJitterBackoff, RedisCluster, aioredis, rex
 from ._errors import DRIVER_ERRORS, SentAwareRetry
 from ._events import EventOperations
-from ._fetch import FetchOperations
 from ._groups import GroupOperations
 from ._keys import DEFAULT_PREFIX, KeyLayout, check_prefix
 from ._scripts import ScriptRunner
-from ._settle import SettleOperations
 from ._streams import StreamOperations
 from ._wakeups import WakeupOperations, block_cap_ms
 
@@ -33,7 +32,7 @@ _DEADLINE_GRACE_MS: Final = 500
 
 @guard_operations(tracks_sending=False)
 class RedisBackend(
-    StreamOperations, EventOperations, GroupOperations, FetchOperations, SettleOperations,
+    StreamOperations, EventOperations, GroupOperations, AckFetchOperations,
     DeadLetterOperations, WakeupOperations, Backend,
 ):
     """Durable, distributed backend on Redis Streams (Redis 6.2 or later).

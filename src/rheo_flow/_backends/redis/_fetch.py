@@ -54,10 +54,20 @@ class FetchOperations(RedisCore):
         lease_ms: int,
         partitions: Sequence[int] | None,
     ) -> list[Lease]:
+        leases, _ = await self._fetch_with(stream, group, consumer_id, limit, lease_ms,
+                                           partitions, [])
+        return leases
+
+    async def _fetch_with(
+        self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+        partitions: Sequence[int] | None, first: list[ScriptCall],
+    ) -> tuple[list[Lease], list[Any]]:
+        """A fetch whose first round trip also runs the calls ``first`` (before its
+        own); their replies. They run even when there is no partition to fetch from."""
         count = await self._partition_count(stream)
         ids = list(range(count)) if partitions is None else list(partitions)
         if not ids:
-            return []
+            return [], await self._eval(first)
         self._track_consumer(stream, group, consumer_id)
         if len(ids) > 1:
             # Start with another partition each time so no partition is always last.
@@ -68,9 +78,9 @@ class FetchOperations(RedisCore):
         per: dict[int, list[Lease]] = {}
         left: dict[int, int] = {}
         scan: set[int] = set()
-        await self._fetch_round(stream, group, consumer_id, lease_ms,
-                                list(zip(ids, _shares(limit, len(ids)), strict=True)), per,
-                                left, scan)
+        replies = await self._fetch_round(
+            stream, group, consumer_id, lease_ms,
+            list(zip(ids, _shares(limit, len(ids)), strict=True)), per, left, scan, first)
         # A round can come back short where a key-ordered partition's unread events
         # were blocked: top up from the partitions that still report work, until the
         # batch is full or none does (each round leases or reads past blocked events).
@@ -83,10 +93,10 @@ class FetchOperations(RedisCore):
             await self._scan_on(stream, group, consumer_id, lease_ms, limit, per, left, scan)
         lists = [per[p] for p in ids if per.get(p)]
         if len(lists) <= 1:
-            return lists[0] if lists else []
+            return (lists[0] if lists else []), replies
         # Round-robin across partitions, each in sequence order.
         sizes = [len(x) for x in lists]
-        return [lists[i][depth] for i, depth in round_robin(sizes, sum(sizes))]
+        return [lists[i][depth] for i, depth in round_robin(sizes, sum(sizes))], replies
 
     async def _fill_up(
         self, stream: str, group: str, consumer_id: str, lease_ms: int, wanted: int,
@@ -137,10 +147,12 @@ class FetchOperations(RedisCore):
         per: dict[int, list[Lease]],
         left: dict[int, int],
         scan: set[int],
-    ) -> None:
+        first: Sequence[ScriptCall] = (),
+    ) -> list[Any]:
         """One round trip: up to ``quota`` leases from each partition into ``per``;
         ``left`` gets how many more each partition has due, ``scan`` the key-ordered
-        partitions whose scan stopped at its budget."""
+        partitions whose scan stopped at its budget. The calls ``first`` run before
+        the fetch's own in the same round trip: their replies."""
         token = os.urandom(8).hex()
         cursors = self._cursors
         calls: list[ScriptCall] = []
@@ -156,7 +168,9 @@ class FetchOperations(RedisCore):
             if at is not None:
                 read_for[p] = len(reads)
                 reads.append(("XRANGE", keys[0], f"{at + 1}-0", "+", "COUNT", quota))
-        replies, entries = await self._scripts.run_and_read(calls, reads)
+        replies, entries = await self._scripts.run_and_read([*first, *calls], reads)
+        before = replies[:len(first)]
+        del replies[:len(first)]
         missed: list[_Missed] = []
         for (p, _), reply in zip(quotas, replies, strict=True):
             index = read_for.get(p)
@@ -164,6 +178,7 @@ class FetchOperations(RedisCore):
                        None if index is None else entries[index], per, left, scan, missed)
         if missed:
             await self._read_missed(stream, group, consumer_id, missed, per)
+        return before
 
     def _take(
         self, stream: str, group: str, consumer_id: str, p: int, block: str, reply: Any,

@@ -48,6 +48,8 @@ _KEY: Final = attrgetter("event.stream", "group", "event.partition")
 _KEY_TYPES: Final = frozenset({str, type(None)})
 
 _Buckets = dict[tuple[str, str, int], list[int]]
+_Plan = tuple[list[SettleResult | None], _Buckets, list[ScriptCall]]
+"""A settle's results known before any call, its buckets, and its calls."""
 
 
 def _settle_row(lease: Lease) -> tuple[Any, ...]:
@@ -93,11 +95,20 @@ class SettleOperations(RedisCore):
     ) -> list[SettleResult]:
         if not leases:
             return []
-        results, replies = await self._settle(
-            leases, "settle",
-            lambda group, payload: [group, op, reason, delay_ms, payload],
-            _settle_row, fast_row=_SETTLE_ROW, run=op == "a",
-        )
+        plan = self._settle_op_plan(leases, op, reason, delay_ms)
+        return self._settle_op_results(leases, plan, await self._eval(plan[2]))
+
+    def _settle_op_plan(self, leases: Sequence[Lease], op: str, reason: str, delay_ms: int
+                        ) -> _Plan:
+        """The script calls of a settle, and what reading their replies needs."""
+        return self._settle_calls(
+            leases, "settle", lambda group, payload: [group, op, reason, delay_ms, payload],
+            _settle_row, fast_row=_SETTLE_ROW, run=op == "a")
+
+    def _settle_op_results(self, leases: Sequence[Lease], plan: _Plan, replies: list[Any]
+                           ) -> list[SettleResult]:
+        """One result per lease from the replies of a settle's calls."""
+        results, replies = plan[0], self._settle_replies(plan[1], replies)
         if len(replies) == 1 and len(replies[0][0]) == len(leases):
             indexes, codes = replies[0]
             if codes.count("o") == len(codes):
@@ -118,6 +129,20 @@ class SettleOperations(RedisCore):
     ) -> tuple[list[SettleResult | None], list[tuple[list[int], str]]]:
         """Run ``script`` for the leases, one call per group partition; the results of
         the leases that name no delivery, and per call the lease indexes and codes."""
+        results, buckets, calls = self._settle_calls(leases, script, args, row, fast_row, run)
+        return results, self._settle_replies(buckets, await self._eval(calls))
+
+    def _settle_calls(
+        self,
+        leases: Sequence[Lease],
+        script: str,
+        args: Callable[[str, bytes], list[Any]],
+        row: Callable[[Lease], tuple[Any, ...]],
+        fast_row: Callable[[Lease], tuple[Any, ...]] | None = None,
+        run: bool = False,
+    ) -> _Plan:
+        """``script``'s calls for the leases, one per group partition; the results of
+        the leases that name no delivery and the partitions the calls are for."""
         results: list[SettleResult | None] = [None] * len(leases)
         dumps = orjson.dumps
         one = self._one_bucket(leases, fast_row or row)
@@ -136,7 +161,11 @@ class SettleOperations(RedisCore):
                  args(group, dumps([row(leases[i]) for i in indexes])))
                 for (stream, group, partition), indexes in buckets.items()
             ]
-        replies = await self._eval(calls)
+        return results, buckets, calls
+
+    def _settle_replies(self, buckets: _Buckets, replies: list[Any]
+                        ) -> list[tuple[list[int], str]]:
+        """Per call of :meth:`_settle_calls`, the lease indexes and their codes."""
         out: list[tuple[list[int], str]] = []
         for (stream, _, _), indexes, reply in zip(buckets, buckets.values(), replies,
                                                   strict=True):
@@ -146,7 +175,7 @@ class SettleOperations(RedisCore):
                 codes = codes[:-1]
                 self._released_for(stream).set()
             out.append((indexes, codes))
-        return results, out
+        return out
 
     def _buckets(self, leases: Sequence[Lease], results: list[SettleResult | None]) -> _Buckets:
         """Lease indexes by the partition they point at; ``results`` gets ``invalid``
