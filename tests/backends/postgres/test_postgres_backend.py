@@ -197,9 +197,9 @@ RELEASED_FUNCTIONS = {
 }
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
-CURRENT_FUNCTIONS = {"ack_fetch", "advance_frontiers", "expire_spent", "fetch", "fetch_by_key",
-                     "fetch_scan", "lease_of", "range_bits", "release_keys", "renew", "settle",
-                     "settle_leased", "settle_misses", "settle_ranged"}
+CURRENT_FUNCTIONS = {"ack_fetch", "advance_frontiers", "claim_cursors", "expire_spent", "fetch",
+                     "fetch_by_key", "fetch_scan", "lease_of", "range_bits", "release_keys",
+                     "renew", "settle", "settle_leased", "settle_misses", "settle_ranged"}
 """The server-side functions the current version installs (functions/)."""
 
 

@@ -65,7 +65,6 @@ DECLARE
     d_tid tid[];
     m_part integer[];
     m_hi bigint[];
-    v_wait integer;
     v_prefix text;
     v_ranges integer;
     v_avail bigint[];
@@ -114,27 +113,9 @@ BEGIN
           AND r.deadline_ms <= v_now
         ORDER BY r.first_seq LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
 
-    FOR v_wait IN 0 .. 1 LOOP
-        SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
-        INTO k_part, k_cur, k_top
-        FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-              JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-              WHERE c.group_id = p_group AND c.part = ANY (p_parts)
-                AND c.cursor < pt.high_water
-              FOR UPDATE OF c SKIP LOCKED) k;
-        EXIT WHEN c_part IS NOT NULL OR r_part IS NOT NULL OR k_part IS NOT NULL OR v_wait = 1;
-        -- As in fetch: wait for ONE cursor while holding no lock, then claim again.
-        PERFORM 1 FROM {s}.cursors c
-        WHERE c.group_id = p_group
-          AND c.part = (SELECT c.part FROM {s}.cursors c
-                        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-                        WHERE c.group_id = p_group AND c.part = ANY (p_parts)
-                          AND c.cursor < pt.high_water
-                        ORDER BY array_position(p_parts, c.part)
-                        LIMIT 1)
-        FOR UPDATE;
-        EXIT WHEN NOT FOUND;
-    END LOOP;
+    -- The cursors with work; with nothing else locked, claim_cursors may wait.
+    SELECT * INTO k_part, k_cur, k_top
+    FROM {s}.claim_cursors(p_group, v_stream, p_parts, c_part IS NULL AND r_part IS NULL);
     IF c_part IS NULL AND r_part IS NULL AND k_part IS NULL THEN
         RETURN;
     END IF;
@@ -406,4 +387,42 @@ CREATE OR REPLACE FUNCTION {s}.lease_of(p_token bytea, p_offset bigint) RETURNS 
 LANGUAGE sql IMMUTABLE
 AS $fn$
     SELECT encode(p_token || int4send(p_offset::integer), 'hex')::uuid
+$fn$;
+
+-- claim_cursors: the cursors of p_parts that have events past them, locked FOR
+-- UPDATE SKIP LOCKED, with the high water of each. When none is free and the
+-- caller holds no lock (p_may_wait), competing fetches hold every cursor with
+-- work: it waits for ONE of them (chosen first, then locked alone), so waiting
+-- fetches never deadlock one another, then claims again from every cursor that
+-- is free by now (a fresh snapshot sees their moves).
+
+CREATE OR REPLACE FUNCTION {s}.claim_cursors(p_group integer, p_stream integer,
+                                             p_parts integer[], p_may_wait boolean,
+                                             OUT k_part integer[], OUT k_cur bigint[],
+                                             OUT k_top bigint[])
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+AS $fn$
+BEGIN
+    FOR v_wait IN 0 .. 1 LOOP
+        SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
+        INTO k_part, k_cur, k_top
+        FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
+              JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
+              WHERE c.group_id = p_group AND c.part = ANY (p_parts)
+                AND c.cursor < pt.high_water
+              FOR UPDATE OF c SKIP LOCKED) k;
+        EXIT WHEN k_part IS NOT NULL OR NOT p_may_wait OR v_wait = 1;
+        PERFORM 1 FROM {s}.cursors c
+        WHERE c.group_id = p_group
+          AND c.part = (SELECT c.part FROM {s}.cursors c
+                        JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
+                        WHERE c.group_id = p_group AND c.part = ANY (p_parts)
+                          AND c.cursor < pt.high_water
+                        ORDER BY array_position(p_parts, c.part)
+                        LIMIT 1)
+        FOR UPDATE;
+        EXIT WHEN NOT FOUND;
+    END LOOP;
+END
 $fn$;

@@ -52,7 +52,6 @@ DECLARE
     r_tid tid[];
     m_part integer[];
     m_hi bigint[];
-    v_wait integer;
     v_doomed tid[];
     v_key_parts integer[];
     v_keys text[];
@@ -103,30 +102,9 @@ BEGIN
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
-    FOR v_wait IN 0 .. 1 LOOP
-        SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
-        INTO k_part, k_cur, k_top
-        FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-              JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-              WHERE c.group_id = p_group AND c.part = ANY (p_parts)
-                AND c.cursor < pt.high_water
-              FOR UPDATE OF c SKIP LOCKED) k;
-        EXIT WHEN c_part IS NOT NULL OR k_part IS NOT NULL OR v_wait = 1;
-        -- Competing fetches hold every cursor with work: wait for ONE of them
-        -- (chosen first, then locked alone) while holding no other lock, so
-        -- waiting fetches never deadlock one another; then claim again from
-        -- every cursor that is free by now (a fresh snapshot sees their moves).
-        PERFORM 1 FROM {s}.cursors c
-        WHERE c.group_id = p_group
-          AND c.part = (SELECT c.part FROM {s}.cursors c
-                        JOIN {s}.partitions pt ON pt.stream_id = v_stream AND pt.part = c.part
-                        WHERE c.group_id = p_group AND c.part = ANY (p_parts)
-                          AND c.cursor < pt.high_water
-                        ORDER BY array_position(p_parts, c.part)
-                        LIMIT 1)
-        FOR UPDATE;
-        EXIT WHEN NOT FOUND;
-    END LOOP;
+    -- The cursors with work (functions/fetch.sql); with nothing else locked, it may wait.
+    SELECT * INTO k_part, k_cur, k_top
+    FROM {s}.claim_cursors(p_group, v_stream, p_parts, c_part IS NULL);
     IF c_part IS NULL AND k_part IS NULL THEN
         RETURN;
     END IF;
