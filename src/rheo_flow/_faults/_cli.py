@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._backends._urls import redact_url
+from .._cli._common import console as cli_console
 from .._model._errors import RheoError
 from ._catalog import scenarios
 from ._checker import Report
@@ -81,7 +82,7 @@ def torture(
     duplicate append, stale settle accepted) or failed run, 3 when clean but some
     events were not settled within the time bound.
     """
-    console = _console()
+    console = cli_console()
     wanted = _workloads(workload)
     chosen, runs = _plan(console, url, scenario or (), wanted, seconds)
     settings = RunSettings(events=events, workers=workers, partitions=partitions,
@@ -105,15 +106,6 @@ def _workloads(workload: list[str] | None) -> list[Workload]:
             raise typer.BadParameter(f"unknown workload {bad[0]!r}: use group or pipeline",
                                      param_hint="--workload")
     return [w for w in ("group", "pipeline") if not workload or w in workload]
-
-
-def _console() -> Console:
-    """The command's console: a pipe, a file or a CI log gets the table whole."""
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.soft_wrap = True
-        console.width = 1_000
-    return console
 
 
 def _plan(console: Console, url: str, names: list[str] | tuple[()], wanted: list[Workload],

@@ -3,8 +3,9 @@
 A consumer's acknowledger and its feeder often need the backend at the same moment:
 the acks of a finished batch free the room the feeder is waiting for. While (and only
 while) the feeder waits for room, :class:`AckHandover` lets those acks ride on the
-fetch they make possible, through ``Backend.ack_and_fetch`` (one round trip and one
-durable commit on PostgreSQL; two calls elsewhere). Acks offered at any other time
+fetch they make possible, through ``Backend.ack_and_fetch`` (one call and one
+commit on PostgreSQL and SQLite, one pipeline on Redis; two calls on MongoDB and in
+memory). Acks offered at any other time
 (the feeder fetching, idle, drained or stopped) go out at once, as before.
 
 On a backend whose ``ack_and_fetch`` is one round trip, a runtime also lets the
@@ -109,18 +110,17 @@ class AckHandover:
 def _split(done: asyncio.Future[list[SettleResult]], handed: list[Handed]) -> None:
     """Give each batch taken together its own results (or the error of the call)."""
     error = None if done.cancelled() else done.exception()
-    start = 0
+    end = 0
     for acks, future in handed:
+        start, end = end, end + len(acks)
         if future is None or future.done():
-            start += len(acks)
             continue
         if done.cancelled():
             future.cancel()
         elif error is not None:
             future.set_exception(error)
         else:
-            future.set_result(done.result()[start:start + len(acks)])
-        start += len(acks)
+            future.set_result(done.result()[start:end])
 
 
 def resolve(done: asyncio.Future[list[SettleResult]] | None,

@@ -135,6 +135,10 @@ class GroupLoop:
         self._settling: _Category = "ack"
         """The category the acknowledger is settling (read by :meth:`observe`)."""
         self._idle = IdleWorkers()
+        self._ready_bound = concurrency + producer.fetch_size
+        """Leases the feeder lets wait for a worker: one fetch of read-ahead beyond
+        the workers, so the next call is under way while a batch is handled
+        (max_demand still bounds the leases held)."""
         producer._collect_acks(self._take_acks)
         self._room = asyncio.Event()
         self._flush = asyncio.Event()
@@ -150,9 +154,7 @@ class GroupLoop:
         ready = self._ready
         room = self._room
         size = producer.fetch_size
-        # One fetch of read-ahead beyond the workers: the next call is under way
-        # while a batch is handled (max_demand still bounds the leases held).
-        full = self._concurrency + size
+        full = self._ready_bound
         while True:
             if len(ready) >= full:
                 room.clear()
@@ -211,7 +213,7 @@ class GroupLoop:
         producer = self._producer
         handle_event = self._handle_event
         lost_ids = producer.inflight.lost_ids
-        full = self._concurrency + producer.fetch_size
+        full = self._ready_bound
         while True:
             if not ready:
                 await idle.wait()
@@ -333,8 +335,7 @@ class GroupLoop:
                 continue
             # Everything that finished since the last wake-up goes out together.
             # Workers append to these very lists: copy and empty them in place.
-            acks = self._acks[:]
-            self._acks.clear()
+            acks = self._take_acks()
             others = self._others[:]
             self._others.clear()
             if acks:
@@ -348,7 +349,7 @@ class GroupLoop:
                     await self._settle_batch(category, leases, reason, delay_ms, error)
 
     def _take_acks(self) -> list[Lease]:
-        """The acks ready now, for the producer's next fetch to carry."""
+        """The acks ready now (for the acknowledger, or the producer's next fetch)."""
         acks = self._acks[:]
         self._acks.clear()
         return acks

@@ -410,11 +410,12 @@ class Producer:
                          done: asyncio.Future[list[SettleResult]] | None) -> None:
         """Ack handed-over acks in a call of their own and give them their results."""
         try:
-            resolve(done, await self._settle("ack", acks))
+            results = await self._settle("ack", acks)
         except BaseException as exc:
             if done is not None and not done.done():
                 done.set_exception(exc)
             raise
+        resolve(done, results)
 
     def _acks_wait_for_fetch(self) -> bool:
         """Whether a runtime's acks should wait for the fetch under way (the next

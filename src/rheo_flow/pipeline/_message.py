@@ -54,6 +54,7 @@ class Settler(Protocol):
 _UNREAD: Any = object()
 """A message's data before its first read (the event's, not decoded yet)."""
 
+
 class Message:
     """One leased event on its way through a pipeline.
 

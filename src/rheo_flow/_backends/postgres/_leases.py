@@ -72,9 +72,9 @@ class LeaseOps(PostgresCore):
     ) -> tuple[list[SettleResult], list[Lease]]:
         """The acks and the fetch in one call to ``ack_fetch`` (one durable commit)."""
         gid, ids = await self._fetch_args(stream, group, partitions)
-        batch = await self._batch(acks)
         if not ids:
             return await self.ack(acks) if acks else [], []
+        batch = await self._batch(acks)
         pool = await self._ready()
         args = batch.args or ("{}",) * 5
         try:
