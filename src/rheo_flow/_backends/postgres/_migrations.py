@@ -20,8 +20,14 @@ Tables (migration 1):
   sequence) and ``frontiers`` (the stored contiguous frontier). They are two
   tables so that a fetch moving a cursor and a settle moving a frontier never
   wait on one another's row lock;
-* ``deliveries`` — a row per (group, partition, sequence) once fetch first
-  leases it. ``state``: 0 available, 1 leased, 2 acked, 3 rejected;
+* ``ranges`` (migration 8) — an unordered group's leases: a row per partition a
+  fetch leased new events from (first and last sequence, token, attempt,
+  deadline, consumer, a bit per event set once the event is acked or split off;
+  see ``migrations/v8_ranges.sql``);
+* ``deliveries`` — a row per (group, partition, sequence) of a key-ordered group
+  once fetch first leases it, and of an unordered group's event a nack, reject,
+  dead letter or partial renew split off its range (and of every event leased
+  before migration 8). ``state``: 0 available, 1 leased, 2 acked, 3 rejected;
   ``settled_by``: 1 ack, 2 nack, 3 reject.
 
 Migration 5 adds ``groups.ordering`` (0 none, 1 key) and ``deliveries.key``, set
@@ -40,9 +46,10 @@ and ``deliveries_held`` the held ones, by (key, sequence). Acked rows live
 in the primary key alone. Events nobody fetched yet have no delivery row at all.
 
 Lock order, followed by every function and statement so that none can deadlock:
-``partitions`` → ``cursors`` → ``deliveries`` → ``frontiers``, rows of one table
-in key order. Fetch takes deliveries and cursors with ``SKIP LOCKED`` (which never
-waits), and blocks on one cursor only while it holds no lock at all.
+``partitions`` → ``cursors`` → ``ranges`` → ``deliveries`` → ``frontiers``, rows
+of one table in key order. Fetch takes deliveries, ranges and cursors with
+``SKIP LOCKED`` (which never waits), and blocks on one cursor only while it holds
+no lock at all (``claim_cursors``).
 """
 
 from __future__ import annotations
