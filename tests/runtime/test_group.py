@@ -389,7 +389,9 @@ async def test_poison_event_is_dead_lettered_at_max_attempts(any_rheo: Rheo,
         return ACK
 
     async with handle.start(any_rheo) as group:
-        await wait_until(lambda: group.stats.acked == 2 and group.stats.handler_errors == 3)
+        # The third failure's nack is sent after the handler returns: wait for it too.
+        await wait_until(lambda: group.stats.acked == 2 and group.stats.handler_errors == 3
+                         and group.stats.dead_lettered == 1)
         dead = await any_rheo.dead_letters("orders", "billing")
         await wait_until(lambda: group.inflight == 0)
     assert [(d.sequence, d.reason, d.attempts) for d in dead] == [(2, "max_attempts", 3)]
