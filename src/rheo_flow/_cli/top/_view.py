@@ -21,6 +21,7 @@ from ..._model._errors import MissingExtra
 try:
     from textual.app import App, ComposeResult
     from textual.containers import Horizontal, VerticalScroll
+    from textual.css.query import NoMatches
     from textual.widget import Widget
     from textual.widgets import DataTable, Footer, Sparkline, Static
 except ImportError:
@@ -156,12 +157,17 @@ class TopApp(App[None]):
                 reading = await self._read(self._rheo)
             except Exception as exc:  # shown, not fatal: the store may come back
                 self.error = self._message(exc)
+                reading = None
             else:
                 self.error = None
-                if stream == self.stream:  # else `s` was pressed meanwhile: a stale reading
+            try:
+                # A reading of another stream (`s` was pressed meanwhile) is stale.
+                if reading is not None and stream == self.stream:
                     await self._show(reading)
-            self.readings += 1
-            self._status()
+                self.readings += 1
+                self._status()
+            except NoMatches:  # the view was taken down (quit) while it was reading
+                return
 
     async def _read(self, rheo: Rheo) -> _Reading:
         high = await rheo.high_water(self.stream)
