@@ -194,17 +194,20 @@ RELEASED_FUNCTIONS = {
     5: ("v5_fetch_keyed", "v5_fetch"),
     6: ("v6_fetch_keyed", "v6_fetch", "v6_settle"),
     7: ("v7_advance_frontiers", "v7_fetch_keyed", "v7_fetch", "v7_settle", "v7_renew"),
+    8: ("v8_advance_frontiers", "v8_fetch_by_key", "v8_fetch",
+        "v8_settle_ranged", "v8_settle", "v8_renew", "v8_ack_fetch"),
 }
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
-CURRENT_FUNCTIONS = {"ack_fetch", "advance_frontiers", "claim_cursors", "expire_spent", "fetch",
-                     "fetch_by_key", "fetch_scan", "lease_of", "range_bits", "release_keys",
-                     "renew", "settle", "settle_leased", "settle_misses", "settle_ranged"}
+CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_frontiers",
+                     "claim_cursors", "expire_spent", "fetch", "fetch_by_key", "fetch_scan",
+                     "lease_of", "range_bits", "range_mask", "release_keys", "renew", "settle",
+                     "settle_leased", "settle_misses", "settle_ranged"}
 """The server-side functions the current version installs (functions/)."""
 
 
 async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> None:
-    """Leave ``schema`` as the release at schema ``version`` (1..7) left it: its tables
+    """Leave ``schema`` as the release at schema ``version`` (1..8) left it: its tables
     (the migrations up to it) and the functions it defined, version by version."""
     for migration in MIGRATIONS[:version]:
         scripts = [*(BOOTSTRAP.statements if migration.version == 1 else ()),

@@ -50,6 +50,10 @@ class SettleBatch:
         self.duplicates: list[tuple[int, int]] = []
         self.order: list[int] = []
         self.args: tuple[str, ...] = ()
+        self.gid = 0
+        self.entries: list[tuple[int, int, int, int]] = []
+        """(partition, sequence, attempt, position) of a one-group batch, by delivery;
+        empty when the batch needed :meth:`_general`."""
         if leases and not self._common(leases, groups):
             self._general(leases, groups)
 
@@ -85,6 +89,8 @@ class SettleBatch:
                 return False
             append((part, seq, attempt, i))
         entries.sort()
+        self.gid = gid
+        self.entries = entries
         self.order = order = [e[3] for e in entries]
         self.args = (
             "{" + ",".join([str(gid)] * len(entries)) + "}",
@@ -94,6 +100,53 @@ class SettleBatch:
             "{" + ",".join([str(e[2]) for e in entries]) + "}",
         )
         return True
+
+    def range_args(self) -> tuple[str, ...]:
+        """The batch as ``ack_ranges`` takes it (functions/ack_ranges.sql), or ``()`` when
+        it is not a one-group batch; the results then follow the elements in that order.
+
+        Each lease id splits into a token (its first 12 bytes) and an offset (the last 4),
+        and the leases of one (partition, token, attempt, base = sequence - offset) travel
+        as one element: their lowest sequence, a bit per sequence from it, their count.
+        """
+        if not self.entries:
+            return ()
+        ids = [self.leases[e[3]].lease_id for e in self.entries]
+        runs: dict[tuple[int, str, int, int], list[int]] = {}
+        for (part, seq, attempt, i), lease_id in zip(self.entries, ids, strict=True):
+            key = (part, lease_id[:24], attempt, seq - int(lease_id[24:], 16))
+            run = runs.get(key)
+            if run is None:
+                runs[key] = [seq, i]
+            else:
+                run += (seq, i)
+        order: list[int] = []
+        bits: list[str] = []
+        counts: list[str] = []
+        for run in runs.values():
+            seqs = run[0::2]
+            order += run[1::2]
+            lo, width = seqs[0], seqs[-1] - seqs[0] + 1
+            if width == len(seqs):
+                bits.append("1" * width)
+            else:
+                mask = bytearray(b"0" * width)
+                for seq in seqs:
+                    mask[seq - lo] = 49  # "1"
+                bits.append(mask.decode())
+            counts.append(str(len(seqs)))
+        self.order = order
+        keys = list(runs)
+        los = [str(run[0]) for run in runs.values()]
+        return (
+            "{" + ",".join([str(k[0]) for k in keys]) + "}",
+            "{" + ",".join([k[1] for k in keys]) + "}",
+            "{" + ",".join([str(k[2]) for k in keys]) + "}",
+            "{" + ",".join([str(k[3]) for k in keys]) + "}",
+            "{" + ",".join(los) + "}",
+            "{" + ",".join(bits) + "}",
+            "{" + ",".join(counts) + "}",
+        )
 
     def _general(self, leases: Sequence[Lease],
                  groups: Mapping[tuple[str, str], tuple[int, int]]) -> None:

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ["LeaseOps"]
 
+_NO_RANGES = ("{}",) * 7
+"""``ack_ranges_fetch``'s acks when there are none."""
+
 
 class LeaseOps(PostgresCore):
     """Lease operations: fetch, ack, nack, reject, renew, and acks in a caller's transaction."""
@@ -76,10 +79,14 @@ class LeaseOps(PostgresCore):
             return await self.ack(acks) if acks else [], []
         batch = await self._batch(acks)
         pool = await self._ready()
-        args = batch.args or ("{}",) * 5
+        ranges = batch.range_args() if batch.gid == gid else ()
         try:
-            rows = await pool.fetch(self._sql.ack_fetch, *args, gid, ids, limit, lease_ms,
-                                    consumer_id)
+            if ranges or not batch.args:
+                rows = await pool.fetch(self._sql.ack_ranges_fetch, *(ranges or _NO_RANGES),
+                                        gid, ids, limit, lease_ms, consumer_id)
+            else:
+                rows = await pool.fetch(self._sql.ack_fetch, *batch.args, gid, ids, limit,
+                                        lease_ms, consumer_id)
         except Exception as exc:
             self._check_group(exc, stream, group)
             raise
@@ -126,9 +133,13 @@ class LeaseOps(PostgresCore):
         batch = await self._batch(leases)
         if batch.args:
             on: asyncpg.Connection | PoolCalls = conn if conn is not None else await self._ready()
-            row = await on.fetchrow(
-                self._sql.settle, OP_CODES[op], *batch.args, reason, delay_ms, error
-            )
+            ranges = batch.range_args() if op == "ack" else ()
+            if ranges:
+                row = await on.fetchrow(self._sql.ack_ranges, batch.gid, *ranges)
+            else:
+                row = await on.fetchrow(
+                    self._sql.settle, OP_CODES[op], *batch.args, reason, delay_ms, error
+                )
             assert row is not None
             batch.apply(row[0], row[1], row[2], None)
         return batch.finish(renew=False)

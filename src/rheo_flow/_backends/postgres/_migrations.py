@@ -109,6 +109,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(8, "range leases: an unordered group's fetch stores one range per partition "
                  "instead of a delivery row per event",
               ("v8_ranges",)),
+    Migration(9, "acks travel per range (ack_ranges), and fetch finds expired ranges by "
+                 "their deadline (ranges_expiry)",
+              ("v9_range_expiry",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 
@@ -122,7 +125,7 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
                              ("advance_frontiers", "fetch_keyed", "fetch_by_key", "fetch",
-                              "settle_ranged", "settle", "renew", "ack_fetch"))
+                              "settle_ranged", "settle", "renew", "ack_fetch", "ack_ranges"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 

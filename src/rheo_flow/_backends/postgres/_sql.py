@@ -82,6 +82,8 @@ class Statements:
     fetch: str
     settle: str
     ack_fetch: str
+    ack_ranges: str
+    ack_ranges_fetch: str
     renew: str
     frontier: str
     dead_letters: str

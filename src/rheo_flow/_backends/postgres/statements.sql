@@ -129,6 +129,18 @@ SELECT * FROM {s}.fetch($1, $2, $3, $4, $5)
 SELECT * FROM {s}.settle($1, $2::text::integer[], $3::text::integer[], $4::text::bigint[],
                          $5::text::uuid[], $6::text::integer[], $7, $8, $9)
 
+-- The acks of a batch of one group, per range (functions/ack_ranges.sql).
+-- name: ack_ranges
+SELECT * FROM {s}.ack_ranges($1, $2::text::integer[], $3::text::text[], $4::text::integer[],
+                             $5::text::bigint[], $6::text::bigint[], $7::text::varbit[],
+                             $8::text::integer[])
+
+-- The acks of a batch per range and the next fetch, in one call.
+-- name: ack_ranges_fetch
+SELECT * FROM {s}.ack_ranges_fetch($1::text::integer[], $2::text::text[], $3::text::integer[],
+                                   $4::text::bigint[], $5::text::bigint[], $6::text::varbit[],
+                                   $7::text::integer[], $8, $9, $10, $11, $12)
+
 -- The acks of a batch and the next fetch, in one call (functions/ack_fetch.sql).
 -- name: ack_fetch
 SELECT * FROM {s}.ack_fetch($1::text::integer[], $2::text::integer[], $3::text::bigint[],

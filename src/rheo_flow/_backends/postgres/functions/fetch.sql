@@ -104,15 +104,20 @@ BEGIN
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
-    SELECT array_agg(x.part), array_agg(x.first_seq), array_agg(x.last_seq),
-           array_agg(x.attempt), array_agg(x.done), array_agg(x.pending)
+    -- Expired ranges, earliest deadline first (ranges_expiry), then by sequence.
+    SELECT array_agg(x.part ORDER BY x.part, x.first_seq),
+           array_agg(x.first_seq ORDER BY x.part, x.first_seq),
+           array_agg(x.last_seq ORDER BY x.part, x.first_seq),
+           array_agg(x.attempt ORDER BY x.part, x.first_seq),
+           array_agg(x.done ORDER BY x.part, x.first_seq),
+           array_agg(x.pending ORDER BY x.part, x.first_seq)
     INTO r_part, r_first, r_last, r_att, r_done, r_pend
     FROM unnest(p_parts) AS p(part)
     CROSS JOIN LATERAL (
         SELECT r.part, r.first_seq, r.last_seq, r.attempt, r.done, r.pending FROM {s}.ranges r
         WHERE r.group_id = p_group AND r.part = p.part AND r.pending > 0
           AND r.deadline_ms <= v_now
-        ORDER BY r.first_seq LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
+        ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
 
     -- The cursors with work; with nothing else locked, claim_cursors may wait.
     SELECT * INTO k_part, k_cur, k_top
@@ -139,12 +144,25 @@ BEGIN
         -- Only new events (the common case): of its a = high - cursor, each
         -- partition takes min(a, q), and one more for the first v_left of those
         -- with more than q, in rotation order; q and v_left are counted here.
-        SELECT array_agg(k.high - k.cur) INTO v_avail
-        FROM unnest(k_top, k_cur) AS k(high, cur);
+        IF k_part IS NULL THEN
+            RETURN;
+        END IF;
+        -- Plain PL/pgSQL arithmetic here: no statement per step.
+        v_avail := k_top;
+        FOR i IN 1 .. cardinality(k_top) LOOP
+            v_avail[i] := k_top[i] - k_cur[i];
+        END LOOP;
         v_left := p_limit;
         v_q := 0;
         LOOP
-            SELECT count(*), min(a.n) INTO v_n, v_min FROM unnest(v_avail) AS a(n) WHERE a.n > v_q;
+            v_n := 0;
+            v_min := NULL;
+            FOREACH v_step IN ARRAY v_avail LOOP
+                IF v_step > v_q THEN
+                    v_n := v_n + 1;
+                    v_min := LEAST(v_min, v_step);
+                END IF;
+            END LOOP;
             EXIT WHEN v_n = 0 OR v_left < v_n;
             v_step := LEAST(v_min - v_q, v_left / v_n);
             v_q := v_q + v_step;

@@ -1,0 +1,139 @@
+-- ack_ranges: the fenced acks of a batch of one group, sent per range rather
+-- than per lease. The client splits every lease id into its range's token (12
+-- bytes) and an offset (4 bytes) and groups the leases by (partition, token,
+-- attempt, base = sequence - offset); each group travels as its lowest sequence
+-- (lo), a bit per sequence from lo (set: acked by this batch) and its count.
+-- Lease ids of delivery rows split the same way, into groups of one that no
+-- range matches.
+--
+-- The common case, every group matching its range in flight (its token,
+-- attempt and base, its bits within the range and still clear), costs one
+-- statement that locks the ranges (FOR UPDATE, by partition and sequence: the
+-- lock order of _migrations.py) and one that sets their bits by address; then
+-- the frontiers move. Otherwise nothing is changed here: every element is
+-- expanded back into its lease (token and offset) and the batch goes through
+-- settle (functions/settle.sql), which relocks the same ranges (already held)
+-- before any delivery row or frontier, and explains every miss. Elements are
+-- numbered from 1 group by group, by sequence within a group, as the client
+-- sent them; bad_* answer as settle's.
+
+CREATE OR REPLACE FUNCTION {s}.range_mask(p_first bigint, p_last bigint, p_lo bigint,
+                                          p_bits varbit) RETURNS varbit
+LANGUAGE sql IMMUTABLE
+AS $fn$
+    -- p_bits (from sequence p_lo) laid over the range p_first .. p_last; NULL
+    -- when they do not fit inside it.
+    SELECT CASE WHEN p_lo >= p_first AND p_lo + length(p_bits) - 1 <= p_last
+                THEN repeat('0', (p_lo - p_first)::integer)::varbit || p_bits
+                     || repeat('0', (p_last - p_lo + 1 - length(p_bits))::integer)::varbit
+           END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {s}.ack_ranges(p_group integer, p_parts integer[], p_tokens text[],
+                                          p_atts integer[], p_bases bigint[], p_los bigint[],
+                                          p_bits varbit[], p_ns integer[],
+                                          OUT bad_idx bigint[], OUT bad_code smallint[],
+                                          OUT bad_by smallint[])
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+AS $fn$
+DECLARE
+    v_tids tid[];
+    v_masks varbit[];
+    v_ns integer[];
+    v_parts integer[];
+    v_all boolean;
+    e_part integer[];
+    e_seq bigint[];
+    e_lease uuid[];
+    e_att integer[];
+    e_idx bigint[];
+BEGIN
+    WITH a AS (
+        SELECT * FROM unnest(p_parts, p_tokens, p_atts, p_bases, p_los, p_bits, p_ns)
+                      WITH ORDINALITY AS a(part, token, att, base, lo, bits, n, i)
+    ), l AS (
+        SELECT a.i, a.n, a.part, x.tid,
+               CASE WHEN x.attempt = a.att AND x.base_seq = a.base
+                    THEN {s}.range_mask(x.first_seq, x.last_seq, a.lo, a.bits) END AS mask,
+               x.done
+        FROM a LEFT JOIN LATERAL (
+            SELECT r.ctid AS tid, r.first_seq, r.last_seq, r.base_seq, r.attempt, r.done
+            FROM {s}.ranges r
+            WHERE r.group_id = p_group AND r.part = a.part AND r.token = decode(a.token, 'hex')
+              AND r.pending > 0
+            ORDER BY r.first_seq FOR UPDATE) x ON true
+        ORDER BY a.i
+    )
+    SELECT array_agg(l.tid), array_agg(l.mask), array_agg(l.n),
+           array_agg(DISTINCT l.part),
+           bool_and(l.mask IS NOT NULL AND position(B'1' IN l.done & l.mask) = 0)
+           AND count(DISTINCT l.tid) = cardinality(p_parts)
+    INTO v_tids, v_masks, v_ns, v_parts, v_all
+    FROM l;
+
+    IF v_all THEN
+        UPDATE {s}.ranges r SET done = r.done | x.mask, pending = r.pending - x.n
+        FROM unnest(v_tids, v_masks, v_ns) AS x(tid, mask, n)
+        WHERE r.ctid = x.tid;
+        PERFORM {s}.advance_frontiers(array_fill(p_group, ARRAY[cardinality(v_parts)]), v_parts);
+        RETURN;
+    END IF;
+
+    -- Some group matches no range in flight: settle lease by lease, sorted by
+    -- delivery as settle takes them, each remembering its element's number.
+    SELECT array_agg(e.part ORDER BY e.part, e.seq), array_agg(e.seq ORDER BY e.part, e.seq),
+           array_agg(e.lease ORDER BY e.part, e.seq), array_agg(e.att ORDER BY e.part, e.seq),
+           array_agg(e.idx ORDER BY e.part, e.seq)
+    INTO e_part, e_seq, e_lease, e_att, e_idx
+    FROM (
+        SELECT a.part, a.lo + o.o - 1 AS seq, a.att,
+               (a.token || lpad(to_hex(a.lo + o.o - 1 - a.base), 8, '0'))::uuid AS lease,
+               a.before + row_number() OVER (PARTITION BY a.i ORDER BY o.o) AS idx
+        FROM (SELECT a.*, sum(a.n) OVER (ORDER BY a.i) - a.n AS before
+              FROM unnest(p_parts, p_tokens, p_atts, p_bases, p_los, p_bits, p_ns)
+                   WITH ORDINALITY AS a(part, token, att, base, lo, bits, n, i)) a
+        CROSS JOIN LATERAL generate_series(1, length(a.bits)) AS o(o)
+        WHERE substring(a.bits FROM o.o FOR 1) = B'1'
+    ) e;
+    SELECT s.bad_idx, s.bad_code, s.bad_by INTO bad_idx, bad_code, bad_by
+    FROM {s}.settle(1::smallint, array_fill(p_group, ARRAY[cardinality(e_seq)]), e_part, e_seq,
+                    e_lease, e_att, '', 0) s;
+    bad_idx := ARRAY(SELECT e_idx[b] FROM unnest(bad_idx) AS b);
+END
+$fn$;
+
+-- ack_ranges_fetch: ack_ranges then fetch in one transaction, as ack_fetch
+-- (functions/ack_fetch.sql) does with acks sent lease by lease.
+
+CREATE OR REPLACE FUNCTION {s}.ack_ranges_fetch(p_parts integer[], p_tokens text[],
+                                                p_atts integer[], p_bases bigint[],
+                                                p_los bigint[], p_bits varbit[], p_ns integer[],
+                                                p_group integer, p_fetch_parts integer[],
+                                                p_limit integer, p_lease_ms bigint,
+                                                p_consumer text)
+RETURNS TABLE (o_part integer, o_seq bigint, o_attempt integer, o_lease uuid,
+               o_deadline bigint, o_event_id text, o_type text, o_key text,
+               o_data text, o_headers text, o_appended bigint,
+               bad_idx bigint[], bad_code smallint[], bad_by smallint[])
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    v_idx bigint[];
+    v_code smallint[];
+    v_by smallint[];
+BEGIN
+    IF cardinality(p_parts) > 0 THEN
+        SELECT s.bad_idx, s.bad_code, s.bad_by INTO v_idx, v_code, v_by
+        FROM {s}.ack_ranges(p_group, p_parts, p_tokens, p_atts, p_bases, p_los, p_bits, p_ns) s;
+    END IF;
+    RETURN QUERY
+    SELECT f.*, v_idx, v_code, v_by
+    FROM {s}.fetch(p_group, p_fetch_parts, p_limit, p_lease_ms, p_consumer) f;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::integer, NULL::bigint, NULL::integer, NULL::uuid, NULL::bigint,
+                            NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,
+                            NULL::bigint, v_idx, v_code, v_by;
+    END IF;
+END
+$fn$;

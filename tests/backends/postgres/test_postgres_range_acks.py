@@ -1,0 +1,61 @@
+"""Acks sent per range (functions/ack_ranges.sql): the one-statement common case, and the
+batches it hands to the lease-by-lease settle, with every lease's result in its place."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from rheo_flow import NewEvent, Rheo, SettleKind
+from rheo_flow._backends.postgres._batch import SettleBatch
+
+
+async def _ranges(admin: asyncpg.Connection, schema: str) -> list[tuple[int, int, str, int]]:
+    rows = await admin.fetch(f'SELECT first_seq, last_seq, done::text, pending '
+                             f'FROM "{schema}".ranges ORDER BY first_seq')
+    return [tuple(r) for r in rows]
+
+
+async def test_acks_with_gaps_set_the_bits_of_their_range(
+        postgres_rheo: Rheo, postgres_schema: str, postgres_admin: asyncpg.Connection) -> None:
+    rheo = postgres_rheo
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t", {"i": i}) for i in range(8)])
+    leases = await rheo.fetch("s", "g", limit=8)
+    # Sequences 1, 3, 4 and 8: one element of the range, its bits 10110001.
+    batch = SettleBatch([leases[7], leases[0], leases[3], leases[2]], {("s", "g"): (1, 1)})
+    [part, _, _, _, lo, bits, count] = batch.range_args()
+    assert (part, lo, bits, count) == ("{0}", "{1}", "{10110001}", "{4}")
+    assert all(r.ok and not r.repeated
+               for r in await rheo.ack([leases[7], leases[0], leases[3], leases[2]]))
+    assert await _ranges(postgres_admin, postgres_schema) == [(1, 8, "10110001", 4)]
+    assert await rheo.frontier("s", "g") == {0: 1}
+    results = await rheo.ack(leases)
+    assert [r.repeated for r in results] == [True, False, True, True, False, False, False, True]
+    assert all(r.ok for r in results)
+    assert await _ranges(postgres_admin, postgres_schema) == [(1, 8, "11111111", 0)]
+    assert await rheo.frontier("s", "g") == {0: 8}
+
+
+async def test_a_batch_mixing_ranges_rows_and_stale_leases_answers_each_lease(
+        postgres_rheo: Rheo) -> None:
+    rheo = postgres_rheo
+    await rheo.create_stream("s", partitions=2)
+    await rheo.append("s", [NewEvent("t", {"i": i}) for i in range(8)])
+    first = await rheo.fetch("s", "g", limit=2, lease_ms=10)  # 1 of each partition
+    # The first two expire and are leased again (a new token: the old ones are stale);
+    # the others come as new ranges.
+    leases = []
+    while len(leases) < 8:
+        leases += await rheo.fetch("s", "g", limit=8)
+    assert {lease.attempt for lease in leases if lease.sequence == 1} == {2}
+    nacked = [lease for lease in leases if lease.sequence == 2]
+    assert all(r.ok for r in await rheo.nack(nacked, "again"))  # split into rows
+    again = await rheo.fetch("s", "g", limit=8)
+    assert sorted(lease.sequence for lease in again) == [2, 2]
+    rest = [lease for lease in leases if lease.sequence != 2]
+    batch = [first[0], *again, *rest, first[1]]
+    results = await rheo.ack(batch)
+    kinds = [r.error.kind if r.error else None for r in results]
+    assert kinds == [SettleKind.STALE_LEASE, None, None, *[None] * len(rest),
+                     SettleKind.STALE_LEASE]
+    assert await rheo.frontier("s", "g") == {0: 4, 1: 4}
