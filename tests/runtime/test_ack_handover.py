@@ -171,3 +171,71 @@ async def test_a_group_sends_each_batch_s_acks_with_the_next_fetch(
     assert sum(backend.carried) >= 80, backend.carried
     assert backend.calls["ack"] - sum(1 for n in backend.carried if n) <= 2
     assert await rheo.frontier("orders", "billing") == {0: 100}
+
+
+class OverlapBackend(SlowFetchBackend):
+    """Records how many fetch calls were under way as each began, and what it returned."""
+
+    def __init__(self, *, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.under_way = 0
+        self.began: list[int] = []
+        self.returned: list[int] = []
+        self.held = 0
+        """Leases fetched and not acked yet; its high water is :attr:`most_held`."""
+        self.most_held = 0
+
+    def _acked(self, results: Sequence[SettleResult]) -> None:
+        self.held -= sum(1 for r in results if r.ok and not r.repeated)
+
+    async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
+        # Also the acks of ack_and_fetch, which acks then fetches here.
+        results = await super().ack(leases)
+        self._acked(results)
+        return results
+
+
+    async def fetch(self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+                    partitions: Sequence[int] | None) -> list[Lease]:
+        self.under_way += 1
+        self.began.append(self.under_way)
+        try:
+            leases = await super().fetch(stream, group, consumer_id, limit, lease_ms,
+                                         partitions)
+        finally:
+            self.under_way -= 1
+        self.returned.append(len(leases))
+        self.held += len(leases)
+        self.most_held = max(self.most_held, self.held)
+        return leases
+
+
+async def test_a_group_keeps_two_fetches_under_way_while_a_backlog_lasts(
+        clock: ManualClock, wait_until: WaitUntil) -> None:
+    backend = OverlapBackend(clock=clock)
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(200)])
+
+        gate = asyncio.Event()
+
+        @consumer(stream="orders", group="billing", concurrency=10, max_demand=25,
+                  fetch_size=10)
+        async def handle(event: Event, context: Mapping[str, Any]) -> Any:
+            await gate.wait()
+            return ACK
+
+        async with handle.start(rheo) as group:
+            # Handlers held: the fetches fill max_demand, and no more.
+            await wait_until(lambda: backend.held >= 25, message="max_demand held")
+            gate.set()
+            await wait_until(lambda: group.stats.acked == 200, message="200 acks")
+            drained = len(backend.began)
+            # Idle now: the fetch waiting for appends is the only one.
+            await rheo.append("orders", [NewEvent("order", {"n": 200})])
+            await wait_until(lambda: group.stats.acked == 201, message="the late event")
+    assert backend.most_held <= 25
+    assert max(backend.began) == 2, backend.began
+    assert backend.began[drained:], backend.began
+    assert max(backend.began[drained:]) == 1, backend.began
+    assert await rheo.frontier("orders", "billing") == {0: 201}

@@ -46,27 +46,28 @@ class AckHandover:
         """Where a runtime's finished acks wait (see :meth:`collect`)."""
         self._handed: list[Handed] = []
         self._alone: set[asyncio.Future[None]] = set()
-        self._in_flight = False
+        self._in_flight = 0
         self._landed = asyncio.Event()
+        """Set (and replaced) as each fetch call returns."""
 
     @contextlib.contextmanager
     def fetching(self) -> Iterator[None]:
-        """Mark a fetch call under way (see :meth:`defers`)."""
-        self._in_flight = True
-        self._landed.clear()
+        """Mark a fetch call under way (see :meth:`defers`); two may overlap."""
+        self._in_flight += 1
         try:
             yield
         finally:
-            self._in_flight = False
-            self._landed.set()
+            self._in_flight -= 1
+            landed, self._landed = self._landed, asyncio.Event()
+            landed.set()
 
     def defers(self) -> bool:
         """Whether a runtime's acks should wait for the fetch under way: the feeder
         collects them for the call it makes as soon as that fetch returns."""
-        return self._in_flight and self.source is not None
+        return self._in_flight > 0 and self.source is not None
 
     async def landed(self) -> None:
-        """Wait until the fetch under way returned."""
+        """Wait until a fetch under way returned."""
         if self._in_flight:
             await self._landed.wait()
 

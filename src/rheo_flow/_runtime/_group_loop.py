@@ -141,6 +141,8 @@ class GroupLoop:
         (max_demand still bounds the leases held)."""
         producer._collect_acks(self._take_acks)
         self._room = asyncio.Event()
+        self._backlog = asyncio.Event()
+        """Set while fetches come back full: a second one goes out beside the first."""
         self._flush = asyncio.Event()
         self._closing = False
         self._handing_back = False
@@ -149,10 +151,31 @@ class GroupLoop:
     # Feeding -------------------------------------------------------------------
 
     async def feed(self) -> None:
-        """Take leases from the producer in batches while workers are short of work."""
+        """Take leases from the producer in batches while workers are short of work.
+
+        A second fetch goes out beside the first while fetches come back full (a
+        backlog), room allowing: each call's round trip then overlaps the other's,
+        and the handling of the batch before.
+        """
+        lead = asyncio.ensure_future(self._feed(lead=True))
+        follow = asyncio.ensure_future(self._feed(lead=False))
+        try:
+            done, _ = await asyncio.wait((lead, follow), return_when=asyncio.FIRST_COMPLETED)
+            if lead not in done:
+                follow.result()  # its error, if any; else it stopped with the producer
+            await lead
+        finally:
+            for task in (lead, follow):
+                task.cancel()
+            await asyncio.gather(lead, follow, return_exceptions=True)
+
+    async def _feed(self, *, lead: bool) -> None:
+        """The lead fetches through ``demand`` (which waits for work); the other one only
+        while the last fetch came back full."""
         producer = self._producer
         ready = self._ready
         room = self._room
+        backlog = self._backlog
         size = producer.fetch_size
         full = self._ready_bound
         while True:
@@ -160,9 +183,21 @@ class GroupLoop:
                 room.clear()
                 await room.wait()
                 continue
-            leases = await producer.demand(size)
+            if lead:
+                leases = await producer.demand(size)
+                if not leases:
+                    return  # draining or stopped
+            elif not backlog.is_set():
+                await backlog.wait()
+                continue
+            else:
+                leases = await producer._demand_more(size)
+            if len(leases) < size:
+                backlog.clear()
+            else:
+                backlog.set()
             if not leases:
-                return  # draining or stopped
+                continue
             if self._handing_back:
                 self._give_back(leases)
                 return

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 from typing import Literal, Self
@@ -34,6 +33,7 @@ from ._backoff import Backoff
 from ._inflight import Inflight
 from ._options import PRODUCER
 from ._producer_stats import ProducerStats
+from ._renewal import renew_forever
 from ._settle_calls import (
     BatchObserver,
     SettleObserver,
@@ -126,6 +126,8 @@ class Producer:
         self._inflight = Inflight(self._max_demand)
         self._state: State = "new"
         self._fetch_lock = asyncio.Lock()
+        self._reserved = 0
+        """The leases fetches under way may bring: room they hold in the inflight set."""
         self._wake = asyncio.Event()  # set on every release and drain/stop: wakes a demand
         self._halt = asyncio.Event()
         """Set when fetching must stop (drain or stop)."""
@@ -220,7 +222,9 @@ class Producer:
                                       and self._rheo.capabilities.distributed)
         self._state = "running"
         self._renewer = asyncio.create_task(
-            self._renew_loop(), name=f"rheo-producer-renew-{self._consumer_id}"
+            renew_forever(self._rheo, self._inflight, self._lease_ms, self._stats,
+                          self._stream, self._group),
+            name=f"rheo-producer-renew-{self._consumer_id}"
         )
         return self
 
@@ -302,16 +306,7 @@ class Producer:
         async with self._fetch_lock:
             try:
                 while not self._halt.is_set():
-                    free = self._inflight.free
-                    handed = self._handover.take() or self._handover.collect()
-                    if handed is not None:
-                        leases = await self._ack_and_fetch(n, *handed)
-                    elif free == 0:
-                        await self._wait_for_capacity()
-                        continue
-                    else:
-                        self._poke.clear()
-                        leases = await self._fetch(min(n, free, self._fetch_size, MAX_FETCH))
+                    leases = await self._fetch_round(n, wait=True)
                     if leases is None:
                         continue
                     if leases:
@@ -332,8 +327,31 @@ class Producer:
                 return
             yield leases
 
+    async def _demand_more(self, n: int) -> list[Lease]:
+        """A fetch beside :meth:`demand`'s (not under its lock), for a runtime that keeps
+        two under way while a backlog lasts: one round, never an idle wait; ``[]`` when
+        it had no room, failed, fetched nothing, or fetching stopped."""
+        if self._halt.is_set() or self._state != "running":
+            return []
+        return await self._fetch_round(n, wait=False) or []
+
+    async def _fetch_round(self, n: int, *, wait: bool) -> list[Lease] | None:
+        """One fetch, with the acks handed over or ready if any; ``None`` when it made
+        none (no room: waited for some if ``wait``) or failed."""
+        handed = self._handover.take() or self._handover.collect()
+        if handed is not None:
+            return await self._ack_and_fetch(n, *handed)
+        free = self._inflight.free - self._reserved
+        if free <= 0:
+            if wait:
+                await self._wait_for_capacity()
+            return None
+        self._poke.clear()
+        return await self._fetch(min(n, free, self._fetch_size, MAX_FETCH))
+
     async def _fetch(self, limit: int) -> list[Lease] | None:
         """One fetch; ``None`` after a failure (already waited out its backoff)."""
+        self._reserved += limit
         try:
             with self._handover.fetching():
                 leases = await self._rheo.fetch(
@@ -352,6 +370,8 @@ class Producer:
                         self._backoff.failures)
             await self._wait_halt(delay)
             return None
+        finally:
+            self._reserved -= limit
         self._backoff.reset()
         return self._took(leases)
 
@@ -370,7 +390,7 @@ class Producer:
 
     async def _wait_for_capacity(self) -> None:
         self._wake.clear()
-        if self._inflight.free or self._halt.is_set():
+        if self._inflight.free > self._reserved or self._halt.is_set():
             return
         self._handover.waiting = True
         try:
@@ -385,26 +405,35 @@ class Producer:
         the room they free allows, in one backend call; ``None`` if it failed (the acks
         then went out alone)."""
         inflight = self._inflight
-        room = inflight.free + sum(1 for lease in acks if lease.lease_id in inflight)
+        room = (inflight.free - self._reserved
+                + sum(1 for lease in acks if lease.lease_id in inflight))
+        limit = min(n, room, self._fetch_size, MAX_FETCH)
+        if limit <= 0:  # the room is taken by the other fetch under way
+            await self._ack_alone(acks, done)
+            return None
         self._poke.clear()
+        self._reserved += limit
         try:
             with inflight.settling(acks), self._handover.fetching():
                 results, leases = await ack_then_fetch(
                     self._rheo, acks, self._stream, self._group, self._consumer_id,
-                    min(n, room, self._fetch_size, MAX_FETCH), self._lease_ms, self._partitions)
+                    limit, self._lease_ms, self._partitions)
         except Exception:
             # The acks may not have taken effect: ack them alone (an ack repeats as an
             # ack); the fetch is made again on its own, with its own error handling.
+            self._reserved -= limit
             await self._ack_alone(acks, done)
             return None
+        self._reserved -= limit
         inflight.release(acks)
+        took = self._took(leases)  # before any await: the room stays counted
         try:
             results = await settled(self._rheo, "ack", acks, results, observer=self._observer)
         finally:
             self._wake.set()
             self._count("ack", acks, results)
             resolve(done, results)
-        return self._took(leases)
+        return took
 
     async def _ack_alone(self, acks: list[Lease],
                          done: asyncio.Future[list[SettleResult]] | None) -> None:
@@ -449,34 +478,6 @@ class Producer:
 
     async def _wait_halt(self, timeout: float) -> None:
         await wait_event(self._halt, timeout)
-
-    # Renewal -----------------------------------------------------------------
-
-    async def _renew_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self._lease_ms / 2000
-        next_at = loop.time() + interval
-        stats = self._stats
-        while True:
-            # A fixed rate: a slow renew call does not push the next one later.
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-            next_at = max(next_at + interval, loop.time())
-            if not self._inflight:
-                continue
-            try:
-                results = await self._inflight.renew_all(self._rheo, self._lease_ms)
-            except Exception as exc:  # never let one bad tick end renewal
-                error = classify(exc, self._rheo.backend.classify_error)
-                stats.renew_failures[error.kind.value] += 1
-                log.warning("renew for %s/%s failed: %s (%s)", self._stream, self._group,
-                            error.kind.value, error.reason)
-                continue
-            stats.renewals += 1
-            failed = Counter(r.error.kind.value for r in results if r.error is not None)
-            if failed:
-                stats.renew_failures.update(failed)
-                log.warning("renew for %s/%s: %d of %d leases not renewed (%s)", self._stream,
-                            self._group, failed.total(), len(results), dict(failed))
 
     # Settling ----------------------------------------------------------------
 
