@@ -34,6 +34,7 @@ from .._model._lease import Lease
 from .._model._outcome import _CURRENT_LEASE, Ack, Context, Reject, Retry
 from .._model._settle_results import SettleResult, classify
 from .._model._validation import MAX_REASON
+from ._fetch_pair import Backlog, lead_and_follow
 from ._idle_workers import IdleWorkers
 from ._producer import Producer
 from ._retry_policy import RetryPolicy
@@ -141,8 +142,7 @@ class GroupLoop:
         (max_demand still bounds the leases held)."""
         producer._collect_acks(self._take_acks)
         self._room = asyncio.Event()
-        self._backlog = asyncio.Event()
-        """Set while fetches come back full: a second one goes out beside the first."""
+        self._backlog = Backlog()
         self._flush = asyncio.Event()
         self._closing = False
         self._handing_back = False
@@ -151,23 +151,9 @@ class GroupLoop:
     # Feeding -------------------------------------------------------------------
 
     async def feed(self) -> None:
-        """Take leases from the producer in batches while workers are short of work.
-
-        A second fetch goes out beside the first while fetches come back full (a
-        backlog), room allowing: each call's round trip then overlaps the other's,
-        and the handling of the batch before.
-        """
-        lead = asyncio.ensure_future(self._feed(lead=True))
-        follow = asyncio.ensure_future(self._feed(lead=False))
-        try:
-            done, _ = await asyncio.wait((lead, follow), return_when=asyncio.FIRST_COMPLETED)
-            if lead not in done:
-                follow.result()  # its error, if any; else it stopped with the producer
-            await lead
-        finally:
-            for task in (lead, follow):
-                task.cancel()
-            await asyncio.gather(lead, follow, return_exceptions=True)
+        """Take leases from the producer in batches while workers are short of work (a
+        second fetch beside the first while they come back full: :mod:`._fetch_pair`)."""
+        await lead_and_follow(self._feed(lead=True), self._feed(lead=False))
 
     async def _feed(self, *, lead: bool) -> None:
         """The lead fetches through ``demand`` (which waits for work); the other one only
@@ -187,15 +173,12 @@ class GroupLoop:
                 leases = await producer.demand(size)
                 if not leases:
                     return  # draining or stopped
-            elif not backlog.is_set():
+            elif not backlog:
                 await backlog.wait()
                 continue
             else:
                 leases = await producer._demand_more(size)
-            if len(leases) < size:
-                backlog.clear()
-            else:
-                backlog.set()
+            backlog.saw(len(leases), size)
             if not leases:
                 continue
             if self._handing_back:

@@ -14,6 +14,7 @@ from .. import _telemetry
 from .._model._errors import AlreadyStarted, InvalidArgument, StoreLost
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
 from .._runtime._backlog import wait_producer_caught_up
+from .._runtime._fetch_pair import Backlog, lead_and_follow
 from .._runtime._options import MAX_DEMAND, PIPELINE
 from .._runtime._producer import Producer
 from .._runtime._retry_policy import RetryPolicy
@@ -275,25 +276,12 @@ class Pipeline:
 
     async def _dispatch(self) -> None:
         producer = self._producer
-        stages = self._stages
-        assert stages is not None
-        acknowledger = self._acknowledger
-        want = producer.max_demand
         try:
-            while True:
-                limiter = self._rate_limiter
-                n = want
-                if limiter is not None:
-                    allowed = limiter.remaining() or await self._wait_for_rate(limiter)
-                    if not allowed:
-                        return
-                    n = min(want, allowed)
-                leases = await producer.demand(n)
-                if not leases:
-                    return
-                if limiter is not None:
-                    limiter.consume(len(leases))
-                stages.submit([Message(lease, acknowledger) for lease in leases])
+            if self._rate_limiter is None:
+                backlog = Backlog()
+                await lead_and_follow(self._fetch_loop(backlog), self._follow(backlog))
+            else:
+                await self._fetch_loop(None)
         except asyncio.CancelledError:
             raise
         except StoreLost as exc:
@@ -303,6 +291,43 @@ class Pipeline:
         except Exception:
             log.exception("the pipeline on %s/%s stopped fetching", producer.stream,
                           producer.group)
+
+    async def _fetch_loop(self, backlog: Backlog | None) -> None:
+        """Fetch through ``demand`` (which waits for work) and submit, until stopped."""
+        producer = self._producer
+        stages = self._stages
+        assert stages is not None
+        acknowledger = self._acknowledger
+        want = producer.max_demand
+        while True:
+            limiter = self._rate_limiter
+            n = want
+            if limiter is not None:
+                allowed = limiter.remaining() or await self._wait_for_rate(limiter)
+                if not allowed:
+                    return
+                n = min(want, allowed)
+            leases = await producer.demand(n)
+            if not leases:
+                return
+            if limiter is not None:
+                limiter.consume(len(leases))
+            if backlog is not None:
+                backlog.saw(len(leases), producer.fetch_size)
+            stages.submit([Message(lease, acknowledger) for lease in leases])
+
+    async def _follow(self, backlog: Backlog) -> None:
+        """A second fetch beside the loop's while fetches come back full (a backlog)."""
+        producer = self._producer
+        stages = self._stages
+        assert stages is not None
+        acknowledger = self._acknowledger
+        while True:
+            await backlog.wait()
+            leases = await producer._demand_more(producer.max_demand)
+            backlog.saw(len(leases), producer.fetch_size)
+            if leases:
+                stages.submit([Message(lease, acknowledger) for lease in leases])
 
     async def _wait_for_rate(self, limiter: RateLimiter) -> int:
         """The next window's allowance, or 0 when the pipeline stops meanwhile."""
