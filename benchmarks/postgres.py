@@ -24,7 +24,7 @@ Connection budget: rheo_flow, pgqueuer and pgmq each get a pool of at most
 ``POOL_MAX`` (10) connections (rheo_flow's default ``pool_max_size``; rheo_flow
 adds its LISTEN connection); the raw loops run one statement at a time on one
 connection, and pgmq runs two read+delete loops at once (as a ``Group`` with
-``max_demand`` = 2 x batch keeps two batches in flight). Throughput rounds
+``max_demand`` = 4 x batch keeps two fetches under way). Throughput rounds
 alternate between the systems, each on a fresh backlog, and report medians, so
 a noisy neighbour on the machine hits them alike. pgqueuer and pgmq are
 optional: without them their lines are left out.
@@ -189,8 +189,9 @@ async def consume_group(events: int, batch: int) -> float:
     try:
         stream = await _backlog(rheo, events)
 
-        # One batch per fetch, the next fetched while the last is handled and settled.
-        @consumer(stream=stream, group="g", max_demand=2 * batch, fetch_size=batch,
+        # One batch per fetch; up to four held, as the Pipeline's max_inflight (two
+        # fetches under way while a batch is handled and the last one settled).
+        @consumer(stream=stream, group="g", max_demand=4 * batch, fetch_size=batch,
                   concurrency=batch, poll_ms=50)
         async def noop(event: Any, context: Any) -> Any:
             return ACK

@@ -12,7 +12,7 @@ so the event loop stays free in both.
   table (``id INTEGER PRIMARY KEY, type, data``: no event ids, sequences or
   idempotency).
 * **consume + ack throughput at batch 100** — a backlog is consumed and
-  acknowledged through a :class:`rheo_flow.Group` (``max_demand`` 200,
+  acknowledged through a :class:`rheo_flow.Group` (``max_demand`` 400,
   ``fetch_size`` 100, ``concurrency`` 100, as the ``postgres`` suite), a
   :class:`~rheo_flow.pipeline.Pipeline` (4 processors, one batcher of 100,
   ``fetch_size`` 100) and a bare ``fetch``/``ack`` loop (``limit`` 100), against a
@@ -115,8 +115,8 @@ async def rheo_group(events: int) -> float:
     """Events per second consumed and acked through a ``Group`` (no-op handler)."""
     async with _consumed(events) as rheo:
 
-        # One batch per fetch, the next fetched while the last is handled and settled.
-        @consumer(stream="bench", group="g", max_demand=2 * CONSUME_BATCH,
+        # One batch per fetch; up to four held, as the Pipeline's max_inflight.
+        @consumer(stream="bench", group="g", max_demand=4 * CONSUME_BATCH,
                   fetch_size=CONSUME_BATCH, concurrency=CONSUME_BATCH, poll_ms=50)
         async def noop(event: Any, context: Any) -> Any:
             return ACK

@@ -116,3 +116,76 @@ async def test_a_pipeline_keeps_two_fetches_under_way_while_a_backlog_lasts(
     assert backend.began[drained:], backend.began
     assert max(backend.began[drained:]) == 1, backend.began
     assert await rheo.frontier("orders", "billing") == {0: 201}
+
+
+class Passing(PipelineHandler):
+    async def handle_message(self, processor: str, message: Message, context: Any) -> Message:
+        return message
+
+
+async def test_a_pipeline_s_acks_ride_on_its_fetches(
+        clock: ManualClock, wait_until: WaitUntil) -> None:
+    backend = OverlapBackend(clock=clock)
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(300)])
+        pipeline = Pipeline(rheo, stream="orders", group="billing", handler=Passing(),
+                            max_inflight=40, fetch_size=10,
+                            processors=Processors(concurrency=2, max_demand=5))
+        async with pipeline:
+            await wait_until(lambda: pipeline.stats().acked == 300, message="300 acks")
+    # The processors' acks wait for the next fetch instead of a call of their own.
+    assert sum(backend.carried) >= 240, backend.carried
+    assert await rheo.frontier("orders", "billing") == {0: 300}
+
+
+class StallingBackend(SlowFetchBackend):
+    """Its fetches stall once ``stall_after`` leases went out, until :attr:`release`."""
+
+    def __init__(self, *, clock: ManualClock, stall_after: int) -> None:
+        super().__init__(clock=clock)
+        self.stall_after = stall_after
+        self.fetched = 0
+        self.stalled = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def fetch(self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+                    partitions: Sequence[int] | None) -> list[Lease]:
+        if self.fetched >= self.stall_after and not self.release.is_set():
+            self.stalled.set()
+            await self.release.wait()
+        leases = await super().fetch(stream, group, consumer_id, limit, lease_ms, partitions)
+        self.fetched += len(leases)
+        return leases
+
+
+async def test_a_stopped_pipeline_settles_its_queued_acks_before_handing_back(
+        clock: ManualClock, wait_until: WaitUntil) -> None:
+    backend = StallingBackend(clock=clock, stall_after=30)
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(100)])
+        pipeline = Pipeline(rheo, stream="orders", group="billing", handler=Passing(),
+                            max_inflight=40, fetch_size=10,
+                            processors=Processors(concurrency=2, max_demand=5))
+        queued: list[int] = []
+        acknowledger = pipeline._acknowledger
+        ack = acknowledger._ack
+
+        async def spy(messages: list[Message]) -> None:
+            queued.extend(m.sequence for m in messages)
+            await ack(messages)
+
+        acknowledger._ack = spy  # type: ignore[method-assign]
+        await pipeline.start()
+        # Every fetched message handled while a fetch stalls: their acks wait for it.
+        await wait_until(lambda: backend.stalled.is_set() and len(queued) == backend.fetched,
+                         message="every fetched message handled during a stalled fetch")
+        await pipeline.stop()
+        done = backend.fetched
+        backend.release.set()
+        again = await rheo.fetch("orders", "billing", limit=100)
+    assert sorted(queued) == list(range(1, done + 1))
+    # What the processors finished was acked on stop, not handed back.
+    assert sorted(lease.sequence for lease in again) == list(range(done + 1, 101))
+    assert await rheo.frontier("orders", "billing") == {0: done}

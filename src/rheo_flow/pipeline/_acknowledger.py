@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 
 from .._model._errors import InvalidArgument
 from .._model._failure import bounded
+from .._model._lease import Lease
 from .._model._validation import check_duration_ms
 from .._runtime._producer import Producer
 from .._runtime._retry_policy import RetryPolicy
@@ -138,7 +141,13 @@ class Acknowledger(ABC):
 
 
 class ProducerAcknowledger(Acknowledger):
-    """Settles through a :class:`~rheo_flow.Producer`, which frees its demand."""
+    """Settles through a :class:`~rheo_flow.Producer`, which frees its demand.
+
+    Once :meth:`start`-ed on a backend whose ``ack_and_fetch`` is one round trip, acks
+    are queued rather than awaited: the producer's next fetch carries them (as a
+    ``Group``'s do), and a sender task settles the ones no fetch is under way to take.
+    A batch's stage goes on meanwhile; its leases stay inflight until acked.
+    """
 
     def __init__(
         self, producer: Producer, *, on_failure: OnFailure = "retry",
@@ -147,9 +156,60 @@ class ProducerAcknowledger(Acknowledger):
         super().__init__(on_failure=on_failure, retry_delay_ms=retry_delay_ms,
                          retry_policy=retry_policy)
         self.producer = producer
+        self._queued: list[Lease] = []
+        self._more = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Queue acks for the producer's fetches from now on (see the class docstring)."""
+        if self.producer.rheo.backend.one_call_ack_and_fetch and self._sender is None:
+            self.producer._collect_acks(self._take_queued)
+            self._sender = asyncio.create_task(self._send_queued(),
+                                               name="rheo-pipeline-acks")
+
+    async def close(self) -> None:
+        """Settle the acks still queued, then stop queueing."""
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+        await self._send(self._take_queued())
+
+    def _take_queued(self) -> list[Lease]:
+        queued = self._queued[:]
+        self._queued.clear()
+        return queued
+
+    async def _send_queued(self) -> None:
+        """Settle queued acks whenever no fetch is under way to carry them."""
+        producer = self.producer
+        while True:
+            if not self._queued:
+                self._more.clear()
+                await self._more.wait()
+            elif producer._acks_wait_for_fetch():
+                await producer._fetch_landed()
+            else:
+                await self._send(self._take_queued())
+
+    async def _send(self, leases: list[Lease]) -> None:
+        if not leases:
+            return
+        try:
+            await self.producer.ack(leases)
+        except Exception:
+            log.exception("settling %d messages failed; leaving their leases to expire",
+                          len(leases))
+            self.producer.confirm(leases)
 
     async def _ack(self, messages: list[Message]) -> None:
-        await self.producer.ack([m.lease for m in messages])
+        leases = [m.lease for m in messages]
+        if self._sender is None:
+            await self.producer.ack(leases)
+            return
+        self._queued.extend(leases)
+        self._more.set()
 
     async def _nack(self, messages: list[Message], reason: str, delay_ms: int,
                     error: str | None) -> None:

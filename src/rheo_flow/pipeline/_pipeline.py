@@ -268,6 +268,7 @@ class Pipeline:
                 lease_ms=self._producer.lease_ms,
             )
             self._stages.start()
+            self._acknowledger.start()
             self._dispatcher = asyncio.create_task(self._dispatch(),
                                                    name="rheo-pipeline-producer")
         p = self._producer
@@ -408,6 +409,7 @@ class Pipeline:
             producer_drained.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await producer_drained
+        await self._acknowledger.close()
         self._state = "stopped"
         await self._untrack_lag()
         if self._lost is not None:
@@ -439,6 +441,7 @@ class Pipeline:
                 await self._dispatcher
         if self._stages is not None:
             await self._stages.cancel()
+        await self._acknowledger.close()  # what the stages acked is acked, not handed back
         if self._producer.inflight:
             try:
                 await self._producer.hand_back_inflight()
