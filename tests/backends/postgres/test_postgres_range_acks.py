@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from rheo_flow import NewEvent, Rheo, SettleKind
+from rheo_flow import Lease, NewEvent, Rheo, SettleKind
 from rheo_flow._backends.postgres._batch import SettleBatch
 
 
@@ -39,23 +39,22 @@ async def test_acks_with_gaps_set_the_bits_of_their_range(
 async def test_a_batch_mixing_ranges_rows_and_stale_leases_answers_each_lease(
         postgres_rheo: Rheo) -> None:
     rheo = postgres_rheo
-    await rheo.create_stream("s", partitions=2)
+    await rheo.create_stream("s")
     await rheo.append("s", [NewEvent("t", {"i": i}) for i in range(8)])
-    first = await rheo.fetch("s", "g", limit=2, lease_ms=10)  # 1 of each partition
-    # The first two expire and are leased again (a new token: the old ones are stale);
-    # the others come as new ranges.
-    leases = []
+    first = await rheo.fetch("s", "g", limit=2, lease_ms=10)  # sequences 1 and 2
+    # Those two expire and are leased again under a new token (the first leases are
+    # stale); 3..8 come as a new range.
+    leases: list[Lease] = []
     while len(leases) < 8:
         leases += await rheo.fetch("s", "g", limit=8)
-    assert {lease.attempt for lease in leases if lease.sequence == 1} == {2}
-    nacked = [lease for lease in leases if lease.sequence == 2]
-    assert all(r.ok for r in await rheo.nack(nacked, "again"))  # split into rows
-    again = await rheo.fetch("s", "g", limit=8)
-    assert sorted(lease.sequence for lease in again) == [2, 2]
-    rest = [lease for lease in leases if lease.sequence != 2]
-    batch = [first[0], *again, *rest, first[1]]
-    results = await rheo.ack(batch)
+    assert sorted((lease.sequence, lease.attempt) for lease in leases)[:3] == [
+        (1, 2), (2, 2), (3, 1)]
+    [third] = [lease for lease in leases if lease.sequence == 3]
+    assert all(r.ok for r in await rheo.nack([third], "again"))  # split off into a row
+    [again] = await rheo.fetch("s", "g", limit=8)
+    assert (again.sequence, again.attempt) == (3, 2)
+    rest = [lease for lease in leases if lease.sequence != 3]
+    results = await rheo.ack([first[0], again, *rest, first[1]])
     kinds = [r.error.kind if r.error else None for r in results]
-    assert kinds == [SettleKind.STALE_LEASE, None, None, *[None] * len(rest),
-                     SettleKind.STALE_LEASE]
-    assert await rheo.frontier("s", "g") == {0: 4, 1: 4}
+    assert kinds == [SettleKind.STALE_LEASE, *[None] * 8, SettleKind.STALE_LEASE]
+    assert await rheo.frontier("s", "g") == {0: 8}

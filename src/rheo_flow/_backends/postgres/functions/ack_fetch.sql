@@ -23,6 +23,7 @@ BEGIN
     IF cardinality(p_seqs) > 0 THEN
         SELECT s.bad_idx, s.bad_code, s.bad_by INTO v_idx, v_code, v_by
         FROM {s}.settle(1::smallint, p_groups, p_parts, p_seqs, p_leases, p_atts, '', 0) s;
+        PERFORM set_config('rheo_flow.holding_locks', 'on', true);
     END IF;
     RETURN QUERY
     SELECT f.*, v_idx, v_code, v_by
@@ -33,4 +34,17 @@ BEGIN
                             NULL::bigint, v_idx, v_code, v_by;
     END IF;
 END
+$fn$;
+
+-- holding_locks: whether this transaction settled before fetching (ack_fetch,
+-- ack_ranges_fetch), holding range, delivery and frontier locks: its fetch then
+-- must not wait for a cursor (claim_cursors), since the fetch holding that cursor
+-- may wait for one of those frontiers (expire_spent): the lock order of
+-- _migrations.py puts cursors first. set_config(..., true) lasts until the
+-- transaction ends.
+
+CREATE OR REPLACE FUNCTION {s}.holding_locks() RETURNS boolean
+LANGUAGE sql STABLE
+AS $fn$
+    SELECT COALESCE(current_setting('rheo_flow.holding_locks', true), '') = 'on'
 $fn$;

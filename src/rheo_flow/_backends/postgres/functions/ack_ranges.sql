@@ -126,6 +126,7 @@ BEGIN
     IF cardinality(p_parts) > 0 THEN
         SELECT s.bad_idx, s.bad_code, s.bad_by INTO v_idx, v_code, v_by
         FROM {s}.ack_ranges(p_group, p_parts, p_tokens, p_atts, p_bases, p_los, p_bits, p_ns) s;
+        PERFORM set_config('rheo_flow.holding_locks', 'on', true);
     END IF;
     RETURN QUERY
     SELECT f.*, v_idx, v_code, v_by

@@ -119,9 +119,12 @@ BEGIN
           AND r.deadline_ms <= v_now
         ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
 
-    -- The cursors with work; with nothing else locked, claim_cursors may wait.
+    -- The cursors with work; with nothing else locked, claim_cursors may wait (not
+    -- after acks in the same call: their ranges and frontiers are locked; see
+    -- holding_locks in functions/ack_fetch.sql).
     SELECT * INTO k_part, k_cur, k_top
-    FROM {s}.claim_cursors(p_group, v_stream, p_parts, c_part IS NULL AND r_part IS NULL);
+    FROM {s}.claim_cursors(p_group, v_stream, p_parts,
+                           c_part IS NULL AND r_part IS NULL AND NOT {s}.holding_locks());
     IF c_part IS NULL AND r_part IS NULL AND k_part IS NULL THEN
         RETURN;
     END IF;
