@@ -126,11 +126,9 @@ class Producer:
         self._inflight = Inflight(self._max_demand)
         self._state: State = "new"
         self._fetch_lock = asyncio.Lock()
-        self._reserved = 0
-        """The leases fetches under way may bring: room they hold in the inflight set."""
+        self._reserved = 0  # leases the fetches under way may bring: room they hold
         self._wake = asyncio.Event()  # set on every release and drain/stop: wakes a demand
-        self._halt = asyncio.Event()
-        """Set when fetching must stop (drain or stop)."""
+        self._halt = asyncio.Event()  # set when fetching must stop (drain or stop)
         self._poke = asyncio.Event()
         """Ends an idle wait early: set on halt and when a nack made work available."""
         self._renewer: asyncio.Task[None] | None = None
