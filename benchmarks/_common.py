@@ -68,11 +68,14 @@ def payload(i: int) -> dict[str, Any]:
 
 
 async def pipeline_rate(rheo: Rheo, stream: str, group: str, events: int, *, demand: int,
-                        batch: int, max_inflight: int, fetch_size: int | None = None) -> float:
+                        batch: int, max_inflight: int | None = None,
+                        fetch_size: int | None = None) -> float:
     """Events per second through a pass-through :class:`~rheo_flow.pipeline.Pipeline` on
     a prepared backlog of ``events``: 4 processors of ``demand``, one batcher of
-    ``batch`` (2 batch tasks, 50 ms timeout), ``max_inflight`` and ``fetch_size`` as
-    given; timed until the last ack."""
+    ``batch`` (2 batch tasks, 50 ms timeout), ``fetch_size`` as given and
+    ``max_inflight`` as given, else the pipeline's default (room for every
+    processor's demand twice over and three batches: docs/pipeline.md); timed until
+    the last ack."""
     from rheo_flow.pipeline import Batcher, Pipeline, Processors
 
     pipeline = Pipeline(

@@ -116,7 +116,8 @@ async def rheo_consume(events: int) -> float:
 
 async def rheo_pipeline(events: int) -> float:
     """Events per second through a ``Pipeline`` (4 processors, one batcher of
-    ``MAX_DEMAND // 2``; at most ``MAX_DEMAND`` leases inflight, as the Group)."""
+    ``MAX_DEMAND // 2``; at most ``MAX_DEMAND`` leases inflight, as the Group: here its
+    default ``max_inflight``, 1,750, made it about 20% slower)."""
     async with _consumed(events) as rheo:
         return await pipeline_rate(rheo, "bench", "bench", events, demand=MAX_DEMAND // 4,
                                    batch=MAX_DEMAND // 2, max_inflight=MAX_DEMAND)

@@ -15,7 +15,8 @@ so the event loop stays free in both.
   acknowledged through a :class:`rheo_flow.Group` (``max_demand`` 400,
   ``fetch_size`` 100, ``concurrency`` 100, as the ``postgres`` suite), a
   :class:`~rheo_flow.pipeline.Pipeline` (4 processors, one batcher of 100,
-  ``fetch_size`` 100) and a bare ``fetch``/``ack`` loop (``limit`` 100), against a
+  ``fetch_size`` 100, its default ``max_inflight``: room for its stages, which
+  hold a filling batch) and a bare ``fetch``/``ack`` loop (``limit`` 100), against a
   claim + delete loop: one
   ``DELETE FROM q WHERE id IN (SELECT id FROM q ORDER BY id LIMIT 100) RETURNING``
   per batch, one statement and one commit (no leases, fencing or frontier).
@@ -115,7 +116,7 @@ async def rheo_group(events: int) -> float:
     """Events per second consumed and acked through a ``Group`` (no-op handler)."""
     async with _consumed(events) as rheo:
 
-        # One batch per fetch; up to four held, as the Pipeline's max_inflight.
+        # One batch per fetch; up to four held: more room makes it no faster.
         @consumer(stream="bench", group="g", max_demand=4 * CONSUME_BATCH,
                   fetch_size=CONSUME_BATCH, concurrency=CONSUME_BATCH, poll_ms=50)
         async def noop(event: Any, context: Any) -> Any:
@@ -133,7 +134,7 @@ async def rheo_pipeline(events: int) -> float:
     ``CONSUME_BATCH``; each fetch claims at most ``CONSUME_BATCH``, as the ``Group`` does)."""
     async with _consumed(events) as rheo:
         return await pipeline_rate(rheo, "bench", "g", events, demand=CONSUME_BATCH,
-                                   batch=CONSUME_BATCH, max_inflight=4 * CONSUME_BATCH,
+                                   batch=CONSUME_BATCH,
                                    fetch_size=CONSUME_BATCH)
 
 
