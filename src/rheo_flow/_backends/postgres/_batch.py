@@ -39,8 +39,7 @@ class SettleBatch:
     (so concurrent batches lock rows in one order).
 
     ``groups`` maps (stream, group) to (group id, partitions) for every group the
-    batch names that exists. :attr:`args` are the five array parameters of the
-    settle and renew statements (empty when nothing is left to send).
+    batch names that exists.
     """
 
     def __init__(self, leases: Sequence[Lease],
@@ -49,7 +48,7 @@ class SettleBatch:
         self.results: list[SettleResult | None] = [None] * len(leases)
         self.duplicates: list[tuple[int, int]] = []
         self.order: list[int] = []
-        self.args: tuple[str, ...] = ()
+        self._args: tuple[str, ...] | None = ()
         self.gid = 0
         self.entries: list[tuple[int, int, int, int]] = []
         """(partition, sequence, attempt, position) of a one-group batch, by delivery;
@@ -91,15 +90,29 @@ class SettleBatch:
         entries.sort()
         self.gid = gid
         self.entries = entries
-        self.order = order = [e[3] for e in entries]
-        self.args = (
-            "{" + ",".join([str(gid)] * len(entries)) + "}",
-            "{" + ",".join([str(e[0]) for e in entries]) + "}",
-            "{" + ",".join([str(e[1]) for e in entries]) + "}",
-            "{" + ",".join([ids[i] for i in order]) + "}",
-            "{" + ",".join([str(e[2]) for e in entries]) + "}",
-        )
+        self.order = [e[3] for e in entries]
+        self._args = None  # built if asked for: acks travel per range
         return True
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The five array parameters of the settle and renew statements (empty when
+        nothing is left to send)."""
+        if self._args is None:
+            entries, leases = self.entries, self.leases
+            self._args = (
+                "{" + ",".join([str(self.gid)] * len(entries)) + "}",
+                "{" + ",".join([str(e[0]) for e in entries]) + "}",
+                "{" + ",".join([str(e[1]) for e in entries]) + "}",
+                "{" + ",".join([leases[e[3]].lease_id for e in entries]) + "}",
+                "{" + ",".join([str(e[2]) for e in entries]) + "}",
+            )
+        return self._args
+
+    @property
+    def sends(self) -> bool:
+        """Whether any lease is left to send to the server."""
+        return bool(self.entries) or bool(self._args)
 
     def range_args(self) -> tuple[str, ...]:
         """The batch as ``ack_ranges`` takes it (functions/ack_ranges.sql), or ``()`` when
@@ -184,7 +197,7 @@ class SettleBatch:
             entries.append((found[0], part, seq, lease_id, attempt, i))
         entries.sort()
         self.order = [e[5] for e in entries]
-        self.args = (
+        self._args = (
             tuple("{" + ",".join(map(str, column)) + "}"
                   for column in zip(*entries, strict=True))[:5]
             if entries else ()

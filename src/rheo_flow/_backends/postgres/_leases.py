@@ -81,7 +81,7 @@ class LeaseOps(PostgresCore):
         pool = await self._ready()
         ranges = batch.range_args() if batch.gid == gid else ()
         try:
-            if ranges or not batch.args:
+            if ranges or not batch.sends:
                 rows = await pool.fetch(self._sql.ack_ranges_fetch, *(ranges or _NO_RANGES),
                                         gid, ids, limit, lease_ms, consumer_id)
             else:
@@ -90,7 +90,7 @@ class LeaseOps(PostgresCore):
         except Exception as exc:
             self._check_group(exc, stream, group)
             raise
-        if batch.args:
+        if batch.sends:
             batch.apply(rows[0][11], rows[0][12], rows[0][13], None)
         if rows[0][1] is None:
             rows = []
@@ -131,7 +131,7 @@ class LeaseOps(PostgresCore):
                       ) -> list[SettleResult]:
         """Settle on ``conn`` (the caller's transaction), else on a pooled connection."""
         batch = await self._batch(leases)
-        if batch.args:
+        if batch.sends:
             on: asyncpg.Connection | PoolCalls = conn if conn is not None else await self._ready()
             ranges = batch.range_args() if op == "ack" else ()
             if ranges:
@@ -164,7 +164,7 @@ class LeaseOps(PostgresCore):
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         batch = await self._batch(leases)
-        if batch.args:
+        if batch.sends:
             pool = await self._ready()
             row = await pool.fetchrow(self._sql.renew, *batch.args, lease_ms)
             assert row is not None
