@@ -3,6 +3,8 @@ batches it hands to the lease-by-lease settle, with every lease's result in its 
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 from rheo_flow import Lease, NewEvent, Rheo, SettleKind
@@ -58,3 +60,33 @@ async def test_a_batch_mixing_ranges_rows_and_stale_leases_answers_each_lease(
     kinds = [r.error.kind if r.error else None for r in results]
     assert kinds == [SettleKind.STALE_LEASE, *[None] * 8, SettleKind.STALE_LEASE]
     assert await rheo.frontier("s", "g") == {0: 8}
+
+
+async def test_a_fetch_after_acks_waits_for_a_busy_cursor_only_briefly(
+        postgres_rheo: Rheo, postgres_schema: str, postgres_url: str,
+        postgres_admin: asyncpg.Connection) -> None:
+    # A fetch that holds nothing else waits for the cursor another fetch holds; one
+    # that follows acks in the same call (holding their locks) gives up soon instead,
+    # since the other fetch may be waiting for one of those locks.
+    rheo, q = postgres_rheo, f'"{postgres_schema}"'
+    await rheo.create_stream("s")
+    await rheo.append("s", [NewEvent("t", {"i": i}) for i in range(3)])
+    await rheo.create_group("s", "g")
+    gid = await postgres_admin.fetchval(f"SELECT id FROM {q}.groups")
+    fetch = f"SELECT count(*) FROM {q}.fetch($1, '{{0}}', 10, 60000, 'c')"
+    other = await asyncpg.connect(postgres_url)
+    try:
+        holder = postgres_admin.transaction()
+        await holder.start()
+        await postgres_admin.execute(f"SELECT 1 FROM {q}.cursors FOR UPDATE")
+        async with other.transaction():
+            await other.execute("SELECT set_config('rheo_flow.holding_locks', 'on', true)")
+            assert await other.fetchval(fetch, gid) == 0  # while the cursor is still held
+            assert await other.fetchval("SHOW lock_timeout") == "0"
+        waiting = asyncio.ensure_future(other.fetchval(fetch, gid))
+        assert await postgres_admin.fetchval("SELECT 1") == 1
+        assert not waiting.done()
+        await holder.rollback()
+        assert await waiting == 3  # it waited for the cursor, then leased all three
+    finally:
+        await other.close()

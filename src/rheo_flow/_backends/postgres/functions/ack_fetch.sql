@@ -38,9 +38,9 @@ $fn$;
 
 -- holding_locks: whether this transaction settled before fetching (ack_fetch,
 -- ack_ranges_fetch), holding range, delivery and frontier locks: its fetch then
--- must not wait for a cursor (claim_cursors), since the fetch holding that cursor
--- may wait for one of those frontiers (expire_spent): the lock order of
--- _migrations.py puts cursors first. set_config(..., true) lasts until the
+-- waits for a cursor only briefly (claim_cursors), since the fetch holding that
+-- cursor may wait for one of those frontiers (expire_spent), and the lock order
+-- of _migrations.py puts cursors first. set_config(..., true) lasts until the
 -- transaction ends.
 
 CREATE OR REPLACE FUNCTION {s}.holding_locks() RETURNS boolean

@@ -119,12 +119,9 @@ BEGIN
           AND r.deadline_ms <= v_now
         ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
 
-    -- The cursors with work; with nothing else locked, claim_cursors may wait (not
-    -- after acks in the same call: their ranges and frontiers are locked; see
-    -- holding_locks in functions/ack_fetch.sql).
+    -- The cursors with work; with nothing else locked, claim_cursors may wait.
     SELECT * INTO k_part, k_cur, k_top
-    FROM {s}.claim_cursors(p_group, v_stream, p_parts,
-                           c_part IS NULL AND r_part IS NULL AND NOT {s}.holding_locks());
+    FROM {s}.claim_cursors(p_group, v_stream, p_parts, c_part IS NULL AND r_part IS NULL);
     IF c_part IS NULL AND r_part IS NULL AND k_part IS NULL THEN
         RETURN;
     END IF;
@@ -425,6 +422,9 @@ CREATE OR REPLACE FUNCTION {s}.claim_cursors(p_group integer, p_stream integer,
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
 AS $fn$
+DECLARE
+    v_timeout text;
+    v_found boolean;
 BEGIN
     FOR v_wait IN 0 .. 1 LOOP
         SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
@@ -435,16 +435,32 @@ BEGIN
                 AND c.cursor < pt.high_water
               FOR UPDATE OF c SKIP LOCKED) k;
         EXIT WHEN k_part IS NOT NULL OR NOT p_may_wait OR v_wait = 1;
-        PERFORM 1 FROM {s}.cursors c
-        WHERE c.group_id = p_group
-          AND c.part = (SELECT c.part FROM {s}.cursors c
-                        JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
-                        WHERE c.group_id = p_group AND c.part = ANY (p_parts)
-                          AND c.cursor < pt.high_water
-                        ORDER BY array_position(p_parts, c.part)
-                        LIMIT 1)
-        FOR UPDATE;
-        EXIT WHEN NOT FOUND;
+        -- After acks in the same call (holding_locks: functions/ack_fetch.sql) this
+        -- transaction holds range, delivery and frontier locks, which the fetch
+        -- holding the cursor may come to wait for (expire_spent): wait a little
+        -- only, then fetch nothing, so that such a cycle breaks at once. A lock
+        -- timeout of the session's own also ends the wait with nothing claimed.
+        v_timeout := current_setting('lock_timeout');
+        IF {s}.holding_locks() THEN
+            PERFORM set_config('lock_timeout', '50ms', true);
+        END IF;
+        BEGIN
+            PERFORM 1 FROM {s}.cursors c
+            WHERE c.group_id = p_group
+              AND c.part = (SELECT c.part FROM {s}.cursors c
+                            JOIN {s}.partitions pt ON pt.stream_id = p_stream
+                                                  AND pt.part = c.part
+                            WHERE c.group_id = p_group AND c.part = ANY (p_parts)
+                              AND c.cursor < pt.high_water
+                            ORDER BY array_position(p_parts, c.part)
+                            LIMIT 1)
+            FOR UPDATE;
+            v_found := FOUND;
+        EXCEPTION WHEN lock_not_available THEN
+            v_found := false;
+        END;
+        PERFORM set_config('lock_timeout', v_timeout, true);
+        EXIT WHEN NOT v_found;
     END LOOP;
 END
 $fn$;

@@ -104,7 +104,7 @@ BEGIN
 
     -- The cursors with work (functions/fetch.sql); with nothing else locked, it may wait.
     SELECT * INTO k_part, k_cur, k_top
-    FROM {s}.claim_cursors(p_group, v_stream, p_parts, c_part IS NULL AND NOT {s}.holding_locks());
+    FROM {s}.claim_cursors(p_group, v_stream, p_parts, c_part IS NULL);
     IF c_part IS NULL AND k_part IS NULL THEN
         RETURN;
     END IF;
