@@ -52,12 +52,26 @@ class OverlapBackend(SlowFetchBackend):
         return leases
 
 
+async def _orders(rheo: Rheo, count: int) -> None:
+    """The stream ``orders`` (one partition) with ``count`` events."""
+    await rheo.create_stream("orders")
+    await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(count)])
+
+
+def _two_then_one(backend: OverlapBackend, drained: int, *, bound: int) -> None:
+    """Two fetches overlapped while the backlog lasted, at most ``bound`` leases were
+    held, and from call ``drained`` on (idle) one fetch went out at a time."""
+    assert backend.most_held <= bound
+    assert max(backend.began) == 2, backend.began
+    assert backend.began[drained:], backend.began
+    assert max(backend.began[drained:]) == 1, backend.began
+
+
 async def test_a_group_keeps_two_fetches_under_way_while_a_backlog_lasts(
         clock: ManualClock, wait_until: WaitUntil) -> None:
     backend = OverlapBackend(clock=clock)
     async with Rheo(backend) as rheo:
-        await rheo.create_stream("orders")
-        await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(200)])
+        await _orders(rheo, 200)
 
         gate = asyncio.Event()
 
@@ -76,10 +90,7 @@ async def test_a_group_keeps_two_fetches_under_way_while_a_backlog_lasts(
             # Idle now: the fetch waiting for appends is the only one.
             await rheo.append("orders", [NewEvent("order", {"n": 200})])
             await wait_until(lambda: group.stats.acked == 201, message="the late event")
-    assert backend.most_held <= 25
-    assert max(backend.began) == 2, backend.began
-    assert backend.began[drained:], backend.began
-    assert max(backend.began[drained:]) == 1, backend.began
+    _two_then_one(backend, drained, bound=25)
     assert await rheo.frontier("orders", "billing") == {0: 201}
 
 
@@ -98,8 +109,7 @@ async def test_a_pipeline_keeps_two_fetches_under_way_while_a_backlog_lasts(
         clock: ManualClock, wait_until: WaitUntil) -> None:
     backend = OverlapBackend(clock=clock)
     async with Rheo(backend) as rheo:
-        await rheo.create_stream("orders")
-        await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(200)])
+        await _orders(rheo, 200)
         handler = Gated()
         pipeline = Pipeline(rheo, stream="orders", group="billing", handler=handler,
                             max_inflight=25, fetch_size=10,
@@ -111,10 +121,7 @@ async def test_a_pipeline_keeps_two_fetches_under_way_while_a_backlog_lasts(
             drained = len(backend.began)
             await rheo.append("orders", [NewEvent("order", {"n": 200})])
             await wait_until(lambda: pipeline.stats().acked == 201, message="the late event")
-    assert backend.most_held <= 25
-    assert max(backend.began) == 2, backend.began
-    assert backend.began[drained:], backend.began
-    assert max(backend.began[drained:]) == 1, backend.began
+    _two_then_one(backend, drained, bound=25)
     assert await rheo.frontier("orders", "billing") == {0: 201}
 
 
@@ -127,8 +134,7 @@ async def test_a_pipeline_s_acks_ride_on_its_fetches(
         clock: ManualClock, wait_until: WaitUntil) -> None:
     backend = OverlapBackend(clock=clock)
     async with Rheo(backend) as rheo:
-        await rheo.create_stream("orders")
-        await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(300)])
+        await _orders(rheo, 300)
         pipeline = Pipeline(rheo, stream="orders", group="billing", handler=Passing(),
                             max_inflight=40, fetch_size=10,
                             processors=Processors(concurrency=2, max_demand=5))
@@ -163,8 +169,7 @@ async def test_a_stopped_pipeline_settles_its_queued_acks_before_handing_back(
         clock: ManualClock, wait_until: WaitUntil) -> None:
     backend = StallingBackend(clock=clock, stall_after=30)
     async with Rheo(backend) as rheo:
-        await rheo.create_stream("orders")
-        await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(100)])
+        await _orders(rheo, 100)
         pipeline = Pipeline(rheo, stream="orders", group="billing", handler=Passing(),
                             max_inflight=40, fetch_size=10,
                             processors=Processors(concurrency=2, max_demand=5))

@@ -82,18 +82,21 @@ class LeaseOps(PostgresCore):
         ranges = batch.range_args() if batch.gid == gid else ()
         try:
             if ranges or not batch.sends:
-                rows = await pool.fetch(self._sql.ack_ranges_fetch, *(ranges or _NO_RANGES),
-                                        gid, ids, limit, lease_ms, consumer_id)
+                # The acks' answer, then the leases (functions/ack_ranges.sql).
+                head, *rows = await pool.fetch(self._sql.ack_ranges_fetch,
+                                               *(ranges or _NO_RANGES), gid, ids, limit,
+                                               lease_ms, consumer_id)
             else:
                 rows = await pool.fetch(self._sql.ack_fetch, *batch.args, gid, ids, limit,
                                         lease_ms, consumer_id)
+                head = rows[0]
+                if head[1] is None:  # no lease: the row carries the acks' answer only
+                    rows = []
         except Exception as exc:
             self._check_group(exc, stream, group)
             raise
         if batch.sends:
-            batch.apply(rows[0][11], rows[0][12], rows[0][13], None)
-        if rows[0][1] is None:
-            rows = []
+            batch.apply(head[11], head[12], head[13], None)
         return batch.finish(renew=False), _leases(rows, stream, group, consumer_id)
 
     async def _fetch_args(self, stream: str, group: str, partitions: Sequence[int] | None

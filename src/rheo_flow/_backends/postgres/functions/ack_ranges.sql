@@ -104,7 +104,8 @@ END
 $fn$;
 
 -- ack_ranges_fetch: ack_ranges then fetch in one transaction, as ack_fetch
--- (functions/ack_fetch.sql) does with acks sent lease by lease.
+-- (functions/ack_fetch.sql) does with acks sent lease by lease. The first row
+-- carries the acks' bad_* only (NULL: every ack took effect); the leases follow.
 
 CREATE OR REPLACE FUNCTION {s}.ack_ranges_fetch(p_parts integer[], p_tokens text[],
                                                 p_atts integer[], p_bases bigint[],
@@ -128,13 +129,13 @@ BEGIN
         FROM {s}.ack_ranges(p_group, p_parts, p_tokens, p_atts, p_bases, p_los, p_bits, p_ns) s;
         PERFORM set_config('rheo_flow.holding_locks', 'on', true);
     END IF;
+    o_part := NULL;
+    bad_idx := v_idx;
+    bad_code := v_code;
+    bad_by := v_by;
+    RETURN NEXT;
     RETURN QUERY
-    SELECT f.*, v_idx, v_code, v_by
+    SELECT f.*, NULL::bigint[], NULL::smallint[], NULL::smallint[]
     FROM {s}.fetch(p_group, p_fetch_parts, p_limit, p_lease_ms, p_consumer) f;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT NULL::integer, NULL::bigint, NULL::integer, NULL::uuid, NULL::bigint,
-                            NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,
-                            NULL::bigint, v_idx, v_code, v_by;
-    END IF;
 END
 $fn$;
