@@ -9,7 +9,7 @@ own). A worker process appends the backlog first; py-spy (``pip install py-spy``
 the ``bench`` extra) attaches to it only once the backlog is ready and is stopped as
 soon as the last event is acked, so the graph shows the consume + ack hot path and
 nothing else. The ``Group`` is configured as in the suites: on Redis ``max_demand``
-500 and concurrency 10 (the ``redis`` suite), elsewhere ``max_demand`` 200,
+500 and concurrency 10 (the ``redis`` suite), elsewhere ``max_demand`` 400,
 ``fetch_size`` 100 and concurrency 100 (the ``postgres`` and ``sqlite`` suites).
 Everything the worker created is removed when it ends.
 """
@@ -62,7 +62,7 @@ async def _worker(backend_name: str, events: int) -> None:
                                         prefix=f"rheo-profile-{uuid.uuid4().hex[:10]}")
     options: dict[str, Any] = (
         {"max_demand": 500, "concurrency": 10} if backend_name == "redis"
-        else {"max_demand": 200, "fetch_size": 100, "concurrency": 100, "poll_ms": 50})
+        else {"max_demand": 400, "fetch_size": 100, "concurrency": 100, "poll_ms": 50})
     rheo = await Rheo(backend).open()
     try:
         await rheo.create_stream("bench")
