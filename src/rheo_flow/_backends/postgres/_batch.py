@@ -124,15 +124,19 @@ class SettleBatch:
         """
         if not self.entries:
             return ()
-        ids = [self.leases[e[3]].lease_id for e in self.entries]
+        leases = self.leases
         runs: dict[tuple[int, str, int, int], list[int]] = {}
-        for (part, seq, attempt, i), lease_id in zip(self.entries, ids, strict=True):
-            key = (part, lease_id[:24], attempt, seq - int(lease_id[24:], 16))
-            run = runs.get(key)
-            if run is None:
-                runs[key] = [seq, i]
-            else:
-                run += (seq, i)
+        run: list[int] = []
+        key = (-1, "", -1, -1)
+        for part, seq, attempt, i in self.entries:
+            lease_id = leases[i].lease_id
+            token, base = lease_id[:24], seq - int(lease_id[24:], 16)
+            # Leases of one range come one after another (the entries are by delivery).
+            if token != key[1] or base != key[3] or attempt != key[2] or part != key[0]:
+                key = (part, token, attempt, base)
+                run = runs.setdefault(key, [])
+            run.append(seq)
+            run.append(i)
         order: list[int] = []
         bits: list[str] = []
         counts: list[str] = []
