@@ -10,7 +10,7 @@ effect, with a code each) becomes one :class:`~rheo_flow.SettleResult` per lease
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal
 
 from ..._model._lease import Lease
@@ -101,11 +101,11 @@ class SettleBatch:
         if self._args is None:
             entries, leases = self.entries, self.leases
             self._args = (
-                "{" + ",".join([str(self.gid)] * len(entries)) + "}",
-                "{" + ",".join([str(e[0]) for e in entries]) + "}",
-                "{" + ",".join([str(e[1]) for e in entries]) + "}",
-                "{" + ",".join([leases[e[3]].lease_id for e in entries]) + "}",
-                "{" + ",".join([str(e[2]) for e in entries]) + "}",
+                _array([str(self.gid)] * len(entries)),
+                _array([str(e[0]) for e in entries]),
+                _array([str(e[1]) for e in entries]),
+                _array([leases[e[3]].lease_id for e in entries]),
+                _array([str(e[2]) for e in entries]),
             )
         return self._args
 
@@ -154,15 +154,14 @@ class SettleBatch:
             counts.append(str(len(seqs)))
         self.order = order
         keys = list(runs)
-        los = [str(run[0]) for run in runs.values()]
         return (
-            "{" + ",".join([str(k[0]) for k in keys]) + "}",
-            "{" + ",".join([k[1] for k in keys]) + "}",
-            "{" + ",".join([str(k[2]) for k in keys]) + "}",
-            "{" + ",".join([str(k[3]) for k in keys]) + "}",
-            "{" + ",".join(los) + "}",
-            "{" + ",".join(bits) + "}",
-            "{" + ",".join(counts) + "}",
+            _array([str(k[0]) for k in keys]),
+            _array([k[1] for k in keys]),
+            _array([str(k[2]) for k in keys]),
+            _array([str(k[3]) for k in keys]),
+            _array([str(run[0]) for run in runs.values()]),
+            _array(bits),
+            _array(counts),
         )
 
     def _general(self, leases: Sequence[Lease],
@@ -202,8 +201,7 @@ class SettleBatch:
         entries.sort()
         self.order = [e[5] for e in entries]
         self._args = (
-            tuple("{" + ",".join(map(str, column)) + "}"
-                  for column in zip(*entries, strict=True))[:5]
+            tuple(_array(map(str, column)) for column in zip(*entries, strict=True))[:5]
             if entries else ()
         )
 
@@ -244,6 +242,11 @@ class SettleBatch:
             assert r is not None
             out.append(r)
         return out
+
+
+def _array(items: Iterable[str]) -> str:
+    """The text of a PostgreSQL array of ``items`` (which need no quoting)."""
+    return "{" + ",".join(items) + "}"
 
 
 def _receipt_attempt(receipt: object, part: int, seq: int) -> int:

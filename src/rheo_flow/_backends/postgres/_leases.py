@@ -73,7 +73,8 @@ class LeaseOps(PostgresCore):
         lease_ms: int,
         partitions: Sequence[int] | None,
     ) -> tuple[list[SettleResult], list[Lease]]:
-        """The acks and the fetch in one call to ``ack_fetch`` (one durable commit)."""
+        """The acks and the fetch in one call and one durable commit: ``ack_ranges_fetch``
+        (acks per range) for a batch of this group, else ``ack_fetch`` (lease by lease)."""
         gid, ids = await self._fetch_args(stream, group, partitions)
         if not ids:
             return await self.ack(acks) if acks else [], []

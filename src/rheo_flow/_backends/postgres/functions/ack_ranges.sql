@@ -99,7 +99,9 @@ BEGIN
     SELECT s.bad_idx, s.bad_code, s.bad_by INTO bad_idx, bad_code, bad_by
     FROM {s}.settle(1::smallint, array_fill(p_group, ARRAY[cardinality(e_seq)]), e_part, e_seq,
                     e_lease, e_att, '', 0) s;
-    bad_idx := ARRAY(SELECT e_idx[b] FROM unnest(bad_idx) AS b);
+    -- Each lease's number back as its element's, in bad_code's order.
+    bad_idx := ARRAY(SELECT e_idx[b.b] FROM unnest(bad_idx) WITH ORDINALITY AS b(b, k)
+                     ORDER BY b.k);
 END
 $fn$;
 
