@@ -339,13 +339,18 @@ class Producer:
         handed = self._handover.take() or self._handover.collect()
         if handed is not None:
             return await self._ack_and_fetch(n, *handed)
-        free = self._inflight.free - self._reserved
+        free = self._room()
         if free <= 0:
             if wait:
                 await self._wait_for_capacity()
             return None
         self._poke.clear()
         return await self._fetch(min(n, free, self._fetch_size, MAX_FETCH))
+
+    def _room(self) -> int:
+        """The leases a fetch may ask for: the inflight set's free room, less what the
+        fetches under way may bring."""
+        return self._inflight.free - self._reserved
 
     async def _fetch(self, limit: int) -> list[Lease] | None:
         """One fetch; ``None`` after a failure (already waited out its backoff)."""
@@ -388,7 +393,7 @@ class Producer:
 
     async def _wait_for_capacity(self) -> None:
         self._wake.clear()
-        if self._inflight.free > self._reserved or self._halt.is_set():
+        if self._room() > 0 or self._halt.is_set():
             return
         self._handover.waiting = True
         try:
@@ -403,8 +408,7 @@ class Producer:
         the room they free allows, in one backend call; ``None`` if it failed (the acks
         then went out alone)."""
         inflight = self._inflight
-        room = (inflight.free - self._reserved
-                + sum(1 for lease in acks if lease.lease_id in inflight))
+        room = self._room() + sum(1 for lease in acks if lease.lease_id in inflight)
         limit = min(n, room, self._fetch_size, MAX_FETCH)
         if limit <= 0:  # the room is taken by the other fetch under way
             await self._ack_alone(acks, done)

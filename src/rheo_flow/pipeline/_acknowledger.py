@@ -156,7 +156,7 @@ class ProducerAcknowledger(Acknowledger):
         super().__init__(on_failure=on_failure, retry_delay_ms=retry_delay_ms,
                          retry_policy=retry_policy)
         self.producer = producer
-        self._queued: list[Lease] = []
+        self._queued: list[Message] = []
         self._more = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
 
@@ -174,12 +174,12 @@ class ProducerAcknowledger(Acknowledger):
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
-        await self._send(self._take_queued())
+        await self._send_now()
 
     def _take_queued(self) -> list[Lease]:
-        queued = self._queued[:]
-        self._queued.clear()
-        return queued
+        """The leases of the queued acks, taken (for the producer's next fetch)."""
+        queued, self._queued = self._queued, []
+        return [m.lease for m in queued]
 
     async def _send_queued(self) -> None:
         """Settle queued acks whenever no fetch is under way to carry them."""
@@ -191,24 +191,21 @@ class ProducerAcknowledger(Acknowledger):
             elif producer._acks_wait_for_fetch():
                 await producer._fetch_landed()
             else:
-                await self._send(self._take_queued())
+                await self._send_now()
 
-    async def _send(self, leases: list[Lease]) -> None:
-        if not leases:
-            return
-        try:
-            await self.producer.ack(leases)
-        except Exception:
-            log.exception("settling %d messages failed; leaving their leases to expire",
-                          len(leases))
-            self.producer.confirm(leases)
+    async def _send_now(self) -> None:
+        queued, self._queued = self._queued, []
+        if queued:
+            await self._guarded(self._ack_now, queued)
+
+    async def _ack_now(self, messages: list[Message]) -> None:
+        await self.producer.ack([m.lease for m in messages])
 
     async def _ack(self, messages: list[Message]) -> None:
-        leases = [m.lease for m in messages]
         if self._sender is None:
-            await self.producer.ack(leases)
+            await self._ack_now(messages)
             return
-        self._queued.extend(leases)
+        self._queued.extend(messages)
         self._more.set()
 
     async def _nack(self, messages: list[Message], reason: str, delay_ms: int,

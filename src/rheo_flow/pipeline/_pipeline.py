@@ -12,6 +12,7 @@ from typing import Any, Literal, Self
 
 from .. import _telemetry
 from .._model._errors import AlreadyStarted, InvalidArgument, StoreLost
+from .._model._lease import Lease
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
 from .._runtime._backlog import wait_producer_caught_up
 from .._runtime._fetch_pair import Backlog, lead_and_follow
@@ -296,9 +297,6 @@ class Pipeline:
     async def _fetch_loop(self, backlog: Backlog | None) -> None:
         """Fetch through ``demand`` (which waits for work) and submit, until stopped."""
         producer = self._producer
-        stages = self._stages
-        assert stages is not None
-        acknowledger = self._acknowledger
         want = producer.max_demand
         while True:
             limiter = self._rate_limiter
@@ -315,20 +313,23 @@ class Pipeline:
                 limiter.consume(len(leases))
             if backlog is not None:
                 backlog.saw(len(leases), producer.fetch_size)
-            stages.submit([Message(lease, acknowledger) for lease in leases])
+            self._submit(leases)
 
     async def _follow(self, backlog: Backlog) -> None:
         """A second fetch beside the loop's while fetches come back full (a backlog)."""
         producer = self._producer
-        stages = self._stages
-        assert stages is not None
-        acknowledger = self._acknowledger
         while True:
             await backlog.wait()
             leases = await producer._demand_more(producer.max_demand)
             backlog.saw(len(leases), producer.fetch_size)
             if leases:
-                stages.submit([Message(lease, acknowledger) for lease in leases])
+                self._submit(leases)
+
+    def _submit(self, leases: list[Lease]) -> None:
+        """Hand fetched leases to the processors, as messages."""
+        assert self._stages is not None
+        acknowledger = self._acknowledger
+        self._stages.submit([Message(lease, acknowledger) for lease in leases])
 
     async def _wait_for_rate(self, limiter: RateLimiter) -> int:
         """The next window's allowance, or 0 when the pipeline stops meanwhile."""
