@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable, Sequence
+from typing import Generic, TypeVar
 
 from .._model._event import Event
 from .._model._lease import Lease
@@ -12,6 +13,7 @@ from .._model._settle_results import SettleKind, SettleResult
 from .._model._stream import StartPosition
 
 __all__ = [
+    "Rotation",
     "Waiters",
     "fence",
     "missing_delivery",
@@ -20,6 +22,40 @@ __all__ = [
     "round_robin",
     "start_position",
 ]
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Rotation(Generic[K]):
+    """Where each group's next fetch starts its round of partitions.
+
+    Every fetch of a group starts one partition further on than the last, so no
+    partition is always served last when the limit runs out before the round ends.
+    """
+
+    __slots__ = ("_turns",)
+
+    def __init__(self) -> None:
+        self._turns: dict[K, int] = {}
+
+    def order(self, group: K, partitions: list[int]) -> list[int]:
+        """``partitions`` rotated to start where this fetch of ``group`` starts."""
+        if len(partitions) <= 1:
+            return partitions
+        turn = (self._turns.get(group, 0) + 1) % len(partitions)
+        self._turns[group] = turn
+        return partitions[turn:] + partitions[:turn]
+
+    def groups(self) -> list[K]:
+        """The groups with a position."""
+        return list(self._turns)
+
+    def forget(self, group: K | None = None) -> None:
+        """Drop the position of ``group`` (of every group when ``None``)."""
+        if group is None:
+            self._turns.clear()
+        else:
+            self._turns.pop(group, None)
 
 
 def round_robin(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:

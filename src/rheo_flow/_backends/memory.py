@@ -27,6 +27,7 @@ from .._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from .._model._validation import check_record_text, ordering_mismatch
 from .._support._clock import Clock, system_clock
 from ._shared import (
+    Rotation,
     Waiters,
     fence,
     missing_delivery,
@@ -100,7 +101,8 @@ class _GroupPartition:
 class _Group:
     info: GroupInfo
     partitions: list[_GroupPartition]
-    rotation: int = 0
+    rotation: Rotation[None] = field(default_factory=Rotation)
+    """Where the group's next fetch starts its round of partitions."""
     ordered: bool = False
     """``ordering="key"``: a delivery of key K waits for every earlier one of K."""
 
@@ -248,8 +250,7 @@ class MemoryBackend(Backend):
         ids = list(range(len(s.partitions))) if partitions is None else list(partitions)
         if not ids:
             return []
-        g.rotation = (g.rotation + 1) % len(ids)
-        ids = ids[g.rotation :] + ids[: g.rotation]
+        ids = g.rotation.order(None, ids)
         eligible = self._eligible_by_key if g.ordered else self._eligible
         per_partition = [eligible(g, pid, s, now, limit) for pid in ids]
         leases: list[Lease] = []

@@ -17,7 +17,7 @@ from ..._model._errors import InvalidArgument
 from ..._model._settle_results import SettleKind
 from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
-from .._shared import Waiters
+from .._shared import Rotation, Waiters
 from ._append import AppendOps
 from ._claim_keyed import KeyedFetchOps
 from ._client import check_client, check_url, database_name, split_url_options
@@ -112,7 +112,7 @@ class MongoBackend(
         self._transactions = False
         self._opened = False
         self._open_lock = asyncio.Lock()
-        self._rotation = {}
+        self._rotation = Rotation()
         self._append_locks = {}
         self._waiters = Waiters()
         self._watcher = Watcher(self._waiters, self._where)

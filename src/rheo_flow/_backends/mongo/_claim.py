@@ -91,7 +91,7 @@ class FetchOps(MongoCore):
         ids = list(range(len(g.parts))) if partitions is None else list(partitions)
         if not ids or limit <= 0:
             return []
-        ids = self._rotate(g.id, ids)
+        ids = self._rotation.order(g.id, ids)
         waters = await self._waters(stream, ids)
 
         async def claim(attempt: int) -> list[Lease]:
@@ -108,12 +108,6 @@ class FetchOps(MongoCore):
                                  attempts=_CLAIM_ROUNDS)
         except _AllLost:
             return []
-
-    def _rotate(self, group_id: Any, ids: list[int]) -> list[int]:
-        """``ids`` starting one further on than the last fetch of the group, as in the reference."""
-        rotation = (self._rotation.get(group_id, 0) + 1) % len(ids)
-        self._rotation[group_id] = rotation
-        return ids[rotation:] + ids[:rotation]
 
     async def _claim(
         self,

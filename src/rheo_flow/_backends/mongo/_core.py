@@ -18,7 +18,7 @@ from ..._model._capabilities import Capabilities
 from ..._model._errors import UnknownGroup, UnknownStream
 from ..._model._event import Event
 from ..._support._clock import Clock
-from .._shared import Waiters
+from .._shared import Rotation, Waiters
 from .._urls import redact_url, scrub_secrets
 from ._client import DEFAULT_DATABASE, greet, make_client, resolve, supports_transactions
 from ._documents import Group, event_id, event_of, partition_id
@@ -49,8 +49,8 @@ class MongoCore:
     _transactions: bool
     _opened: bool
     _open_lock: asyncio.Lock
-    _rotation: dict[Any, int]
-    """Per group id: where the next fetch starts its round-robin over the partitions."""
+    _rotation: Rotation[Any]
+    """Per group id: where the next fetch starts its round of partitions."""
     _append_locks: dict[str, asyncio.Lock]
     _waiters: Waiters
     _watcher: Watcher

@@ -79,4 +79,4 @@ class RetentionOps(MongoCore):
     async def _delete_group(self, group_id: Any) -> None:
         await self._deliveries.delete_many({"g": group_id})
         await self._groups.delete_one({"_id": group_id})
-        self._rotation.pop(group_id, None)
+        self._rotation.forget(group_id)

@@ -17,6 +17,7 @@ from ..._model._capabilities import Capabilities
 from ..._model._errors import InvalidArgument, UnknownGroup, UnknownStream
 from ..._model._settle_results import SettleKind
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms
+from .._shared import Rotation
 from .._urls import check_hosts, redact_url
 from . import _errors
 from ._config import (
@@ -106,8 +107,7 @@ class PostgresCore(Backend):
         self._opened = False
         self._streams: dict[str, StreamMeta] = {}
         self._groups: dict[tuple[str, str], int] = {}
-        self._rotation: dict[int, int] = {}
-        """Where each group's next fetch starts in its partitions (round-robin)."""
+        self._rotation: Rotation[int] = Rotation()
         self._listener = Listener(self._channel, self._listen_connection,
                                   self._release_listen_connection)
 

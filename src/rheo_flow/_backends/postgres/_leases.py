@@ -107,9 +107,7 @@ class LeaseOps(PostgresCore):
         gid = await self._group_id(stream, group)
         ids = list(range(meta.partitions)) if partitions is None else list(partitions)
         if ids:
-            rotation = (self._rotation.get(gid, 0) + 1) % len(ids)
-            self._rotation[gid] = rotation
-            ids = ids[rotation:] + ids[:rotation]
+            ids = self._rotation.order(gid, ids)
             self._listener.fetching(stream)
         return gid, ids
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from ..._model._errors import BackendError, StoreLost, UnknownGroup, UnknownStream
 from ..._model._settle_results import SettleKind
+from .._shared import Rotation
 from ._codec import stream_record, text
 from ._driver import Client
 from ._errors import DRIVER_ERRORS, classify, store_lost, translate
@@ -39,8 +40,8 @@ class RedisCore:
     _partitions: dict[str, int]
     """Partition counts of the streams known to exist."""
     _known_groups: set[tuple[str, str]]
-    _rotation: dict[tuple[str, str], int]
-    """Per (stream, group), how many multi-partition fetches ran (the first partition)."""
+    _rotation: Rotation[tuple[str, str]]
+    """Per (stream, group), where the next fetch starts its round of partitions."""
     _seen: dict[str, list[int]]
     _stale: dict[str, set[int]]
     _valid_keys: dict[tuple[Any, Any, Any], bool]
@@ -58,7 +59,7 @@ class RedisCore:
     def _init_caches(self) -> None:
         self._partitions = {}
         self._known_groups = set()
-        self._rotation = {}
+        self._rotation = Rotation()
         self._seen = {}
         self._stale = {}
         self._valid_keys = {}
@@ -177,6 +178,8 @@ class RedisCore:
         self._known_groups.difference_update(gone(self._known_groups))
         for key in gone(self._consumers):
             self._tracked -= len(self._consumers.pop(key))
-        for cache in (self._keys.cache, self._valid_keys, self._rotation, self._cursors):
+        for group_key in gone(self._rotation.groups()):
+            self._rotation.forget(group_key)
+        for cache in (self._keys.cache, self._valid_keys, self._cursors):
             for key in gone(cache):
                 del cache[key]

@@ -69,12 +69,7 @@ class FetchOperations(RedisCore):
         if not ids:
             return [], await self._eval(first)
         self._track_consumer(stream, group, consumer_id)
-        if len(ids) > 1:
-            # Start with another partition each time so no partition is always last.
-            turn = self._rotation.get((stream, group), 0) + 1
-            self._rotation[(stream, group)] = turn
-            shift = turn % len(ids)
-            ids = ids[shift:] + ids[:shift]
+        ids = self._rotation.order((stream, group), ids)
         per: dict[int, list[Lease]] = {}
         left: dict[int, int] = {}
         scan: set[int] = set()

@@ -23,7 +23,7 @@ from ..._backend import MAX_ATTEMPTS_REASON
 from ..._model._errors import BackendError
 from ..._model._lease import Lease, make_lease
 from ..._support._clock import Clock
-from .._shared import round_robin
+from .._shared import Rotation, round_robin
 from .._transitions import Settled, expire
 from . import _sql as sql
 from ._catalog import get_group
@@ -65,7 +65,7 @@ class Fetcher:
     def __init__(self, clock: Clock, path: str) -> None:
         self._clock = clock
         self._path = path
-        self._rotation: dict[int, int] = {}
+        self._rotation: Rotation[int] = Rotation()
 
     def fetch(
         self,
@@ -85,7 +85,7 @@ class Fetcher:
         ids = list(range(progress.partitions)) if partitions is None else partitions
         if not ids:
             return []
-        ids = self._rotate(progress.group_id, ids)
+        ids = self._rotation.order(progress.group_id, ids)
         if progress.ordered:
             return KeyedFetch(conn, progress.group_id, progress.max_attempts,
                               progress.stream_id, now, limit).run(
@@ -100,11 +100,6 @@ class Fetcher:
         batch = _Batch(progress, ids, existing, expired, order, now + lease_ms)
         batch.write(conn, consumer_id)
         return batch.leases(conn, stream, group, consumer_id, self._path)
-
-    def _rotate(self, group_id: int, ids: list[int]) -> list[int]:
-        rotation = (self._rotation.get(group_id, 0) + 1) % len(ids)
-        self._rotation[group_id] = rotation
-        return ids[rotation:] + ids[:rotation]
 
 
 def _read_progress(conn: sqlite3.Connection, stream: str, group: str) -> _Progress | None:
