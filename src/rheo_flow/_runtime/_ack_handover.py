@@ -37,7 +37,7 @@ runtime, whose observer sees the results)."""
 class AckHandover:
     """The acks handed to a feeder waiting for room (one batch or several)."""
 
-    __slots__ = ("_alone", "_handed", "_in_flight", "_landed", "source", "waiting")
+    __slots__ = ("_handed", "_in_flight", "_landed", "source", "waiting")
 
     def __init__(self) -> None:
         self.waiting = False
@@ -45,7 +45,6 @@ class AckHandover:
         self.source: Callable[[], list[Lease]] | None = None
         """Where a runtime's finished acks wait (see :meth:`collect`)."""
         self._handed: list[Handed] = []
-        self._alone: set[asyncio.Future[None]] = set()
         self._in_flight = 0
         self._landed = asyncio.Event()
         """Set (and replaced) as each fetch call returns."""
@@ -70,12 +69,6 @@ class AckHandover:
         """Wait until a fetch under way returned."""
         if self._in_flight:
             await self._landed.wait()
-
-    def keep(self, task: asyncio.Future[None]) -> None:
-        """Hold on to ``task`` (acks a halted or cancelled feeder sends on their own) until
-        it is done."""
-        self._alone.add(task)
-        task.add_done_callback(self._alone.discard)
 
     def offer(self, acks: list[Lease]) -> asyncio.Future[list[SettleResult]] | None:
         """Hand ``acks`` to the feeder's next call: the future of their results, or None

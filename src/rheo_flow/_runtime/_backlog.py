@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._rheo import Partitions, Rheo
+from ._lifecycle import Lifecycle, State
 
 if TYPE_CHECKING:
     from ._producer import Producer
 
-__all__ = ["wait_caught_up", "wait_producer_caught_up"]
+__all__ = ["run_until_empty", "wait_caught_up", "wait_producer_caught_up"]
+
+
+class _Runtime(Protocol):
+    async def start(self) -> Any: ...
+    async def drain(self, timeout: float | None = None, *, hand_back: bool = False
+                    ) -> bool: ...
+    async def stop(self) -> None: ...
 
 
 async def wait_caught_up(
@@ -48,3 +56,26 @@ async def wait_producer_caught_up(producer: Producer, *, stopped: Callable[[], b
     return await wait_caught_up(producer.rheo, producer.stream, producer.group,
                                 producer.partitions,
                                 interval=min(producer.poll_ms / 1000, 1.0), stopped=stopped)
+
+
+async def run_until_empty(runtime: _Runtime, life: Lifecycle, producer: Producer,
+                          timeout: float | None, *, stopped: Callable[[], bool]) -> bool:
+    """The ``run_until_empty`` of every runtime: start it unless started, wait until the
+    backlog seen now is settled (or ``stopped()``), drain handing back what no handler
+    started, stop. True when the backlog was settled and the drain was clean; False
+    when ``timeout`` seconds passed first or the runtime stopped on its own; the
+    runtime's fatal error, if one stopped it, is raised."""
+    if life.state is State.NEW:
+        await runtime.start()
+    reached = False
+    try:
+        async with asyncio.timeout(timeout):
+            reached = await wait_producer_caught_up(producer, stopped=stopped)
+            if reached and life.state is State.RUNNING:
+                reached = await runtime.drain(hand_back=True)
+    except TimeoutError:
+        reached = False
+    finally:
+        await runtime.stop()
+    life.raise_failure()
+    return reached

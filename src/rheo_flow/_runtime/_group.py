@@ -20,7 +20,7 @@ import asyncio
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Self, TypeAlias
 
@@ -29,19 +29,17 @@ from .._model._errors import (
     AlreadyStarted,
     InvalidArgument,
     NotStarted,
-    RheoError,
     SetupRefused,
-    StoreLost,
 )
 from .._model._event import Event
 from .._model._failure import describe
 from .._model._outcome import Context, Outcome
 from .._rheo import Partitions, Rheo
-from .._support._waiting import cancel_and_wait
-from ._backlog import wait_producer_caught_up
+from ._backlog import run_until_empty
 from ._backoff import Backoff
 from ._group_loop import EventHandler, GroupLoop, GroupStats, short_repr
 from ._group_options import resolve_group_options
+from ._lifecycle import Lifecycle, State
 from ._options import CONSUMER, GROUP, validate
 from ._producer import Producer
 from ._retry_policy import RetryPolicy
@@ -53,9 +51,6 @@ log = logging.getLogger("rheo_flow.group")
 
 _REGISTRY: dict[tuple[str, str, str], Group] = {}
 """Running groups of this process, by (instance id, stream, group)."""
-
-_State = Literal["new", "starting", "running", "stopping", "stopped"]
-
 
 class Consumer(ABC):
     """Base class of a consumer group's handler.
@@ -115,6 +110,8 @@ class Consumer(ABC):
     """The delay before a failed event is redelivered (handler errors, invalid outcomes,
     :class:`Retry` without ``delay_ms``); ``None``: ``RetryPolicy()``, exponential
     backoff from 1 s to 5 min with full jitter."""
+    shutdown_timeout: float = 30.0
+    """Seconds leaving ``async with`` waits for the group to drain before it stops."""
 
     def __init__(self, **options: Any) -> None:
         CONSUMER.check_keys(options)
@@ -266,6 +263,7 @@ class Group:
             fetch_size=o["fetch_size"], lease_ms=o["lease_ms"], poll_ms=o["poll_ms"],
             consumer_id=o["consumer_id"], partitions=self._partitions,
             max_attempts=o["max_attempts"], ordering=o["ordering"], backoff=backoff,
+            shutdown_timeout=o["shutdown_timeout"],
         )
         shared = self._producer._stats
         self.stats = GroupStats(fetch_failures=shared.fetch_failure_kinds,
@@ -275,13 +273,10 @@ class Group:
                                concurrency=self._concurrency, retry_policy=o["retry_policy"],
                                stats=self.stats, observer=observer)
         self._producer._observer = self._loop.observe  # one call per settle call, not per lease
-        self._state: _State = "new"
-        self._done = asyncio.Event()
+        self._life = Lifecycle(f"group {o['stream']}/{o['group']}", self._shutdown)
         self._feed_task: asyncio.Task[None] | None = None
         self._acker_task: asyncio.Task[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
-        self._stop_task: asyncio.Task[None] | None = None
-        self._failure: BaseException | None = None
         self._lag: _telemetry.LagTracker | None = None
 
     # Introspection -------------------------------------------------------------
@@ -314,7 +309,12 @@ class Group:
     @property
     def running(self) -> bool:
         """Whether the group has started and is not stopping."""
-        return self._state == "running"
+        return self._life.state in (State.RUNNING, State.DRAINING)
+
+    @property
+    def state(self) -> State:
+        """``new``, ``starting``, ``running``, ``draining``, ``stopping`` or ``stopped``."""
+        return self._life.state
 
     @property
     def inflight(self) -> int:
@@ -323,7 +323,7 @@ class Group:
 
     def __repr__(self) -> str:
         return (f"<Group {self.stream}/{self.group} consumer={self.consumer_id} "
-                f"{self._state} inflight={len(self._producer.inflight)}>")
+                f"{self._life.state} inflight={len(self._producer.inflight)}>")
 
     # Lifecycle -----------------------------------------------------------------
 
@@ -336,10 +336,11 @@ class Group:
         :class:`~rheo_flow.UnknownStream` / :class:`~rheo_flow.InvalidArgument`
         for a missing stream or a partition it does not have.
         """
-        if self._state != "new":
+        life = self._life
+        if life.state is not State.NEW:
             raise AlreadyStarted(f"{self!r} was already started; build a new Group to run again")
         self._claim_slot()
-        self._state = "starting"
+        life.state = State.STARTING
         try:
             with _telemetry.detached():  # the renewer must not inherit the caller's span
                 await self._producer.start()
@@ -349,18 +350,18 @@ class Group:
                 await self._producer.stop()
                 raise
         except BaseException:
-            self._state = "stopped"
             self._release_slot()
-            self._done.set()
+            life.ended()
             raise
         loop = self._loop
+        spawn = life.tasks.spawn
         with _telemetry.detached():  # the tasks must not inherit the caller's span
-            self._feed_task = self._spawn(loop.feed(), "fetch")
-            self._acker_task = self._spawn(loop.acknowledge(), "ack")
-            self._workers = [self._spawn(loop.work(i), f"worker-{i}")
+            self._feed_task = spawn(loop.feed(), "fetch")
+            self._acker_task = spawn(loop.acknowledge(), "ack")
+            self._workers = [spawn(loop.work(i), f"worker-{i}")
                              for i in range(self._concurrency)]
         self._lag = _telemetry.track_lag(self._rheo, self.stream, self.group, self._partitions)
-        self._state = "running"
+        life.state = State.RUNNING
         log.info("group %s/%s started (consumer %s, max_demand %d, concurrency %d)",
                  self.stream, self.group, self.consumer_id, self._producer.max_demand,
                  self._concurrency)
@@ -374,13 +375,13 @@ class Group:
         :class:`~rheo_flow.RheoError` when an internal task of the group crashed,
         and :class:`~rheo_flow.StoreLost` when the backend lost the stream's data.
         """
-        if self._state == "new":
+        if self._life.state is State.NEW:
             await self.start()
         try:
-            await self._done.wait()
+            await self._life.done.wait()
         finally:
             await self.stop()
-        self._raise_failure()
+        self._life.raise_failure()
 
     async def run_until_empty(self, timeout: float | None = None) -> bool:
         """Start (unless started), consume until the backlog seen at the start is
@@ -395,29 +396,8 @@ class Group:
         seconds pass first (the group is stopped as by :meth:`stop`). Raises as
         :meth:`run` when the group crashes.
         """
-        if self._state == "new":
-            await self.start()
-        reached = False
-        try:
-            async with asyncio.timeout(timeout):
-                reached = await wait_producer_caught_up(self._producer,
-                                                        stopped=self._done.is_set)
-                if reached and self._state == "running":
-                    await self.drain(hand_back=True)
-        except TimeoutError:
-            reached = False
-        finally:
-            await self.stop()
-        self._raise_failure()
-        return reached
-
-    def _raise_failure(self) -> None:
-        if isinstance(self._failure, StoreLost):
-            raise self._failure
-        if self._failure is not None:
-            raise RheoError(f"group {self.stream}/{self.group} crashed: "
-                             f"{type(self._failure).__name__}: {self._failure}"
-                             ) from self._failure
+        return await run_until_empty(self, self._life, self._producer, timeout,
+                                     stopped=self._life.done.is_set)
 
     async def drain(self, timeout: float | None = None, *, hand_back: bool = False) -> bool:
         """Stop fetching and wait until every inflight lease has settled.
@@ -438,8 +418,10 @@ class Group:
             or not math.isfinite(timeout) or timeout < 0
         ):
             raise InvalidArgument(f"timeout must be None or seconds >= 0, got {timeout!r}")
-        if self._state != "running":
+        life = self._life
+        if life.state not in (State.RUNNING, State.DRAINING):
             raise NotStarted(f"cannot drain {self!r}: it is not running")
+        life.state = State.DRAINING
         if hand_back:
             self._loop.hand_back_unstarted()
         # The producer stops fetching (a fetch in progress hands its leases to the
@@ -453,17 +435,12 @@ class Group:
         Leases whose handler was cancelled or had not started are nacked with
         reason ``"shutdown"`` (one call) so that another consumer gets them without
         waiting for expiry. For a graceful stop call :meth:`drain` first.
-        Idempotent; cancelling the caller does not interrupt the shutdown.
+        Idempotent; cancelling the caller does not interrupt the shutdown (the
+        cancellation is raised to the caller as it goes on).
         """
-        if self._state == "new":
-            self._state = "stopped"
-            self._done.set()
-            return
-        if self._state == "stopped" and self._stop_task is None:
-            return  # start() failed: nothing runs
-        if self._state == "starting":
+        if self._life.state is State.STARTING:
             raise NotStarted(f"cannot stop {self!r} while it is starting")
-        await asyncio.shield(self._begin_stop())
+        await self._life.stop()
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -474,7 +451,11 @@ class Group:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.stop()
+        try:
+            if exc is None and self._life.state is State.RUNNING:
+                await self.drain(self._options["shutdown_timeout"])
+        finally:
+            await self.stop()
 
     def _key(self) -> tuple[str, str, str]:
         return (self._rheo.instance_id, self.stream, self.group)
@@ -495,47 +476,28 @@ class Group:
         if _REGISTRY.get(key) is self:
             del _REGISTRY[key]
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], role: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro, name=f"rheo-group {self.stream}/{self.group} {role}")
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is None or self._state in ("stopping", "stopped"):
-            return
-        log.error("group %s/%s: task %s crashed; stopping the group", self.stream,
-                  self.group, task.get_name(), exc_info=exc)
-        self._failure = exc
-        self._begin_stop()
-
-    def _begin_stop(self) -> asyncio.Task[None]:
-        if self._stop_task is None:
-            self._state = "stopping"
-            self._stop_task = asyncio.ensure_future(self._shutdown())
-        return self._stop_task
-
     async def _shutdown(self) -> None:
+        """Stop fetching, cancel the handlers, settle what finished, hand back the rest;
+        then stop the producer, always (the lifecycle cancels whatever is left)."""
         producer = self._producer
+        tasks = self._life.tasks
         try:
             producer.halt()  # even a fetch that outlives the cancel below returns nothing more
-            await cancel_and_wait([self._feed_task])
-            await cancel_and_wait(self._workers)
+            await tasks.cancel([self._feed_task])
+            await tasks.cancel(self._workers)
             leftovers = self._loop.close()
             if self._acker_task is not None:
                 await asyncio.wait([self._acker_task])
             if leftovers:
                 await self._loop.hand_back(leftovers)
         finally:
-            await cancel_and_wait([self._feed_task, self._acker_task, *self._workers])
-            await producer.stop()
-            if self._lag is not None:
-                await self._lag.aclose()
-            self._release_slot()
-            self._state = "stopped"
-            self._done.set()
+            try:
+                await tasks.cancel()
+                await producer.stop()
+                if self._lag is not None:
+                    await self._lag.aclose()
+            finally:
+                self._release_slot()
             log.info("group %s/%s stopped (consumer %s)", self.stream, self.group,
                      self.consumer_id)
 

@@ -403,7 +403,7 @@ def _defaults(*names: str, **overrides: Any) -> dict[str, Any]:
 
 _GROUP_OPTIONS = ("stream", "group", "max_demand", "concurrency", "fetch_size", "lease_ms",
                   "poll_ms", "consumer_id", "partitions", "max_attempts", "ordering",
-                  "retry_policy")
+                  "retry_policy", "shutdown_timeout")
 
 CONSUMER: Final = Runtime(
     "Consumer",

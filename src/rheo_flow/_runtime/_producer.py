@@ -16,11 +16,10 @@ unstarted leases back on shutdown behave the same in both.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from .._model._errors import AlreadyStarted, InvalidArgument, NotStarted, StoreLost
 from .._model._lease import Lease
@@ -31,6 +30,7 @@ from .._support._waiting import first_of, wait_event
 from ._ack_handover import AckHandover, ack_then_fetch, resolve
 from ._backoff import Backoff
 from ._inflight import Inflight
+from ._lifecycle import Lifecycle, State
 from ._options import PRODUCER
 from ._producer_stats import ProducerStats
 from ._renewal import renew_forever
@@ -47,9 +47,6 @@ from ._settle_calls import (
 __all__ = ["Producer", "ProducerStats"]
 
 log = logging.getLogger("rheo_flow.producer")
-
-State = Literal["new", "running", "draining", "stopped"]
-
 
 class Producer:
     """Demand-driven source of leases for one (stream, group).
@@ -124,14 +121,15 @@ class Producer:
         """Called once per settle call (a runtime over the producer sets its own)."""
         self._shutdown_timeout = float(shutdown_timeout)
         self._inflight = Inflight(self._max_demand)
-        self._state: State = "new"
+        self._life = Lifecycle(f"producer {self._stream}/{self._group}", self._shutdown)
         self._fetch_lock = asyncio.Lock()
         self._reserved = 0  # leases the fetches under way may bring: room they hold
         self._wake = asyncio.Event()  # set on every release and drain/stop: wakes a demand
         self._halt = asyncio.Event()  # set when fetching must stop (drain or stop)
         self._poke = asyncio.Event()
         """Ends an idle wait early: set on halt and when a nack made work available."""
-        self._renewer: asyncio.Task[None] | None = None
+        self._acks_alone: set[asyncio.Task[Any]] = set()
+        """Acks a halted or cancelled demand sends on their own: a stop waits for them."""
         self._stats = ProducerStats()
         self._handover = AckHandover()  # acks riding on a waiting demand's next fetch
 
@@ -189,8 +187,8 @@ class Producer:
 
     @property
     def state(self) -> State:
-        """``new``, ``running``, ``draining`` or ``stopped``."""
-        return self._state
+        """``new``, ``running``, ``draining``, ``stopping`` or ``stopped``."""
+        return self._life.state
 
     def stats(self) -> ProducerStats:
         """A snapshot of the counters."""
@@ -204,7 +202,7 @@ class Producer:
         Raises :class:`~rheo_flow.AlreadyStarted` when called twice and
         :class:`~rheo_flow.UnknownStream` when the stream does not exist.
         """
-        if self._state != "new":
+        if self._life.state is not State.NEW:
             raise AlreadyStarted(f"producer {self._consumer_id} was already started")
         info = await self._rheo.stream_info(self._stream)
         if self._partitions != "all":
@@ -218,12 +216,10 @@ class Producer:
         # after every settle would make the processes sharing a file wait on its lock.
         self._refetch_after_settle = (group.ordering == "key"
                                       and self._rheo.capabilities.distributed)
-        self._state = "running"
-        self._renewer = asyncio.create_task(
-            renew_forever(self._rheo, self._inflight, self._lease_ms, self._stats,
-                          self._stream, self._group),
-            name=f"rheo-producer-renew-{self._consumer_id}"
-        )
+        self._life.state = State.RUNNING
+        self._life.tasks.spawn(renew_forever(self._rheo, self._inflight, self._lease_ms,
+                                             self._stats, self._stream, self._group),
+                               f"renewer {self._consumer_id}")
         return self
 
     async def drain(self, timeout: float | None = None) -> bool:
@@ -233,28 +229,36 @@ class Producer:
         inflight (renewal then stops and the producer is stopped); False when
         ``timeout`` seconds passed first (it keeps renewing: call :meth:`stop`).
         """
-        if self._state == "new":
-            self._state = "stopped"
+        life = self._life
+        if life.state is State.NEW:
+            life.ended()
             return True
-        if self._state == "stopped":
+        if life.stopping:
+            await life.stop()
             return not self._inflight
-        self._state = "draining"
+        life.state = State.DRAINING
         self._halt_fetching()
         if not await self._inflight.wait_empty(timeout):
             return False
-        await self._stop_renewing()
-        self._state = "stopped"
+        await life.stop()
         return True
 
     async def stop(self) -> None:
         """Stop fetching and renewing now; leases still inflight are left to expire.
 
         To give unstarted leases back to the group first, pass them to
-        :meth:`hand_back`.
+        :meth:`hand_back`. Idempotent; a cancellation of the caller is raised while
+        the stop goes on to its end.
         """
         self._halt_fetching()
-        self._state = "stopped"
-        await self._stop_renewing()
+        await self._life.stop()
+
+    async def _shutdown(self) -> None:
+        """Stop fetching, let acks sent on their own finish; the lifecycle then cancels
+        the renewer."""
+        self._halt_fetching()
+        if self._acks_alone:
+            await asyncio.wait(self._acks_alone)
         if self._inflight:
             log.info("producer %s stopped with %d leases inflight: left to expire",
                      self._consumer_id, len(self._inflight))
@@ -268,13 +272,6 @@ class Producer:
         self._halt.set()
         self._wake.set()
         self._poke.set()
-
-    async def _stop_renewing(self) -> None:
-        task, self._renewer = self._renewer, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -299,7 +296,7 @@ class Producer:
         empty list means the producer is draining or stopped.
         """
         check_positive_int("n", n)
-        if self._state == "new":
+        if self._life.state is State.NEW:
             raise NotStarted("start the producer before asking it for leases")
         async with self._fetch_lock:
             try:
@@ -314,7 +311,7 @@ class Producer:
             finally:
                 handed = self._handover.take()
                 if handed is not None:  # halted or cancelled: the acks go out alone
-                    self._handover.keep(asyncio.ensure_future(self._ack_alone(*handed)))
+                    self._send_alone(*handed)
 
     async def batches(self, size: int) -> AsyncIterator[list[Lease]]:
         """Leases in lists of at most ``size``, as demand allows, until drained or stopped."""
@@ -329,7 +326,7 @@ class Producer:
         """A fetch beside :meth:`demand`'s (not under its lock), for a runtime that keeps
         two under way while a backlog lasts: one round, never an idle wait; ``[]`` when
         it had no room, failed, fetched nothing, or fetching stopped."""
-        if self._halt.is_set() or self._state != "running":
+        if self._halt.is_set() or self._life.state is not State.RUNNING:
             return []
         return await self._fetch_round(n, wait=False) or []
 
@@ -380,7 +377,7 @@ class Producer:
 
     def _took(self, leases: list[Lease]) -> list[Lease]:
         """Track the leases a fetch returned (none once stopped: they expire)."""
-        if self._halt.is_set() and self._state == "stopped":
+        if self._life.stopping:
             # Stopped while fetching: nobody will settle these; let them expire.
             return []
         if leases:
@@ -436,6 +433,20 @@ class Producer:
             self._count("ack", acks, results)
             resolve(done, results)
         return took
+
+    def _send_alone(self, acks: list[Lease],
+                    done: asyncio.Future[list[SettleResult]] | None) -> None:
+        """:meth:`_ack_alone` in a task of the producer's, which a stop waits for."""
+        async def send() -> None:
+            try:
+                await self._ack_alone(acks, done)
+            except Exception as exc:  # their waiter, if any, has it; else they expire
+                log.warning("acks of %d leases on %s/%s failed: %s", len(acks),
+                            self._stream, self._group, exc)
+
+        task = self._life.tasks.spawn(send(), "acks")
+        self._acks_alone.add(task)
+        task.add_done_callback(self._acks_alone.discard)
 
     async def _ack_alone(self, acks: list[Lease],
                          done: asyncio.Future[list[SettleResult]] | None) -> None:

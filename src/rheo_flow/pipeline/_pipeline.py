@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,11 +10,12 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from .. import _telemetry
-from .._model._errors import AlreadyStarted, InvalidArgument, StoreLost
+from .._model._errors import AlreadyStarted, InvalidArgument
 from .._model._lease import Lease
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
-from .._runtime._backlog import wait_producer_caught_up
+from .._runtime._backlog import run_until_empty
 from .._runtime._fetch_pair import Backlog, lead_and_follow
+from .._runtime._lifecycle import Lifecycle, State
 from .._runtime._options import MAX_DEMAND, PIPELINE
 from .._runtime._producer import Producer
 from .._runtime._retry_policy import RetryPolicy
@@ -32,8 +32,6 @@ from ._topology import ProducerTopology, Topology, batcher_topology, processor_t
 __all__ = ["Pipeline", "PipelineStats"]
 
 log = logging.getLogger("rheo_flow.pipeline")
-
-State = Literal["new", "running", "draining", "stopped"]
 
 DEFAULT_BATCH_GUESS = 100
 """Messages assumed per batch when sizing ``max_inflight`` for a :class:`BatchSize` batcher."""
@@ -145,9 +143,9 @@ class Pipeline:
         self._shutdown_timeout = float(shutdown_timeout)
         self._stages: Stages | None = None
         self._dispatcher: asyncio.Task[None] | None = None
-        self._lost: StoreLost | None = None
         self._stopping = asyncio.Event()
-        self._state: State = "new"
+        self._life = Lifecycle(f"pipeline {self._producer.stream}/{self._producer.group}",
+                               self._shutdown)
         self._lag: _telemetry.LagTracker | None = None
 
     # Introspection -------------------------------------------------------------
@@ -197,7 +195,7 @@ class Pipeline:
     @property
     def state(self) -> State:
         """``new``, ``running``, ``draining`` or ``stopped``."""
-        return self._state
+        return self._life.state
 
     @property
     def rate_limit(self) -> RateLimit | None:
@@ -254,14 +252,15 @@ class Pipeline:
 
     async def start(self) -> Self:
         """Start the producer, the stages and the fetch loop."""
-        if self._state != "new":
+        life = self._life
+        if life.state is not State.NEW:
             raise AlreadyStarted("this pipeline was already started; build a new one")
-        self._state = "running"
+        life.state = State.STARTING
         with _telemetry.detached():  # the tasks must not inherit the caller's span
             try:
                 await self._producer.start()
             except BaseException:
-                self._state = "stopped"
+                life.ended()
                 raise
             self._stages = Stages(
                 self._processors, self._batchers, self._callbacks, self._context,
@@ -270,29 +269,20 @@ class Pipeline:
             )
             self._stages.start()
             self._acknowledger.start()
-            self._dispatcher = asyncio.create_task(self._dispatch(),
-                                                   name="rheo-pipeline-producer")
+            self._dispatcher = life.tasks.spawn(self._dispatch(), "fetch")
         p = self._producer
         self._lag = _telemetry.track_lag(p.rheo, p.stream, p.group, p.partitions)
+        life.state = State.RUNNING
         return self
 
     async def _dispatch(self) -> None:
-        producer = self._producer
-        try:
-            if self._rate_limiter is None:
-                backlog = Backlog()
-                await lead_and_follow(self._fetch_loop(backlog), self._follow(backlog))
-            else:
-                await self._fetch_loop(None)
-        except asyncio.CancelledError:
-            raise
-        except StoreLost as exc:
-            log.error("the pipeline on %s/%s stopped fetching: %s", producer.stream,
-                      producer.group, exc)
-            self._lost = exc
-        except Exception:
-            log.exception("the pipeline on %s/%s stopped fetching", producer.stream,
-                          producer.group)
+        """Fetch and submit until stopped. An error ends it, and stops the pipeline as a
+        fatal error (raised by :meth:`drain` and :meth:`run_until_empty`)."""
+        if self._rate_limiter is None:
+            backlog = Backlog()
+            await lead_and_follow(self._fetch_loop(backlog), self._follow(backlog))
+        else:
+            await self._fetch_loop(None)
 
     async def _fetch_loop(self, backlog: Backlog | None) -> None:
         """Fetch through ``demand`` (which waits for work) and submit, until stopped."""
@@ -348,24 +338,12 @@ class Pipeline:
         ``drain(hand_back=True)``. Returns True then, False when ``timeout``
         seconds pass first (the pipeline is stopped as by :meth:`stop`).
         """
-        if self._state == "new":
-            await self.start()
-        p = self._producer
-        reached = False
-        try:
-            async with asyncio.timeout(timeout):
-                reached = await wait_producer_caught_up(p, stopped=self._fetching_ended)
-                if self._state == "running":
-                    reached = await self.drain(hand_back=True) and reached
-        except TimeoutError:
-            reached = False
-        finally:
-            await self.stop()
-        return reached
+        return await run_until_empty(self, self._life, self._producer, timeout,
+                                     stopped=self._fetching_ended)
 
     def _fetching_ended(self) -> bool:
-        return self._state != "running" or (self._dispatcher is not None
-                                            and self._dispatcher.done())
+        return self._life.state is not State.RUNNING or (self._dispatcher is not None
+                                                         and self._dispatcher.done())
 
     async def drain(self, timeout: float | None = None, *, hand_back: bool = False) -> bool:
         """Stop fetching, finish the processors, flush every open batch (trigger
@@ -383,73 +361,77 @@ class Pipeline:
         (False). Raises :class:`~rheo_flow.StoreLost` when fetching stopped because
         the backend lost the stream's data.
         """
-        if self._state == "new":
-            self._state = "stopped"
+        life = self._life
+        if life.state is State.NEW:
+            life.ended()
             return True
-        if self._state in ("draining", "stopped"):
+        if life.state is State.DRAINING:
             return not self._producer.inflight
-        self._state = "draining"
-        self._stopping.set()
+        if life.stopping:
+            await life.stop()
+            life.raise_failure()
+            return not self._producer.inflight
+        life.state = State.DRAINING
         budget = self._shutdown_timeout if timeout is None else timeout
-        producer_drained = asyncio.ensure_future(self._producer.drain(budget))
+        clean = False
         try:
             async with asyncio.timeout(budget):
-                if self._dispatcher is not None:
-                    await self._dispatcher
-                assert self._stages is not None
-                if hand_back:
-                    await self._acknowledger.hand_back(self._stages.processors.withdraw())
-                await self._stages.drain()
-                clean = await producer_drained
+                clean = await self._finish(hand_back)
         except TimeoutError:
-            clean = False
-        if not clean:
             log.warning("pipeline drain timed out after %.1fs with %d leases inflight: "
                         "handing them back", budget, len(self._producer.inflight))
-            await self._halt()
-            producer_drained.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await producer_drained
-        await self._acknowledger.close()
-        self._state = "stopped"
-        await self._untrack_lag()
-        if self._lost is not None:
-            raise self._lost
+        finally:
+            await self.stop()  # hands back whatever is left; shielded from our caller
+        life.raise_failure()
         return clean
+
+    async def _finish(self, hand_back: bool) -> bool:
+        """Stop fetching, finish (or hand back) what the stages hold, flush the batches,
+        and wait until nothing is inflight; True then."""
+        self._stopping.set()
+        self._producer.halt()
+        if self._dispatcher is not None:
+            await asyncio.wait([self._dispatcher])
+        stages = self._stages
+        if stages is None:
+            raise RuntimeError("a running pipeline has its stages")
+        if hand_back:
+            await self._acknowledger.hand_back(stages.processors.withdraw())
+        await stages.drain()
+        return await self._producer.drain()
 
     async def stop(self) -> None:
         """Stop now: cancel the stages, hand back every lease still inflight (one nack
         with reason ``"shutdown"``, as :meth:`Group.stop <rheo_flow.Group.stop>`
         does) so that another consumer takes them without waiting for their
-        expiry, and stop renewing. For a graceful stop call :meth:`drain` first."""
-        if self._state == "stopped":
-            await self._producer.stop()
-            return
-        self._state = "stopped"
+        expiry, and stop renewing. For a graceful stop call :meth:`drain` first.
+        Idempotent; cancelling the caller does not interrupt the shutdown (the
+        cancellation is raised to the caller as it goes on)."""
         self._stopping.set()
-        await self._halt()
-        await self._untrack_lag()
+        await self._life.stop()
 
-    async def _untrack_lag(self) -> None:
-        lag, self._lag = self._lag, None
-        if lag is not None:
-            await lag.aclose()
-
-    async def _halt(self) -> None:
-        if self._dispatcher is not None and not self._dispatcher.done():
-            self._dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._dispatcher
-        if self._stages is not None:
-            await self._stages.cancel()
-        await self._acknowledger.close()  # what the stages acked is acked, not handed back
-        if self._producer.inflight:
+    async def _shutdown(self) -> None:
+        """Cancel fetching and the stages, send what they acked, hand back the rest; then
+        stop the producer and the lag tracking, always."""
+        self._stopping.set()
+        try:
+            await self._life.tasks.cancel([self._dispatcher])
+            if self._stages is not None:
+                await self._stages.cancel()
+            await self._acknowledger.close()  # what the stages acked is acked, not handed back
+            if self._producer.inflight:
+                try:
+                    await self._producer.hand_back_inflight()
+                except Exception:
+                    log.exception("handing back %d leases failed; leaving them to expire",
+                                  len(self._producer.inflight))
+        finally:
             try:
-                await self._producer.hand_back_inflight()
-            except Exception:
-                log.exception("handing back %d leases failed; leaving them to expire",
-                              len(self._producer.inflight))
-        await self._producer.stop()
+                await self._producer.stop()
+            finally:
+                lag, self._lag = self._lag, None
+                if lag is not None:
+                    await lag.aclose()
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -460,9 +442,11 @@ class Pipeline:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is None or isinstance(exc, Exception):
-            await self.drain()
-        await self.stop()
+        try:
+            if exc is None and self._life.state is State.RUNNING:
+                await self.drain()
+        finally:
+            await self.stop()
 
 
 def _inflight_bound(max_inflight: int | None, fetch_size: int | None, processors: Processors,

@@ -28,6 +28,8 @@ from ..._model._errors import InvalidArgument
 from ..._rheo import Rheo
 from ..._runtime._backlog import wait_producer_caught_up
 from ..._runtime._group import Consumer, Group
+from ..._runtime._lifecycle import State
+from ..._support._waiting import first_of
 from ...pipeline import Pipeline
 from ._health import Health
 
@@ -139,15 +141,12 @@ def _takes_argument(factory: Any) -> bool:
 
 
 def _ready(runtime: Runtime) -> bool:
-    return runtime.running if isinstance(runtime, Group) else runtime.state == "running"
+    return runtime.state is State.RUNNING
 
 
 async def _ended(runtime: Runtime) -> None:
     """Returns when the runtime stopped on its own (a crash, a lost store)."""
-    if isinstance(runtime, Group):
-        await runtime._done.wait()
-    elif runtime._dispatcher is not None:
-        await asyncio.wait([runtime._dispatcher])
+    await runtime._life.done.wait()
 
 
 class _Signals:
@@ -235,25 +234,25 @@ async def _wait_for_end(config: WorkerConfig, runtimes: list[Runtime],
                         stop: asyncio.Event) -> bool:
     """Wait for the stop signal (or the backlog, with ``until_empty``); True when a
     runtime ended on its own first."""
-    waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
-    ended = [asyncio.ensure_future(_ended(r)) for r in runtimes]
-    caught_up: asyncio.Future[Any] | None = None
-    if config.until_empty:
-        caught_up = asyncio.ensure_future(asyncio.gather(*(_caught_up(r) for r in runtimes)))
-        waits.append(caught_up)
-    try:
-        done, _ = await asyncio.wait([*waits, *ended], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in [*waits, *ended]:
-            task.cancel()
-        await asyncio.gather(*waits, *ended, return_exceptions=True)
-    if caught_up is not None and caught_up in done:
+    async def all_caught_up() -> None:
+        if config.until_empty:
+            await asyncio.gather(*(_caught_up(r) for r in runtimes))
+        else:
+            await stop.wait()  # never first: the stop signal is its own awaitable
+
+    signalled, caught_up, *ended = await first_of(
+        stop.wait(), all_caught_up(), *(_ended(r) for r in runtimes))
+    if _ended_well(caught_up) and not _ended_well(signalled):
         log.info("the backlog seen at the start is settled: draining")
         return False
-    if any(task in done for task in ended):
+    if any(_ended_well(runtime_ended) for runtime_ended in ended):
         log.error("a runtime stopped on its own: draining the others and exiting")
         return True
     return False
+
+
+def _ended_well(future: asyncio.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 async def _caught_up(runtime: Runtime) -> None:
