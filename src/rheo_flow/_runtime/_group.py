@@ -344,14 +344,13 @@ class Group:
         try:
             with _telemetry.detached():  # the renewer must not inherit the caller's span
                 await self._producer.start()
-            try:
-                self._loop.context = await _setup(self._consumer, self._options)
-            except BaseException:
-                await self._producer.stop()
-                raise
+            self._loop.context = await _setup(self._consumer, self._options)
         except BaseException:
-            self._release_slot()
-            life.ended()
+            try:
+                await self._producer.stop()
+            finally:
+                self._release_slot()
+                life.ended()
             raise
         loop = self._loop
         spawn = life.tasks.spawn

@@ -204,18 +204,22 @@ class Producer:
         """
         if self._life.state is not State.NEW:
             raise AlreadyStarted(f"producer {self._consumer_id} was already started")
-        info = await self._rheo.stream_info(self._stream)
-        if self._partitions != "all":
-            self._partitions = sorted({check_partition(p, info.partitions)
-                                       for p in self._partitions})
-        group = await self._rheo._ensure_group(self._stream, self._group,
-                                               max_attempts=self._max_attempts,
-                                               ordering=self._ordering)
-        # Across processes (a distributed store), a released key's next event is
-        # fetched again at once; an embedded one keeps to its poll, since fetching
-        # after every settle would make the processes sharing a file wait on its lock.
-        self._refetch_after_settle = (group.ordering == "key"
-                                      and self._rheo.capabilities.distributed)
+        try:
+            info = await self._rheo.stream_info(self._stream)
+            if self._partitions != "all":
+                self._partitions = sorted({check_partition(p, info.partitions)
+                                           for p in self._partitions})
+            group = await self._rheo._ensure_group(self._stream, self._group,
+                                                   max_attempts=self._max_attempts,
+                                                   ordering=self._ordering)
+            # Across processes (a distributed store), a released key's next event is
+            # fetched again at once; an embedded one keeps to its poll, since fetching
+            # after every settle would make the processes sharing a file wait on its lock.
+            self._refetch_after_settle = (group.ordering == "key"
+                                          and self._rheo.capabilities.distributed)
+        except BaseException:
+            self._life.ended()  # a failed start leaves nothing running
+            raise
         self._life.state = State.RUNNING
         self._life.tasks.spawn(renew_forever(self._rheo, self._inflight, self._lease_ms,
                                              self._stats, self._stream, self._group),
@@ -282,9 +286,11 @@ class Producer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is None:
-            await self.drain(self._shutdown_timeout)
-        await self.stop()
+        try:
+            if exc is None:
+                await self.drain(self._shutdown_timeout)
+        finally:
+            await self.stop()
 
     # Demand ------------------------------------------------------------------
 

@@ -260,7 +260,7 @@ class Pipeline:
             try:
                 await self._producer.start()
             except BaseException:
-                life.ended()
+                life.ended()  # the producer ended too: its start failed
                 raise
             self._stages = Stages(
                 self._processors, self._batchers, self._callbacks, self._context,
