@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Literal, Protocol
 
+from .._support._waiting import cancel_and_wait
 from . import _names as n
 from ._metrics import instruments
 from ._state import STATE
@@ -105,7 +106,4 @@ class LagTracker:
         self._closed = True
         STATE.lag_sources.discard(self)
         task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([task])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
@@ -14,6 +13,7 @@ from .._model._lease import Lease
 from .._model._validation import check_duration_ms
 from .._runtime._producer import Producer
 from .._runtime._retry_policy import RetryPolicy
+from .._support._waiting import cancel_and_wait
 from ._message import Message, MessageOutcome, OnFailure
 
 __all__ = ["Acknowledger", "ProducerAcknowledger"]
@@ -170,10 +170,7 @@ class ProducerAcknowledger(Acknowledger):
     async def close(self) -> None:
         """Settle the acks still queued, then stop queueing."""
         sender, self._sender = self._sender, None
-        if sender is not None:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
+        await cancel_and_wait([sender])
         await self._send_now()
 
     def _take_queued(self) -> list[Lease]:

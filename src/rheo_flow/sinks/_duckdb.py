@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .._backends._urls import require_driver
 from .._model._errors import InvalidArgument
+from .._support._waiting import cancel_and_wait
 from ._frontier import (
     Span,
     by_group,
@@ -169,9 +170,7 @@ class DuckDBSink(Sink):
     async def _close(self) -> None:
         task, self._exporter = self._exporter, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task])
             if self._written_since_export and self._export_dir is not None:
                 try:
                     await self._export_now(self._export_dir, self._export_partition_by)

@@ -80,8 +80,8 @@ class Watcher:
                 log.warning("the change stream on %s did not close within %.0f s; "
                             "left behind", self._where(), _CLOSE_S)
                 return
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                task.result()
+            if not task.cancelled():
+                task.exception()  # retrieved: asyncio would log it as never retrieved
 
     async def _watch(self, events: Any) -> None:
         while True:

@@ -30,6 +30,7 @@ from ..._model._outcome import Context, Outcome, Reject, Retry
 from ..._model._settle_results import Decision
 from ..._model._stream import DeadLetter
 from ..._rheo import Rheo
+from ..._support._waiting import cancel_and_wait
 from ._orders import RETRY_DELAY_MS, Billing, Shipping, generate_orders
 from ._state import GROUPS, MAX_ATTEMPTS, STREAM, DemoConfig, DemoResult, DemoState, GroupStats
 from ._view import render_line, render_live, render_summary
@@ -196,9 +197,7 @@ async def run_demo(
                          progress_every_s=progress_every_s)
         finally:
             stop.set()
-            producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await producer
+            await cancel_and_wait([producer])
             for outcome in await asyncio.gather(*workers, return_exceptions=True):
                 if isinstance(outcome, Exception):
                     raise outcome

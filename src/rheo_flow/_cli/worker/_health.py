@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..._support._waiting import cancel_and_wait
+
 __all__ = ["Health"]
 
 log = logging.getLogger("rheo_flow.worker")
@@ -79,10 +81,7 @@ class Health:
 
     async def close(self) -> None:
         """Stop reporting; the file is removed."""
-        if self._toucher is not None:
-            self._toucher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._toucher
+        await cancel_and_wait([self._toucher])
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
