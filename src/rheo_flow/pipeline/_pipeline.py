@@ -215,11 +215,12 @@ class Pipeline:
 
     def topology(self) -> Topology:
         """The producer, processors and batchers with their settings."""
-        p = self._producer
-        partitions = p.partitions
+        producer = self._producer
+        partitions = producer.partitions
         return Topology(
             producer=ProducerTopology(
-                p.stream, p.group, p.consumer_id, p.max_demand, p.lease_ms, p.poll_ms,
+                producer.stream, producer.group, producer.consumer_id, producer.max_demand,
+                producer.lease_ms, producer.poll_ms,
                 partitions if isinstance(partitions, str) else list(partitions),
                 self.rate_limit,
             ),
@@ -229,23 +230,23 @@ class Pipeline:
 
     def stats(self) -> PipelineStats:
         """A snapshot of the counters."""
-        p = self._producer.stats()
+        counts = self._producer.stats()
         stages = self._stages
         return PipelineStats(
             inflight=len(self._producer.inflight),
             max_inflight=self._producer.max_demand,
             in_processors=0 if stages is None else stages.in_processors,
             in_batchers=0 if stages is None else stages.in_batchers,
-            peak_inflight=p.peak_inflight,
+            peak_inflight=counts.peak_inflight,
             peak_in_processors=0 if stages is None else stages.processors.peak,
             peak_in_batchers=0 if stages is None else stages.peak_in_batchers,
-            fetched=p.fetched,
-            acked=p.acked,
-            nacked=p.nacked,
-            rejected=p.rejected,
+            fetched=counts.fetched,
+            acked=counts.acked,
+            nacked=counts.nacked,
+            rejected=counts.rejected,
             batches=0 if stages is None else sum(s.emitted for s in stages.batchers.values()),
-            settle_failures=p.settle_failures,
-            dead_lettered=p.dead_lettered,
+            settle_failures=counts.settle_failures,
+            dead_lettered=counts.dead_lettered,
         )
 
     # Lifecycle -------------------------------------------------------------------
@@ -270,8 +271,9 @@ class Pipeline:
             self._stages.start()
             self._acknowledger.start()
             self._dispatcher = life.tasks.spawn(self._dispatch(), "fetch")
-        p = self._producer
-        self._lag = _telemetry.track_lag(p.rheo, p.stream, p.group, p.partitions)
+        producer = self._producer
+        self._lag = _telemetry.track_lag(producer.rheo, producer.stream, producer.group,
+                                         producer.partitions)
         life.state = State.RUNNING
         return self
 
