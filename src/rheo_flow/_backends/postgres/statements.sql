@@ -1,7 +1,8 @@
 -- Every statement the PostgreSQL backend runs, one per "-- name:" section.
 -- {s} stands for the quoted schema name; everything else travels as bind
 -- parameters. Comment lines are documentation and are not sent. The lock order
--- every statement follows is described in _migrations.py.
+-- every statement follows is described in _migrations.py. Codes are named as
+-- in the functions (functions/states.sql): {s}.delivery_rejected(), not 3.
 
 -- Streams ---------------------------------------------------------------------
 
@@ -88,7 +89,8 @@ FROM unnest($1::text[], $2::text[]) AS u(stream, grp)
 JOIN {s}.streams s ON s.name = u.stream
 JOIN {s}.groups g ON g.stream_id = s.id AND g.name = u.grp
 
--- A group's ordering ($4): 0 none, 1 key (schema version 5).
+-- A group's ordering ($4): 0 none, 1 key (ordering_none(), ordering_by_key(): schema
+-- version 5, functions/states.sql).
 -- name: insert_group
 INSERT INTO {s}.groups (stream_id, name, max_attempts, created_at_ms, ordering)
 VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, $4)
@@ -159,17 +161,17 @@ SELECT part, frontier FROM {s}.frontiers WHERE group_id = $1 ORDER BY part
 SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms, d.last_error
 FROM {s}.deliveries d JOIN {s}.events e
     ON e.stream_id = $2 AND e.part = d.part AND e.seq = d.seq
-WHERE d.group_id = $1 AND d.state = 3 AND (d.part, d.seq) > ($3, $4)
+WHERE d.group_id = $1 AND d.state = {s}.delivery_rejected() AND (d.part, d.seq) > ($3, $4)
 ORDER BY d.part, d.seq LIMIT $5
 
 -- Dead letters back to available, attempt 0: all of the group's ($2 NULL) or
 -- those at the positions ($2, $3); the frontiers drop below the lowest.
 -- name: redrive
 WITH back AS (
-    UPDATE {s}.deliveries d SET state = 0, attempt = 0, lease_id = NULL,
+    UPDATE {s}.deliveries d SET state = {s}.delivery_available(), attempt = 0, lease_id = NULL,
         settled_by = NULL, reason = '', last_error = NULL,
         available_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-    WHERE d.group_id = $1 AND d.state = 3
+    WHERE d.group_id = $1 AND d.state = {s}.delivery_rejected()
         AND ($2::integer[] IS NULL OR (d.part, d.seq) IN (SELECT u.p, u.s FROM
             unnest($2::integer[], $3::bigint[]) AS u(p, s)))
     RETURNING d.part, d.seq
@@ -324,7 +326,7 @@ WITH dropped AS (
     RETURNING d.group_id, d.part, d.key, d.state
 )
 SELECT array_agg(gone.group_id), array_agg(gone.part), array_agg(gone.key)
-FROM gone WHERE gone.key IS NOT NULL AND gone.state < 2
+FROM gone WHERE gone.key IS NOT NULL AND gone.state < {s}.delivery_acked()
 
 -- name: release_keys
 SELECT {s}.release_keys($1::integer[], $2::integer[], $3::text[],
