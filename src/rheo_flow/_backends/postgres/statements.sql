@@ -84,7 +84,8 @@ SELECT g.id, g.max_attempts, g.created_at_ms, g.ordering FROM {s}.groups g
 WHERE g.stream_id = $1 AND g.name = $2
 
 -- name: groups_by_name
-SELECT u.stream, u.grp, g.id, s.partitions, s.id, s.created_at_ms
+SELECT u.stream, u.grp AS group_name, g.id AS group_id, s.partitions, s.id AS stream_id,
+       s.created_at_ms
 FROM unnest($1::text[], $2::text[]) AS u(stream, grp)
 JOIN {s}.streams s ON s.name = u.stream
 JOIN {s}.groups g ON g.stream_id = s.id AND g.name = u.grp
@@ -194,7 +195,7 @@ ORDER BY part FOR UPDATE
 
 -- Trimmed events are gone and count as settled: replay starts at the low water.
 -- name: replay_starts
-SELECT part, GREATEST($3::bigint, low_water) FROM {s}.partitions
+SELECT part, GREATEST($3::bigint, low_water) AS position FROM {s}.partitions
 WHERE stream_id = $1 AND part = ANY($2::integer[]) ORDER BY part
 
 -- Deleting a delivery fences its lease; it is materialised again, attempt 1.
@@ -223,7 +224,8 @@ UPDATE {s}.frontiers t SET frontier = LEAST(t.frontier, u.s - 1)
 FROM unnest($2::integer[], $3::bigint[]) AS u(p, s) WHERE t.group_id = $1 AND t.part = u.p
 
 -- name: reset_positions
-SELECT part, GREATEST(low_water - 1, LEAST(COALESCE($3::bigint, high_water), high_water))
+SELECT part,
+       GREATEST(low_water - 1, LEAST(COALESCE($3::bigint, high_water), high_water)) AS position
 FROM {s}.partitions WHERE stream_id = $1 AND part = ANY($2::integer[]) ORDER BY part
 
 -- name: reset_deliveries
@@ -249,7 +251,7 @@ FROM unnest($2::integer[], $3::bigint[]) AS u(p, s) WHERE t.group_id = $1 AND t.
 SELECT id FROM {s}.streams WHERE name = $1 FOR UPDATE
 
 -- name: lock_stream_of_group
-SELECT s.id, g.id FROM {s}.streams s LEFT JOIN {s}.groups g
+SELECT s.id AS stream_id, g.id AS group_id FROM {s}.streams s LEFT JOIN {s}.groups g
     ON g.stream_id = s.id AND g.name = $2
 WHERE s.name = $1 FOR UPDATE OF s
 
@@ -290,7 +292,7 @@ WITH gone AS (
     DELETE FROM {s}.events e USING unnest($2::integer[], $3::bigint[]) AS u(p, b)
     WHERE e.stream_id = $1 AND e.part = u.p AND e.seq <= u.b
     RETURNING e.part
-) SELECT gone.part, count(*) FROM gone GROUP BY gone.part
+) SELECT gone.part, count(*) AS removed FROM gone GROUP BY gone.part
 
 -- name: raise_low_water
 UPDATE {s}.partitions p SET low_water = GREATEST(p.low_water, u.b + 1)
@@ -325,7 +327,8 @@ WITH dropped AS (
     WHERE d.group_id = u.g AND d.part = u.p AND d.seq <= u.b
     RETURNING d.group_id, d.part, d.key, d.state
 )
-SELECT array_agg(gone.group_id), array_agg(gone.part), array_agg(gone.key)
+SELECT array_agg(gone.group_id) AS groups, array_agg(gone.part) AS parts,
+       array_agg(gone.key) AS keys
 FROM gone WHERE gone.key IS NOT NULL AND gone.state < {s}.delivery_acked()
 
 -- name: release_keys
