@@ -1,5 +1,5 @@
 -- fetch_by_key: fetch (functions/fetch.sql) for a key-ordered group
--- (groups.ordering = 1; functions/fetch_keyed.sql), whose deliveries are rows
+-- (groups.ordering = ordering_by_key(); functions/fetch_keyed.sql), whose deliveries are rows
 -- of their own. See the package docstring for the tables and the lock order.
 --
 -- It commits durably (as every lease change): a fetch that switched its own

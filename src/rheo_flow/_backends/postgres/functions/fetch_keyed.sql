@@ -1,4 +1,4 @@
--- Key-ordered groups (groups.ordering = 1; docs/ordering.md): the rule fetch
+-- Key-ordered groups (groups.ordering = ordering_by_key(); docs/ordering.md): the rule fetch
 -- (functions/fetch.sql) follows for them; fetch_scan, its step that finds which
 -- new events past the cursor may be leased; and release_keys, which settles and
 -- trims call to make the next delivery of a released key due.
