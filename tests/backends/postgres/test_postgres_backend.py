@@ -203,7 +203,11 @@ CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_fro
                      "claim_cursors", "expire_spent", "fetch", "fetch_by_key", "fetch_scan",
                      "holding_locks",
                      "lease_of", "range_bits", "range_mask", "release_keys", "renew", "settle",
-                     "settle_leased", "settle_misses", "settle_ranged"}
+                     "settle_leased", "settle_misses", "settle_ranged",
+                     # The named codes (functions/states.sql).
+                     "delivery_available", "delivery_leased", "delivery_acked",
+                     "delivery_rejected", "held", "op_renew", "op_ack", "op_nack", "op_reject",
+                     "ordering_none", "ordering_by_key"}
 """The server-side functions the current version installs (functions/)."""
 
 

@@ -33,6 +33,7 @@ from rheo_flow import (
 from rheo_flow._backends import sqlite as sqlite_module
 from rheo_flow._backends._urls import backend_from_url
 from rheo_flow._backends.sqlite import _sql
+from rheo_flow._backends.sqlite._fetch_keyed import BLOCKED_MS
 from rheo_flow.backends import MemoryBackend, SQLiteBackend
 
 WORKER = Path(__file__).with_name("_sqlite_worker.py")
@@ -650,3 +651,13 @@ async def test_migrate_false_opens_existing_databases_only(tmp_path: Path) -> No
         assert await rheo.streams() == ["s"]
     with pytest.raises(InvalidArgument, match="true or false"):
         SQLiteBackend.from_url(f"sqlite:///{ours}?migrate=maybe")
+
+
+def test_the_statements_name_the_blocked_marker_of_the_code() -> None:
+    # statements.sql names the marker once (its piece "blocked") and splices it in as
+    # the literal, so every statement that stores or finds blocked deliveries uses
+    # BLOCKED_MS, the value the code documents.
+    for statement in (_sql.STORE_BLOCKED, _sql.RELEASE_KEY, _sql.HAS_BLOCKED,
+                      _sql.RELEASE_HEADS):
+        assert "{blocked}" not in statement
+        assert str(BLOCKED_MS) in statement

@@ -201,7 +201,7 @@ class PostgresCore(Backend):
             row = await pool.fetchrow(self._sql.stream, name)
             if row is None:
                 raise UnknownStream(name)
-            meta = StreamMeta(row[0], row[1], row[2])
+            meta = StreamMeta(row["id"], row["partitions"], row["created_at_ms"])
             self._streams[name] = meta
         return meta
 
@@ -214,7 +214,7 @@ class PostgresCore(Backend):
             row = await pool.fetchrow(self._sql.group, meta.id, group)
             if row is None:
                 raise UnknownGroup(stream, group)
-            gid = row[0]
+            gid = row["id"]
             self._groups[(stream, group)] = gid
         return gid
 

@@ -9,7 +9,7 @@ delivery fences its lease, and the event is materialised again at attempt 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._model._errors import UnknownGroup
@@ -17,6 +17,9 @@ from ..._model._stream import DeadLetter, GroupInfo, StartPosition
 from ..._model._validation import ordering_mismatch
 from ._core import PostgresCore
 from ._sql import BIGINT_MAX, INTEGER_MAX
+
+if TYPE_CHECKING:
+    import asyncpg
 
 __all__ = ["GroupOps"]
 
@@ -34,9 +37,10 @@ def _position_param(start: StartPosition) -> int | None:
     return min(int(start), BIGINT_MAX)
 
 
-def _info(stream: str, group: str, row: Sequence[Any]) -> GroupInfo:
+def _info(stream: str, group: str, row: asyncpg.Record) -> GroupInfo:
     """The group of a row (id, max_attempts, created_at_ms, ordering)."""
-    return GroupInfo(stream, group, row[1], row[2], ORDERINGS[row[3]])
+    return GroupInfo(stream, group, row["max_attempts"], row["created_at_ms"],
+                     ORDERINGS[row["ordering"]])
 
 
 class _Rewind(NamedTuple):
@@ -69,17 +73,17 @@ class GroupOps(PostgresCore):
             row = await conn.fetchrow(sql.insert_group, meta.id, group,
                                       max_attempts or DEFAULT_MAX_ATTEMPTS, int(keyed))
             if row is not None:
-                await conn.execute(sql.start_cursors, row[0], meta.id, position)
-                await conn.execute(sql.start_frontiers, row[0], meta.id, position)
+                await conn.execute(sql.start_cursors, row["id"], meta.id, position)
+                await conn.execute(sql.start_frontiers, row["id"], meta.id, position)
             else:
                 row = await conn.fetchrow(sql.group, meta.id, group)
                 assert row is not None
-                if keyed and ORDERINGS[row[3]] != "key":
-                    raise ordering_mismatch(stream, group, ORDERINGS[row[3]], ordering)
-                if max_attempts is not None and max_attempts != row[1]:
-                    row = await conn.fetchrow(sql.set_max_attempts, row[0], max_attempts)
+                if keyed and ORDERINGS[row["ordering"]] != "key":
+                    raise ordering_mismatch(stream, group, ORDERINGS[row["ordering"]], ordering)
+                if max_attempts is not None and max_attempts != row["max_attempts"]:
+                    row = await conn.fetchrow(sql.set_max_attempts, row["id"], max_attempts)
                     assert row is not None
-        self._groups[(stream, group)] = row[0]
+        self._groups[(stream, group)] = row["id"]
         return _info(stream, group, row)
 
     async def group_info(self, stream: str, group: str) -> GroupInfo:
@@ -88,14 +92,15 @@ class GroupOps(PostgresCore):
         row = await pool.fetchrow(self._sql.group, meta.id, group)
         if row is None:
             raise UnknownGroup(stream, group)
-        self._groups[(stream, group)] = row[0]
+        self._groups[(stream, group)] = row["id"]
         return _info(stream, group, row)
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         meta = await self._stream(stream)
         pool = await self._ready()
         rows = await pool.fetch(self._sql.list_groups, meta.id)
-        return [GroupInfo(stream, r[0], r[1], r[2], ORDERINGS[r[3]]) for r in rows]
+        return [GroupInfo(stream, r["name"], r["max_attempts"], r["created_at_ms"],
+                          ORDERINGS[r["ordering"]]) for r in rows]
 
     # Progress ----------------------------------------------------------------
 
@@ -103,7 +108,7 @@ class GroupOps(PostgresCore):
         gid = await self._group_id(stream, group)
         pool = await self._ready()
         rows = await pool.fetch(self._sql.frontier, gid)
-        return {r[0]: r[1] for r in rows}
+        return {r["part"]: r["frontier"] for r in rows}
 
     async def dead_letters(
         self, stream: str, group: str, limit: int, after: tuple[int, int] | None
@@ -113,7 +118,8 @@ class GroupOps(PostgresCore):
         part, seq = after if after is not None else (-1, -1)
         pool = await self._ready()
         rows = await pool.fetch(self._sql.dead_letters, gid, meta.id, part, seq, limit)
-        return [DeadLetter(stream, group, *r) for r in rows]
+        return [DeadLetter(stream, group, r["part"], r["seq"], r["event_id"], r["attempt"],
+                           r["reason"], r["rejected_at_ms"], r["last_error"]) for r in rows]
 
     async def redrive(
         self, stream: str, group: str, positions: Sequence[tuple[int, int]] | None
@@ -159,7 +165,7 @@ class GroupOps(PostgresCore):
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute(self._sql.lock_cursors, gid, parts)
             rows = await conn.fetch(how.positions, meta.id, parts, position)
-            positions = ([r[0] for r in rows], [r[1] for r in rows])
+            positions = ([r["part"] for r in rows], [r["position"] for r in rows])
             await conn.execute(how.deliveries, gid, *positions)
             await conn.execute(how.cursors, gid, *positions)
             await conn.execute(self._sql.lock_frontiers, gid, positions[0])

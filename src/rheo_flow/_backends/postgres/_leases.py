@@ -91,13 +91,13 @@ class LeaseOps(PostgresCore):
                 rows = await pool.fetch(self._sql.ack_fetch, *batch.args, gid, ids, limit,
                                         lease_ms, consumer_id)
                 head = rows[0]
-                if head[1] is None:  # no lease: the row carries the acks' answer only
+                if head["o_seq"] is None:  # no lease: the row carries the acks' answer only
                     rows = []
         except Exception as exc:
             self._check_group(exc, stream, group)
             raise
         if batch.sends:
-            batch.apply(head[11], head[12], head[13], None)
+            batch.apply(head["bad_idx"], head["bad_code"], head["bad_by"], None)
         return batch.finish(renew=False), _leases(rows, stream, group, consumer_id)
 
     async def _fetch_args(self, stream: str, group: str, partitions: Sequence[int] | None
@@ -136,14 +136,14 @@ class LeaseOps(PostgresCore):
         if batch.sends:
             on: asyncpg.Connection | PoolCalls = conn if conn is not None else await self._ready()
             ranges = batch.range_args() if op == "ack" else ()
+            # One row: a function's OUT parameters (functions/settle.sql).
             if ranges:
-                row = await on.fetchrow(self._sql.ack_ranges, batch.gid, *ranges)
+                [row] = await on.fetch(self._sql.ack_ranges, batch.gid, *ranges)
             else:
-                row = await on.fetchrow(
+                [row] = await on.fetch(
                     self._sql.settle, OP_CODES[op], *batch.args, reason, delay_ms, error
                 )
-            assert row is not None
-            batch.apply(row[0], row[1], row[2], None)
+            batch.apply(row["bad_idx"], row["bad_code"], row["bad_by"], None)
         return batch.finish(renew=False)
 
     async def ack_in_transaction(self, conn: asyncpg.Connection, leases: Sequence[Lease]
@@ -168,9 +168,8 @@ class LeaseOps(PostgresCore):
         batch = await self._batch(leases)
         if batch.sends:
             pool = await self._ready()
-            row = await pool.fetchrow(self._sql.renew, *batch.args, lease_ms)
-            assert row is not None
-            batch.apply(row[1], row[2], row[3], row[0])
+            [row] = await pool.fetch(self._sql.renew, *batch.args, lease_ms)
+            batch.apply(row["bad_idx"], row["bad_code"], row["bad_by"], row["deadline_ms"])
         return batch.finish(renew=True)
 
     async def _batch(self, leases: Sequence[Lease]) -> SettleBatch:
@@ -193,20 +192,22 @@ class LeaseOps(PostgresCore):
             for row in await pool.fetch(
                 self._sql.groups_by_name, [s for s, _ in names], [g for _, g in names]
             ):
-                key = (row[0], row[1])
-                groups[key] = (row[2], row[3])
-                self._groups[key] = row[2]
-                self._streams.setdefault(row[0], StreamMeta(row[4], row[3], row[5]))
+                key = (row["stream"], row["group_name"])
+                groups[key] = (row["group_id"], row["partitions"])
+                self._groups[key] = row["group_id"]
+                self._streams.setdefault(row["stream"], StreamMeta(
+                    row["stream_id"], row["partitions"], row["created_at_ms"]))
         return SettleBatch(leases, groups)
 
 
 def _leases(rows: Sequence[Sequence[Any]], stream: str, group: str, consumer_id: str
             ) -> list[Lease]:
-    """The leases of a fetch's rows (part, seq, attempt, lease id, deadline, event; and
-    ack_fetch's columns after them)."""
+    """The leases of a fetch's rows: its reply columns o_part .. o_appended in their order
+    (functions/fetch.sql), and ack_fetch's bad_* after them."""
     leases: list[Lease] = []
     append = leases.append
-    # This loop runs once per leased event: data stays JSON text until read.
+    # This loop runs once per leased event: data stays JSON text until read, and the
+    # columns are unpacked in their order (one step) rather than looked up by name.
     for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at, *_ in rows:
         event = make_event_json(stream, part, seq, event_id, type_, data, key,
                                 decode_json(heads) if heads is not None else {}, at)

@@ -124,7 +124,7 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 """Run under the migration lock before the migrations (never recorded as a version)."""
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
-                             ("advance_frontiers", "fetch_keyed", "fetch_by_key", "fetch",
+                             ("states", "advance_frontiers", "fetch_keyed", "fetch_by_key", "fetch",
                               "settle_ranged", "settle", "renew", "ack_fetch", "ack_ranges"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 

@@ -31,13 +31,13 @@ class RetentionOps(PostgresCore):
         sql = self._sql
         async with pool.acquire() as conn, conn.transaction():
             highs = await conn.fetch(sql.lock_partitions, meta.id, parts)
-            bounds = ([r[0] for r in highs],
-                      [min(max(up_to[r[0]], 0), r[1]) for r in highs])
+            bounds = ([r["part"] for r in highs],
+                      [min(max(up_to[r["part"]], 0), r["high_water"]) for r in highs])
             counted = await conn.fetch(sql.trim_events, meta.id, *bounds)
             removed = dict.fromkeys(parts, 0)
-            removed.update({r[0]: r[1] for r in counted})
+            removed.update({r["part"]: r["removed"] for r in counted})
             await conn.execute(sql.raise_low_water, meta.id, *bounds)
-            groups = [r[0] for r in await conn.fetch(sql.stream_groups, meta.id)]
+            groups = [r["id"] for r in await conn.fetch(sql.stream_groups, meta.id)]
             if groups:
                 await self._settle_trimmed(conn, groups, bounds)
         return removed
@@ -52,7 +52,7 @@ class RetentionOps(PostgresCore):
         sql = self._sql
         await conn.execute(sql.lock_trimmed_cursors, *args)
         released = await conn.fetchrow(sql.trim_deliveries, *args)
-        if released is not None and released[2] is not None:  # key-ordered groups' unsettled
+        if released is not None and released["keys"] is not None:  # key-ordered groups' unsettled
             await conn.execute(sql.release_keys, *released)
         for statement in (sql.raise_cursors, sql.lock_trimmed_frontiers, sql.raise_frontiers):
             await conn.execute(statement, *args)
@@ -65,7 +65,7 @@ class RetentionOps(PostgresCore):
             stream_id = await conn.fetchval(sql.lock_stream, stream)
             if stream_id is None:
                 raise UnknownStream(stream)
-            groups = [r[0] for r in await conn.fetch(sql.stream_groups, stream_id)]
+            groups = [r["id"] for r in await conn.fetch(sql.stream_groups, stream_id)]
             await self._delete_groups(conn, groups)
             for statement in (sql.delete_events, sql.delete_partitions, sql.delete_stream):
                 await conn.execute(statement, stream_id)
@@ -79,9 +79,9 @@ class RetentionOps(PostgresCore):
             row = await conn.fetchrow(self._sql.lock_stream_of_group, stream, group)
             if row is None:
                 raise UnknownStream(stream)
-            if row[1] is None:
+            if row["group_id"] is None:
                 raise UnknownGroup(stream, group)
-            await self._delete_groups(conn, [row[1]])
+            await self._delete_groups(conn, [row["group_id"]])
         self._groups.pop((stream, group), None)
 
     async def _delete_groups(self, conn: asyncpg.Connection, groups: list[int]) -> None:

@@ -1,7 +1,8 @@
 -- Every statement the PostgreSQL backend runs, one per "-- name:" section.
 -- {s} stands for the quoted schema name; everything else travels as bind
 -- parameters. Comment lines are documentation and are not sent. The lock order
--- every statement follows is described in _migrations.py.
+-- every statement follows is described in _migrations.py. Codes are named as
+-- in the functions (functions/states.sql): {s}.delivery_rejected(), not 3.
 
 -- Streams ---------------------------------------------------------------------
 
@@ -83,12 +84,14 @@ SELECT g.id, g.max_attempts, g.created_at_ms, g.ordering FROM {s}.groups g
 WHERE g.stream_id = $1 AND g.name = $2
 
 -- name: groups_by_name
-SELECT u.stream, u.grp, g.id, s.partitions, s.id, s.created_at_ms
+SELECT u.stream, u.grp AS group_name, g.id AS group_id, s.partitions, s.id AS stream_id,
+       s.created_at_ms
 FROM unnest($1::text[], $2::text[]) AS u(stream, grp)
 JOIN {s}.streams s ON s.name = u.stream
 JOIN {s}.groups g ON g.stream_id = s.id AND g.name = u.grp
 
--- A group's ordering ($4): 0 none, 1 key (schema version 5).
+-- A group's ordering ($4): 0 none, 1 key (ordering_none(), ordering_by_key(): schema
+-- version 5, functions/states.sql).
 -- name: insert_group
 INSERT INTO {s}.groups (stream_id, name, max_attempts, created_at_ms, ordering)
 VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, $4)
@@ -159,17 +162,17 @@ SELECT part, frontier FROM {s}.frontiers WHERE group_id = $1 ORDER BY part
 SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms, d.last_error
 FROM {s}.deliveries d JOIN {s}.events e
     ON e.stream_id = $2 AND e.part = d.part AND e.seq = d.seq
-WHERE d.group_id = $1 AND d.state = 3 AND (d.part, d.seq) > ($3, $4)
+WHERE d.group_id = $1 AND d.state = {s}.delivery_rejected() AND (d.part, d.seq) > ($3, $4)
 ORDER BY d.part, d.seq LIMIT $5
 
 -- Dead letters back to available, attempt 0: all of the group's ($2 NULL) or
 -- those at the positions ($2, $3); the frontiers drop below the lowest.
 -- name: redrive
 WITH back AS (
-    UPDATE {s}.deliveries d SET state = 0, attempt = 0, lease_id = NULL,
+    UPDATE {s}.deliveries d SET state = {s}.delivery_available(), attempt = 0, lease_id = NULL,
         settled_by = NULL, reason = '', last_error = NULL,
         available_at_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-    WHERE d.group_id = $1 AND d.state = 3
+    WHERE d.group_id = $1 AND d.state = {s}.delivery_rejected()
         AND ($2::integer[] IS NULL OR (d.part, d.seq) IN (SELECT u.p, u.s FROM
             unnest($2::integer[], $3::bigint[]) AS u(p, s)))
     RETURNING d.part, d.seq
@@ -192,7 +195,7 @@ ORDER BY part FOR UPDATE
 
 -- Trimmed events are gone and count as settled: replay starts at the low water.
 -- name: replay_starts
-SELECT part, GREATEST($3::bigint, low_water) FROM {s}.partitions
+SELECT part, GREATEST($3::bigint, low_water) AS position FROM {s}.partitions
 WHERE stream_id = $1 AND part = ANY($2::integer[]) ORDER BY part
 
 -- Deleting a delivery fences its lease; it is materialised again, attempt 1.
@@ -221,7 +224,8 @@ UPDATE {s}.frontiers t SET frontier = LEAST(t.frontier, u.s - 1)
 FROM unnest($2::integer[], $3::bigint[]) AS u(p, s) WHERE t.group_id = $1 AND t.part = u.p
 
 -- name: reset_positions
-SELECT part, GREATEST(low_water - 1, LEAST(COALESCE($3::bigint, high_water), high_water))
+SELECT part,
+       GREATEST(low_water - 1, LEAST(COALESCE($3::bigint, high_water), high_water)) AS position
 FROM {s}.partitions WHERE stream_id = $1 AND part = ANY($2::integer[]) ORDER BY part
 
 -- name: reset_deliveries
@@ -247,7 +251,7 @@ FROM unnest($2::integer[], $3::bigint[]) AS u(p, s) WHERE t.group_id = $1 AND t.
 SELECT id FROM {s}.streams WHERE name = $1 FOR UPDATE
 
 -- name: lock_stream_of_group
-SELECT s.id, g.id FROM {s}.streams s LEFT JOIN {s}.groups g
+SELECT s.id AS stream_id, g.id AS group_id FROM {s}.streams s LEFT JOIN {s}.groups g
     ON g.stream_id = s.id AND g.name = $2
 WHERE s.name = $1 FOR UPDATE OF s
 
@@ -288,7 +292,7 @@ WITH gone AS (
     DELETE FROM {s}.events e USING unnest($2::integer[], $3::bigint[]) AS u(p, b)
     WHERE e.stream_id = $1 AND e.part = u.p AND e.seq <= u.b
     RETURNING e.part
-) SELECT gone.part, count(*) FROM gone GROUP BY gone.part
+) SELECT gone.part, count(*) AS removed FROM gone GROUP BY gone.part
 
 -- name: raise_low_water
 UPDATE {s}.partitions p SET low_water = GREATEST(p.low_water, u.b + 1)
@@ -323,8 +327,9 @@ WITH dropped AS (
     WHERE d.group_id = u.g AND d.part = u.p AND d.seq <= u.b
     RETURNING d.group_id, d.part, d.key, d.state
 )
-SELECT array_agg(gone.group_id), array_agg(gone.part), array_agg(gone.key)
-FROM gone WHERE gone.key IS NOT NULL AND gone.state < 2
+SELECT array_agg(gone.group_id) AS groups, array_agg(gone.part) AS parts,
+       array_agg(gone.key) AS keys
+FROM gone WHERE gone.key IS NOT NULL AND gone.state < {s}.delivery_acked()
 
 -- name: release_keys
 SELECT {s}.release_keys($1::integer[], $2::integer[], $3::text[],

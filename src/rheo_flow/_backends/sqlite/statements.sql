@@ -176,10 +176,16 @@ WHERE group_id = ? AND part = ? AND state IN ('available', 'leased')
        OR (state = 'leased' AND deadline_ms <= ?))
 ORDER BY seq
 
+-- name: blocked
+-- The available_at_ms of a delivery fetch stored blocked (2**62, never due by the
+-- clock: _fetch_keyed.BLOCKED_MS) until a release makes it due. A piece, spliced
+-- in as the literal so that SQLite plans with the constant.
+4611686018427387904
+
 -- name: eligible_by_key
 -- The scan of a key-ordered group: eligible existing deliveries without an earlier
 -- unsettled delivery of their key (one probe of deliveries_keyed each). Deliveries
--- fetch stored blocked (available_at_ms 2**62) fail the time test first.
+-- fetch stored blocked (available_at_ms {blocked}) fail the time test first.
 SELECT d.seq, d.attempt FROM deliveries AS d INDEXED BY deliveries_active
 WHERE d.group_id = ?1 AND d.part = ?2 AND d.state IN ('available', 'leased')
   AND ((d.state = 'available' AND d.available_at_ms <= ?3)
@@ -205,9 +211,9 @@ ORDER BY e.seq LIMIT ?5
 -- name: store_blocked
 -- A key-ordered group's new deliveries of ?3..?4 not leased by the fetch (which
 -- inserted those first): stored blocked (available, attempt 0, available_at_ms
--- 2**62) behind an earlier one of their key.
+-- {blocked}) behind an earlier one of their key.
 INSERT INTO deliveries (group_id, part, seq, state, attempt, available_at_ms, key)
-SELECT ?1, part, seq, 'available', 0, 4611686018427387904, key
+SELECT ?1, part, seq, 'available', 0, {blocked}, key
 FROM events WHERE stream_id = ?5 AND part = ?2 AND seq BETWEEN ?3 AND ?4
 ON CONFLICT (group_id, part, seq) DO NOTHING
 
@@ -222,7 +228,7 @@ WHERE group_id = ?1 AND part = ?2 AND seq = (
       ON b.group_id = ?1 AND b.part = ?2 AND b.key = s.key
     WHERE s.group_id = ?1 AND s.part = ?2 AND s.seq = ?3
       AND b.key IS NOT NULL AND b.state IN ('available', 'leased'))
-  AND state = 'available' AND available_at_ms = 4611686018427387904
+  AND state = 'available' AND available_at_ms = {blocked}
 
 -- name: has_blocked
 -- Whether partition ?2 of key-ordered group ?1 holds a delivery fetch stored blocked.
@@ -231,7 +237,7 @@ WHERE group_id = ?1 AND part = ?2 AND seq = (
 -- IN test is the partial index's own condition, which SQLite needs to see to use it.
 SELECT 1 FROM deliveries INDEXED BY deliveries_active
 WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')
-  AND state = 'available' AND available_at_ms = 4611686018427387904
+  AND state = 'available' AND available_at_ms = {blocked}
 LIMIT 1
 
 -- name: release_heads
@@ -239,7 +245,7 @@ LIMIT 1
 -- delivery without an earlier unsettled one of its key is eligible now.
 UPDATE deliveries SET available_at_ms = 0
 WHERE group_id = ?1 AND part = ?2 AND state = 'available'
-  AND available_at_ms = 4611686018427387904 AND key IS NOT NULL
+  AND available_at_ms = {blocked} AND key IS NOT NULL
   AND NOT EXISTS (
       SELECT 1 FROM deliveries AS b INDEXED BY deliveries_keyed
       WHERE b.group_id = ?1 AND b.part = ?2 AND b.key = deliveries.key

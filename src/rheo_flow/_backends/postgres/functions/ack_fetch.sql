@@ -4,6 +4,9 @@
 -- lease of the fetch, carrying the ack's failures (bad_*, as settle reports
 -- them; NULL: every ack took effect); a fetch that found nothing answers one
 -- row with only those.
+--
+-- Reply: fetch's columns (functions/fetch.sql; all NULL in that one row), then
+-- settle's bad_idx, bad_code, bad_by (functions/settle.sql).
 
 CREATE OR REPLACE FUNCTION {s}.ack_fetch(p_groups integer[], p_parts integer[], p_seqs bigint[],
                                          p_leases uuid[], p_atts integer[], p_group integer,
@@ -16,22 +19,22 @@ RETURNS TABLE (o_part integer, o_seq bigint, o_attempt integer, o_lease uuid,
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
-    v_idx bigint[];
-    v_code smallint[];
-    v_by smallint[];
+    v_bad_idx bigint[];
+    v_bad_code smallint[];
+    v_bad_by smallint[];
 BEGIN
     IF cardinality(p_seqs) > 0 THEN
-        SELECT s.bad_idx, s.bad_code, s.bad_by INTO v_idx, v_code, v_by
-        FROM {s}.settle(1::smallint, p_groups, p_parts, p_seqs, p_leases, p_atts, '', 0) s;
+        SELECT s.bad_idx, s.bad_code, s.bad_by INTO v_bad_idx, v_bad_code, v_bad_by
+        FROM {s}.settle({s}.op_ack(), p_groups, p_parts, p_seqs, p_leases, p_atts, '', 0) s;
         PERFORM set_config('rheo_flow.holding_locks', 'on', true);
     END IF;
     RETURN QUERY
-    SELECT f.*, v_idx, v_code, v_by
+    SELECT f.*, v_bad_idx, v_bad_code, v_bad_by
     FROM {s}.fetch(p_group, p_fetch_parts, p_limit, p_lease_ms, p_consumer) f;
     IF NOT FOUND THEN
         RETURN QUERY SELECT NULL::integer, NULL::bigint, NULL::integer, NULL::uuid, NULL::bigint,
                             NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,
-                            NULL::bigint, v_idx, v_code, v_by;
+                            NULL::bigint, v_bad_idx, v_bad_code, v_bad_by;
     END IF;
 END
 $fn$;

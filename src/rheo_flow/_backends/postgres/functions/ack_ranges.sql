@@ -15,7 +15,10 @@
 -- settle (functions/settle.sql), which relocks the same ranges (already held)
 -- before any delivery row or frontier, and explains every miss. Elements are
 -- numbered from 1 group by group, by sequence within a group, as the client
--- sent them; bad_* answer as settle's.
+-- sent them.
+--
+-- Reply (one row): settle's bad_idx, bad_code, bad_by (functions/settle.sql),
+-- all NULL when every ack took effect; bad_idx numbers elements as above.
 
 CREATE OR REPLACE FUNCTION {s}.range_mask(p_first bigint, p_last bigint, p_lo bigint,
                                           p_bits varbit) RETURNS varbit
@@ -38,16 +41,20 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
 AS $fn$
 DECLARE
-    v_tids tid[];
-    v_masks varbit[];
-    v_ns integer[];
-    v_parts integer[];
-    v_all boolean;
-    e_part integer[];
-    e_seq bigint[];
-    e_lease uuid[];
-    e_att integer[];
-    e_idx bigint[];
+    -- Per group sent: the range it matches (by address), the bits it sets there
+    -- (NULL: it does not fit), how many leases it acks.
+    v_range_tids tid[];
+    v_range_masks varbit[];
+    v_range_hits integer[];
+    v_acked_parts integer[];
+    v_all_match boolean;       -- every group matches its own range in flight
+    -- The fallback: every lease expanded back, sorted by delivery, with its
+    -- element's number.
+    v_lease_parts integer[];
+    v_lease_seqs bigint[];
+    v_lease_ids uuid[];
+    v_lease_attempts integer[];
+    v_lease_elements bigint[];
 BEGIN
     WITH a AS (
         SELECT * FROM unnest(p_parts, p_tokens, p_atts, p_bases, p_los, p_bits, p_ns)
@@ -69,14 +76,15 @@ BEGIN
            array_agg(DISTINCT l.part),
            bool_and(l.mask IS NOT NULL AND position(B'1' IN l.done & l.mask) = 0)
            AND count(DISTINCT l.tid) = cardinality(p_parts)
-    INTO v_tids, v_masks, v_ns, v_parts, v_all
+    INTO v_range_tids, v_range_masks, v_range_hits, v_acked_parts, v_all_match
     FROM l;
 
-    IF v_all THEN
+    IF v_all_match THEN
         UPDATE {s}.ranges r SET done = r.done | x.mask, pending = r.pending - x.n
-        FROM unnest(v_tids, v_masks, v_ns) AS x(tid, mask, n)
+        FROM unnest(v_range_tids, v_range_masks, v_range_hits) AS x(tid, mask, n)
         WHERE r.ctid = x.tid;
-        PERFORM {s}.advance_frontiers(array_fill(p_group, ARRAY[cardinality(v_parts)]), v_parts);
+        PERFORM {s}.advance_frontiers(array_fill(p_group, ARRAY[cardinality(v_acked_parts)]),
+                                      v_acked_parts);
         RETURN;
     END IF;
 
@@ -85,7 +93,7 @@ BEGIN
     SELECT array_agg(e.part ORDER BY e.part, e.seq), array_agg(e.seq ORDER BY e.part, e.seq),
            array_agg(e.lease ORDER BY e.part, e.seq), array_agg(e.att ORDER BY e.part, e.seq),
            array_agg(e.idx ORDER BY e.part, e.seq)
-    INTO e_part, e_seq, e_lease, e_att, e_idx
+    INTO v_lease_parts, v_lease_seqs, v_lease_ids, v_lease_attempts, v_lease_elements
     FROM (
         SELECT a.part, a.lo + o.o - 1 AS seq, a.att,
                (a.token || lpad(to_hex(a.lo + o.o - 1 - a.base), 8, '0'))::uuid AS lease,
@@ -97,10 +105,10 @@ BEGIN
         WHERE substring(a.bits FROM o.o FOR 1) = B'1'
     ) e;
     SELECT s.bad_idx, s.bad_code, s.bad_by INTO bad_idx, bad_code, bad_by
-    FROM {s}.settle(1::smallint, array_fill(p_group, ARRAY[cardinality(e_seq)]), e_part, e_seq,
-                    e_lease, e_att, '', 0) s;
+    FROM {s}.settle({s}.op_ack(), array_fill(p_group, ARRAY[cardinality(v_lease_seqs)]),
+                    v_lease_parts, v_lease_seqs, v_lease_ids, v_lease_attempts, '', 0) s;
     -- Each lease's number back as its element's, in bad_code's order.
-    bad_idx := ARRAY(SELECT e_idx[b.b] FROM unnest(bad_idx) WITH ORDINALITY AS b(b, k)
+    bad_idx := ARRAY(SELECT v_lease_elements[b.b] FROM unnest(bad_idx) WITH ORDINALITY AS b(b, k)
                      ORDER BY b.k);
 END
 $fn$;
@@ -108,6 +116,10 @@ $fn$;
 -- ack_ranges_fetch: ack_ranges then fetch in one transaction, as ack_fetch
 -- (functions/ack_fetch.sql) does with acks sent lease by lease. The first row
 -- carries the acks' bad_* only (NULL: every ack took effect); the leases follow.
+--
+-- Reply: ack_fetch's columns (functions/ack_fetch.sql): the first row has
+-- o_part .. o_appended NULL and ack_ranges's bad_*; every later row is a lease
+-- of the fetch, with bad_* NULL.
 
 CREATE OR REPLACE FUNCTION {s}.ack_ranges_fetch(p_parts integer[], p_tokens text[],
                                                 p_atts integer[], p_bases bigint[],
@@ -122,19 +134,19 @@ RETURNS TABLE (o_part integer, o_seq bigint, o_attempt integer, o_lease uuid,
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
-    v_idx bigint[];
-    v_code smallint[];
-    v_by smallint[];
+    v_bad_idx bigint[];
+    v_bad_code smallint[];
+    v_bad_by smallint[];
 BEGIN
     IF cardinality(p_parts) > 0 THEN
-        SELECT s.bad_idx, s.bad_code, s.bad_by INTO v_idx, v_code, v_by
+        SELECT s.bad_idx, s.bad_code, s.bad_by INTO v_bad_idx, v_bad_code, v_bad_by
         FROM {s}.ack_ranges(p_group, p_parts, p_tokens, p_atts, p_bases, p_los, p_bits, p_ns) s;
         PERFORM set_config('rheo_flow.holding_locks', 'on', true);
     END IF;
     o_part := NULL;
-    bad_idx := v_idx;
-    bad_code := v_code;
-    bad_by := v_by;
+    bad_idx := v_bad_idx;
+    bad_code := v_bad_code;
+    bad_by := v_bad_by;
     RETURN NEXT;
     RETURN QUERY
     SELECT f.*, NULL::bigint[], NULL::smallint[], NULL::smallint[]

@@ -1,6 +1,6 @@
 -- advance_frontiers: moves the stored frontiers of (group, partition) pairs over
 -- the settled deliveries and range events right after them, with the plan
--- options of fetch.
+-- options of fetch. Replies nothing.
 
 CREATE OR REPLACE FUNCTION {s}.advance_frontiers(p_groups integer[], p_parts integer[])
 RETURNS void LANGUAGE plpgsql
@@ -15,10 +15,11 @@ BEGIN
         FOR UPDATE OF f;
     UPDATE {s}.frontiers f SET frontier = n.top
     FROM (
+        -- 9223372036854775807, the largest bigint: no bound from that side.
         SELECT f2.group_id, f2.part, LEAST(
             COALESCE((SELECT d.seq FROM {s}.deliveries d
                       WHERE d.group_id = f2.group_id AND d.part = f2.part
-                        AND d.seq > f2.frontier AND d.state < 2
+                        AND d.seq > f2.frontier AND d.state < {s}.delivery_acked()
                       ORDER BY d.seq LIMIT 1), 9223372036854775807),
             -- the first event in flight of the lowest range with any (ranges_open)
             COALESCE((SELECT r.first_seq + position(B'0' IN r.done) - 1 FROM {s}.ranges r

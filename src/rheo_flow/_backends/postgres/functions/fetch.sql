@@ -5,6 +5,16 @@
 -- unordered group's, whose new leases are range rows (migrations/v8_ranges.sql),
 -- not a delivery row each.
 --
+-- Reply: a row per lease, in the batch's (round-robin) order; none when there
+-- is nothing to lease. fetch_by_key, ack_fetch and ack_ranges_fetch reply the
+-- same columns:
+--   o_part, o_seq    the event's partition and sequence
+--   o_attempt        the delivery attempt the lease is (1: its first lease)
+--   o_lease          the lease id
+--   o_deadline       the lease's deadline, ms since the epoch (database clock)
+--   o_event_id, o_type, o_key, o_data, o_headers, o_appended
+--                    the event (data and headers as JSON text; appended: ms)
+--
 -- Every lease change commits durably: no function switches its transaction to
 -- asynchronous commit (a server crash right after a re-lease must not undo it
 -- while the superseded holder's ack, arriving after the restart, takes effect).
@@ -45,62 +55,71 @@ AS $fn$
 DECLARE
     v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     v_stream integer;
-    v_max integer;
+    v_max_attempts integer;
     v_keyed boolean;
-    c_part integer[];
-    c_seq bigint[];
-    c_att integer[];
-    c_tid tid[];
-    r_part integer[];
-    r_first bigint[];
-    r_last bigint[];
-    r_att integer[];
-    r_done varbit[];
-    r_pend integer[];
-    k_part integer[];
-    k_cur bigint[];
-    k_top bigint[];
-    o_parts integer[];
-    o_seqs bigint[];
-    o_rngs bigint[];
-    d_tid tid[];
-    m_part integer[];
-    m_hi bigint[];
-    v_prefix text;
-    v_ranges integer;
-    v_avail bigint[];
-    v_left bigint;
-    v_q bigint;
-    v_n bigint;
-    v_min bigint;
+    -- The delivery rows to lease again (available, or leased past their deadline).
+    v_due_parts integer[];
+    v_due_seqs bigint[];
+    v_due_attempts integer[];
+    v_due_tids tid[];
+    -- The ranges past their deadline with events in flight (their rows' columns).
+    v_expired_parts integer[];
+    v_expired_firsts bigint[];
+    v_expired_lasts bigint[];
+    v_expired_attempts integer[];
+    v_expired_done varbit[];
+    v_expired_pending integer[];
+    -- The cursors claimed (claim_cursors): partition, cursor, the partition's high water.
+    v_cursor_parts integer[];
+    v_cursors bigint[];
+    v_high_waters bigint[];
+    -- The winners in delivery order: partition, sequence, and the expired range
+    -- holding it (its place in v_expired_*; NULL: a delivery row or a new event);
+    -- the addresses of the delivery rows among them.
+    v_chosen_parts integer[];
+    v_chosen_seqs bigint[];
+    v_chosen_ranges bigint[];
+    v_chosen_tids tid[];
+    -- The partitions whose new events are leased, and the last sequence leased in each.
+    v_new_parts integer[];
+    v_new_lasts bigint[];
+    v_token_prefix text;      -- 8 random bytes (hex), the start of every token of this call
+    v_expired_count integer;
+    v_backlogs bigint[];      -- per cursor: its events not leased yet (high water - cursor)
+    v_backlog bigint;
+    v_leases_left bigint;     -- of p_limit, not yet shared out
+    v_share bigint;           -- the events every partition with that many takes
+    v_over bigint;            -- the partitions with more than v_share
+    v_least_over bigint;      -- the smallest backlog above v_share
     v_step bigint;
 BEGIN
-    SELECT g.stream_id, g.max_attempts, g.ordering = 1 INTO v_stream, v_max, v_keyed
+    SELECT g.stream_id, g.max_attempts, g.ordering = {s}.ordering_by_key()
+    INTO v_stream, v_max_attempts, v_keyed
     FROM {s}.groups g WHERE g.id = p_group;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
     END IF;
     IF v_keyed THEN
-        RETURN QUERY SELECT * FROM {s}.fetch_by_key(p_group, v_stream, v_max, p_parts, p_limit,
-                                                    p_lease_ms, p_consumer);
+        RETURN QUERY SELECT * FROM {s}.fetch_by_key(p_group, v_stream, v_max_attempts, p_parts,
+                                                    p_limit, p_lease_ms, p_consumer);
         RETURN;
     END IF;
 
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
-    INTO c_part, c_seq, c_att, c_tid
+    INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
     FROM unnest(p_parts) AS p(part)
     JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
     CROSS JOIN LATERAL (
         SELECT a.* FROM (
             SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
             WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-              AND d.state = 0 AND d.available_at_ms <= v_now
+              AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
         UNION ALL
         SELECT b.* FROM (
             SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
             WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-              AND d.state = 1 AND d.deadline_ms <= v_now
+              AND d.state = {s}.delivery_leased() AND d.deadline_ms <= v_now
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
@@ -111,7 +130,8 @@ BEGIN
            array_agg(x.attempt ORDER BY x.part, x.first_seq),
            array_agg(x.done ORDER BY x.part, x.first_seq),
            array_agg(x.pending ORDER BY x.part, x.first_seq)
-    INTO r_part, r_first, r_last, r_att, r_done, r_pend
+    INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts, v_expired_done,
+         v_expired_pending
     FROM unnest(p_parts) AS p(part)
     CROSS JOIN LATERAL (
         SELECT r.part, r.first_seq, r.last_seq, r.attempt, r.done, r.pending FROM {s}.ranges r
@@ -120,63 +140,69 @@ BEGIN
         ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
 
     -- The cursors with work; with nothing else locked, claim_cursors may wait.
-    SELECT * INTO k_part, k_cur, k_top
-    FROM {s}.claim_cursors(p_group, v_stream, p_parts, c_part IS NULL AND r_part IS NULL);
-    IF c_part IS NULL AND r_part IS NULL AND k_part IS NULL THEN
+    SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
+    FROM {s}.claim_cursors(p_group, v_stream, p_parts,
+                           v_due_parts IS NULL AND v_expired_parts IS NULL);
+    IF v_due_parts IS NULL AND v_expired_parts IS NULL AND v_cursor_parts IS NULL THEN
         RETURN;
     END IF;
 
-    IF v_max <= ANY (c_att) OR v_max <= ANY (r_att) THEN
-        PERFORM {s}.expire_spent(p_group, v_max, v_now, c_tid, c_att, r_part, r_first, r_att);
+    IF v_max_attempts <= ANY (v_due_attempts) OR v_max_attempts <= ANY (v_expired_attempts) THEN
+        PERFORM {s}.expire_spent(p_group, v_max_attempts, v_now, v_due_tids, v_due_attempts,
+                                 v_expired_parts, v_expired_firsts, v_expired_attempts);
         SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
-        INTO c_part, c_seq, c_att, c_tid
-        FROM unnest(c_part, c_seq, c_att, c_tid) AS x(part, seq, attempt, tid)
-        WHERE x.attempt < v_max;
+        INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
+        FROM unnest(v_due_parts, v_due_seqs, v_due_attempts, v_due_tids)
+             AS x(part, seq, attempt, tid)
+        WHERE x.attempt < v_max_attempts;
         SELECT array_agg(x.part), array_agg(x.first), array_agg(x.last), array_agg(x.att),
                array_agg(x.done), array_agg(x.pend)
-        INTO r_part, r_first, r_last, r_att, r_done, r_pend
-        FROM unnest(r_part, r_first, r_last, r_att, r_done, r_pend)
+        INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
+             v_expired_done, v_expired_pending
+        FROM unnest(v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
+                    v_expired_done, v_expired_pending)
              AS x(part, first, last, att, done, pend)
-        WHERE x.att < v_max;
+        WHERE x.att < v_max_attempts;
     END IF;
-    v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
-    IF c_part IS NULL AND r_part IS NULL THEN
-        -- Only new events (the common case): of its a = high - cursor, each
-        -- partition takes min(a, q), and one more for the first v_left of those
-        -- with more than q, in rotation order; q and v_left are counted here.
-        IF k_part IS NULL THEN
+    v_token_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
+    IF v_due_parts IS NULL AND v_expired_parts IS NULL THEN
+        -- Only new events (the common case): of its backlog (high water - cursor)
+        -- each partition takes min(backlog, v_share), and one more for the first
+        -- v_leases_left of those with more than v_share, in rotation order;
+        -- v_share and v_leases_left are counted here.
+        IF v_cursor_parts IS NULL THEN
             RETURN;
         END IF;
         -- Plain PL/pgSQL arithmetic here: no statement per step.
-        v_avail := k_top;
-        FOR i IN 1 .. cardinality(k_top) LOOP
-            v_avail[i] := k_top[i] - k_cur[i];
+        v_backlogs := v_high_waters;
+        FOR i IN 1 .. cardinality(v_high_waters) LOOP
+            v_backlogs[i] := v_high_waters[i] - v_cursors[i];
         END LOOP;
-        v_left := p_limit;
-        v_q := 0;
+        v_leases_left := p_limit;
+        v_share := 0;
         LOOP
-            v_n := 0;
-            v_min := NULL;
-            FOREACH v_step IN ARRAY v_avail LOOP
-                IF v_step > v_q THEN
-                    v_n := v_n + 1;
-                    v_min := LEAST(v_min, v_step);
+            v_over := 0;
+            v_least_over := NULL;
+            FOREACH v_backlog IN ARRAY v_backlogs LOOP
+                IF v_backlog > v_share THEN
+                    v_over := v_over + 1;
+                    v_least_over := LEAST(v_least_over, v_backlog);
                 END IF;
             END LOOP;
-            EXIT WHEN v_n = 0 OR v_left < v_n;
-            v_step := LEAST(v_min - v_q, v_left / v_n);
-            v_q := v_q + v_step;
-            v_left := v_left - v_step * v_n;
+            EXIT WHEN v_over = 0 OR v_leases_left < v_over;
+            v_step := LEAST(v_least_over - v_share, v_leases_left / v_over);
+            v_share := v_share + v_step;
+            v_leases_left := v_leases_left - v_step * v_over;
         END LOOP;
         RETURN QUERY
         WITH t AS (
             SELECT k.part, k.cur, array_position(p_parts, k.part) AS pos,
-                   k.cur + LEAST(k.high - k.cur, v_q)
-                   + CASE WHEN k.high - k.cur > v_q AND row_number() OVER (
-                                   PARTITION BY k.high - k.cur > v_q
-                                   ORDER BY array_position(p_parts, k.part)) <= v_left
+                   k.cur + LEAST(k.high - k.cur, v_share)
+                   + CASE WHEN k.high - k.cur > v_share AND row_number() OVER (
+                                   PARTITION BY k.high - k.cur > v_share
+                                   ORDER BY array_position(p_parts, k.part)) <= v_leases_left
                           THEN 1 ELSE 0 END AS hi
-            FROM unnest(k_part, k_cur, k_top) AS k(part, cur, high)
+            FROM unnest(v_cursor_parts, v_cursors, v_high_waters) AS k(part, cur, high)
         ), m AS (
             SELECT t.part, t.cur, t.hi, t.pos, row_number() OVER (ORDER BY t.pos) AS i
             FROM t WHERE t.hi > t.cur
@@ -184,8 +210,8 @@ BEGIN
             INSERT INTO {s}.ranges (group_id, part, first_seq, last_seq, base_seq, token, attempt,
                                     deadline_ms, consumer_id, done, pending)
             SELECT p_group, m.part, m.cur + 1, m.hi, m.cur + 1,
-                   decode(v_prefix || lpad(to_hex(m.i), 8, '0'), 'hex'), 1, v_now + p_lease_ms,
-                   p_consumer,
+                   decode(v_token_prefix || lpad(to_hex(m.i), 8, '0'), 'hex'), 1,
+                   v_now + p_lease_ms, p_consumer,
                    repeat('0', (m.hi - m.cur)::integer)::varbit, (m.hi - m.cur)::integer
             FROM m
         ), moved AS (
@@ -193,8 +219,8 @@ BEGIN
             WHERE cu.group_id = p_group AND cu.part = m.part
         )
         SELECT m.part, e.seq, 1,
-               (v_prefix || lpad(to_hex(m.i), 8, '0') || lpad(to_hex(e.seq - m.cur - 1), 8, '0'))
-               ::uuid,
+               (v_token_prefix || lpad(to_hex(m.i), 8, '0')
+                || lpad(to_hex(e.seq - m.cur - 1), 8, '0'))::uuid,
                v_now + p_lease_ms, e.event_id, e.type, e.key, e.data::text, e.headers::text,
                e.appended_at_ms
         FROM m CROSS JOIN LATERAL (
@@ -205,26 +231,26 @@ BEGIN
         ORDER BY e.seq - m.cur, m.pos;
         RETURN;
     END IF;
-    v_ranges := COALESCE(cardinality(r_part), 0);
+    v_expired_count := COALESCE(cardinality(v_expired_parts), 0);
 
     -- The winners in delivery order. A candidate's depth is its place in its
     -- partition's turn: the events to lease again first (rng: the expired range
-    -- holding one, by its place in r_*), then the partition's next sequences.
+    -- holding one, by its place in v_expired_*), then the partition's next sequences.
     WITH cand AS (
         SELECT x.part, x.seq, x.tid, x.rng,
                row_number() OVER (PARTITION BY x.part ORDER BY x.seq) AS depth
         FROM (SELECT c.part, c.seq, c.tid, NULL::bigint AS rng
-              FROM unnest(c_part, c_seq, c_tid) AS c(part, seq, tid)
+              FROM unnest(v_due_parts, v_due_seqs, v_due_tids) AS c(part, seq, tid)
               UNION ALL
               SELECT r.part, s.seq, NULL::tid, r.i
-              FROM unnest(r_part, r_first, r_last, r_done) WITH ORDINALITY
-                   AS r(part, first, last, done, i)
+              FROM unnest(v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_done)
+                   WITH ORDINALITY AS r(part, first, last, done, i)
               CROSS JOIN LATERAL generate_series(r.first, r.last) AS s(seq)
               WHERE get_bit(r.done, (s.seq - r.first)::integer) = 0) x
     ), fresh AS (
         SELECT k.part, s.seq, NULL::tid AS tid, NULL::bigint AS rng,
                COALESCE(n.n, 0) + (s.seq - k.cur) AS depth
-        FROM unnest(k_part, k_cur, k_top) AS k(part, cur, high)
+        FROM unnest(v_cursor_parts, v_cursors, v_high_waters) AS k(part, cur, high)
         LEFT JOIN (SELECT x.part, count(*) AS n FROM cand x GROUP BY x.part) n
           ON n.part = k.part
         CROSS JOIN LATERAL generate_series(k.cur + 1, LEAST(k.high, k.cur + p_limit)) AS s(seq)
@@ -241,28 +267,30 @@ BEGIN
            array_agg(c.rng ORDER BY c.depth, c.pos),
            array_agg(c.tid) FILTER (WHERE c.tid IS NOT NULL),
            (SELECT array_agg(t.part) FROM tops t), (SELECT array_agg(t.hi) FROM tops t)
-    INTO o_parts, o_seqs, o_rngs, d_tid, m_part, m_hi
+    INTO v_chosen_parts, v_chosen_seqs, v_chosen_ranges, v_chosen_tids, v_new_parts, v_new_lasts
     FROM chosen c;
 
-    IF o_parts IS NULL THEN
+    IF v_chosen_parts IS NULL THEN
         RETURN;
     END IF;
 
     RETURN QUERY
     WITH releases AS (
         UPDATE {s}.deliveries d
-        SET state = 1, attempt = d.attempt + 1, lease_id = gen_random_uuid(),
+        SET state = {s}.delivery_leased(), attempt = d.attempt + 1, lease_id = gen_random_uuid(),
             consumer_id = p_consumer, deadline_ms = v_now + p_lease_ms, settled_by = NULL
-        WHERE d.ctid = ANY (d_tid)
+        WHERE d.ctid = ANY (v_chosen_tids)
         RETURNING d.part, d.seq, d.attempt, d.lease_id
     ), relet AS (
         -- Each expired range chosen: how many of its events, up to which (cut).
         SELECT r.i, r.part, r.first, r.last, r.att, r.done, r.pend, x.n, x.cut,
-               v_prefix || lpad(to_hex(r.i), 8, '0') AS token
-        FROM unnest(r_part, r_first, r_last, r_att, r_done, r_pend) WITH ORDINALITY
+               v_token_prefix || lpad(to_hex(r.i), 8, '0') AS token
+        FROM unnest(v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
+                    v_expired_done, v_expired_pending) WITH ORDINALITY
              AS r(part, first, last, att, done, pend, i)
         JOIN (SELECT u.rng, count(*)::integer AS n, max(u.seq) AS cut
-              FROM unnest(o_seqs, o_rngs) AS u(seq, rng) WHERE u.rng IS NOT NULL
+              FROM unnest(v_chosen_seqs, v_chosen_ranges) AS u(seq, rng)
+              WHERE u.rng IS NOT NULL
               GROUP BY u.rng) x ON x.rng = r.i
     ), tails AS (
         INSERT INTO {s}.ranges (group_id, part, first_seq, last_seq, base_seq, token, attempt,
@@ -278,9 +306,9 @@ BEGIN
         -- delivery row (acked), so that their acks still repeat as acks.
         INSERT INTO {s}.deliveries (group_id, part, seq, state, attempt, lease_id,
                                     consumer_id, deadline_ms, settled_by)
-        SELECT p_group, r.part, s.seq, 2, r.att,
+        SELECT p_group, r.part, s.seq, {s}.delivery_acked(), r.att,
                {s}.lease_of(o.token, s.seq - o.base_seq), o.consumer_id,
-               o.deadline_ms, 1
+               o.deadline_ms, {s}.op_ack()
         FROM relet r
         JOIN {s}.ranges o ON o.group_id = p_group AND o.part = r.part AND o.first_seq = r.first
         CROSS JOIN LATERAL generate_series(r.first, CASE WHEN r.n < r.pend THEN r.cut
@@ -303,14 +331,14 @@ BEGIN
         INSERT INTO {s}.ranges (group_id, part, first_seq, last_seq, base_seq, token, attempt,
                                 deadline_ms, consumer_id, done, pending)
         SELECT p_group, m.part, k.cur + 1, m.hi, k.cur + 1,
-               decode(v_prefix || lpad(to_hex(v_ranges + m.i), 8, '0'), 'hex'), 1,
+               decode(v_token_prefix || lpad(to_hex(v_expired_count + m.i), 8, '0'), 'hex'), 1,
                v_now + p_lease_ms, p_consumer, repeat('0', (m.hi - k.cur)::integer)::varbit,
                (m.hi - k.cur)::integer
-        FROM unnest(m_part, m_hi) WITH ORDINALITY AS m(part, hi, i)
-        JOIN unnest(k_part, k_cur) AS k(part, cur) ON k.part = m.part
+        FROM unnest(v_new_parts, v_new_lasts) WITH ORDINALITY AS m(part, hi, i)
+        JOIN unnest(v_cursor_parts, v_cursors) AS k(part, cur) ON k.part = m.part
     ), moved AS (
         UPDATE {s}.cursors cu SET cursor = m.hi
-        FROM unnest(m_part, m_hi) AS m(part, hi)
+        FROM unnest(v_new_parts, v_new_lasts) AS m(part, hi)
         WHERE cu.group_id = p_group AND cu.part = m.part
     ), leased AS (
         -- Every lease: (part, seq, attempt, lease id) and its place in the batch.
@@ -318,7 +346,7 @@ BEGIN
         UNION ALL
         SELECT u.part, u.seq, r.att + 1,
                (r.token || lpad(to_hex(u.seq - r.first), 8, '0'))::uuid
-        FROM unnest(o_parts, o_seqs, o_rngs) AS u(part, seq, rng)
+        FROM unnest(v_chosen_parts, v_chosen_seqs, v_chosen_ranges) AS u(part, seq, rng)
         JOIN relet r ON r.i = u.rng
     )
     SELECT l.part, l.seq, l.attempt, l.lease, v_now + p_lease_ms,
@@ -326,7 +354,7 @@ BEGIN
     FROM (SELECT r.part, r.seq, r.attempt, r.lease_id AS lease, e.event_id, e.type, e.key,
                  e.data, e.headers, e.appended_at_ms, o.ord
           FROM leased r
-          JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
+          JOIN unnest(v_chosen_parts, v_chosen_seqs) WITH ORDINALITY AS o(part, seq, ord)
             ON o.part = r.part AND o.seq = r.seq
           CROSS JOIN LATERAL (
               SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
@@ -335,26 +363,30 @@ BEGIN
               OFFSET 0) e
           UNION ALL
           SELECT m.part, e.seq, 1,
-                 (v_prefix || lpad(to_hex(v_ranges + m.i), 8, '0')
+                 (v_token_prefix || lpad(to_hex(v_expired_count + m.i), 8, '0')
                   || lpad(to_hex(e.seq - k.cur - 1), 8, '0'))::uuid,
                  e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms, o.ord
-          FROM unnest(m_part, m_hi) WITH ORDINALITY AS m(part, hi, i)
-          JOIN unnest(k_part, k_cur) AS k(part, cur) ON k.part = m.part
+          FROM unnest(v_new_parts, v_new_lasts) WITH ORDINALITY AS m(part, hi, i)
+          JOIN unnest(v_cursor_parts, v_cursors) AS k(part, cur) ON k.part = m.part
           CROSS JOIN LATERAL (
               SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
               FROM {s}.events e
               WHERE e.stream_id = v_stream AND e.part = m.part
                 AND e.seq BETWEEN k.cur + 1 AND m.hi
               OFFSET 0) e
-          JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
+          JOIN unnest(v_chosen_parts, v_chosen_seqs) WITH ORDINALITY AS o(part, seq, ord)
             ON o.part = m.part AND o.seq = e.seq) l
     ORDER BY l.ord;
 END
 $fn$;
 
 -- expire_spent: dead-letters the expired leases a fetch locked at max_attempts:
--- delivery rows (by address) and ranges (their events in flight become delivery
--- rows in state 3, and the range settles them), then moves the frontiers.
+-- delivery rows (by address) and ranges (their events in flight become rejected
+-- delivery rows, and the range settles them), then moves the frontiers.
+-- Takes fetch's v_due_tids, v_due_attempts, v_expired_parts, v_expired_firsts
+-- and v_expired_attempts; the parameters keep the names of the release that
+-- added the function (CREATE OR REPLACE cannot rename one), so the body reads
+-- them through ALIAS names. Replies nothing.
 
 CREATE OR REPLACE FUNCTION {s}.expire_spent(p_group integer, v_max integer, p_now bigint,
                                             c_tid tid[], c_att integer[], r_part integer[],
@@ -363,24 +395,32 @@ RETURNS void LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
 AS $fn$
 DECLARE
-    v_parts integer[];
+    p_max_attempts ALIAS FOR v_max;
+    p_due_tids ALIAS FOR c_tid;
+    p_due_attempts ALIAS FOR c_att;
+    p_expired_parts ALIAS FOR r_part;
+    p_expired_firsts ALIAS FOR r_first;
+    p_expired_attempts ALIAS FOR r_att;
+    v_moved_parts integer[];
 BEGIN
     WITH dead AS (
         UPDATE {s}.deliveries d
-        SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = p_now
-        WHERE d.ctid = ANY (ARRAY(SELECT x.tid FROM unnest(c_tid, c_att) AS x(tid, att)
-                                  WHERE x.att >= v_max))
+        SET state = {s}.delivery_rejected(), reason = 'max_attempts', settled_by = NULL,
+            rejected_at_ms = p_now
+        WHERE d.ctid = ANY (ARRAY(SELECT x.tid
+                                  FROM unnest(p_due_tids, p_due_attempts) AS x(tid, att)
+                                  WHERE x.att >= p_max_attempts))
         RETURNING d.part
     ), spent AS (
         SELECT o.part, o.first_seq, o.last_seq, o.base_seq, o.token, o.attempt, o.deadline_ms,
                o.consumer_id, o.done
-        FROM unnest(r_part, r_first, r_att) AS x(part, first, att)
+        FROM unnest(p_expired_parts, p_expired_firsts, p_expired_attempts) AS x(part, first, att)
         JOIN {s}.ranges o ON o.group_id = p_group AND o.part = x.part AND o.first_seq = x.first
-        WHERE x.att >= v_max
+        WHERE x.att >= p_max_attempts
     ), split AS (
         INSERT INTO {s}.deliveries (group_id, part, seq, state, attempt, lease_id, consumer_id,
                                     deadline_ms, reason, rejected_at_ms)
-        SELECT p_group, o.part, s.seq, 3, o.attempt,
+        SELECT p_group, o.part, s.seq, {s}.delivery_rejected(), o.attempt,
                {s}.lease_of(o.token, s.seq - o.base_seq), o.consumer_id,
                o.deadline_ms, 'max_attempts', p_now
         FROM spent o CROSS JOIN LATERAL generate_series(o.first_seq, o.last_seq) AS s(seq)
@@ -391,10 +431,11 @@ BEGIN
         WHERE r.group_id = p_group AND r.part = o.part AND r.first_seq = o.first_seq
         RETURNING r.part
     )
-    SELECT array_agg(DISTINCT x.part) INTO v_parts
+    SELECT array_agg(DISTINCT x.part) INTO v_moved_parts
     FROM (SELECT dead.part FROM dead UNION ALL SELECT closed.part FROM closed) x;
-    IF v_parts IS NOT NULL THEN
-        PERFORM {s}.advance_frontiers(array_fill(p_group, ARRAY[cardinality(v_parts)]), v_parts);
+    IF v_moved_parts IS NOT NULL THEN
+        PERFORM {s}.advance_frontiers(array_fill(p_group, ARRAY[cardinality(v_moved_parts)]),
+                                      v_moved_parts);
     END IF;
 END
 $fn$;
@@ -409,11 +450,13 @@ AS $fn$
 $fn$;
 
 -- claim_cursors: the cursors of p_parts that have events past them, locked FOR
--- UPDATE SKIP LOCKED, with the high water of each. When none is free and the
--- caller holds no lock (p_may_wait), competing fetches hold every cursor with
--- work: it waits for ONE of them (chosen first, then locked alone), so waiting
--- fetches never deadlock one another, then claims again from every cursor that
--- is free by now (a fresh snapshot sees their moves).
+-- UPDATE SKIP LOCKED, with the high water of each (reply: k_part, the partitions;
+-- k_cur, their cursors; k_top, their high water; NULL when none is claimed).
+-- When none is free and the caller holds no lock (p_may_wait), competing
+-- fetches hold every cursor with work: it waits for ONE of them (chosen first,
+-- then locked alone), so waiting fetches never deadlock one another, then
+-- claims again from every cursor that is free by now (a fresh snapshot sees
+-- their moves).
 
 CREATE OR REPLACE FUNCTION {s}.claim_cursors(p_group integer, p_stream integer,
                                              p_parts integer[], p_may_wait boolean,

@@ -1,5 +1,5 @@
 -- fetch_by_key: fetch (functions/fetch.sql) for a key-ordered group
--- (groups.ordering = 1; functions/fetch_keyed.sql), whose deliveries are rows
+-- (groups.ordering = ordering_by_key(); functions/fetch_keyed.sql), whose deliveries are rows
 -- of their own. See the package docstring for the tables and the lock order.
 --
 -- It commits durably (as every lease change): a fetch that switched its own
@@ -23,6 +23,11 @@
 -- inserts them (each storing its key; the blocked events among them inserted
 -- available, attempt 0, and held where fetch_scan says so), moves the cursors
 -- and returns the leases in their order.
+--
+-- Reply: fetch's (functions/fetch.sql). Its parameters v_stream and v_max (the
+-- group's stream and max_attempts, which fetch has read) keep the names of the
+-- release that added the function (CREATE OR REPLACE cannot rename one); the
+-- body reads them as p_stream and p_max_attempts (ALIAS).
 
 CREATE OR REPLACE FUNCTION {s}.fetch_by_key(p_group integer, v_stream integer, v_max integer,
                                             p_parts integer[], p_limit integer,
@@ -34,28 +39,36 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
 AS $fn$
 DECLARE
+    p_stream ALIAS FOR v_stream;
+    p_max_attempts ALIAS FOR v_max;
     v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    c_part integer[];
-    c_seq bigint[];
-    c_att integer[];
-    c_tid tid[];
-    k_part integer[];
-    k_cur bigint[];
-    k_top bigint[];
-    k_last bigint[];
-    f_part integer[];
-    f_seq bigint[];
-    f_depth bigint[];
-    f_hold boolean[];
-    o_parts integer[];
-    o_seqs bigint[];
-    r_tid tid[];
-    m_part integer[];
-    m_hi bigint[];
-    v_doomed tid[];
-    v_key_parts integer[];
-    v_keys text[];
-    v_prefix text;
+    -- The delivery rows to lease again (due heads of their keys, or expired leases).
+    v_due_parts integer[];
+    v_due_seqs bigint[];
+    v_due_attempts integer[];
+    v_due_tids tid[];
+    -- The cursors claimed (claim_cursors): partition, cursor, the partition's high
+    -- water; and the last sequence fetch_scan read past each.
+    v_cursor_parts integer[];
+    v_cursors bigint[];
+    v_high_waters bigint[];
+    v_scanned_to bigint[];
+    -- Every new event fetch_scan read: its depth (NULL: blocked), whether to hold it.
+    v_scan_parts integer[];
+    v_scan_seqs bigint[];
+    v_scan_depths bigint[];
+    v_scan_holds boolean[];
+    -- The winners in delivery order; the addresses of the delivery rows among them.
+    v_chosen_parts integer[];
+    v_chosen_seqs bigint[];
+    v_chosen_tids tid[];
+    -- The partitions whose cursors move, and the last sequence stored in each.
+    v_new_parts integer[];
+    v_new_lasts bigint[];
+    v_spent_tids tid[];        -- expired leases at max_attempts, to dead-letter
+    v_released_parts integer[];  -- and the keys their dead-lettering releases
+    v_released_keys text[];
+    v_lease_prefix text;
 BEGIN
     -- Deliveries to lease again, per partition lowest first and locked FOR UPDATE
     -- SKIP LOCKED: up to p_limit available and p_limit expired. The available
@@ -66,7 +79,7 @@ BEGIN
     -- one not the head). The head check is a column (a sub-select per row): in
     -- WHERE, the planner could hash the whole partition's keyed deliveries instead.
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
-    INTO c_part, c_seq, c_att, c_tid
+    INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
     FROM unnest(p_parts) AS p(part)
     JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
     CROSS JOIN LATERAL (
@@ -75,69 +88,75 @@ BEGIN
                 SELECT h.seq FROM (
                     SELECT r.seq, (SELECT b.seq FROM {s}.deliveries b
                                    WHERE b.group_id = p_group AND b.part = p.part
-                                     AND b.key = r.key AND b.key IS NOT NULL AND b.state < 2
+                                     AND b.key = r.key AND b.key IS NOT NULL
+                                     AND b.state < {s}.delivery_acked()
                                    ORDER BY b.key, b.seq LIMIT 1) AS head
                     FROM {s}.deliveries r
                     WHERE r.group_id = p_group AND r.part = p.part AND r.seq > f.frontier
-                      AND r.state = 0 AND r.key IS NOT NULL
-                      AND r.available_at_ms < 9223372036854775807
+                      AND r.state = {s}.delivery_available() AND r.key IS NOT NULL
+                      AND r.available_at_ms < {s}.held()
                       AND r.available_at_ms <= v_now
                     ORDER BY r.seq OFFSET 0) h
                 WHERE h.seq = h.head) h
             CROSS JOIN LATERAL (
                 SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
                 WHERE d.group_id = p_group AND d.part = p.part AND d.seq = h.seq
-                  AND d.state = 0 AND d.available_at_ms <= v_now
+                  AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
                 FOR UPDATE OF d SKIP LOCKED) z
             LIMIT p_limit) y
         UNION ALL
         SELECT b.* FROM (
             SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
             WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-              AND d.state = 1 AND d.deadline_ms <= v_now
+              AND d.state = {s}.delivery_leased() AND d.deadline_ms <= v_now
               AND d.seq = (SELECT b.seq FROM {s}.deliveries b
                            WHERE b.group_id = p_group AND b.part = d.part
-                             AND b.key = d.key AND b.key IS NOT NULL AND b.state < 2
+                             AND b.key = d.key AND b.key IS NOT NULL
+                             AND b.state < {s}.delivery_acked()
                            ORDER BY b.key, b.seq LIMIT 1)
             ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
     -- The cursors with work (functions/fetch.sql); with nothing else locked, it may wait.
-    SELECT * INTO k_part, k_cur, k_top
-    FROM {s}.claim_cursors(p_group, v_stream, p_parts, c_part IS NULL);
-    IF c_part IS NULL AND k_part IS NULL THEN
+    SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
+    FROM {s}.claim_cursors(p_group, p_stream, p_parts, v_due_parts IS NULL);
+    IF v_due_parts IS NULL AND v_cursor_parts IS NULL THEN
         RETURN;
     END IF;
 
-    IF c_part IS NOT NULL THEN
-        SELECT array_agg(x.tid) INTO v_doomed
-        FROM unnest(c_tid, c_att) AS x(tid, attempt) WHERE x.attempt >= v_max;
+    IF v_due_parts IS NOT NULL THEN
+        SELECT array_agg(x.tid) INTO v_spent_tids
+        FROM unnest(v_due_tids, v_due_attempts) AS x(tid, attempt)
+        WHERE x.attempt >= p_max_attempts;
     END IF;
-    IF v_doomed IS NOT NULL THEN
+    IF v_spent_tids IS NOT NULL THEN
         -- Expired leases at max attempts are dead-lettered (which releases their keys).
         WITH dead AS (
             UPDATE {s}.deliveries d
-            SET state = 3, reason = 'max_attempts', settled_by = NULL, rejected_at_ms = v_now
-            WHERE d.ctid = ANY (v_doomed)
+            SET state = {s}.delivery_rejected(), reason = 'max_attempts', settled_by = NULL,
+                rejected_at_ms = v_now
+            WHERE d.ctid = ANY (v_spent_tids)
             RETURNING d.part, d.key
         )
-        SELECT array_agg(dead.part), array_agg(dead.key) INTO v_key_parts, v_keys
+        SELECT array_agg(dead.part), array_agg(dead.key) INTO v_released_parts, v_released_keys
         FROM dead WHERE dead.key IS NOT NULL;
-        IF v_keys IS NOT NULL THEN
-            PERFORM {s}.release_keys(array_fill(p_group, ARRAY[cardinality(v_keys)]),
-                                     v_key_parts, v_keys, v_now);
+        IF v_released_keys IS NOT NULL THEN
+            PERFORM {s}.release_keys(array_fill(p_group, ARRAY[cardinality(v_released_keys)]),
+                                     v_released_parts, v_released_keys, v_now);
         END IF;
         PERFORM {s}.advance_frontiers(array_agg(p_group), array_agg(x.part))
-        FROM (SELECT DISTINCT x.part FROM unnest(c_part, c_att) AS x(part, attempt)
-              WHERE x.attempt >= v_max) x;
+        FROM (SELECT DISTINCT x.part FROM unnest(v_due_parts, v_due_attempts) AS x(part, attempt)
+              WHERE x.attempt >= p_max_attempts) x;
         SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
-        INTO c_part, c_seq, c_att, c_tid
-        FROM unnest(c_part, c_seq, c_att, c_tid) AS x(part, seq, attempt, tid)
-        WHERE x.attempt < v_max;
+        INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
+        FROM unnest(v_due_parts, v_due_seqs, v_due_attempts, v_due_tids)
+             AS x(part, seq, attempt, tid)
+        WHERE x.attempt < p_max_attempts;
     END IF;
-    IF k_part IS NOT NULL THEN  -- the new events it may lease, and their depth
-        SELECT * INTO f_part, f_seq, f_depth, f_hold, k_last
-        FROM {s}.fetch_scan(p_group, v_stream, p_limit, k_part, k_cur, k_top, c_part);
+    IF v_cursor_parts IS NOT NULL THEN  -- the new events it may lease, and their depth
+        SELECT * INTO v_scan_parts, v_scan_seqs, v_scan_depths, v_scan_holds, v_scanned_to
+        FROM {s}.fetch_scan(p_group, p_stream, p_limit, v_cursor_parts, v_cursors,
+                            v_high_waters, v_due_parts);
     END IF;
 
     -- The round-robin winners, in delivery order: existing rows to lease again
@@ -150,10 +169,11 @@ BEGIN
     WITH cand AS (
         SELECT x.part, x.seq, x.tid, row_number() OVER (PARTITION BY x.part ORDER BY x.seq)
                AS depth
-        FROM unnest(c_part, c_seq, c_tid) AS x(part, seq, tid)
+        FROM unnest(v_due_parts, v_due_seqs, v_due_tids) AS x(part, seq, tid)
     ), fresh AS (
         SELECT f.part, f.seq, NULL::tid AS tid, f.depth
-        FROM unnest(f_part, f_seq, f_depth) AS f(part, seq, depth) WHERE f.depth IS NOT NULL
+        FROM unnest(v_scan_parts, v_scan_seqs, v_scan_depths) AS f(part, seq, depth)
+        WHERE f.depth IS NOT NULL
     ), chosen AS (
         SELECT a.part, a.seq, a.tid, a.depth, array_position(p_parts, a.part) AS pos
         FROM (SELECT * FROM cand UNION ALL SELECT * FROM fresh) a
@@ -163,7 +183,7 @@ BEGIN
         SELECT c.part, max(c.depth) AS top FROM chosen c GROUP BY c.part
     ), moves AS (
         SELECT k.part, k.cur, COALESCE(x.next - 1, k.last) AS hi
-        FROM unnest(k_part, k_cur, k_last) AS k(part, cur, last)
+        FROM unnest(v_cursor_parts, v_cursors, v_scanned_to) AS k(part, cur, last)
         LEFT JOIN (SELECT f.part, min(f.seq) AS next FROM fresh f
                    LEFT JOIN tops t ON t.part = f.part
                    WHERE f.depth > COALESCE(t.top, 0) GROUP BY f.part) x
@@ -173,22 +193,22 @@ BEGIN
            array_agg(c.tid) FILTER (WHERE c.tid IS NOT NULL),
            (SELECT array_agg(m.part) FROM moves m WHERE m.hi > m.cur),
            (SELECT array_agg(m.hi) FROM moves m WHERE m.hi > m.cur)
-    INTO o_parts, o_seqs, r_tid, m_part, m_hi
+    INTO v_chosen_parts, v_chosen_seqs, v_chosen_tids, v_new_parts, v_new_lasts
     FROM chosen c;
 
-    IF o_parts IS NULL AND m_part IS NULL THEN
+    IF v_chosen_parts IS NULL AND v_new_parts IS NULL THEN
         RETURN;
     END IF;
     -- New leases are named by one random prefix per call and their position:
     -- unique, and far cheaper than a random UUID per row.
-    v_prefix := left(replace(gen_random_uuid()::text, '-', ''), 24);
+    v_lease_prefix := left(replace(gen_random_uuid()::text, '-', ''), 24);
 
     RETURN QUERY
     WITH releases AS (
         UPDATE {s}.deliveries d
-        SET state = 1, attempt = d.attempt + 1, lease_id = gen_random_uuid(),
+        SET state = {s}.delivery_leased(), attempt = d.attempt + 1, lease_id = gen_random_uuid(),
             consumer_id = p_consumer, deadline_ms = v_now + p_lease_ms, settled_by = NULL
-        WHERE d.ctid = ANY (r_tid)
+        WHERE d.ctid = ANY (v_chosen_tids)
         RETURNING d.part, d.seq, d.attempt, d.lease_id
     ), picked AS (
         -- Each partition's new rows are its next sequences, cursor + 1 .. hi: one
@@ -196,33 +216,34 @@ BEGIN
         -- batch (NULL: blocked).  A re-leased row is never among them.
         SELECT m.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms,
                n.ord, COALESCE(h.hold, false) AS hold
-        FROM unnest(m_part, m_hi) AS m(part, hi)
-        JOIN unnest(k_part, k_cur) AS k(part, cur) ON k.part = m.part
+        FROM unnest(v_new_parts, v_new_lasts) AS m(part, hi)
+        JOIN unnest(v_cursor_parts, v_cursors) AS k(part, cur) ON k.part = m.part
         CROSS JOIN LATERAL (
             SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
             FROM {s}.events e
-            WHERE e.stream_id = v_stream AND e.part = m.part AND e.seq BETWEEN k.cur + 1 AND m.hi
+            WHERE e.stream_id = p_stream AND e.part = m.part AND e.seq BETWEEN k.cur + 1 AND m.hi
             OFFSET 0) e
-        LEFT JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS n(part, seq, ord)
+        LEFT JOIN unnest(v_chosen_parts, v_chosen_seqs) WITH ORDINALITY AS n(part, seq, ord)
           ON n.part = m.part AND n.seq = e.seq
-        LEFT JOIN unnest(f_part, f_seq, f_hold) AS h(part, seq, hold)
+        LEFT JOIN unnest(v_scan_parts, v_scan_seqs, v_scan_holds) AS h(part, seq, hold)
           ON h.part = m.part AND h.seq = e.seq
     ), created AS (
         INSERT INTO {s}.deliveries
             (group_id, part, seq, state, attempt, lease_id, consumer_id, deadline_ms, key,
              available_at_ms)
         SELECT p_group, k.part, k.seq,
-               CASE WHEN k.ord IS NULL THEN 0 ELSE 1 END,
-               CASE WHEN k.ord IS NULL THEN 0 ELSE 1 END,
-               (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
+               CASE WHEN k.ord IS NULL THEN {s}.delivery_available()
+                    ELSE {s}.delivery_leased() END,
+               CASE WHEN k.ord IS NULL THEN 0 ELSE 1 END,  -- attempt
+               (v_lease_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
                CASE WHEN k.ord IS NOT NULL THEN p_consumer END,
                CASE WHEN k.ord IS NULL THEN 0 ELSE v_now + p_lease_ms END,
                CASE WHEN k.key IS NULL THEN '-' || k.seq ELSE 'k' || k.key END,
-               CASE WHEN k.ord IS NULL AND k.hold THEN 9223372036854775807 ELSE 0 END
+               CASE WHEN k.ord IS NULL AND k.hold THEN {s}.held() ELSE 0 END
         FROM picked k
     ), moved AS (
         UPDATE {s}.cursors cu SET cursor = m.hi
-        FROM unnest(m_part, m_hi) AS m(part, hi)
+        FROM unnest(v_new_parts, v_new_lasts) AS m(part, hi)
         WHERE cu.group_id = p_group AND cu.part = m.part
     )
     SELECT l.part, l.seq, l.attempt, l.lease_id, v_now + p_lease_ms,
@@ -230,15 +251,15 @@ BEGIN
     FROM (SELECT r.part, r.seq, r.attempt, r.lease_id, e.event_id, e.type, e.key, e.data,
                  e.headers, e.appended_at_ms, o.ord
           FROM releases r
-          JOIN unnest(o_parts, o_seqs) WITH ORDINALITY AS o(part, seq, ord)
+          JOIN unnest(v_chosen_parts, v_chosen_seqs) WITH ORDINALITY AS o(part, seq, ord)
             ON o.part = r.part AND o.seq = r.seq
           CROSS JOIN LATERAL (
               SELECT e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
               FROM {s}.events e
-              WHERE e.stream_id = v_stream AND e.part = r.part AND e.seq = r.seq
+              WHERE e.stream_id = p_stream AND e.part = r.part AND e.seq = r.seq
               OFFSET 0) e
           UNION ALL
-          SELECT k.part, k.seq, 1, (v_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
+          SELECT k.part, k.seq, 1, (v_lease_prefix || lpad(to_hex(k.ord), 8, '0'))::uuid,
                  k.event_id, k.type, k.key, k.data, k.headers, k.appended_at_ms, k.ord
           FROM picked k WHERE k.ord IS NOT NULL) l
     ORDER BY l.ord;

@@ -1,10 +1,11 @@
--- Key-ordered groups (groups.ordering = 1; docs/ordering.md): the rule fetch
+-- Key-ordered groups (groups.ordering = ordering_by_key(); docs/ordering.md): the rule fetch
 -- (functions/fetch.sql) follows for them; fetch_scan, its step that finds which
 -- new events past the cursor may be leased; and release_keys, which settles and
 -- trims call to make the next delivery of a released key due.
 --
 -- Rule: a delivery of key K in partition p is eligible only when no delivery of
--- K in p with a smaller sequence is unsettled (available or leased: state < 2).
+-- K in p with a smaller sequence is unsettled (available or leased: state below
+-- delivery_acked(), functions/states.sql).
 -- Every delivery of such a group stores a key: 'k' || K for an event of key K,
 -- '-' || seq for a keyless event (its own key, so it never waits; no 'k' key can
 -- equal it). deliveries_keyed indexes the unsettled ones by (key, seq), so the
@@ -12,7 +13,7 @@
 --
 -- Held deliveries (schema version 7): an event stored behind an earlier
 -- unsettled delivery of its key is stored available but *held*
--- (available_at_ms = the largest bigint, out of deliveries_ready), and the
+-- (available_at_ms = held(), the largest bigint, out of deliveries_ready), and the
 -- statement that settles its key's last earlier delivery for good (ack,
 -- reject, dead letter) or removes it (trim) makes it due (release_keys). So a
 -- fetch finds what it may lease again in deliveries_ready alone, by sequence,
@@ -37,24 +38,29 @@
 -- eligible, so two deliveries of one key are never leased at once (but for
 -- redrive, docs/ordering.md).
 
--- fetch_scan: the new events past each locked cursor (k_part, k_cur, k_high) that
--- may be leased, with their depth (their place in the partition's round-robin
--- turn, after its c_have candidates to lease again). A keyless event is free; a
--- keyed one is free when its key has no unsettled delivery (one probe of
--- deliveries_keyed) and was not met earlier in this scan, else it is blocked.
+-- fetch_scan: the new events past each locked cursor (k_part, k_cur, k_high:
+-- partitions, cursors, high water; read as p_cursor_parts, p_cursors and
+-- p_high_waters) that may be leased, with their depth (their place in the
+-- partition's round-robin turn, after its candidates to lease again, whose
+-- partitions are c_part, read as p_due_parts). The parameters keep the names of
+-- the release that added the function (CREATE OR REPLACE cannot rename one).
+-- A keyless event is free; a keyed one is free when its key has no unsettled
+-- delivery (one probe of deliveries_keyed) and was not met earlier in this
+-- scan, else it is blocked.
 -- (Each round's probes see the settles committed since the last round, so a key
 -- met blocked in an earlier round stays blocked: its event there is not stored
 -- yet.)
 -- Events are read (seq, key) in rounds, every partition short of the round's
 -- depth in one statement: round-robin takes about p_limit / partitions from each,
 -- so the first round asks that many of each and reads on only where blocked
--- keys or dry partitions leave the batch short, or leave a partition that can read
--- on below the depth the batch reaches (its free events would take turns there). A partition stops at its high
--- water or after c_budget events (the cursor moves past what was read, so the
--- next fetch goes on from there: a long run of one key never stalls the others).
--- Returns every event read (f_depth NULL when blocked; f_hold true when a blocked
--- one is to be stored held) and the last one read per cursor (k_last, aligned
--- with k_part).
+-- keys or dry partitions leave the batch short, or leave a partition that can
+-- read on below the depth the batch reaches (its free events would take turns
+-- there). A partition stops at its high water or after v_budget events (the
+-- cursor moves past what was read, so the next fetch goes on from there: a long
+-- run of one key never stalls the others).
+-- Reply: every event read, as arrays aligned with one another: f_part, f_seq;
+-- f_depth (NULL: blocked); f_hold (true: a blocked one to be stored held); and
+-- k_last, the last sequence read past each cursor (aligned with k_part).
 
 CREATE OR REPLACE FUNCTION {s}.fetch_scan(p_group integer, p_stream integer, p_limit integer,
                                           k_part integer[], k_cur bigint[], k_high bigint[],
@@ -66,11 +72,17 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
 AS $fn$
 DECLARE
-    c_budget CONSTANT integer := 4096;
-    k_have bigint[];
-    k_read integer[];
-    k_open boolean[];
-    o_have bigint[];
+    p_cursor_parts ALIAS FOR k_part;
+    p_cursors ALIAS FOR k_cur;
+    p_high_waters ALIAS FOR k_high;
+    p_due_parts ALIAS FOR c_part;
+    v_budget CONSTANT integer := 4096;
+    -- Per cursor: its turns taken (candidates to lease again, then free events
+    -- read), the events read, whether it can read on.
+    v_have bigint[];
+    v_read integer[];
+    v_open boolean[];
+    v_other_have bigint[];  -- the turns of partitions with candidates but no cursor
     v_met_part integer[] := '{}';
     v_met_key text[] := '{}';
     v_depth bigint;
@@ -80,23 +92,23 @@ BEGIN
     f_seq := '{}';
     f_depth := '{}';
     f_hold := '{}';
-    k_last := k_cur;
+    k_last := p_cursors;
     SELECT array_agg(COALESCE(n.have, 0) ORDER BY k.i), array_agg(0 ORDER BY k.i),
            array_agg(true ORDER BY k.i)
-    INTO k_have, k_read, k_open
-    FROM unnest(k_part) WITH ORDINALITY AS k(part, i)
-    LEFT JOIN (SELECT x.part, count(*) AS have FROM unnest(c_part) AS x(part)
+    INTO v_have, v_read, v_open
+    FROM unnest(p_cursor_parts) WITH ORDINALITY AS k(part, i)
+    LEFT JOIN (SELECT x.part, count(*) AS have FROM unnest(p_due_parts) AS x(part)
                GROUP BY x.part) n ON n.part = k.part;
     -- Partitions with candidates but no cursor of ours: their turns count too.
-    SELECT COALESCE(array_agg(n.have), '{}') INTO o_have
-    FROM (SELECT count(*) AS have FROM unnest(c_part) AS x(part)
-          WHERE x.part <> ALL (k_part) GROUP BY x.part) n;
-    v_depth := ceil(p_limit::numeric / (cardinality(k_part) + cardinality(o_have)));
+    SELECT COALESCE(array_agg(n.have), '{}') INTO v_other_have
+    FROM (SELECT count(*) AS have FROM unnest(p_due_parts) AS x(part)
+          WHERE x.part <> ALL (p_cursor_parts) GROUP BY x.part) n;
+    v_depth := ceil(p_limit::numeric / (cardinality(p_cursor_parts) + cardinality(v_other_have)));
     LOOP
         WITH k AS (
             SELECT k.i, k.part, k.last, k.high, k.have, k.read,
-                   LEAST(GREATEST(v_depth - k.have, k.read), c_budget - k.read) AS need
-            FROM unnest(k_part, k_last, k_high, k_have, k_read, k_open)
+                   LEAST(GREATEST(v_depth - k.have, k.read), v_budget - k.read) AS need
+            FROM unnest(p_cursor_parts, k_last, p_high_waters, v_have, v_read, v_open)
                  WITH ORDINALITY AS k(part, last, high, have, read, open, i)
             WHERE k.open AND k.have < v_depth
         ), ev AS (
@@ -114,7 +126,7 @@ BEGIN
                             SELECT b.seq FROM {s}.deliveries b
                             WHERE b.group_id = p_group AND b.part = k.part
                               AND b.key = ('k' || e.key) COLLATE "C" AND b.key IS NOT NULL
-                              AND b.state < 2
+                              AND b.state < {s}.delivery_acked()
                             ORDER BY b.key DESC, b.seq DESC LIMIT 1), -1) END AS behind
             FROM k CROSS JOIN LATERAL (
                 SELECT e.seq, e.key FROM {s}.events e
@@ -133,7 +145,7 @@ BEGIN
                         ELSE (SELECT b.seq FROM {s}.deliveries b
                               WHERE b.group_id = p_group AND b.part = k.part
                                 AND b.key = ('k' || ev.key) COLLATE "C" AND b.key IS NOT NULL
-                                AND b.state < 2
+                                AND b.state < {s}.delivery_acked()
                               ORDER BY b.key DESC, b.seq DESC LIMIT 1
                               FOR SHARE OF b SKIP LOCKED) IS NOT DISTINCT FROM ev.behind END
                        AS hold
@@ -143,20 +155,25 @@ BEGIN
                    count(dep.depth) AS free
             FROM k LEFT JOIN dep ON dep.i = k.i GROUP BY k.i, k.need
         ), upd AS (
-            SELECT k.i, k.high, COALESCE(p.last, k.last) AS last, k.have + COALESCE(p.free, 0) AS have,
+            SELECT k.i, k.high, COALESCE(p.last, k.last) AS last,
+                   k.have + COALESCE(p.free, 0) AS have,
                    k.read + COALESCE(p.got, 0) AS read,
                    CASE WHEN p.i IS NULL THEN k.open
                         ELSE p.got = p.need AND COALESCE(p.last, k.last) < k.high
-                             AND k.read + p.got < c_budget END AS open
-            FROM unnest(k_last, k_high, k_have, k_read, k_open)
+                             AND k.read + p.got < v_budget END AS open
+            FROM unnest(k_last, p_high_waters, v_have, v_read, v_open)
                  WITH ORDINALITY AS k(last, high, have, read, open, i)
             LEFT JOIN per p ON p.i = k.i
         )
-        SELECT f_part || (SELECT COALESCE(array_agg(k_part[d.i] ORDER BY d.i, d.seq), '{}') FROM dep d),
+        SELECT f_part || (SELECT COALESCE(array_agg(p_cursor_parts[d.i] ORDER BY d.i, d.seq),
+                                          '{}') FROM dep d),
                f_seq || (SELECT COALESCE(array_agg(d.seq ORDER BY d.i, d.seq), '{}') FROM dep d),
-               f_depth || (SELECT COALESCE(array_agg(d.depth ORDER BY d.i, d.seq), '{}') FROM dep d),
-               f_hold || (SELECT COALESCE(array_agg(d.hold ORDER BY d.i, d.seq), '{}') FROM dep d),
-               v_met_part || (SELECT COALESCE(array_agg(k_part[d.i] ORDER BY d.i, d.seq), '{}')
+               f_depth || (SELECT COALESCE(array_agg(d.depth ORDER BY d.i, d.seq), '{}')
+                           FROM dep d),
+               f_hold || (SELECT COALESCE(array_agg(d.hold ORDER BY d.i, d.seq), '{}')
+                          FROM dep d),
+               v_met_part || (SELECT COALESCE(array_agg(p_cursor_parts[d.i] ORDER BY d.i, d.seq),
+                                              '{}')
                               FROM dep d WHERE d.met),
                v_met_key || (SELECT COALESCE(array_agg(d.key ORDER BY d.i, d.seq), '{}')
                              FROM dep d WHERE d.met),
@@ -164,8 +181,8 @@ BEGIN
                (SELECT array_agg(u.have ORDER BY u.i) FROM upd u),
                (SELECT array_agg(u.read ORDER BY u.i) FROM upd u),
                (SELECT array_agg(u.open ORDER BY u.i) FROM upd u)
-        INTO f_part, f_seq, f_depth, f_hold, v_met_part, v_met_key, k_last, k_have, k_read,
-             k_open;
+        INTO f_part, f_seq, f_depth, f_hold, v_met_part, v_met_key, k_last, v_have, v_read,
+             v_open;
 
         -- The depth the batch reaches with what was found: the smallest d with
         -- sum(LEAST(have, d)) >= p_limit (NULL: short of p_limit at any depth).
@@ -175,10 +192,10 @@ BEGIN
         FROM (SELECT x.have, row_number() OVER w AS j, count(*) OVER () AS n,
                      COALESCE(sum(x.have) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING
                                                   AND 1 PRECEDING), 0) AS below
-              FROM unnest(k_have || o_have) AS x(have) WINDOW w AS (ORDER BY x.have)) h
+              FROM unnest(v_have || v_other_have) AS x(have) WINDOW w AS (ORDER BY x.have)) h
         WHERE h.below + (h.n - h.j + 1) * h.have >= p_limit
         ORDER BY h.j LIMIT 1;
-        EXIT WHEN NOT EXISTS (SELECT FROM unnest(k_have, k_open) AS h(have, open)
+        EXIT WHEN NOT EXISTS (SELECT FROM unnest(v_have, v_open) AS h(have, open)
                               WHERE h.open AND (v_level IS NULL OR h.have < v_level));
         IF v_level IS NOT NULL THEN
             v_depth := v_level;
@@ -191,7 +208,7 @@ BEGIN
                                                                       OR h.have > v_depth))),
                         min(h.have) FILTER (WHERE h.open) + 1)
         INTO v_depth
-        FROM unnest(k_have || o_have, k_open) AS h(have, open);
+        FROM unnest(v_have || v_other_have, v_open) AS h(have, open);
     END LOOP;
 END
 $fn$;
@@ -222,21 +239,22 @@ BEGIN
               CROSS JOIN LATERAL (
                   SELECT w.seq FROM {s}.deliveries w
                   WHERE w.group_id = u.g AND w.part = u.part AND w.key = u.key
-                    AND w.state = 0 AND w.available_at_ms = 9223372036854775807
+                    AND w.state = {s}.delivery_available() AND w.available_at_ms = {s}.held()
                   ORDER BY w.key, w.seq LIMIT 1) w
               CROSS JOIN LATERAL (
                   SELECT b.seq FROM {s}.deliveries b
                   WHERE b.group_id = u.g AND b.part = u.part AND b.key = u.key
-                    AND b.key IS NOT NULL AND b.state < 2
+                    AND b.key IS NOT NULL AND b.state < {s}.delivery_acked()
                   ORDER BY b.key, b.seq LIMIT 1) h
               WHERE h.seq = w.seq
               ORDER BY u.g, u.part, h.seq OFFSET 0) h
         CROSS JOIN LATERAL (
             SELECT d.ctid AS tid FROM {s}.deliveries d
-            -- "state + 0": with "state = 0", deliveries_held's predicate would hold
-            -- and the planner could walk its (key, seq) order for the sequence.
+            -- "state + 0": with a plain "state = ...", deliveries_held's predicate
+            -- would hold and the planner could walk its (key, seq) order for the
+            -- sequence.
             WHERE d.group_id = h.g AND d.part = h.part AND d.seq = h.seq
-              AND d.state + 0 = 0 AND d.available_at_ms = 9223372036854775807
+              AND d.state + 0 = {s}.delivery_available() AND d.available_at_ms = {s}.held()
             FOR UPDATE OF d) x));
 END
 $fn$;

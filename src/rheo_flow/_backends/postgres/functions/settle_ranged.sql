@@ -4,11 +4,11 @@
 -- other element whose range is in flight under its very token, offset and
 -- attempt, with its bit still clear, takes effect:
 --
--- * ack (p_op 1): its bit is set;
--- * nack (2) and reject (3): its bit is set and it becomes a delivery row, as
+-- * ack: its bit is set;
+-- * nack and reject: its bit is set and it becomes a delivery row, as
 --   settle leaves one (available after the delay; or a dead letter: a reject, or
 --   a nack of the last attempt);
--- * renew (0): the range's deadline moves when the batch renews every event it
+-- * renew: the range's deadline moves when the batch renews every event it
 --   has in flight; else the events renewed become delivery rows, leased until
 --   p_deadline, and their bits are set (the others keep the range's deadline).
 --
@@ -19,8 +19,10 @@
 -- ranges and matches the elements, counting each range's hits (with the bits
 -- to set when they are not all its events in flight); one updates the ranges.
 -- Only a nack, a reject or a partial renew writes rows per element.
--- Returns the elements that took effect, and the (group, partition) of the
--- ranges whose settles finished events (the frontiers they may move).
+-- Reply (one row): o_idx, the elements that took effect (numbered from 1);
+-- o_groups and o_parts, the (group, partition) of the ranges whose settles
+-- finished events (the frontiers they may move). p_op: op_renew(), op_ack(),
+-- op_nack() or op_reject() (functions/states.sql).
 
 CREATE OR REPLACE FUNCTION {s}.settle_ranged(p_op smallint, p_groups integer[],
                                              p_parts integer[], p_seqs bigint[],
@@ -33,13 +35,16 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
 AS $fn$
 DECLARE
-    r_g integer[];
-    r_part integer[];
-    r_first bigint[];
-    r_n integer[];
-    r_pend integer[];
-    r_mask varbit[];
-    r_spent boolean[];
+    -- Per range matched: its key (group, partition, first_seq), the elements that
+    -- hit it and its events in flight, the bits they set (NULL: all of those in
+    -- flight), whether a nack of it is of its last attempt.
+    v_range_groups integer[];
+    v_range_parts integer[];
+    v_range_firsts bigint[];
+    v_range_hits integer[];
+    v_range_pending integer[];
+    v_range_masks varbit[];
+    v_range_spent boolean[];
 BEGIN
     WITH u AS (
         SELECT u.g, u.part, u.seq, u.att, u.idx, uuid_send(u.lease) AS b
@@ -70,57 +75,67 @@ BEGIN
         SELECT h.group_id, h.part, h.first_seq, count(*)::integer AS n, max(h.pending) AS pend,
                CASE WHEN count(*) < max(h.pending)
                     THEN {s}.range_bits(max(h.len)::integer, array_agg(h.off)) END AS mask,
-               p_op = 2 AND max(h.attempt) >= (SELECT gr.max_attempts FROM {s}.groups gr
-                                               WHERE gr.id = h.group_id) AS spent
+               p_op = {s}.op_nack()
+               AND max(h.attempt) >= (SELECT gr.max_attempts FROM {s}.groups gr
+                                      WHERE gr.id = h.group_id) AS spent
         FROM hit h GROUP BY h.group_id, h.part, h.first_seq
     )
     SELECT (SELECT array_agg(h.idx) FROM hit h), array_agg(p.group_id), array_agg(p.part),
            array_agg(p.first_seq), array_agg(p.n), array_agg(p.pend), array_agg(p.mask),
            array_agg(p.spent)
-    INTO o_idx, r_g, r_part, r_first, r_n, r_pend, r_mask, r_spent
+    INTO o_idx, v_range_groups, v_range_parts, v_range_firsts, v_range_hits, v_range_pending,
+         v_range_masks, v_range_spent
     FROM per p;
     IF o_idx IS NULL THEN
         RETURN;
     END IF;
 
-    IF p_op <> 1 AND (p_op <> 0 OR true = ANY (ARRAY(
-            SELECT x.n < x.pend FROM unnest(r_n, r_pend) AS x(n, pend)))) THEN
+    IF p_op <> {s}.op_ack() AND (p_op <> {s}.op_renew() OR true = ANY (ARRAY(
+            SELECT x.n < x.pend FROM unnest(v_range_hits, v_range_pending) AS x(n, pend)))) THEN
         -- Events split off their range: the elements that took effect, again by
         -- their (locked, not yet changed) range.
         INSERT INTO {s}.deliveries (group_id, part, seq, state, attempt, lease_id, consumer_id,
                                     deadline_ms, available_at_ms, rejected_at_ms, settled_by,
                                     reason, last_error)
         SELECT u.g, u.part, u.seq,
-               CASE WHEN p_op = 0 THEN 1 WHEN p_op = 3 OR x.spent THEN 3 ELSE 0 END,
+               CASE WHEN p_op = {s}.op_renew() THEN {s}.delivery_leased()
+                    WHEN p_op = {s}.op_reject() OR x.spent THEN {s}.delivery_rejected()
+                    ELSE {s}.delivery_available() END,
                u.att, u.lease, o.consumer_id,
-               CASE WHEN p_op = 0 THEN p_deadline ELSE o.deadline_ms END,
-               CASE WHEN p_op = 2 THEN p_now + p_delay_ms ELSE 0 END,
-               CASE WHEN p_op = 3 OR x.spent THEN p_now ELSE 0 END,
-               NULLIF(p_op, 0),
-               CASE WHEN p_op = 0 THEN '' WHEN x.spent THEN 'max_attempts' ELSE p_reason END,
-               CASE WHEN p_op = 0 THEN NULL ELSE p_error END
+               CASE WHEN p_op = {s}.op_renew() THEN p_deadline ELSE o.deadline_ms END,
+               CASE WHEN p_op = {s}.op_nack() THEN p_now + p_delay_ms ELSE 0 END,
+               CASE WHEN p_op = {s}.op_reject() OR x.spent THEN p_now ELSE 0 END,
+               NULLIF(p_op, {s}.op_renew()),
+               CASE WHEN p_op = {s}.op_renew() THEN '' WHEN x.spent THEN 'max_attempts'
+                    ELSE p_reason END,
+               CASE WHEN p_op = {s}.op_renew() THEN NULL ELSE p_error END
         FROM unnest(p_groups, p_parts, p_seqs, p_leases, p_atts) WITH ORDINALITY
              AS u(g, part, seq, lease, att, idx)
-        JOIN unnest(r_g, r_part, r_first, r_n, r_pend, r_spent) AS x(g, part, first, n, pend, spent)
+        JOIN unnest(v_range_groups, v_range_parts, v_range_firsts, v_range_hits, v_range_pending,
+                    v_range_spent) AS x(g, part, first, n, pend, spent)
           ON x.g = u.g AND x.part = u.part AND u.seq >= x.first
         CROSS JOIN LATERAL (
             SELECT o.last_seq, o.consumer_id, o.deadline_ms FROM {s}.ranges o
             WHERE o.group_id = x.g AND o.part = x.part AND o.first_seq = x.first) o
-        WHERE u.idx = ANY (o_idx) AND u.seq <= o.last_seq AND (p_op <> 0 OR x.n < x.pend);
+        WHERE u.idx = ANY (o_idx) AND u.seq <= o.last_seq
+          AND (p_op <> {s}.op_renew() OR x.n < x.pend);
     END IF;
 
     UPDATE {s}.ranges r SET
-        done = CASE WHEN p_op = 0 AND x.n = x.pend THEN r.done
+        done = CASE WHEN p_op = {s}.op_renew() AND x.n = x.pend THEN r.done
                     WHEN x.n = x.pend THEN repeat('1', length(r.done))::varbit
                     ELSE r.done | x.mask END,
-        pending = CASE WHEN p_op = 0 AND x.n = x.pend THEN r.pending ELSE r.pending - x.n END,
-        deadline_ms = CASE WHEN p_op = 0 AND x.n = x.pend THEN p_deadline ELSE r.deadline_ms END
-    FROM unnest(r_g, r_part, r_first, r_n, r_pend, r_mask) AS x(g, part, first, n, pend, mask)
+        pending = CASE WHEN p_op = {s}.op_renew() AND x.n = x.pend THEN r.pending
+                       ELSE r.pending - x.n END,
+        deadline_ms = CASE WHEN p_op = {s}.op_renew() AND x.n = x.pend THEN p_deadline
+                           ELSE r.deadline_ms END
+    FROM unnest(v_range_groups, v_range_parts, v_range_firsts, v_range_hits, v_range_pending,
+                v_range_masks) AS x(g, part, first, n, pend, mask)
     WHERE r.group_id = x.g AND r.part = x.part AND r.first_seq = x.first;
 
     SELECT array_agg(x.g), array_agg(x.part) INTO o_groups, o_parts
-    FROM unnest(r_g, r_part, r_spent) AS x(g, part, spent)
-    WHERE p_op = 1 OR p_op = 3 OR x.spent;
+    FROM unnest(v_range_groups, v_range_parts, v_range_spent) AS x(g, part, spent)
+    WHERE p_op = {s}.op_ack() OR p_op = {s}.op_reject() OR x.spent;
 END
 $fn$;
 
