@@ -121,9 +121,13 @@ async def test_leaving_async_with_cleanly_drains(kind: str, db: Rheo, backend: B
 async def test_leaving_async_with_on_an_error_stops_at_once(
         kind: str, db: Rheo, backend: BreakingBackend, wait_until: WaitUntil) -> None:
     runtime = _runtime(kind, db)
-    with pytest.raises(LookupError):
+
+    async def use() -> None:
         async with runtime:
             await wait_until(lambda: _producer(runtime).stats().fetched >= 1)
             raise LookupError("the application failed")
+
+    with pytest.raises(LookupError):
+        await use()
     assert runtime.state == "stopped"
     assert _producer(runtime).state == "stopped"

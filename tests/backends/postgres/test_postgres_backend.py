@@ -396,6 +396,22 @@ async def test_a_newer_schema_is_refused(url: str, schema: str,
         await pg.migrate(url)
 
 
+async def test_a_current_schema_without_the_named_codes_gets_them(
+        url: str, schema: str, admin: asyncpg.Connection) -> None:
+    """A schema at the current version made before functions/states.sql (while the
+    version was unreleased) is refused without migrate and completed with it."""
+    await pg.migrate(url)
+    await admin.execute(f'DROP FUNCTION "{schema}".held() CASCADE')
+    with pytest.raises(BackendError, match="lacks this rheo-flow's functions"):
+        await PostgresBackend.from_url(url + "&migrate=false").open()
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        await rheo.create_stream("s", partitions=1)
+        await rheo.append("s", [NewEvent("t", {})])
+        [lease] = await rheo.fetch("s", "g", consumer_id="c", limit=5)
+        assert (await rheo.ack([lease]))[0].ok
+    assert await admin.fetchval(f"SELECT \"{schema}\".held()") == 2**63 - 1
+
+
 async def test_migrate_rejects_bad_targets() -> None:
     with pytest.raises(InvalidArgument, match="needs a postgresql:// URL"):
         await pg.migrate(42)  # type: ignore[arg-type]

@@ -147,6 +147,14 @@ async def ensure_schema(conn: asyncpg.Connection, schema: str, *, apply: bool) -
     if version > SCHEMA_VERSION:
         raise _newer(schema, version)
     if version == SCHEMA_VERSION:
+        if not await conn.fetchval(sql.has_named_codes, render("{s}.held()", schema)):
+            # Made at this version before its functions gained the named codes
+            # (functions/states.sql) while the version was unreleased: install them.
+            if not apply:
+                raise BackendError(
+                    f"PostgreSQL schema {schema!r} lacks this rheo-flow's functions: run  "
+                    "rheo-flow migrate --url URL  (or open with migrate=True)")
+            return await _apply_migrations(conn, schema, sql)
         return version
     if not apply and version == 0:
         raise BackendError(

@@ -121,6 +121,7 @@ class Statements:
     schema_version: str
     migration_lock: str
     table_exists: str
+    has_named_codes: str
     record_version: str
 
     @classmethod

@@ -366,5 +366,9 @@ SELECT pg_advisory_xact_lock(hashtextextended($1, 0))
 -- name: table_exists
 SELECT to_regclass($1) IS NOT NULL
 
+-- Whether the schema has the named codes of functions/states.sql ($1: its held()).
+-- name: has_named_codes
+SELECT to_regprocedure($1) IS NOT NULL
+
 -- name: record_version
 INSERT INTO {s}.rheo_schema_version (version, description) VALUES ($1, $2)
