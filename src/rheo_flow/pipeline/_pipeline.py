@@ -319,9 +319,14 @@ class Pipeline:
 
     def _submit(self, leases: list[Lease]) -> None:
         """Hand fetched leases to the processors, as messages."""
-        assert self._stages is not None
         acknowledger = self._acknowledger
-        self._stages.submit([Message(lease, acknowledger) for lease in leases])
+        self._started_stages().submit([Message(lease, acknowledger) for lease in leases])
+
+    def _started_stages(self) -> Stages:
+        stages = self._stages
+        if stages is None:
+            raise RuntimeError("a pipeline has its stages once started")
+        return stages
 
     async def _wait_for_rate(self, limiter: RateLimiter) -> int:
         """The next window's allowance, or 0 when the pipeline stops meanwhile."""
@@ -394,9 +399,7 @@ class Pipeline:
         self._producer.halt()
         if self._dispatcher is not None:
             await asyncio.wait([self._dispatcher])
-        stages = self._stages
-        if stages is None:
-            raise RuntimeError("a running pipeline has its stages")
+        stages = self._started_stages()
         if hand_back:
             await self._acknowledger.hand_back(stages.processors.withdraw())
         await stages.drain()
