@@ -1,16 +1,16 @@
 -- KEYS: stream-level id index. ARGV: JSON [[id, partition], ...].
 -- Returns the partition that owns each id, comma-separated.
-local recs = cjson.decode(ARGV[1])
+local rows = cjson.decode(ARGV[1])
 local ids = {}
-for k, r in ipairs(recs) do ids[k] = r[1] end
-local cur = hmget(KEYS[1], ids)
+for k, row in ipairs(rows) do ids[k] = row[1] end
+local owners = hmget(KEYS[1], ids)
 local seen, new, out = {}, {}, {}
-for k, r in ipairs(recs) do
-  local p = seen[r[1]] or cur[k]
+for k, row in ipairs(rows) do
+  local p = seen[row[1]] or owners[k]
   if not p then
-    p = S(r[2])
-    seen[r[1]] = p
-    new[#new + 1] = r[1]
+    p = int_text(row[2])
+    seen[row[1]] = p
+    new[#new + 1] = row[1]
     new[#new + 1] = p
   end
   out[k] = p

@@ -5,10 +5,10 @@ if type(info) ~= 'table' or info.err then return 0 end
 local wanted = {}
 for k = 2, #ARGV do wanted[ARGV[k]] = true end
 local n = 0
-for _, c in ipairs(info) do
+for _, consumer in ipairs(info) do
   local name, pending
-  for k = 1, #c, 2 do
-    if c[k] == 'name' then name = c[k + 1] elseif c[k] == 'pending' then pending = c[k + 1] end
+  for k = 1, #consumer, 2 do
+    if consumer[k] == 'name' then name = consumer[k + 1] elseif consumer[k] == 'pending' then pending = consumer[k + 1] end
   end
   if name and wanted[name] and pending == 0 then
     redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)

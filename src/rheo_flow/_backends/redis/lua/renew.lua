@@ -3,41 +3,41 @@
 local group, lease_ms = ARGV[1], tonumber(ARGV[2])
 local leases = cjson.decode(ARGV[3])
 local now = now_ms()
-local sdl = S(now + lease_ms)
-local g = redis.call('HMGET', G, 'f')
-if not g[1] then return sdl .. ':' .. string.rep('I', #leases) end
-local hw, fields, state, virt = lookup(leases, tonumber(g[1]))
-local codes, zadd, owners, hs = {}, {}, {}, {}
-for k, l in ipairs(leases) do
-  local sq = fields[k]
-  local code, st, att, lid, by = check(l, state[sq], hw)
+local deadline_text = int_text(now + lease_ms)
+local group_fields = redis.call('HMGET', group_key, 'f')
+if not group_fields[1] then return deadline_text .. ':' .. string.rep('I', #leases) end
+local high_water, fields, record_of, block_lease_of = lookup(leases, tonumber(group_fields[1]))
+local codes, due_adds, owners, record_writes = {}, {}, {}, {}
+for k, lease in ipairs(leases) do
+  local seq_text = fields[k]
+  local code, state, attempt, lease_id, settled_by = check(lease, record_of[seq_text], high_water)
   if not code then
-    if st ~= 'L' then
-      code = BY[by] or 'X'
+    if state ~= 'L' then
+      code = BY[settled_by] or 'X'
     else
       code = 'o'
-      zadd[#zadd + 1] = sdl
-      zadd[#zadd + 1] = sq
-      if virt[sq] then
+      due_adds[#due_adds + 1] = deadline_text
+      due_adds[#due_adds + 1] = seq_text
+      if block_lease_of[seq_text] then
         -- Leaves its block: its own record and deadline from now on.
-        virt[sq] = nil
-        hs[#hs + 1] = sq
-        hs[#hs + 1] = state[sq]
+        block_lease_of[seq_text] = nil
+        record_writes[#record_writes + 1] = seq_text
+        record_writes[#record_writes + 1] = record_of[seq_text]
       end
       -- Reset the PEL idle time of our own leases (observability: XPENDING).
-      local owner = tostring(l[4])
+      local owner = tostring(lease[4])
       if not owners[owner] then owners[owner] = {} end
       local ids = owners[owner]
-      ids[#ids + 1] = sq .. '-0'
+      ids[#ids + 1] = seq_text .. '-0'
     end
   end
   codes[k] = code
 end
-if #zadd > 0 then
-  if #hs > 0 then bulk({'HSET', D}, hs) end
-  bulk({'ZADD', Z}, zadd)
+if #due_adds > 0 then
+  if #record_writes > 0 then bulk({'HSET', records_key}, record_writes) end
+  bulk({'ZADD', due_key}, due_adds)
   for owner, ids in pairs(owners) do
-    bulk({'XCLAIM', x, group, owner, '0'}, ids)
+    bulk({'XCLAIM', stream_key, group, owner, '0'}, ids)
   end
 end
-return sdl .. ':' .. table.concat(codes)
+return deadline_text .. ':' .. table.concat(codes)

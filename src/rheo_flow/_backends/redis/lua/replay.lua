@@ -1,53 +1,53 @@
 -- KEYS: the group partition's x, m, G, D, Z, R, B, Y, K, N. ARGV: group, from_sequence.
-local x, m, G, D, Z, R, B, Y, K, N = unpack(KEYS, 1, 10)
+local stream_key, meta_key, group_key, records_key, due_key, dead_key, blocks_key, block_deadlines_key, key_spans_key, key_next_key = unpack(KEYS, 1, 10)
 local group = ARGV[1]
-local g = redis.call('HMGET', G, 'f', 'c', 'o')
-if not g[1] then return 'NOGROUP' end
-local f, c = tonumber(g[1]), tonumber(g[2])
-local lw = tonumber(redis.call('HGET', m, 'lw') or '1')
+local group_fields = redis.call('HMGET', group_key, 'f', 'c', 'o')
+if not group_fields[1] then return 'NOGROUP' end
+local frontier, cursor = tonumber(group_fields[1]), tonumber(group_fields[2])
+local low_water = tonumber(redis.call('HGET', meta_key, 'lw') or '1')
 -- Trimmed events are gone and count as settled: replay starts at the low water.
-local start = math.max(tonumber(ARGV[2]), lw)
+local start = math.max(tonumber(ARGV[2]), low_water)
 -- A key-ordered group forgets every delivery of a key from `start` on: a key whose head
 -- is replayed is free, a key whose head stays keeps its deliveries before `start`.
 local function cut_keys()
-  local all = redis.call('HGETALL', K)
+  local all = redis.call('HGETALL', key_spans_key)
   for i = 1, #all, 2 do
     local k = all[i]
-    local head, tail = keyspec(all[i + 1])
+    local head, tail = parse_key_span(all[i + 1])
     local keep = nil
     local nxt = head
     if tonumber(head) < start then keep = head end
     while nxt ~= tail do
-      local after = redis.call('HGET', N, nxt)
+      local after = redis.call('HGET', key_next_key, nxt)
       if not after then break end
       if tonumber(after) >= start then
-        redis.call('HDEL', N, nxt)
+        redis.call('HDEL', key_next_key, nxt)
       elseif keep then
         keep = after
       end
       nxt = after
     end
     if keep then
-      redis.call('HSET', K, k, head .. '|' .. keep)
+      redis.call('HSET', key_spans_key, k, head .. '|' .. keep)
     else
-      redis.call('HDEL', K, k)
+      redis.call('HDEL', key_spans_key, k)
     end
   end
 end
-if start <= c then
-  if g[3] == 'k' then cut_keys() end
+if start <= cursor then
+  if group_fields[3] == 'k' then cut_keys() end
   -- What stays of a block is behind the new frontier exactly when it was behind the old.
-  clip(B, Y, 0, start - 1)
-  drop_active(x, group, Z, start, math.huge)
-  if start <= lw then
-    redis.call('DEL', D)
+  clip_blocks(blocks_key, block_deadlines_key, 0, start - 1)
+  drop_active(stream_key, group, due_key, start, math.huge)
+  if start <= low_water then
+    redis.call('DEL', records_key)
   else
-    hdel_range(D, start, c)
+    hdel_range(records_key, start, cursor)
   end
-  redis.call('ZREMRANGEBYSCORE', R, start, '+inf')
-  c = start - 1
-  redis.call('XGROUP', 'SETID', x, group, eid(c))
+  redis.call('ZREMRANGEBYSCORE', dead_key, start, '+inf')
+  cursor = start - 1
+  redis.call('XGROUP', 'SETID', stream_key, group, entry_id(cursor))
 end
-if f > start - 1 then f = start - 1 end
-redis.call('HSET', G, 'f', S(f), 'c', S(c))
+if frontier > start - 1 then frontier = start - 1 end
+redis.call('HSET', group_key, 'f', int_text(frontier), 'c', int_text(cursor))
 return 'OK'
