@@ -1,44 +1,53 @@
--- KEYS: x, m, i. ARGV: JSON [[id, meta, data], ...].
--- Returns LOST, or JSON [time, items]: per record its seq when stored by this call (or earlier
--- in it, at `time`), [seq, time, meta, data text] when the id was already stored.
+-- append: store events in one partition, each id once.
+-- KEYS: stream_key (x), meta_key (m), ids_key (i: event id -> sequence).
+-- ARGV: JSON rows [[id, meta, data], ...].
+-- Reply: 'LOST' (the partition's presence marker is gone), or JSON [time, items]: per row
+--   its seq when stored by this call (or earlier in it) at `time`, or
+--   [seq, time, meta, data text] when its id was already stored.
 local stream_key, meta_key, ids_key = KEYS[1], KEYS[2], KEYS[3]
-local meta = redis.call('HMGET', meta_key, 'hw', 'ts', 'mk')
-if not meta[3] then return 'LOST' end
 local rows = cjson.decode(ARGV[1])
-local high_water, ts = tonumber(meta[1] or '0'), tonumber(meta[2] or '0')
+-- The fields of a row.
+local ID, META, DATA = 1, 2, 3
+local high_water_text, last_time_text, marker =
+  unpack(redis.call('HMGET', meta_key, 'hw', 'ts', 'mk'))
+if not marker then return 'LOST' end
+local high_water, last_time = tonumber(high_water_text or '0'), tonumber(last_time_text or '0')
 local now = now_ms()
 -- Append times never go backwards within a partition, even if the server clock does.
-if now < ts then now = ts end
+if now < last_time then now = last_time end
 local now_text = int_text(now)
 local ids = {}
-for k, row in ipairs(rows) do ids[k] = row[1] end
+for k, row in ipairs(rows) do ids[k] = row[ID] end
 local known = hmget(ids_key, ids)
-local seen, new, out = {}, {}, {}
+-- seq_of: event id -> its sequence (text), stored by this call; id_writes: HSET arguments.
+local seq_of, id_writes, items = {}, {}, {}
 for k, row in ipairs(rows) do
-  local id = row[1]
-  local seq_text = seen[id]
+  local id = row[ID]
+  local seq_text = seq_of[id]
   if seq_text then
-    out[k] = seq_text
+    items[k] = seq_text
   else
     local stored = nil
     if known[k] then
-      local e = redis.call('XRANGE', stream_key, entry_id(tonumber(known[k])), entry_id(tonumber(known[k])))
-      if e[1] then stored = e[1][2] end
+      local at = entry_id(tonumber(known[k]))
+      local entry = redis.call('XRANGE', stream_key, at, at)
+      if entry[1] then stored = entry[1][2] end
     end
     if stored then
-      out[k] = '[' .. known[k] .. ',' .. stored[6] .. ',' .. stored[2] .. ','
-        .. cjson.encode(stored[4]) .. ']'
+      items[k] = '[' .. known[k] .. ',' .. stored[ENTRY_TIME] .. ',' .. stored[ENTRY_META] .. ','
+        .. cjson.encode(stored[ENTRY_DATA]) .. ']'
     else
       high_water = high_water + 1
       seq_text = int_text(high_water)
-      redis.call('XADD', stream_key, entry_id(high_water), 'meta', row[2], 'data', row[3], 'time', now_text)
-      seen[id] = seq_text
-      new[#new + 1] = id
-      new[#new + 1] = seq_text
-      out[k] = seq_text
+      redis.call('XADD', stream_key, entry_id(high_water), 'meta', row[META], 'data', row[DATA],
+                 'time', now_text)
+      seq_of[id] = seq_text
+      id_writes[#id_writes + 1] = id
+      id_writes[#id_writes + 1] = seq_text
+      items[k] = seq_text
     end
   end
 end
-if #new > 0 then bulk({'HSET', ids_key}, new) end
+if #id_writes > 0 then bulk({'HSET', ids_key}, id_writes) end
 redis.call('HSET', meta_key, 'hw', int_text(high_water), 'ts', now_text)
-return '[' .. now_text .. ',[' .. table.concat(out, ',') .. ']]'
+return '[' .. now_text .. ',[' .. table.concat(items, ',') .. ']]'

@@ -1,21 +1,27 @@
--- KEYS: the group partition's x, m, G, D, Z, R, B, Y. ARGV: group, lease_ms,
--- JSON [[seq, receipt, lease_id, consumer]]. Returns "deadline:codes".
-local group, lease_ms = ARGV[1], tonumber(ARGV[2])
-local leases = cjson.decode(ARGV[3])
+-- renew: extend leases of one group partition.
+-- KEYS: the group partition's keys (group_keys in common.lua).
+-- ARGV: group, lease_ms, JSON lease rows [[seq, receipt, lease_id, consumer], ...].
+-- Reply: deadline .. ':' .. codes: the new deadline (ms), then one code letter per lease
+--   (OK or a failure: lookup.lua, _settle.py).
+local group, lease_ms, leases = ARGV[1], tonumber(ARGV[2]), cjson.decode(ARGV[3])
+-- The field of a renew's lease row past lookup.lua's.
+local CONSUMER = 4
 local now = now_ms()
 local deadline_text = int_text(now + lease_ms)
-local group_fields = redis.call('HMGET', group_key, 'f')
-if not group_fields[1] then return deadline_text .. ':' .. string.rep('I', #leases) end
-local high_water, fields, record_of, block_lease_of = lookup(leases, tonumber(group_fields[1]))
-local codes, due_adds, owners, record_writes = {}, {}, {}, {}
+local frontier_text = redis.call('HGET', keys.group, 'f')
+if not frontier_text then return deadline_text .. ':' .. string.rep(NO_GROUP, #leases) end
+local high_water, fields, record_of, block_lease_of = lookup(leases, tonumber(frontier_text))
+local codes, due_adds, record_writes = {}, {}, {}
+-- Consumer name -> the entry ids of its leases renewed.
+local ids_of = {}
 for k, lease in ipairs(leases) do
   local seq_text = fields[k]
-  local code, state, attempt, lease_id, settled_by = check(lease, record_of[seq_text], high_water)
+  local code, state, _, _, settled_by = check(lease, record_of[seq_text], high_water)
   if not code then
-    if state ~= 'L' then
-      code = BY[settled_by] or 'X'
+    if state ~= LEASED then
+      code = SETTLED_BY[settled_by] or SETTLED_BY[BY_EXPIRY]
     else
-      code = 'o'
+      code = OK
       due_adds[#due_adds + 1] = deadline_text
       due_adds[#due_adds + 1] = seq_text
       if block_lease_of[seq_text] then
@@ -25,19 +31,19 @@ for k, lease in ipairs(leases) do
         record_writes[#record_writes + 1] = record_of[seq_text]
       end
       -- Reset the PEL idle time of our own leases (observability: XPENDING).
-      local owner = tostring(lease[4])
-      if not owners[owner] then owners[owner] = {} end
-      local ids = owners[owner]
+      local owner = tostring(lease[CONSUMER])
+      if not ids_of[owner] then ids_of[owner] = {} end
+      local ids = ids_of[owner]
       ids[#ids + 1] = seq_text .. '-0'
     end
   end
   codes[k] = code
 end
 if #due_adds > 0 then
-  if #record_writes > 0 then bulk({'HSET', records_key}, record_writes) end
-  bulk({'ZADD', due_key}, due_adds)
-  for owner, ids in pairs(owners) do
-    bulk({'XCLAIM', stream_key, group, owner, '0'}, ids)
+  if #record_writes > 0 then bulk({'HSET', keys.records}, record_writes) end
+  bulk({'ZADD', keys.due}, due_adds)
+  for owner, ids in pairs(ids_of) do
+    bulk({'XCLAIM', keys.stream, group, owner, '0'}, ids)
   end
 end
 return deadline_text .. ':' .. table.concat(codes)

@@ -1,12 +1,16 @@
--- KEYS: the group partition's x, m, G, D, Z, R, B, Y, K, N. ARGV: group, position spec.
-local stream_key, meta_key, group_key, records_key, due_key, dead_key, blocks_key, block_deadlines_key, key_spans_key, key_next_key = unpack(KEYS, 1, 10)
-local group = ARGV[1]
-if redis.call('EXISTS', group_key) == 0 then return 'NOGROUP' end
-local meta = redis.call('HMGET', meta_key, 'hw', 'lw')
-local pos = resolve_start(ARGV[2], tonumber(meta[1] or '0'), tonumber(meta[2] or '1'))
-redis.call('DEL', records_key, due_key, dead_key, blocks_key, block_deadlines_key, key_spans_key, key_next_key)
+-- reset: start a group partition over at a position, forgetting every delivery.
+-- KEYS: the group partition's keys (group_keys in common.lua).
+-- ARGV: group, position spec ('earliest', 'latest' or a sequence).
+-- Reply: 'OK', or 'NOGROUP'.
+local keys = group_keys(1, 3)
+local group, spec = ARGV[1], ARGV[2]
+if redis.call('EXISTS', keys.group) == 0 then return 'NOGROUP' end
+local high_water_text, low_water_text = unpack(redis.call('HMGET', keys.meta, 'hw', 'lw'))
+local pos = resolve_start(spec, tonumber(high_water_text or '0'), tonumber(low_water_text or '1'))
+redis.call('DEL', keys.records, keys.due, keys.dead, keys.blocks, keys.block_deadlines,
+           keys.key_spans, keys.key_next)
 -- Recreating the consumer group drops its pending entries and consumers.
-redis.pcall('XGROUP', 'DESTROY', stream_key, group)
-redis.call('XGROUP', 'CREATE', stream_key, group, entry_id(pos), 'MKSTREAM')
-redis.call('HSET', group_key, 'f', int_text(pos), 'c', int_text(pos))
+redis.pcall('XGROUP', 'DESTROY', keys.stream, group)
+redis.call('XGROUP', 'CREATE', keys.stream, group, entry_id(pos), 'MKSTREAM')
+redis.call('HSET', keys.group, 'f', int_text(pos), 'c', int_text(pos))
 return 'OK'
