@@ -22,7 +22,8 @@ from ._scripts import ScriptCall
 
 __all__ = ["SettleOperations"]
 
-# Settle codes returned by the scripts: code -> (kind, reason); "o" and "r" succeed.
+# Settle codes returned by the scripts (named in lookup.lua): code -> (kind, reason); "o"
+# (OK) and "r" (REPEATED) succeed.
 _CODES: Final[dict[str, tuple[SettleKind, str]]] = {
     "S": (SettleKind.STALE_LEASE, "the delivery was leased again"),
     "K": (SettleKind.STALE_LEASE, "already settled by ack"),

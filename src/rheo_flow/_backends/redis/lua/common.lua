@@ -38,8 +38,8 @@ local function group_keys(stream_at, group_at)
 end
 
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local seconds, microseconds = unpack(redis.call('TIME'))
+  return tonumber(seconds) * 1000 + math.floor(tonumber(microseconds) / 1000)
 end
 -- An integer as text (no exponent, no '.0').
 local function int_text(n) return string.format('%d', n) end
@@ -47,10 +47,10 @@ local function int_text(n) return string.format('%d', n) end
 local function entry_id(n) return string.format('%d-0', n) end
 -- Variadic commands in chunks of CHUNK arguments after `head`.
 local function bulk(head, list)
-  local n = #list
+  local count = #list
   local i = 1
-  while i <= n do
-    local j = math.min(i + CHUNK - 1, n)
+  while i <= count do
+    local j = math.min(i + CHUNK - 1, count)
     local args = {}
     for k = 1, #head do args[k] = head[k] end
     for k = i, j do args[#args + 1] = list[k] end
@@ -60,10 +60,10 @@ local function bulk(head, list)
 end
 local function hmget(key, fields)
   local out = {}
-  local n = #fields
+  local count = #fields
   local i = 1
-  while i <= n do
-    local j = math.min(i + CHUNK - 1, n)
+  while i <= count do
+    local j = math.min(i + CHUNK - 1, count)
     local part = redis.call('HMGET', key, unpack(fields, i, j))
     for k = 1, #part do out[#out + 1] = part[k] end
     i = j + 1
@@ -145,8 +145,8 @@ local function ack_record(attempt_text, lease_id)
 end
 -- Whether a record is settled for good (acked or rejected): its first byte tells.
 local function is_settled(record)
-  local b = string.byte(record, 1)
-  return b == ACKED_BYTE or b == REJECTED_BYTE
+  local first_byte = string.byte(record, 1)
+  return first_byte == ACKED_BYTE or first_byte == REJECTED_BYTE
 end
 -- Move the frontier over every acked or rejected delivery right after it.
 local function advance(records_key, frontier)
