@@ -211,10 +211,12 @@ end
 -- their own, those the block leased: the keyless ones and their key's heads (an entry
 -- gone from the stream stays in, as in any group).
 local function block_leased(keys, seq_texts)
+  -- Sequence -> its event's key, or NO_KEY for a keyless event.
+  local NO_KEY = false
   local key_of = {}
   for _, entry in ipairs(redis.call('XRANGE', keys.stream, seq_texts[1] .. '-0',
                                     seq_texts[#seq_texts] .. '-0')) do
-    key_of[string.sub(entry[1], 1, -3)] = entry_key(entry[2]) or false
+    key_of[string.sub(entry[1], 1, -3)] = entry_key(entry[2]) or NO_KEY
   end
   local out = {}
   for _, seq_text in ipairs(seq_texts) do
