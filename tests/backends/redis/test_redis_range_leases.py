@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 import test_redis_backend as shared
 from rheo_flow import Lease, NewEvent, Rheo, SettleKind
-from rheo_flow._backends.redis._codec import fetched_leases, range_leases
+from rheo_flow._backends.redis._codec import fetch_reply, fetched_leases, range_leases
 from rheo_flow.backends import RedisBackend
 
 RELEASE = Path(__file__).parent / "fixtures" / "redis_releases" / "pel"
@@ -56,8 +56,7 @@ async def _old_fetch(backend: RedisBackend, stream: str, group: str, consumer: s
     reply: Any = await backend.client.eval(
         _script("common", "fetch"), 10, *_keys(backend, stream, group),
         group, consumer, limit, lease_ms, f"{token}.", token)
-    head = orjson.loads(reply[0])
-    return fetched_leases(stream, 0, group, consumer, token, head, reply[1:])
+    return fetched_leases(stream, 0, group, consumer, token, fetch_reply(reply), reply[1:])
 
 
 async def _old_ack(backend: RedisBackend, leases: list[Lease]) -> str:

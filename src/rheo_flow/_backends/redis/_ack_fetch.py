@@ -32,5 +32,5 @@ class AckFetchOperations(FetchOperations, SettleOperations):
             return [], await self.fetch(stream, group, consumer_id, limit, lease_ms, partitions)
         plan = self._settle_op_plan(acks, "a", "", 0)
         leases, replies = await self._fetch_with(stream, group, consumer_id, limit, lease_ms,
-                                                 partitions, plan[2])
+                                                 partitions, plan.calls)
         return self._settle_op_results(acks, plan, replies), leases

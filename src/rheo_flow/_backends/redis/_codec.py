@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -18,9 +18,11 @@ from ..._model._event import Event, make_event_json
 from ..._model._lease import Lease, make_lease
 
 __all__ = [
+    "FetchReply",
     "appended_events",
     "encode_metas",
     "entry_event",
+    "fetch_reply",
     "fetched_leases",
     "group_record",
     "range_leases",
@@ -73,35 +75,60 @@ def appended_events(
                     stream, partition, item, r.id, r.type, r.data_json, r.key,
                     dict(headers) if headers else {}, at)
         else:
-            seq, stored_at, meta, data = item
-            event = make_event_json(stream, partition, seq, meta[0], meta[1], data, meta[2],
-                                    meta[3], stored_at)
+            seq, stored_at, (event_id, type_, key, headers), data = item
+            event = make_event_json(stream, partition, seq, event_id, type_, data, key, headers,
+                                    stored_at)
         add(event)
     return out
 
 
+class FetchReply(NamedTuple):
+    """One partition's ``fetch.lua`` reply, its JSON head by name (see that script's
+    header). A release whose head ended at ``more`` leased no range: the defaults."""
+
+    high_water: int
+    still_due: int
+    """How many more deliveries the partition has due (redeliveries and new)."""
+    deadline: int
+    redelivered: int
+    """How many of ``items`` are redeliveries (they come first)."""
+    items: list[Any]
+    """``[seq, attempt, time, [id, type, key, headers]]`` per lease of the reply."""
+    more: int = 0
+    """1 when a key-ordered group's scan stopped at its budget short of the quota."""
+    first: int = 0
+    """The first sequence of an unordered group's range of new deliveries (0: none)."""
+    last: int = 0
+    cursor: int = -1
+    """Where the group's cursor is now (-1: a key-ordered group)."""
+
+
+def fetch_reply(reply: Sequence[Any]) -> FetchReply:
+    """The head of a ``fetch.lua`` array reply (its first element), decoded and named."""
+    return FetchReply(*orjson.loads(reply[0]))
+
+
 def fetched_leases(
     stream: str, partition: int, group: str, consumer_id: str, token: str,
-    head: Sequence[Any], datas: Sequence[Any],
+    head: FetchReply, datas: Sequence[Any],
 ) -> list[Lease]:
-    """The leases of one partition's fetch reply: its decoded JSON ``head`` and the data
-    texts after it (see ``fetch.lua``); ``token`` is the block token the fetch sent.
+    """The leases of one partition's fetch reply: its named ``head`` and the data texts
+    after it (see ``fetch.lua``); ``token`` is the block token the fetch sent.
 
-    Items are ``[seq, attempt, time, [id, type, key, headers]]``: the redelivered ones
-    first (lease ids ``<token>.1``, ``<token>.2``, ...), then the new ones, one block
-    (lease ids ``<token>:<seq>``).
+    The redelivered items come first (lease ids ``<token>.1``, ``<token>.2``, ...), then
+    the new ones, one block (lease ids ``<token>:<seq>``).
     """
-    _, _, deadline, redelivered, items, *_ = head
+    deadline, redelivered = head.deadline, head.redelivered
     prefix = f"{token}."
     block = f"{token}:"
     return [
         make_lease(
             f"{prefix}{n}" if n <= redelivered else f"{block}{seq}", f"{seq}-0",
             group, consumer_id,
-            make_event_json(stream, partition, seq, meta[0], meta[1], data, meta[2], meta[3],
-                            at),
+            make_event_json(stream, partition, seq, event_id, type_, data, key, headers, at),
             attempt, deadline)
-        for n, ((seq, attempt, at, meta), data) in enumerate(zip(items, datas, strict=True), 1)
+        for n, ((seq, attempt, at, (event_id, type_, key, headers)), data)
+        in enumerate(zip(head.items, datas, strict=True), 1)
     ]
 
 
@@ -146,16 +173,17 @@ def _block_leases(
         fields = [[item for pair in f.items() for item in pair] for f in fields]
     # The fields as XADD wrote them: meta, data, time. The metas are decoded at once, as
     # one JSON array (cheaper than a call per entry).
-    metas = [f[1] for f in fields]
-    metas = orjson.loads(b"[" + b",".join(metas) + b"]" if type(metas[0]) is bytes
-                         else "[" + ",".join(metas) + "]")
+    texts = [f[1] for f in fields]
+    metas = orjson.loads(b"[" + b",".join(texts) + b"]" if type(texts[0]) is bytes
+                         else "[" + ",".join(texts) + "]")
     prefix = f"{token}:"
     return [
         make_lease(f"{prefix}{seq}", f"{seq}-0", group, consumer_id,
-                   make_event_json(stream, partition, seq, meta[0], meta[1], f[3], meta[2],
-                                   meta[3], int(f[5])),
+                   make_event_json(stream, partition, seq, event_id, type_, data, key, headers,
+                                   int(at)),
                    1, deadline)
-        for seq, f, meta in zip(seqs, fields, metas, strict=True)
+        for seq, (_, _, _, data, _, at), (event_id, type_, key, headers)
+        in zip(seqs, fields, metas, strict=True)
     ]
 
 

@@ -134,7 +134,7 @@ class RedisCore:
         """Write the presence marker of every partition (see ``append.lua``)."""
         pipe = self._client.pipeline(transaction=False)
         for p in range(count):
-            pipe.hsetnx(self._keys.partition(stream, p)[1], "mk", created)
+            pipe.hsetnx(self._keys.partition(stream, p).meta, "mk", created)
         await self._io(pipe.execute())
 
     async def _require_group(self, stream: str, group: str) -> int:
@@ -180,6 +180,7 @@ class RedisCore:
             self._tracked -= len(self._consumers.pop(key))
         for group_key in gone(self._rotation.groups()):
             self._rotation.forget(group_key)
-        for cache in (self._keys.cache, self._valid_keys, self._cursors):
+        for cache in (self._keys.cache, self._keys.partition_cache, self._valid_keys,
+                      self._cursors):
             for key in gone(cache):
                 del cache[key]

@@ -31,9 +31,10 @@ class DeadLetterOperations(RedisCore):
             chunk = pids[start:start + _DEAD_CHUNK]
             calls: list[ScriptCall] = []
             for p in chunk:
-                x, _, _, d, _, r, *_ = self._keys.group(stream, group, p)
+                keys = self._keys.group(stream, group, p)
                 since = after[1] if after is not None and p == after[0] else 0
-                calls.append(("dead_letters", [x, d, r], [since, limit - len(out)]))
+                calls.append(("dead_letters", [keys.stream, keys.records, keys.dead],
+                              [since, limit - len(out)]))
             for p, reply in zip(chunk, await self._eval(calls), strict=True):
                 for seq, attempts, at, reason, meta, error in json.loads(reply):
                     out.append(DeadLetter(stream, group, p, seq, meta[0], attempts, reason,

@@ -88,7 +88,7 @@ class EventOperations(RedisCore):
         holds ``limit``."""
         stream = query.stream
         lo, hi = window
-        key = self._keys.partition(stream, pid)[0]
+        key = self._keys.partition(stream, pid).stream
         low = f"{lo}-0"
         high = "+" if hi is None else f"{hi}-0"
         while True:
@@ -114,7 +114,7 @@ class EventOperations(RedisCore):
         for partition, bound in up_to.items():
             keys = list(self._keys.partition(stream, partition))
             for group in groups:
-                keys.extend(self._keys.group(stream, group, partition)[2:])
+                keys.extend(self._keys.group(stream, group, partition).own())
             total = 0
             more = True
             while more:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from typing import Any, Final, TypeAlias
-
-import orjson
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
 
 from ..._model._errors import BackendError, UnknownGroup
 from ..._model._lease import Lease
 from .._shared import round_robin
-from ._codec import fetched_leases, range_leases
+from ._codec import fetch_reply, fetched_leases, range_leases
 from ._core import RedisCore
 from ._scripts import LOST, Read, ScriptCall, is_reply
 
@@ -32,14 +31,70 @@ _FORGET_CHUNK: Final = 500
 """How many consumer names one ``forget_consumers`` call takes."""
 _FILL_ROUNDS: Final = 8
 """How many more round trips a fetch makes to top up a batch the first round left short."""
-_Missed: TypeAlias = tuple[int, str, int, int, int]
-"""A range of new deliveries a fetch round's reads did not hold: partition, block token,
-deadline, first and last sequence."""
 _MAX_CURSORS: Final = 4096
 """How many (stream, group, partition) cursors a backend remembers (see ``_cursor_at``)."""
 _SCAN_ROUNDS: Final = 8
 """How many more round trips a fetch makes for key-ordered partitions whose scan stopped
 at its budget (``fetch.lua`` reads at most the quota plus 1,000 events per call)."""
+
+
+class _Missed(NamedTuple):
+    """A range of new deliveries a fetch round's reads did not hold."""
+
+    partition: int
+    block: str
+    """The block token of the fetch that leased them."""
+    deadline: int
+    first: int
+    last: int
+
+
+@dataclass(slots=True)
+class _Harvest:
+    """One fetch: what it asks for, and what its round trips gathered so far.
+
+    ``leases`` holds each partition's leases in sequence order; ``due`` how many more
+    each partition reported due in its last round; ``unscanned`` the key-ordered
+    partitions whose scan stopped at its budget (they have more to read); ``missed``
+    the ranges of new deliveries the current round's reads did not hold.
+    """
+
+    stream: str
+    group: str
+    consumer_id: str
+    limit: int
+    lease_ms: int
+    order: list[int]
+    """The partitions, in the order this fetch serves them."""
+    leases: dict[int, list[Lease]] = field(default_factory=dict)
+    due: dict[int, int] = field(default_factory=dict)
+    unscanned: set[int] = field(default_factory=set)
+    missed: list[_Missed] = field(default_factory=list)
+
+    def wanted(self) -> int:
+        """How many more leases the fetch may take."""
+        return self.limit - sum(map(len, self.leases.values()))
+
+    def of(self, partition: int) -> list[Lease]:
+        """The leases gathered from ``partition`` (the list to add to)."""
+        got = self.leases.get(partition)
+        if got is None:
+            got = self.leases[partition] = []
+        return got
+
+    def in_sequence_order(self, quotas: Sequence[tuple[int, int]]) -> None:
+        """Sort the leases of the partitions a later round fetched from: a later round
+        may hold redeliveries below an earlier one's (each round takes the earliest due)."""
+        for p, _ in quotas:
+            self.leases.get(p, []).sort(key=_sequence_of)
+
+    def batch(self) -> list[Lease]:
+        """The fetch's result: round-robin across partitions, each in sequence order."""
+        lists = [self.leases[p] for p in self.order if self.leases.get(p)]
+        if len(lists) <= 1:
+            return lists[0] if lists else []
+        sizes = [len(x) for x in lists]
+        return [lists[i][depth] for i, depth in round_robin(sizes, sum(sizes))]
 
 
 class FetchOperations(RedisCore):
@@ -69,85 +124,57 @@ class FetchOperations(RedisCore):
         if not ids:
             return [], await self._eval(first)
         self._track_consumer(stream, group, consumer_id)
-        ids = self._rotation.order((stream, group), ids)
-        per: dict[int, list[Lease]] = {}
-        left: dict[int, int] = {}
-        scan: set[int] = set()
+        harvest = _Harvest(stream, group, consumer_id, limit, lease_ms,
+                           self._rotation.order((stream, group), ids))
         replies = await self._fetch_round(
-            stream, group, consumer_id, lease_ms,
-            list(zip(ids, _shares(limit, len(ids)), strict=True)), per, left, scan, first)
+            harvest, list(zip(harvest.order, _shares(limit, len(ids)), strict=True)), first)
         # A round can come back short where a key-ordered partition's unread events
         # were blocked: top up from the partitions that still report work, until the
         # batch is full or none does (each round leases or reads past blocked events).
         for _ in range(_FILL_ROUNDS):
-            got = sum(len(v) for v in per.values())
-            if got >= limit or len(ids) <= 1 or not await self._fill_up(
-                    stream, group, consumer_id, lease_ms, limit - got, ids, per, left, scan):
+            if harvest.wanted() <= 0 or len(ids) <= 1 or not await self._fill_up(harvest):
                 break
-        if scan:
-            await self._scan_on(stream, group, consumer_id, lease_ms, limit, per, left, scan)
-        lists = [per[p] for p in ids if per.get(p)]
-        if len(lists) <= 1:
-            return (lists[0] if lists else []), replies
-        # Round-robin across partitions, each in sequence order.
-        sizes = [len(x) for x in lists]
-        return [lists[i][depth] for i, depth in round_robin(sizes, sum(sizes))], replies
+        if harvest.unscanned:
+            await self._scan_on(harvest)
+        return harvest.batch(), replies
 
-    async def _fill_up(
-        self, stream: str, group: str, consumer_id: str, lease_ms: int, wanted: int,
-        ids: Sequence[int], per: dict[int, list[Lease]], left: dict[int, int],
-        scan: set[int],
-    ) -> bool:
-        """Another round of an uneven fetch: ``wanted`` more leases, from the
+    async def _fill_up(self, harvest: _Harvest) -> bool:
+        """Another round of an uneven fetch: the leases it still wants, from the
         partitions the last round says still have some; False when none has."""
-        more = [p for p in ids if left.get(p, 0) > 0]
+        due = harvest.due
+        more = [p for p in harvest.order if due.get(p, 0) > 0]
         if not more:
             return False
-        shares = _fill(wanted, [left[p] for p in more], [len(per.get(p, ())) for p in more])
+        shares = _fill(harvest.wanted(), [due[p] for p in more],
+                       [len(harvest.leases.get(p, ())) for p in more])
         second = [(p, q) for p, q in zip(more, shares, strict=True) if q > 0]
-        await self._fetch_round(stream, group, consumer_id, lease_ms, second, per, left, scan)
-        # A partition's second round may hold redeliveries below its first
-        # round's (each round takes the earliest due): keep sequence order.
-        for p, _ in second:
-            per.get(p, []).sort(key=_sequence_of)
+        await self._fetch_round(harvest, second)
+        harvest.in_sequence_order(second)
         return True
 
-    async def _scan_on(
-        self, stream: str, group: str, consumer_id: str, lease_ms: int, limit: int,
-        per: dict[int, list[Lease]], left: dict[int, int], scan: set[int],
-    ) -> None:
-        """Key-ordered partitions in ``scan`` stopped reading at their budget, passing
-        over events of blocked keys: read on, a few more round trips at most, so a
-        long run of one blocked key does not make a fetch come back short."""
+    async def _scan_on(self, harvest: _Harvest) -> None:
+        """Key-ordered partitions whose scan stopped at its budget passed over events of
+        blocked keys: read on, a few more round trips at most, so a long run of one
+        blocked key does not make a fetch come back short."""
         for _ in range(_SCAN_ROUNDS):
-            wanted = limit - sum(len(v) for v in per.values())
-            parts = sorted(scan)
-            scan.clear()
+            wanted = harvest.wanted()
+            parts = sorted(harvest.unscanned)
+            harvest.unscanned.clear()
             if wanted <= 0 or not parts:
                 return
             quotas = [(p, q) for p, q in zip(parts, _shares(wanted, len(parts)), strict=True)
                       if q > 0]
-            await self._fetch_round(stream, group, consumer_id, lease_ms, quotas, per, left,
-                                    scan)
-            for p, _ in quotas:
-                per.get(p, []).sort(key=_sequence_of)
+            await self._fetch_round(harvest, quotas)
+            harvest.in_sequence_order(quotas)
 
     async def _fetch_round(
-        self,
-        stream: str,
-        group: str,
-        consumer_id: str,
-        lease_ms: int,
-        quotas: Sequence[tuple[int, int]],
-        per: dict[int, list[Lease]],
-        left: dict[int, int],
-        scan: set[int],
+        self, harvest: _Harvest, quotas: Sequence[tuple[int, int]],
         first: Sequence[ScriptCall] = (),
     ) -> list[Any]:
-        """One round trip: up to ``quota`` leases from each partition into ``per``;
-        ``left`` gets how many more each partition has due, ``scan`` the key-ordered
-        partitions whose scan stopped at its budget. The calls ``first`` run before
-        the fetch's own in the same round trip: their replies."""
+        """One round trip: up to ``quota`` leases from each partition into ``harvest``.
+        The calls ``first`` run before the fetch's own in the same round trip: their
+        replies."""
+        stream, group = harvest.stream, harvest.group
         token = os.urandom(8).hex()
         cursors = self._cursors
         calls: list[ScriptCall] = []
@@ -155,81 +182,77 @@ class FetchOperations(RedisCore):
         read_for: dict[int, int] = {}
         for p, quota in quotas:
             keys = self._keys.group(stream, group, p)
-            calls.append(("fetch", keys, [group, consumer_id, quota, lease_ms, f"{token}.{p}.",
-                                          f"{token}.{p}"]))
+            calls.append(("fetch", keys, [group, harvest.consumer_id, quota, harvest.lease_ms,
+                                          f"{token}.{p}.", f"{token}.{p}"]))
             # The new deliveries start past the group's cursor: read from where the last
             # fetch left it, in the same round trip (right unless another one moved it).
             at = cursors.get((stream, group, p))
             if at is not None:
                 read_for[p] = len(reads)
-                reads.append(("XRANGE", keys[0], f"{at + 1}-0", "+", "COUNT", quota))
+                reads.append(("XRANGE", keys.stream, f"{at + 1}-0", "+", "COUNT", quota))
         replies, entries = await self._scripts.run_and_read([*first, *calls], reads)
         before = replies[:len(first)]
         del replies[:len(first)]
-        missed: list[_Missed] = []
         for (p, _), reply in zip(quotas, replies, strict=True):
             index = read_for.get(p)
-            self._take(stream, group, consumer_id, p, f"{token}.{p}", reply,
-                       None if index is None else entries[index], per, left, scan, missed)
-        if missed:
-            await self._read_missed(stream, group, consumer_id, missed, per)
+            self._take(harvest, p, f"{token}.{p}", reply,
+                       None if index is None else entries[index])
+        if harvest.missed:
+            await self._read_missed(harvest)
         return before
 
-    def _take(
-        self, stream: str, group: str, consumer_id: str, p: int, block: str, reply: Any,
-        entries: Any, per: dict[int, list[Lease]], left: dict[int, int], scan: set[int],
-        missed: list[_Missed],
-    ) -> None:
+    def _take(self, harvest: _Harvest, p: int, block: str, raw: Any, entries: Any) -> None:
         """One partition's fetch reply (and the entries read past the cursor, if any):
-        its leases into ``per``; ``missed`` gets its range of new deliveries when
-        ``entries`` do not hold it."""
-        if is_reply(reply, "NOGROUP"):
-            raise UnknownGroup(stream, group)
-        if is_reply(reply, LOST):
+        its leases into ``harvest``, or its range of new deliveries into
+        ``harvest.missed`` when ``entries`` do not hold it."""
+        stream = harvest.stream
+        if is_reply(raw, "NOGROUP"):
+            raise UnknownGroup(stream, harvest.group)
+        if is_reply(raw, LOST):
             raise self._lost(stream)
-        if is_reply(reply, "AGAIN"):
+        if is_reply(raw, "AGAIN"):
             # A resent call that had already run: its leases went unanswered and
             # expire; fetch again for this partition.
-            left[p] = 1
+            harvest.due[p] = 1
             return
-        head = orjson.loads(reply[0])
-        high = head[0]
-        left[p] = head[1]
+        reply = fetch_reply(raw)
+        harvest.due[p] = reply.still_due
         seen = self._seen_for(stream)
-        if high > seen[p]:
-            seen[p] = high
+        if reply.high_water > seen[p]:
+            seen[p] = reply.high_water
         stale = self._stale.get(stream)
         if stale:
             stale.discard(p)
-        more, first, last, cursor = head[5:9]
-        if more:
-            scan.add(p)
-        self._cursor_at(stream, group, p, cursor)
-        got = per.setdefault(p, [])
-        if head[4]:
-            got.extend(fetched_leases(stream, p, group, consumer_id, block, head, reply[1:]))
+        if reply.more:
+            harvest.unscanned.add(p)
+        self._cursor_at(stream, harvest.group, p, reply.cursor)
+        got = harvest.of(p)
+        if reply.items:
+            got.extend(fetched_leases(stream, p, harvest.group, harvest.consumer_id, block,
+                                      reply, raw[1:]))
+        first, last = reply.first, reply.last
         if first:
             leases = None if entries is None else range_leases(
-                stream, p, group, consumer_id, block, head[2], entries, first, last)
+                stream, p, harvest.group, harvest.consumer_id, block, reply.deadline,
+                entries, first, last)
             if leases is None:
-                missed.append((p, block, head[2], first, last))
+                harvest.missed.append(_Missed(p, block, reply.deadline, first, last))
             else:
                 got.extend(leases)
 
-    async def _read_missed(
-        self, stream: str, group: str, consumer_id: str,
-        missed: Sequence[_Missed], per: dict[int, list[Lease]],
-    ) -> None:
+    async def _read_missed(self, harvest: _Harvest) -> None:
         """Read the new deliveries the round's reads did not hold (no cursor known yet,
         or another fetch had moved it) in one more round trip. An entry trimmed since
         its fetch is gone: its lease is not returned (trim settled it)."""
+        missed, harvest.missed = harvest.missed, []
+        stream = harvest.stream
         reads: list[Read] = [
-            ("XRANGE", self._keys.partition(stream, p)[0], f"{first}-0", f"{last}-0")
-            for p, _, _, first, last in missed]
-        for (p, block, deadline, first, last), entries in zip(
-                missed, await self._scripts.read(reads), strict=True):
-            per[p].extend(range_leases(stream, p, group, consumer_id, block, deadline, entries,
-                                       first, last, whole=False) or ())
+            ("XRANGE", self._keys.partition(stream, m.partition).stream, f"{m.first}-0",
+             f"{m.last}-0") for m in missed]
+        for m, entries in zip(missed, await self._scripts.read(reads), strict=True):
+            harvest.of(m.partition).extend(range_leases(
+                stream, m.partition, harvest.group, harvest.consumer_id, m.block, m.deadline,
+                entries, m.first, m.last, whole=False) or ())
 
     def _cursor_at(self, stream: str, group: str, partition: int, cursor: int) -> None:
         """Remember where a fetch left the group's cursor (-1: a key-ordered group, whose
@@ -258,7 +281,7 @@ class FetchOperations(RedisCore):
             ordered = sorted(names)
             for start in range(0, len(ordered), _FORGET_CHUNK):
                 chunk = ordered[start:start + _FORGET_CHUNK]
-                calls.extend(("forget_consumers", [self._keys.partition(stream, p)[0]],
+                calls.extend(("forget_consumers", [self._keys.partition(stream, p).stream],
                               [group, *chunk]) for p in range(count))
         with contextlib.suppress(BackendError):
             await self._eval(calls)

@@ -11,7 +11,7 @@ from ..._model._stream import GroupInfo, StartPosition
 from ..._model._validation import ordering_mismatch
 from ._codec import group_record, text
 from ._core import RedisCore
-from ._scripts import is_reply
+from ._scripts import ScriptCall, is_reply
 
 __all__ = ["GroupOperations"]
 
@@ -40,10 +40,12 @@ class GroupOperations(RedisCore):
         # Every creator initialises every partition from the winner's start position
         # and ordering, so a racing creator never returns before the group exists
         # everywhere.
-        await self._eval([
-            ("init_group", self._keys.group(stream, group, p)[:3], [group, spec, ma, kept])
-            for p in range(count)
-        ])
+        calls: list[ScriptCall] = []
+        for p in range(count):
+            keys = self._keys.group(stream, group, p)
+            calls.append(("init_group", [keys.stream, keys.meta, keys.group],
+                          [group, spec, ma, kept]))
+        await self._eval(calls)
         self._known_groups.add((stream, group))
         return GroupInfo(stream, group, int(ma), int(created), kept)
 
@@ -73,8 +75,8 @@ class GroupOperations(RedisCore):
         pipe = self._client.pipeline(transaction=not self._cluster)
         for p in range(count):
             keys = self._keys.group(stream, group, p)
-            pipe.xgroup_destroy(keys[0], group)
-            pipe.execute_command("UNLINK", *keys[2:])
+            pipe.xgroup_destroy(keys.stream, group)
+            pipe.execute_command("UNLINK", *keys.own())
         if not self._cluster:
             pipe.hdel(self._keys.groups(stream), group)
         await self._io(pipe.execute())
@@ -85,7 +87,7 @@ class GroupOperations(RedisCore):
         pipe = self._client.pipeline(transaction=False)
         pipe.hexists(self._keys.groups(stream), group)
         for p in range(count):
-            pipe.hget(self._keys.group(stream, group, p)[2], "f")
+            pipe.hget(self._keys.group(stream, group, p).group, "f")
         exists, *values = await self._io(pipe.execute())
         if not exists:
             raise UnknownGroup(stream, group)

@@ -7,11 +7,11 @@ Every key of one partition shares the hash tag ``{P:s:p}``; the stream-level key
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Final, NamedTuple
 
 from ..._model._errors import InvalidArgument
 
-__all__ = ["DEFAULT_PREFIX", "KeyLayout", "check_prefix"]
+__all__ = ["DEFAULT_PREFIX", "GroupKeys", "KeyLayout", "PartitionKeys", "check_prefix"]
 
 DEFAULT_PREFIX: Final = "rheo"
 _PREFIX_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -27,35 +27,78 @@ def check_prefix(prefix: object) -> str:
     return prefix
 
 
+class PartitionKeys(NamedTuple):
+    """The keys of one partition (the keys ``append.lua`` takes, in that order)."""
+
+    stream: str
+    """``x``: the Redis stream of the partition's events."""
+    meta: str
+    """``m``: high and low water, last append time, presence marker."""
+    ids: str
+    """``i``: event id -> sequence (idempotent appends)."""
+
+
+class GroupKeys(NamedTuple):
+    """The keys of one group in one partition (the keys a group script takes, in that
+    order; the Lua scripts name them alike)."""
+
+    stream: str
+    """``x``: the Redis stream of the partition's events."""
+    meta: str
+    """``m``: the partition's metadata (see :class:`PartitionKeys`)."""
+    group: str
+    """``G``: the group's frontier ``f``, cursor ``c``, max attempts ``ma``, ordering ``o``."""
+    records: str
+    """``:d``: sequence -> delivery record."""
+    due: str
+    """``:z``: the available and leased deliveries by when they become eligible."""
+    dead: str
+    """``:r``: the dead-lettered (rejected) sequences."""
+    blocks: str
+    """``:b``: block token -> ``first|last|deadline``."""
+    block_deadlines: str
+    """``:y``: the unexpired block tokens by deadline."""
+    key_spans: str
+    """``:k``: key -> ``head|tail`` of its unsettled deliveries (key-ordered groups)."""
+    key_next: str
+    """``:n``: delivery -> the next delivery of its key (key-ordered groups)."""
+
+    def own(self) -> tuple[str, ...]:
+        """The group's own keys (``G`` to ``N``: not the partition's ``x`` and ``m``)."""
+        return self[2:]
+
+
 class KeyLayout:
     """The names of the keys under one prefix; the keys of each partition are cached.
 
-    ``cache`` maps ``(stream, group, partition)`` (``group`` empty for the partition's
-    own keys) to the key names, so that a deleted stream or group can be dropped from it.
+    ``cache`` maps ``(stream, group, partition)`` to a group's keys and
+    ``partition_cache`` ``(stream, "", partition)`` to a partition's own, so that a
+    deleted stream or group can be dropped from them.
     """
 
-    __slots__ = ("cache", "prefix", "streams")
+    __slots__ = ("cache", "partition_cache", "prefix", "streams")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.streams = f"{prefix}:streams"
         """The hash of stream records: name -> ``partitions|created_ms``."""
-        self.cache: dict[tuple[str, str, int], tuple[str, ...]] = {}
+        self.cache: dict[tuple[str, str, int], GroupKeys] = {}
+        self.partition_cache: dict[tuple[str, str, int], PartitionKeys] = {}
 
     def tag(self, stream: str, partition: int) -> str:
         """The hash tag every key of the partition shares."""
         return f"{{{self.prefix}:{stream}:{partition}}}"
 
-    def partition(self, stream: str, partition: int) -> tuple[str, ...]:
+    def partition(self, stream: str, partition: int) -> PartitionKeys:
         """The partition's Redis stream ``x``, metadata ``m`` and id index ``i``."""
         key = (stream, "", partition)
-        keys = self.cache.get(key)
+        keys = self.partition_cache.get(key)
         if keys is None:
             tag = self.tag(stream, partition)
-            keys = self.cache[key] = (f"{tag}:x", f"{tag}:m", f"{tag}:i")
+            keys = self.partition_cache[key] = PartitionKeys(f"{tag}:x", f"{tag}:m", f"{tag}:i")
         return keys
 
-    def group(self, stream: str, group: str, partition: int) -> tuple[str, ...]:
+    def group(self, stream: str, group: str, partition: int) -> GroupKeys:
         """``x``, ``m``, then the group's ``G``, ``D``, ``Z``, ``R``, ``B``, ``Y``, ``K``
         and ``N`` keys in the partition (the keys a group script takes, in that order)."""
         key = (stream, group, partition)
@@ -63,9 +106,9 @@ class KeyLayout:
         if keys is None:
             tag = self.tag(stream, partition)
             base = f"{tag}:g:{group}"
-            keys = self.cache[key] = (f"{tag}:x", f"{tag}:m", base, f"{base}:d",
-                                      f"{base}:z", f"{base}:r", f"{base}:b", f"{base}:y",
-                                      f"{base}:k", f"{base}:n")
+            keys = self.cache[key] = GroupKeys(
+                f"{tag}:x", f"{tag}:m", base, f"{base}:d", f"{base}:z", f"{base}:r",
+                f"{base}:b", f"{base}:y", f"{base}:k", f"{base}:n")
         return keys
 
     def groups(self, stream: str) -> str:

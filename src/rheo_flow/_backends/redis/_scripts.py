@@ -13,9 +13,12 @@ the last error when one was recorded (a nack's or reject's; NUL never occurs in
 a reason or error), with state
 ``L`` (leased), ``A`` (available), ``K`` (acked) or ``R`` (rejected) and
 settled_by ``a`` / ``n`` / ``r`` (ack, nack, reject), ``-`` (dead-lettered on
-expiry) or empty. The ``:z`` sorted set holds the available and leased
-deliveries scored by when they become eligible (available-at or deadline), so
-a fetch finds due work in O(log n) whatever the lease time of each one.
+expiry) or empty (``common.lua`` names them: ``LEASED``, ``BY_ACK``, ...). The
+scripts name the keys of a group partition as ``group_keys`` does (``keys.records``
+for ``:d``, ``keys.due`` for ``:z``, ...; :class:`~._keys.GroupKeys` alike). The
+``:z`` sorted set holds the available and leased deliveries scored by when they
+become eligible (available-at or deadline), so a fetch finds due work in O(log n)
+whatever the lease time of each one.
 New deliveries start in a block (``:b`` record ``first|last|deadline`` under a
 token, ``:y`` the unexpired blocks by deadline). A delivery without a record of
 its own that a block covers has lease id ``<token>:<seq>`` and attempt 1: it is

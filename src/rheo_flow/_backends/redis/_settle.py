@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 
@@ -22,7 +22,8 @@ from ._scripts import ScriptCall
 
 __all__ = ["SettleOperations"]
 
-# Settle codes returned by the scripts: code -> (kind, reason); "o" and "r" succeed.
+# Settle codes returned by the scripts (named in lookup.lua): code -> (kind, reason); "o"
+# (OK) and "r" (REPEATED) succeed.
 _CODES: Final[dict[str, tuple[SettleKind, str]]] = {
     "S": (SettleKind.STALE_LEASE, "the delivery was leased again"),
     "K": (SettleKind.STALE_LEASE, "already settled by ack"),
@@ -48,8 +49,16 @@ _KEY: Final = attrgetter("event.stream", "group", "event.partition")
 _KEY_TYPES: Final = frozenset({str, type(None)})
 
 _Buckets = dict[tuple[str, str, int], list[int]]
-_Plan = tuple[list[SettleResult | None], _Buckets, list[ScriptCall]]
-"""A settle's results known before any call, its buckets, and its calls."""
+
+
+class _Plan(NamedTuple):
+    """A settle's script calls, and what reading their replies needs."""
+
+    results: list[SettleResult | None]
+    """The results known before any call (leases that name no delivery)."""
+    buckets: _Buckets
+    """The lease indexes of each call, by the partition it is for."""
+    calls: list[ScriptCall]
 
 
 def _settle_row(lease: Lease) -> tuple[Any, ...]:
@@ -96,7 +105,7 @@ class SettleOperations(RedisCore):
         if not leases:
             return []
         plan = self._settle_op_plan(leases, op, reason, delay_ms)
-        return self._settle_op_results(leases, plan, await self._eval(plan[2]))
+        return self._settle_op_results(leases, plan, await self._eval(plan.calls))
 
     def _settle_op_plan(self, leases: Sequence[Lease], op: str, reason: str, delay_ms: int
                         ) -> _Plan:
@@ -108,7 +117,7 @@ class SettleOperations(RedisCore):
     def _settle_op_results(self, leases: Sequence[Lease], plan: _Plan, replies: list[Any]
                            ) -> list[SettleResult]:
         """One result per lease from the replies of a settle's calls."""
-        results, replies = plan[0], self._settle_replies(plan[1], replies)
+        results, replies = plan.results, self._settle_replies(plan.buckets, replies)
         if len(replies) == 1 and len(replies[0][0]) == len(leases):
             indexes, codes = replies[0]
             if codes.count("o") == len(codes):
@@ -161,7 +170,7 @@ class SettleOperations(RedisCore):
                  args(group, dumps([row(leases[i]) for i in indexes])))
                 for (stream, group, partition), indexes in buckets.items()
             ]
-        return results, buckets, calls
+        return _Plan(results, buckets, calls)
 
     def _settle_replies(self, buckets: _Buckets, replies: list[Any]
                         ) -> list[tuple[list[int], str]]:

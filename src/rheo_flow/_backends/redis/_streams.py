@@ -32,10 +32,10 @@ class StreamOperations(RedisCore):
     async def _info(self, name: str, count: int, created: int) -> StreamInfo:
         pipe = self._client.pipeline(transaction=False)
         for p in range(count):
-            pipe.hmget(self._keys.partition(name, p)[1], "hw", "lw")
+            pipe.hmget(self._keys.partition(name, p).meta, "hw", "lw")
         rows = await self._io(pipe.execute())
-        high = {p: int(row[0] or 0) for p, row in enumerate(rows)}
-        low = {p: int(row[1] or 1) for p, row in enumerate(rows)}
+        high = {p: int(hw or 0) for p, (hw, _) in enumerate(rows)}
+        low = {p: int(lw or 1) for p, (_, lw) in enumerate(rows)}
         return StreamInfo(name, count, created, high, low)
 
     async def list_streams(self) -> list[str]:
@@ -50,7 +50,7 @@ class StreamOperations(RedisCore):
         for p in range(count):
             keys.extend(layout.partition(stream, p))
             for group in groups:
-                keys.extend(layout.group(stream, group, p)[2:])
+                keys.extend(layout.group(stream, group, p).own())
         if self._cluster:
             # The keys live in many slots: the record goes first, so no reader
             # sees a stream record whose partitions are gone.

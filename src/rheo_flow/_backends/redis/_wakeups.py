@@ -54,7 +54,7 @@ class WakeupOperations(RedisCore):
             # No fetch covered these partitions since the last wake-up: wait past now.
             await self._catch_up(stream, unknown, seen)
             stale.difference_update(unknown)
-        keys = {self._keys.partition(stream, p)[0]: p for p in range(count)}
+        keys = {self._keys.partition(stream, p).stream: p for p in range(count)}
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, timeout)
         while True:
@@ -78,7 +78,7 @@ class WakeupOperations(RedisCore):
         """Move ``seen`` of the partitions to their current high water."""
         pipe = self._client.pipeline(transaction=False)
         for p in partitions:
-            pipe.hget(self._keys.partition(stream, p)[1], "hw")
+            pipe.hget(self._keys.partition(stream, p).meta, "hw")
         for p, value in zip(partitions, await self._io(pipe.execute()), strict=True):
             seen[p] = max(seen[p], int(value or 0))
 

@@ -1,44 +1,53 @@
--- KEYS: x, m, i. ARGV: JSON [[id, meta, data], ...].
--- Returns LOST, or JSON [time, items]: per record its seq when stored by this call (or earlier
--- in it, at `time`), [seq, time, meta, data text] when the id was already stored.
-local x, m, i = KEYS[1], KEYS[2], KEYS[3]
-local mm = redis.call('HMGET', m, 'hw', 'ts', 'mk')
-if not mm[3] then return 'LOST' end
-local recs = cjson.decode(ARGV[1])
-local hw, ts = tonumber(mm[1] or '0'), tonumber(mm[2] or '0')
+-- append: store events in one partition, each id once.
+-- KEYS: stream_key (x), meta_key (m), ids_key (i: event id -> sequence).
+-- ARGV: JSON rows [[id, meta, data], ...].
+-- Reply: 'LOST' (the partition's presence marker is gone), or JSON [time, items]: per row
+--   its seq when stored by this call (or earlier in it) at `time`, or
+--   [seq, time, meta, data text] when its id was already stored.
+local stream_key, meta_key, ids_key = KEYS[1], KEYS[2], KEYS[3]
+local rows = cjson.decode(ARGV[1])
+-- The fields of a row.
+local ID, META, DATA = 1, 2, 3
+local high_water_text, last_time_text, marker =
+  unpack(redis.call('HMGET', meta_key, 'hw', 'ts', 'mk'))
+if not marker then return 'LOST' end
+local high_water, last_time = tonumber(high_water_text or '0'), tonumber(last_time_text or '0')
 local now = now_ms()
 -- Append times never go backwards within a partition, even if the server clock does.
-if now < ts then now = ts end
-local snow = S(now)
+if now < last_time then now = last_time end
+local now_text = int_text(now)
 local ids = {}
-for k, r in ipairs(recs) do ids[k] = r[1] end
-local known = hmget(i, ids)
-local seen, new, out = {}, {}, {}
-for k, r in ipairs(recs) do
-  local id = r[1]
-  local sq = seen[id]
-  if sq then
-    out[k] = sq
+for k, row in ipairs(rows) do ids[k] = row[ID] end
+local known = hmget(ids_key, ids)
+-- seq_of: event id -> its sequence (text), stored by this call; id_writes: HSET arguments.
+local seq_of, id_writes, items = {}, {}, {}
+for k, row in ipairs(rows) do
+  local id = row[ID]
+  local seq_text = seq_of[id]
+  if seq_text then
+    items[k] = seq_text
   else
     local stored = nil
     if known[k] then
-      local e = redis.call('XRANGE', x, eid(tonumber(known[k])), eid(tonumber(known[k])))
-      if e[1] then stored = e[1][2] end
+      local at = entry_id(tonumber(known[k]))
+      local entry = redis.call('XRANGE', stream_key, at, at)
+      if entry[1] then stored = entry[1][2] end
     end
     if stored then
-      out[k] = '[' .. known[k] .. ',' .. stored[6] .. ',' .. stored[2] .. ','
-        .. cjson.encode(stored[4]) .. ']'
+      items[k] = '[' .. known[k] .. ',' .. stored[ENTRY_TIME] .. ',' .. stored[ENTRY_META] .. ','
+        .. cjson.encode(stored[ENTRY_DATA]) .. ']'
     else
-      hw = hw + 1
-      sq = S(hw)
-      redis.call('XADD', x, eid(hw), 'meta', r[2], 'data', r[3], 'time', snow)
-      seen[id] = sq
-      new[#new + 1] = id
-      new[#new + 1] = sq
-      out[k] = sq
+      high_water = high_water + 1
+      seq_text = int_text(high_water)
+      redis.call('XADD', stream_key, entry_id(high_water), 'meta', row[META], 'data', row[DATA],
+                 'time', now_text)
+      seq_of[id] = seq_text
+      id_writes[#id_writes + 1] = id
+      id_writes[#id_writes + 1] = seq_text
+      items[k] = seq_text
     end
   end
 end
-if #new > 0 then bulk({'HSET', i}, new) end
-redis.call('HSET', m, 'hw', S(hw), 'ts', snow)
-return '[' .. snow .. ',[' .. table.concat(out, ',') .. ']]'
+if #id_writes > 0 then bulk({'HSET', ids_key}, id_writes) end
+redis.call('HSET', meta_key, 'hw', int_text(high_water), 'ts', now_text)
+return '[' .. now_text .. ',[' .. table.concat(items, ',') .. ']]'

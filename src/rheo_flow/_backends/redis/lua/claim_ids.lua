@@ -1,19 +1,26 @@
--- KEYS: stream-level id index. ARGV: JSON [[id, partition], ...].
--- Returns the partition that owns each id, comma-separated.
-local recs = cjson.decode(ARGV[1])
+-- claim_ids: which partition owns each event id of a stream (the first to claim it).
+-- KEYS: owners_key (the stream's id index: event id -> partition).
+-- ARGV: JSON rows [[id, partition], ...].
+-- Reply: the partition that owns each id, comma-separated.
+local owners_key = KEYS[1]
+local rows = cjson.decode(ARGV[1])
+-- The fields of a row.
+local ID, PARTITION = 1, 2
 local ids = {}
-for k, r in ipairs(recs) do ids[k] = r[1] end
-local cur = hmget(KEYS[1], ids)
-local seen, new, out = {}, {}, {}
-for k, r in ipairs(recs) do
-  local p = seen[r[1]] or cur[k]
-  if not p then
-    p = S(r[2])
-    seen[r[1]] = p
-    new[#new + 1] = r[1]
-    new[#new + 1] = p
+for k, row in ipairs(rows) do ids[k] = row[ID] end
+local stored = hmget(owners_key, ids)
+-- claimed: id -> partition, claimed by this call; owner_writes: HSET arguments.
+local claimed, owner_writes, owners = {}, {}, {}
+for k, row in ipairs(rows) do
+  local id = row[ID]
+  local owner = claimed[id] or stored[k]
+  if not owner then
+    owner = int_text(row[PARTITION])
+    claimed[id] = owner
+    owner_writes[#owner_writes + 1] = id
+    owner_writes[#owner_writes + 1] = owner
   end
-  out[k] = p
+  owners[k] = owner
 end
-if #new > 0 then bulk({'HSET', KEYS[1]}, new) end
-return table.concat(out, ',')
+if #owner_writes > 0 then bulk({'HSET', owners_key}, owner_writes) end
+return table.concat(owners, ',')

@@ -1,18 +1,56 @@
--- Helpers every script starts with (prepended by _scripts.py): the server clock, number
--- formats, chunked variadic commands, delivery records and blocks (formats: _scripts.py).
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function S(n) return string.format('%d', n) end
-local function eid(n) return string.format('%d-0', n) end
+-- Helpers every script starts with (prepended by _scripts.py): named states, the keys of a
+-- group partition, the server clock, number formats, chunked variadic commands, delivery
+-- records, blocks and key spans (formats: _scripts.py; conventions: docs/architecture.md).
+
+-- Delivery states: the first field of a delivery record.
+local LEASED, AVAILABLE, ACKED, REJECTED = 'L', 'A', 'K', 'R'
+-- Who settled a delivery (a record's fourth field): its lease's ack, nack or reject, or a
+-- fetch that found its lease expired at max_attempts (dead-lettered).
+local BY_ACK, BY_NACK, BY_REJECT, BY_EXPIRY = 'a', 'n', 'r', '-'
+-- The record of a delivery due again that no lease took yet (redriven, or its key's next).
+local WAITING_RECORD = 'A|0||||'
+-- The first byte of an acked and of a rejected record: settled for good.
+local ACKED_BYTE, REJECTED_BYTE = string.byte(ACKED), string.byte(REJECTED)
+-- The score in the due set of a PARKED delivery: one with a record that waits behind its
+-- key's head (only after a redrive), never due by time.
+local PARKED = 4000000000000000
+-- How many arguments one variadic command takes at most: Lua's unpack has a stack limit.
 local CHUNK = 2000
--- Variadic commands in chunks: Lua's unpack has a stack limit.
+-- Where the values of a stream entry's fields are (as XADD wrote them: meta, data, time).
+local ENTRY_META, ENTRY_DATA, ENTRY_TIME = 2, 4, 6
+
+-- The keys of a group partition, by name, in the order of KeyLayout.group: the
+-- partition's stream and meta hash at `stream_at` and `stream_at + 1`, the group's own
+-- keys at `group_at`, ... (trim passes several groups' keys after one partition's).
+local function group_keys(stream_at, group_at)
+  return {
+    stream = KEYS[stream_at],           -- x: the events (entry id '<seq>-0')
+    meta = KEYS[stream_at + 1],         -- m: hw, lw, ts, mk
+    group = KEYS[group_at],             -- G: f (frontier), c (cursor), ma, o ('k': key-ordered)
+    records = KEYS[group_at + 1],       -- :d: seq -> delivery record
+    due = KEYS[group_at + 2],           -- :z: available and leased seqs by when due
+    dead = KEYS[group_at + 3],          -- :r: dead-lettered seqs
+    blocks = KEYS[group_at + 4],        -- :b: block token -> 'first|last|deadline'
+    block_deadlines = KEYS[group_at + 5], -- :y: unexpired block tokens by deadline
+    key_spans = KEYS[group_at + 6],     -- :k: held key -> 'head|tail'
+    key_next = KEYS[group_at + 7],      -- :n: passed-over seq -> the next seq of its key
+  }
+end
+
+local function now_ms()
+  local seconds, microseconds = unpack(redis.call('TIME'))
+  return tonumber(seconds) * 1000 + math.floor(tonumber(microseconds) / 1000)
+end
+-- An integer as text (no exponent, no '.0').
+local function int_text(n) return string.format('%d', n) end
+-- The stream entry id of a sequence.
+local function entry_id(n) return string.format('%d-0', n) end
+-- Variadic commands in chunks of CHUNK arguments after `head`.
 local function bulk(head, list)
-  local n = #list
+  local count = #list
   local i = 1
-  while i <= n do
-    local j = math.min(i + CHUNK - 1, n)
+  while i <= count do
+    local j = math.min(i + CHUNK - 1, count)
     local args = {}
     for k = 1, #head do args[k] = head[k] end
     for k = i, j do args[#args + 1] = list[k] end
@@ -22,266 +60,296 @@ local function bulk(head, list)
 end
 local function hmget(key, fields)
   local out = {}
-  local n = #fields
+  local count = #fields
   local i = 1
-  while i <= n do
-    local j = math.min(i + CHUNK - 1, n)
+  while i <= count do
+    local j = math.min(i + CHUNK - 1, count)
     local part = redis.call('HMGET', key, unpack(fields, i, j))
     for k = 1, #part do out[#out + 1] = part[k] end
     i = j + 1
   end
   return out
 end
--- The hash fields of the sequences a..b.
-local function seq_fields(a, b)
+-- The hash fields of the sequences first..last.
+local function seq_fields(first, last)
   local out = {}
-  for s = a, b do out[#out + 1] = S(s) end
+  for seq = first, last do out[#out + 1] = int_text(seq) end
   return out
 end
--- HDEL the fields of the sequences a..b, a chunk at a time (the range may be long).
-local function hdel_range(H, a, b)
+-- HDEL the fields of the sequences first..last, a chunk at a time (the range may be long).
+local function hdel_range(key, first, last)
   local fields = {}
-  for s = a, b do
-    fields[#fields + 1] = S(s)
+  for seq = first, last do
+    fields[#fields + 1] = int_text(seq)
     if #fields >= CHUNK then
-      redis.call('HDEL', H, unpack(fields))
+      redis.call('HDEL', key, unpack(fields))
       fields = {}
     end
   end
-  if #fields > 0 then redis.call('HDEL', H, unpack(fields)) end
+  if #fields > 0 then redis.call('HDEL', key, unpack(fields)) end
 end
--- The sequences a..b (as fields) that have no delivery record of their own in D.
-local function unrecorded(D, a, b)
-  local fields = seq_fields(a, b)
-  local cur = hmget(D, fields)
+-- The sequences first..last (as fields) that have no delivery record of their own.
+local function unrecorded(records_key, first, last)
+  local fields = seq_fields(first, last)
+  local stored = hmget(records_key, fields)
   local out = {}
-  for i, sq in ipairs(fields) do
-    if not cur[i] then out[#out + 1] = sq end
+  for i, seq_text in ipairs(fields) do
+    if not stored[i] then out[#out + 1] = seq_text end
   end
   return out
 end
--- The available and leased deliveries of the sequences a..b leave Z and the PEL.
-local function drop_active(x, group, Z, a, b)
-  local zr, acks = {}, {}
-  for _, sq in ipairs(redis.call('ZRANGE', Z, 0, -1)) do
-    local n = tonumber(sq)
-    if n >= a and n <= b then
-      zr[#zr + 1] = sq
-      acks[#acks + 1] = sq .. '-0'
+-- The available and leased deliveries of the sequences first..last leave the due set
+-- and the PEL.
+local function drop_active(keys, group, first, last)
+  local due_removes, pel_acks = {}, {}
+  for _, seq_text in ipairs(redis.call('ZRANGE', keys.due, 0, -1)) do
+    local seq = tonumber(seq_text)
+    if seq >= first and seq <= last then
+      due_removes[#due_removes + 1] = seq_text
+      pel_acks[#pel_acks + 1] = seq_text .. '-0'
     end
   end
-  if #zr > 0 then
-    bulk({'ZREM', Z}, zr)
-    bulk({'XACK', x, group}, acks)
+  if #due_removes > 0 then
+    bulk({'ZREM', keys.due}, due_removes)
+    bulk({'XACK', keys.stream, group}, pel_acks)
   end
 end
--- The last error follows the reason after a NUL (absent when none was recorded).
-local function parse(r)
-  local st, att, lid, by, at, reason =
-    string.match(r, '^(%a)|(%d+)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  local err = nil
+
+-- A delivery record: state|attempt|lease_id|settled_by|rejected_at|reason, then NUL and
+-- the last error when one was recorded.
+local function parse_record(record)
+  local state, attempt, lease_id, settled_by, rejected_at, reason =
+    string.match(record, '^(%a)|(%d+)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  local last_error = nil
   local cut = reason and string.find(reason, '\0', 1, true)
   if cut then
-    err = string.sub(reason, cut + 1)
+    last_error = string.sub(reason, cut + 1)
     reason = string.sub(reason, 1, cut - 1)
   end
-  return st, tonumber(att), lid, by, at, reason, err
+  return state, tonumber(attempt), lease_id, settled_by, rejected_at, reason, last_error
 end
-local function rec(st, att, lid, by, at, reason, err)
-  local r = st .. '|' .. S(att) .. '|' .. lid .. '|' .. by .. '|' .. at .. '|' .. reason
-  if err then r = r .. '\0' .. err end
-  return r
+local function record_text(state, attempt, lease_id, settled_by, rejected_at, reason,
+                           last_error)
+  local record = state .. '|' .. int_text(attempt) .. '|' .. lease_id .. '|' .. settled_by
+    .. '|' .. rejected_at .. '|' .. reason
+  if last_error then record = record .. '\0' .. last_error end
+  return record
+end
+-- The record of a current lease (attempt as text); a current lease of a block has none.
+local function lease_record(attempt_text, lease_id)
+  return LEASED .. '|' .. attempt_text .. '|' .. lease_id .. '|||'
+end
+-- The record of a delivery its lease acked.
+local function ack_record(attempt_text, lease_id)
+  return ACKED .. '|' .. attempt_text .. '|' .. lease_id .. '|' .. BY_ACK .. '||'
+end
+-- Whether a record is settled for good (acked or rejected): its first byte tells.
+local function is_settled(record)
+  local first_byte = string.byte(record, 1)
+  return first_byte == ACKED_BYTE or first_byte == REJECTED_BYTE
 end
 -- Move the frontier over every acked or rejected delivery right after it.
-local function advance(D, f)
+local function advance(records_key, frontier)
   local step = 16
   while true do
     local fields = {}
-    for k = 1, step do fields[k] = S(f + k) end
-    local recs = redis.call('HMGET', D, unpack(fields))
+    for k = 1, step do fields[k] = int_text(frontier + k) end
+    local records = redis.call('HMGET', records_key, unpack(fields))
     local moved = 0
     for k = 1, step do
-      local r = recs[k]
-      if not r then break end
-      local b = string.byte(r, 1)
-      if b ~= 75 and b ~= 82 then break end
+      local record = records[k]
+      if not record or not is_settled(record) then break end
       moved = k
     end
-    f = f + moved
-    if moved < step then return f end
+    frontier = frontier + moved
+    if moved < step then return frontier end
     if step < 1024 then step = step * 2 end
   end
 end
--- A block record: first and last sequence, deadline (as text).
-local function blockspec(spec)
-  local first, last, dl = string.match(spec, '^(%d+)|(%d+)|(%d+)$')
-  return tonumber(first), tonumber(last), dl
+
+-- Blocks. The lease id of a block's delivery without a record of its own: the block's
+-- token, ':', the sequence.
+local function block_lease_id(token, seq_text) return token .. ':' .. seq_text end
+-- A block spec 'first|last|deadline': first and last sequence, deadline (as text).
+local function block_spec(first, last, deadline_text)
+  return int_text(first) .. '|' .. int_text(last) .. '|' .. deadline_text
 end
--- Key-ordered groups (field 'o' = 'k' of G). K: each key with an unsettled delivery ->
--- 'head|tail', the unsettled (leased, waiting or parked) one and the last delivery of
--- the key the cursor passed; N: each delivery of a blocked key the cursor passed over
--- (no record, neither in Z nor in the PEL, not leased by a block whose range it is in)
--- -> the next one of its key, so a key's deferred deliveries are a linked list from its
--- head to its tail. A materialised delivery that is not its key's head (only after a
--- redrive) waits in Z at score PARK; a leased one has a record of its own then.
-local PARK = 4000000000000000
+local function parse_block(spec)
+  local first, last, deadline_text = string.match(spec, '^(%d+)|(%d+)|(%d+)$')
+  return tonumber(first), tonumber(last), deadline_text
+end
+
+-- Key-ordered groups (field 'o' = 'k' of the group hash). A key is HELD while it has an
+-- unsettled delivery: key_spans maps it to 'head|tail', the unsettled (leased, waiting or
+-- parked) one and the last delivery of the key the cursor passed. key_next maps each
+-- delivery of a held key the cursor passed over (no record, neither due nor in the PEL,
+-- not leased by a block whose range it is in) to the next one of its key, so a key's
+-- deferred deliveries are a linked list from its head to its tail. A delivery with a
+-- record that is not its key's head (only after a redrive) is PARKED.
+local function key_span(head, tail) return head .. '|' .. tail end
+-- The head and tail (as text) of a key span.
+local function parse_key_span(spec)
+  return string.match(spec, '^(%d+)|(%d+)$')
+end
 -- The key of a stream entry's fields (nil when it has none). Meta is JSON [id, type, key,
 -- headers]: when neither of the three strings holds an escape, one match finds the key.
-local function entry_key(fl)
-  local plain = string.match(fl[2], '^%["[^"\\]*","[^"\\]*","([^"\\]*)",')
+local function entry_key(entry_fields)
+  local meta_text = entry_fields[ENTRY_META]
+  local plain = string.match(meta_text, '^%["[^"\\]*","[^"\\]*","([^"\\]*)",')
   if plain then return plain end
-  local ok, meta = pcall(cjson.decode, fl[2])
+  local ok, meta = pcall(cjson.decode, meta_text)
   if ok and type(meta) == 'table' and type(meta[3]) == 'string' then return meta[3] end
   return nil
 end
--- The key of the event with sequence sq (text), read from the stream (nil: none or gone).
-local function seq_key(x, sq)
-  local e = redis.call('XRANGE', x, sq .. '-0', sq .. '-0')
-  if e[1] then return entry_key(e[1][2]) end
+-- The key of the event of a sequence (text), read from the stream (nil: none or gone).
+local function key_of_seq(stream_key, seq_text)
+  local entry = redis.call('XRANGE', stream_key, seq_text .. '-0', seq_text .. '-0')
+  if entry[1] then return entry_key(entry[1][2]) end
   return nil
 end
-local function keyspec(spec)
-  return string.match(spec, '^(%d+)|(%d+)$')
-end
--- Of the sequences sqs (text, ascending) of a key-ordered group's block without a
--- record of their own, those the block leased: the keyless ones and their key's heads
--- (an entry gone from the stream stays in, as in any group).
-local function block_leased(x, K, sqs)
-  local keys = {}
-  for _, e in ipairs(redis.call('XRANGE', x, sqs[1] .. '-0', sqs[#sqs] .. '-0')) do
-    keys[string.sub(e[1], 1, -3)] = entry_key(e[2]) or false
+-- Of the sequences (text, ascending) of a key-ordered group's block without a record of
+-- their own, those the block leased: the keyless ones and their key's heads (an entry
+-- gone from the stream stays in, as in any group).
+local function block_leased(keys, seq_texts)
+  -- Sequence -> its event's key, or NO_KEY for a keyless event.
+  local NO_KEY = false
+  local key_of = {}
+  for _, entry in ipairs(redis.call('XRANGE', keys.stream, seq_texts[1] .. '-0',
+                                    seq_texts[#seq_texts] .. '-0')) do
+    key_of[string.sub(entry[1], 1, -3)] = entry_key(entry[2]) or NO_KEY
   end
   local out = {}
-  for _, sq in ipairs(sqs) do
-    local k = keys[sq]
-    local spec = k and redis.call('HGET', K, k)
-    if not spec or keyspec(spec) == sq then out[#out + 1] = sq end
+  for _, seq_text in ipairs(seq_texts) do
+    local event_key = key_of[seq_text]
+    local span = event_key and redis.call('HGET', keys.key_spans, event_key)
+    if not span or parse_key_span(span) == seq_text then out[#out + 1] = seq_text end
   end
   return out
 end
--- Expired blocks: their entries past the frontier without a record of their own get one
--- ('L', due at the block's deadline); the part at or behind the frontier stays. In a
--- key-ordered group (x and K given) such an entry that is not keyless nor its key's head
--- was passed over, not leased (see fetch.lua): it stays as it is.
-local function expire(D, Z, B, Y, tokens, f, x, K)
+-- Expired blocks (their tokens): their entries past the frontier without a record of
+-- their own get one (LEASED, due at the block's deadline); the part at or behind the
+-- frontier stays. In a key-ordered group (`keyed`) such an entry that is not keyless nor
+-- its key's head was passed over, not leased (see fetch.lua): it stays as it is.
+local function expire_blocks(keys, tokens, frontier, keyed)
   if #tokens == 0 then return end
-  local specs = hmget(B, tokens)
+  local specs = hmget(keys.blocks, tokens)
   local gone = {}
-  for k, t in ipairs(tokens) do
+  for k, token in ipairs(tokens) do
     local spec = specs[k]
     if spec then
-      local first, last, dl = blockspec(spec)
-      if last > f then
-        local hs, za = {}, {}
-        local sqs = unrecorded(D, math.max(first, f + 1), last)
-        if x and #sqs > 0 then sqs = block_leased(x, K, sqs) end
-        for _, sq in ipairs(sqs) do
-          hs[#hs + 1] = sq
-          hs[#hs + 1] = 'L|1|' .. t .. ':' .. sq .. '|||'
-          za[#za + 1] = dl
-          za[#za + 1] = sq
+      local first, last, deadline_text = parse_block(spec)
+      if last > frontier then
+        local record_writes, due_adds = {}, {}
+        local seq_texts = unrecorded(keys.records, math.max(first, frontier + 1), last)
+        if keyed and #seq_texts > 0 then seq_texts = block_leased(keys, seq_texts) end
+        for _, seq_text in ipairs(seq_texts) do
+          record_writes[#record_writes + 1] = seq_text
+          record_writes[#record_writes + 1] = lease_record('1', block_lease_id(token, seq_text))
+          due_adds[#due_adds + 1] = deadline_text
+          due_adds[#due_adds + 1] = seq_text
         end
-        if #hs > 0 then
-          bulk({'HSET', D}, hs)
-          bulk({'ZADD', Z}, za)
+        if #record_writes > 0 then
+          bulk({'HSET', keys.records}, record_writes)
+          bulk({'ZADD', keys.due}, due_adds)
         end
-        if first <= f then
-          redis.call('HSET', B, t, S(first) .. '|' .. S(f) .. '|' .. dl)
+        if first <= frontier then
+          redis.call('HSET', keys.blocks, token, block_spec(first, frontier, deadline_text))
         else
-          gone[#gone + 1] = t
+          gone[#gone + 1] = token
         end
       end
     end
   end
-  if #gone > 0 then bulk({'HDEL', B}, gone) end
-  bulk({'ZREM', Y}, tokens)
+  if #gone > 0 then bulk({'HDEL', keys.blocks}, gone) end
+  bulk({'ZREM', keys.block_deadlines}, tokens)
 end
--- Every block keeps only its part inside [lo, hi].
-local function clip(B, Y, lo, hi)
-  local all = redis.call('HGETALL', B)
+-- Every block keeps only its part inside [low, high].
+local function clip_blocks(keys, low, high)
+  local all = redis.call('HGETALL', keys.blocks)
   local gone, keep = {}, {}
   for k = 1, #all, 2 do
-    local first, last, dl = blockspec(all[k + 1])
-    local a, b = math.max(first, lo), math.min(last, hi)
-    if a > b then
+    local first, last, deadline_text = parse_block(all[k + 1])
+    local from, to = math.max(first, low), math.min(last, high)
+    if from > to then
       gone[#gone + 1] = all[k]
-    elseif a ~= first or b ~= last then
+    elseif from ~= first or to ~= last then
       keep[#keep + 1] = all[k]
-      keep[#keep + 1] = S(a) .. '|' .. S(b) .. '|' .. dl
+      keep[#keep + 1] = block_spec(from, to, deadline_text)
     end
   end
   if #gone > 0 then
-    bulk({'HDEL', B}, gone)
-    bulk({'ZREM', Y}, gone)
+    bulk({'HDEL', keys.blocks}, gone)
+    bulk({'ZREM', keys.block_deadlines}, gone)
   end
-  if #keep > 0 then bulk({'HSET', B}, keep) end
+  if #keep > 0 then bulk({'HSET', keys.blocks}, keep) end
 end
--- Before the frontier moves back to lo - 1: the block entries in [lo, hi] (all behind
+-- Before the frontier moves back to low - 1: the block entries in [low, high] (all behind
 -- it, so acked by their block lease) get an ack record of their own.
-local function own_acks(D, B, lo, hi)
-  local all = redis.call('HGETALL', B)
+local function own_acks(keys, low, high)
+  local all = redis.call('HGETALL', keys.blocks)
   for k = 1, #all, 2 do
-    local first, last = blockspec(all[k + 1])
-    local a, b = math.max(first, lo), math.min(last, hi)
-    if a <= b then
-      local hs = {}
-      for _, sq in ipairs(unrecorded(D, a, b)) do
-        hs[#hs + 1] = sq
-        hs[#hs + 1] = 'K|1|' .. all[k] .. ':' .. sq .. '|a||'
+    local token = all[k]
+    local first, last = parse_block(all[k + 1])
+    local from, to = math.max(first, low), math.min(last, high)
+    if from <= to then
+      local record_writes = {}
+      for _, seq_text in ipairs(unrecorded(keys.records, from, to)) do
+        record_writes[#record_writes + 1] = seq_text
+        record_writes[#record_writes + 1] = ack_record('1', block_lease_id(token, seq_text))
       end
-      if #hs > 0 then bulk({'HSET', D}, hs) end
+      if #record_writes > 0 then bulk({'HSET', keys.records}, record_writes) end
     end
   end
 end
 -- The position a start spec ('earliest', 'latest' or a sequence) names, within the stream.
-local function resolve(spec, hw, lw)
+local function resolve_start(spec, high_water, low_water)
   local pos
   if spec == 'earliest' then pos = 0
-  elseif spec == 'latest' then pos = hw
+  elseif spec == 'latest' then pos = high_water
   else pos = tonumber(spec) end
-  if pos > hw then pos = hw end
-  if pos < lw - 1 then pos = lw - 1 end
+  if pos > high_water then pos = high_water end
+  if pos < low_water - 1 then pos = low_water - 1 end
   return pos
 end
--- The head of key k is settled or gone: the next delivery of k neither settled nor at or
--- below `stop` becomes its head (due now if it was passed over or parked); none: k is free.
--- Returns true when it made a delivery due now.
-local function pass_key(K, N, D, Z, k, head, tail, stop, snow)
+-- The head of a held key is settled or gone: the next delivery of the key neither settled
+-- nor at or below `stop` becomes its head (due now if it was passed over or PARKED);
+-- none: the key is no longer held. Returns true when it made a delivery due now.
+local function pass_key(keys, event_key, head, tail, stop, now_text)
   local nxt = head
   while nxt ~= tail do
-    local after = redis.call('HGET', N, nxt)
-    redis.call('HDEL', N, nxt)
+    local after = redis.call('HGET', keys.key_next, nxt)
+    redis.call('HDEL', keys.key_next, nxt)
     if not after then break end
     nxt = after
     if tonumber(nxt) > stop then
-      local r = redis.call('HGET', D, nxt)
-      local b = r and string.byte(r, 1)
-      local due = not r
-      if not r then
-        redis.call('HSET', D, nxt, 'A|0||||')
-        redis.call('ZADD', Z, snow, nxt)
-      elseif b ~= 75 and b ~= 82 then
-        local sc = redis.call('ZSCORE', Z, nxt)
-        if sc and tonumber(sc) >= PARK then
-          redis.call('ZADD', Z, snow, nxt)
+      local record = redis.call('HGET', keys.records, nxt)
+      local unsettled = record and not is_settled(record)
+      local due = not record
+      if not record then
+        redis.call('HSET', keys.records, nxt, WAITING_RECORD)
+        redis.call('ZADD', keys.due, now_text, nxt)
+      elseif unsettled then
+        local score = redis.call('ZSCORE', keys.due, nxt)
+        if score and tonumber(score) >= PARKED then
+          redis.call('ZADD', keys.due, now_text, nxt)
           due = true
         end
       end
-      if not r or (b ~= 75 and b ~= 82) then
-        redis.call('HSET', K, k, nxt .. '|' .. tail)
+      if not record or unsettled then
+        redis.call('HSET', keys.key_spans, event_key, key_span(nxt, tail))
         return due
       end
     end
   end
-  redis.call('HDEL', K, k)
+  redis.call('HDEL', keys.key_spans, event_key)
   return false
 end
--- The delivery sq (text) of key k is settled for good: it releases k if it is k's head.
--- Returns true when that made the next delivery of k due now.
-local function release(K, N, D, Z, k, sq, snow)
-  if type(k) ~= 'string' then return false end
-  local spec = redis.call('HGET', K, k)
-  if not spec then return false end
-  local head, tail = keyspec(spec)
-  return head == sq and pass_key(K, N, D, Z, k, head, tail, 0, snow)
+-- The delivery of a sequence (text) and key is settled for good: it releases the key if
+-- it is the key's head. Returns true when that made the key's next delivery due now.
+local function release_key(keys, event_key, seq_text, now_text)
+  if type(event_key) ~= 'string' then return false end
+  local span = redis.call('HGET', keys.key_spans, event_key)
+  if not span then return false end
+  local head, tail = parse_key_span(span)
+  return head == seq_text and pass_key(keys, event_key, head, tail, 0, now_text)
 end

@@ -1,6 +1,11 @@
--- KEYS: streams hash. ARGV: name, partitions. Returns "partitions|created_ms".
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur then return cur end
-cur = ARGV[2] .. '|' .. S(now_ms())
-redis.call('HSET', KEYS[1], ARGV[1], cur)
-return cur
+-- create_stream: the record of a stream, written by the first creator.
+-- KEYS: streams_key (stream name -> record).
+-- ARGV: name, partitions.
+-- Reply: the stored record 'partitions|created_ms' (the first creator's).
+local streams_key = KEYS[1]
+local name, partitions = ARGV[1], ARGV[2]
+local stored = redis.call('HGET', streams_key, name)
+if stored then return stored end
+stored = partitions .. '|' .. int_text(now_ms())
+redis.call('HSET', streams_key, name, stored)
+return stored

@@ -1,261 +1,284 @@
--- KEYS: x, m, G, D, Z, R, B, Y, K, N. ARGV: group, consumer, quota, lease_ms, lease id prefix,
--- block token. Returns LOST, 'NOGROUP', 'AGAIN' (this call already ran: its answer was lost)
--- or an array: JSON [high_water, still_available, deadline, redelivered,
--- [[seq, attempt, time, meta], ...], more, first, last, cursor], then the data (JSON text)
--- of each item; more is 1 when a key-ordered group's scan stopped at its budget short of
--- the quota (call again: the events it passed over belonged to blocked keys).
--- The first `redelivered` items have lease ids prefix .. 1, 2, ..., the new deliveries
--- after them '<block token>:<seq>'. An unordered group's new deliveries are not items:
--- they are the range first..last (0..0: none), leased by the block without being read
--- here, and cursor is where the group's cursor is now (-1 for a key-ordered group). The
--- client reads them with XRANGE: a stream's entries never change, so that read may run
--- before or after this call.
-local x, m, G, D, Z, R, B, Y, K, N = unpack(KEYS, 1, 10)
-local group, consumer, token, btoken = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
+-- fetch: lease up to `quota` deliveries of one group partition.
+-- KEYS: the group partition's keys (group_keys in common.lua).
+-- ARGV: group, consumer, quota, lease_ms, lease id prefix, block token.
+-- Reply: 'LOST' (the partition's presence marker is gone), 'NOGROUP', 'AGAIN' (this call
+--   already ran: its answer was lost), or an array: the head, JSON
+--   [high_water, still_due, deadline, redelivered, items, more, first, last, cursor]
+--   (FetchReply in _codec.py), then the data (JSON text) of each item:
+--   items        [[seq, attempt, time, meta], ...]: the first `redelivered` have lease
+--                ids prefix .. 1, 2, ..., the new deliveries after them
+--                block_lease_id(block token, seq)
+--   still_due    how many more deliveries are due now (redeliveries and new)
+--   more         1 when a key-ordered group's scan stopped at its budget short of the
+--                quota (call again: the events it passed over belonged to held keys)
+--   first, last  an unordered group's new deliveries, leased by the block without being
+--                read here (0, 0: none); the client reads them with XRANGE (a stream's
+--                entries never change, so that read may run before or after this call)
+--   cursor       where the group's cursor is now (-1 for a key-ordered group)
+local keys = group_keys(1, 3)
+local group, consumer, lease_prefix, block_token = ARGV[1], ARGV[2], ARGV[5], ARGV[6]
 local quota, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
-local mm = redis.call('HMGET', m, 'hw', 'mk')
-if not mm[2] then return 'LOST' end
-local g = redis.call('HMGET', G, 'f', 'c', 'ma', 'o')
-if not g[1] then return 'NOGROUP' end
+-- What `known` holds for a key looked up and not held (a held key: its span).
+local NOT_HELD = false
+-- How many events past its quota a key-ordered group's scan reads at most per call.
+local SCAN_BUDGET = 1000
+local high_water_text, marker = unpack(redis.call('HMGET', keys.meta, 'hw', 'mk'))
+if not marker then return 'LOST' end
+local frontier_text, cursor_text, max_attempts_text, ordering =
+  unpack(redis.call('HMGET', keys.group, 'f', 'c', 'ma', 'o'))
+if not frontier_text then return 'NOGROUP' end
 -- The same call run again (the client resent it after its answer was lost): the
 -- first run's block keeps its leases until they expire; granting more under the
 -- same token would overwrite that block and strand its deliveries for ever.
-if redis.call('HEXISTS', B, btoken) == 1 then return 'AGAIN' end
-local f, c, ma = tonumber(g[1]), tonumber(g[2]), tonumber(g[3])
--- A key-ordered group: the events of blocked keys are passed over (see keyed_new).
-local keyed = g[4] == 'k'
-local hw = tonumber(mm[1] or '0')
+if redis.call('HEXISTS', keys.blocks, block_token) == 1 then return 'AGAIN' end
+local frontier, cursor = tonumber(frontier_text), tonumber(cursor_text)
+local max_attempts = tonumber(max_attempts_text)
+-- A key-ordered group: the events of held keys are passed over (see keyed_new).
+local keyed = ordering == 'k'
+local high_water = tonumber(high_water_text or '0')
 local now = now_ms()
-local snow = S(now)
-local sdl = S(now + lease_ms)
+local now_text = int_text(now)
+local deadline_text = int_text(now + lease_ms)
 local items = {}
--- The reply: the JSON head, then the data of each item as stored (no re-encoding).
+-- The reply: the head, then the data of each item as stored (no re-encoding).
 local datas = {''}
 local redelivered = 0
 local more = 0
 -- The range of an unordered group's new deliveries (see plain_new).
 local range = '0,0'
 -- Blocks past their deadline become per-delivery records, found below like any other.
-expire(D, Z, B, Y, redis.call('ZRANGEBYSCORE', Y, '-inf', snow), f, keyed and x, K)
--- A new delivery (sequence sq, as text, and the entry's fields) goes into the reply.
-local function new_item(sq, fl)
-  items[#items + 1] = '[' .. sq .. ',1,' .. fl[6] .. ',' .. fl[2] .. ']'
-  datas[#datas + 1] = fl[4]
+expire_blocks(keys, redis.call('ZRANGEBYSCORE', keys.block_deadlines, '-inf', now_text),
+              frontier, keyed)
+-- A delivery (sequence as text, attempt as text, the entry's fields) goes into the reply.
+local function add_item(seq_text, attempt_text, entry_fields)
+  items[#items + 1] = '[' .. seq_text .. ',' .. attempt_text .. ',' .. entry_fields[ENTRY_TIME]
+    .. ',' .. entry_fields[ENTRY_META] .. ']'
+  datas[#datas + 1] = entry_fields[ENTRY_DATA]
 end
 -- New deliveries of an unordered group: the next `want` entries past the cursor, leased
--- as one range and not read (every entry c + 1..hw is there: trim raises c to its bound).
--- They do not enter the consumer group's PEL; its last id follows the cursor all the
--- same (XREADGROUP '>' of a key-ordered group, or of an older release, starts there).
--- Returns the first and last sequence and the new cursor.
+-- as one range and not read (every entry cursor + 1..high_water is there: trim raises
+-- the cursor to its bound). They do not enter the consumer group's PEL; its last id
+-- follows the cursor all the same (XREADGROUP '>' of a key-ordered group, or of an older
+-- release, starts there). Returns the first and last sequence and the new cursor.
 local function plain_new(want)
-  local last = math.min(c + want, hw)
-  redis.call('XGROUP', 'SETID', x, group, eid(last))
-  return S(c + 1), S(last), last
+  local last = math.min(cursor + want, high_water)
+  redis.call('XGROUP', 'SETID', keys.stream, group, entry_id(last))
+  return int_text(cursor + 1), int_text(last), last
 end
 -- New deliveries of a key-ordered group: the events of keyless and free keys are leased
--- as in any group; those of blocked keys are passed over: linked behind their key's tail
--- in N, with no record, neither in Z nor in the PEL. The first read is XREADGROUP of
+-- as in any group; those of held keys are passed over: linked behind their key's tail in
+-- key_next, with no record, neither due nor in the PEL. The first read is XREADGROUP of
 -- `want` entries, which is all it takes unless some were passed over; then XRANGE reads
 -- on (the leased ones XCLAIMed into the PEL, the group's cursor set after), at most
--- want + 1000 events in all (`more` set when that stopped it). Returns the first and
--- last sequence leased (nil: none) and the new cursor.
+-- want + SCAN_BUDGET events in all (`more` set when that stopped it). Returns the first
+-- and last sequence leased (nil: none) and the new cursor.
 local function keyed_new(want)
-  local budget = want + 1000
-  local known, ks, links, over, claim = {}, {}, {}, {}, {}
+  local budget = want + SCAN_BUDGET
+  -- Event key -> its span, or NOT_HELD; span_writes and link_writes: HSET arguments.
+  local known, span_writes, link_writes, passed_acks, claimed_ids = {}, {}, {}, {}, {}
   local first, last = nil, nil
-  local pos = c
-  -- The entries in order, until `want` are leased; pel: they are in the PEL already.
-  local function take(entries, pel)
-    local keys, ask = {}, {}
-    for i, e in ipairs(entries) do
-      local k = entry_key(e[2])
-      keys[i] = k
-      if k and known[k] == nil then
-        known[k] = false
-        ask[#ask + 1] = k
+  local scanned_to = cursor
+  -- The entries in order, until `want` are leased; in_pel: they are in the PEL already.
+  local function take(entries, in_pel)
+    local event_keys, ask = {}, {}
+    for i, entry in ipairs(entries) do
+      local event_key = entry_key(entry[2])
+      event_keys[i] = event_key
+      if event_key and known[event_key] == nil then
+        known[event_key] = NOT_HELD
+        ask[#ask + 1] = event_key
       end
     end
     if #ask > 0 then
-      local specs = hmget(K, ask)
-      for i, k in ipairs(ask) do known[k] = specs[i] end
+      local spans = hmget(keys.key_spans, ask)
+      for i, event_key in ipairs(ask) do known[event_key] = spans[i] end
     end
-    local done, sq = 0, nil
-    for i, e in ipairs(entries) do
+    local done, seq_text = 0, nil
+    for i, entry in ipairs(entries) do
       if want == 0 then break end
-      sq = string.sub(e[1], 1, -3)
+      seq_text = string.sub(entry[1], 1, -3)
       done = i
-      local k = keys[i]
-      local spec = k and known[k]
-      if spec then
-        local head, tail = keyspec(spec)
-        links[#links + 1] = tail
-        links[#links + 1] = sq
-        spec = head .. '|' .. sq
-        if pel then over[#over + 1] = e[1] end
+      local event_key = event_keys[i]
+      local span = event_key and known[event_key]
+      if span then
+        local head, tail = parse_key_span(span)
+        link_writes[#link_writes + 1] = tail
+        link_writes[#link_writes + 1] = seq_text
+        span = key_span(head, seq_text)
+        if in_pel then passed_acks[#passed_acks + 1] = entry[1] end
       else
-        spec = sq .. '|' .. sq
+        span = key_span(seq_text, seq_text)
         want = want - 1
-        new_item(sq, e[2])
-        if not first then first = sq end
-        last = sq
-        if not pel then claim[#claim + 1] = e[1] end
+        add_item(seq_text, '1', entry[2])
+        if not first then first = seq_text end
+        last = seq_text
+        if not in_pel then claimed_ids[#claimed_ids + 1] = entry[1] end
       end
-      if k then
-        -- HSET K below: a key set twice keeps its last spec.
-        known[k] = spec
-        ks[#ks + 1] = k
-        ks[#ks + 1] = spec
+      if event_key then
+        -- HSET below: a key set twice keeps its last span.
+        known[event_key] = span
+        span_writes[#span_writes + 1] = event_key
+        span_writes[#span_writes + 1] = span
       end
     end
-    if sq then pos = tonumber(sq) end
+    if seq_text then scanned_to = tonumber(seq_text) end
     budget = budget - done
   end
   local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
-    'STREAMS', x, '>')
+    'STREAMS', keys.stream, '>')
   if res then take(res[1][2], true) end
-  local read = pos
-  while want > 0 and pos < hw and budget > 0 do
-    local entries = redis.call('XRANGE', x, '(' .. eid(pos), '+', 'COUNT',
+  local read = scanned_to
+  while want > 0 and scanned_to < high_water and budget > 0 do
+    local entries = redis.call('XRANGE', keys.stream, '(' .. entry_id(scanned_to), '+', 'COUNT',
       math.min(math.max(want, 64), budget))
     if #entries == 0 then break end
     take(entries, false)
   end
-  if #links > 0 then bulk({'HSET', N}, links) end
-  if #ks > 0 then bulk({'HSET', K}, ks) end
-  if #over > 0 then bulk({'XACK', x, group}, over) end
-  if pos > read then redis.call('XGROUP', 'SETID', x, group, eid(pos)) end
+  if #link_writes > 0 then bulk({'HSET', keys.key_next}, link_writes) end
+  if #span_writes > 0 then bulk({'HSET', keys.key_spans}, span_writes) end
+  if #passed_acks > 0 then bulk({'XACK', keys.stream, group}, passed_acks) end
+  if scanned_to > read then
+    redis.call('XGROUP', 'SETID', keys.stream, group, entry_id(scanned_to))
+  end
   local i = 1
-  while i <= #claim do
-    local j = math.min(i + CHUNK - 1, #claim)
-    local args = {'XCLAIM', x, group, consumer, '0'}
-    for k = i, j do args[#args + 1] = claim[k] end
+  while i <= #claimed_ids do
+    local j = math.min(i + CHUNK - 1, #claimed_ids)
+    local args = {'XCLAIM', keys.stream, group, consumer, '0'}
+    for k = i, j do args[#args + 1] = claimed_ids[k] end
     args[#args + 1] = 'FORCE'
     args[#args + 1] = 'JUSTID'
     redis.call(unpack(args))
     i = j + 1
   end
-  if want > 0 and pos < hw and budget <= 0 then more = 1 end
-  return first, last, pos
+  if want > 0 and scanned_to < high_water and budget <= 0 then more = 1 end
+  return first, last, scanned_to
 end
 if quota > 0 then
-  local hs, dead, radd, due, next_att, errs = {}, {}, {}, {}, {}, {}
-  local freed, park = {}, {}
-  local front = false
+  -- due: the sequences to lease again (with next_attempt and last_errors by sequence);
+  -- dead_acks, dead_adds: those dead-lettered now (freed_seqs: of a key-ordered group).
+  local record_writes, dead_acks, dead_adds, due, next_attempt, last_errors =
+    {}, {}, {}, {}, {}, {}
+  local freed_seqs, parked = {}, {}
+  local frontier_moves = false
   -- Due deliveries: available (nack delay over) or leased past their deadline.
   while #due < quota do
-    local ids = redis.call('ZRANGEBYSCORE', Z, '-inf', snow, 'LIMIT', 0, quota - #due)
+    local ids = redis.call('ZRANGEBYSCORE', keys.due, '-inf', now_text, 'LIMIT', 0, quota - #due)
     if #ids == 0 then break end
-    local recs = hmget(D, ids)
-    local zr, za = {}, {}
-    for k, sq in ipairs(ids) do
-      local r = recs[k]
-      if not r then
-        zr[#zr + 1] = sq
+    local records = hmget(keys.records, ids)
+    local due_removes, due_adds = {}, {}
+    for k, seq_text in ipairs(ids) do
+      local record = records[k]
+      if not record then
+        due_removes[#due_removes + 1] = seq_text
       else
-        local st, att, lid, _, _, _, err = parse(r)
-        if att >= ma then
-          hs[#hs + 1] = sq
-          hs[#hs + 1] = rec('R', att, lid, '-', snow, 'max_attempts', err)
-          zr[#zr + 1] = sq
-          radd[#radd + 1] = sq
-          radd[#radd + 1] = sq
-          dead[#dead + 1] = sq .. '-0'
-          if keyed then freed[#freed + 1] = sq end
-          if tonumber(sq) == f + 1 then front = true end
+        local _, attempt, lease_id, _, _, _, last_error = parse_record(record)
+        if attempt >= max_attempts then
+          record_writes[#record_writes + 1] = seq_text
+          record_writes[#record_writes + 1] = record_text(REJECTED, attempt, lease_id,
+            BY_EXPIRY, now_text, 'max_attempts', last_error)
+          due_removes[#due_removes + 1] = seq_text
+          dead_adds[#dead_adds + 1] = seq_text
+          dead_adds[#dead_adds + 1] = seq_text
+          dead_acks[#dead_acks + 1] = seq_text .. '-0'
+          if keyed then freed_seqs[#freed_seqs + 1] = seq_text end
+          if tonumber(seq_text) == frontier + 1 then frontier_moves = true end
         else
-          local n = tonumber(sq)
-          due[#due + 1] = n
-          next_att[n] = att + 1
-          errs[n] = err
-          za[#za + 1] = sdl
-          za[#za + 1] = sq
+          local seq = tonumber(seq_text)
+          due[#due + 1] = seq
+          next_attempt[seq] = attempt + 1
+          last_errors[seq] = last_error
+          due_adds[#due_adds + 1] = deadline_text
+          due_adds[#due_adds + 1] = seq_text
         end
       end
     end
-    if #zr > 0 then bulk({'ZREM', Z}, zr) end
-    if #za > 0 then bulk({'ZADD', Z}, za) end
+    if #due_removes > 0 then bulk({'ZREM', keys.due}, due_removes) end
+    if #due_adds > 0 then bulk({'ZADD', keys.due}, due_adds) end
   end
-  local n = 0
   if #due > 0 then
     table.sort(due)
-    local bodies = {}
+    -- Entry id -> the entry's fields, for the due ones still in the stream.
+    local fields_of = {}
     local i = 1
     while i <= #due do
       local j = math.min(i + CHUNK - 1, #due)
-      local args = {'XCLAIM', x, group, consumer, '0'}
-      for k = i, j do args[#args + 1] = eid(due[k]) end
+      local args = {'XCLAIM', keys.stream, group, consumer, '0'}
+      for k = i, j do args[#args + 1] = entry_id(due[k]) end
       args[#args + 1] = 'FORCE'
       local claimed = redis.call(unpack(args))
-      for _, e in ipairs(claimed) do
-        if e then bodies[e[1]] = e[2] end
+      for _, entry in ipairs(claimed) do
+        if entry then fields_of[entry[1]] = entry[2] end
       end
       i = j + 1
     end
     local gone = {}
     for _, seq in ipairs(due) do
-      local fl = bodies[eid(seq)]
-      local sq = S(seq)
+      local entry_fields = fields_of[entry_id(seq)]
+      local seq_text = int_text(seq)
       local head = nil
-      if fl and keyed then
-        -- Only the head of its key may be leased (another one waits parked).
-        local k = entry_key(fl)
-        local spec = k and redis.call('HGET', K, k)
-        if spec then head = keyspec(spec) end
+      if entry_fields and keyed then
+        -- Only the head of its key may be leased (another one waits PARKED).
+        local event_key = entry_key(entry_fields)
+        local span = event_key and redis.call('HGET', keys.key_spans, event_key)
+        if span then head = parse_key_span(span) end
       end
-      if head and head ~= sq then
-        park[#park + 1] = S(PARK)
-        park[#park + 1] = sq
-      elseif fl then
-        n = n + 1
-        local att = next_att[seq]
-        items[#items + 1] = '[' .. sq .. ',' .. S(att) .. ',' .. fl[6] .. ',' .. fl[2] .. ']'
-        datas[#datas + 1] = fl[4]
-        hs[#hs + 1] = sq
-        hs[#hs + 1] = rec('L', att, token .. n, '', '', '', errs[seq])
+      if head and head ~= seq_text then
+        parked[#parked + 1] = int_text(PARKED)
+        parked[#parked + 1] = seq_text
+      elseif entry_fields then
+        redelivered = redelivered + 1
+        local attempt = next_attempt[seq]
+        add_item(seq_text, int_text(attempt), entry_fields)
+        record_writes[#record_writes + 1] = seq_text
+        record_writes[#record_writes + 1] = record_text(LEASED, attempt,
+          lease_prefix .. redelivered, '', '', '', last_errors[seq])
       else
-        gone[#gone + 1] = sq
+        gone[#gone + 1] = seq_text
       end
     end
     if #gone > 0 then
-      bulk({'ZREM', Z}, gone)
-      bulk({'HDEL', D}, gone)
+      bulk({'ZREM', keys.due}, gone)
+      bulk({'HDEL', keys.records}, gone)
     end
   end
-  if #park > 0 then bulk({'ZADD', Z}, park) end
-  redelivered = n
+  if #parked > 0 then bulk({'ZADD', keys.due}, parked) end
   -- New deliveries past the group's cursor are one block: a single record stands for
-  -- all their leases (attempt 1, lease id '<block token>:<seq>', one deadline) until
+  -- all their leases (attempt 1, block_lease_id(block token, seq), one deadline) until
   -- each one gets its own record (settle, renew) or the block expires.
-  local want = quota - n
-  if want > 0 and c < hw then
-    local first, last, nc
+  local want = quota - redelivered
+  if want > 0 and cursor < high_water then
+    local first, last, new_cursor
     if keyed then
-      first, last, nc = keyed_new(want)
+      first, last, new_cursor = keyed_new(want)
     else
-      first, last, nc = plain_new(want)
+      first, last, new_cursor = plain_new(want)
       range = first .. ',' .. last
     end
     if first then
-      redis.call('HSET', B, btoken, first .. '|' .. last .. '|' .. sdl)
-      redis.call('ZADD', Y, sdl, btoken)
+      redis.call('HSET', keys.blocks, block_token, block_spec(first, last, deadline_text))
+      redis.call('ZADD', keys.block_deadlines, deadline_text, block_token)
     end
-    if nc > c then
-      c = nc
-      redis.call('HSET', G, 'c', S(c))
+    if new_cursor > cursor then
+      cursor = new_cursor
+      redis.call('HSET', keys.group, 'c', int_text(cursor))
     end
   end
-  if #hs > 0 then bulk({'HSET', D}, hs) end
-  if #dead > 0 then
-    bulk({'ZADD', R}, radd)
-    bulk({'XACK', x, group}, dead)
+  if #record_writes > 0 then bulk({'HSET', keys.records}, record_writes) end
+  if #dead_acks > 0 then
+    bulk({'ZADD', keys.dead}, dead_adds)
+    bulk({'XACK', keys.stream, group}, dead_acks)
   end
-  if front then redis.call('HSET', G, 'f', S(advance(D, f))) end
+  if frontier_moves then
+    redis.call('HSET', keys.group, 'f', int_text(advance(keys.records, frontier)))
+  end
   -- Dead-lettered heads release their keys (the next delivery is due from now on).
-  for _, sq in ipairs(freed) do release(K, N, D, Z, seq_key(x, sq), sq, snow) end
+  for _, seq_text in ipairs(freed_seqs) do
+    release_key(keys, key_of_seq(keys.stream, seq_text), seq_text, now_text)
+  end
 end
-local left = redis.call('ZCOUNT', Z, '-inf', snow)
-if hw > c then left = left + hw - c end
-datas[1] = '[' .. S(hw) .. ',' .. S(left) .. ',' .. sdl .. ',' .. S(redelivered) .. ',['
-  .. table.concat(items, ',') .. '],' .. S(more) .. ',' .. range .. ',' .. S(keyed and -1 or c)
-  .. ']'
+local still_due = redis.call('ZCOUNT', keys.due, '-inf', now_text)
+if high_water > cursor then still_due = still_due + high_water - cursor end
+datas[1] = '[' .. int_text(high_water) .. ',' .. int_text(still_due) .. ',' .. deadline_text
+  .. ',' .. int_text(redelivered) .. ',[' .. table.concat(items, ',') .. '],' .. int_text(more)
+  .. ',' .. range .. ',' .. int_text(keyed and -1 or cursor) .. ']'
 return datas

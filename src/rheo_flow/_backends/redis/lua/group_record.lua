@@ -1,22 +1,28 @@
--- KEYS: groups hash of a stream. ARGV: group, max_attempts ('' keeps), default, start,
--- ordering (key|none). Returns "max_attempts|created_ms|start", then "|key" for a
--- key-ordered group (records written before key ordering have no fourth field). An
--- existing group without key ordering asked for it is returned unchanged (refused).
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur then
-  local refused = ARGV[5] == 'key' and not string.find(cur, '|key$')
-  if ARGV[2] ~= '' and not refused then
-    local ma, created, start = string.match(cur, '^(%d+)|(%d+)|(.*)$')
-    if ma ~= ARGV[2] then
-      cur = ARGV[2] .. '|' .. created .. '|' .. start
-      redis.call('HSET', KEYS[1], ARGV[1], cur)
+-- group_record: the record of a group, written by the first creator.
+-- KEYS: groups_key (the stream's group name -> record).
+-- ARGV: group, max_attempts ('' keeps the stored one), default max_attempts, start,
+--   ordering ('key' or 'none').
+-- Reply: the stored record 'max_attempts|created_ms|start', then '|key' for a key-ordered
+--   group (records written before key ordering have no fourth field). An existing group
+--   without key ordering asked for it is returned unchanged (refused).
+local groups_key = KEYS[1]
+local group, max_attempts, default_max_attempts, start, ordering =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local KEY_ORDERED = 'key'
+local stored = redis.call('HGET', groups_key, group)
+if stored then
+  local refused = ordering == KEY_ORDERED and not string.find(stored, '|key$')
+  if max_attempts ~= '' and not refused then
+    local stored_max_attempts, created, stored_start = string.match(stored, '^(%d+)|(%d+)|(.*)$')
+    if stored_max_attempts ~= max_attempts then
+      stored = max_attempts .. '|' .. created .. '|' .. stored_start
+      redis.call('HSET', groups_key, group, stored)
     end
   end
-  return cur
+  return stored
 end
-local ma = ARGV[2]
-if ma == '' then ma = ARGV[3] end
-cur = ma .. '|' .. S(now_ms()) .. '|' .. ARGV[4]
-if ARGV[5] == 'key' then cur = cur .. '|key' end
-redis.call('HSET', KEYS[1], ARGV[1], cur)
-return cur
+if max_attempts == '' then max_attempts = default_max_attempts end
+stored = max_attempts .. '|' .. int_text(now_ms()) .. '|' .. start
+if ordering == KEY_ORDERED then stored = stored .. '|' .. KEY_ORDERED end
+redis.call('HSET', groups_key, group, stored)
+return stored

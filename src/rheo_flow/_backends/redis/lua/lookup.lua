@@ -1,70 +1,82 @@
--- Prepended to settle and renew, after common.lua: the group partition's keys, the
--- records of the leases a batch names, and the check of each lease against its record.
-local x, m, G, D, Z, R, B, Y = unpack(KEYS, 1, 8)
-local BY = {a = 'K', n = 'N', r = 'J'}
-BY['-'] = 'X'
+-- Prepended to settle and renew, after common.lua: the group partition's keys, the reply
+-- codes, the records of the leases a batch names, and the check of each lease against its
+-- record.
+local keys = group_keys(1, 3)
+-- The fields of a lease row of ARGV (JSON [seq, receipt, lease_id, ...]).
+local SEQ, RECEIPT, LEASE_ID = 1, 2, 3
+-- The code letters of the reply, one per lease (_settle.py reads them).
+local OK, REPEATED = 'o', 'r'
+local LEASED_AGAIN, RECEIPT_MISMATCH, NO_GROUP, NO_DELIVERY, GONE = 'S', 'M', 'I', 'Q', 'P'
+-- The code of a lease whose delivery was settled already, by who settled it.
+local SETTLED_BY = {[BY_ACK] = 'K', [BY_NACK] = 'N', [BY_REJECT] = 'J', [BY_EXPIRY] = 'X'}
+-- What `blocks` holds for a token that names no block.
+local NO_BLOCK = false
 -- The record of each leased sequence. A delivery without a record of its own that a
--- block covers is leased by the block lease (listed in `virt` with its lease id: not in
--- Z, nothing in D) past the frontier `f`, acked by it at or behind. Such a record is
+-- block covers is leased by the block lease (listed in `block_lease_of` with its lease
+-- id: not due, no record) past the frontier, acked by it at or behind. Such a record is
 -- found through the lease's own id: a batch may name another lease of the sequence
 -- first (one of a block that no longer covers it), which finds none (false, as HMGET
 -- answers) and must not hide the record the next one finds.
-local function lookup(leases, f)
-  local hw = tonumber(redis.call('HGET', m, 'hw') or '0')
+-- Returns the high water, the sequences (text) of the leases, the record of each
+-- sequence, the block leases, and the blocks looked up (token -> {first, last}).
+local function lookup(leases, frontier)
+  local high_water = tonumber(redis.call('HGET', keys.meta, 'hw') or '0')
   local fields = {}
-  for k, l in ipairs(leases) do fields[k] = S(l[1]) end
-  local cur = hmget(D, fields)
-  local state, virt, blocks = {}, {}, {}
-  for k, sq in ipairs(fields) do
-    if not state[sq] then
-      local r = cur[k]
-      local lid = leases[k][3]
-      if not r and type(lid) == 'string' then
-        local pos = string.find(lid, ':', 1, true)
+  for k, lease in ipairs(leases) do fields[k] = int_text(lease[SEQ]) end
+  local stored = hmget(keys.records, fields)
+  local record_of, block_lease_of, blocks = {}, {}, {}
+  for k, seq_text in ipairs(fields) do
+    if not record_of[seq_text] then
+      local record = stored[k]
+      local lease_id = leases[k][LEASE_ID]
+      if not record and type(lease_id) == 'string' then
+        local pos = string.find(lease_id, ':', 1, true)
         if pos then
-          local t = string.sub(lid, 1, pos - 1)
-          local b = blocks[t]
-          if b == nil then
-            b = false
-            local spec = redis.call('HGET', B, t)
+          local token = string.sub(lease_id, 1, pos - 1)
+          local block = blocks[token]
+          if block == nil then
+            block = NO_BLOCK
+            local spec = redis.call('HGET', keys.blocks, token)
             if spec then
-              local first, last = blockspec(spec)
-              b = {first, last}
+              local first, last = parse_block(spec)
+              block = {first = first, last = last}
             end
-            blocks[t] = b
+            blocks[token] = block
           end
-          local n = leases[k][1]
-          if b and n >= b[1] and n <= b[2] and lid == t .. ':' .. sq then
-            if n <= f then
-              r = 'K|1|' .. lid .. '|a||'
+          local seq = leases[k][SEQ]
+          if block and seq >= block.first and seq <= block.last
+              and lease_id == block_lease_id(token, seq_text) then
+            if seq <= frontier then
+              record = ack_record('1', lease_id)
             else
-              r = 'L|1|' .. lid .. '|||'
-              virt[sq] = lid
+              record = lease_record('1', lease_id)
+              block_lease_of[seq_text] = lease_id
             end
           end
         end
       end
-      state[sq] = r
+      record_of[seq_text] = record
     end
   end
-  return hw, fields, state, virt, blocks
+  return high_water, fields, record_of, block_lease_of, blocks
 end
--- The code of a lease that names nothing current, or nil with the parsed record.
-local function check(l, r, hw)
-  local seq = l[1]
-  if not r then
-    if seq >= 1 and seq <= hw then return 'P' end
-    return 'Q'
+-- The code of a lease that names nothing current, or nil with the parsed record: state,
+-- attempt, lease id, settled_by, last error.
+local function check(lease, record, high_water)
+  local seq = lease[SEQ]
+  if not record then
+    if seq >= 1 and seq <= high_water then return GONE end
+    return NO_DELIVERY
   end
-  local st, att, lid, by, _, _, err = parse(r)
-  if lid ~= l[3] then return 'S' end
-  if l[2] ~= eid(seq) then return 'M' end
-  return nil, st, att, lid, by, err
+  local state, attempt, lease_id, settled_by, _, _, last_error = parse_record(record)
+  if lease_id ~= lease[LEASE_ID] then return LEASED_AGAIN end
+  if lease[RECEIPT] ~= entry_id(seq) then return RECEIPT_MISMATCH end
+  return nil, state, attempt, lease_id, settled_by, last_error
 end
--- Whether the consumer group's PEL holds an entry of the sequences a..b: only those need
--- an XACK. An unordered group's new deliveries never enter it (see fetch.lua); its
--- redeliveries, the deliveries of a key-ordered group and the leases of releases that
--- put every delivery there do.
-local function pel_holds(a, b)
-  return #redis.call('XPENDING', x, ARGV[1], eid(a), eid(b), 1) > 0
+-- Whether the consumer group's PEL holds an entry of the sequences first..last: only
+-- those need an XACK. An unordered group's new deliveries never enter it (see
+-- fetch.lua); its redeliveries, the deliveries of a key-ordered group and the leases of
+-- releases that put every delivery there do.
+local function pel_holds(first, last)
+  return #redis.call('XPENDING', keys.stream, ARGV[1], entry_id(first), entry_id(last), 1) > 0
 end

@@ -1,100 +1,107 @@
--- KEYS: the group partition's x, m, G, D, Z, R, B, Y, K, N. ARGV: 'all' or JSON
--- [seq, ...]. Returns how many were re-driven.
-local x, m, G, D, Z, R, B, Y, K, N = unpack(KEYS, 1, 10)
-local g = redis.call('HMGET', G, 'f', 'o')
-if not g[1] then return -1 end
-local f = tonumber(g[1])
-local seqs
-if ARGV[1] == 'all' then
-  seqs = redis.call('ZRANGE', R, 0, -1)
+-- redrive: make dead letters of one group partition due again.
+-- KEYS: the group partition's keys (group_keys in common.lua).
+-- ARGV: 'all', or JSON [seq, ...].
+-- Reply: how many were re-driven (-1: no such group).
+local keys = group_keys(1, 3)
+local which = ARGV[1]
+local frontier_text, ordering = unpack(redis.call('HMGET', keys.group, 'f', 'o'))
+if not frontier_text then return -1 end
+local frontier = tonumber(frontier_text)
+local seq_texts
+if which == 'all' then
+  seq_texts = redis.call('ZRANGE', keys.dead, 0, -1)
 else
-  seqs = {}
-  for _, s in ipairs(cjson.decode(ARGV[1])) do
-    local sq = S(s)
-    if redis.call('ZSCORE', R, sq) then seqs[#seqs + 1] = sq end
+  seq_texts = {}
+  for _, seq in ipairs(cjson.decode(which)) do
+    local seq_text = int_text(seq)
+    if redis.call('ZSCORE', keys.dead, seq_text) then seq_texts[#seq_texts + 1] = seq_text end
   end
 end
-if #seqs == 0 then return 0 end
-local snow = S(now_ms())
-local hs, za = {}, {}
+if #seq_texts == 0 then return 0 end
+local now_text = int_text(now_ms())
+local record_writes, due_adds = {}, {}
+-- The lowest sequence re-driven: the frontier moves back before it.
 local low = nil
+-- The distinct sequences re-driven, in order.
+local redriven = {}
 local seen = {}
-for _, sq in ipairs(seqs) do
-  if not seen[sq] then
-    seen[sq] = true
-    hs[#hs + 1] = sq
-    hs[#hs + 1] = 'A|0||||'
-    za[#za + 1] = snow
-    za[#za + 1] = sq
-    local n = tonumber(sq)
-    if not low or n < low then low = n end
+for _, seq_text in ipairs(seq_texts) do
+  if not seen[seq_text] then
+    seen[seq_text] = true
+    redriven[#redriven + 1] = seq_text
+    record_writes[#record_writes + 1] = seq_text
+    record_writes[#record_writes + 1] = WAITING_RECORD
+    due_adds[#due_adds + 1] = now_text
+    due_adds[#due_adds + 1] = seq_text
+    local seq = tonumber(seq_text)
+    if not low or seq < low then low = seq end
   end
 end
-bulk({'HSET', D}, hs)
-bulk({'ZADD', Z}, za)
-local members = {}
-for k = 2, #za, 2 do members[#members + 1] = za[k] end
-bulk({'ZREM', R}, members)
--- A block lease of sq (text) past the frontier gets a record of its own, as when its
--- block expires: once sq is not its key's head, only that record tells it was leased.
-local function own_record(sq)
-  if tonumber(sq) <= f or redis.call('HEXISTS', D, sq) == 1 then return end
-  local tokens = redis.call('ZRANGE', Y, 0, -1)
+bulk({'HSET', keys.records}, record_writes)
+bulk({'ZADD', keys.due}, due_adds)
+bulk({'ZREM', keys.dead}, redriven)
+-- A block lease of a sequence (text) past the frontier gets a record of its own, as when
+-- its block expires: once it is not its key's head, only that record tells it was leased.
+local function own_record(seq_text)
+  if tonumber(seq_text) <= frontier or redis.call('HEXISTS', keys.records, seq_text) == 1 then
+    return
+  end
+  local tokens = redis.call('ZRANGE', keys.block_deadlines, 0, -1)
   if #tokens == 0 then return end
-  local specs = hmget(B, tokens)
-  local n = tonumber(sq)
-  for k, t in ipairs(tokens) do
+  local specs = hmget(keys.blocks, tokens)
+  local seq = tonumber(seq_text)
+  for k, token in ipairs(tokens) do
     if specs[k] then
-      local first, last, dl = blockspec(specs[k])
-      if n >= first and n <= last then
-        redis.call('HSET', D, sq, 'L|1|' .. t .. ':' .. sq .. '|||')
-        redis.call('ZADD', Z, dl, sq)
+      local first, last, deadline_text = parse_block(specs[k])
+      if seq >= first and seq <= last then
+        redis.call('HSET', keys.records, seq_text, lease_record('1', block_lease_id(token, seq_text)))
+        redis.call('ZADD', keys.due, deadline_text, seq_text)
         return
       end
     end
   end
 end
-if g[2] == 'k' then
+if ordering == 'k' then
   -- In a key-ordered group a re-driven delivery takes its place in its key's order: the
   -- head when it is the earliest (a later one already leased keeps its lease), else
-  -- linked in after the last earlier one, parked until it is the head.
-  local park = {}
-  for _, sq in ipairs(members) do
-    local k = seq_key(x, sq)
-    local spec = k and redis.call('HGET', K, k)
-    if k and not spec then
-      redis.call('HSET', K, k, sq .. '|' .. sq)
-    elseif spec then
-      local head, tail = keyspec(spec)
-      local n = tonumber(sq)
-      if n < tonumber(head) then
+  -- linked in after the last earlier one, PARKED until it is the head.
+  local parked = {}
+  for _, seq_text in ipairs(redriven) do
+    local event_key = key_of_seq(keys.stream, seq_text)
+    local span = event_key and redis.call('HGET', keys.key_spans, event_key)
+    if event_key and not span then
+      redis.call('HSET', keys.key_spans, event_key, key_span(seq_text, seq_text))
+    elseif span then
+      local head, tail = parse_key_span(span)
+      local seq = tonumber(seq_text)
+      if seq < tonumber(head) then
         own_record(head)
-        redis.call('HSET', N, sq, head)
-        redis.call('HSET', K, k, sq .. '|' .. tail)
+        redis.call('HSET', keys.key_next, seq_text, head)
+        redis.call('HSET', keys.key_spans, event_key, key_span(seq_text, tail))
       else
         local prev = head
-        local after = prev ~= tail and redis.call('HGET', N, prev)
-        while after and tonumber(after) < n do
+        local after = prev ~= tail and redis.call('HGET', keys.key_next, prev)
+        while after and tonumber(after) < seq do
           prev = after
-          after = prev ~= tail and redis.call('HGET', N, prev)
+          after = prev ~= tail and redis.call('HGET', keys.key_next, prev)
         end
         -- A later delivery rejected while an earlier one was redriven ahead of it is
         -- still linked in its place: it stays there (linking it again made it its own
         -- next one, and the key's later deliveries were lost).
-        if after ~= sq then
-          redis.call('HSET', N, prev, sq)
-          if after then redis.call('HSET', N, sq, after) else tail = sq end
-          redis.call('HSET', K, k, head .. '|' .. tail)
+        if after ~= seq_text then
+          redis.call('HSET', keys.key_next, prev, seq_text)
+          if after then redis.call('HSET', keys.key_next, seq_text, after) else tail = seq_text end
+          redis.call('HSET', keys.key_spans, event_key, key_span(head, tail))
         end
-        park[#park + 1] = S(PARK)
-        park[#park + 1] = sq
+        parked[#parked + 1] = int_text(PARKED)
+        parked[#parked + 1] = seq_text
       end
     end
   end
-  if #park > 0 then bulk({'ZADD', Z}, park) end
+  if #parked > 0 then bulk({'ZADD', keys.due}, parked) end
 end
-if f > low - 1 then
-  own_acks(D, B, low, f)
-  redis.call('HSET', G, 'f', S(low - 1))
+if frontier > low - 1 then
+  own_acks(keys, low, frontier)
+  redis.call('HSET', keys.group, 'f', int_text(low - 1))
 end
-return #members
+return #redriven

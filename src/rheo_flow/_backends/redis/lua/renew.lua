@@ -1,43 +1,49 @@
--- KEYS: the group partition's x, m, G, D, Z, R, B, Y. ARGV: group, lease_ms,
--- JSON [[seq, receipt, lease_id, consumer]]. Returns "deadline:codes".
-local group, lease_ms = ARGV[1], tonumber(ARGV[2])
-local leases = cjson.decode(ARGV[3])
+-- renew: extend leases of one group partition.
+-- KEYS: the group partition's keys (group_keys in common.lua).
+-- ARGV: group, lease_ms, JSON lease rows [[seq, receipt, lease_id, consumer], ...].
+-- Reply: deadline .. ':' .. codes: the new deadline (ms), then one code letter per lease
+--   (OK or a failure: lookup.lua, _settle.py).
+local group, lease_ms, leases = ARGV[1], tonumber(ARGV[2]), cjson.decode(ARGV[3])
+-- The field of a renew's lease row past lookup.lua's.
+local CONSUMER = 4
 local now = now_ms()
-local sdl = S(now + lease_ms)
-local g = redis.call('HMGET', G, 'f')
-if not g[1] then return sdl .. ':' .. string.rep('I', #leases) end
-local hw, fields, state, virt = lookup(leases, tonumber(g[1]))
-local codes, zadd, owners, hs = {}, {}, {}, {}
-for k, l in ipairs(leases) do
-  local sq = fields[k]
-  local code, st, att, lid, by = check(l, state[sq], hw)
+local deadline_text = int_text(now + lease_ms)
+local frontier_text = redis.call('HGET', keys.group, 'f')
+if not frontier_text then return deadline_text .. ':' .. string.rep(NO_GROUP, #leases) end
+local high_water, fields, record_of, block_lease_of = lookup(leases, tonumber(frontier_text))
+local codes, due_adds, record_writes = {}, {}, {}
+-- Consumer name -> the entry ids of its leases renewed.
+local ids_of = {}
+for k, lease in ipairs(leases) do
+  local seq_text = fields[k]
+  local code, state, _, _, settled_by = check(lease, record_of[seq_text], high_water)
   if not code then
-    if st ~= 'L' then
-      code = BY[by] or 'X'
+    if state ~= LEASED then
+      code = SETTLED_BY[settled_by] or SETTLED_BY[BY_EXPIRY]
     else
-      code = 'o'
-      zadd[#zadd + 1] = sdl
-      zadd[#zadd + 1] = sq
-      if virt[sq] then
+      code = OK
+      due_adds[#due_adds + 1] = deadline_text
+      due_adds[#due_adds + 1] = seq_text
+      if block_lease_of[seq_text] then
         -- Leaves its block: its own record and deadline from now on.
-        virt[sq] = nil
-        hs[#hs + 1] = sq
-        hs[#hs + 1] = state[sq]
+        block_lease_of[seq_text] = nil
+        record_writes[#record_writes + 1] = seq_text
+        record_writes[#record_writes + 1] = record_of[seq_text]
       end
       -- Reset the PEL idle time of our own leases (observability: XPENDING).
-      local owner = tostring(l[4])
-      if not owners[owner] then owners[owner] = {} end
-      local ids = owners[owner]
-      ids[#ids + 1] = sq .. '-0'
+      local owner = tostring(lease[CONSUMER])
+      if not ids_of[owner] then ids_of[owner] = {} end
+      local ids = ids_of[owner]
+      ids[#ids + 1] = seq_text .. '-0'
     end
   end
   codes[k] = code
 end
-if #zadd > 0 then
-  if #hs > 0 then bulk({'HSET', D}, hs) end
-  bulk({'ZADD', Z}, zadd)
-  for owner, ids in pairs(owners) do
-    bulk({'XCLAIM', x, group, owner, '0'}, ids)
+if #due_adds > 0 then
+  if #record_writes > 0 then bulk({'HSET', keys.records}, record_writes) end
+  bulk({'ZADD', keys.due}, due_adds)
+  for owner, ids in pairs(ids_of) do
+    bulk({'XCLAIM', keys.stream, group, owner, '0'}, ids)
   end
 end
-return sdl .. ':' .. table.concat(codes)
+return deadline_text .. ':' .. table.concat(codes)

@@ -1,57 +1,62 @@
--- KEYS: x, m, i, then G, D, Z, R, B, Y, K, N of each group. ARGV: bound, chunk, want ids (1|0),
--- groups... Removes at most `chunk` events. Returns JSON [removed, more_to_do, [ids]].
-local x, m, i = KEYS[1], KEYS[2], KEYS[3]
-local mm = redis.call('HMGET', m, 'hw', 'lw')
-local hw, lw = tonumber(mm[1] or '0'), tonumber(mm[2] or '1')
-local bound = math.min(tonumber(ARGV[1]), hw)
-if bound < lw then return '[0,0,[]]' end
-local stop = math.min(bound, lw + tonumber(ARGV[2]) - 1)
-local entries = redis.call('XRANGE', x, eid(lw), eid(stop))
+-- trim: remove the events of one partition up to a bound, at most `chunk` per call; every
+-- group settles what it had of them.
+-- KEYS: stream_key (x), meta_key (m), ids_key (i), then the group's own keys (G to N,
+--   group_keys in common.lua) of each group, in the order of the groups in ARGV.
+-- ARGV: bound, chunk, want ids ('1' or '0'), then the groups.
+-- Reply: JSON [removed, more, ids]: how many events this call removed, 1 when events up
+--   to the bound remain (call again), and the ids of the removed events when asked for.
+local stream_key, meta_key, ids_key = KEYS[1], KEYS[2], KEYS[3]
+local bound, chunk, want_ids = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1'
+-- ARGV[GROUPS_AT + n] is the n-th group; its keys start at KEYS[GROUPS_AT + 1 + 8 (n - 1)].
+local GROUPS_AT, GROUP_KEY_COUNT = 3, 8
+local high_water_text, low_water_text = unpack(redis.call('HMGET', meta_key, 'hw', 'lw'))
+local high_water, low_water = tonumber(high_water_text or '0'), tonumber(low_water_text or '1')
+bound = math.min(bound, high_water)
+if bound < low_water then return '[0,0,[]]' end
+local stop = math.min(bound, low_water + chunk - 1)
+local entries = redis.call('XRANGE', stream_key, entry_id(low_water), entry_id(stop))
 local ids = {}
-for k, e in ipairs(entries) do
-  local fl = e[2]
-  local ok, meta = pcall(cjson.decode, fl[2])
+for _, entry in ipairs(entries) do
+  local ok, meta = pcall(cjson.decode, entry[2][ENTRY_META])
   if ok and type(meta) == 'table' then ids[#ids + 1] = meta[1] end
 end
-if #ids > 0 then bulk({'HDEL', i}, ids) end
-redis.call('XTRIM', x, 'MINID', eid(stop + 1))
-redis.call('HSET', m, 'lw', S(stop + 1))
-local ngroups = #ARGV - 3
-for gi = 1, ngroups do
-  local base = 3 + (gi - 1) * 8
-  local G, D, Z, R = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
-  local B, Y, K, N = KEYS[base + 5], KEYS[base + 6], KEYS[base + 7], KEYS[base + 8]
-  local group = ARGV[3 + gi]
-  local g = redis.call('HMGET', G, 'f', 'c', 'o')
-  if g[1] then
-    clip(B, Y, stop + 1, math.huge)
-    local f, c = tonumber(g[1]), tonumber(g[2])
-    hdel_range(D, lw, math.min(stop, c))
-    drop_active(x, group, Z, -math.huge, stop)
-    redis.call('ZREMRANGEBYSCORE', R, '-inf', stop)
-    if g[3] == 'k' then
+if #ids > 0 then bulk({'HDEL', ids_key}, ids) end
+redis.call('XTRIM', stream_key, 'MINID', entry_id(stop + 1))
+redis.call('HSET', meta_key, 'lw', int_text(stop + 1))
+for n = 1, #ARGV - GROUPS_AT do
+  local keys = group_keys(1, GROUPS_AT + 1 + (n - 1) * GROUP_KEY_COUNT)
+  local group = ARGV[GROUPS_AT + n]
+  local frontier_text, cursor_text, ordering =
+    unpack(redis.call('HMGET', keys.group, 'f', 'c', 'o'))
+  if frontier_text then
+    clip_blocks(keys, stop + 1, math.huge)
+    local frontier, cursor = tonumber(frontier_text), tonumber(cursor_text)
+    hdel_range(keys.records, low_water, math.min(stop, cursor))
+    drop_active(keys, group, -math.huge, stop)
+    redis.call('ZREMRANGEBYSCORE', keys.dead, '-inf', stop)
+    if ordering == 'k' then
       -- Trimmed deliveries count as settled: a key whose head is gone passes to its
       -- next delivery past the bound (if any).
-      local all = redis.call('HGETALL', K)
-      local snow = S(now_ms())
+      local all = redis.call('HGETALL', keys.key_spans)
+      local now_text = int_text(now_ms())
       for k = 1, #all, 2 do
-        local head, tail = keyspec(all[k + 1])
+        local head, tail = parse_key_span(all[k + 1])
         if tonumber(head) <= stop then
-          pass_key(K, N, D, Z, all[k], head, tail, stop, snow)
+          pass_key(keys, all[k], head, tail, stop, now_text)
         end
       end
     end
-    if c < stop then
-      c = stop
-      redis.call('XGROUP', 'SETID', x, group, eid(c))
+    if cursor < stop then
+      cursor = stop
+      redis.call('XGROUP', 'SETID', keys.stream, group, entry_id(cursor))
     end
-    if f < stop then f = stop end
-    f = advance(D, f)
-    redis.call('HSET', G, 'f', S(f), 'c', S(c))
+    if frontier < stop then frontier = stop end
+    frontier = advance(keys.records, frontier)
+    redis.call('HSET', keys.group, 'f', int_text(frontier), 'c', int_text(cursor))
   end
 end
 local more = 0
 if stop < bound then more = 1 end
 local listed = '[]'
-if ARGV[3] == '1' and #ids > 0 then listed = cjson.encode(ids) end
-return '[' .. S(#entries) .. ',' .. more .. ',' .. listed .. ']'
+if want_ids and #ids > 0 then listed = cjson.encode(ids) end
+return '[' .. int_text(#entries) .. ',' .. more .. ',' .. listed .. ']'
