@@ -119,10 +119,10 @@ class MaxAttemptsIgnored(MemoryBackend):
     """Redelivers forever: the group's max_attempts is never enforced."""
 
     async def create_group(self, stream: str, group: str, start: StartPosition,
-                           max_attempts: int | None) -> GroupInfo:
-        info = await super().create_group(stream, group, start, max_attempts)
+                           max_attempts: int | None, *, ordering: str = "none") -> GroupInfo:
+        info = await super().create_group(stream, group, start, max_attempts, ordering=ordering)
         g = self._groups[(stream, group)]
-        g.info = GroupInfo(info.stream, info.group, 1_000_000, info.created_at_ms)
+        g.info = dataclasses.replace(info, max_attempts=1_000_000)
         return info
 
 

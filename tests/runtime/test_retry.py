@@ -8,6 +8,7 @@ import logging
 import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from rheo_flow import (
     ACK,
+    Capabilities,
     Event,
     InvalidArgument,
     Lease,
@@ -391,7 +393,12 @@ async def test_settle_errors_are_validated(rheo: Rheo) -> None:
 
 
 class Legacy(MemoryBackend):
-    """A backend written before ``error`` existed: its nack and reject do not take it."""
+    """A backend written before ``error`` existed: its nack and reject do not take it,
+    and it does not declare ``last_error`` (the default of a backend written then)."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities, last_error=False)
 
     async def nack(self, leases: Sequence[Lease], reason: str,  # type: ignore[override]
                    delay_ms: int) -> list[SettleResult]:

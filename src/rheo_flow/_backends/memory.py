@@ -112,7 +112,7 @@ class MemoryBackend(Backend):
 
     name = "memory"
     _CAPABILITIES = Capabilities(durable=False, distributed=False, push_wakeups=True,
-                                 key_ordering=True)
+                                 key_ordering=True, last_error=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock or system_clock

@@ -50,7 +50,6 @@ from hypothesis.stateful import (
 
 from .._model._lease import Lease
 from .._model._stream import DeadLetter, StartPosition
-from .._rheo import _takes_error
 from ._case import LONG_MS, ConformanceFailure, check, check_equal
 from ._harness import BackendHarness
 from ._stateful_base import (
@@ -92,7 +91,7 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
     async def _open(self, ordered: bool) -> None:
         backend, self._rheo = await self.open_store()
         self.backend = backend
-        self.error_aware = _takes_error(backend)
+        self.error_aware = backend.capabilities.last_error
         await self.rheo.create_stream(self.stream, partitions=PARTITIONS)
         # Half the examples are key-ordered, on a backend declaring it.
         await self._create_group("earliest", ordered)

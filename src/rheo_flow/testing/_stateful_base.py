@@ -22,7 +22,7 @@ from .._model._event import NewEvent
 from .._model._lease import Lease
 from .._model._settle_results import SettleResult
 from .._model._stream import DeadLetter, StartPosition
-from .._rheo import Rheo, orders_keys
+from .._rheo import Rheo
 from ._case import LONG_MS, check, check_equal
 from ._harness import BackendHarness
 from ._model import GroupModel, Op, outcome_of
@@ -229,7 +229,7 @@ class MachineBase(RuleBasedStateMachine):
         """Create the group at ``start``, key-ordered when ``ordered`` and the backend can
         (a new group, or one created again after a deletion: the model starts it fresh)."""
         assert self.backend is not None
-        ordered = ordered and orders_keys(self.backend)
+        ordered = ordered and self.backend.capabilities.key_ordering
         ordering: Literal["none", "key"] = "key" if ordered else "none"
         info = await self.rheo.create_group(self.stream, self.group, start=start,
                                             max_attempts=MAX_ATTEMPTS, ordering=ordering)
