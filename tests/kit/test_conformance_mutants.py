@@ -148,16 +148,17 @@ class TrimReusesSequences(MemoryBackend):
 class RejectAcks(MemoryBackend):
     """reject acknowledges instead of dead-lettering."""
 
-    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
         return await self.ack(leases)
 
 
 class NackIgnoresDelay(MemoryBackend):
     """nack makes deliveries available at once, whatever the delay."""
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int
-                   ) -> list[SettleResult]:
-        return await super().nack(leases, reason, 0)
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return await super().nack(leases, reason, 0, error)
 
 
 class ResetKeepsDeadLetters(MemoryBackend):
