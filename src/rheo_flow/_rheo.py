@@ -187,7 +187,9 @@ class Rheo:
             error = invalid_text(exc)
             if error is None or isinstance(exc, InvalidArgument):
                 raise
-            raise error from None
+            # exc is the encoder's error or the backend's translation of it, whose
+            # driver cause is already masked (_backends/_guard.py): safe to keep.
+            raise error from exc
 
     # Groups ------------------------------------------------------------------
 

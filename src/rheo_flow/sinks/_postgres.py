@@ -26,7 +26,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from .._backends._urls import redact_url, require_driver, unreachable
+from .._backends._guard import masked_cause
+from .._backends._urls import redact_url, require_driver, scrub_secrets, unreachable
 from .._model._errors import InvalidArgument
 from .._support._call_retry import retried
 from ._frontier import (
@@ -157,7 +158,9 @@ class PostgresSink(Sink):
                     url, min_size=1, max_size=self._pool_max,
                     server_settings={"application_name": "rheo_flow.sink", "jit": "off"})
             except (TimeoutError, OSError, driver.PostgresError, driver.InterfaceError) as exc:
-                raise unreachable("PostgreSQL", url, exc) from None
+                # asyncpg's message may quote the URL: the cause kept is a masked copy.
+                raise unreachable("PostgreSQL", url, exc) from masked_cause(
+                    exc, lambda text: scrub_secrets(text, url))
         try:
             if self._settle_with is not None:
                 # Before the DDL below: the backend may be creating its schema, the one
