@@ -11,21 +11,28 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from rheo_flow import Capabilities, Lease, NewEvent, Rheo, SettleResult
 from rheo_flow.backends import MemoryBackend
 from rheo_flow.testing import BackendHarness, run_cases
 
 
-class _ErrorUndeclared(MemoryBackend):
-    """Takes ``error`` but does not declare ``last_error``; records what it is passed."""
+class _Undeclared(MemoryBackend):
+    """Does not declare ``last_error``; records the arguments beyond ``reason`` and
+    ``delay_ms`` it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passed: list[tuple[str, tuple[Any, ...]]] = []
 
     @property
     def capabilities(self) -> Capabilities:
         return replace(super().capabilities, last_error=False)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.passed: list[tuple[str, tuple[Any, ...]]] = []
+
+class _TakesErrorUndeclared(_Undeclared):
+    """Its nack and reject take ``error`` all the same."""
 
     async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
                    *rest: Any) -> list[SettleResult]:
@@ -36,6 +43,20 @@ class _ErrorUndeclared(MemoryBackend):
                      *rest: Any) -> list[SettleResult]:
         self.passed.append(("reject", rest))
         return await super().reject(leases, reason, *rest)
+
+
+class _Legacy(_Undeclared):
+    """Written before ``error`` existed: its nack and reject do not take it."""
+
+    async def nack(self, leases: Sequence[Lease], reason: str,  # type: ignore[override]
+                   delay_ms: int) -> list[SettleResult]:
+        self.passed.append(("nack", ()))
+        return await super().nack(leases, reason, delay_ms)
+
+    async def reject(self, leases: Sequence[Lease],  # type: ignore[override]
+                     reason: str) -> list[SettleResult]:
+        self.passed.append(("reject", ()))
+        return await super().reject(leases, reason)
 
 
 class _ErrorPromisedNotTaken(MemoryBackend):
@@ -54,8 +75,10 @@ class _OrderingPromisedNotTaken(MemoryBackend):
         return await super().create_group(stream, group, start, max_attempts)
 
 
-async def test_an_undeclared_last_error_is_never_passed_whatever_the_signature() -> None:
-    backend = _ErrorUndeclared()
+@pytest.mark.parametrize("kind", [_Legacy, _TakesErrorUndeclared], ids=lambda k: k.__name__)
+async def test_an_undeclared_last_error_is_never_passed_whatever_the_signature(
+        kind: type[_Undeclared]) -> None:
+    backend = kind()
     async with Rheo(backend) as rheo:
         await rheo.create_stream("s")
         await rheo.append("s", [NewEvent("t"), NewEvent("t")])
@@ -64,7 +87,7 @@ async def test_an_undeclared_last_error_is_never_passed_whatever_the_signature()
         assert (await rheo.reject(second, "bad", error="KeyError: 'sku'"))[0].ok
         [letter] = await rheo.dead_letters("s", "g")
     assert backend.passed == [("nack", ()), ("reject", ())]
-    assert letter.last_error is None
+    assert (letter.reason, letter.last_error) == ("bad", None)
 
 
 async def test_a_declared_last_error_is_passed() -> None:
