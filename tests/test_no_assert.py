@@ -8,6 +8,8 @@ would vanish, with what it guards, under ``python -O``.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rheo_flow"
@@ -35,3 +37,14 @@ def test_the_scan_finds_statements_not_words(tmp_path: Path) -> None:
         '    assert x, "x"\n')
     (tmp_path / "clean.py").write_text("# assert nothing\nVALUE = 1\n")
     assert _asserts(tmp_path) == ["sub/probe.py:5"]
+
+
+def test_a_runtime_check_still_raises_under_python_o() -> None:
+    code = ("from rheo_flow._runtime._options import Option\n"
+            "try:\n"
+            "    Option('x', 'instance', 'doc').validate(1)\n"
+            "except TypeError as exc:\n"
+            "    print(exc)\n")
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "option 'x' is of kind 'instance' without instance_of"
