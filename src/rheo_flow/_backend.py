@@ -86,20 +86,22 @@ class Backend(ABC):
 
     @abstractmethod
     async def create_group(
-        self, stream: str, group: str, start: StartPosition, max_attempts: int | None
+        self, stream: str, group: str, start: StartPosition, max_attempts: int | None,
+        *, ordering: str = "none",
     ) -> GroupInfo:
         """Create a group starting at ``start``, or return the existing one.
 
         ``max_attempts`` (when given) updates an existing group's setting;
         ``start`` only applies at creation.
 
-        A backend declaring ``capabilities.key_ordering`` also takes a keyword
-        ``ordering: str = "none"`` (``"key"`` or ``"none"``), applied at creation
-        only (rules ``ordering.*``): it stores it with the group, reports it in
+        ``ordering`` (``"key"`` or ``"none"``) is taken by a backend declaring
+        ``capabilities.key_ordering``, applied at creation only (rules
+        ``ordering.*``): it stores it with the group, reports it in
         :class:`GroupInfo`, raises :class:`~rheo_flow.InvalidArgument` when asked
         for ``"key"`` on a group that exists without it, and enforces it in its
-        own :meth:`fetch`. The facade passes ``ordering`` only when it is
-        ``"key"``, so a backend written before the keyword existed keeps working.
+        own :meth:`fetch`. The facade passes ``ordering`` only to a backend
+        declaring the capability, and only when it is ``"key"``, so a backend
+        that does not declare it may leave the keyword out of its signature.
         """
 
     @abstractmethod
@@ -137,9 +139,9 @@ class Backend(ABC):
                    error: str | None = None) -> list[SettleResult]:
         """Make deliveries available again after ``delay_ms``; one result per lease.
 
-        ``error`` (when given) becomes the deliveries' last error. A backend written
-        before this argument existed may leave it out of its signature: the
-        facade then never passes it (and its dead letters carry no error).
+        ``error`` (when given) becomes the deliveries' last error. The facade passes
+        it only to a backend declaring ``capabilities.last_error``; one that does not
+        may leave it out of its signature (and its dead letters carry no error).
         """
 
     @abstractmethod

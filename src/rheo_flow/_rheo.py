@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import socket
 import uuid
@@ -77,8 +76,6 @@ class Rheo:
         self._known_groups: set[tuple[str, str]] = set()
         self._max_attempts: dict[tuple[str, str], int] = {}
         """Each known group's last seen max_attempts (telemetry tells dead letters by it)."""
-        self._error_aware = _takes_error(backend)
-        """Whether the backend's nack and reject take ``error`` (older backends do not)."""
 
     # Lifecycle ---------------------------------------------------------------
 
@@ -190,7 +187,9 @@ class Rheo:
             error = invalid_text(exc)
             if error is None or isinstance(exc, InvalidArgument):
                 raise
-            raise error from None
+            # exc is the encoder's error or the backend's translation of it, whose
+            # driver cause is already masked (_backends/_guard.py): safe to keep.
+            raise error from exc
 
     # Groups ------------------------------------------------------------------
 
@@ -224,16 +223,16 @@ class Rheo:
         check_start("start", start)
         if max_attempts is not None:
             check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
+        key_ordering = self._backend.capabilities.key_ordering
         if ordering == "key":
-            if not orders_keys(self._backend):
+            if not key_ordering:
                 raise InvalidArgument(
-                    f'ordering="key" needs a backend declaring the key_ordering capability '
-                    f"(and taking create_group's ordering argument); backend "
-                    f"{self._backend.name!r} does not (docs/ordering.md)")
-            info = await self._backend.create_group(  # type: ignore[call-arg]
+                    f'ordering="key" needs a backend declaring the key_ordering capability; '
+                    f"backend {self._backend.name!r} does not (docs/ordering.md)")
+            info = await self._backend.create_group(
                 stream, group, start, max_attempts, ordering="key")
         else:
-            if ordering == "none" and max_attempts is not None and orders_keys(self._backend):
+            if ordering == "none" and max_attempts is not None and key_ordering:
                 await self._check_unordered(stream, group)  # before max_attempts changes
             info = await self._backend.create_group(stream, group, start, max_attempts)
         if ordering is not None and info.ordering != ordering:
@@ -355,7 +354,7 @@ class Rheo:
         check_duration_ms("delay_ms", delay_ms)
         error = check_error(error)
         backend = self._backend
-        if error is None or not self._error_aware:
+        if error is None or not backend.capabilities.last_error:
             return await self._settle_call(
                 "nack", items, lambda: backend.nack(items, reason, delay_ms))
         return await self._settle_call(
@@ -371,7 +370,7 @@ class Rheo:
         check_reason(reason)
         error = check_error(error)
         backend = self._backend
-        if error is None or not self._error_aware:
+        if error is None or not backend.capabilities.last_error:
             return await self._settle_call(
                 "reject", items, lambda: backend.reject(items, reason))
         return await self._settle_call(
@@ -562,22 +561,3 @@ class Rheo:
         timeout = check_timeout_s("timeout", timeout)
         return await self._backend.wait_for_append(stream, timeout)
 
-
-def orders_keys(backend: Backend) -> bool:
-    """Whether ``backend`` can create key-ordered groups: it declares ``key_ordering``
-    and its ``create_group`` takes ``ordering``."""
-    if not backend.capabilities.key_ordering:
-        return False
-    try:
-        return "ordering" in inspect.signature(backend.create_group).parameters
-    except (TypeError, ValueError):  # pragma: no cover - signature-less callables
-        return False
-
-
-def _takes_error(backend: Backend) -> bool:
-    """Whether ``backend.nack`` and ``backend.reject`` accept the ``error`` argument."""
-    try:
-        return all("error" in inspect.signature(method).parameters
-                   for method in (backend.nack, backend.reject))
-    except (TypeError, ValueError):  # pragma: no cover - signature-less callables
-        return False

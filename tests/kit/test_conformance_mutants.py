@@ -119,10 +119,10 @@ class MaxAttemptsIgnored(MemoryBackend):
     """Redelivers forever: the group's max_attempts is never enforced."""
 
     async def create_group(self, stream: str, group: str, start: StartPosition,
-                           max_attempts: int | None) -> GroupInfo:
-        info = await super().create_group(stream, group, start, max_attempts)
+                           max_attempts: int | None, *, ordering: str = "none") -> GroupInfo:
+        info = await super().create_group(stream, group, start, max_attempts, ordering=ordering)
         g = self._groups[(stream, group)]
-        g.info = GroupInfo(info.stream, info.group, 1_000_000, info.created_at_ms)
+        g.info = dataclasses.replace(info, max_attempts=1_000_000)
         return info
 
 
@@ -148,16 +148,17 @@ class TrimReusesSequences(MemoryBackend):
 class RejectAcks(MemoryBackend):
     """reject acknowledges instead of dead-lettering."""
 
-    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
         return await self.ack(leases)
 
 
 class NackIgnoresDelay(MemoryBackend):
     """nack makes deliveries available at once, whatever the delay."""
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int
-                   ) -> list[SettleResult]:
-        return await super().nack(leases, reason, 0)
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
+        return await super().nack(leases, reason, 0, error)
 
 
 class ResetKeepsDeadLetters(MemoryBackend):

@@ -36,15 +36,16 @@ class ScriptedBackend(MemoryBackend):
         self.ack_sizes.append(len(leases))
         return await super().ack(leases)
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int
-                   ) -> list[SettleResult]:
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
         self.calls["nack"] += 1
         self.nack_calls.append((reason, delay_ms, len(leases)))
-        return await super().nack(leases, reason, delay_ms)
+        return await super().nack(leases, reason, delay_ms, error)
 
-    async def reject(self, leases: Sequence[Lease], reason: str) -> list[SettleResult]:
+    async def reject(self, leases: Sequence[Lease], reason: str,
+                     error: str | None = None) -> list[SettleResult]:
         self.calls["reject"] += 1
-        return await super().reject(leases, reason)
+        return await super().reject(leases, reason, error)
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         self.calls["renew"] += 1

@@ -52,11 +52,11 @@ class FlakyBackend(MemoryBackend):
         return await super().ack_and_fetch(acks, stream, group, consumer_id, limit, lease_ms,
                                            partitions)
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int
-                   ) -> list[SettleResult]:
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
         self.calls["nack"] += 1
         self.nacks.append((reason, [lease.sequence for lease in leases]))
-        return await super().nack(leases, reason, delay_ms)
+        return await super().nack(leases, reason, delay_ms, error)
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         self.calls["renew"] += 1

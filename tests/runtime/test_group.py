@@ -58,11 +58,11 @@ class RecordingBackend(MemoryBackend):
         self.calls["ack"] += 1
         return await super().ack(leases)
 
-    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int
-                   ) -> list[SettleResult]:
+    async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
+                   error: str | None = None) -> list[SettleResult]:
         self.calls["nack"] += 1
         self.nacks.append((reason, [lease.sequence for lease in leases]))
-        return await super().nack(leases, reason, delay_ms)
+        return await super().nack(leases, reason, delay_ms, error)
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -388,26 +388,3 @@ async def test_settle_errors_are_validated(rheo: Rheo) -> None:
         with pytest.raises(InvalidArgument, match=match):
             await rheo.reject(lease, "r", error=bad)  # type: ignore[arg-type]
     assert all(r.ok for r in await rheo.reject(lease, "r", error="x" * 1_000))
-
-
-class Legacy(MemoryBackend):
-    """A backend written before ``error`` existed: its nack and reject do not take it."""
-
-    async def nack(self, leases: Sequence[Lease], reason: str,  # type: ignore[override]
-                   delay_ms: int) -> list[SettleResult]:
-        return await super().nack(leases, reason, delay_ms)
-
-    async def reject(self, leases: Sequence[Lease],  # type: ignore[override]
-                     reason: str) -> list[SettleResult]:
-        return await super().reject(leases, reason)
-
-
-async def test_a_backend_without_the_error_argument_keeps_working() -> None:
-    async with Rheo(Legacy()) as rheo:
-        await rheo.create_stream("orders")
-        await rheo.append("orders", [NewEvent("t"), NewEvent("t")])
-        first, second = await rheo.fetch("orders", "g", limit=2)
-        assert (await rheo.nack(first, "later", error="OSError: disk"))[0].ok
-        assert (await rheo.reject(second, "bad", error="KeyError: 'sku'"))[0].ok
-        [letter] = await rheo.dead_letters("orders", "g")
-        assert (letter.reason, letter.last_error) == ("bad", None)

@@ -13,12 +13,20 @@
   times out wrote nothing: ``backend_unavailable``.
 
 rheo_flow's own errors pass through unchanged.
+
+The translated error keeps the driver's exception as its ``__cause__`` when that
+cannot hold a secret (an error of SQLite, a local file; the text an encoder could
+not encode; the deadline's own timeout). Any other driver exception may quote the
+server's URL with its password, so the cause kept is :class:`MaskedDriverError`:
+the same type name and message, every link of its chain, with the backend's
+secrets masked (see :func:`masked_cause`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import sqlite3
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Final, Protocol, TypeVar
@@ -30,13 +38,16 @@ from .._model._errors import (
     OutcomeUnknown,
     RheoError,
 )
+from .._model._failure import scrub as scrub_any
 from .._model._settle_results import SettleKind, classify
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
+    "MaskedDriverError",
     "check_timeout_ms",
     "guard_operations",
     "mark_sent",
+    "masked_cause",
 ]
 
 DEFAULT_TIMEOUT_MS: Final = 10_000
@@ -55,6 +66,46 @@ _UNBOUNDED: Final = frozenset({"wait_for_append"})
 """Operations that wait on purpose: errors are translated, no deadline applies."""
 
 _SENT: ContextVar[bool] = ContextVar("rheo_flow_backend_request_sent", default=True)
+
+_SECRET_FREE: Final = (sqlite3.Error, UnicodeError)
+"""Exceptions kept as causes as they are: SQLite's name a local file and hold no
+credentials; an encoding error holds the caller's own text."""
+_MAX_CHAIN: Final = 16
+"""The most links of a driver exception's chain a masked cause copies."""
+
+
+class MaskedDriverError(Exception):
+    """A driver exception that may have quoted a secret, with its secrets masked.
+
+    Stands in as the ``__cause__`` of a translated error: its message is the
+    original's ``module.Type: message`` with the backend's secrets masked, and its
+    own cause is the next link of the original chain, masked the same way. It
+    carries no traceback: the original frames' variables may hold the password.
+    """
+
+    def __init__(self, message: str, driver_type: str) -> None:
+        super().__init__(message)
+        self.driver_type = driver_type
+        """``module.QualifiedName`` of the exception this stands in for."""
+
+
+def masked_cause(exc: BaseException, scrub: Callable[[str], str]) -> BaseException:
+    """What to chain as the cause of the error translating ``exc``: ``exc`` itself
+    when it cannot hold a secret, else a :class:`MaskedDriverError` copy of its chain
+    with ``scrub`` (the backend's masking, then the generic one) applied to each link."""
+
+    def copy(link: BaseException, depth: int) -> BaseException:
+        if isinstance(link, _SECRET_FREE):
+            return link
+        kind = type(link)
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        masked = MaskedDriverError(scrub_any(scrub(f"{name}: {link}")), name)
+        after = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+        if after is not None and depth < _MAX_CHAIN:
+            masked.__cause__ = copy(after, depth + 1)
+        return masked
+
+    return copy(exc, 1)
 
 
 def mark_sent() -> None:
@@ -125,15 +176,17 @@ def _guard(name: str, method: Callable[..., Awaitable[Any]], tracks_sending: boo
         except OutcomeUnknown as exc:
             if write:
                 raise
-            raise BackendUnavailable(str(exc)) from None
+            raise BackendUnavailable(str(exc)) from exc
         except RheoError:
             raise
         except TimeoutError as exc:
             if bounded and deadline.expired():
-                raise _timed_out(self, name, write and _SENT.get()) from None
-            raise _translate(self, exc, write) from None
+                raise _timed_out(self, name, write and _SENT.get()) from exc
+            # A driver's message may quote the URL and its password: a masked copy
+            # of the exception is the cause, unless it cannot hold a secret.
+            raise _translate(self, exc, write) from masked_cause(exc, self._scrub)
         except Exception as exc:
-            raise _translate(self, exc, write) from None
+            raise _translate(self, exc, write) from masked_cause(exc, self._scrub)
         finally:
             if token is not None:
                 _SENT.reset(token)

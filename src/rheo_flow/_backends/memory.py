@@ -112,7 +112,7 @@ class MemoryBackend(Backend):
 
     name = "memory"
     _CAPABILITIES = Capabilities(durable=False, distributed=False, push_wakeups=True,
-                                 key_ordering=True)
+                                 key_ordering=True, last_error=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock or system_clock
@@ -539,9 +539,8 @@ class MemoryBackend(Backend):
             window = query_window(query, pid, after, part.low_water, part.high_water)
             if window is None:
                 continue
-            lo, hi = window
-            assert hi is not None
-            for seq in range(lo, hi + 1):
+            lo, hi = window  # hi is None only for an unknown high water: never here
+            for seq in range(lo, (part.high_water if hi is None else hi) + 1):
                 e = part.events.get(seq)
                 if e is None or not query_matches(query, e):
                     continue

@@ -160,7 +160,8 @@ class ThrowawayServer(ClosedOnExit):
 
     def _group(self) -> int:
         """The process group holding every process of the server."""
-        assert self._process is not None
+        if self._process is None:
+            raise RuntimeError(f"the {self.name} server is not running")
         return self._process.pid
 
     def start(self) -> Self:

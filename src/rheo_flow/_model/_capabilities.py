@@ -52,7 +52,16 @@ class Capabilities:
     key_ordering: bool = False
     """Groups may be created with ``ordering="key"`` (docs/ordering.md): the backend's own
     fetch then leases a delivery of key K only once every earlier delivery of K in its
-    partition is settled for the group, across every process sharing the store."""
+    partition is settled for the group, across every process sharing the store.
+
+    Declaring it also declares that ``create_group`` takes the keyword ``ordering``;
+    :class:`~rheo_flow.Rheo` passes it only to a backend declaring this (False by
+    default, so a backend whose ``create_group`` predates the keyword keeps working)."""
+    last_error: bool = False
+    """``nack`` and ``reject`` take ``error`` and keep it as the deliveries' last error
+    (``DeadLetter.last_error``). :class:`~rheo_flow.Rheo` passes ``error`` only to a
+    backend declaring this (False by default, so a backend whose ``nack`` and ``reject``
+    predate the argument keeps working; its dead letters carry no last error)."""
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -120,15 +120,19 @@ class Option:
     def bounds(self) -> str:
         """The bounds of a number in words (``1 to 1,000,000``), ``""`` for other kinds."""
         low, high = self.minimum, self.maximum
-        if low is None and high is None:
-            return ""
         if low is None:
-            return f"at most {_number(high)}"
+            return "" if high is None else f"at most {_number(high)}"
         if self.exclusive_minimum:
             return f"above {_number(low)}" + ("" if high is None else f", at most {_number(high)}")
         if high is None:
             return f"at least {_number(low)}"
         return f"{_number(low)} to {_number(high)}"
+
+    def _instance_type(self) -> type:
+        """The class an ``instance`` option takes."""
+        if self.instance_of is None:
+            raise TypeError(f"option {self.name!r} is of kind 'instance' without instance_of")
+        return self.instance_of
 
     def accepted(self) -> str:
         """What the option takes, in the words of the docs' range column."""
@@ -143,8 +147,7 @@ class Option:
         elif self.kind == "choice":
             text = " or ".join(f'`"{choice}"`' for choice in self.choices)
         elif self.kind == "instance":
-            assert self.instance_of is not None
-            text = f"a `{self.instance_of.__name__}`"
+            text = f"a `{self._instance_type().__name__}`"
         elif self.kind == "callable":
             text = "a function"
         else:
@@ -190,9 +193,9 @@ class Option:
                 raise InvalidArgument(f"{label} must be {options}, got {value!r}")
             return value
         if kind == "instance":
-            assert self.instance_of is not None
-            if not isinstance(value, self.instance_of):
-                raise InvalidArgument(f"{label} must be a {self.instance_of.__name__}"
+            cls = self._instance_type()
+            if not isinstance(value, cls):
+                raise InvalidArgument(f"{label} must be a {cls.__name__}"
                                       + (" or None" if self.nullable else "")
                                       + f", got {type(value).__name__}")
             return value
@@ -215,8 +218,7 @@ class Option:
         return high is None or value <= high
 
 
-def _number(value: int | float | None) -> str:
-    assert value is not None
+def _number(value: int | float) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return f"{value:,}"
@@ -396,7 +398,8 @@ class Runtime:
 def _defaults(*names: str, **overrides: Any) -> dict[str, Any]:
     out = {name: OPTIONS[name].default for name in names}
     for name, value in overrides.items():
-        assert name in out, name
+        if name not in out:
+            raise ValueError(f"a default for {name!r}, which is not among {names}")
         out[name] = value
     return out
 

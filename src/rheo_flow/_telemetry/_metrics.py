@@ -54,11 +54,10 @@ def instruments() -> Instruments | None:
     provider = state.current_meter_provider()
     if provider is None:
         return None
-    if state.meter_changed(provider):
-        meter = provider.get_meter(n.INSTRUMENTATION_NAME, _version())
-        state.instruments = Instruments(meter)
     bundle = state.instruments
-    assert isinstance(bundle, Instruments)
+    if state.meter_changed(provider) or not isinstance(bundle, Instruments):
+        bundle = Instruments(provider.get_meter(n.INSTRUMENTATION_NAME, _version()))
+        state.instruments = bundle
     return bundle
 
 

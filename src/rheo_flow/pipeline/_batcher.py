@@ -141,6 +141,12 @@ class BatcherStage(StageTasks[tuple[list[Message], BatchInfo]]):
         self._loop = asyncio.get_running_loop()
         super().start()
 
+    def _started_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop :meth:`start` ran on (batches time out on it)."""
+        if self._loop is None:
+            raise RuntimeError(f"batcher {self.name!r} is not started: call start() first")
+        return self._loop
+
     # Filling -----------------------------------------------------------------
 
     def add(self, m: Message) -> bool:
@@ -175,9 +181,7 @@ class BatcherStage(StageTasks[tuple[list[Message], BatchInfo]]):
         return True
 
     def _new(self, key: tuple[int, Hashable], part: int, first: Message) -> _Open:
-        loop = self._loop
-        assert loop is not None, "batcher not started"
-        now = loop.time()
+        now = self._started_loop().time()
         batch = _Open(None if self._route is None else part, key[1],
                       now + self.config.batch_timeout)
         self._open[key] = batch
@@ -196,16 +200,12 @@ class BatcherStage(StageTasks[tuple[list[Message], BatchInfo]]):
         if oldest is not None and margin is not None:
             # Re-check at least every margin/2: later messages may hold older leases.
             when = min(when, oldest - margin, now + margin / 2)
-        loop = self._loop
-        assert loop is not None
-        batch.handle = loop.call_at(max(when, now), self._on_timer, key, batch)
+        batch.handle = self._started_loop().call_at(max(when, now), self._on_timer, key, batch)
 
     def _on_timer(self, key: tuple[int, Hashable], batch: _Open) -> None:
         if self._open.get(key) is not batch:
             return
-        loop = self._loop
-        assert loop is not None
-        now = loop.time()
+        now = self._started_loop().time()
         batch.handle = None
         if now >= batch.timeout_at:
             self._emit(key, batch, "timeout")

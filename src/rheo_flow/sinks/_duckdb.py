@@ -237,6 +237,12 @@ class DuckDBSink(Sink):
         if con is not None:
             con.close()
 
+    def _live(self, part: T | None) -> T:
+        """``part`` (the connection, an appender) of the open sink; set together by open."""
+        if part is None:
+            raise InvalidArgument(f"the DuckDB sink of {self._table} is closed")
+        return part
+
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         executor = self._executor
         if executor is None:
@@ -256,9 +262,7 @@ class DuckDBSink(Sink):
     def _transaction(self, rows: RowBatch, staged: bool) -> tuple[WriteReport, bool]:
         """Runs in the sink thread: one transaction; ``(report, False)`` once committed,
         ``(empty, True)`` when a direct load met a key conflict (rolled back)."""
-        con = self._con
-        if con is None:
-            raise InvalidArgument(f"the DuckDB sink of {self._table} is closed")
+        con = self._live(self._con)
         driver = _driver()
         con.execute("BEGIN TRANSACTION")
         try:
@@ -285,8 +289,7 @@ class DuckDBSink(Sink):
                 if staged:
                     self._load_staged(con, values)
                 else:
-                    appender = self._appender
-                    assert appender is not None
+                    appender = self._live(self._appender)
                     appender.append_rows(values)
                     appender.flush()
             con.execute("COMMIT")
@@ -318,8 +321,7 @@ class DuckDBSink(Sink):
                    spans: list[Span], replace: bool) -> None:
         if replace:
             con.execute(self._sql.clear_spans, [self._table, *key])
-        appender = self._progress_appender
-        assert appender is not None
+        appender = self._live(self._progress_appender)
         # An appender, not an INSERT: no statement to parse and plan for every batch.
         appender.append_rows([(self._table, *key, s.part, s.lo, s.hi) for s in spans])
         appender.flush()
@@ -352,8 +354,7 @@ class DuckDBSink(Sink):
             return 0
 
         def reset() -> int:
-            con = self._con
-            assert con is not None
+            con = self._live(self._con)
             key = (stream, group)
             removed = len(con.execute(self._sql.clear_spans + " RETURNING 1",
                                       [self._table, *key]).fetchall())
@@ -370,8 +371,7 @@ class DuckDBSink(Sink):
             return []
 
         def read() -> list[Span]:
-            con = self._con
-            assert con is not None
+            con = self._live(self._con)
             return list(self._spans_of(con, (stream, group)))
 
         return await self._run(read)
@@ -384,8 +384,7 @@ class DuckDBSink(Sink):
         await self.open()
 
         def run() -> list[tuple[Any, ...]]:
-            con = self._con
-            assert con is not None
+            con = self._live(self._con)
             return con.execute(sql, parameters or []).fetchall()
 
         return await self._run(run)
@@ -420,8 +419,7 @@ class DuckDBSink(Sink):
         return target
 
     def _export(self, target: Path, partition_by: tuple[str, ...]) -> None:
-        con = self._con
-        assert con is not None
+        con = self._live(self._con)
         target = target.absolute()
         target.parent.mkdir(parents=True, exist_ok=True)
         tag = uuid.uuid4().hex[:12]

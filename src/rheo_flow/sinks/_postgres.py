@@ -26,9 +26,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from .._backends._urls import redact_url, require_driver, unreachable
+from .._backends._guard import masked_cause
+from .._backends._urls import redact_url, require_driver, scrub_secrets, unreachable
 from .._model._errors import InvalidArgument
-from .._support._call_retry import retrying
+from .._support._call_retry import retried
 from ._frontier import (
     GroupRows,
     Span,
@@ -150,20 +151,22 @@ class PostgresSink(Sink):
 
     async def _open(self) -> None:
         driver = _driver()
-        if self._pool is None:
-            assert self._url is not None
+        url = self._url
+        if self._pool is None and url is not None:  # a host's pool is never released here
             try:
                 self._pool = await driver.create_pool(
-                    self._url, min_size=1, max_size=self._pool_max,
+                    url, min_size=1, max_size=self._pool_max,
                     server_settings={"application_name": "rheo_flow.sink", "jit": "off"})
             except (TimeoutError, OSError, driver.PostgresError, driver.InterfaceError) as exc:
-                raise unreachable("PostgreSQL", self._url, exc) from None
+                # asyncpg's message may quote the URL: the cause kept is a masked copy.
+                raise unreachable("PostgreSQL", url, exc) from masked_cause(
+                    exc, lambda text: scrub_secrets(text, url))
         try:
             if self._settle_with is not None:
                 # Before the DDL below: the backend may be creating its schema, the one
                 # the sink's table often shares.
                 await self._settle_with.open()
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self._open_pool().acquire() as conn, conn.transaction():
                 # Serialise concurrent creators of the same table.
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
                                    self._lock_key)
@@ -224,19 +227,19 @@ class PostgresSink(Sink):
 
     # Writing -----------------------------------------------------------------------
 
-    async def _write_rows(self, rows: RowBatch) -> WriteReport:
-        pool = self._pool
-        if pool is None:
+    def _open_pool(self) -> asyncpg.Pool:
+        """The pool of an open sink."""
+        if self._pool is None:
             raise InvalidArgument(f"the PostgreSQL sink of {self._table} is not open")
+        return self._pool
+
+    async def _write_rows(self, rows: RowBatch) -> WriteReport:
+        pool = self._open_pool()
         load = _LoadAttempts(self._progress_name, self._stats, staged=self._load == "staged")
-        report: WriteReport | None = None
         async with pool.acquire() as conn:
             # The fallback to the staged load is one more attempt, not a conflict.
-            async for attempt in retrying(when=load.retry, attempts=_CONFLICT_RETRIES + 1):
-                with attempt:
-                    report = await self._transaction(conn, rows, load.staged)
-        assert report is not None
-        return report
+            return await retried(lambda _: self._transaction(conn, rows, load.staged),
+                                 when=load.retry, attempts=_CONFLICT_RETRIES + 1)
 
     async def _transaction(self, conn: asyncpg.Connection, rows: RowBatch, staged: bool
                            ) -> WriteReport:
@@ -288,8 +291,7 @@ class PostgresSink(Sink):
         await self.open()
         if not self._progress:
             return 0
-        assert self._pool is not None
-        status: str = await self._pool.execute(
+        status: str = await self._open_pool().execute(
             f"DELETE FROM {self._progress_sql} WHERE sink = $1 AND stream = $2 AND grp = $3",
             self._table, stream, group)
         return int(status.rsplit(" ", 1)[-1])
@@ -299,8 +301,7 @@ class PostgresSink(Sink):
         await self.open()
         if not self._progress:
             return []
-        assert self._pool is not None
-        return [Span(*r) for r in await self._pool.fetch(
+        return [Span(*r) for r in await self._open_pool().fetch(
             f"SELECT part, lo, hi FROM {self._progress_sql} "
             "WHERE sink = $1 AND stream = $2 AND grp = $3 ORDER BY part, lo",
             self._table, stream, group)]

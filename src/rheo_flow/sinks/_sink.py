@@ -263,8 +263,9 @@ class Sink(ABC):
             return cast(list[RowResult], results)
         out: list[RowResult] = []
         invalid: list[str] = []
-        for r in results:
-            assert r is not None
+        for index, r in enumerate(results):
+            if r is None:
+                raise RuntimeError(f"{self.name} sink: row {index} of the batch got no result")
             out.append(r)
             if r.status is RowStatus.WRITTEN:
                 stats.written += 1

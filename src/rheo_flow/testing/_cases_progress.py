@@ -188,6 +188,8 @@ async def case_dead_letters_keep_the_last_error(env: CaseEnv) -> None:
     expiry after a nack; a settle without an error keeps the earlier one; redrive
     forgets it.
     """
+    check(env.backend.capabilities.last_error, "the backend declares last_error "
+          "(without it the facade never passes nack's and reject's error)")
     stream = await env.stream()
     await env.append(stream, 4)
     await env.rheo.create_group(stream, "g", max_attempts=2)

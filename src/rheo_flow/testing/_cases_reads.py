@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
+from .._backend import Backend
 from .._model._capabilities import Capabilities
 from .._model._errors import InvalidArgument, InvalidCapabilities
 from .._model._event import Event, NewEvent
@@ -256,6 +258,7 @@ async def case_capabilities_declaration(env: CaseEnv) -> None:
     check_equal(Capabilities(**caps.as_dict()), caps, "the declaration validates again")
     check_equal(env.rheo.capabilities, caps, "the facade reports the backend's capabilities")
     check(isinstance(env.backend.name, str) and env.backend.name, "backend.name is set")
+    _check_declared_arguments(env.backend)
     invalid: list[dict[str, Any]] = [
         {"durable": True, "distributed": True, "fenced_settle": False},
         {"durable": True, "distributed": False, "ordered_partitions": False},
@@ -269,6 +272,18 @@ async def case_capabilities_declaration(env: CaseEnv) -> None:
         except InvalidCapabilities:
             continue
         raise ConformanceFailure(f"Capabilities({declaration}) should raise InvalidCapabilities")
+
+
+def _check_declared_arguments(backend: Backend) -> None:
+    """A declared ``key_ordering`` or ``last_error`` comes with the argument that the
+    facade, trusting the declaration, passes to the backend."""
+    caps = backend.capabilities
+    for declared, method, argument in ((caps.key_ordering, backend.create_group, "ordering"),
+                                       (caps.last_error, backend.nack, "error"),
+                                       (caps.last_error, backend.reject, "error")):
+        if declared:
+            check(argument in inspect.signature(method).parameters,
+                  f"{method.__name__} takes {argument!r}, as its declared capability says")
 
 
 @case(rules=["wakeup.append"], requires=["push_wakeups"])

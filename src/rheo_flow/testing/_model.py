@@ -260,8 +260,8 @@ class GroupModel:
                 d.ready_hi = _IMMEDIATE if delay_ms == 0 else t1 + delay_ms
         else:
             deadline = result.deadline_ms
-            check(deadline is not None, "a successful renew reports the new deadline")
-            assert deadline is not None
+            if deadline is None:
+                raise ConformanceFailure("a successful renew reports the new deadline")
             check(t0 + lease_ms - self.margin <= deadline <= t1 + lease_ms + self.margin,
                   f"renewed deadline {deadline} is not now + {lease_ms}")
             d.deadline_ms = deadline

@@ -50,7 +50,6 @@ from hypothesis.stateful import (
 
 from .._model._lease import Lease
 from .._model._stream import DeadLetter, StartPosition
-from .._rheo import _takes_error
 from ._case import LONG_MS, ConformanceFailure, check, check_equal
 from ._harness import BackendHarness
 from ._stateful_base import (
@@ -91,8 +90,8 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
 
     async def _open(self, ordered: bool) -> None:
         backend, self._rheo = await self.open_store()
-        self.backend = backend
-        self.error_aware = _takes_error(backend)
+        self._backend = backend
+        self.error_aware = backend.capabilities.last_error
         await self.rheo.create_stream(self.stream, partitions=PARTITIONS)
         # Half the examples are key-ordered, on a backend declaring it.
         await self._create_group("earliest", ordered)
@@ -102,7 +101,7 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
 
     def teardown(self) -> None:
         try:
-            if self.backend is not None and not self.in_step:
+            if self._backend is not None and not self.in_step:
                 self.run(self._drain_and_compare())
         finally:
             try:
@@ -174,7 +173,6 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
         self.run(self._expire(self.choose(indexes, [])))
 
     def advance(self, ms: int) -> None:
-        assert self.backend is not None
         self.run(self.harness.advance_time(self.backend, ms))
 
     @precondition(lambda self: any(self.model.high_water))
@@ -301,7 +299,7 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
 
     @invariant()
     def progress_matches_model(self) -> None:
-        if self.backend is not None:
+        if self._backend is not None:
             self.run(self._check_progress())
 
     async def _drain_and_compare(self) -> None:

@@ -22,7 +22,7 @@ from .._model._event import NewEvent
 from .._model._lease import Lease
 from .._model._settle_results import SettleResult
 from .._model._stream import DeadLetter, StartPosition
-from .._rheo import Rheo, orders_keys
+from .._rheo import Rheo
 from ._case import LONG_MS, check, check_equal
 from ._harness import BackendHarness
 from ._model import GroupModel, Op, outcome_of
@@ -103,6 +103,13 @@ async def settle_checked(store: Store, op: Op, leases: list[Lease], *, delay_ms:
     return results
 
 
+def _opened(part: T | None) -> T:
+    """``part`` (the backend, the facade) of an open machine; set together by its open."""
+    if part is None:
+        raise RuntimeError("the machine is not open")
+    return part
+
+
 class MachineBase(RuleBasedStateMachine):
     """One group of one stream on a fresh backend of :attr:`harness`, and its model."""
 
@@ -120,7 +127,7 @@ class MachineBase(RuleBasedStateMachine):
         self.counter = 0
         self.stream = f"sm-{uuid.uuid4().hex[:12]}"
         self.group = "g"
-        self.backend: Backend | None = None
+        self._backend: Backend | None = None
         self._rheo: Rheo | None = None
         self.model = self.new_model()
         self.nack_delays = [0]
@@ -134,15 +141,21 @@ class MachineBase(RuleBasedStateMachine):
                           self.harness.clock_margin_ms)
 
     @property
+    def backend(self) -> Backend:
+        """The backend of the open machine."""
+        return _opened(self._backend)
+
+    @property
     def rheo(self) -> Rheo:
-        assert self._rheo is not None, "the machine is not open"
-        return self._rheo
+        """The facade over :attr:`backend`."""
+        return _opened(self._rheo)
 
     async def open_store(self, *, apart: bool = False) -> tuple[Backend, Rheo]:
         """A fresh backend from the harness (over a store of its own with ``apart``),
         opened, closed with the machine."""
         factory = self.harness.apart if apart else self.harness.factory
-        assert factory is not None, "the harness has no store apart"
+        if factory is None:
+            raise ValueError(f"harness {self.harness.name!r} has no store apart")
         backend = await self.stack.enter_async_context(factory())
         rheo = await self.stack.enter_async_context(Rheo(backend))
         return backend, rheo
@@ -154,7 +167,6 @@ class MachineBase(RuleBasedStateMachine):
         return result
 
     async def now(self) -> int:
-        assert self.backend is not None
         return await self.harness.current_time(self.backend)
 
     async def timed(self, call: Awaitable[T]) -> tuple[T, int, int]:
@@ -163,7 +175,6 @@ class MachineBase(RuleBasedStateMachine):
         return result, t0, await self.now()
 
     async def _advance_past(self, moment: int) -> None:
-        assert self.backend is not None
         wait = moment + self.harness.clock_margin_ms + 1 - await self.now()
         await self.harness.advance_time(self.backend, wait)
 
@@ -198,21 +209,22 @@ class MachineBase(RuleBasedStateMachine):
         one with an id appended before (a retained one returns the stored event, a
         trimmed one is appended anew)."""
         events: list[NewEvent] = []
+        ids: list[str] = []
         for key, partition in specs:
             self.counter += 1
             if key is None and partition is None:
                 partition = self.counter % PARTITIONS  # a keyless event names its partition
-            events.append(NewEvent("sm.event", {"n": self.counter}, id=f"e{self.counter}",
+            ids.append(f"e{self.counter}")
+            events.append(NewEvent("sm.event", {"n": self.counter}, id=ids[-1],
                                    key=key, partition=partition))
         known = self.counter - len(events)
         if known and duplicate % 3 == 0:
-            events.append(NewEvent("sm.again", {"dup": True}, id=f"e{duplicate % known + 1}",
-                                   key=KEYS[0]))
+            ids.append(f"e{duplicate % known + 1}")
+            events.append(NewEvent("sm.again", {"dup": True}, id=ids[-1], key=KEYS[0]))
         stored = self.run(self.rheo.append(self.stream, events))
         check_equal(len(stored), len(events), "one stored event per appended event")
-        for new, stored_event in zip(events, stored, strict=True):
-            assert new.id is not None
-            self.model.appended(new.id, stored_event)
+        for new_id, stored_event in zip(ids, stored, strict=True):
+            self.model.appended(new_id, stored_event)
 
     async def _fetch(self, limit: int, partitions: list[int] | None, consumer: str,
                      lease_ms: int) -> list[Lease]:
@@ -228,8 +240,7 @@ class MachineBase(RuleBasedStateMachine):
     async def _create_group(self, start: StartPosition, ordered: bool) -> None:
         """Create the group at ``start``, key-ordered when ``ordered`` and the backend can
         (a new group, or one created again after a deletion: the model starts it fresh)."""
-        assert self.backend is not None
-        ordered = ordered and orders_keys(self.backend)
+        ordered = ordered and self.backend.capabilities.key_ordering
         ordering: Literal["none", "key"] = "key" if ordered else "none"
         info = await self.rheo.create_group(self.stream, self.group, start=start,
                                             max_attempts=MAX_ATTEMPTS, ordering=ordering)
@@ -241,7 +252,6 @@ class MachineBase(RuleBasedStateMachine):
                       lease_ms: int = LONG_MS, error: str | None = None) -> list[SettleResult]:
         if not leases:
             return []
-        assert self.backend is not None
         return await settle_checked(
             Store(self.backend, self.rheo, self.model, self.harness, self.error_aware),
             op, leases, delay_ms=delay_ms, lease_ms=lease_ms, error=error,

@@ -106,21 +106,20 @@ class OtherStoreRules(MachineBase):
         wake-ups) must not be woken by it (``wakeup.own_stream``).
         """
         events = []
+        ids: list[str] = []
         for key in keys:
             other.appended += 1
-            events.append(NewEvent("sm.other", {"other": other.appended},
-                                   id=f"e{other.appended}", key=key,
+            ids.append(f"e{other.appended}")
+            events.append(NewEvent("sm.other", {"other": other.appended}, id=ids[-1], key=key,
                                    partition=None if key else other.appended % PARTITIONS))
-        assert self.backend is not None
         async with self._first_store_waiter(wait) as waiter:
             stored = await other.store.rheo.append(self.stream, events)
             if waiter is not None:
                 check(not await waiter, "an append to the second store woke a waiter of the "
                       "first store's stream")
         check_equal(len(stored), len(events), "one stored event per appended event")
-        for new, stored_event in zip(events, stored, strict=True):
-            assert new.id is not None
-            other.store.model.appended(new.id, stored_event)
+        for new_id, stored_event in zip(ids, stored, strict=True):
+            other.store.model.appended(new_id, stored_event)
 
     @asynccontextmanager
     async def _first_store_waiter(self, wait: bool) -> AsyncIterator[asyncio.Future[bool] | None]:
@@ -133,7 +132,6 @@ class OtherStoreRules(MachineBase):
         process, one store: memory) wakes on appends only.
         """
         peer = self.harness.peer
-        assert self.backend is not None
         if not (wait and peer is not None and self.backend.capabilities.push_wakeups):
             yield None
             return

@@ -107,7 +107,7 @@ class MongoBackend(
         """The state of a backend not yet opened."""
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=False, skip_locked=True,
-            key_ordering=True,
+            key_ordering=True, last_error=True,
         )
         self._transactions = False
         self._opened = False

@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 from pymongo import errors as mongo_errors
 
 from ..._model._errors import BackendUnavailable, InvalidArgument
+from .._guard import masked_cause
 from .._urls import check_hosts, redact_url
 from ._errors import AUTH_CODES
 
@@ -130,15 +131,17 @@ def make_client(url: str, timeout_ms: int, scrub: Callable[[str], str]) -> Any:
 
 async def greet(db: Any, where: str, scrub: Callable[[str], str]) -> dict[str, Any]:
     """The server's ``hello``; an unreachable server or refused credentials are unavailable."""
+    # PyMongo's messages may quote the URL: the causes kept are masked copies.
     try:
         hello: dict[str, Any] = await db.command("hello")
     except (mongo_errors.ConnectionFailure, mongo_errors.ConfigurationError) as exc:
-        raise BackendUnavailable(f"cannot reach MongoDB at {where}: {scrub(str(exc))}") from exc
+        raise BackendUnavailable(
+            f"cannot reach MongoDB at {where}: {scrub(str(exc))}") from masked_cause(exc, scrub)
     except mongo_errors.OperationFailure as exc:
         if exc.code in AUTH_CODES:
             raise BackendUnavailable(
                 f"MongoDB at {where} refused the credentials: {scrub(str(exc))}"
-            ) from exc
+            ) from masked_cause(exc, scrub)
         raise
     return hello
 

@@ -98,7 +98,8 @@ class MongoCore:
             self._opened = True
 
     def _make_client(self) -> Any:
-        assert self._url is not None
+        if self._url is None:  # built on a host's client, which close() leaves in place
+            raise RuntimeError("a MongoBackend built on a client makes no client of its own")
         return make_client(self._url, self._timeout_ms, self._scrub)
 
     def _bind(self) -> None:
@@ -128,7 +129,7 @@ class MongoCore:
             push = await probe_change_streams(self._events, self._where())
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=push, skip_locked=True,
-            key_ordering=True,
+            key_ordering=True, last_error=True,
         )
 
     async def close(self) -> None:

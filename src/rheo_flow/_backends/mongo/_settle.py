@@ -185,7 +185,8 @@ def _plan(
 
 def _repeat(lease: Lease, earlier: SettleResult | None, op: Call) -> SettleResult:
     """The result of a lease named again in the same call: a repeat of the first's settle."""
-    assert earlier is not None
+    if earlier is None:
+        raise RuntimeError(f"lease {lease.lease_id} repeats one that got no result")
     if earlier.ok and op != "renew":
         return SettleResult.success(lease.lease_id, repeated=True)
     return earlier

@@ -81,7 +81,7 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     _CAPABILITIES = Capabilities(
         durable=True, distributed=False, push_wakeups=True, server_clock=False,
-        key_ordering=True,
+        key_ordering=True, last_error=True,
     )
 
     def __init__(

@@ -117,10 +117,16 @@ def create_stream(conn: sqlite3.Connection, clock: Clock, name: str,
             )
         return stream_info(conn, existing)
     now = clock()
-    stream_id = conn.execute(sql.INSERT_STREAM, (name, partitions, now)).lastrowid
-    assert stream_id is not None
+    stream_id = _inserted_id(conn.execute(sql.INSERT_STREAM, (name, partitions, now)))
     conn.executemany(sql.INSERT_PARTITION, [(stream_id, p) for p in range(partitions)])
     return stream_info(conn, Stream(stream_id, name, partitions, now))
+
+
+def _inserted_id(cursor: sqlite3.Cursor) -> int:
+    """The rowid an INSERT just stored (sqlite3 types it as optional)."""
+    if cursor.lastrowid is None:
+        raise sqlite3.DatabaseError("an INSERT reported no row id")
+    return cursor.lastrowid
 
 
 def list_streams(conn: sqlite3.Connection) -> list[str]:
@@ -153,8 +159,7 @@ def create_group(
     now = clock()
     attempts = max_attempts or DEFAULT_MAX_ATTEMPTS
     ordering = "key" if ordering == "key" else "none"
-    group_id = conn.execute(sql.INSERT_GROUP, (s.id, group, attempts, now, ordering)).lastrowid
-    assert group_id is not None
+    group_id = _inserted_id(conn.execute(sql.INSERT_GROUP, (s.id, group, attempts, now, ordering)))
     rows = []
     for part, (high, low) in waters(conn, s.id).items():
         position = start_position(start, high, low)

@@ -74,7 +74,8 @@ def append(conn: sqlite3.Connection, clock: Clock, stream: str,
         rows.extend(conn.execute(statement, params))
     known = {event.id: event for event in decode(stream, rows)}
     events = _insert(conn, s, records, now, high, known)
-    assert events is not None  # not optimistic: every stored id is known
+    if events is None:  # only an optimistic insert is undone: this one knows every stored id
+        raise sqlite3.DatabaseError("append: an insert knowing every stored id was undone")
     return events
 
 

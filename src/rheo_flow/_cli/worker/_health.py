@@ -88,7 +88,8 @@ class Health:
         self.remove_file()
 
     async def _touch_loop(self) -> None:
-        assert self._file is not None
+        if self._file is None:  # started only with a file: nothing to touch otherwise
+            return
         while True:
             if self._ready():
                 try:
