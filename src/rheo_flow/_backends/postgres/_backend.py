@@ -73,8 +73,7 @@ async def migrate(url_or_pool: str | asyncpg.Pool | asyncpg.Connection,
     if isinstance(url_or_pool, str):
         backend = PostgresBackend.from_url(url_or_pool)
         schema = backend.schema if "schema=" in url_or_pool else check_schema(schema)
-        assert backend._url is not None
-        conn = await connect(backend._url, shown=url_or_pool, pooler=backend.pooler)
+        conn = await connect(backend._owned_url(), shown=url_or_pool, pooler=backend.pooler)
         try:
             return await ensure_schema(conn, schema, apply=True)
         finally:

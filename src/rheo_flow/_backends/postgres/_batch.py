@@ -217,8 +217,8 @@ class SettleBatch:
                 for i in self.order:
                     results[i] = SettleResult(leases[i].lease_id, None, False, deadline_ms)
             return
-        assert bad_code is not None
-        assert bad_by is not None
+        if bad_code is None or bad_by is None:
+            raise RuntimeError("a settle reply listed failed leases without their codes")
         bad = {i: (c, b) for i, c, b in zip(bad_idx, bad_code, bad_by, strict=True)}
         for position, i in enumerate(self.order, start=1):
             code, by = bad.get(position, (0, None))
@@ -228,7 +228,8 @@ class SettleBatch:
         """Every lease's result, in the batch's order; duplicates answered as their first."""
         for i, first in self.duplicates:
             prior = self.results[first]
-            assert prior is not None
+            if prior is None:
+                raise RuntimeError(f"lease {self.leases[first].lease_id} got no result")
             lease_id = self.leases[i].lease_id
             if prior.ok:
                 self.results[i] = (
@@ -237,10 +238,9 @@ class SettleBatch:
                 )
             else:
                 self.results[i] = SettleResult(lease_id, prior.error)
-        out: list[SettleResult] = []
-        for r in self.results:
-            assert r is not None
-            out.append(r)
+        out = [result for result in self.results if result is not None]
+        if len(out) != len(self.results):
+            raise RuntimeError("a settle reply left leases of the batch without a result")
         return out
 
 

@@ -146,13 +146,12 @@ class PostgresCore(Backend):
             return calls
         async with self._open_lock:
             if self._pool is None:
-                assert self._url is not None
-                self._pool = await create_pool(self._url, self._pool_min, self._pool_max,
+                self._pool = await create_pool(self._owned_url(), self._pool_min, self._pool_max,
                                                self._timeout_ms, self._pooler)
                 self._calls = PoolCalls(self._pool)
             pool = self._pool
-            calls = self._calls
-            assert calls is not None
+            calls = self._calls or PoolCalls(pool)
+            self._calls = calls
             if not self._opened:
                 try:
                     async with calls.acquire() as conn:
@@ -244,16 +243,25 @@ class PostgresCore(Backend):
         if self._listen_url is not None:
             return await connect_listener(self._listen_url, self._timeout_ms)
         if self._owns_pool:
-            assert self._url is not None
-            return await connect_listener(self._url, self._timeout_ms)
+            return await connect_listener(self._owned_url(), self._timeout_ms)
         await self._ready()
-        assert self._pool is not None
-        held: asyncpg.Connection = await self._pool.acquire(timeout=self._timeout_ms / 1000)
+        held: asyncpg.Connection = await self._opened_pool().acquire(
+            timeout=self._timeout_ms / 1000)
         return held
+
+    def _owned_url(self) -> str:
+        """The URL of a pool this backend makes (the backend was built from one)."""
+        if self._url is None:
+            raise RuntimeError("a PostgresBackend built on a pool makes no pool of its own")
+        return self._url
+
+    def _opened_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError("the PostgreSQL backend is not open")
+        return self._pool
 
     async def _release_listen_connection(self, conn: asyncpg.Connection) -> None:
         if self._owns_pool or self._listen_url is not None:
             await conn.close(timeout=5)
         else:
-            assert self._pool is not None
-            await self._pool.release(conn)
+            await self._opened_pool().release(conn)

@@ -76,13 +76,11 @@ class GroupOps(PostgresCore):
                 await conn.execute(sql.start_cursors, row["id"], meta.id, position)
                 await conn.execute(sql.start_frontiers, row["id"], meta.id, position)
             else:
-                row = await conn.fetchrow(sql.group, meta.id, group)
-                assert row is not None
+                [row] = await conn.fetch(sql.group, meta.id, group)
                 if keyed and ORDERINGS[row["ordering"]] != "key":
                     raise ordering_mismatch(stream, group, ORDERINGS[row["ordering"]], ordering)
                 if max_attempts is not None and max_attempts != row["max_attempts"]:
-                    row = await conn.fetchrow(sql.set_max_attempts, row["id"], max_attempts)
-                    assert row is not None
+                    [row] = await conn.fetch(sql.set_max_attempts, row["id"], max_attempts)
         self._groups[(stream, group)] = row["id"]
         return _info(stream, group, row)
 

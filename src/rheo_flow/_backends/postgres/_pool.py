@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from ..._model._errors import BackendUnavailable
-from .._guard import mark_sent
-from .._urls import require_driver, unreachable
+from .._guard import mark_sent, masked_cause
+from .._urls import require_driver, scrub_secrets, unreachable
 
 if TYPE_CHECKING:
     import asyncpg
@@ -116,7 +116,8 @@ def _reaching(url: str) -> Iterator[None]:
             error = BackendUnavailable(
                 f"{error} (a connection pooler such as PgBouncer is in front: add "
                 "pooler=transaction to the URL, or pass pooler='transaction')")
-        raise error from None
+        # asyncpg's message may quote the URL: the cause kept is a masked copy.
+        raise error from masked_cause(exc, lambda text: scrub_secrets(text, url))
 
 
 def _pooled_options(pooler: str | None) -> dict[str, Any]:

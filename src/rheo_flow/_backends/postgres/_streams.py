@@ -70,8 +70,7 @@ class StreamOps(PostgresCore):
             if row is not None:
                 await conn.execute(self._sql.insert_partitions, row[0], partitions)
             else:
-                row = await conn.fetchrow(self._sql.stream, name)
-                assert row is not None
+                [row] = await conn.fetch(self._sql.stream, name)
                 if row[1] != partitions:
                     raise ConflictError(
                         f"stream {name!r} exists with {row[1]} partitions, not {partitions}"
@@ -168,12 +167,11 @@ class StreamOps(PostgresCore):
         except TypeError:  # orjson refuses text that is not valid Unicode
             raise InvalidArgument(
                 "event ids, types and keys must be valid Unicode text") from None
-        row = await pool.fetchrow(
+        [row] = await pool.fetch(
             self._sql.append, meta.id,
             "{" + ",".join([str(r.partition) for r in records]) + "}", ids, types, key_list,
             "[" + ",".join([r.data_json for r in records]) + "]", heads, self._channel, stream,
         )
-        assert row is not None
         at, seqs = row[0], row[1]
         # data is decoded from its JSON text on first access: the stored events
         # share nothing with the caller's objects.

@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ..._backend import Backend
 from ..._model._capabilities import Capabilities
 from ..._model._errors import BackendError, InvalidArgument
-from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
+from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations, masked_cause
 from .._urls import redact_url, url_secrets
 from ._ack_fetch import AckFetchOperations
 from ._cluster import cluster_client, is_cluster_url
@@ -86,12 +86,12 @@ class RedisBackend(
         if client is not None:
             self._client = _host_client(client)
             self._owned = False
-        else:
-            assert url is not None
+        elif url is not None:
             self._client = self._owned_client(url)
             self._owned = True
         self._cluster = isinstance(self._client, RedisCluster)
-        self._scripts = ScriptRunner(self._client, self._translate, cluster=self._cluster)
+        self._scripts = ScriptRunner(self._client, self._translate, self._scrub,
+                                     cluster=self._cluster)
         self._block_cap_ms = block_cap_ms(self._client)
         self._init_caches()
 
@@ -173,7 +173,7 @@ class RedisBackend(
             await self._io(self._client.ping())
             return
         except DRIVER_ERRORS as exc:
-            raise self._translate(exc) from None
+            raise self._translate(exc) from masked_cause(exc, self._scrub)
         version = str(info.get("redis_version", "0"))
         numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
         if numbers < _MIN_VERSION:

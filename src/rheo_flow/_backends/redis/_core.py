@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from ..._model._errors import BackendError, StoreLost, UnknownGroup, UnknownStream
 from ..._model._settle_results import SettleKind
+from .._guard import masked_cause
 from .._shared import Rotation
 from ._codec import stream_record, text
 from ._driver import Client
@@ -100,7 +101,7 @@ class RedisCore:
         try:
             return await call
         except DRIVER_ERRORS as exc:
-            raise self._translate(exc) from None
+            raise self._translate(exc) from masked_cause(exc, self._scrub)
 
     async def _eval(self, calls: Sequence[ScriptCall], *, transaction: bool = False
                     ) -> list[Any]:

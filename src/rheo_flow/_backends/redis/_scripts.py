@@ -38,6 +38,7 @@ from importlib.resources import files
 from typing import Any, Final, TypeAlias
 
 from ..._model._errors import BackendError, OutcomeUnknown
+from .._guard import masked_cause
 from ._driver import Client, rex
 from ._errors import DRIVER_ERRORS, is_no_script
 
@@ -94,15 +95,18 @@ class ScriptRunner:
     primary of its keys' slot), and no batch is a transaction.
     """
 
-    __slots__ = ("_client", "_cluster", "_translate")
+    __slots__ = ("_client", "_cluster", "_scrub", "_translate")
 
     def __init__(
         self, client: Client, translate: Callable[[BaseException], BackendError],
-        *, cluster: bool = False,
+        scrub: Callable[[str], str], *, cluster: bool = False,
     ) -> None:
         self._client = client
         self._cluster = cluster
         self._translate = translate
+        self._scrub = scrub
+        """The backend's masking of its secrets: a translated error's cause is a copy
+        of redis-py's exception masked with it (its message may quote the URL)."""
 
     async def run(self, calls: Sequence[ScriptCall], *, transaction: bool = False) -> list[Any]:
         """Run the calls (in one ``MULTI``/``EXEC`` with ``transaction``); their replies
@@ -155,7 +159,7 @@ class ScriptRunner:
         try:
             return await self._client.execute_command(name, key, *args)
         except DRIVER_ERRORS as exc:
-            raise self._translate(exc) from None
+            raise self._translate(exc) from masked_cause(exc, self._scrub)
 
     async def _run_concurrently(self, calls: Sequence[ScriptCall], *, atomic: bool
                                 ) -> list[Any]:
@@ -199,11 +203,11 @@ class ScriptRunner:
         except rex.NoScriptError:
             pass
         except DRIVER_ERRORS as exc:
-            raise self._translate(exc) from None
+            raise self._translate(exc) from masked_cause(exc, self._scrub)
         try:
             return await self._client.eval(SCRIPTS[name], len(keys), *keys, *args)
         except DRIVER_ERRORS as exc:
-            raise self._translate(exc) from None
+            raise self._translate(exc) from masked_cause(exc, self._scrub)
 
     async def _pipeline(
         self, calls: Sequence[ScriptCall], transaction: bool, *, by_source: bool,
@@ -229,6 +233,6 @@ class ScriptRunner:
         except rex.ExecAbortError as exc:
             if "NOSCRIPT" in str(exc) or "No matching script" in str(exc):
                 return [rex.NoScriptError(str(exc))] * len(calls)
-            raise self._translate(exc) from None
+            raise self._translate(exc) from masked_cause(exc, self._scrub)
         except DRIVER_ERRORS as exc:
-            raise self._translate(exc) from None
+            raise self._translate(exc) from masked_cause(exc, self._scrub)
