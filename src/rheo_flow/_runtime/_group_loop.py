@@ -56,7 +56,8 @@ class GroupStats:
 
     ``acked``, ``retried``, ``rejected`` and ``nacked`` count settles that took
     effect; failure counters are keyed by the classified
-    :class:`~rheo_flow.SettleKind` value (``"stale_lease"``, ...).
+    :class:`~rheo_flow.SettleKind` value (``"stale_lease"``, ...). The counters a
+    :class:`~rheo_flow.ProducerStats` has too mean the same there, with the same types.
     """
 
     fetched: int = 0
@@ -81,10 +82,15 @@ class GroupStats:
     """Leases lost (found stale on renew) before their handler started."""
     settle_failures: Counter[str] = field(default_factory=Counter)
     """Settle results that did not take effect, by kind."""
-    fetch_failures: Counter[str] = field(default_factory=Counter)
-    """Failed fetches, by kind."""
+    fetch_failures_by_kind: Counter[str] = field(default_factory=Counter)
+    """Failed fetches, by kind (:attr:`fetch_failures` is their total)."""
     renew_failures: Counter[str] = field(default_factory=Counter)
     """Renew results that did not take effect, by kind."""
+
+    @property
+    def fetch_failures(self) -> int:
+        """Failed fetches (each one retried after a back-off)."""
+        return self.fetch_failures_by_kind.total()
 
 
 @dataclass(slots=True)

@@ -365,8 +365,7 @@ class Producer:
             raise  # retrying cannot help: the runtime stops with it
         except Exception as exc:
             error = classify(exc, self._rheo.backend.classify_error)
-            self._stats.fetch_failures += 1
-            self._stats.fetch_failure_kinds[error.kind.value] += 1
+            self._stats.fetch_failures_by_kind[error.kind.value] += 1
             delay = self._backoff.next_delay()
             log.warning("fetch from %s/%s failed (%s: %s); retrying in %.2fs (%d in a row)",
                         self._stream, self._group, error.kind.value, error.reason, delay,
