@@ -14,13 +14,15 @@ from .._model._lease import Lease
 from .._model._validation import check_duration_ms
 from .._runtime._producer import Producer
 from .._runtime._retry_policy import RetryPolicy
+from .._runtime._settle_calls import by_settle_call
 from ._message import Message, MessageOutcome, OnFailure
 
 __all__ = ["Acknowledger", "ProducerAcknowledger"]
 
 log = logging.getLogger("rheo_flow.pipeline")
 
-_GroupKey = tuple[MessageOutcome, str, int, str | None]
+_SettleCall = tuple[MessageOutcome, str, int, str | None]
+"""What one settle call of failed messages is keyed by: operation, reason, delay, last error."""
 
 
 class Acknowledger(ABC):
@@ -52,36 +54,39 @@ class Acknowledger(ABC):
     async def settle(self, successful: Iterable[Message], failed: Iterable[Message]) -> None:
         """Settle ``successful`` (status ``ok``) and ``failed`` messages."""
         acks: list[Message] = []
-        for m in successful:
-            if m.outcome is None:
-                m.outcome = "ack"
-                acks.append(m)
-        groups: dict[_GroupKey, list[Message]] = {}
+        for message in successful:
+            if message.outcome is None:
+                message.outcome = "ack"
+                acks.append(message)
         drawn: dict[tuple[str, int], int] = {}
-        for m in failed:
-            if m.outcome is not None:
-                continue
-            reason = m.reason or "failed"
-            last_error = m.error if m.error is not None else bounded(reason)
-            if (m.on_failure or self.on_failure) == "reject":
-                key: _GroupKey = ("reject", reason, 0, last_error)
-            else:
-                delay = self.retry_delay_ms if m.retry_delay_ms is None else m.retry_delay_ms
-                if delay is None:
-                    attempt = m.lease.attempt
-                    delay = drawn.get((reason, attempt))
-                    if delay is None:
-                        delay = drawn[(reason, attempt)] = self.retry_policy.delay_ms(attempt)
-                key = ("nack", reason, delay, last_error)
-            m.outcome = key[0]
-            groups.setdefault(key, []).append(m)
+        calls = by_settle_call([message for message in failed if message.outcome is None],
+                               lambda message: self._settle_call(message, drawn))
+        for (op, _, _, _), messages in calls.items():
+            for message in messages:
+                message.outcome = op  # before any await: settled from now on
         if acks:
             await self._guarded(self._ack, acks)
-        for (op, reason, delay, error), messages in groups.items():
+        for (op, reason, delay, error), messages in calls.items():
             if op == "reject":
                 await self._guarded(self._reject, messages, reason, error)
             else:
                 await self._guarded(self._nack, messages, reason, delay, error)
+
+    def _settle_call(self, message: Message, drawn: dict[tuple[str, int], int]) -> _SettleCall:
+        """The settle call a failed message goes out in: ``nack`` or ``reject``, reason,
+        delay and last error. A delay from the retry policy is drawn once per (reason,
+        attempt) and kept in ``drawn``, so that messages that failed together stay one call."""
+        reason = message.reason or "failed"
+        last_error = message.error if message.error is not None else bounded(reason)
+        if (message.on_failure or self.on_failure) == "reject":
+            return ("reject", reason, 0, last_error)
+        delay = self.retry_delay_ms if message.retry_delay_ms is None else message.retry_delay_ms
+        if delay is None:
+            attempt = message.lease.attempt
+            delay = drawn.get((reason, attempt))
+            if delay is None:
+                delay = drawn[(reason, attempt)] = self.retry_policy.delay_ms(attempt)
+        return ("nack", reason, delay, last_error)
 
     async def _guarded(
         self, call: Callable[..., Awaitable[None]], messages: list[Message], *args: object
