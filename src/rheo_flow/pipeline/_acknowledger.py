@@ -59,11 +59,10 @@ class Acknowledger(ABC):
                 message.outcome = "ack"
                 acks.append(message)
         drawn: dict[tuple[str, int], int] = {}
-        calls = by_settle_call([message for message in failed if message.outcome is None],
-                               lambda message: self._settle_call(message, drawn))
-        for (op, _, _, _), messages in calls.items():
-            for message in messages:
-                message.outcome = op  # before any await: settled from now on
+        # A generator: a message listed twice is decided once (its outcome set, the filter
+        # skips it the second time).
+        calls = by_settle_call((message for message in failed if message.outcome is None),
+                               lambda message: self._decide(message, drawn))
         if acks:
             await self._guarded(self._ack, acks)
         for (op, reason, delay, error), messages in calls.items():
@@ -72,13 +71,15 @@ class Acknowledger(ABC):
             else:
                 await self._guarded(self._nack, messages, reason, delay, error)
 
-    def _settle_call(self, message: Message, drawn: dict[tuple[str, int], int]) -> _SettleCall:
-        """The settle call a failed message goes out in: ``nack`` or ``reject``, reason,
-        delay and last error. A delay from the retry policy is drawn once per (reason,
-        attempt) and kept in ``drawn``, so that messages that failed together stay one call."""
+    def _decide(self, message: Message, drawn: dict[tuple[str, int], int]) -> _SettleCall:
+        """Record a failed message's outcome (``nack`` or ``reject``) and return the settle
+        call it goes out in: operation, reason, delay and last error. A delay from the retry
+        policy is drawn once per (reason, attempt) and kept in ``drawn``, so that messages
+        that failed together stay one call."""
         reason = message.reason or "failed"
         last_error = message.error if message.error is not None else bounded(reason)
         if (message.on_failure or self.on_failure) == "reject":
+            message.outcome = "reject"
             return ("reject", reason, 0, last_error)
         delay = self.retry_delay_ms if message.retry_delay_ms is None else message.retry_delay_ms
         if delay is None:
@@ -86,6 +87,7 @@ class Acknowledger(ABC):
             delay = drawn.get((reason, attempt))
             if delay is None:
                 delay = drawn[(reason, attempt)] = self.retry_policy.delay_ms(attempt)
+        message.outcome = "nack"
         return ("nack", reason, delay, last_error)
 
     async def _guarded(
