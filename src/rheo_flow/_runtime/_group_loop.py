@@ -240,18 +240,13 @@ class GroupLoop:
     async def work(self, slot: int) -> None:
         """One worker: handle queued leases one at a time, forever, each one inside its
         telemetry ``process`` span (a no-op while telemetry is off)."""
-        ready = self._ready
-        idle = self._idle
-        room = self._room
-        flush = self._flush
-        current = self._current
-        acks = self._acks
-        nacks_and_rejects = self._nacks_and_rejects
+        ready, idle, room, flush = self._ready, self._idle, self._room, self._flush
+        current, acks, nacks_and_rejects = self._current, self._acks, self._nacks_and_rejects
         producer = self._producer
         consumer_id = producer.consumer_id
         handle_event = self._handle_event
         lost_ids = producer.inflight.lost_ids
-        full = self._ready_bound
+        below_full = self._ready_bound - 1
         while True:
             if not ready:
                 await idle.wait()
@@ -262,7 +257,7 @@ class GroupLoop:
                 lease = ready.popleft()
                 if ready:  # more waiting: another worker may take it while this one awaits
                     idle.wake_one()
-                if len(ready) < full:
+                if len(ready) == below_full:  # only the feeder at the bound waits for room
                     room.set()
                 if lost_ids and producer.lost(lease):
                     producer.skip(lease)
@@ -290,11 +285,15 @@ class GroupLoop:
                     if processing is not None:
                         _report(processing, finished)
                 current[slot] = None
+                # The acknowledger waits for a flush only once both lists were empty.
                 if finished is None:
+                    if not acks:
+                        flush.set()
                     acks.append(lease)
                 else:
+                    if not nacks_and_rejects:
+                        flush.set()
                     nacks_and_rejects.append(finished)
-                flush.set()
 
     def _classify(self, lease: Lease, outcome: object) -> _Finished | None:
         """What a handler's return value asks for (``None``: ack)."""
