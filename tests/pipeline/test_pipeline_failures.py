@@ -14,6 +14,7 @@ import pytest
 from rheo_flow import Lease, ManualClock, NewEvent, Rheo, SettleResult
 from rheo_flow.backends import MemoryBackend
 from rheo_flow.pipeline import Batcher, BatchInfo, Message, Pipeline, PipelineHandler, Processors
+from rheo_flow.pipeline._acknowledger import Acknowledger
 
 WaitUntil = Callable[..., Awaitable[None]]
 
@@ -427,3 +428,41 @@ async def test_a_handler_returning_something_else_fails_the_message(
         await wait_until(lambda: settled(db))
     [dead] = await db.dead_letters("jobs", "workers")
     assert dead.reason == "handler_error: handle_message returned NoneType, not a Message"
+
+
+class _Recording(Acknowledger):
+    """Records the settle calls it is asked to make."""
+
+    def __init__(self) -> None:
+        super().__init__(retry_delay_ms=0)
+        self.calls: list[tuple[str, str, int, list[int]]] = []
+
+    async def _ack(self, messages: list[Message]) -> None:
+        self.calls.append(("ack", "", 0, [m.lease.sequence for m in messages]))
+
+    async def _nack(self, messages: list[Message], reason: str, delay_ms: int,
+                    error: str | None) -> None:
+        self.calls.append(("nack", reason, delay_ms, [m.lease.sequence for m in messages]))
+
+    async def _reject(self, messages: list[Message], reason: str, error: str | None) -> None:
+        self.calls.append(("reject", reason, 0, [m.lease.sequence for m in messages]))
+
+
+async def test_failed_messages_go_out_in_one_call_per_settle_call_once_each(rheo: Rheo) -> None:
+    await rheo.create_stream("jobs")
+    await rheo.append("jobs", [NewEvent("job", {"n": i}) for i in range(5)])
+    messages = [Message(lease) for lease in await rheo.fetch("jobs", "g", limit=5)]
+    ok, x1, y, x2, rejected = messages
+    x1.failed("x")
+    x2.failed("x")
+    y.failed("y").configure_ack(retry_delay_ms=50)
+    rejected.failed("x").configure_ack(on_failure="reject")
+    acknowledger = _Recording()
+    await acknowledger.settle([ok], [x1, y, x2, rejected, x1])  # x1 listed twice
+    assert acknowledger.calls == [
+        ("ack", "", 0, [ok.lease.sequence]),
+        ("nack", "x", 0, [x1.lease.sequence, x2.lease.sequence]),
+        ("nack", "y", 50, [y.lease.sequence]),
+        ("reject", "x", 0, [rejected.lease.sequence]),
+    ]
+    assert [m.outcome for m in messages] == ["ack", "nack", "nack", "nack", "reject"]

@@ -242,7 +242,8 @@ async def test_fetch_failures_back_off_and_recover(
 
     async with handle.start(frheo, backoff=backoff) as group:
         await wait_until(lambda: group.stats.acked == 1)
-    assert group.stats.fetch_failures == {"backend_unavailable": 3}
+    assert group.stats.fetch_failures == 3
+    assert group.stats.fetch_failures_by_kind == {"backend_unavailable": 3}
     assert backoff.delays == pytest.approx([0.001, 0.002, 0.004])
     assert backoff.failures == 0  # reset by the first successful fetch
     assert "backend_unavailable" in caplog.text

@@ -160,7 +160,9 @@ async def test_fetch_failures_back_off_then_recover(db: Rheo, backend: FlakyBack
     async with Producer(db, "orders", "billing", backoff=backoff) as producer:
         leases = await asyncio.wait_for(producer.demand(10), 5)
         assert len(leases) == 3
-        assert producer.stats().fetch_failures == 2
+        stats = producer.stats()
+        assert (stats.fetch_failures, stats.fetch_failures_by_kind) == (
+            2, {"backend_unavailable": 2})
         assert backoff.failures == 0  # reset after the successful fetch
         await producer.ack(leases)
 

@@ -508,6 +508,30 @@ async def test_group_process_span_per_event_with_a_link_to_its_creation(
     assert {a["messaging.destination.partition.id"] for a, _ in durations} == {"0", "1"}
 
 
+async def test_a_group_running_when_telemetry_comes_on_traces_the_events_after(
+        otel: Otel, rheo: Rheo, wait_until: WaitUntil) -> None:
+    telemetry.set_tracer_provider(None)
+    telemetry.set_meter_provider(None)
+    await rheo.create_stream("orders")
+    await rheo.append("orders", NewEvent("t", id="before"))
+
+    @consumer(stream="orders", group="billing")
+    async def handle(event: Event, context: Any) -> Any:
+        if event.id == "failing":
+            raise ValueError("cannot parse")
+        return ACK
+
+    async with handle.start(rheo) as group:
+        await wait_until(lambda: group.stats.acked == 1)
+        telemetry.set_tracer_provider(otel.tracer_provider)
+        await rheo.append("orders", [NewEvent("t", id="after"), NewEvent("t", id="failing")])
+        await wait_until(lambda: group.stats.acked == 2 and group.stats.handler_errors >= 1)
+    outcomes = {dict(s.attributes or {})["messaging.message.id"]:
+                dict(s.attributes or {})["rheo.process.outcome"]
+                for s in otel.spans("process orders")}
+    assert outcomes == {"after": "ack", "failing": "handler_error"}
+
+
 async def test_failed_ack_is_nacked_by_the_runtime(
         otel: Otel, failing: Rheo, wait_until: WaitUntil) -> None:
     await failing.create_stream("orders")

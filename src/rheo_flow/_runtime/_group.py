@@ -266,7 +266,7 @@ class Group:
             shutdown_timeout=o["shutdown_timeout"],
         )
         shared = self._producer._stats
-        self.stats = GroupStats(fetch_failures=shared.fetch_failure_kinds,
+        self.stats = GroupStats(fetch_failures_by_kind=shared.fetch_failures_by_kind,
                                 renew_failures=shared.renew_failures)
         """Counters of this group."""
         self._loop = GroupLoop(self._producer, _handler_of(consumer),

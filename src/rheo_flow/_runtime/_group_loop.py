@@ -34,11 +34,13 @@ from .._model._lease import Lease
 from .._model._outcome import _CURRENT_LEASE, Ack, Context, Reject, Retry
 from .._model._settle_results import SettleResult, classify
 from .._model._validation import MAX_REASON
+from .._telemetry import EventProcessing
+from .._telemetry._state import OFF, Off
 from ._fetch_pair import Backlog, lead_and_follow
 from ._idle_workers import IdleWorkers
 from ._producer import Producer
 from ._retry_policy import RetryPolicy
-from ._settle_calls import SettleObserver, SettleOp, _outcome, dead_lettered
+from ._settle_calls import SettleObserver, SettleOp, _outcome, by_settle_call, count_settled
 
 __all__ = ["EventHandler", "GroupLoop", "GroupStats", "short_repr"]
 
@@ -56,7 +58,8 @@ class GroupStats:
 
     ``acked``, ``retried``, ``rejected`` and ``nacked`` count settles that took
     effect; failure counters are keyed by the classified
-    :class:`~rheo_flow.SettleKind` value (``"stale_lease"``, ...).
+    :class:`~rheo_flow.SettleKind` value (``"stale_lease"``, ...). The counters a
+    :class:`~rheo_flow.ProducerStats` has too mean the same there, with the same types.
     """
 
     fetched: int = 0
@@ -81,10 +84,15 @@ class GroupStats:
     """Leases lost (found stale on renew) before their handler started."""
     settle_failures: Counter[str] = field(default_factory=Counter)
     """Settle results that did not take effect, by kind."""
-    fetch_failures: Counter[str] = field(default_factory=Counter)
-    """Failed fetches, by kind."""
+    fetch_failures_by_kind: Counter[str] = field(default_factory=Counter)
+    """Failed fetches, by kind (:attr:`fetch_failures` is their total)."""
     renew_failures: Counter[str] = field(default_factory=Counter)
     """Renew results that did not take effect, by kind."""
+
+    @property
+    def fetch_failures(self) -> int:
+        """Failed fetches (each one retried after a back-off)."""
+        return self.fetch_failures_by_kind.total()
 
 
 @dataclass(slots=True)
@@ -99,6 +107,11 @@ class _Finished:
     """What the handler raised (``handler_error``), for telemetry."""
     last_error: str | None = None
     """The failure recorded on the delivery (the dead letter's ``last_error``)."""
+
+    def settle_call(self) -> tuple[_Category, str, int, str | None]:
+        """What the settle call that takes this lease is keyed by (leases with the same
+        go out together)."""
+        return (self.category, self.reason, self.delay_ms, self.last_error)
 
 
 class GroupLoop:
@@ -132,7 +145,10 @@ class GroupLoop:
         self._current: list[Lease | None] = [None] * concurrency
         """The lease each worker is handling."""
         self._acks: list[Lease] = []
-        self._others: list[_Finished] = []
+        """Leases whose handler acked, waiting for the acknowledger (or the next fetch)."""
+        self._nacks_and_rejects: list[_Finished] = []
+        """Finished leases that are not bare acks: retries, rejects, failed handlers,
+        hand-backs (each with the reason and delay its settle call takes)."""
         self._settling: _Category = "ack"
         """The category the acknowledger is settling (read by :meth:`observe`)."""
         self._idle = IdleWorkers()
@@ -199,7 +215,8 @@ class GroupLoop:
     def _give_back(self, leases: list[Lease]) -> None:
         """Queue unstarted leases for the acknowledger to hand back (one nack)."""
         if leases:
-            self._others.extend(_Finished(lease, "shutdown", "shutdown") for lease in leases)
+            self._nacks_and_rejects.extend(_Finished(lease, "shutdown", "shutdown")
+                                           for lease in leases)
             self._flush.set()
 
     def close(self) -> list[Lease]:
@@ -221,38 +238,35 @@ class GroupLoop:
     # Handling ------------------------------------------------------------------
 
     async def work(self, slot: int) -> None:
-        """One worker: handle queued leases one at a time, forever."""
-        ready = self._ready
-        idle = self._idle
-        room = self._room
-        flush = self._flush
-        current = self._current
-        acks = self._acks
+        """One worker: handle queued leases one at a time, forever, each one inside its
+        telemetry ``process`` span (a no-op while telemetry is off)."""
+        ready, idle, room, flush = self._ready, self._idle, self._room, self._flush
+        current, acks, nacks_and_rejects = self._current, self._acks, self._nacks_and_rejects
         producer = self._producer
+        consumer_id = producer.consumer_id
         handle_event = self._handle_event
         lost_ids = producer.inflight.lost_ids
-        full = self._ready_bound
+        below_full = self._ready_bound - 1
         while True:
             if not ready:
                 await idle.wait()
                 continue
             context = self.context
-            traced = _telemetry.tracer() is not None or _telemetry.instruments() is not None
+            process = _process_span()  # per wake-up, not per event: telemetry may come on
             while ready:
                 lease = ready.popleft()
                 if ready:  # more waiting: another worker may take it while this one awaits
                     idle.wake_one()
-                if len(ready) < full:
+                if len(ready) == below_full:  # only the feeder at the bound waits for room
                     room.set()
                 if lost_ids and producer.lost(lease):
                     producer.skip(lease)
                     self._stats.skipped += 1
                     continue
                 current[slot] = lease
-                if traced:
-                    finished = await self._handle_traced(lease)
-                else:
-                    # The handler call of _handle, inlined: no coroutine per event.
+                # The handler call, here rather than in a method: no coroutine per event.
+                finished: _Finished | None
+                with process(lease, consumer_id) as processing:
                     token = _CURRENT_LEASE.set(lease)
                     try:
                         outcome = await handle_event(lease.event, context)
@@ -268,38 +282,18 @@ class GroupLoop:
                             lease, outcome)
                     finally:
                         _CURRENT_LEASE.reset(token)
+                    if processing is not None:
+                        _report(processing, finished)
                 current[slot] = None
+                # The acknowledger waits for a flush only once both lists were empty.
                 if finished is None:
+                    if not acks:
+                        flush.set()
                     acks.append(lease)
                 else:
-                    self._others.append(finished)
-                flush.set()
-
-    async def _handle_traced(self, lease: Lease) -> _Finished | None:
-        """One handler call inside its telemetry ``process`` span."""
-        with _telemetry.process_event(lease, self._producer.consumer_id) as processing:
-            finished = await self._handle(lease)
-            if processing is not None:
-                if finished is None:
-                    processing.outcome("ack")
-                else:
-                    processing.outcome(finished.category, finished.error)
-        return finished
-
-    async def _handle(self, lease: Lease) -> _Finished | None:
-        token = _CURRENT_LEASE.set(lease)
-        try:
-            outcome = await self._handle_event(lease.event, self.context)
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise
-            return self._handler_failed(lease, exc)
-        except Exception as exc:
-            return self._handler_failed(lease, exc)
-        finally:
-            _CURRENT_LEASE.reset(token)
-        return None if outcome.__class__ is Ack else self._classify(lease, outcome)
+                    if not nacks_and_rejects:
+                        flush.set()
+                    nacks_and_rejects.append(finished)
 
     def _classify(self, lease: Lease, outcome: object) -> _Finished | None:
         """What a handler's return value asks for (``None``: ack)."""
@@ -316,21 +310,22 @@ class GroupLoop:
         self._stats.invalid_outcomes += 1
         text = short_repr(outcome)
         delay = self._retry_policy.delay_ms(lease.attempt)
-        p = self._producer
+        producer = self._producer
         log.error("handler of %s/%s returned an invalid outcome for p%d s%d (attempt %d): %s "
                   "(expected ACK, Retry or Reject); nacking with a delay of %d ms",
-                  p.stream, p.group, lease.partition, lease.sequence, lease.attempt,
-                  text, delay, extra=failure_fields(lease, p.consumer_id))
+                  producer.stream, producer.group, lease.partition, lease.sequence,
+                  lease.attempt, text, delay, extra=failure_fields(lease, producer.consumer_id))
         reason = _reason(f"invalid_outcome: {text}")
         return _Finished(lease, "invalid_outcome", reason, delay, last_error=bounded(reason))
 
     def _handler_failed(self, lease: Lease, exc: BaseException) -> _Finished:
         self._stats.handler_errors += 1
         delay = self._retry_policy.delay_ms(lease.attempt)
-        p = self._producer
+        producer = self._producer
         log.error("handler of %s/%s failed on p%d s%d (attempt %d); nacking with a delay "
-                  "of %d ms", p.stream, p.group, lease.partition, lease.sequence,
-                  lease.attempt, delay, exc_info=exc, extra=failure_fields(lease, p.consumer_id))
+                  "of %d ms", producer.stream, producer.group, lease.partition, lease.sequence,
+                  lease.attempt, delay, exc_info=exc,
+                  extra=failure_fields(lease, producer.consumer_id))
         return _Finished(lease, "handler_error", _reason(f"handler_error: {describe(exc)}"),
                          delay, error=exc, last_error=error_text(exc))
 
@@ -341,30 +336,28 @@ class GroupLoop:
         flush = self._flush
         producer = self._producer
         while True:
-            if not self._acks and not self._others:
+            if not self._acks and not self._nacks_and_rejects:
                 if self._closing:
                     return
                 flush.clear()
                 await flush.wait()
                 continue
-            if not self._others and not self._closing and producer._acks_wait_for_fetch():
+            if (not self._nacks_and_rejects and not self._closing
+                    and producer._acks_wait_for_fetch()):
                 # The feeder's next call carries these acks, the moment its fetch returns.
                 await producer._fetch_landed()
                 continue
             # Everything that finished since the last wake-up goes out together.
             # Workers append to these very lists: copy and empty them in place.
             acks = self._take_acks()
-            others = self._others[:]
-            self._others.clear()
+            nacks_and_rejects = self._nacks_and_rejects[:]
+            self._nacks_and_rejects.clear()
             if acks:
                 await self._settle_batch("ack", acks)
-            if others:
-                calls: dict[tuple[_Category, str, int, str | None], list[Lease]] = {}
-                for item in others:
-                    calls.setdefault((item.category, item.reason, item.delay_ms,
-                                      item.last_error), []).append(item.lease)
-                for (category, reason, delay_ms, error), leases in calls.items():
-                    await self._settle_batch(category, leases, reason, delay_ms, error)
+            for (category, reason, delay_ms, error), items in by_settle_call(
+                    nacks_and_rejects, _Finished.settle_call).items():
+                await self._settle_batch(category, [item.lease for item in items], reason,
+                                         delay_ms, error)
 
     def _take_acks(self) -> list[Lease]:
         """The acks ready now (for the acknowledger, or the producer's next fetch)."""
@@ -398,20 +391,12 @@ class GroupLoop:
         """Count one settle call's results (called by the producer's settle) and pass
         them on, one :class:`~rheo_flow.SettleOutcome` per lease, to the observer."""
         stats = self._stats
-        failed = [result.error for result in results if result.error is not None]
-        for error in failed:
-            stats.settle_failures[error.kind.value] += 1
-        done = len(results) - len(failed)
-        if op == "ack":
-            stats.acked += done
-        else:
-            if op == "reject":
-                stats.rejected += done
-            elif self._settling == "retry":
-                stats.retried += done
+        took_effect = count_settled(stats, self._producer.rheo, op, leases, results)
+        if op == "nack":
+            if self._settling == "retry":
+                stats.retried += took_effect
             else:
-                stats.nacked += done
-            stats.dead_lettered += dead_lettered(self._producer.rheo, op, leases, results)
+                stats.nacked += took_effect
         observer = self._observer
         if observer is not None:
             for lease, result in zip(leases, results, strict=True):
@@ -420,6 +405,27 @@ class GroupLoop:
                 except Exception:
                     log.exception("settle observer of %s/%s failed", self._producer.stream,
                                   self._producer.group)
+
+
+def _untraced(lease: Lease, consumer_id: str) -> Off:
+    """The ``process`` span of an event while telemetry is off: none."""
+    return OFF
+
+
+def _process_span() -> Callable[[Lease, str], EventProcessing | Off]:
+    """What opens an event's ``process`` span: nothing while no tracer and no meter
+    provider is configured (one check for a worker's run of events, not one per event)."""
+    if _telemetry.tracer() is None and _telemetry.instruments() is None:
+        return _untraced
+    return _telemetry.process_event
+
+
+def _report(processing: EventProcessing, finished: _Finished | None) -> None:
+    """Tell an event's ``process`` span what became of its handler's result."""
+    if finished is None:
+        processing.outcome("ack")
+    else:
+        processing.outcome(finished.category, finished.error)
 
 
 def short_repr(value: object, limit: int = 200) -> str:

@@ -38,7 +38,7 @@ from ._settle_calls import (
     BatchObserver,
     SettleObserver,
     SettleOp,
-    dead_lettered,
+    count_settled,
     per_outcome,
     settle,
     settled,
@@ -368,8 +368,7 @@ class Producer:
             raise  # retrying cannot help: the runtime stops with it
         except Exception as exc:
             error = classify(exc, self._rheo.backend.classify_error)
-            self._stats.fetch_failures += 1
-            self._stats.fetch_failure_kinds[error.kind.value] += 1
+            self._stats.fetch_failures_by_kind[error.kind.value] += 1
             delay = self._backoff.next_delay()
             log.warning("fetch from %s/%s failed (%s: %s); retrying in %.2fs (%d in a row)",
                         self._stream, self._group, error.kind.value, error.reason, delay,
@@ -589,27 +588,15 @@ class Producer:
     def _count(self, op: SettleOp, items: list[Lease], results: list[SettleResult]) -> None:
         """Record a settle call's results in the stats; poke an idle fetch if it made
         work available."""
-        stats = self._stats
-        failed = [result.error for result in results if result.error is not None]
-        for error in failed:
-            kind = error.kind.value
-            stats.settle_failures[kind] = stats.settle_failures.get(kind, 0) + 1
-        failures = len(failed)
-        if op == "nack" or failures or self._refetch_after_settle:
+        took_effect = count_settled(self._stats, self._rheo, op, items, results)
+        if op == "nack":
+            self._stats.nacked += took_effect
+        if op == "nack" or took_effect < len(results) or self._refetch_after_settle:
             # Redelivered work (a nack, or the decision table's nack after a failed
             # settle), or in a key-ordered group the next event of a key this settle
             # released (see _refetch_after_settle), is available at once: an idle
             # fetch need not wait for poll_ms.
             self._poke.set()
-        done = len(results) - failures
-        if op == "ack":
-            stats.acked += done
-            return
-        if op == "nack":
-            stats.nacked += done
-        else:
-            stats.rejected += done
-        stats.dead_lettered += dead_lettered(self._rheo, op, items, results)
 
 
 def _position(lease: Lease) -> tuple[int, int]:

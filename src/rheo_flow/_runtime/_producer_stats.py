@@ -10,35 +10,50 @@ __all__ = ["ProducerStats"]
 
 @dataclass(slots=True)
 class ProducerStats:
-    """Counters of one producer since it started (a snapshot from :meth:`Producer.stats`)."""
+    """Counters of one producer since it started (a snapshot from :meth:`Producer.stats`).
+
+    The counters a :class:`~rheo_flow.GroupStats` has too mean the same there, with the
+    same types: counts are ints, failures by kind are ``Counter`` objects keyed by the
+    classified :class:`~rheo_flow.SettleKind` value (``"stale_lease"``, ...).
+    """
 
     fetched: int = 0
+    """Leases received from fetch."""
     acked: int = 0
+    """Acks that took effect."""
     nacked: int = 0
+    """Nacks that took effect."""
     rejected: int = 0
     """Rejects that took effect."""
     confirmed: int = 0
-    fetch_failures: int = 0
+    """Leases released unsettled by :meth:`Producer.confirm` (settled elsewhere)."""
     renewals: int = 0
     """Renew calls made (one per tick with something inflight)."""
-    settle_failures: dict[str, int] = field(default_factory=dict)
-    """Leases whose settle did not take effect, by classified kind."""
+    settle_failures: Counter[str] = field(default_factory=Counter)
+    """Settle results that did not take effect, by kind."""
     peak_inflight: int = 0
+    """The most leases inflight at once."""
     skipped: int = 0
     """Leases lost (found stale on renew) before their handler started, released unsettled."""
-    fetch_failure_kinds: Counter[str] = field(default_factory=Counter)
-    """Failed fetches, by classified kind."""
+    fetch_failures_by_kind: Counter[str] = field(default_factory=Counter)
+    """Failed fetches, by kind (:attr:`fetch_failures` is their total)."""
     renew_failures: Counter[str] = field(default_factory=Counter)
-    """Renew results (or whole renew calls) that did not take effect, by classified kind."""
+    """Renew results (or whole renew calls) that did not take effect, by kind."""
     dead_lettered: int = 0
     """Deliveries these settles dead-lettered: the rejects, and the nacks of a last
     attempt (reason ``"max_attempts"``). Expiries dead-lettered by a fetch are not seen."""
 
+    @property
+    def fetch_failures(self) -> int:
+        """Failed fetches (each one retried after a back-off)."""
+        return self.fetch_failures_by_kind.total()
+
     def copy(self) -> ProducerStats:
         """A detached copy."""
         return ProducerStats(
-            self.fetched, self.acked, self.nacked, self.rejected, self.confirmed,
-            self.fetch_failures, self.renewals, dict(self.settle_failures), self.peak_inflight,
-            self.skipped, Counter(self.fetch_failure_kinds), Counter(self.renew_failures),
-            self.dead_lettered,
+            fetched=self.fetched, acked=self.acked, nacked=self.nacked, rejected=self.rejected,
+            confirmed=self.confirmed, renewals=self.renewals,
+            settle_failures=Counter(self.settle_failures), peak_inflight=self.peak_inflight,
+            skipped=self.skipped, fetch_failures_by_kind=Counter(self.fetch_failures_by_kind),
+            renew_failures=Counter(self.renew_failures), dead_lettered=self.dead_lettered,
         )

@@ -10,19 +10,20 @@ run out, ``nack`` asks for immediate redelivery in one further batched call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 from .. import _telemetry
 from .._model._builders import positional_builder
 from .._model._lease import Lease
-from .._model._settle_results import Decision, SettleResult
+from .._model._settle_results import Decision, SettleKind, SettleResult
 from .._rheo import Rheo
 from ._inflight import Inflight
 
-__all__ = ["BatchObserver", "SettleObserver", "SettleOp", "SettleOutcome", "dead_lettered",
-           "per_outcome", "settle", "settled"]
+__all__ = ["BatchObserver", "SettleCounters", "SettleObserver", "SettleOp", "SettleOutcome",
+           "by_settle_call", "count_settled", "dead_lettered", "per_outcome", "settle", "settled"]
 
 log = logging.getLogger("rheo_flow.settle")
 
@@ -107,24 +108,26 @@ async def settled(
     if all(result.error is None for result in results):
         return results  # the common case: nothing to follow up, per batch
     to_nack: list[Lease] = []
+    first_kind: SettleKind | None = None  # the follow-up nack's reason names it
     for lease, result in zip(leases, results, strict=True):
         if result.error is None:
             continue
         log.warning(
             "%s of %s/%s p%d s%d failed: %s (%s) -> %s",
             op, lease.stream, lease.group, lease.partition, lease.sequence,
-            result.kind, result.error.reason if result.error else "", result.decision,
+            result.kind, result.error.reason, result.decision,
         )
         if result.decision is Decision.NACK and op != "nack":
+            if not to_nack:
+                first_kind = result.kind
             to_nack.append(lease)
     if to_nack:
-        kind = {r.lease_id: r.kind for r in results}
-        first = kind[to_nack[0].lease_id]
         with _telemetry.follow_up(op):  # the nack span says which failed settle it follows
-            retry = await _call(rheo, "nack", to_nack, f"settle_failed: {first}", 0, error)
+            nacked = await _call(rheo, "nack", to_nack, f"settle_failed: {first_kind}", 0,
+                                 error)
         if observer is not None:
-            observer("nack", to_nack, retry)
-        for lease, result in zip(to_nack, retry, strict=True):
+            observer("nack", to_nack, nacked)
+        for lease, result in zip(to_nack, nacked, strict=True):
             if not result.ok:
                 log.warning("nack after failed %s of %s: %s -> leave to expire",
                             op, lease.lease_id, result.kind)
@@ -159,3 +162,47 @@ def dead_lettered(rheo: Rheo, op: SettleOp, leases: Sequence[Lease],
             if limit is not None and lease.attempt >= limit:
                 count += 1
     return count
+
+
+class SettleCounters(Protocol):
+    """The settle counters both runtimes keep (:class:`~rheo_flow.ProducerStats`,
+    :class:`~rheo_flow.GroupStats`)."""
+
+    acked: int
+    rejected: int
+    dead_lettered: int
+    settle_failures: Counter[str]
+
+
+def count_settled(counters: SettleCounters, rheo: Rheo, op: SettleOp, leases: Sequence[Lease],
+                  results: Sequence[SettleResult]) -> int:
+    """Count one settle call's results into ``counters``: its failures by kind, its acks
+    and rejects that took effect, the deliveries it dead-lettered. Returns how many of
+    its results took effect; the caller counts the nacks among them, as it names them
+    (a group tells retries from other nacks, a producer does not)."""
+    failed = [result.error for result in results if result.error is not None]
+    for error in failed:
+        counters.settle_failures[error.kind.value] += 1
+    took_effect = len(results) - len(failed)
+    if op == "ack":
+        counters.acked += took_effect
+        return took_effect
+    if op == "reject":
+        counters.rejected += took_effect
+    counters.dead_lettered += dead_lettered(rheo, op, leases, results)
+    return took_effect
+
+
+Item = TypeVar("Item")
+CallKey = TypeVar("CallKey", bound=Hashable)
+
+
+def by_settle_call(items: Iterable[Item], call_of: Callable[[Item], CallKey]
+                   ) -> dict[CallKey, list[Item]]:
+    """``items`` grouped by the settle call that takes them, in the order they first
+    appear: ``call_of`` gives an item's (operation, reason, delay, last error), and each
+    group goes out in one backend call."""
+    calls: dict[CallKey, list[Item]] = {}
+    for item in items:
+        calls.setdefault(call_of(item), []).append(item)
+    return calls

@@ -13,6 +13,7 @@ from .._model._lease import Lease
 from .._model._validation import check_duration_ms
 from .._runtime._producer import Producer
 from .._runtime._retry_policy import RetryPolicy
+from .._runtime._settle_calls import by_settle_call
 from .._support._waiting import cancel_and_wait
 from ._message import Message, MessageOutcome, OnFailure
 
@@ -20,7 +21,8 @@ __all__ = ["Acknowledger", "ProducerAcknowledger"]
 
 log = logging.getLogger("rheo_flow.pipeline")
 
-_GroupKey = tuple[MessageOutcome, str, int, str | None]
+_SettleCall = tuple[MessageOutcome, str, int, str | None]
+"""What one settle call of failed messages is keyed by: operation, reason, delay, last error."""
 
 
 class Acknowledger(ABC):
@@ -52,36 +54,41 @@ class Acknowledger(ABC):
     async def settle(self, successful: Iterable[Message], failed: Iterable[Message]) -> None:
         """Settle ``successful`` (status ``ok``) and ``failed`` messages."""
         acks: list[Message] = []
-        for m in successful:
-            if m.outcome is None:
-                m.outcome = "ack"
-                acks.append(m)
-        groups: dict[_GroupKey, list[Message]] = {}
+        for message in successful:
+            if message.outcome is None:
+                message.outcome = "ack"
+                acks.append(message)
         drawn: dict[tuple[str, int], int] = {}
-        for m in failed:
-            if m.outcome is not None:
-                continue
-            reason = m.reason or "failed"
-            last_error = m.error if m.error is not None else bounded(reason)
-            if (m.on_failure or self.on_failure) == "reject":
-                key: _GroupKey = ("reject", reason, 0, last_error)
-            else:
-                delay = self.retry_delay_ms if m.retry_delay_ms is None else m.retry_delay_ms
-                if delay is None:
-                    attempt = m.lease.attempt
-                    delay = drawn.get((reason, attempt))
-                    if delay is None:
-                        delay = drawn[(reason, attempt)] = self.retry_policy.delay_ms(attempt)
-                key = ("nack", reason, delay, last_error)
-            m.outcome = key[0]
-            groups.setdefault(key, []).append(m)
+        # A generator: a message listed twice is decided once (its outcome set, the filter
+        # skips it the second time).
+        calls = by_settle_call((message for message in failed if message.outcome is None),
+                               lambda message: self._decide(message, drawn))
         if acks:
             await self._guarded(self._ack, acks)
-        for (op, reason, delay, error), messages in groups.items():
+        for (op, reason, delay, error), messages in calls.items():
             if op == "reject":
                 await self._guarded(self._reject, messages, reason, error)
             else:
                 await self._guarded(self._nack, messages, reason, delay, error)
+
+    def _decide(self, message: Message, drawn: dict[tuple[str, int], int]) -> _SettleCall:
+        """Record a failed message's outcome (``nack`` or ``reject``) and return the settle
+        call it goes out in: operation, reason, delay and last error. A delay from the retry
+        policy is drawn once per (reason, attempt) and kept in ``drawn``, so that messages
+        that failed together stay one call."""
+        reason = message.reason or "failed"
+        last_error = message.error if message.error is not None else bounded(reason)
+        if (message.on_failure or self.on_failure) == "reject":
+            message.outcome = "reject"
+            return ("reject", reason, 0, last_error)
+        delay = self.retry_delay_ms if message.retry_delay_ms is None else message.retry_delay_ms
+        if delay is None:
+            attempt = message.lease.attempt
+            delay = drawn.get((reason, attempt))
+            if delay is None:
+                delay = drawn[(reason, attempt)] = self.retry_policy.delay_ms(attempt)
+        message.outcome = "nack"
+        return ("nack", reason, delay, last_error)
 
     async def _guarded(
         self, call: Callable[..., Awaitable[None]], messages: list[Message], *args: object
