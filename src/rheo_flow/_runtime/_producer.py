@@ -97,8 +97,7 @@ class Producer:
             "fetch_size": fetch_size, "lease_ms": lease_ms, "poll_ms": poll_ms,
             "consumer_id": consumer_id, "partitions": partitions,
             "max_attempts": max_attempts, "ordering": ordering, "backoff": backoff,
-            "observer": observer,
-            "shutdown_timeout": shutdown_timeout,
+            "observer": observer, "shutdown_timeout": shutdown_timeout,
         })
         self._stream: str = chosen["stream"]
         self._group: str = chosen["group"]
@@ -106,9 +105,7 @@ class Producer:
         self._fetch_size: int = self._max_demand if fetch_size is None else fetch_size
         self._lease_ms: int = chosen["lease_ms"]
         self._poll_ms: int = chosen["poll_ms"]
-        self._consumer_id: str = (
-            consumer_id if consumer_id is not None else rheo.new_consumer_id()
-        )
+        self._consumer_id: str = consumer_id or rheo.new_consumer_id()
         self._partitions: Partitions = chosen["partitions"]
         self._max_attempts: int | None = max_attempts
         self._ordering: str | None = ordering
@@ -124,10 +121,10 @@ class Producer:
         self._life = Lifecycle(f"producer {self._stream}/{self._group}", self._shutdown)
         self._fetch_lock = asyncio.Lock()
         self._reserved = 0  # leases the fetches under way may bring: room they hold
-        self._wake = asyncio.Event()  # set on every release and drain/stop: wakes a demand
-        self._halt = asyncio.Event()  # set when fetching must stop (drain or stop)
-        self._poke = asyncio.Event()
-        """Ends an idle wait early: set on halt and when a nack made work available."""
+        self._room_freed = asyncio.Event()  # on every release, and on a halt: wakes a demand
+        self._fetching_halted = asyncio.Event()  # set once fetching must stop (drain or stop)
+        self._work_ready = asyncio.Event()
+        """Ends an idle wait early: set on a halt and when a settle made work available."""
         self._acks_alone: set[asyncio.Task[Any]] = set()
         """Acks a halted or cancelled demand sends on their own: a stop waits for them."""
         self._stats = ProducerStats()
@@ -273,9 +270,9 @@ class Producer:
         self._halt_fetching()
 
     def _halt_fetching(self) -> None:
-        self._halt.set()
-        self._wake.set()
-        self._poke.set()
+        self._fetching_halted.set()
+        self._room_freed.set()
+        self._work_ready.set()
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -306,7 +303,7 @@ class Producer:
             raise NotStarted("start the producer before asking it for leases")
         async with self._fetch_lock:
             try:
-                while not self._halt.is_set():
+                while not self._fetching_halted.is_set():
                     leases = await self._fetch_round(n, wait=True)
                     if leases is None:
                         continue
@@ -332,7 +329,7 @@ class Producer:
         """A fetch beside :meth:`demand`'s (not under its lock), for a runtime that keeps
         two under way while a backlog lasts: one round, never an idle wait; ``[]`` when
         it had no room, failed, fetched nothing, or fetching stopped."""
-        if self._halt.is_set() or self._life.state is not State.RUNNING:
+        if self._fetching_halted.is_set() or self._life.state is not State.RUNNING:
             return []
         return await self._fetch_round(n, wait=False) or []
 
@@ -347,7 +344,7 @@ class Producer:
             if wait:
                 await self._wait_for_capacity()
             return None
-        self._poke.clear()
+        self._work_ready.clear()
         return await self._fetch(min(n, free, self._fetch_size, MAX_FETCH))
 
     def _room(self) -> int:
@@ -394,12 +391,12 @@ class Producer:
         return leases
 
     async def _wait_for_capacity(self) -> None:
-        self._wake.clear()
-        if self._room() > 0 or self._halt.is_set():
+        self._room_freed.clear()
+        if self._room() > 0 or self._fetching_halted.is_set():
             return
         self._handover.waiting = True
         try:
-            await wait_event(self._wake, self._poll_ms / 1000)
+            await wait_event(self._room_freed, self._poll_ms / 1000)
         finally:
             self._handover.waiting = False
 
@@ -415,7 +412,7 @@ class Producer:
         if limit <= 0:  # the room is taken by the other fetch under way
             await self._ack_alone(acks, done)
             return None
-        self._poke.clear()
+        self._work_ready.clear()
         self._reserved += limit
         try:
             with inflight.settling(acks), self._handover.fetching():
@@ -434,7 +431,7 @@ class Producer:
         try:
             results = await settled(self._rheo, "ack", acks, results, observer=self._observer)
         finally:
-            self._wake.set()
+            self._room_freed.set()
             self._count("ack", acks, results)
             resolve(done, results)
         return took
@@ -485,17 +482,17 @@ class Producer:
         interval, or a halt."""
         timeout = self._poll_ms / 1000
         if not self._rheo.capabilities.push_wakeups:
-            await wait_event(self._poke, timeout)
+            await wait_event(self._work_ready, timeout)
             return
         woken, _ = await first_of(self._rheo.wait_for_append(self._stream, timeout),
-                                  self._poke.wait())
+                                  self._work_ready.wait())
         if not woken.cancelled() and woken.exception() is not None:
             # A wake-up channel that fails at once must not turn idling into spinning.
             log.debug("wait_for_append on %s failed: %s", self._stream, woken.exception())
-            await wait_event(self._poke, timeout)
+            await wait_event(self._work_ready, timeout)
 
     async def _wait_halt(self, timeout: float) -> None:
-        await wait_event(self._halt, timeout)
+        await wait_event(self._fetching_halted, timeout)
 
     # Settling ----------------------------------------------------------------
 
@@ -509,7 +506,7 @@ class Producer:
         done = self._handover.offer(items)
         if done is None:
             return await self._settle("ack", items)
-        self._wake.set()
+        self._room_freed.set()
         return await done
 
     async def nack(
@@ -554,7 +551,7 @@ class Producer:
         (the backend redelivers it to whoever holds it now)."""
         self._inflight.release([lease])
         self._stats.skipped += 1
-        self._wake.set()
+        self._room_freed.set()
         log.info("skipping %s/%s p%d s%d: its lease was lost before handling",
                  self._stream, self._group, lease.partition, lease.sequence)
 
@@ -566,7 +563,7 @@ class Producer:
         """
         released = self._inflight.release(leases)
         self._stats.confirmed += released
-        self._wake.set()
+        self._room_freed.set()
         return released
 
     async def _settle(
@@ -581,7 +578,7 @@ class Producer:
                                    error=last_error, inflight=self._inflight,
                                    observer=self._observer)
         finally:
-            self._wake.set()
+            self._room_freed.set()
         self._count(op, items, results)
         return results
 
@@ -596,7 +593,7 @@ class Producer:
             # settle), or in a key-ordered group the next event of a key this settle
             # released (see _refetch_after_settle), is available at once: an idle
             # fetch need not wait for poll_ms.
-            self._poke.set()
+            self._work_ready.set()
 
 
 def _position(lease: Lease) -> tuple[int, int]:
