@@ -21,7 +21,7 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any, Literal, Self, TypeAlias
 
 from .. import _telemetry
@@ -39,7 +39,7 @@ from ._backlog import run_until_empty
 from ._backoff import Backoff
 from ._group_loop import EventHandler, GroupLoop, GroupStats, short_repr
 from ._group_options import resolve_group_options
-from ._lifecycle import Lifecycle, State
+from ._lifecycle import Lifecycle, Runtime, State
 from ._options import CONSUMER, GROUP, validate
 from ._producer import Producer
 from ._retry_policy import RetryPolicy
@@ -214,7 +214,7 @@ def consumer(*, setup: Setup | None = None, **options: Any) -> Callable[[Handler
 
 
 
-class Group:
+class Group(Runtime):
     """The runtime of one consumer group in this process.
 
     Build it with :meth:`Consumer.start` (or ``Group(rheo, consumer, **options)``)
@@ -274,6 +274,7 @@ class Group:
                                stats=self.stats, observer=observer)
         self._producer._observer = self._loop.observe  # one call per settle call, not per lease
         self._life = Lifecycle(f"group {o['stream']}/{o['group']}", self._shutdown)
+        self._shutdown_timeout: float = o["shutdown_timeout"]
         self._feed_task: asyncio.Task[None] | None = None
         self._acker_task: asyncio.Task[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
@@ -441,20 +442,6 @@ class Group:
             raise NotStarted(f"cannot stop {self!r} while it is starting")
         await self._life.stop()
 
-    async def __aenter__(self) -> Self:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            if exc is None and self._life.state is State.RUNNING:
-                await self.drain(self._options["shutdown_timeout"])
-        finally:
-            await self.stop()
 
     def _key(self) -> tuple[str, str, str]:
         return (self._rheo.instance_id, self.stream, self.group)

@@ -27,12 +27,13 @@ import asyncio
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from .._model._errors import RheoError, StoreLost
 from .._support._waiting import cancel_and_wait
 
-__all__ = ["Lifecycle", "State", "TaskSet"]
+__all__ = ["Lifecycle", "Runtime", "State", "TaskSet"]
 
 log = logging.getLogger("rheo_flow.runtime")
 
@@ -169,3 +170,39 @@ class Lifecycle:
             raise failure
         raise RheoError(f"{self._name} crashed: {type(failure).__name__}: {failure}"
                         ) from failure
+
+
+class Runtime:
+    """What every runtime shares: ``async with`` and what leaving it means.
+
+    Entering starts the runtime. Leaving without an exception drains it (for up to
+    its ``shutdown_timeout`` seconds) and stops it; leaving with one (a
+    cancellation included) stops it at once. A subclass keeps its
+    :class:`Lifecycle` in ``_life`` and its drain budget in ``_shutdown_timeout``.
+    """
+
+    _life: Lifecycle
+    _shutdown_timeout: float
+
+    async def start(self) -> Self:
+        """Start the runtime."""
+        raise NotImplementedError
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Stop fetching and finish what the runtime holds; True when nothing is left."""
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """Stop now."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            if exc is None and self._life.state is State.RUNNING:
+                await self.drain(self._shutdown_timeout)
+        finally:
+            await self.stop()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
-from types import TracebackType
 from typing import Any, Literal, Self
 
 from .._model._errors import AlreadyStarted, InvalidArgument, NotStarted, StoreLost
@@ -30,7 +29,7 @@ from .._support._waiting import first_of, wait_event
 from ._ack_handover import AckHandover, ack_then_fetch, resolve
 from ._backoff import Backoff
 from ._inflight import Inflight
-from ._lifecycle import Lifecycle, State
+from ._lifecycle import Lifecycle, Runtime, State
 from ._options import PRODUCER
 from ._producer_stats import ProducerStats
 from ._renewal import renew_forever
@@ -48,7 +47,7 @@ __all__ = ["Producer", "ProducerStats"]
 
 log = logging.getLogger("rheo_flow.producer")
 
-class Producer:
+class Producer(Runtime):
     """Demand-driven source of leases for one (stream, group).
 
     ``max_demand`` bounds the leases inflight at once: memory stays bounded by it
@@ -274,20 +273,6 @@ class Producer:
         self._room_freed.set()
         self._work_ready.set()
 
-    async def __aenter__(self) -> Self:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            if exc is None:
-                await self.drain(self._shutdown_timeout)
-        finally:
-            await self.stop()
 
     # Demand ------------------------------------------------------------------
 

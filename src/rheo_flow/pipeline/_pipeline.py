@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Literal, Self
 
 from .. import _telemetry
@@ -15,7 +14,7 @@ from .._model._lease import Lease
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
 from .._runtime._backlog import run_until_empty
 from .._runtime._fetch_pair import Backlog, lead_and_follow
-from .._runtime._lifecycle import Lifecycle, State
+from .._runtime._lifecycle import Lifecycle, Runtime, State
 from .._runtime._options import MAX_DEMAND, PIPELINE
 from .._runtime._producer import Producer
 from .._runtime._retry_policy import RetryPolicy
@@ -63,7 +62,7 @@ class PipelineStats:
     last attempt (reason ``"max_attempts"``)."""
 
 
-class Pipeline:
+class Pipeline(Runtime):
     """A Broadway-like pipeline over one consumer group, composed in code::
 
         pipeline = Pipeline(
@@ -438,20 +437,6 @@ class Pipeline:
                 if lag is not None:
                     await lag.aclose()
 
-    async def __aenter__(self) -> Self:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            if exc is None and self._life.state is State.RUNNING:
-                await self.drain()
-        finally:
-            await self.stop()
 
 
 def _inflight_bound(max_inflight: int | None, fetch_size: int | None, processors: Processors,
