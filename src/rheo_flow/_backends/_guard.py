@@ -40,6 +40,7 @@ from .._model._errors import (
 )
 from .._model._failure import scrub as scrub_any
 from .._model._settle_results import SettleKind, classify
+from .._model._validation import refused_text
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
@@ -69,7 +70,8 @@ _SENT: ContextVar[bool] = ContextVar("rheo_flow_backend_request_sent", default=T
 
 _SECRET_FREE: Final = (sqlite3.Error, UnicodeError)
 """Exceptions kept as causes as they are: SQLite's name a local file and hold no
-credentials; an encoding error holds the caller's own text."""
+credentials; an encoding error holds the caller's own text (so does an encoder's
+``TypeError``, see ``refused_text``)."""
 _MAX_CHAIN: Final = 16
 """The most links of a driver exception's chain a masked cause copies."""
 
@@ -95,7 +97,7 @@ def masked_cause(exc: BaseException, scrub: Callable[[str], str]) -> BaseExcepti
     with ``scrub`` (the backend's masking, then the generic one) applied to each link."""
 
     def copy(link: BaseException, depth: int) -> BaseException:
-        if isinstance(link, _SECRET_FREE):
+        if isinstance(link, _SECRET_FREE) or refused_text(link):
             return link
         kind = type(link)
         name = f"{kind.__module__}.{kind.__qualname__}"

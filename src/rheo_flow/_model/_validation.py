@@ -164,6 +164,12 @@ def check_record_text(type_: str, event_id: str, key: str | None) -> None:
         check_text("key", key)
 
 
+def refused_text(exc: BaseException) -> bool:
+    """Whether ``exc`` is an encoder refusing text that is not valid Unicode (a
+    ``TypeError`` of orjson or hiredis); it quotes no secret."""
+    return isinstance(exc, TypeError) and "not valid UTF-8" in str(exc)
+
+
 def invalid_text(exc: BaseException) -> InvalidArgument | None:
     """The InvalidArgument for an error a store or driver raised for text it cannot encode.
 
@@ -177,7 +183,7 @@ def invalid_text(exc: BaseException) -> InvalidArgument | None:
         seen.add(id(current))
         if isinstance(current, UnicodeEncodeError):
             return unicode_error("a string of the event", current)
-        if isinstance(current, TypeError) and "not valid UTF-8" in str(current):
+        if refused_text(current):
             return InvalidArgument(
                 "a string of the event is not valid Unicode text: it holds a lone surrogate"
             )
