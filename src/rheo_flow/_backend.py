@@ -156,6 +156,11 @@ class Backend(ABC):
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         """Extend leases to now + ``lease_ms``; results carry the new ``deadline_ms``."""
 
+    max_event_bytes_ceiling: ClassVar[int | None] = None
+    """The largest event data, as JSON in UTF-8 bytes, the engine can store when it is
+    below the 64 MiB any instance allows (``None``: no lower engine limit). An
+    instance's ``max_event_bytes`` may not exceed it."""
+
     one_call_ack_and_fetch: ClassVar[bool] = False
     """Whether :meth:`ack_and_fetch` is one round trip (runtimes then send a batch's
     acks with the next fetch whenever both wait; else only when the fetch waits for

@@ -11,8 +11,12 @@ from typing import Any, Literal, Self
 
 from . import _telemetry
 from ._backend import Backend
-from ._backends._urls import backend_from_url
-from ._model._append_records import append_records
+from ._backends._urls import backend_from_url, split_url_option
+from ._model._append_records import (
+    DEFAULT_MAX_EVENT_BYTES,
+    append_records,
+    check_max_event_bytes,
+)
 from ._model._capabilities import Capabilities
 from ._model._errors import InvalidArgument, UnknownGroup
 from ._model._event import Event, NewEvent
@@ -60,15 +64,28 @@ class Rheo:
 
     Every operation validates its input first: bad input raises
     :class:`~rheo_flow.InvalidArgument` and changes nothing.
+
+    ``max_event_bytes`` bounds one event's data, as compact JSON in UTF-8 bytes
+    (default 1 MiB; at most 64 MiB, and 4 MiB on MongoDB); an append holding a
+    larger event is refused before anything is written. A URL may set it too:
+    ``sqlite:///events.db?max_event_bytes=10485760``.
     """
 
-    def __init__(self, backend: Backend | str = "memory://") -> None:
+    def __init__(self, backend: Backend | str = "memory://", *,
+                 max_event_bytes: int | None = None) -> None:
+        requested: object = max_event_bytes
         if isinstance(backend, str):
-            backend = backend_from_url(backend)
+            url, from_url = split_url_option(backend, "max_event_bytes")
+            requested = from_url if requested is None else requested
+            backend = backend_from_url(url)
         if not isinstance(backend, Backend):
             raise InvalidArgument(
                 f"backend must be a URL or a Backend, got {type(backend).__name__}"
             )
+        ceiling = backend.max_event_bytes_ceiling
+        self._max_event_bytes = check_max_event_bytes(
+            min(DEFAULT_MAX_EVENT_BYTES, ceiling or DEFAULT_MAX_EVENT_BYTES)
+            if requested is None else requested, ceiling)
         self._backend = backend
         self._opened = False
         self._instance_id = uuid.uuid4().hex[:8]
@@ -76,6 +93,11 @@ class Rheo:
         self._known_groups: set[tuple[str, str]] = set()
         self._max_attempts: dict[tuple[str, str], int] = {}
         """Each known group's last seen max_attempts (telemetry tells dead letters by it)."""
+
+    @property
+    def max_event_bytes(self) -> int:
+        """The bound on one event's data, as compact JSON in UTF-8 bytes."""
+        return self._max_event_bytes
 
     # Lifecycle ---------------------------------------------------------------
 
@@ -179,7 +201,7 @@ class Rheo:
         if partition is not None:
             check_partition(partition, count)
         try:
-            records = append_records(items, count, key, partition)
+            records = append_records(items, count, key, partition, self._max_event_bytes)
             return await _telemetry.send(self._backend, stream, records)
         except Exception as exc:
             # A lone surrogate in a type, id, key or header is left to the encoders

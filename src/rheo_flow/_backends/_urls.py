@@ -11,7 +11,14 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 from .._backend import Backend
 from .._model._errors import BackendUnavailable, InvalidArgument, MissingExtra
 
-__all__ = ["backend_from_url", "redact_url", "scrub_secrets", "url_flag", "url_secrets"]
+__all__ = [
+    "backend_from_url",
+    "redact_url",
+    "scrub_secrets",
+    "split_url_option",
+    "url_flag",
+    "url_secrets",
+]
 
 # scheme -> (backend name, extra, driver module, "module:factory")
 _SCHEMES: dict[str, tuple[str, str | None, str | None, str]] = {
@@ -193,6 +200,23 @@ def require_driver(backend: str, extra: str, module: str) -> None:
         importlib.import_module(module)
     except ImportError:
         raise MissingExtra(backend, extra, module) from None
+
+
+def split_url_option(url: str, name: str) -> tuple[str, str | None]:
+    """``url`` without the query option ``name`` (one the backend does not read), and
+    that option's value (``None`` when absent; the last one when repeated)."""
+    base, mark, query = url.partition("?")
+    if not mark:
+        return url, None
+    value: str | None = None
+    kept = []
+    for item in query.split("&"):
+        key, _, found = item.partition("=")
+        if key == name:
+            value = found
+        else:
+            kept.append(item)
+    return (f"{base}?{'&'.join(kept)}" if kept else base), value
 
 
 def backend_from_url(url: str) -> Backend:

@@ -31,7 +31,20 @@ from ._validation import (
     encode_json,
 )
 
-__all__ = ["AppendRecord", "append_records", "make_append_record"]
+__all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
+    "MAX_EVENT_BYTES",
+    "AppendRecord",
+    "append_records",
+    "check_max_event_bytes",
+    "make_append_record",
+]
+
+DEFAULT_MAX_EVENT_BYTES: Final = 1_048_576
+"""The default bound on one event's data, as compact JSON in UTF-8 bytes (1 MiB, as
+Kafka's ``message.max.bytes`` and NATS' ``max_payload``)."""
+MAX_EVENT_BYTES: Final = 64 * 1_048_576
+"""The highest bound an instance may set (an engine's own limit may be lower)."""
 
 _EVENT_FIELDS: Final = frozenset({"type", "data", "id", "key", "partition", "headers"})
 _UUID_VARIANT: Final = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
@@ -68,12 +81,38 @@ make_append_record: Callable[
     AppendRecord, _RECORD_DOC)
 
 
+def check_max_event_bytes(value: object, ceiling: int | None = None) -> int:
+    """A valid bound on an event's data in bytes: an integer from 1 to
+    :data:`MAX_EVENT_BYTES`, and to ``ceiling`` (the engine's own limit) when given."""
+    highest = MAX_EVENT_BYTES if ceiling is None else min(ceiling, MAX_EVENT_BYTES)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= highest:
+        raise InvalidArgument(
+            f"max_event_bytes must be an integer from 1 to {highest:,}"
+            f"{'' if ceiling is None else ' (this backend stores no larger event)'}, "
+            f"got {value!r}")
+    return value
+
+
+def _too_large(records: list[AppendRecord], event_id: str, size: int, limit: int
+               ) -> InvalidArgument:
+    return InvalidArgument(
+        f"event {len(records)} of the batch ({event_id!r}) has {size:,} bytes of data "
+        f"(as JSON), over this store's limit of {limit:,} bytes: nothing was appended "
+        "(raise the limit with Rheo(..., max_event_bytes=N) or ?max_event_bytes=N in "
+        "the URL)")
+
+
 def append_records(
     items: Sequence[NewEvent | Mapping[str, Any]], count: int, key: str | None,
-    partition: int | None,
+    partition: int | None, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> list[AppendRecord]:
     """Validate and route ``items`` over ``count`` partitions; ``key`` and ``partition``
-    apply to every event that sets neither."""
+    apply to every event that sets neither. An event whose data, as compact JSON, is
+    over ``max_event_bytes`` UTF-8 bytes is refused."""
+    # A character is at most 4 bytes: shorter texts are under the limit uncounted.
+    surely_small = max_event_bytes // 4
     records: list[AppendRecord] = []
     append = records.append
     crc32 = zlib.crc32
@@ -106,8 +145,12 @@ def append_records(
         if type_.__class__ is not str or not 0 < len(type_) <= MAX_TYPE:
             check_type(type_)
         headers = {} if headers.__class__ is dict and not headers else check_headers(headers)
-        append(make_append_record(target, event_id, type_, event_key, data, encode_json(data),
-                                  headers))
+        text = encode_json(data)
+        if len(text) > surely_small:
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > max_event_bytes:
+                raise _too_large(records, event_id, size, max_event_bytes)
+        append(make_append_record(target, event_id, type_, event_key, data, text, headers))
     return records
 
 

@@ -572,3 +572,24 @@ async def case_event_data_edge_strings(env: CaseEnv) -> None:
     check_equal(stored.data, data, "data returned by append")
     [lease] = await env.fetch(stream, "g")
     check_equal(lease.event.data, data, "data of the fetched event")
+
+
+@case(rules=["append.size_limit", "append.batch", "errors.invalid_input"])
+async def case_an_event_over_the_size_limit_is_refused(env: CaseEnv) -> None:
+    """Data over max_event_bytes (counted in UTF-8 bytes, not characters) is refused and
+    its batch writes nothing; data of exactly the limit is stored and read back."""
+    stream = await env.stream()
+    limit = env.rheo.max_event_bytes
+    small = NewEvent("t", {"ok": True}, id="small")
+    over = NewEvent("t", "x" * (limit - 1), id="over")  # two quotes: limit + 1 bytes
+    wide = NewEvent("t", "\u00e9" * (limit // 2), id="wide")  # 2 bytes a character
+    for what, bad in (("one byte over", over), ("two-byte characters", wide)):
+        await expect_error(InvalidArgument, env.rheo.append(stream, [small, bad]),
+                           f"append of an event {what} the limit of {limit:,} bytes")
+    info = await env.rheo.stream_info(stream)
+    check(not any(info.high_water.values()), f"a refused batch wrote nothing: {info}")
+    exact = NewEvent("t", "x" * (limit - 2), id="exact")
+    [stored] = await env.rheo.append(stream, [exact])
+    [read] = (await env.rheo.query_page(Query(stream=stream))).events
+    check(read.data == exact.data and stored.id == "exact",
+          "an event of exactly the limit is stored and read back whole")

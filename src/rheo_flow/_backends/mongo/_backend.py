@@ -41,6 +41,10 @@ class MongoBackend(
 ):
     """Durable, distributed backend on MongoDB (``mongodb://host/database``).
 
+    An event is one document, and MongoDB stores none over 16 MiB of BSON; BSON can
+    be several times larger than the JSON of the same data (an array's elements
+    carry their indexes as keys), so an event's data is bounded at 4 MiB of JSON.
+
     Build it from a URL (the backend then owns its ``AsyncMongoClient`` and closes
     it) or around a host's client: a PyMongo ``AsyncMongoClient`` or a Motor
     ``AsyncIOMotorClient`` (never closed by the backend)::
@@ -66,6 +70,8 @@ class MongoBackend(
     operation; a client built from a URL also uses it as its server selection,
     connect and socket timeouts unless the URL sets those.
     """
+
+    max_event_bytes_ceiling = 4 * 1_048_576
 
     name = "mongodb"
 
