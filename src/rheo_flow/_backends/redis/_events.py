@@ -40,8 +40,11 @@ class EventOperations(RedisCore):
         dumps = orjson.dumps
         calls: list[ScriptCall] = []
         for partition, indexes in by_partition.items():
-            rows = [(records[i].id, metas[i], records[i].data_json) for i in indexes]
-            calls.append(("append", self._keys.partition(stream, partition), [dumps(rows)]))
+            # The data texts go as arguments of their own, not inside the JSON of the
+            # heads: nothing escapes them here or decodes them in the server.
+            heads = dumps([(records[i].id, metas[i]) for i in indexes])
+            calls.append(("append", self._keys.partition(stream, partition),
+                          [heads, *[records[i].data_json for i in indexes]]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
         if any(is_reply(reply, LOST) for reply in replies):
             raise self._lost(stream)

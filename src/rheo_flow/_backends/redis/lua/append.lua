@@ -1,13 +1,14 @@
 -- append: store events in one partition, each id once.
 -- KEYS: stream_key (x), meta_key (m), ids_key (i: event id -> sequence).
--- ARGV: JSON rows [[id, meta, data], ...].
+-- ARGV: JSON heads [[id, meta], ...], then each row's data text, in the heads' order
+--   (the data travels as arguments of its own: the server never decodes it).
 -- Reply: 'LOST' (the partition's presence marker is gone), or JSON [time, items]: per row
 --   its seq when stored by this call (or earlier in it) at `time`, or
 --   [seq, time, meta, data text] when its id was already stored.
 local stream_key, meta_key, ids_key = KEYS[1], KEYS[2], KEYS[3]
 local rows = cjson.decode(ARGV[1])
--- The fields of a row.
-local ID, META, DATA = 1, 2, 3
+-- The fields of a head; a row's data is ARGV[1 + its index].
+local ID, META = 1, 2
 local high_water_text, last_time_text, marker =
   unpack(redis.call('HMGET', meta_key, 'hw', 'ts', 'mk'))
 if not marker then return 'LOST' end
@@ -39,7 +40,7 @@ for k, row in ipairs(rows) do
     else
       high_water = high_water + 1
       seq_text = int_text(high_water)
-      redis.call('XADD', stream_key, entry_id(high_water), 'meta', row[META], 'data', row[DATA],
+      redis.call('XADD', stream_key, entry_id(high_water), 'meta', row[META], 'data', ARGV[k + 1],
                  'time', now_text)
       seq_of[id] = seq_text
       id_writes[#id_writes + 1] = id
