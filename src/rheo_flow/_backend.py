@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from ._model._append_records import AppendRecord
 from ._model._capabilities import Capabilities
-from ._model._errors import Unsupported
+from ._model._errors import UnknownStream, Unsupported
 from ._model._event import Event
 from ._model._lease import Lease
 from ._model._query import Query
@@ -72,6 +72,20 @@ class Backend(ABC):
     @abstractmethod
     async def list_streams(self) -> list[str]:
         """Names of every stream, sorted."""
+
+    async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
+        """Every stream's info and groups, by name: what ``rheo-flow streams`` lists.
+
+        This default asks stream by stream (a stream deleted meanwhile is left out);
+        a backend overrides it to answer in a constant number of round trips.
+        """
+        out = []
+        for name in await self.list_streams():
+            try:
+                out.append((await self.stream_info(name), await self.list_groups(name)))
+            except UnknownStream:
+                continue
+        return out
 
     @abstractmethod
     async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:

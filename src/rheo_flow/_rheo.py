@@ -170,6 +170,12 @@ class Rheo:
         """Every stream's name."""
         return await self._backend.list_streams()
 
+    async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
+        """Every stream's :class:`StreamInfo` with its groups, by stream name, in a
+        constant number of round trips where the backend can (what ``rheo-flow
+        streams`` lists)."""
+        return await self._backend.describe_streams()
+
     async def _partition_count(self, stream: str) -> int:
         check_name("stream", stream)
         count = self._partitions_cache.get(stream)

@@ -55,7 +55,8 @@ DEFAULT_TIMEOUT_MS: Final = 10_000
 """How long one backend operation may take before it is abandoned."""
 
 _READS: Final = frozenset({
-    "open", "stream_info", "list_streams", "group_info", "list_groups", "frontier",
+    "open", "stream_info", "list_streams", "describe_streams", "group_info", "list_groups",
+    "frontier",
     "dead_letters", "query",
 })
 """Operations that change nothing: any failure of theirs is ``backend_unavailable``."""

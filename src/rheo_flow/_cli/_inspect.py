@@ -47,14 +47,13 @@ def streams(url: UrlOption, json: JsonOption = False) -> None:
     async def go() -> list[Row]:
         rows = []
         async with Rheo(existing(url)) as rheo:
-            for name in await rheo.streams():
-                info = await rheo.stream_info(name)
+            for info, groups in await rheo.describe_streams():
                 rows.append({
-                    "stream": name, "partitions": info.partitions,
+                    "stream": info.name, "partitions": info.partitions,
                     "events": sum(info.high_water.values()),
                     "retained": sum(info.high_water[p] - info.low_water[p] + 1
                                     for p in info.high_water),
-                    "groups": [g.group for g in await rheo.groups(name)],
+                    "groups": [g.group for g in groups],
                     "created_at_ms": info.created_at_ms,
                 })
         return rows

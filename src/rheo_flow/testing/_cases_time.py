@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from .._model._event import NewEvent
 from ._case import CaseEnv, case, check, check_equal
 
 
@@ -65,3 +66,23 @@ async def case_group_created_at_is_kept(env: CaseEnv) -> None:
     await env.rheo.delete_group(stream, "g")
     again = await _stamped(env, create, "the group created again after its deletion")
     check(again > created, "a group created again after a deletion is a new group")
+
+
+@case(rules=["stream.lifecycle", "group.lifecycle"])
+async def case_describe_streams_matches_each_stream(env: CaseEnv) -> None:
+    """describe_streams lists each stream as stream_info and groups() describe it."""
+    first, second = env.name("a"), env.name("b")
+    await env.rheo.create_stream(first, partitions=3)
+    await env.rheo.create_stream(second)
+    await env.rheo.create_group(first, "g2")
+    await env.rheo.create_group(first, "g1", max_attempts=3)
+    await env.rheo.append(first, [NewEvent("t", {"n": n}) for n in range(5)])
+    described = {info.name: (info, groups) for info, groups in
+                 await env.rheo.describe_streams()}
+    names = [info.name for info, _ in await env.rheo.describe_streams()]
+    check(names == sorted(names), f"describe_streams is sorted by name: {names}")
+    for name in (first, second):
+        check(name in described, f"describe_streams lists {name}")
+        info, groups = described[name]
+        check_equal(info, await env.rheo.stream_info(name), f"the info of {name}")
+        check_equal(groups, await env.rheo.groups(name), f"the groups of {name}")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._model._errors import UnknownGroup
-from ..._model._stream import DeadLetter, GroupInfo, StartPosition
+from ..._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from ..._model._validation import ordering_mismatch
 from ._core import PostgresCore
 from ._sql import BIGINT_MAX, INTEGER_MAX
@@ -92,6 +92,22 @@ class GroupOps(PostgresCore):
             raise UnknownGroup(stream, group)
         self._groups[(stream, group)] = row["id"]
         return _info(stream, group, row)
+
+    async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
+        pool = await self._ready()
+        async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read",
+                                                            readonly=True):
+            streams = await conn.fetch(self._sql.describe_streams)
+            group_rows = await conn.fetch(self._sql.describe_groups)
+        groups: dict[str, list[GroupInfo]] = {}
+        for row in group_rows:
+            groups.setdefault(row["stream"], []).append(GroupInfo(
+                row["stream"], row["name"], row["max_attempts"], row["created_at_ms"],
+                ORDERINGS[row["ordering"]]))
+        return [(StreamInfo(row["name"], row["partitions"], row["created_at_ms"],
+                            dict(zip(row["parts"], row["high_waters"], strict=True)),
+                            dict(zip(row["parts"], row["low_waters"], strict=True))),
+                 groups.get(row["name"], [])) for row in streams]
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         meta = await self._stream(stream)

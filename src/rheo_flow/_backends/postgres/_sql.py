@@ -69,6 +69,8 @@ class Statements:
     insert_partitions: str
     partitions: str
     list_streams: str
+    describe_streams: str
+    describe_groups: str
     append: str
     stored_events: str
     query_events: str

@@ -24,6 +24,21 @@ SELECT part, high_water, low_water FROM {s}.partitions WHERE stream_id = $1 ORDE
 -- name: list_streams
 SELECT name FROM {s}.streams ORDER BY name COLLATE "C"
 
+-- Every stream with its partitions' waters, and then every group: what
+-- `rheo-flow streams` lists, in two statements however many streams there are.
+-- name: describe_streams
+SELECT s.name, s.partitions, s.created_at_ms,
+       array_agg(p.part ORDER BY p.part) AS parts,
+       array_agg(p.high_water ORDER BY p.part) AS high_waters,
+       array_agg(p.low_water ORDER BY p.part) AS low_waters
+FROM {s}.streams s JOIN {s}.partitions p ON p.stream_id = s.id
+GROUP BY s.id ORDER BY s.name COLLATE "C"
+
+-- name: describe_groups
+SELECT s.name AS stream, g.name, g.max_attempts, g.created_at_ms, g.ordering
+FROM {s}.groups g JOIN {s}.streams s ON s.id = g.stream_id
+ORDER BY g.name COLLATE "C"
+
 -- Numbers new events under the partition row locks (taken in partition order),
 -- inserts them, moves the high water, and sends ONE notification. The batch
 -- travels as a few texts, not as arrays asyncpg encodes element by element:

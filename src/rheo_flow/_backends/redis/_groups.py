@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._model._errors import UnknownGroup
-from ..._model._stream import GroupInfo, StartPosition
+from ..._model._stream import GroupInfo, StartPosition, StreamInfo
 from ..._model._validation import ordering_mismatch
-from ._codec import group_record, text
+from ._codec import group_record, stream_record, text
 from ._core import RedisCore
 from ._scripts import ScriptCall, is_reply
 
@@ -57,14 +58,39 @@ class GroupOperations(RedisCore):
         ma, created, _, ordering = group_record(record)
         return GroupInfo(stream, group, int(ma), int(created), ordering)
 
+    async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
+        records = await self._io(self._client.hgetall(self._keys.streams))
+        streams = sorted((text(name), *stream_record(record))
+                         for name, record in records.items())
+        metas = [self._keys.partition(name, p).meta
+                 for name, count, _ in streams for p in range(count)]
+        group_keys = [self._keys.groups(name) for name, _, _ in streams]
+        if self._cluster:  # the keys live in many slots: one pipeline of reads
+            pipe = self._client.pipeline(transaction=False)
+            for key in metas:
+                pipe.hmget(key, "hw", "lw")
+            for key in group_keys:
+                pipe.hgetall(key)
+            replies = await self._io(pipe.execute())
+            waters, groups = replies[:len(metas)], replies[len(metas):]
+        else:
+            [(waters, groups)] = await self._eval(
+                [("describe", [*metas, *group_keys], [len(metas)])])
+        out = []
+        at = 0
+        for (name, count, created), fields in zip(streams, groups, strict=True):
+            mine = waters[at:at + count]
+            at += count
+            info = StreamInfo(name, count, created,
+                              {p: int(hw or 0) for p, (hw, _) in enumerate(mine)},
+                              {p: int(lw or 1) for p, (_, lw) in enumerate(mine)})
+            out.append((info, _groups_of(name, fields)))
+        return out
+
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         await self._partition_count(stream)
-        records = await self._io(self._client.hgetall(self._keys.groups(stream)))
-        out = []
-        for name, record in records.items():
-            ma, created, _, ordering = group_record(record)
-            out.append(GroupInfo(stream, text(name), int(ma), int(created), ordering))
-        return sorted(out, key=lambda g: g.group)
+        return _groups_of(stream, await self._io(self._client.hgetall(
+            self._keys.groups(stream))))
 
     async def delete_group(self, stream: str, group: str) -> None:
         count = await self._require_group(stream, group)
@@ -112,3 +138,14 @@ class GroupOperations(RedisCore):
         for reply in await self._eval(calls):
             if is_reply(reply, "NOGROUP"):
                 raise UnknownGroup(stream, group)
+
+
+def _groups_of(stream: str, fields: Any) -> list[GroupInfo]:
+    """The groups of a stream's groups hash (a dict, or HGETALL's flat list from a script)."""
+    pairs = fields.items() if isinstance(fields, dict) else zip(fields[::2], fields[1::2],
+                                                                 strict=True)
+    out = []
+    for group, record in pairs:
+        max_attempts, created, _, ordering = group_record(record)
+        out.append(GroupInfo(stream, text(group), int(max_attempts), int(created), ordering))
+    return sorted(out, key=lambda g: g.group)

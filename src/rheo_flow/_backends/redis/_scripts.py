@@ -56,6 +56,7 @@ _PRELUDES: Final[dict[str, tuple[str, ...]]] = {
 _NAMES: Final = (
     "create_stream", "group_record", "init_group", "claim_ids", "append", "fetch", "settle",
     "renew", "replay", "reset", "trim", "dead_letters", "redrive", "forget_consumers",
+    "describe",
 )
 _LUA: Final = files(__name__.rpartition(".")[0]).joinpath("lua")
 
