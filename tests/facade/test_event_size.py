@@ -38,7 +38,7 @@ def test_bad_bounds_are_refused_naming_the_option(bad: object) -> None:
 
 
 def test_a_bound_over_the_backend_s_ceiling_is_refused() -> None:
-    with pytest.raises(InvalidArgument, match="from 1 to 2,000 .this backend stores no larger"):
+    with pytest.raises(InvalidArgument, match=r"from 1 to 2,000 \(this backend stores no larger"):
         Rheo(SmallStore(), max_event_bytes=2_001)
 
 

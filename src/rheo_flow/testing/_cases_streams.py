@@ -576,8 +576,9 @@ async def case_event_data_edge_strings(env: CaseEnv) -> None:
 
 @case(rules=["append.size_limit", "append.batch", "errors.invalid_input"])
 async def case_an_event_over_the_size_limit_is_refused(env: CaseEnv) -> None:
-    """Data over max_event_bytes (counted in UTF-8 bytes, not characters) is refused and
-    its batch writes nothing; data of exactly the limit is stored and read back."""
+    """Data over max_event_bytes (in UTF-8 bytes) is refused; exactly the limit is stored.
+
+    The refused batch writes nothing; the stored event is read back whole."""
     stream = await env.stream()
     limit = env.rheo.max_event_bytes
     small = NewEvent("t", {"ok": True}, id="small")
