@@ -694,6 +694,7 @@ async def test_stop_nacks_unfinished_work(rec_rheo: Rheo, recording: RecordingBa
     async with handle.start(rec_rheo) as group:
         # Two handlers running, two leases fetched behind them and never started.
         await wait_until(lambda: len(started) == 2 and group.stats.fetched == 4)
+        await group.stop()
     assert recording.nacks == [("shutdown", [1, 2, 3, 4])]
     assert not group.running
     leases = await rec_rheo.fetch("orders", "billing", limit=10)

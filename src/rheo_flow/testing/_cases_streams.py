@@ -18,6 +18,7 @@ from .._model._event import Event, NewEvent
 from .._model._query import Query
 from .._model._routing import partition_for
 from .._model._stream import DeadLetter
+from .._rheo import Rheo
 from ._case import CaseEnv, case, check, check_equal, expect_error, positions
 
 # Golden routing values: the hash must never change between versions, processes or
@@ -578,19 +579,21 @@ async def case_event_data_edge_strings(env: CaseEnv) -> None:
 async def case_an_event_over_the_size_limit_is_refused(env: CaseEnv) -> None:
     """Data over max_event_bytes (in UTF-8 bytes) is refused; exactly the limit is stored.
 
-    The refused batch writes nothing; the stored event is read back whole."""
+    The refused batch writes nothing; the stored event is read back whole. The case
+    works through a second instance over the same backend, with a small limit."""
     stream = await env.stream()
-    limit = env.rheo.max_event_bytes
+    limit = 1_000
+    rheo = Rheo(env.backend, max_event_bytes=limit)  # shares env's backend: not closed
     small = NewEvent("t", {"ok": True}, id="small")
     over = NewEvent("t", "x" * (limit - 1), id="over")  # two quotes: limit + 1 bytes
     wide = NewEvent("t", "\u00e9" * (limit // 2), id="wide")  # 2 bytes a character
     for what, bad in (("one byte over", over), ("two-byte characters", wide)):
-        await expect_error(InvalidArgument, env.rheo.append(stream, [small, bad]),
+        await expect_error(InvalidArgument, rheo.append(stream, [small, bad]),
                            f"append of an event {what} the limit of {limit:,} bytes")
     info = await env.rheo.stream_info(stream)
     check(not any(info.high_water.values()), f"a refused batch wrote nothing: {info}")
     exact = NewEvent("t", "x" * (limit - 2), id="exact")
-    [stored] = await env.rheo.append(stream, [exact])
+    [stored] = await rheo.append(stream, [exact])
     [read] = (await env.rheo.query_page(Query(stream=stream))).events
     check(read.data == exact.data and stored.id == "exact",
           "an event of exactly the limit is stored and read back whole")

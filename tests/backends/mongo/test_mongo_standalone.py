@@ -23,8 +23,12 @@ from rheo_flow.testing import BackendHarness, Case, all_cases, run_case, run_sta
 
 def _standalone_harness(url: str) -> BackendHarness:
     def build(clock: ManualClock, prefix: str | None = None) -> Backend:
+        # The wire emulator CI runs answers one client at a time, slowly when the
+        # machine is busy: the cases check what the backend does, not how fast, so a
+        # call may take longer than the default 10 s before it is given up on.
         return MongoBackend(url, collection_prefix=prefix or f"s{uuid.uuid4().hex[:10]}_",
-                            clock=clock, transactions=False, change_streams=False)
+                            clock=clock, transactions=False, change_streams=False,
+                            timeout_ms=30_000)
 
     def peer(backend: Backend, clock: ManualClock) -> Backend:
         assert isinstance(backend, MongoBackend)
