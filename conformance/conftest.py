@@ -119,15 +119,22 @@ def _mongo_harness(name: str, url: str) -> BackendHarness:
 
     clients: weakref.WeakKeyDictionary[Backend, Any] = weakref.WeakKeyDictionary()
 
+    # The wire emulator CI runs answers one client at a time, slowly when the machine
+    # is busy: the cases check what the backend does, not how fast, so a call may take
+    # longer than the default 10 s before it is given up on.
+    timeout_ms = 30_000
+
     def build(clock: ManualClock, prefix: str | None = None) -> Backend:
         prefix = prefix or f"c{uuid.uuid4().hex[:10]}_"
         if name != "mongo-motor":
             return MongoBackend.from_url(f"{url}{'&' if '?' in url else '?'}"
-                                         f"collection_prefix={prefix}", clock=clock)
+                                         f"collection_prefix={prefix}&timeout_ms={timeout_ms}",
+                                         clock=clock)
         from motor.motor_asyncio import AsyncIOMotorClient
 
         client = AsyncIOMotorClient(url)
-        backend = MongoBackend(client=client, collection_prefix=prefix, clock=clock)
+        backend = MongoBackend(client=client, collection_prefix=prefix, clock=clock,
+                               timeout_ms=timeout_ms)
         clients[backend] = client
         return backend
 
