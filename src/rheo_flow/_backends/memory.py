@@ -119,8 +119,7 @@ class MemoryBackend(Backend):
         self._streams: dict[str, _Stream] = {}
         self._groups: dict[tuple[str, str], _Group] = {}
         self._waiters = Waiters()  # idle consumers, by stream name
-        # Lease ids only need to be unique within this backend: a random prefix
-        # and a counter are, for a fraction of a uuid4's cost.
+        # Lease ids need only be unique here: a random prefix and a counter cost less than uuids.
         self._lease_prefix = os.urandom(8).hex()
         self._lease_counter = itertools.count(1)
 
@@ -184,8 +183,7 @@ class MemoryBackend(Backend):
                 continue
             part = s.partitions[r.partition]
             part.high_water += 1
-            # Decoded from the JSON text on first access: stored events share
-            # nothing with the caller's objects, and unread data is never decoded.
+            # Decoded on first read: stored events share nothing with the caller's objects.
             event = make_event_json(stream, r.partition, part.high_water, r.id, r.type,
                                     r.data_json, r.key, dict(r.headers) if r.headers else {},
                                     now)
@@ -231,7 +229,13 @@ class MemoryBackend(Backend):
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         self._stream(stream)
-        return [g.info for (s, name), g in sorted(self._groups.items()) if s == stream]
+        return [g.info for key, g in sorted(self._groups.items()) if key[0] == stream]
+
+    async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
+        groups: dict[str, list[GroupInfo]] = {name: [] for name in self._streams}
+        for (stream, _), g in sorted(self._groups.items()):
+            groups[stream].append(g.info)
+        return [(self._info(self._streams[name]), groups[name]) for name in sorted(groups)]
 
     # Leases ------------------------------------------------------------------
 
