@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from ._model._append_records import AppendRecord
 from ._model._capabilities import Capabilities
-from ._model._errors import UnknownStream, Unsupported
+from ._model._errors import UnknownGroup, UnknownStream, Unsupported
 from ._model._event import Event
 from ._model._lease import Lease
 from ._model._query import Query
@@ -206,6 +206,21 @@ class Backend(ABC):
     @abstractmethod
     async def frontier(self, stream: str, group: str) -> dict[int, int]:
         """Contiguous frontier per partition (rule ``frontier.contiguous``)."""
+
+    async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
+        """Every group's frontier per partition, by group name (what ``rheo-flow
+        groups`` and ``lag`` show).
+
+        This default asks group by group (a group deleted meanwhile is left out); a
+        backend overrides it to answer in a constant number of round trips.
+        """
+        out = {}
+        for info in await self.list_groups(stream):
+            try:
+                out[info.group] = await self.frontier(stream, info.group)
+            except UnknownGroup:
+                continue
+        return out
 
     @abstractmethod
     async def dead_letters(

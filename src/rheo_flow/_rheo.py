@@ -421,6 +421,12 @@ class Rheo:
         check_name("group", group)
         return await self._backend.frontier(stream, group)
 
+    async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
+        """Every group's frontier per partition, by group name, in a constant number of
+        round trips where the backend can."""
+        check_name("stream", stream)
+        return await self._backend.frontiers(stream)
+
     async def high_water(self, stream: str) -> dict[int, int]:
         """Highest appended sequence per partition."""
         return dict((await self.stream_info(stream)).high_water)

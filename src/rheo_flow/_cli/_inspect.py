@@ -70,9 +70,12 @@ def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
     async def go() -> list[Row]:
         async with Rheo(existing(url)) as rheo:
             high = await rheo.high_water(stream)
+            frontiers = await rheo.frontiers(stream)
             rows = []
             for g in await rheo.groups(stream):
-                frontier = await rheo.frontier(stream, g.group)
+                frontier = frontiers.get(g.group)
+                if frontier is None:  # created since frontiers was read
+                    continue
                 rows.append({
                     "stream": stream, "group": g.group, "max_attempts": g.max_attempts,
                     "created_at_ms": g.created_at_ms,
@@ -90,11 +93,11 @@ def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
 async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
     high = await rheo.high_water(stream)
     if group is not None:
-        await rheo.group_info(stream, group)
-    names = [group] if group is not None else [g.group for g in await rheo.groups(stream)]
+        frontiers = {group: await rheo.frontier(stream, group)}
+    else:
+        frontiers = await rheo.frontiers(stream)
     rows = []
-    for name in names:
-        frontier = await rheo.frontier(stream, name)
+    for name, frontier in frontiers.items():
         for p, h in sorted(high.items()):
             done = frontier.get(p, 0)
             rows.append({"stream": stream, "group": name, "partition": p, "high_water": h,

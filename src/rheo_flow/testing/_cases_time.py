@@ -86,3 +86,23 @@ async def case_describe_streams_matches_each_stream(env: CaseEnv) -> None:
         info, groups = described[name]
         check_equal(info, await env.rheo.stream_info(name), f"the info of {name}")
         check_equal(groups, await env.rheo.groups(name), f"the groups of {name}")
+
+
+@case(rules=["frontier.contiguous", "group.lifecycle"])
+async def case_frontiers_match_each_group(env: CaseEnv) -> None:
+    """frontiers names every group of the stream with the frontier frontier() gives it."""
+    stream = await env.stream(partitions=2)
+    other = env.name("other")
+    await env.rheo.create_stream(other)
+    await env.rheo.create_group(other, "elsewhere")
+    check_equal(await env.rheo.frontiers(stream), {}, "frontiers of a stream without groups")
+    await env.rheo.append(stream, [NewEvent("t", {"n": n}, partition=n % 2) for n in range(6)])
+    await env.rheo.create_group(stream, "idle")
+    leases = await env.fetch(stream, "busy", limit=3)
+    await env.rheo.ack(leases)
+    frontiers = await env.rheo.frontiers(stream)
+    check_equal(sorted(frontiers), ["busy", "idle"], "the groups frontiers names")
+    for group in ("busy", "idle"):
+        check_equal(frontiers[group], await env.rheo.frontier(stream, group),
+                    f"the frontier of {group}")
+    check(sum(frontiers["busy"].values()) == 3, f"three acked events: {frontiers['busy']}")

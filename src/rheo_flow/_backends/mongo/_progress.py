@@ -29,6 +29,13 @@ class ProgressOps(MongoCore):
         g = await self._group(stream, group)
         return {p: part["f"] for p, part in enumerate(g.parts)}
 
+    async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
+        await self._ready()
+        await self._stream_doc(stream)
+        docs = await self._groups.find({"s": stream}, {"n": 1, "parts.f": 1}).sort(
+            "n", ASCENDING).to_list(None)
+        return {d["n"]: {p: part["f"] for p, part in enumerate(d["parts"])} for d in docs}
+
     async def dead_letters(
         self, stream: str, group: str, limit: int, after: tuple[int, int] | None
     ) -> list[DeadLetter]:

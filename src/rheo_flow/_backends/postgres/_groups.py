@@ -124,6 +124,14 @@ class GroupOps(PostgresCore):
         rows = await pool.fetch(self._sql.frontier, gid)
         return {r["part"]: r["frontier"] for r in rows}
 
+    async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
+        meta = await self._stream(stream)
+        pool = await self._ready()
+        out: dict[str, dict[int, int]] = {}
+        for r in await pool.fetch(self._sql.stream_frontiers, meta.id):
+            out.setdefault(r["name"], {})[r["part"]] = r["frontier"]
+        return out
+
     async def dead_letters(
         self, stream: str, group: str, limit: int, after: tuple[int, int] | None
     ) -> list[DeadLetter]:

@@ -88,6 +88,7 @@ class Statements:
     ack_ranges_fetch: str
     renew: str
     frontier: str
+    stream_frontiers: str
     dead_letters: str
     redrive: str
     lock_cursors: str

@@ -173,6 +173,12 @@ SELECT * FROM {s}.renew($1::text::integer[], $2::text::integer[], $3::text::bigi
 -- name: frontier
 SELECT part, frontier FROM {s}.frontiers WHERE group_id = $1 ORDER BY part
 
+-- name: stream_frontiers
+-- Every group's frontier of stream $1, by group name and partition.
+SELECT g.name, f.part, f.frontier FROM {s}.groups AS g
+JOIN {s}.frontiers AS f ON f.group_id = g.id
+WHERE g.stream_id = $1 ORDER BY g.name COLLATE "C", f.part
+
 -- name: dead_letters
 SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms, d.last_error
 FROM {s}.deliveries d JOIN {s}.events e
