@@ -282,25 +282,33 @@ class MemoryBackend(Backend):
     def _eligible(
         self, g: _Group, pid: int, s: _Stream, now: int, limit: int
     ) -> tuple[list[_Delivery], int]:
-        """The partition's eligible existing deliveries, and how many new ones it can add."""
+        """The partition's eligible existing deliveries, and how many new ones it can add.
+
+        When more than ``limit`` are eligible, the soonest due are taken (by the time
+        each became eligible, then by sequence), as the SQLite backend's index by due
+        time reads them; those taken are returned in sequence order."""
         gp = g.partitions[pid]
         out: list[_Delivery] = []
         if gp.active and gp.due <= now:
             due = _NEVER
-            for seq in sorted(gp.active):
-                if len(out) >= limit:
-                    due = now  # not scanned to the end: some may be eligible already
-                    break
-                d = gp.active[seq]
+            ready: list[tuple[int, int, _Delivery]] = []
+            for seq, d in gp.active.items():
                 ready_at = d.available_at_ms if d.state == "available" else d.deadline_ms
                 if ready_at > now:
                     due = min(due, ready_at)
-                    continue
+                else:
+                    ready.append((ready_at, seq, d))
+            ready.sort(key=lambda item: item[:2])
+            for _, _, d in ready:
+                if len(out) >= limit:
+                    due = now  # not all taken: some are eligible already
+                    break
                 dead = expire(d.attempt, g.info.max_attempts, now)
                 if dead is not None:
                     self._apply(gp, d, dead)
                     continue
                 out.append(d)
+            out.sort(key=lambda d: d.sequence)
             # What is taken now is leased (its deadline lowers ``due`` again) or
             # stays eligible (rescanned next time: ``now`` keeps ``due`` in the past).
             gp.due = now if out else due

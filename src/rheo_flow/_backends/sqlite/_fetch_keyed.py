@@ -2,12 +2,13 @@
 delivery of K in its partition is settled (docs/ordering.md).
 
 Such a group's delivery rows carry their event's key. Existing deliveries come
-from the partial index of unsettled rows, each kept only when no earlier
-unsettled row of its key exists (one probe of ``deliveries_keyed``); new
-sequences past the cursor are read with their keys and whether each key has an
-unsettled delivery (the same probe, in the same statement), and either leased
-or stored *blocked*: available, attempt 0, ``available_at_ms`` 2**62, so later
-scans pass over them on the time test alone. The statements that settle a
+from the index of unsettled rows by due time (only the due ones are read), each
+kept only when no earlier unsettled row of its key exists (one probe of
+``deliveries_keyed``); new sequences past the cursor are read with their keys
+and whether each key has an unsettled delivery (the same probe, in the same
+statement), and either leased or stored *blocked*: available, attempt 0,
+``available_at_ms`` 2**62, so they are never due and later scans never read
+them. Only the partitions with work are visited (:mod:`._fetch`). The statements that settle a
 delivery for good make the next blocked one of its key eligible
 (``_progress.release_keys``; a trim releases the heads it uncovers), so a fetch
 never reads settled history.
@@ -95,7 +96,7 @@ class KeyedFetch:
 
     def _existing(self, p: _Partition, expired: list[tuple[Settled, int, int]]) -> _Partition:
         """Fill in the partition's eligible deliveries (expiries at max attempts go to
-        ``expired``), up to ``limit``."""
+        ``expired``), up to ``limit``: the soonest due when more are."""
         p.last = p.cursor
         cur = self.conn.execute(sql.ELIGIBLE_BY_KEY, (self.group_id, p.part, self.now))
         try:
@@ -109,6 +110,7 @@ class KeyedFetch:
                     p.existing.append((seq, attempt))
         finally:
             cur.close()
+        p.existing.sort()  # read soonest due first; leased in sequence order
         return p
 
     def _pick(self, parts: list[_Partition]) -> list[tuple[_Partition, int, int, int]]:
