@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -256,7 +257,11 @@ class MemoryBackend(Backend):
         leases: list[Lease] = []
         group_name = g.info.group
         # Round-robin across partitions so one deep partition does not starve the others.
-        for index, depth in round_robin([len(c) + n for c, n in per_partition], limit):
+        order = round_robin([len(c) + n for c, n in per_partition], limit)
+        for index, count in Counter(index for index, _ in order).items():
+            found = per_partition[index][0]  # the soonest due: leased in sequence order
+            found[:count] = sorted(found[:count], key=lambda d: d.sequence)
+        for index, depth in order:
             pid = ids[index]
             candidates, _ = per_partition[index]
             gp = g.partitions[pid]
@@ -282,24 +287,15 @@ class MemoryBackend(Backend):
     def _eligible(
         self, g: _Group, pid: int, s: _Stream, now: int, limit: int
     ) -> tuple[list[_Delivery], int]:
-        """The partition's eligible existing deliveries, and how many new ones it can add.
-
-        When more than ``limit`` are eligible, the soonest due are taken (by the time
-        each became eligible, then by sequence), as the SQLite backend's index by due
-        time reads them; those taken are returned in sequence order."""
+        """The partition's eligible existing deliveries, the soonest due first (then by
+        sequence, as SQLite's index reads them), and how many new ones it can add."""
         gp = g.partitions[pid]
         out: list[_Delivery] = []
         if gp.active and gp.due <= now:
-            due = _NEVER
-            ready: list[tuple[int, int, _Delivery]] = []
-            for seq, d in gp.active.items():
-                ready_at = d.available_at_ms if d.state == "available" else d.deadline_ms
-                if ready_at > now:
-                    due = min(due, ready_at)
-                else:
-                    ready.append((ready_at, seq, d))
-            ready.sort(key=lambda item: item[:2])
-            for _, _, d in ready:
+            times = [(d.available_at_ms if d.state == "available" else d.deadline_ms, seq, d)
+                     for seq, d in gp.active.items()]
+            due = min((t for t, _, _ in times if t > now), default=_NEVER)
+            for _, _, d in sorted(item for item in times if item[0] <= now):
                 if len(out) >= limit:
                     due = now  # not all taken: some are eligible already
                     break
@@ -308,7 +304,6 @@ class MemoryBackend(Backend):
                     self._apply(gp, d, dead)
                     continue
                 out.append(d)
-            out.sort(key=lambda d: d.sequence)
             # What is taken now is leased (its deadline lowers ``due`` again) or
             # stays eligible (rescanned next time: ``now`` keeps ``due`` in the past).
             gp.due = now if out else due

@@ -16,8 +16,9 @@ Terminal (acked, rejected) rows stay until replay, reset or trim, exactly like t
 reference: they answer a repeated settle with ``repeated=True``. Fetch never reads
 them: it reads partial indexes of the unsettled rows by due time with the time
 as the bound, and only the partitions with work, so its cost grows neither with
-the acked events nor with the delayed or held ones nor with idle partitions. The frontier is advanced
-from its stored value by walking forward from it, never by counting acked rows.
+the acked events nor with the delayed or held ones nor with idle partitions.
+The frontier is advanced from its stored value by walking forward from it, never
+by counting acked rows.
 
 Concurrency: every write (fetch included) is one ``BEGIN IMMEDIATE``
 transaction, which takes SQLite's single writer lock before reading anything,

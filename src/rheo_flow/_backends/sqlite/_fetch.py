@@ -39,9 +39,9 @@ from ._ranges import RangeRow, new_token
 __all__ = ["Fetcher"]
 
 Candidates = list[tuple[int, int, int]]
-"""A partition's events to lease again, as (sequence, attempt, source) in sequence
-order; source is -1 for a delivery row, else the place of the expired range holding
-the event in the fetch's list of them."""
+"""A partition's events to lease again, as (sequence, attempt, source), the soonest
+due first; source is -1 for a delivery row, else the place of the expired range
+holding the event in the fetch's list of them."""
 
 Due = list[tuple[int, int, int, int]]
 """Events to lease again with when each became due: (due, sequence, attempt, source)."""
@@ -144,7 +144,7 @@ def _read_progress(conn: sqlite3.Connection, stream: str, group: str,
     expired: dict[int, list[RangeRow]] = {}
     if ordering != "key":  # only unordered groups hold ranges
         for part, *row in conn.execute(sql.EXPIRED_RANGES, (group_id, now)):
-            expired.setdefault(part, []).append(tuple(row))  # type: ignore[arg-type]
+            expired.setdefault(part, []).append(tuple(row))
             cursors.setdefault(part, NO_NEW_EVENTS)
     return _Progress(group_id, max_attempts, stream_id, count, ordering == "key", cursors,
                      expired)
@@ -169,7 +169,7 @@ def _candidates(conn: sqlite3.Connection, p: _Progress, ids: list[int], now: int
         held = _expired_ranges(p, part, limit, ranges, spent)
         if held:  # the soonest due of both
             due = sorted(due + held)[:limit] if due else held
-        found = sorted(candidate[1:] for candidate in due)
+        found = [candidate[1:] for candidate in due]
         cursor, high = p.cursors[part]
         existing.append(found)
         sizes.append(len(found) + max(0, min(limit - len(found), high - cursor)))
@@ -270,11 +270,13 @@ class _Batch:
         picked = [0] * len(ids)
         for i, _ in order:
             picked[i] += 1
-        # A partition's picks are its events to lease again first, then new sequences.
+        # A partition's picks are its events to lease again first (the soonest due,
+        # leased in sequence order), then new sequences.
         prefix, number = os.urandom(12).hex(), 0
         for i, part in enumerate(ids):
             count = min(picked[i], len(existing[i]))
-            for seq, attempt, source in existing[i][:count]:
+            existing[i] = sorted(existing[i][:count])
+            for seq, attempt, source in existing[i]:
                 if source >= 0:
                     if source not in self.relet:
                         self.relet[source] = ([], new_token())

@@ -53,6 +53,7 @@ class _Partition:
     chunk: int
     """How many events the next read past the cursor asks for at least."""
     existing: list[tuple[int, int]] = field(default_factory=list)
+    """Eligible deliveries (seq, attempt), the soonest due first."""
     fresh: list[int] = field(default_factory=list)
     """New sequences that may be leased, in order."""
     seen: set[str] = field(default_factory=set)
@@ -79,7 +80,7 @@ class KeyedFetch:
         share = -(-self.limit // len(ids))
         parts = [self._existing(_Partition(part, *cursors[part], share), expired)
                  for part in ids]
-        picked = self._pick(parts)
+        picked = _in_sequence(self._pick(parts))
         deadline = self.now + lease_ms
         made = self._write(parts, picked, consumer_id, deadline)
         if expired:  # after the writes, so that the releases see what they stored
@@ -110,7 +111,6 @@ class KeyedFetch:
                     p.existing.append((seq, attempt))
         finally:
             cur.close()
-        p.existing.sort()  # read soonest due first; leased in sequence order
         return p
 
     def _pick(self, parts: list[_Partition]) -> list[tuple[_Partition, int, int, int]]:
@@ -200,6 +200,18 @@ class KeyedFetch:
         if cursors:
             self.conn.executemany(sql.SET_CURSOR, cursors)
         return made
+
+
+def _in_sequence(picked: list[tuple[_Partition, int, int, int]],
+                 ) -> list[tuple[_Partition, int, int, int]]:
+    """``picked`` with each partition's existing deliveries (picked soonest due first)
+    in sequence order, in the places they were picked in; new ones follow them."""
+    existing: dict[int, list[tuple[int, int]]] = {}
+    for p, seq, attempt, new in picked:
+        if not new:
+            existing.setdefault(p.part, []).append((seq, attempt))
+    ordered = {part: iter(sorted(found)) for part, found in existing.items()}
+    return [pick if pick[3] else (pick[0], *next(ordered[pick[0].part]), 0) for pick in picked]
 
 
 def _runs(seqs: list[int]) -> list[tuple[int, int]]:
