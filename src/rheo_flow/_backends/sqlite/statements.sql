@@ -264,12 +264,13 @@ WHERE group_id = ?1 AND part = ?2 AND seq = (
 
 -- name: has_blocked
 -- Whether partition ?2 of key-ordered group ?1 holds a delivery fetch stored blocked.
--- Most hold none, and then a settle has no key to release: one read of the
--- partition's unsettled rows spares a release_key per settled delivery. The state
--- IN test is the partial index's own condition, which SQLite needs to see to use it.
-SELECT 1 FROM deliveries INDEXED BY deliveries_active
+-- Most hold none, and then a settle has no key to release: one probe of
+-- deliveries_due (a blocked delivery is due at {blocked}, which no deadline
+-- reaches) spares a release_key per settled delivery. The state IN test is the
+-- partial index's own condition, which SQLite needs to see to use it.
+SELECT 1 FROM deliveries INDEXED BY deliveries_due
 WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')
-  AND state = 'available' AND available_at_ms = {blocked}
+  AND {due} = {blocked} AND state = 'available'
 LIMIT 1
 
 -- name: release_heads
