@@ -8,8 +8,8 @@ kept only when no earlier unsettled row of its key exists (one probe of
 and whether each key has an unsettled delivery (the same probe, in the same
 statement), and either leased or stored *blocked*: available, attempt 0,
 ``available_at_ms`` 2**62, so they are never due and later scans never read
-them. Only the partitions with work are visited (:mod:`._fetch`). The statements that settle a
-delivery for good make the next blocked one of its key eligible
+them. Only the partitions with work are visited (:mod:`._fetch`). The statements
+that settle a delivery for good make the next blocked one of its key eligible
 (``_progress.release_keys``; a trim releases the heads it uncovers), so a fetch
 never reads settled history.
 
