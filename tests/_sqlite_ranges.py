@@ -1,5 +1,6 @@
-"""An SQLite file's range leases turned back into delivery rows, as schema 5 stored
-every lease: for tests that rebuild an older file from one the current schema wrote."""
+"""An SQLite file turned back into an older schema's layout, for tests that rebuild
+an older file from one the current schema wrote: schema 7's additions taken out,
+and range leases turned back into delivery rows, as schema 5 stored every lease."""
 
 from __future__ import annotations
 
@@ -23,3 +24,15 @@ def ranges_to_delivery_rows(conn: sqlite3.Connection) -> None:
                  f"{token}{seq - base:08x}", f"{part}-{seq}-{attempt}", consumer, deadline,
                  "ack" if acked else None))
     conn.execute("DROP TABLE ranges")
+
+
+SCHEMA_7_INDEXES = ("deliveries_due", "deliveries_group_due", "ranges_expiry",
+                    "group_partitions_behind")
+"""The indexes schema 7 added."""
+
+
+def undo_schema_7(conn: sqlite3.Connection) -> None:
+    """Drop what schema 7 added: its indexes and ``group_partitions.high_water``."""
+    for index in SCHEMA_7_INDEXES:
+        conn.execute(f"DROP INDEX IF EXISTS {index}")
+    conn.execute("ALTER TABLE group_partitions DROP COLUMN high_water")

@@ -287,10 +287,18 @@ class NackedRedeliveryKeepsItsLease(MemoryBackend):
 class RedeliveriesReversed(MemoryBackend):
     """Within one fetch, a partition's redeliveries come in reverse sequence order."""
 
-    def _eligible(self, g: _Group, pid: int, s: _Stream, now: int, limit: int
-                  ) -> tuple[list[_Delivery], int]:
-        out, new = super()._eligible(g, pid, s, now, limit)
-        return out[::-1], new
+    async def fetch(self, stream: str, group: str, consumer_id: str, limit: int, lease_ms: int,
+                    partitions: Sequence[int] | None) -> list[Lease]:
+        leases = await super().fetch(stream, group, consumer_id, limit, lease_ms, partitions)
+        places: dict[int, list[int]] = {}  # per partition: where its redeliveries are
+        for i, lease in enumerate(leases):
+            if lease.attempt > 1:
+                places.setdefault(lease.partition, []).append(i)
+        out = list(leases)
+        for where in places.values():
+            for i, j in zip(where, reversed(where), strict=True):
+                out[i] = leases[j]
+        return out
 
 
 class RedeliveryLeaseNotRecorded(MemoryBackend):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -260,7 +261,11 @@ class MemoryBackend(Backend):
         leases: list[Lease] = []
         group_name = g.info.group
         # Round-robin across partitions so one deep partition does not starve the others.
-        for index, depth in round_robin([len(c) + n for c, n in per_partition], limit):
+        order = round_robin([len(c) + n for c, n in per_partition], limit)
+        for index, count in Counter(index for index, _ in order).items():
+            found = per_partition[index][0]  # the soonest due: leased in sequence order
+            found[:count] = sorted(found[:count], key=lambda d: d.sequence)
+        for index, depth in order:
             pid = ids[index]
             candidates, _ = per_partition[index]
             gp = g.partitions[pid]
@@ -286,20 +291,18 @@ class MemoryBackend(Backend):
     def _eligible(
         self, g: _Group, pid: int, s: _Stream, now: int, limit: int
     ) -> tuple[list[_Delivery], int]:
-        """The partition's eligible existing deliveries, and how many new ones it can add."""
+        """The partition's eligible existing deliveries, the soonest due first (then by
+        sequence, as SQLite's index reads them), and how many new ones it can add."""
         gp = g.partitions[pid]
         out: list[_Delivery] = []
         if gp.active and gp.due <= now:
-            due = _NEVER
-            for seq in sorted(gp.active):
+            times = [(d.available_at_ms if d.state == "available" else d.deadline_ms, seq, d)
+                     for seq, d in gp.active.items()]
+            due = min((t for t, _, _ in times if t > now), default=_NEVER)
+            for _, _, d in sorted(item for item in times if item[0] <= now):
                 if len(out) >= limit:
-                    due = now  # not scanned to the end: some may be eligible already
+                    due = now  # not all taken: some are eligible already
                     break
-                d = gp.active[seq]
-                ready_at = d.available_at_ms if d.state == "available" else d.deadline_ms
-                if ready_at > now:
-                    due = min(due, ready_at)
-                    continue
                 dead = expire(d.attempt, g.info.max_attempts, now)
                 if dead is not None:
                     self._apply(gp, d, dead)

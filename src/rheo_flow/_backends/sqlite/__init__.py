@@ -7,15 +7,18 @@ Semantics are those of the in-memory reference backend, kept in tables
   unique (stream, event id) for idempotent appends;
 * ``partitions`` — high and low water per stream partition;
 * ``group_partitions`` — per (group, partition): the *cursor* (highest sequence
-  whose delivery row exists) and the stored contiguous *frontier*;
+  leased or stored), the stored contiguous *frontier*, and the partition's high
+  water mirrored, so that the partitions with new events are an index range;
 * ``deliveries`` — materialised deliveries. Rows are created lazily when fetch
   leases a sequence past the cursor, so an event nobody fetched costs no row.
 
 Terminal (acked, rejected) rows stay until replay, reset or trim, exactly like the
 reference: they answer a repeated settle with ``repeated=True``. Fetch never reads
-them: it walks a partial index holding only available and leased rows, so its
-cost does not grow with the number of acked events. The frontier is advanced
-from its stored value by walking forward from it, never by counting acked rows.
+them: it reads partial indexes of the unsettled rows by due time with the time
+as the bound, and only the partitions with work, so its cost grows neither with
+the acked events nor with the delayed or held ones nor with idle partitions.
+The frontier is advanced from its stored value by walking forward from it, never
+by counting acked rows.
 
 Concurrency: every write (fetch included) is one ``BEGIN IMMEDIATE``
 transaction, which takes SQLite's single writer lock before reading anything,

@@ -163,7 +163,7 @@ def create_group(
     rows = []
     for part, (high, low) in waters(conn, s.id).items():
         position = start_position(start, high, low)
-        rows.append((group_id, part, position, position))
+        rows.append((group_id, part, position, position, high))
     conn.executemany(sql.INSERT_GROUP_PARTITION, rows)
     return GroupInfo(stream, group, attempts, now, ordering)
 

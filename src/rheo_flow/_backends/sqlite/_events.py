@@ -128,7 +128,9 @@ def _insert(
             return None
     else:
         conn.executemany(sql.INSERT_EVENT, rows)
-    conn.executemany(sql.SET_HIGH_WATER, [(high[part], s.id, part) for part in sorted(touched)])
+    moves = [(high[part], s.id, part) for part in sorted(touched)]
+    conn.executemany(sql.SET_HIGH_WATER, moves)
+    conn.executemany(sql.MIRROR_HIGH_WATER, moves)
     return out
 
 

@@ -1,10 +1,13 @@
 """Fetch: leasing a group's eligible deliveries, a few statements per batch.
 
-A fetch reads the group and every partition's progress in one statement, scans
-each partition's eligible delivery rows and expired ranges on partial indexes
-(so its cost does not grow with the number of acked events), takes candidates
-round-robin across partitions, re-leases delivery rows with one
-``executemany`` and ranges with a statement each, and leases a partition's new
+A fetch reads the group, then in ONE statement the partitions with work (new
+events past the cursor, or a delivery row due) and in another the group's
+expired ranges; it visits only those partitions, so an idle partition costs a
+comparison and the limit goes where the work is. A partition's due delivery rows
+are read on an index by due time, with "<= now" as the index bound, so neither
+acked history nor delayed or held work is walked. Candidates are taken
+round-robin across the partitions with work; delivery rows are leased again
+with one ``executemany``, ranges with a statement each, and a partition's new
 sequences as ONE range row (_ranges.py): an unordered group stores no delivery
 row per event. A key-ordered group's fetch is :mod:`._fetch_keyed`.
 
@@ -14,6 +17,7 @@ cursor per partition, and reads the events in one range query each.
 
 from __future__ import annotations
 
+import bisect
 import os
 import sqlite3
 from dataclasses import dataclass
@@ -35,14 +39,20 @@ from ._ranges import RangeRow, new_token
 __all__ = ["Fetcher"]
 
 Candidates = list[tuple[int, int, int]]
-"""A partition's events to lease again, as (sequence, attempt, source) in sequence
-order; source is -1 for a delivery row, else the place of the expired range holding
-the event in the fetch's list of them."""
+"""A partition's events to lease again, as (sequence, attempt, source), the soonest
+due first; source is -1 for a delivery row, else the place of the expired range
+holding the event in the fetch's list of them."""
+
+Due = list[tuple[int, int, int, int]]
+"""Events to lease again with when each became due: (due, sequence, attempt, source)."""
+
+NO_NEW_EVENTS = (0, 0)
+"""The (cursor, high water) of a partition whose work is only expired ranges."""
 
 
 @dataclass(slots=True)
 class _Progress:
-    """What a fetch reads of its group first, in one statement."""
+    """What a fetch reads of its group first: its settings, then its work."""
 
     group_id: int
     max_attempts: int
@@ -51,15 +61,19 @@ class _Progress:
     ordered: bool
     """The group's ordering is ``"key"`` (its fetch is :class:`KeyedFetch`)."""
     cursors: dict[int, tuple[int, int]]
-    """Per partition: the cursor (highest sequence with a delivery row) and the high water."""
+    """Per partition with work: the cursor (highest sequence leased or stored) and
+    the high water; :data:`NO_NEW_EVENTS` where the work is expired ranges only."""
+    expired: dict[int, list[RangeRow]]
+    """Per partition: its expired ranges with events in flight, by sequence."""
 
 
 class Fetcher:
     """The fetch of one backend object.
 
-    Where the round-robin across partitions starts rotates per call, as in the
-    reference backend. It is kept here, not stored: a fetch that finds nothing
-    then writes nothing.
+    Where the round-robin across partitions starts rotates per call, over the
+    partitions asked for, as in the reference backend; the round then visits the
+    partitions with work from there on. It is kept here, not stored: a fetch
+    that finds nothing then writes nothing.
     """
 
     def __init__(self, clock: Clock, path: str) -> None:
@@ -78,14 +92,13 @@ class Fetcher:
         partitions: list[int] | None,
     ) -> list[Lease]:
         """Lease up to ``limit`` deliveries of ``partitions`` (``None``: all) for ``lease_ms``."""
-        progress = _read_progress(conn, stream, group)
+        now = self._clock()
+        progress = _read_progress(conn, stream, group, now)
         if progress is None:
             return []
-        now = self._clock()
-        ids = list(range(progress.partitions)) if partitions is None else partitions
+        ids = self._with_work(progress, partitions)
         if not ids:
             return []
-        ids = self._rotation.order(progress.group_id, ids)
         if progress.ordered:
             return KeyedFetch(conn, progress.group_id, progress.max_attempts,
                               progress.stream_id, now, limit).run(
@@ -102,15 +115,39 @@ class Fetcher:
         return batch.leases(conn, stream, group, consumer_id, self._path)
 
 
-def _read_progress(conn: sqlite3.Connection, stream: str, group: str) -> _Progress | None:
-    rows = conn.execute(sql.PROGRESS, (group, stream)).fetchall()
-    if not rows:
+    def _with_work(self, progress: _Progress, partitions: list[int] | None) -> list[int]:
+        """The partitions of ``partitions`` (``None``: all) with work, in the order of
+        this fetch's round: from where the rotation starts it on."""
+        work = progress.cursors.keys() | progress.expired.keys()
+        if partitions is not None:
+            if not partitions:
+                return []
+            return [part for part in self._rotation.order(progress.group_id, list(partitions))
+                    if part in work]
+        start = self._rotation.order(progress.group_id, list(range(progress.partitions)))[0]
+        ids = sorted(work)
+        at = bisect.bisect_left(ids, start)
+        return ids[at:] + ids[:at]
+
+
+def _read_progress(conn: sqlite3.Connection, stream: str, group: str,
+                   now: int) -> _Progress | None:
+    """The group's settings and its work at ``now``; ``None`` when nothing is fetchable
+    (an unknown stream or group raises)."""
+    found = conn.execute(sql.FETCH_GROUP, (group, stream)).fetchone()
+    if found is None:
         get_group(conn, stream, group)  # raises UnknownStream or UnknownGroup
         return None
-    group_id, max_attempts, stream_id, count, ordering = rows[0][:5]
-    return _Progress(group_id, max_attempts, stream_id, count, ordering == "key",
-                     {part: (cursor, high) for *_, part, cursor, high in rows})
-
+    group_id, max_attempts, stream_id, count, ordering = found
+    cursors = {part: (cursor, high) for part, cursor, high in conn.execute(
+        sql.PARTITIONS_WITH_WORK, (group_id, now))}
+    expired: dict[int, list[RangeRow]] = {}
+    if ordering != "key":  # only unordered groups hold ranges
+        for part, *row in conn.execute(sql.EXPIRED_RANGES, (group_id, now)):
+            expired.setdefault(part, []).append(tuple(row))
+            cursors.setdefault(part, NO_NEW_EVENTS)
+    return _Progress(group_id, max_attempts, stream_id, count, ordering == "key", cursors,
+                     expired)
 
 
 def _candidates(conn: sqlite3.Connection, p: _Progress, ids: list[int], now: int,
@@ -128,10 +165,11 @@ def _candidates(conn: sqlite3.Connection, p: _Progress, ids: list[int], now: int
     ranges: list[tuple[int, RangeRow]] = []
     spent: list[tuple[int, RangeRow]] = []
     for part in ids:
-        found = _eligible(conn, p, part, now, limit, expired)
-        held = _expired_ranges(conn, p, part, now, limit, ranges, spent)
-        if held:
-            found = sorted(found + held)[:limit] if found else held
+        due = _eligible(conn, p, part, now, limit, expired)
+        held = _expired_ranges(p, part, limit, ranges, spent)
+        if held:  # the soonest due of both
+            due = sorted(due + held)[:limit] if due else held
+        found = [candidate[1:] for candidate in due]
         cursor, high = p.cursors[part]
         existing.append(found)
         sizes.append(len(found) + max(0, min(limit - len(found), high - cursor)))
@@ -147,32 +185,33 @@ def _candidates(conn: sqlite3.Connection, p: _Progress, ids: list[int], now: int
 
 
 def _eligible(conn: sqlite3.Connection, p: _Progress, part: int, now: int, limit: int,
-              expired: list[tuple[Settled, int, int]]) -> Candidates:
-    """Up to ``limit`` eligible delivery rows of ``part``; expired ones go to ``expired``."""
-    found: Candidates = []
-    cur = conn.execute(sql.ELIGIBLE, (p.group_id, part, now, now))
+              expired: list[tuple[Settled, int, int]]) -> Due:
+    """Up to ``limit`` due delivery rows of ``part``, the soonest due first; expired
+    ones at max attempts go to ``expired``."""
+    found: Due = []
+    cur = conn.execute(sql.ELIGIBLE, (p.group_id, part, now))
     try:
-        for seq, attempt in cur:
+        for due, seq, attempt in cur:
             if len(found) >= limit:
                 break
             dead = expire(attempt, p.max_attempts, now)
             if dead is not None:
                 expired.append((dead, part, seq))
                 continue
-            found.append((seq, attempt, -1))
+            found.append((due, seq, attempt, -1))
     finally:
         cur.close()
     return found
 
 
-def _expired_ranges(conn: sqlite3.Connection, p: _Progress, part: int, now: int, limit: int,
-                    ranges: list[tuple[int, RangeRow]],
-                    spent: list[tuple[int, RangeRow]]) -> Candidates:
-    """Up to ``limit`` events in flight of ``part``'s expired ranges; each range they
-    name is appended to ``ranges``, those at max attempts to ``spent`` instead."""
-    found: Candidates = []
-    for row in conn.execute(sql.EXPIRED_RANGES, (p.group_id, part, now)).fetchall():
-        first, _, _, _, attempt, _, _, done, _ = row
+def _expired_ranges(p: _Progress, part: int, limit: int, ranges: list[tuple[int, RangeRow]],
+                    spent: list[tuple[int, RangeRow]]) -> Due:
+    """Up to ``limit`` events in flight of ``part``'s expired ranges, the soonest
+    expired first; each range they name is appended to ``ranges``, those at max
+    attempts to ``spent`` instead."""
+    found: Due = []
+    for row in p.expired.get(part, ()):
+        first, _, _, _, attempt, deadline, _, done, _ = row
         if attempt >= p.max_attempts:
             spent.append((part, row))
             continue
@@ -182,7 +221,7 @@ def _expired_ranges(conn: sqlite3.Connection, p: _Progress, part: int, now: int,
         ranges.append((part, row))
         at = done.find("0")
         while at >= 0 and len(found) < limit:
-            found.append((first + at, attempt, source))
+            found.append((deadline, first + at, attempt, source))
             at = done.find("0", at + 1)
     return found
 
@@ -231,11 +270,13 @@ class _Batch:
         picked = [0] * len(ids)
         for i, _ in order:
             picked[i] += 1
-        # A partition's picks are its events to lease again first, then new sequences.
+        # A partition's picks are its events to lease again first (the soonest due,
+        # leased in sequence order), then new sequences.
         prefix, number = os.urandom(12).hex(), 0
         for i, part in enumerate(ids):
             count = min(picked[i], len(existing[i]))
-            for seq, attempt, source in existing[i][:count]:
+            existing[i] = sorted(existing[i][:count])
+            for seq, attempt, source in existing[i]:
                 if source >= 0:
                     if source not in self.relet:
                         self.relet[source] = ([], new_token())

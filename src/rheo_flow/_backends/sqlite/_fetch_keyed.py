@@ -2,13 +2,14 @@
 delivery of K in its partition is settled (docs/ordering.md).
 
 Such a group's delivery rows carry their event's key. Existing deliveries come
-from the partial index of unsettled rows, each kept only when no earlier
-unsettled row of its key exists (one probe of ``deliveries_keyed``); new
-sequences past the cursor are read with their keys and whether each key has an
-unsettled delivery (the same probe, in the same statement), and either leased
-or stored *blocked*: available, attempt 0, ``available_at_ms`` 2**62, so later
-scans pass over them on the time test alone. The statements that settle a
-delivery for good make the next blocked one of its key eligible
+from the index of unsettled rows by due time (only the due ones are read), each
+kept only when no earlier unsettled row of its key exists (one probe of
+``deliveries_keyed``); new sequences past the cursor are read with their keys
+and whether each key has an unsettled delivery (the same probe, in the same
+statement), and either leased or stored *blocked*: available, attempt 0,
+``available_at_ms`` 2**62, so they are never due and later scans never read
+them. Only the partitions with work are visited (:mod:`._fetch`). The statements
+that settle a delivery for good make the next blocked one of its key eligible
 (``_progress.release_keys``; a trim releases the heads it uncovers), so a fetch
 never reads settled history.
 
@@ -52,6 +53,7 @@ class _Partition:
     chunk: int
     """How many events the next read past the cursor asks for at least."""
     existing: list[tuple[int, int]] = field(default_factory=list)
+    """Eligible deliveries (seq, attempt), the soonest due first."""
     fresh: list[int] = field(default_factory=list)
     """New sequences that may be leased, in order."""
     seen: set[str] = field(default_factory=set)
@@ -78,7 +80,7 @@ class KeyedFetch:
         share = -(-self.limit // len(ids))
         parts = [self._existing(_Partition(part, *cursors[part], share), expired)
                  for part in ids]
-        picked = self._pick(parts)
+        picked = _in_sequence(self._pick(parts))
         deadline = self.now + lease_ms
         made = self._write(parts, picked, consumer_id, deadline)
         if expired:  # after the writes, so that the releases see what they stored
@@ -95,7 +97,7 @@ class KeyedFetch:
 
     def _existing(self, p: _Partition, expired: list[tuple[Settled, int, int]]) -> _Partition:
         """Fill in the partition's eligible deliveries (expiries at max attempts go to
-        ``expired``), up to ``limit``."""
+        ``expired``), up to ``limit``: the soonest due when more are."""
         p.last = p.cursor
         cur = self.conn.execute(sql.ELIGIBLE_BY_KEY, (self.group_id, p.part, self.now))
         try:
@@ -198,6 +200,18 @@ class KeyedFetch:
         if cursors:
             self.conn.executemany(sql.SET_CURSOR, cursors)
         return made
+
+
+def _in_sequence(picked: list[tuple[_Partition, int, int, int]],
+                 ) -> list[tuple[_Partition, int, int, int]]:
+    """``picked`` with each partition's existing deliveries (picked soonest due first)
+    in sequence order, in the places they were picked in; new ones follow them."""
+    existing: dict[int, list[tuple[int, int]]] = {}
+    for p, seq, attempt, new in picked:
+        if not new:
+            existing.setdefault(p.part, []).append((seq, attempt))
+    ordered = {part: iter(sorted(found)) for part, found in existing.items()}
+    return [pick if pick[3] else (pick[0], *next(ordered[pick[0].part]), 0) for pick in picked]
 
 
 def _runs(seqs: list[int]) -> list[tuple[int, int]]:

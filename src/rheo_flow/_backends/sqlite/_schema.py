@@ -17,7 +17,7 @@ from ._errors import is_locked
 
 __all__ = ["SCHEMA_VERSION", "connect"]
 
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 """Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change.
 
 1: first schema. 2: the ``deliveries`` state CHECK is written with ``OR`` instead
@@ -32,7 +32,14 @@ groups' included; the statements settling a key-ordered group's deliveries
 release their keys instead. 6: the ``ranges`` table (range leases of unordered
 groups: a row per partition a fetch leases new events from, instead of a delivery
 row per event); delivery rows keep their meaning, so leases in flight across the
-upgrade settle, expire and are leased again as before."""
+upgrade settle, expire and are leased again as before. 7: the indexes
+``deliveries_due`` and ``deliveries_group_due`` (unsettled deliveries by when they
+are due: a nacked one's available time, a leased one's deadline) and
+``ranges_expiry`` (open ranges by deadline), and ``group_partitions.high_water``
+(the partition's high water, mirrored by every append) with the partial index
+``group_partitions_behind``: a fetch finds what is due with the time as an index
+bound, and visits only the partitions with work, instead of walking every delayed
+or held delivery of every partition."""
 
 def connect(path: str, busy_timeout_ms: int, synchronous: str,
             migrate: bool) -> sqlite3.Connection:
@@ -175,8 +182,19 @@ def _migrate_5_to_6(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
+    """Add ``group_partitions.high_water`` (filled in from ``partitions``) and create
+    the indexes that bound a fetch to its work, built from the unsettled delivery
+    rows, the open ranges and the groups' partitions (the rows stay as they are)."""
+    if "high_water" not in _columns(conn, "group_partitions"):
+        conn.execute(sql.MIRROR_HIGH_WATERS[0])
+    conn.execute(sql.MIRROR_HIGH_WATERS[1])
+    for statement in sql.DUE_INDEXES:
+        conn.execute(statement)
+
+
 _MIGRATIONS: Final = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4,
-                      4: _migrate_4_to_5, 5: _migrate_5_to_6}
+                      4: _migrate_4_to_5, 5: _migrate_5_to_6, 6: _migrate_6_to_7}
 """The step from each version to the next, run in order inside one transaction."""
 
 

@@ -55,12 +55,20 @@ DELIVERIES_INDEXES: Final = (
 RANGES_TABLE: Final = (
     _SCHEMA["create_ranges"], _SCHEMA["index_ranges_open"], _SCHEMA["index_ranges_token"])
 """The ``ranges`` table and its indexes (schema 6)."""
+DUE_INDEXES: Final = (
+    _SCHEMA["index_deliveries_due"], _SCHEMA["index_deliveries_group_due"],
+    _SCHEMA["index_ranges_expiry"], _SCHEMA["index_group_partitions_behind"])
+"""The indexes that bound a fetch's scans to its work (schema 7): unsettled
+deliveries by due time, open ranges by deadline, partitions with new events."""
+MIRROR_HIGH_WATERS: Final = (_SCHEMA["add_group_high_water"], _SCHEMA["fill_group_high_water"])
+"""Schema 7's ``group_partitions.high_water``, added and filled in."""
 SCHEMA: Final = (
     *(_SCHEMA[f"create_{table}"]
       for table in ("streams", "partitions", "events", "groups", "group_partitions")),
     CREATE_DELIVERIES.format(table="deliveries"),
     *DELIVERIES_INDEXES,
     *RANGES_TABLE,
+    *DUE_INDEXES,
 )
 """A new file's schema, in order."""
 COPY_DELIVERIES_1_TO_2: Final = _SCHEMA["copy_deliveries_1_to_2"]
@@ -98,6 +106,8 @@ LIST_STREAMS: Final = _STATEMENTS["list_streams"]
 WATERS: Final = _STATEMENTS["waters"]
 HIGH_WATERS: Final = _STATEMENTS["high_waters"]
 SET_HIGH_WATER: Final = _STATEMENTS["set_high_water"]
+MIRROR_HIGH_WATER: Final = _STATEMENTS["mirror_high_water"]
+"""Run with :data:`SET_HIGH_WATER`'s parameters (high water, stream, partition)."""
 SET_LOW_WATER: Final = _STATEMENTS["set_low_water"]
 GROUP_IDS: Final = _STATEMENTS["group_ids"]
 DELETE_STREAM_EVENTS: Final = _STATEMENTS["delete_stream_events"]
@@ -133,7 +143,8 @@ QUERY_FILTERS: Final = (
 
 # Leases ----------------------------------------------------------------------------
 
-PROGRESS: Final = _STATEMENTS["progress"]
+FETCH_GROUP: Final = _STATEMENTS["fetch_group"]
+PARTITIONS_WITH_WORK: Final = _STATEMENTS["partitions_with_work"]
 ELIGIBLE: Final = _STATEMENTS["eligible"]
 ELIGIBLE_BY_KEY: Final = _STATEMENTS["eligible_by_key"]
 EVENT_KEYS_AFTER: Final = _STATEMENTS["event_keys_after"]
@@ -178,6 +189,7 @@ CUT_RANGES_UP_TO: Final = _STATEMENTS["cut_ranges_up_to"]
 # Range leases ----------------------------------------------------------------------
 
 EXPIRED_RANGES: Final = _STATEMENTS["expired_ranges"]
+"""A group's expired ranges (group, now): the partition, then ``_ranges.RangeRow``."""
 RANGES_BY_TOKEN: Final = _STATEMENTS["ranges_by_token"]
 RANGE_AT: Final = _STATEMENTS["range_at"]
 INSERT_RANGE: Final = _STATEMENTS["insert_range"]

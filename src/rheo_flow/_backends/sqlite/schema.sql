@@ -51,13 +51,23 @@ CREATE TABLE IF NOT EXISTS groups (
 )
 
 -- name: create_group_partitions
+-- high_water (schema 7) mirrors the partition's high water in partitions, moved by
+-- the append that moves it (statements.sql: mirror_high_water), so that whether
+-- the group has new events in the partition is a test on this row alone.
 CREATE TABLE IF NOT EXISTS group_partitions (
     group_id INTEGER NOT NULL,
     part INTEGER NOT NULL,
     cursor INTEGER NOT NULL,
     frontier INTEGER NOT NULL,
+    high_water INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (group_id, part)
 ) WITHOUT ROWID
+
+-- name: index_group_partitions_behind
+-- Schema 7: the partitions where the group has new events (its cursor below the
+-- high water): a fetch reads them without a look at the others.
+CREATE INDEX IF NOT EXISTS group_partitions_behind ON group_partitions (group_id, part)
+    WHERE cursor < high_water
 
 -- name: create_deliveries
 -- {table}: "deliveries", or the new table a migration rebuilds it into. The CHECK
@@ -102,6 +112,26 @@ CREATE INDEX IF NOT EXISTS deliveries_keyed
     ON deliveries (group_id, part, key, seq)
     WHERE key IS NOT NULL AND state IN ('available', 'leased')
 
+-- name: due
+-- When an unsettled delivery is next eligible: an available one at available_at_ms,
+-- a leased one at its deadline. statements.sql's "due" must spell it exactly so:
+-- SQLite uses an index on an expression only for the same expression.
+CASE state WHEN 'available' THEN available_at_ms ELSE deadline_ms END
+
+-- name: index_deliveries_due
+-- Schema 7: a partition's unsettled deliveries by when they are due, so that a
+-- fetch reads the due ones with "<= now" as an index bound and never walks the
+-- delayed or held ones (nor the blocked ones of key-ordered groups, due at 2**62).
+CREATE INDEX IF NOT EXISTS deliveries_due
+    ON deliveries (group_id, part, {due}, seq, attempt)
+    WHERE state IN ('available', 'leased')
+
+-- name: index_deliveries_group_due
+-- Schema 7: the same for the whole group: whether any delivery row is due is one
+-- probe, whatever the partition count.
+CREATE INDEX IF NOT EXISTS deliveries_group_due ON deliveries (group_id, {due})
+    WHERE state IN ('available', 'leased')
+
 -- name: create_ranges
 -- Range leases of unordered groups (_ranges.py): one row per partition a fetch
 -- leases new events from, first_seq .. last_seq leased as a whole under one token
@@ -133,6 +163,11 @@ CREATE TABLE IF NOT EXISTS ranges (
 -- the frontier never read the settled ones.
 CREATE INDEX IF NOT EXISTS ranges_open ON ranges (group_id, part, first_seq, deadline_ms)
     WHERE pending > 0
+
+-- name: index_ranges_expiry
+-- Schema 7: the group's ranges with events in flight by deadline, so that a fetch
+-- finds the expired ones with one probe, whatever the partitions and ranges held.
+CREATE INDEX IF NOT EXISTS ranges_expiry ON ranges (group_id, deadline_ms) WHERE pending > 0
 
 -- name: index_ranges_token
 -- The same ranges by token (settles and renewals).
@@ -166,6 +201,16 @@ ALTER TABLE deliveries ADD COLUMN key TEXT
 -- name: add_group_ordering
 -- Schema 4: every group of an older file is unordered.
 ALTER TABLE groups ADD COLUMN ordering TEXT NOT NULL DEFAULT 'none'
+
+-- name: add_group_high_water
+-- Schema 7: the mirrored high water, filled in below.
+ALTER TABLE group_partitions ADD COLUMN high_water INTEGER NOT NULL DEFAULT 0
+
+-- name: fill_group_high_water
+UPDATE group_partitions SET high_water = (
+    SELECT p.high_water FROM groups AS g
+    JOIN partitions AS p ON p.stream_id = g.stream_id AND p.part = group_partitions.part
+    WHERE g.id = group_partitions.group_id)
 
 -- name: drop_key_settled_trigger
 -- Schema 5: schema 4's triggers released a key on every settle or delete of any

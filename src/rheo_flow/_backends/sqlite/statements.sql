@@ -52,6 +52,12 @@ SELECT part, high_water FROM partitions WHERE stream_id = ?
 -- name: set_high_water
 UPDATE partitions SET high_water = ? WHERE stream_id = ? AND part = ?
 
+-- name: mirror_high_water
+-- The same high water into the partition's row of every group of the stream
+-- (group_partitions.high_water), in the append's transaction.
+UPDATE group_partitions SET high_water = ?1
+WHERE part = ?3 AND group_id IN (SELECT id FROM groups WHERE stream_id = ?2)
+
 -- name: set_low_water
 UPDATE partitions SET low_water = ? WHERE stream_id = ? AND part = ?
 
@@ -136,7 +142,8 @@ INSERT INTO groups (stream_id, name, max_attempts, created_at_ms, ordering)
 VALUES (?, ?, ?, ?, ?)
 
 -- name: insert_group_partition
-INSERT INTO group_partitions (group_id, part, cursor, frontier) VALUES (?, ?, ?, ?)
+INSERT INTO group_partitions (group_id, part, cursor, frontier, high_water)
+VALUES (?, ?, ?, ?, ?)
 
 -- name: list_groups
 SELECT name, max_attempts, created_at_ms, ordering FROM groups WHERE stream_id = ?
@@ -156,25 +163,51 @@ DELETE FROM groups WHERE id = ?
 
 -- Fetch ---------------------------------------------------------------------------
 
--- name: progress
--- What fetch needs of the group: its settings and every partition's cursor and
--- high water, in one statement.
-SELECT g.id, g.max_attempts, s.id, s.partitions, g.ordering, gp.part, gp.cursor, p.high_water
-FROM streams AS s
-JOIN groups AS g ON g.stream_id = s.id AND g.name = ?
-JOIN group_partitions AS gp ON gp.group_id = g.id
-JOIN partitions AS p ON p.stream_id = s.id AND p.part = gp.part
-WHERE s.name = ?
+-- name: fetch_group
+-- What fetch needs of the group: its id, max attempts, stream id, partition count
+-- and ordering.
+SELECT g.id, g.max_attempts, s.id, s.partitions, g.ordering FROM streams AS s
+JOIN groups AS g ON g.stream_id = s.id AND g.name = ? WHERE s.name = ?
+
+-- name: due
+-- When an unsettled delivery is next eligible; spelt exactly as schema.sql's "due",
+-- the expression the indexes deliveries_due and deliveries_group_due hold.
+CASE state WHEN 'available' THEN available_at_ms ELSE deadline_ms END
+
+-- name: partitions_with_work
+-- The partitions where a fetch of group ?1 at time ?2 finds work, with their cursor
+-- and high water: new events past the cursor (read on group_partitions_behind, so
+-- a partition without them is never read), or a delivery row due (expired ranges:
+-- expired_ranges). Whether any row of the group is due is one probe of
+-- deliveries_group_due, in a subquery of one row or none that CROSS JOIN keeps
+-- as the outer loop; only when one is due are the other partitions read, each
+-- probed in deliveries_due. The
+-- "<= ?2" bound stops both probes at the first row not yet due, so delayed and
+-- held rows are never walked.
+SELECT part, cursor, high_water FROM group_partitions INDEXED BY group_partitions_behind
+WHERE group_id = ?1 AND cursor < high_water
+UNION ALL
+SELECT gp.part, gp.cursor, gp.high_water
+FROM (SELECT 1 WHERE EXISTS (
+          SELECT 1 FROM deliveries INDEXED BY deliveries_group_due
+          WHERE group_id = ?1 AND state IN ('available', 'leased') AND {due} <= ?2)) AS due
+CROSS JOIN group_partitions AS gp
+WHERE gp.group_id = ?1 AND gp.cursor >= gp.high_water
+  AND EXISTS (SELECT 1 FROM deliveries INDEXED BY deliveries_due
+              WHERE group_id = ?1 AND part = gp.part AND state IN ('available', 'leased')
+                AND {due} <= ?2)
 
 -- name: eligible
--- The per-partition scan of fetch: eligible existing deliveries in sequence order.
+-- The per-partition scan of fetch: the partition's due delivery rows with when each
+-- became due, soonest first (which of several eligible redeliveries comes first is
+-- the backend's choice; fetch leases what it takes in sequence order), read on
+-- deliveries_due with "<= ?3" as the index bound: the scan never reaches a row not
+-- yet due.
 -- INDEXED BY makes a missing or unusable partial index an error instead of a
 -- silent fall back to the primary key (which also walks acked rows).
-SELECT seq, attempt FROM deliveries INDEXED BY deliveries_active
-WHERE group_id = ? AND part = ? AND state IN ('available', 'leased')
-  AND ((state = 'available' AND available_at_ms <= ?)
-       OR (state = 'leased' AND deadline_ms <= ?))
-ORDER BY seq
+SELECT {due}, seq, attempt FROM deliveries INDEXED BY deliveries_due
+WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased') AND {due} <= ?3
+ORDER BY {due}, seq
 
 -- name: blocked
 -- The available_at_ms of a delivery fetch stored blocked (2**62, never due by the
@@ -183,18 +216,17 @@ ORDER BY seq
 4611686018427387904
 
 -- name: eligible_by_key
--- The scan of a key-ordered group: eligible existing deliveries without an earlier
--- unsettled delivery of their key (one probe of deliveries_keyed each). Deliveries
--- fetch stored blocked (available_at_ms {blocked}) fail the time test first.
-SELECT d.seq, d.attempt FROM deliveries AS d INDEXED BY deliveries_active
+-- The scan of a key-ordered group: due existing deliveries (as eligible reads them)
+-- without an earlier unsettled delivery of their key (one probe of deliveries_keyed
+-- each). Deliveries fetch stored blocked (available_at_ms {blocked}) are never due.
+SELECT d.seq, d.attempt FROM deliveries AS d INDEXED BY deliveries_due
 WHERE d.group_id = ?1 AND d.part = ?2 AND d.state IN ('available', 'leased')
-  AND ((d.state = 'available' AND d.available_at_ms <= ?3)
-       OR (d.state = 'leased' AND d.deadline_ms <= ?3))
+  AND {due} <= ?3
   AND (d.key IS NULL OR NOT EXISTS (
       SELECT 1 FROM deliveries AS b INDEXED BY deliveries_keyed
       WHERE b.group_id = ?1 AND b.part = ?2 AND b.key = d.key AND b.key IS NOT NULL
         AND b.state IN ('available', 'leased') AND b.seq < d.seq))
-ORDER BY d.seq
+ORDER BY {due}, d.seq
 
 -- name: event_keys_after
 -- A partition's events past a sequence, for a key-ordered group's fetch: each with
@@ -232,12 +264,13 @@ WHERE group_id = ?1 AND part = ?2 AND seq = (
 
 -- name: has_blocked
 -- Whether partition ?2 of key-ordered group ?1 holds a delivery fetch stored blocked.
--- Most hold none, and then a settle has no key to release: one read of the
--- partition's unsettled rows spares a release_key per settled delivery. The state
--- IN test is the partial index's own condition, which SQLite needs to see to use it.
-SELECT 1 FROM deliveries INDEXED BY deliveries_active
+-- Most hold none, and then a settle has no key to release: one probe of
+-- deliveries_due (a blocked delivery is due at {blocked}, which no deadline
+-- reaches) spares a release_key per settled delivery. The state IN test is the
+-- partial index's own condition, which SQLite needs to see to use it.
+SELECT 1 FROM deliveries INDEXED BY deliveries_due
 WHERE group_id = ?1 AND part = ?2 AND state IN ('available', 'leased')
-  AND state = 'available' AND available_at_ms = {blocked}
+  AND {due} = {blocked} AND state = 'available'
 LIMIT 1
 
 -- name: release_heads
@@ -415,10 +448,11 @@ WHERE group_id = ? AND part = ?
 first_seq, last_seq, base_seq, token, attempt, deadline_ms, consumer_id, done, pending
 
 -- name: expired_ranges
--- A partition's ranges with events in flight past their deadline, by sequence.
-SELECT {range_columns} FROM ranges INDEXED BY ranges_open
-WHERE group_id = ? AND part = ? AND pending > 0 AND deadline_ms <= ?
-ORDER BY first_seq
+-- The group's ranges with events in flight past their deadline, by partition, then
+-- soonest expired first: one probe of ranges_expiry when there are none.
+SELECT part, {range_columns} FROM ranges INDEXED BY ranges_expiry
+WHERE group_id = ? AND pending > 0 AND deadline_ms <= ?
+ORDER BY part, deadline_ms, first_seq
 
 -- name: ranges_by_token
 SELECT {range_columns} FROM ranges INDEXED BY ranges_token
