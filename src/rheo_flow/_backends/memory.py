@@ -143,13 +143,9 @@ class MemoryBackend(Backend):
             raise UnknownStream(name) from None
 
     def _info(self, s: _Stream) -> StreamInfo:
-        return StreamInfo(
-            name=s.name,
-            partitions=len(s.partitions),
-            created_at_ms=s.created_at_ms,
-            high_water={i: p.high_water for i, p in enumerate(s.partitions)},
-            low_water={i: p.low_water for i, p in enumerate(s.partitions)},
-        )
+        return StreamInfo(s.name, len(s.partitions), s.created_at_ms,
+                          {i: p.high_water for i, p in enumerate(s.partitions)},
+                          {i: p.low_water for i, p in enumerate(s.partitions)})
 
     async def create_stream(self, name: str, partitions: int) -> StreamInfo:
         existing = self._streams.get(name)
