@@ -193,6 +193,9 @@ class SQLiteBackend(Backend):
     async def list_streams(self) -> list[str]:
         return await self._read(_catalog.list_streams)
 
+    async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
+        return await self._read(_catalog.describe_streams)
+
     async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
         events = await self._write(_events.append, self._clock, stream, list(records))
         if events:
@@ -283,6 +286,9 @@ class SQLiteBackend(Backend):
 
     async def frontier(self, stream: str, group: str) -> dict[int, int]:
         return await self._read(_progress.frontier, stream, group)
+
+    async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
+        return await self._read(_progress.frontiers, stream)
 
     async def dead_letters(
         self, stream: str, group: str, limit: int, after: tuple[int, int] | None

@@ -175,6 +175,12 @@ def list_groups(conn: sqlite3.Connection, stream: str) -> list[GroupInfo]:
             for name, max_attempts, created, ordering in conn.execute(sql.LIST_GROUPS, (s.id,))]
 
 
+def describe_streams(conn: sqlite3.Connection) -> list[tuple[StreamInfo, list[GroupInfo]]]:
+    """Every stream's info and groups, by name, in one read (one hop to the reader)."""
+    return [(stream_info(conn, get_stream(conn, name)), list_groups(conn, name))
+            for name in list_streams(conn)]
+
+
 def delete_stream(conn: sqlite3.Connection, stream: str) -> None:
     """Delete the stream, its events and its groups."""
     s = get_stream(conn, stream)

@@ -14,7 +14,7 @@ from ..._model._stream import DeadLetter, StartPosition
 from ..._support._clock import Clock
 from .._shared import start_position
 from . import _sql as sql
-from ._catalog import get_group, waters
+from ._catalog import get_group, list_groups, waters
 
 __all__ = ["advance_frontier", "dead_letters", "frontier", "redrive", "release_keys", "replay",
            "reset"]
@@ -46,6 +46,12 @@ def frontier(conn: sqlite3.Connection, stream: str, group: str) -> dict[int, int
     """Every partition's frontier."""
     g = get_group(conn, stream, group)
     return dict(conn.execute(sql.FRONTIERS, (g.id,)).fetchall())
+
+
+def frontiers(conn: sqlite3.Connection, stream: str) -> dict[str, dict[int, int]]:
+    """Every group's frontier, by group name, in one read."""
+    return {info.group: frontier(conn, stream, info.group)
+            for info in list_groups(conn, stream)}
 
 
 def dead_letters(conn: sqlite3.Connection, stream: str, group: str, limit: int,
