@@ -243,6 +243,9 @@ async def test_every_older_file_upgrades_with_its_leases_in_flight(
         names = {row[0] for row in conn.execute(
             "SELECT name FROM sqlite_schema WHERE type = 'index'")}
         assert set(SCHEMA_7_INDEXES) <= names
+        (active,) = conn.execute(
+            "SELECT sql FROM sqlite_schema WHERE name = 'deliveries_active'").fetchone()
+        assert "(group_id, part, seq, state)" in active  # schema 7's, by sequence only
         assert conn.execute(
             "SELECT part, cursor, high_water FROM group_partitions ORDER BY part").fetchall() == [
             (0, 4, 4), (1, 5, 5)]

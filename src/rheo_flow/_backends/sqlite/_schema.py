@@ -39,7 +39,8 @@ are due: a nacked one's available time, a leased one's deadline) and
 (the partition's high water, mirrored by every append) with the partial index
 ``group_partitions_behind``: a fetch finds what is due with the time as an index
 bound, and visits only the partitions with work, instead of walking every delayed
-or held delivery of every partition."""
+or held delivery of every partition; ``deliveries_active`` keeps the sequence and
+the state only (a renewal or a delay no longer rewrites its entry)."""
 
 def connect(path: str, busy_timeout_ms: int, synchronous: str,
             migrate: bool) -> sqlite3.Connection:
@@ -183,13 +184,14 @@ def _migrate_5_to_6(conn: sqlite3.Connection) -> None:
 
 
 def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
-    """Add ``group_partitions.high_water`` (filled in from ``partitions``) and create
+    """Add ``group_partitions.high_water`` (filled in from ``partitions``), create
     the indexes that bound a fetch to its work, built from the unsettled delivery
-    rows, the open ranges and the groups' partitions (the rows stay as they are)."""
+    rows, the open ranges and the groups' partitions, and rebuild ``deliveries_active``
+    with the sequence and state only (the rows stay as they are)."""
     if "high_water" not in _columns(conn, "group_partitions"):
         conn.execute(sql.MIRROR_HIGH_WATERS[0])
     conn.execute(sql.MIRROR_HIGH_WATERS[1])
-    for statement in sql.DUE_INDEXES:
+    for statement in (*sql.DUE_INDEXES, *sql.SLIM_DELIVERIES_ACTIVE):
         conn.execute(statement)
 
 

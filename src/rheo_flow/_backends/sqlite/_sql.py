@@ -62,6 +62,9 @@ DUE_INDEXES: Final = (
 deliveries by due time, open ranges by deadline, partitions with new events."""
 MIRROR_HIGH_WATERS: Final = (_SCHEMA["add_group_high_water"], _SCHEMA["fill_group_high_water"])
 """Schema 7's ``group_partitions.high_water``, added and filled in."""
+SLIM_DELIVERIES_ACTIVE: Final = (
+    _SCHEMA["drop_deliveries_active"], _SCHEMA["index_deliveries_active"])
+"""Schema 7's ``deliveries_active``, by sequence only, in place of schema 6's."""
 SCHEMA: Final = (
     *(_SCHEMA[f"create_{table}"]
       for table in ("streams", "partitions", "events", "groups", "group_partitions")),

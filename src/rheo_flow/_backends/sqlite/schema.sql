@@ -94,11 +94,17 @@ CREATE TABLE IF NOT EXISTS {table} (
 ) WITHOUT ROWID
 
 -- name: index_deliveries_active
--- Only non-terminal rows, and every column fetch reads (covering): fetch cost
--- follows the inflight and redeliverable rows, never the acked ones.
-CREATE INDEX IF NOT EXISTS deliveries_active
-    ON deliveries (group_id, part, seq, state, available_at_ms, deadline_ms, attempt)
+-- Only non-terminal rows, by sequence: where a group's frontier stops never
+-- depends on the acked ones. Schema 7 keeps the sequence and the state only
+-- (covering the frontier's reads; fetch reads deliveries_due): a renewal or a
+-- delay no longer rewrites its entry.
+CREATE INDEX IF NOT EXISTS deliveries_active ON deliveries (group_id, part, seq, state)
     WHERE state IN ('available', 'leased')
+
+-- name: drop_deliveries_active
+-- Schema 7: schema 6's deliveries_active (with the columns fetch read) goes, and
+-- index_deliveries_active creates it anew.
+DROP INDEX IF EXISTS deliveries_active
 
 -- name: index_deliveries_rejected
 CREATE INDEX IF NOT EXISTS deliveries_rejected
