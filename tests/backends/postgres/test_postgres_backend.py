@@ -196,11 +196,14 @@ RELEASED_FUNCTIONS = {
     7: ("v7_advance_frontiers", "v7_fetch_keyed", "v7_fetch", "v7_settle", "v7_renew"),
     8: ("v8_advance_frontiers", "v8_fetch_by_key", "v8_fetch",
         "v8_settle_ranged", "v8_settle", "v8_renew", "v8_ack_fetch"),
+    9: ("v9_states", "v9_advance_frontiers", "v9_fetch_keyed", "v9_fetch_by_key", "v9_fetch",
+        "v9_settle_ranged", "v9_settle", "v9_renew", "v9_ack_fetch", "v9_ack_ranges"),
 }
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
 CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_frontiers",
                      "claim_cursors", "expire_spent", "fetch", "fetch_by_key", "fetch_scan",
+                     "fetch_work",
                      "holding_locks",
                      "lease_of", "range_bits", "range_mask", "release_keys", "renew", "settle",
                      "settle_leased", "settle_misses", "settle_ranged",
@@ -212,7 +215,7 @@ CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_fro
 
 
 async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> None:
-    """Leave ``schema`` as the release at schema ``version`` (1..8) left it: its tables
+    """Leave ``schema`` as the release at schema ``version`` (1..9) left it: its tables
     (the migrations up to it) and the functions it defined, version by version."""
     for migration in MIGRATIONS[:version]:
         scripts = [*(BOOTSTRAP.statements if migration.version == 1 else ()),

@@ -112,6 +112,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(9, "acks travel per range (ack_ranges), and fetch finds expired ranges by "
                  "their deadline (ranges_expiry)",
               ("v9_range_expiry",)),
+    Migration(10, "fetch visits only the partitions with work (fetch_work) and finds the "
+                  "delivery rows due by their time (deliveries_due, deliveries_expiry)",
+              ("v10_due_deliveries",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 
@@ -124,8 +127,9 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 """Run under the migration lock before the migrations (never recorded as a version)."""
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
-                             ("states", "advance_frontiers", "fetch_keyed", "fetch_by_key", "fetch",
-                              "settle_ranged", "settle", "renew", "ack_fetch", "ack_ranges"))
+                             ("states", "advance_frontiers", "fetch_work", "fetch_keyed",
+                              "fetch_by_key", "fetch", "settle_ranged", "settle", "renew",
+                              "ack_fetch", "ack_ranges"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 

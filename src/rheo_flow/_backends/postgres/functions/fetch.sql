@@ -23,10 +23,14 @@
 -- subqueries the planner cannot flatten, sequential and bitmap scans off), and
 -- locked delivery rows are updated by address (`ctid = ANY(...)`).
 --
--- Steps: lock the delivery rows to lease again (available, or leased past their
--- deadline) and the ranges past their deadline with events in flight, both FOR
--- UPDATE SKIP LOCKED; then the cursors with work (claim_cursors, which waits
--- for one cursor only while the fetch holds no lock). Expired leases at
+-- Steps: find the partitions with work (fetch_work, functions/fetch_work.sql:
+-- new events, delivery rows due, expired ranges; a partition without any is
+-- not visited again); in those, lock the delivery rows to lease again
+-- (available and due, or leased past their deadline: deliveries_due and
+-- deliveries_expiry, bounded by the time) and the ranges past their deadline
+-- with events in flight, both FOR UPDATE SKIP LOCKED; then the cursors with
+-- work (claim_cursors, which waits for one cursor only while the fetch holds
+-- no lock). Expired leases at
 -- max_attempts are dead-lettered (expire_spent). With nothing to lease again
 -- (the common case) each partition's share of the round-robin turn is counted,
 -- not chosen row by row, and one statement stores its range and returns its
@@ -57,6 +61,11 @@ DECLARE
     v_stream integer;
     v_max_attempts integer;
     v_keyed boolean;
+    -- The partitions with work (fetch_work), in p_parts' order: new events past
+    -- the cursor, delivery rows due, expired ranges.
+    v_fresh_parts integer[];
+    v_due_work_parts integer[];
+    v_expired_work_parts integer[];
     -- The delivery rows to lease again (available, or leased past their deadline).
     v_due_parts integer[];
     v_due_seqs bigint[];
@@ -105,44 +114,55 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
-    INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
-    FROM unnest(p_parts) AS p(part)
-    JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
-    CROSS JOIN LATERAL (
-        SELECT a.* FROM (
-            SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
-            WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-              AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
-            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
-        UNION ALL
-        SELECT b.* FROM (
-            SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
-            WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-              AND d.state = {s}.delivery_leased() AND d.deadline_ms <= v_now
-            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
-    ) x;
+    SELECT * INTO v_fresh_parts, v_due_work_parts, v_expired_work_parts
+    FROM {s}.fetch_work(p_group, v_stream, p_parts, v_now);
+
+    -- Per partition with rows due: the earliest due first (ties by sequence).
+    IF v_due_work_parts IS NOT NULL THEN
+        SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
+        INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
+        FROM unnest(v_due_work_parts) AS p(part)
+        JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
+        CROSS JOIN LATERAL (
+            SELECT a.* FROM (
+                SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
+                WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+                  AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
+                ORDER BY d.available_at_ms, d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
+            UNION ALL
+            SELECT b.* FROM (
+                SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
+                WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+                  AND d.state = {s}.delivery_leased() AND d.deadline_ms <= v_now
+                ORDER BY d.deadline_ms, d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
+        ) x;
+    END IF;
 
     -- Expired ranges, earliest deadline first (ranges_expiry), then by sequence.
-    SELECT array_agg(x.part ORDER BY x.part, x.first_seq),
-           array_agg(x.first_seq ORDER BY x.part, x.first_seq),
-           array_agg(x.last_seq ORDER BY x.part, x.first_seq),
-           array_agg(x.attempt ORDER BY x.part, x.first_seq),
-           array_agg(x.done ORDER BY x.part, x.first_seq),
-           array_agg(x.pending ORDER BY x.part, x.first_seq)
-    INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts, v_expired_done,
-         v_expired_pending
-    FROM unnest(p_parts) AS p(part)
-    CROSS JOIN LATERAL (
-        SELECT r.part, r.first_seq, r.last_seq, r.attempt, r.done, r.pending FROM {s}.ranges r
-        WHERE r.group_id = p_group AND r.part = p.part AND r.pending > 0
-          AND r.deadline_ms <= v_now
-        ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
+    IF v_expired_work_parts IS NOT NULL THEN
+        SELECT array_agg(x.part ORDER BY x.part, x.first_seq),
+               array_agg(x.first_seq ORDER BY x.part, x.first_seq),
+               array_agg(x.last_seq ORDER BY x.part, x.first_seq),
+               array_agg(x.attempt ORDER BY x.part, x.first_seq),
+               array_agg(x.done ORDER BY x.part, x.first_seq),
+               array_agg(x.pending ORDER BY x.part, x.first_seq)
+        INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
+             v_expired_done, v_expired_pending
+        FROM unnest(v_expired_work_parts) AS p(part)
+        CROSS JOIN LATERAL (
+            SELECT r.part, r.first_seq, r.last_seq, r.attempt, r.done, r.pending
+            FROM {s}.ranges r
+            WHERE r.group_id = p_group AND r.part = p.part AND r.pending > 0
+              AND r.deadline_ms <= v_now
+            ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
+    END IF;
 
     -- The cursors with work; with nothing else locked, claim_cursors may wait.
-    SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
-    FROM {s}.claim_cursors(p_group, v_stream, p_parts,
-                           v_due_parts IS NULL AND v_expired_parts IS NULL);
+    IF v_fresh_parts IS NOT NULL THEN
+        SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
+        FROM {s}.claim_cursors(p_group, v_stream, v_fresh_parts,
+                               v_due_parts IS NULL AND v_expired_parts IS NULL);
+    END IF;
     IF v_due_parts IS NULL AND v_expired_parts IS NULL AND v_cursor_parts IS NULL THEN
         RETURN;
     END IF;
