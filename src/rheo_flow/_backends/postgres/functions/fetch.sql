@@ -122,7 +122,8 @@ BEGIN
         SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
         INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
         FROM unnest(v_due_work_parts) AS p(part)
-        JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
+        CROSS JOIN LATERAL (SELECT f.frontier FROM {s}.frontiers f
+                            WHERE f.group_id = p_group AND f.part = p.part OFFSET 0) f
         CROSS JOIN LATERAL (
             SELECT a.* FROM (
                 SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d

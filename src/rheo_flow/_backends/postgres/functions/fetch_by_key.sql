@@ -78,22 +78,23 @@ DECLARE
     v_released_keys text[];
     v_lease_prefix text;
 BEGIN
-    -- Deliveries to lease again, per partition, locked FOR UPDATE SKIP LOCKED: up
-    -- to p_limit available (lowest first) and p_limit expired (earliest deadline
-    -- first, deliveries_expiry: bounded by the time). The available
-    -- ones are the group's due heads (see functions/fetch_keyed.sql):
-    -- deliveries_ready by sequence (its held deliveries are not in it), each
-    -- checked to head its key with one descent of deliveries_keyed; its expired
-    -- leases are checked the same way (only a redriven earlier delivery can make
-    -- one not the head). The head check is a column (a sub-select per row): in
-    -- WHERE, the planner could hash the whole partition's keyed deliveries instead.
-    -- Only the partitions with delivery rows due are visited.
+    -- Deliveries to lease again, per partition with delivery rows due (fetch_work),
+    -- locked FOR UPDATE SKIP LOCKED: up to p_limit available and p_limit expired,
+    -- the earliest due first (deliveries_due and deliveries_expiry, each scan
+    -- bounded by the time, so rows delayed into the future and held ones, whose
+    -- time is held(), are never read). The available ones are the group's due
+    -- heads (see functions/fetch_keyed.sql): each is checked to head its key with
+    -- one descent of deliveries_keyed; its expired leases are checked the same
+    -- way (only a redriven earlier delivery can make one not the head). The head
+    -- check is a column (a sub-select per row): in WHERE, the planner could hash
+    -- the whole partition's keyed deliveries instead.
     SELECT * INTO v_fresh_parts, v_due_work_parts, v_expired_work_parts
     FROM {s}.fetch_work(p_group, p_stream, p_parts, v_now);
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
     INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
     FROM unnest(v_due_work_parts) AS p(part)
-    JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
+    CROSS JOIN LATERAL (SELECT f.frontier FROM {s}.frontiers f
+                        WHERE f.group_id = p_group AND f.part = p.part OFFSET 0) f
     CROSS JOIN LATERAL (
         SELECT y.* FROM (
             SELECT z.* FROM (
@@ -105,15 +106,15 @@ BEGIN
                                    ORDER BY b.key, b.seq LIMIT 1) AS head
                     FROM {s}.deliveries r
                     WHERE r.group_id = p_group AND r.part = p.part AND r.seq > f.frontier
-                      AND r.state = {s}.delivery_available() AND r.key IS NOT NULL
-                      AND r.available_at_ms < {s}.held()
-                      AND r.available_at_ms <= v_now
-                    ORDER BY r.seq OFFSET 0) h
+                      AND r.state = {s}.delivery_available() AND r.available_at_ms <= v_now
+                    ORDER BY r.available_at_ms, r.seq OFFSET 0) h
                 WHERE h.seq = h.head) h
             CROSS JOIN LATERAL (
+                -- "state + 0": a plain "state = ..." would let the planner walk
+                -- deliveries_due (its predicate) by time; the key finds the row.
                 SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
                 WHERE d.group_id = p_group AND d.part = p.part AND d.seq = h.seq
-                  AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
+                  AND d.state + 0 = {s}.delivery_available() AND d.available_at_ms <= v_now
                 FOR UPDATE OF d SKIP LOCKED) z
             LIMIT p_limit) y
         UNION ALL
