@@ -33,17 +33,21 @@ Tables (migration 1):
 Migration 5 adds ``groups.ordering`` (0 none, 1 key) and ``deliveries.key``, set
 only in key-ordered groups, whose fetch takes the steps of
 ``functions/fetch_keyed.sql``; migration 6 adds ``deliveries_waiting``, which
-migration 7 replaces with ``deliveries_ready``.
+migration 7 replaces with ``deliveries_ready``, which migration 10 drops.
 
 Partial indexes keep fetch cost independent of the acked history and of the
-backlog: ``deliveries_available`` holds only available rows, ``deliveries_leased``
-only leased rows (with their deadline in the key, so expiry is checked inside
-the index), ``deliveries_rejected`` only dead letters, all by sequence; fetch
-scans them from the group's frontier on. ``deliveries_keyed`` holds the
-unsettled deliveries of key-ordered groups by (key, sequence), ``deliveries_ready``
-their available ones that no earlier delivery of their key holds back, by sequence,
-and ``deliveries_held`` the held ones, by (key, sequence). Acked rows live
-in the primary key alone. Events nobody fetched yet have no delivery row at all.
+backlog (migration 10): ``deliveries_due`` holds only available rows, by the time
+they become due (``available_at_ms``, then sequence), ``deliveries_expiry`` only
+leased rows, by deadline: a fetch's scan stops at the first row not due, so
+retries delayed into the future and leases held are never read.
+``deliveries_rejected`` holds only dead letters, by sequence. ``deliveries_keyed``
+holds the unsettled deliveries of key-ordered groups by (key, sequence) and
+``deliveries_held`` the held ones, by (key, sequence). Acked rows live in the
+primary key alone. Events nobody fetched yet have no delivery row at all. A fetch
+first finds the partitions with work (``functions/fetch_work.sql``): the cursors
+below their high water, and, from the first entry of each partition in
+``deliveries_due``, ``deliveries_expiry`` and ``ranges_expiry``, those with rows
+due; it visits no other partition.
 
 Lock order, followed by every function and statement so that none can deadlock:
 ``partitions`` → ``cursors`` → ``ranges`` → ``deliveries`` → ``frontiers``, rows

@@ -477,7 +477,9 @@ $fn$;
 -- fetches hold every cursor with work: it waits for ONE of them (chosen first,
 -- then locked alone), so waiting fetches never deadlock one another, then
 -- claims again from every cursor that is free by now (a fresh snapshot sees
--- their moves).
+-- their moves). The callers pass the partitions fetch_work found with new events
+-- (functions/fetch_work.sql), so each cursor and its high water is one probe of
+-- its own (LATERAL), never a scan of the whole stream's.
 
 CREATE OR REPLACE FUNCTION {s}.claim_cursors(p_group integer, p_stream integer,
                                              p_parts integer[], p_may_wait boolean,
@@ -494,7 +496,9 @@ BEGIN
         SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
         INTO k_part, k_cur, k_top
         FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-              JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
+              CROSS JOIN LATERAL (SELECT pt.high_water FROM {s}.partitions pt
+                                  WHERE pt.stream_id = p_stream AND pt.part = c.part
+                                  OFFSET 0) pt
               WHERE c.group_id = p_group AND c.part = ANY (p_parts)
                 AND c.cursor < pt.high_water
               FOR UPDATE OF c SKIP LOCKED) k;
@@ -512,8 +516,10 @@ BEGIN
             PERFORM 1 FROM {s}.cursors c
             WHERE c.group_id = p_group
               AND c.part = (SELECT c.part FROM {s}.cursors c
-                            JOIN {s}.partitions pt ON pt.stream_id = p_stream
-                                                  AND pt.part = c.part
+                            CROSS JOIN LATERAL (
+                                SELECT pt.high_water FROM {s}.partitions pt
+                                WHERE pt.stream_id = p_stream AND pt.part = c.part
+                                OFFSET 0) pt
                             WHERE c.group_id = p_group AND c.part = ANY (p_parts)
                               AND c.cursor < pt.high_water
                             ORDER BY array_position(p_parts, c.part)

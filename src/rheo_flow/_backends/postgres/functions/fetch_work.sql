@@ -12,6 +12,10 @@
 --   walking the index from one partition to the next) reads only those entries;
 -- * expired ranges: the same skip scan over ranges_expiry (open ranges by deadline).
 --
+-- Nested loops are off (but for the skip scans' LATERAL steps, which have no
+-- other plan): whatever the statistics say, the cursors and the high waters are
+-- read once each, never probed partition by partition.
+--
 -- It locks nothing: fetch claims what it found with SKIP LOCKED and checks it
 -- again then (a cursor moved, a row leased meanwhile).
 --
@@ -28,6 +32,7 @@ CREATE OR REPLACE FUNCTION {s}.fetch_work(p_group integer, p_stream integer, p_p
                                           OUT o_expired_parts integer[])
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+SET enable_nestloop = off
 AS $fn$
 BEGIN
     -- Each skip scan starts below partition 0 and takes, per step, the first
