@@ -14,7 +14,10 @@
 --
 -- Nested loops are off (but for the skip scans' LATERAL steps, which have no
 -- other plan): whatever the statistics say, the cursors and the high waters are
--- read once each, never probed partition by partition.
+-- read once each, never probed partition by partition. So is JIT: the cost that
+-- disables a plan node (those LATERAL steps keep it) is far above jit_above_cost,
+-- and a session with JIT on (one through PgBouncer, or a host's pool) would
+-- compile the statement at every call.
 --
 -- It locks nothing: fetch claims what it found with SKIP LOCKED and checks it
 -- again then (a cursor moved, a row leased meanwhile).
@@ -32,7 +35,7 @@ CREATE OR REPLACE FUNCTION {s}.fetch_work(p_group integer, p_stream integer, p_p
                                           OUT o_expired_parts integer[])
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
-SET enable_nestloop = off
+SET enable_nestloop = off SET jit = off
 AS $fn$
 BEGIN
     -- Each skip scan starts below partition 0 and takes, per step, the first
