@@ -10,6 +10,7 @@ tests/conftest.py)."""
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
 from rheo_flow import NewEvent, Rheo
 
@@ -145,3 +146,27 @@ async def test_the_limit_goes_to_the_partitions_with_work(postgres_rheo: Rheo) -
     from_100 = [lease for lease in second if lease.partition == 100]
     assert (from_100[0].sequence, from_100[0].attempt) == (retry.sequence, 2)
     assert [lease.sequence for lease in from_100[1:]] == [3, 4]
+
+
+async def test_a_fetch_is_not_compiled_by_jit(
+        postgres_rheo: Rheo, postgres_schema: str, postgres_admin: asyncpg.Connection) -> None:
+    # A session with JIT on, as through PgBouncer (the backend's own pool turns it
+    # off): the plans of fetch's statements stay below jit_above_cost.
+    rheo, admin = postgres_rheo, postgres_admin
+    await rheo.create_stream("s", partitions=4)
+    await _append(rheo, "s", 0, 10)
+    await rheo.create_group("s", "g")
+    try:
+        await admin.execute("LOAD 'auto_explain'")
+    except asyncpg.PostgresError as exc:
+        pytest.skip(f"auto_explain cannot be loaded here: {exc}")
+    for setting in ("jit = on", "jit_above_cost = 100000", "auto_explain.log_min_duration = 0",
+                    "auto_explain.log_nested_statements = on", "auto_explain.log_analyze = on",
+                    "auto_explain.log_level = notice"):
+        await admin.execute(f"SET {setting}")
+    plans: list[str] = []
+    admin.add_log_listener(lambda _conn, message: plans.append(message.message))
+    leases, _ = await _probe_fetch(admin, postgres_schema, "s", "g", [0, 1, 2, 3])
+    assert len(leases) == 10
+    assert any("fetch_work" in plan for plan in plans)
+    assert not [plan for plan in plans if "JIT:" in plan]
