@@ -236,8 +236,10 @@ BEGIN
                    repeat('0', (m.hi - m.cur)::integer)::varbit, (m.hi - m.cur)::integer
             FROM m
         ), moved AS (
+            -- "part = ANY": the claimed cursors are probed by key, never the
+            -- group's every cursor scanned to be joined.
             UPDATE {s}.cursors cu SET cursor = m.hi FROM m
-            WHERE cu.group_id = p_group AND cu.part = m.part
+            WHERE cu.group_id = p_group AND cu.part = ANY (v_cursor_parts) AND cu.part = m.part
         )
         SELECT m.part, e.seq, 1,
                (v_token_prefix || lpad(to_hex(m.i), 8, '0')
@@ -358,9 +360,10 @@ BEGIN
         FROM unnest(v_new_parts, v_new_lasts) WITH ORDINALITY AS m(part, hi, i)
         JOIN unnest(v_cursor_parts, v_cursors) AS k(part, cur) ON k.part = m.part
     ), moved AS (
+        -- "part = ANY": as in the common case above.
         UPDATE {s}.cursors cu SET cursor = m.hi
         FROM unnest(v_new_parts, v_new_lasts) AS m(part, hi)
-        WHERE cu.group_id = p_group AND cu.part = m.part
+        WHERE cu.group_id = p_group AND cu.part = ANY (v_new_parts) AND cu.part = m.part
     ), leased AS (
         -- Every lease: (part, seq, attempt, lease id) and its place in the batch.
         SELECT r.part, r.seq, r.attempt, r.lease_id FROM releases r

@@ -257,9 +257,11 @@ BEGIN
                CASE WHEN k.ord IS NULL AND k.hold THEN {s}.held() ELSE 0 END
         FROM picked k
     ), moved AS (
+        -- "part = ANY": the cursors moved are probed by key, never the group's
+        -- every cursor scanned to be joined.
         UPDATE {s}.cursors cu SET cursor = m.hi
         FROM unnest(v_new_parts, v_new_lasts) AS m(part, hi)
-        WHERE cu.group_id = p_group AND cu.part = m.part
+        WHERE cu.group_id = p_group AND cu.part = ANY (v_new_parts) AND cu.part = m.part
     )
     SELECT l.part, l.seq, l.attempt, l.lease_id, v_now + p_lease_ms,
            l.event_id, l.type, l.key, l.data::text, l.headers::text, l.appended_at_ms
