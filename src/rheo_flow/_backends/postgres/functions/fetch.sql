@@ -30,11 +30,10 @@
 -- deliveries_expiry, bounded by the time) and the ranges past their deadline
 -- with events in flight, both FOR UPDATE SKIP LOCKED; then the cursors with
 -- work (claim_cursors, which waits for one cursor only while the fetch holds
--- no lock). Expired leases at
--- max_attempts are dead-lettered (expire_spent). With nothing to lease again
--- (the common case) each partition's share of the round-robin turn is counted,
--- not chosen row by row, and one statement stores its range and returns its
--- events. Else the round-robin winners are chosen by depth (a candidate's
+-- no lock). Expired leases at max_attempts are dead-lettered (expire_spent).
+-- With nothing to lease again (the common case) each partition's share of the
+-- round-robin turn is counted, not chosen row by row, and one statement stores
+-- its range and returns its events. Else the round-robin winners are chosen by depth (a candidate's
 -- place in its partition's turn: the events to lease again first, an expired
 -- range's events in flight among them, then the partition's next sequences),
 -- then the rotation position; then ONE statement leases them: delivery rows
