@@ -196,11 +196,14 @@ RELEASED_FUNCTIONS = {
     7: ("v7_advance_frontiers", "v7_fetch_keyed", "v7_fetch", "v7_settle", "v7_renew"),
     8: ("v8_advance_frontiers", "v8_fetch_by_key", "v8_fetch",
         "v8_settle_ranged", "v8_settle", "v8_renew", "v8_ack_fetch"),
+    9: ("v9_states", "v9_advance_frontiers", "v9_fetch_keyed", "v9_fetch_by_key", "v9_fetch",
+        "v9_settle_ranged", "v9_settle", "v9_renew", "v9_ack_fetch", "v9_ack_ranges"),
 }
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
 CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_frontiers",
                      "claim_cursors", "expire_spent", "fetch", "fetch_by_key", "fetch_scan",
+                     "fetch_work",
                      "holding_locks",
                      "lease_of", "range_bits", "range_mask", "release_keys", "renew", "settle",
                      "settle_leased", "settle_misses", "settle_ranged",
@@ -212,7 +215,7 @@ CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_fro
 
 
 async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> None:
-    """Leave ``schema`` as the release at schema ``version`` (1..8) left it: its tables
+    """Leave ``schema`` as the release at schema ``version`` (1..9) left it: its tables
     (the migrations up to it) and the functions it defined, version by version."""
     for migration in MIGRATIONS[:version]:
         scripts = [*(BOOTSTRAP.statements if migration.version == 1 else ()),
@@ -374,6 +377,69 @@ async def test_state_written_at_version_2_carries_over_the_upgrade(
         assert [lease.event.id for lease in rest] == [*ids[4:], "order-8"]
         assert all(r.ok for r in await rheo.ack([*rest, leases[3]]))
         assert await rheo.frontier("s", "g") == {0: 7}
+
+
+async def test_retries_and_leases_of_version_9_carry_over_the_upgrade(
+        url: str, schema: str, admin: asyncpg.Connection) -> None:
+    # Version 9 as released left it: an unordered group's leases (ranges) from its
+    # fetch, some of them nacked by its settle into delivery rows (one due at once,
+    # three delayed for an hour), and a key-ordered group's leases (delivery rows),
+    # one of them expired. Version 10 indexes those rows anew (deliveries_due,
+    # deliveries_expiry) in place of the indexes it drops.
+    await _as_released(admin, schema, 9)
+    q = f'"{schema}"'
+    stream_id = await admin.fetchval(
+        f"INSERT INTO {q}.streams (name, partitions, created_at_ms) VALUES ('s', 2, 0) "
+        "RETURNING id")
+    await admin.execute(f"INSERT INTO {q}.partitions (stream_id, part, high_water) "
+                        "VALUES ($1, 0, 4), ($1, 1, 4)", stream_id)
+    await admin.execute(
+        f"INSERT INTO {q}.events (stream_id, part, seq, appended_at_ms, event_id, type, key, "
+        "data) SELECT $1, i % 2, i / 2 + 1, 0, 'e' || i, 't', 'k' || i, "
+        "json_build_object('i', i) FROM generate_series(0, 7) i", stream_id)
+    gids = {}
+    for name, ordering in (("g", 0), ("k", 1)):
+        gids[name] = await admin.fetchval(
+            f"INSERT INTO {q}.groups (stream_id, name, max_attempts, created_at_ms, ordering) "
+            "VALUES ($1, $2, 5, 0, $3) RETURNING id", stream_id, name, ordering)
+        await admin.execute(f"INSERT INTO {q}.cursors SELECT $1, p, 0 FROM generate_series(0, 1) p",
+                            gids[name])
+        await admin.execute(f"INSERT INTO {q}.frontiers SELECT $1, p, 0 "
+                            "FROM generate_series(0, 1) p", gids[name])
+    old = {name: await admin.fetch(f"SELECT * FROM {q}.fetch($1, '{{0,1}}', 8, 3600000, 'c')",
+                                   gid) for name, gid in gids.items()}
+    assert len(old["g"]) == len(old["k"]) == 8
+    nacks = {0: old["g"][:1], 3_600_000: old["g"][1:4]}
+    for delay, rows in nacks.items():
+        await admin.fetchrow(f"SELECT * FROM {q}.settle(2::smallint, $1, $2, $3, $4, $5, "
+                             "'again', $6)", [gids["g"]] * len(rows), [r[0] for r in rows],
+                             [r[1] for r in rows], [r[3] for r in rows], [r[2] for r in rows],
+                             delay)
+    expired = old["k"][0]
+    await admin.execute(f"UPDATE {q}.deliveries SET deadline_ms = 0 WHERE group_id = $1 "
+                        "AND part = $2 AND seq = $3", gids["k"], expired[0], expired[1])
+
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        indexes = {r[0] for r in await admin.fetch(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = $1", schema)}
+        assert {"deliveries_due", "deliveries_expiry"} <= indexes
+        assert not {"deliveries_available", "deliveries_leased", "deliveries_ready"} & indexes
+        # The retry due at once comes back; the delayed ones and the leases held do not.
+        [again] = await rheo.fetch("s", "g", limit=10)
+        assert (again.partition, again.sequence, again.attempt) == (*old["g"][0][:2], 2)
+        # The expired lease of the key-ordered group is leased again, alone.
+        [relet] = await rheo.fetch("s", "k", limit=10)
+        assert (relet.partition, relet.sequence, relet.attempt) == (*expired[:2], 2)
+        # The leases of version 9 still held settle as before.
+        events = {(e.partition, e.sequence): e
+                  for e in (await rheo.query_page(Query(stream="s"), limit=10)).events}
+        held = [Lease(r[3].hex, f"{r[0]}-{r[1]}-{r[2]}", group, "c", events[r[0], r[1]], r[2],
+                      r[4]) for group, rows in (("g", old["g"][4:]), ("k", old["k"][1:]))
+                for r in rows]
+        assert all(r.ok and not r.repeated for r in await rheo.ack([again, relet, *held]))
+        assert await rheo.frontier("s", "k") == {0: 4, 1: 4}
+        # Sequences 1 and 2 of partition 1 and 2 of partition 0 wait for an hour.
+        assert await rheo.frontier("s", "g") == {0: 1, 1: 0}
 
 
 async def test_migrate_false_refuses_a_missing_schema(url: str) -> None:

@@ -33,17 +33,21 @@ Tables (migration 1):
 Migration 5 adds ``groups.ordering`` (0 none, 1 key) and ``deliveries.key``, set
 only in key-ordered groups, whose fetch takes the steps of
 ``functions/fetch_keyed.sql``; migration 6 adds ``deliveries_waiting``, which
-migration 7 replaces with ``deliveries_ready``.
+migration 7 replaces with ``deliveries_ready``, which migration 10 drops.
 
 Partial indexes keep fetch cost independent of the acked history and of the
-backlog: ``deliveries_available`` holds only available rows, ``deliveries_leased``
-only leased rows (with their deadline in the key, so expiry is checked inside
-the index), ``deliveries_rejected`` only dead letters, all by sequence; fetch
-scans them from the group's frontier on. ``deliveries_keyed`` holds the
-unsettled deliveries of key-ordered groups by (key, sequence), ``deliveries_ready``
-their available ones that no earlier delivery of their key holds back, by sequence,
-and ``deliveries_held`` the held ones, by (key, sequence). Acked rows live
-in the primary key alone. Events nobody fetched yet have no delivery row at all.
+backlog (migration 10): ``deliveries_due`` holds only available rows, by the time
+they become due (``available_at_ms``, then sequence), ``deliveries_expiry`` only
+leased rows, by deadline: a fetch's scan stops at the first row not due, so
+retries delayed into the future and leases held are never read.
+``deliveries_rejected`` holds only dead letters, by sequence. ``deliveries_keyed``
+holds the unsettled deliveries of key-ordered groups by (key, sequence) and
+``deliveries_held`` the held ones, by (key, sequence). Acked rows live in the
+primary key alone. Events nobody fetched yet have no delivery row at all. A fetch
+first finds the partitions with work (``functions/fetch_work.sql``): the cursors
+below their high water, and, from the first entry of each partition in
+``deliveries_due``, ``deliveries_expiry`` and ``ranges_expiry``, those with rows
+due; it visits no other partition.
 
 Lock order, followed by every function and statement so that none can deadlock:
 ``partitions`` → ``cursors`` → ``ranges`` → ``deliveries`` → ``frontiers``, rows
@@ -112,6 +116,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(9, "acks travel per range (ack_ranges), and fetch finds expired ranges by "
                  "their deadline (ranges_expiry)",
               ("v9_range_expiry",)),
+    Migration(10, "fetch visits only the partitions with work (fetch_work) and finds the "
+                  "delivery rows due by their time (deliveries_due, deliveries_expiry)",
+              ("v10_due_deliveries",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 
@@ -124,8 +131,9 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 """Run under the migration lock before the migrations (never recorded as a version)."""
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
-                             ("states", "advance_frontiers", "fetch_keyed", "fetch_by_key", "fetch",
-                              "settle_ranged", "settle", "renew", "ack_fetch", "ack_ranges"))
+                             ("states", "advance_frontiers", "fetch_work", "fetch_keyed",
+                              "fetch_by_key", "fetch", "settle_ranged", "settle", "renew",
+                              "ack_fetch", "ack_ranges"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 

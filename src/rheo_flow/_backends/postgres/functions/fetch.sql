@@ -23,14 +23,17 @@
 -- subqueries the planner cannot flatten, sequential and bitmap scans off), and
 -- locked delivery rows are updated by address (`ctid = ANY(...)`).
 --
--- Steps: lock the delivery rows to lease again (available, or leased past their
--- deadline) and the ranges past their deadline with events in flight, both FOR
--- UPDATE SKIP LOCKED; then the cursors with work (claim_cursors, which waits
--- for one cursor only while the fetch holds no lock). Expired leases at
--- max_attempts are dead-lettered (expire_spent). With nothing to lease again
--- (the common case) each partition's share of the round-robin turn is counted,
--- not chosen row by row, and one statement stores its range and returns its
--- events. Else the round-robin winners are chosen by depth (a candidate's
+-- Steps: find the partitions with work (fetch_work, functions/fetch_work.sql:
+-- new events, delivery rows due, expired ranges; a partition without any is
+-- not visited again); in those, lock the delivery rows to lease again
+-- (available and due, or leased past their deadline: deliveries_due and
+-- deliveries_expiry, bounded by the time) and the ranges past their deadline
+-- with events in flight, both FOR UPDATE SKIP LOCKED; then the cursors with
+-- work (claim_cursors, which waits for one cursor only while the fetch holds
+-- no lock). Expired leases at max_attempts are dead-lettered (expire_spent).
+-- With nothing to lease again (the common case) each partition's share of the
+-- round-robin turn is counted, not chosen row by row, and one statement stores
+-- its range and returns its events. Else the round-robin winners are chosen by depth (a candidate's
 -- place in its partition's turn: the events to lease again first, an expired
 -- range's events in flight among them, then the partition's next sequences),
 -- then the rotation position; then ONE statement leases them: delivery rows
@@ -57,6 +60,11 @@ DECLARE
     v_stream integer;
     v_max_attempts integer;
     v_keyed boolean;
+    -- The partitions with work (fetch_work), in p_parts' order: new events past
+    -- the cursor, delivery rows due, expired ranges.
+    v_fresh_parts integer[];
+    v_due_work_parts integer[];
+    v_expired_work_parts integer[];
     -- The delivery rows to lease again (available, or leased past their deadline).
     v_due_parts integer[];
     v_due_seqs bigint[];
@@ -105,44 +113,56 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
-    INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
-    FROM unnest(p_parts) AS p(part)
-    JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
-    CROSS JOIN LATERAL (
-        SELECT a.* FROM (
-            SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
-            WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-              AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
-            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
-        UNION ALL
-        SELECT b.* FROM (
-            SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
-            WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-              AND d.state = {s}.delivery_leased() AND d.deadline_ms <= v_now
-            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
-    ) x;
+    SELECT * INTO v_fresh_parts, v_due_work_parts, v_expired_work_parts
+    FROM {s}.fetch_work(p_group, v_stream, p_parts, v_now);
+
+    -- Per partition with rows due: the earliest due first (ties by sequence).
+    IF v_due_work_parts IS NOT NULL THEN
+        SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
+        INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
+        FROM unnest(v_due_work_parts) AS p(part)
+        CROSS JOIN LATERAL (SELECT f.frontier FROM {s}.frontiers f
+                            WHERE f.group_id = p_group AND f.part = p.part OFFSET 0) f
+        CROSS JOIN LATERAL (
+            SELECT a.* FROM (
+                SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
+                WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+                  AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
+                ORDER BY d.available_at_ms, d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
+            UNION ALL
+            SELECT b.* FROM (
+                SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
+                WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+                  AND d.state = {s}.delivery_leased() AND d.deadline_ms <= v_now
+                ORDER BY d.deadline_ms, d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
+        ) x;
+    END IF;
 
     -- Expired ranges, earliest deadline first (ranges_expiry), then by sequence.
-    SELECT array_agg(x.part ORDER BY x.part, x.first_seq),
-           array_agg(x.first_seq ORDER BY x.part, x.first_seq),
-           array_agg(x.last_seq ORDER BY x.part, x.first_seq),
-           array_agg(x.attempt ORDER BY x.part, x.first_seq),
-           array_agg(x.done ORDER BY x.part, x.first_seq),
-           array_agg(x.pending ORDER BY x.part, x.first_seq)
-    INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts, v_expired_done,
-         v_expired_pending
-    FROM unnest(p_parts) AS p(part)
-    CROSS JOIN LATERAL (
-        SELECT r.part, r.first_seq, r.last_seq, r.attempt, r.done, r.pending FROM {s}.ranges r
-        WHERE r.group_id = p_group AND r.part = p.part AND r.pending > 0
-          AND r.deadline_ms <= v_now
-        ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
+    IF v_expired_work_parts IS NOT NULL THEN
+        SELECT array_agg(x.part ORDER BY x.part, x.first_seq),
+               array_agg(x.first_seq ORDER BY x.part, x.first_seq),
+               array_agg(x.last_seq ORDER BY x.part, x.first_seq),
+               array_agg(x.attempt ORDER BY x.part, x.first_seq),
+               array_agg(x.done ORDER BY x.part, x.first_seq),
+               array_agg(x.pending ORDER BY x.part, x.first_seq)
+        INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
+             v_expired_done, v_expired_pending
+        FROM unnest(v_expired_work_parts) AS p(part)
+        CROSS JOIN LATERAL (
+            SELECT r.part, r.first_seq, r.last_seq, r.attempt, r.done, r.pending
+            FROM {s}.ranges r
+            WHERE r.group_id = p_group AND r.part = p.part AND r.pending > 0
+              AND r.deadline_ms <= v_now
+            ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
+    END IF;
 
     -- The cursors with work; with nothing else locked, claim_cursors may wait.
-    SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
-    FROM {s}.claim_cursors(p_group, v_stream, p_parts,
-                           v_due_parts IS NULL AND v_expired_parts IS NULL);
+    IF v_fresh_parts IS NOT NULL THEN
+        SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
+        FROM {s}.claim_cursors(p_group, v_stream, v_fresh_parts,
+                               v_due_parts IS NULL AND v_expired_parts IS NULL);
+    END IF;
     IF v_due_parts IS NULL AND v_expired_parts IS NULL AND v_cursor_parts IS NULL THEN
         RETURN;
     END IF;
@@ -215,8 +235,10 @@ BEGIN
                    repeat('0', (m.hi - m.cur)::integer)::varbit, (m.hi - m.cur)::integer
             FROM m
         ), moved AS (
+            -- "part = ANY": the claimed cursors are probed by key, never the
+            -- group's every cursor scanned to be joined.
             UPDATE {s}.cursors cu SET cursor = m.hi FROM m
-            WHERE cu.group_id = p_group AND cu.part = m.part
+            WHERE cu.group_id = p_group AND cu.part = ANY (v_cursor_parts) AND cu.part = m.part
         )
         SELECT m.part, e.seq, 1,
                (v_token_prefix || lpad(to_hex(m.i), 8, '0')
@@ -337,9 +359,10 @@ BEGIN
         FROM unnest(v_new_parts, v_new_lasts) WITH ORDINALITY AS m(part, hi, i)
         JOIN unnest(v_cursor_parts, v_cursors) AS k(part, cur) ON k.part = m.part
     ), moved AS (
+        -- "part = ANY": as in the common case above.
         UPDATE {s}.cursors cu SET cursor = m.hi
         FROM unnest(v_new_parts, v_new_lasts) AS m(part, hi)
-        WHERE cu.group_id = p_group AND cu.part = m.part
+        WHERE cu.group_id = p_group AND cu.part = ANY (v_new_parts) AND cu.part = m.part
     ), leased AS (
         -- Every lease: (part, seq, attempt, lease id) and its place in the batch.
         SELECT r.part, r.seq, r.attempt, r.lease_id FROM releases r
@@ -456,7 +479,9 @@ $fn$;
 -- fetches hold every cursor with work: it waits for ONE of them (chosen first,
 -- then locked alone), so waiting fetches never deadlock one another, then
 -- claims again from every cursor that is free by now (a fresh snapshot sees
--- their moves).
+-- their moves). The callers pass the partitions fetch_work found with new events
+-- (functions/fetch_work.sql), so each cursor and its high water is one probe of
+-- its own (LATERAL), never a scan of the whole stream's.
 
 CREATE OR REPLACE FUNCTION {s}.claim_cursors(p_group integer, p_stream integer,
                                              p_parts integer[], p_may_wait boolean,
@@ -473,7 +498,9 @@ BEGIN
         SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
         INTO k_part, k_cur, k_top
         FROM (SELECT c.part, c.cursor, pt.high_water AS high FROM {s}.cursors c
-              JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
+              CROSS JOIN LATERAL (SELECT pt.high_water FROM {s}.partitions pt
+                                  WHERE pt.stream_id = p_stream AND pt.part = c.part
+                                  OFFSET 0) pt
               WHERE c.group_id = p_group AND c.part = ANY (p_parts)
                 AND c.cursor < pt.high_water
               FOR UPDATE OF c SKIP LOCKED) k;
@@ -491,8 +518,10 @@ BEGIN
             PERFORM 1 FROM {s}.cursors c
             WHERE c.group_id = p_group
               AND c.part = (SELECT c.part FROM {s}.cursors c
-                            JOIN {s}.partitions pt ON pt.stream_id = p_stream
-                                                  AND pt.part = c.part
+                            CROSS JOIN LATERAL (
+                                SELECT pt.high_water FROM {s}.partitions pt
+                                WHERE pt.stream_id = p_stream AND pt.part = c.part
+                                OFFSET 0) pt
                             WHERE c.group_id = p_group AND c.part = ANY (p_parts)
                               AND c.cursor < pt.high_water
                             ORDER BY array_position(p_parts, c.part)

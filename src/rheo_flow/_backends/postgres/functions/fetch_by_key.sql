@@ -14,8 +14,10 @@
 -- scans off inside the function), and locked rows are updated by address
 -- (`ctid = ANY(...)`: a locked row cannot move before the transaction ends).
 --
--- Steps: lock the heads of their keys to lease again, then the cursors with
--- work; dead-letter expired leases at max_attempts (which releases their keys,
+-- Steps: find the partitions with work (fetch_work, functions/fetch_work.sql:
+-- new events past the cursor, delivery rows due; no other partition is visited
+-- again); in those, lock the heads of their keys to lease again, then the
+-- cursors with work; dead-letter expired leases at max_attempts (which releases their keys,
 -- release_keys); find the new deliveries with fetch_scan; pick the round-robin
 -- winners (by depth, a candidate's place in its partition's turn, then the
 -- rotation position); then ONE statement leases the winners again by address,
@@ -42,6 +44,12 @@ DECLARE
     p_stream ALIAS FOR v_stream;
     p_max_attempts ALIAS FOR v_max;
     v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    -- The partitions with work (fetch_work), in p_parts' order: new events past
+    -- the cursor, delivery rows due (fetch_work's expired ranges: an unordered
+    -- group's only).
+    v_fresh_parts integer[];
+    v_due_work_parts integer[];
+    v_expired_work_parts integer[];
     -- The delivery rows to lease again (due heads of their keys, or expired leases).
     v_due_parts integer[];
     v_due_seqs bigint[];
@@ -70,18 +78,23 @@ DECLARE
     v_released_keys text[];
     v_lease_prefix text;
 BEGIN
-    -- Deliveries to lease again, per partition lowest first and locked FOR UPDATE
-    -- SKIP LOCKED: up to p_limit available and p_limit expired. The available
-    -- ones are the group's due heads (see functions/fetch_keyed.sql):
-    -- deliveries_ready by sequence (its held deliveries are not in it), each
-    -- checked to head its key with one descent of deliveries_keyed; its expired
-    -- leases are checked the same way (only a redriven earlier delivery can make
-    -- one not the head). The head check is a column (a sub-select per row): in
-    -- WHERE, the planner could hash the whole partition's keyed deliveries instead.
+    -- Deliveries to lease again, per partition with delivery rows due (fetch_work),
+    -- locked FOR UPDATE SKIP LOCKED: up to p_limit available and p_limit expired,
+    -- the earliest due first (deliveries_due and deliveries_expiry, each scan
+    -- bounded by the time, so rows delayed into the future and held ones, whose
+    -- time is held(), are never read). The available ones are the group's due
+    -- heads (see functions/fetch_keyed.sql): each is checked to head its key with
+    -- one descent of deliveries_keyed; its expired leases are checked the same
+    -- way (only a redriven earlier delivery can make one not the head). The head
+    -- check is a column (a sub-select per row): in WHERE, the planner could hash
+    -- the whole partition's keyed deliveries instead.
+    SELECT * INTO v_fresh_parts, v_due_work_parts, v_expired_work_parts
+    FROM {s}.fetch_work(p_group, p_stream, p_parts, v_now);
     SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
     INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
-    FROM unnest(p_parts) AS p(part)
-    JOIN {s}.frontiers f ON f.group_id = p_group AND f.part = p.part
+    FROM unnest(v_due_work_parts) AS p(part)
+    CROSS JOIN LATERAL (SELECT f.frontier FROM {s}.frontiers f
+                        WHERE f.group_id = p_group AND f.part = p.part OFFSET 0) f
     CROSS JOIN LATERAL (
         SELECT y.* FROM (
             SELECT z.* FROM (
@@ -93,15 +106,15 @@ BEGIN
                                    ORDER BY b.key, b.seq LIMIT 1) AS head
                     FROM {s}.deliveries r
                     WHERE r.group_id = p_group AND r.part = p.part AND r.seq > f.frontier
-                      AND r.state = {s}.delivery_available() AND r.key IS NOT NULL
-                      AND r.available_at_ms < {s}.held()
-                      AND r.available_at_ms <= v_now
-                    ORDER BY r.seq OFFSET 0) h
+                      AND r.state = {s}.delivery_available() AND r.available_at_ms <= v_now
+                    ORDER BY r.available_at_ms, r.seq OFFSET 0) h
                 WHERE h.seq = h.head) h
             CROSS JOIN LATERAL (
+                -- "state + 0": a plain "state = ..." would let the planner walk
+                -- deliveries_due (its predicate) by time; the key finds the row.
                 SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
                 WHERE d.group_id = p_group AND d.part = p.part AND d.seq = h.seq
-                  AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
+                  AND d.state + 0 = {s}.delivery_available() AND d.available_at_ms <= v_now
                 FOR UPDATE OF d SKIP LOCKED) z
             LIMIT p_limit) y
         UNION ALL
@@ -114,12 +127,14 @@ BEGIN
                              AND b.key = d.key AND b.key IS NOT NULL
                              AND b.state < {s}.delivery_acked()
                            ORDER BY b.key, b.seq LIMIT 1)
-            ORDER BY d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
+            ORDER BY d.deadline_ms, d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
     ) x;
 
     -- The cursors with work (functions/fetch.sql); with nothing else locked, it may wait.
-    SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
-    FROM {s}.claim_cursors(p_group, p_stream, p_parts, v_due_parts IS NULL);
+    IF v_fresh_parts IS NOT NULL THEN
+        SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
+        FROM {s}.claim_cursors(p_group, p_stream, v_fresh_parts, v_due_parts IS NULL);
+    END IF;
     IF v_due_parts IS NULL AND v_cursor_parts IS NULL THEN
         RETURN;
     END IF;
@@ -242,9 +257,11 @@ BEGIN
                CASE WHEN k.ord IS NULL AND k.hold THEN {s}.held() ELSE 0 END
         FROM picked k
     ), moved AS (
+        -- "part = ANY": the cursors moved are probed by key, never the group's
+        -- every cursor scanned to be joined.
         UPDATE {s}.cursors cu SET cursor = m.hi
         FROM unnest(v_new_parts, v_new_lasts) AS m(part, hi)
-        WHERE cu.group_id = p_group AND cu.part = m.part
+        WHERE cu.group_id = p_group AND cu.part = ANY (v_new_parts) AND cu.part = m.part
     )
     SELECT l.part, l.seq, l.attempt, l.lease_id, v_now + p_lease_ms,
            l.event_id, l.type, l.key, l.data::text, l.headers::text, l.appended_at_ms

@@ -13,11 +13,12 @@
 --
 -- Held deliveries (schema version 7): an event stored behind an earlier
 -- unsettled delivery of its key is stored available but *held*
--- (available_at_ms = held(), the largest bigint, out of deliveries_ready), and the
+-- (available_at_ms = held(), the largest bigint: never due by the clock), and the
 -- statement that settles its key's last earlier delivery for good (ack,
 -- reject, dead letter) or removes it (trim) makes it due (release_keys). So a
--- fetch finds what it may lease again in deliveries_ready alone, by sequence,
--- and never visits the keys whose head is in flight. Every candidate is still
+-- fetch finds what it may lease again in deliveries_due alone, by the time it
+-- became due (schema version 10; deliveries_ready, by sequence, before), and
+-- never visits the keys whose head is in flight. Every candidate is still
 -- checked to head its key before it is leased: a delivery stored not held (by
 -- an earlier version, or when fetch could not lock its key's last delivery,
 -- below), a redriven dead letter and the events after it are in the index

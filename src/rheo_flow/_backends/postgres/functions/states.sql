@@ -17,7 +17,7 @@
 -- held: the available_at_ms of a held delivery of a key-ordered group (the
 --   largest bigint: never due by the clock), stored behind an earlier unsettled
 --   delivery of its key until release_keys makes it due (functions/fetch_keyed.sql;
---   deliveries_ready and deliveries_held, migrations/v7_ready_deliveries.sql).
+--   deliveries_held, migrations/v7_ready_deliveries.sql).
 -- The settle operations (settle's and settle_ranged's p_op), which are also the
 --   values of deliveries.settled_by, the operation that last settled the row:
 --   op_renew (an operation only), op_ack, op_nack, op_reject.
