@@ -58,10 +58,21 @@ can spread partitions over shards and each Lua script stays on one slot:
   record of its own read the same: a record always comes before a block.
 * ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
   which partition owns an event id (streams with several partitions).
+* Standalone Redis only (no hash tag: a Cluster has none of them), the summaries of
+  a group's partitions: ``P:due:<s>:<g>`` scores each partition no later than when it
+  may next have a due delivery (a nack's delay, a lease's or a block's deadline), and
+  ``P:new:<s>:<g>`` holds the partitions that may have events past the group's
+  cursor (an append adds its partition to every group's). A fetch that visits a
+  partition writes its exact entries; a settle, renew, redrive, replay or reset that
+  makes work due earlier says so in the same script; a trim marks its partitions due.
+  They may claim work that is gone (a visit corrects them), never miss work.
 
 Every fetch, settle batch and renew tick is one round trip: one script per
 partition, pipelined, with JSON requests and replies (orjson on this side); a
-fetch's ``XRANGE`` reads ride in the same pipeline. A
+fetch's ``XRANGE`` reads ride in the same pipeline. On standalone Redis a fetch of a
+stream of several partitions is one ``fetch_many.lua`` call instead, which visits only
+the partitions the summaries name (every few seconds a backend has it rewrite them
+from every partition first: data written without them is found that way). A
 fetch whose partitions turn out uneven may take a second one to fill its limit;
 an append to a multi-partition stream first records which partition owns each
 event id. The layout is cluster-ready;

@@ -50,6 +50,12 @@ class RedisCore:
     _cursors: dict[tuple[str, str, int], int]
     """(stream, group, partition) -> where this backend's last fetch left the group's
     cursor: the next fetch reads the entries past it in the same round trip."""
+    _swept: dict[tuple[str, str], float]
+    """(stream, group) -> when (``time.monotonic``) this backend's fetch last visited every
+    partition of the stream, keeping the summaries exact (see ``_fetch``)."""
+    _busy: dict[tuple[str, str], list[int]]
+    """(stream, group) -> the partitions whose new deliveries the last summary fetch took:
+    the next one reads theirs in the same round trip."""
     _consumers: dict[tuple[str, str], set[str]]
     """The Redis consumers fetches created, per (stream, group); ``_tracked`` counts them."""
     _tracked: int
@@ -65,6 +71,8 @@ class RedisCore:
         self._stale = {}
         self._valid_keys = {}
         self._cursors = {}
+        self._swept = {}
+        self._busy = {}
         self._consumers = {}
         self._tracked = 0
         self._released = {}
@@ -181,7 +189,7 @@ class RedisCore:
             self._tracked -= len(self._consumers.pop(key))
         for group_key in gone(self._rotation.groups()):
             self._rotation.forget(group_key)
-        for cache in (self._keys.cache, self._keys.partition_cache, self._valid_keys,
-                      self._cursors):
+        for cache in (self._keys.cache, self._keys.partition_cache, self._keys.script_cache,
+                      self._valid_keys, self._cursors, self._swept, self._busy):
             for key in gone(cache):
                 del cache[key]

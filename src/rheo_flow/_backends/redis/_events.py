@@ -43,7 +43,7 @@ class EventOperations(RedisCore):
             # The data texts go as arguments of their own, not inside the JSON of the
             # heads: nothing escapes them here or decodes them in the server.
             heads = dumps([(records[i].id, metas[i]) for i in indexes])
-            calls.append(("append", self._keys.partition(stream, partition),
+            calls.append(("append", self._keys.append_keys(stream, partition),
                           [heads, *[records[i].data_json for i in indexes]]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
         if any(is_reply(reply, LOST) for reply in replies):
@@ -130,4 +130,12 @@ class EventOperations(RedisCore):
                 if ids:
                     await self._io(self._client.hdel(self._keys.ids(stream), *ids))
             removed[partition] = total
+        if self._keys.summaries and groups:
+            # A trim may release a key-ordered group's next deliveries: each group's next
+            # fetch visits the partitions trimmed (the trim script takes no summary).
+            pipe = self._client.pipeline(transaction=False)
+            for group in groups:
+                pipe.zadd(self._keys.summary_keys(stream, group)[0],
+                          {str(partition): 0 for partition in up_to})
+            await self._io(pipe.execute())
         return removed

@@ -51,10 +51,13 @@ when its stream was created) is gone: the server lost its data."""
 _PRELUDES: Final[dict[str, tuple[str, ...]]] = {
     "settle": ("common", "lookup"),
     "renew": ("common", "lookup"),
+    "fetch": ("common", "fetch_partition"),
+    "fetch_many": ("common", "fetch_partition"),
 }
 """The shared files a script starts with, when not just ``common``."""
 _NAMES: Final = (
-    "create_stream", "group_record", "init_group", "claim_ids", "append", "fetch", "settle",
+    "create_stream", "group_record", "init_group", "claim_ids", "append", "fetch", "fetch_many",
+    "settle",
     "renew", "replay", "reset", "trim", "dead_letters", "redrive", "forget_consumers",
     "describe",
 )

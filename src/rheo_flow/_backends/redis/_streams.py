@@ -47,6 +47,9 @@ class StreamOperations(RedisCore):
         groups = await self._group_names(stream)
         layout = self._keys
         keys = [layout.groups(stream), layout.ids(stream)]
+        if layout.summaries:
+            for group in groups:
+                keys.extend(layout.summary_keys(stream, group))
         for p in range(count):
             keys.extend(layout.partition(stream, p))
             for group in groups:
