@@ -173,6 +173,9 @@ class FetchOperations(RedisCore):
         asked = set(order)
         busy = [p for p in self._busy.get((stream, group), ())
                 if p in asked and (stream, group, p) in at]
+        # The partitions a wake-up knows no high water of: this fetch tells it theirs.
+        seen, stale = self._seen_for(stream), self._stale.get(stream, ())
+        unseen = [p for p in order if seen[p] < 0 or p in stale]
         reads: list[Read] = [
             ("XRANGE", self._keys.partition(stream, p).stream, f"{at[stream, group, p] + 1}-0",
              "+", "COUNT", harvest.limit) for p in busy]
@@ -180,14 +183,34 @@ class FetchOperations(RedisCore):
             self._keys.tag_head(stream), group, harvest.consumer_id, harvest.limit,
             harvest.lease_ms, os.urandom(8).hex(), count,
             "" if whole else ",".join(map(str, order)), order[0] if whole else 0,
-            ",".join(map(str, busy)), "1" if resync else "0"])
+            ",".join(map(str, busy)), "1" if resync else "0", ",".join(map(str, unseen))])
         replies, entries = await self._scripts.run_and_read([*first, call], reads)
         raw = replies.pop()
         if is_reply(raw, "NOGROUP"):
             raise UnknownGroup(stream, group)
         if is_reply(raw, LOST):
             raise self._lost(stream)
-        entries_of = dict(zip(busy, entries, strict=True))
+        self._seen_many(stream, text(raw[0]))
+        took = self._take_many(harvest, raw[1:], dict(zip(busy, entries, strict=True)))
+        if harvest.missed:
+            await self._read_missed(harvest)
+        self._busy[(stream, group)] = took[:_BUSY_READS]
+        return replies
+
+    def _seen_many(self, stream: str, high_waters: str) -> None:
+        """The high waters a ``fetch_many`` call read (``p=hw,...``), for the wake-ups."""
+        if not high_waters:
+            return
+        seen, stale = self._seen_for(stream), self._stale.get(stream, set())
+        for pair in high_waters.split(","):
+            p, high_water = map(int, pair.split("="))
+            seen[p] = max(seen[p], high_water)
+            stale.discard(p)
+
+    def _take_many(self, harvest: _Harvest, raw: Sequence[Any], entries_of: dict[int, Any]
+                   ) -> list[int]:
+        """The (partition, block token, reply) triples of a ``fetch_many`` reply into
+        ``harvest``; the partitions whose new deliveries it took, in order."""
         took: list[int] = []
         visited: set[int] = set()
         again: set[int] = set()
@@ -197,12 +220,10 @@ class FetchOperations(RedisCore):
             reply = self._take(harvest, p, text(raw[i + 1]), raw[i + 2], entries_of.get(p))
             if reply is not None and (reply.first or len(reply.items) > reply.redelivered):
                 took.append(p)
-        if harvest.missed:
-            await self._read_missed(harvest)
         for p in again:
+            # A later call on the partition may lease redeliveries below an earlier one's.
             harvest.leases[p].sort(key=_sequence_of)
-        self._busy[(stream, group)] = list(dict.fromkeys(took))[:_BUSY_READS]
-        return replies
+        return list(dict.fromkeys(took))
 
     async def _fill_up(self, harvest: _Harvest) -> bool:
         """Another round of an uneven fetch: the leases it still wants, from the

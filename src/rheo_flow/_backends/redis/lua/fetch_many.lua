@@ -7,11 +7,14 @@
 --   `start` on), start, the partitions whose new deliveries the client reads itself
 --   (comma-separated: their ranges come back unread, as fetch.lua's), then '1' to first
 --   write the summaries of every partition from the partitions themselves (what data
---   written without them needs: a release before them, or a rolling upgrade).
--- Reply: a flat array of (partition, block token, fetch.lua's reply for that block) for
---   each call of fetch_partition it made, in the order made; empty when no partition has
---   work; or 'LOST' / 'NOGROUP' (of the first partition asked for) when nothing was
---   visited and that partition's marker or group is gone.
+--   written without them needs: a release before them, or a rolling upgrade), then the
+--   partitions whose high water the client asks for (comma-separated: those its wake-ups
+--   know none of).
+-- Reply: 'LOST' / 'NOGROUP' (of the first partition asked for) when nothing was visited
+--   and that partition's marker or group is gone; else an array: the high waters asked
+--   for ('p=hw,...'), then (partition, block token, fetch.lua's reply for that block) for
+--   each call of fetch_partition it made, in the order made (none when no partition has
+--   work).
 -- The partitions with work are those of the `fresh` summary and those whose due
 -- summary has come. The limit is shared evenly among them in the fetch's
 -- order; what a partition cannot fill goes to those that filled their share, one at a
@@ -83,7 +86,13 @@ if #open == 0 then
   local keys = partition_keys(first)
   if not redis.call('HGET', keys.meta, 'mk') then return 'LOST' end
   if redis.call('EXISTS', keys.group) == 0 then return 'NOGROUP' end
-  return {}
+end
+-- The high waters asked for, read before any lease: an append after this call must still
+-- wake the client's wait.
+local high_waters = {}
+for partition in string.gmatch(ARGV[12], '%d+') do
+  local tag = tag_head .. partition .. '}'
+  high_waters[#high_waters + 1] = partition .. '=' .. (redis.call('HGET', tag .. ':m', 'hw') or '0')
 end
 -- The shares of `total` over the open partitions that already got `got`: one at a time
 -- to the lowest first, in this fetch's order on a tie.
@@ -120,7 +129,7 @@ local function level_shares(total)
   end
   return share
 end
-local reply = {}
+local reply = {table.concat(high_waters, ',')}
 local remaining = limit
 local round = 0
 while remaining > 0 and #open > 0 do
