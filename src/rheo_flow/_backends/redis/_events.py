@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from hashlib import sha1
 from typing import Any, Final
 
 import orjson
@@ -12,7 +13,7 @@ from ..._backend import AppendRecord
 from ..._model._event import Event
 from ..._model._query import Query
 from .._shared import query_matches, query_window
-from ._codec import appended_events, encode_metas, entry_event, text
+from ._codec import appended_across, appended_events, encode_metas, entry_event, text
 from ._core import RedisCore
 from ._scripts import LOST, ScriptCall, is_reply
 
@@ -31,6 +32,8 @@ class EventOperations(RedisCore):
         if not records:
             return []
         metas = encode_metas(records)
+        if self._keys.summaries:
+            return await self._append_many(stream, count, records, metas)
         targets = [r.partition for r in records]
         if count > 1:
             targets = await self._owners(stream, records)
@@ -60,6 +63,23 @@ class EventOperations(RedisCore):
             for index, event in zip(indexes, built, strict=True):
                 events[index] = event
         return [e for e in events if e is not None]
+
+    async def _append_many(self, stream: str, count: int, records: Sequence[AppendRecord],
+                           metas: list[str]) -> list[Event]:
+        """Standalone Redis: the whole batch in one ``append_many.lua`` call, each id
+        looked up in the stream's digest index (8 bytes of its SHA-1) instead of a hash
+        field per id in each partition and in the stream."""
+        layout = self._keys
+        rows = orjson.dumps([(r.id, meta, r.partition)
+                             for r, meta in zip(records, metas, strict=True)])
+        digests = b"".join([sha1(r.id.encode()).digest()[:8] for r in records])
+        [reply] = await self._eval([(
+            "append_many", (layout.digests(stream), layout.ids(stream), layout.groups(stream)),
+            [layout.tag_head(stream), f"{layout.prefix}:new:{stream}:", count, rows, digests,
+             *[r.data_json for r in records]])])
+        if is_reply(reply, LOST):
+            raise self._lost(stream)
+        return appended_across(stream, records, orjson.loads(reply))
 
     async def _owners(self, stream: str, records: Sequence[AppendRecord]) -> list[int]:
         """The partition each record goes to in a multi-partition stream.
@@ -116,6 +136,10 @@ class EventOperations(RedisCore):
         removed: dict[int, int] = {}
         for partition, bound in up_to.items():
             keys = list(self._keys.partition(stream, partition))
+            digests = ""
+            if self._keys.summaries:
+                keys.append(self._keys.digests(stream))
+                digests = str(partition)
             for group in groups:
                 keys.extend(self._keys.group(stream, group, partition).own())
             total = 0
@@ -123,7 +147,7 @@ class EventOperations(RedisCore):
             while more:
                 [reply] = await self._eval([(
                     "trim", keys,
-                    [bound, _TRIM_CHUNK, "1" if count > 1 else "0", *groups],
+                    [bound, _TRIM_CHUNK, "1" if count > 1 else "0", digests, *groups],
                 )])
                 done, more, ids = json.loads(reply)
                 total += done

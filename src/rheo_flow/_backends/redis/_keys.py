@@ -1,8 +1,8 @@
 """The key layout of the Redis backend (see the package docstring): key names and hash tags.
 
 Every key of one partition shares the hash tag ``{P:s:p}``; the stream-level keys
-(``P:streams``, ``P:groups:<s>``, ``P:ids:<s>``, and on standalone Redis the summaries
-``P:due:<s>:<g>`` and ``P:new:<s>:<g>``) carry none.
+(``P:streams``, ``P:groups:<s>``, ``P:ids:<s>``, and on standalone Redis the digest index
+``P:eid:<s>`` and the summaries ``P:due:<s>:<g>`` and ``P:new:<s>:<g>``) carry none.
 """
 
 from __future__ import annotations
@@ -82,8 +82,9 @@ class KeyLayout:
     def __init__(self, prefix: str, *, summaries: bool = True) -> None:
         self.prefix = prefix
         self.summaries = summaries
-        """Whether scripts keep the stream-level summaries (standalone Redis: a Cluster
-        cannot pass keys of several slots to one script)."""
+        """Whether the backend uses the stream-level keys of standalone Redis: the group
+        summaries and the digest index of event ids (a Cluster cannot pass keys of
+        several slots to one script)."""
         self.streams = f"{prefix}:streams"
         """The hash of stream records: name -> ``partitions|created_ms``."""
         self.cache: dict[tuple[str, str, int], GroupKeys] = {}
@@ -151,6 +152,11 @@ class KeyLayout:
         no later than when it may next have a due delivery) and fresh (the partitions
         that may have events past the group's cursor)."""
         return f"{self.prefix}:due:{stream}:{group}", f"{self.prefix}:new:{stream}:{group}"
+
+    def digests(self, stream: str) -> str:
+        """The stream's digest index (standalone Redis; ``append_many.lua``): the first 8
+        bytes of the SHA-1 of an event id -> ``partition:seq``."""
+        return f"{self.prefix}:eid:{stream}"
 
     def groups(self, stream: str) -> str:
         """The hash of the stream's group records: name -> ``max_attempts|created_ms|start``

@@ -56,7 +56,8 @@ _PRELUDES: Final[dict[str, tuple[str, ...]]] = {
 }
 """The shared files a script starts with, when not just ``common``."""
 _NAMES: Final = (
-    "create_stream", "group_record", "init_group", "claim_ids", "append", "fetch", "fetch_many",
+    "create_stream", "group_record", "init_group", "claim_ids", "append", "append_many", "fetch",
+    "fetch_many",
     "settle",
     "renew", "replay", "reset", "trim", "dead_letters", "redrive", "forget_consumers",
     "describe",

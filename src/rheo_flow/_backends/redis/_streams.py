@@ -48,6 +48,8 @@ class StreamOperations(RedisCore):
         layout = self._keys
         keys = [layout.groups(stream), layout.ids(stream)]
         if layout.summaries:
+            keys.append(layout.digests(stream))
+        if layout.summaries:
             for group in groups:
                 keys.extend(layout.summary_keys(stream, group))
         for p in range(count):

@@ -1,0 +1,112 @@
+"""The event-id index of standalone Redis (``append_many.lua``): one field per event, the
+first 8 bytes of the SHA-1 of its id -> ``partition:seq``, checked against the entry's id;
+ids whose digest another id holds, and ids a release before the digest index stored
+(in ``{P:s:p}:i`` and ``P:ids:<s>``), are found in the exact indexes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from hashlib import sha1
+
+import pytest
+import redis.asyncio as aioredis
+
+from rheo_flow import NewEvent, Rheo
+from rheo_flow.backends import RedisBackend
+
+
+@pytest.fixture
+async def backend(redis_url: str) -> AsyncIterator[RedisBackend]:
+    """A backend on a fresh prefix; its keys are deleted after the test."""
+    built = RedisBackend.from_url(redis_url, prefix=f"rheo-eid-{uuid.uuid4().hex[:10]}")
+    yield built
+    await built.drop_all()
+    await built.close()
+
+
+@pytest.fixture
+async def admin(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def _events(ids: list[str]) -> list[NewEvent]:
+    return [NewEvent("t", {"id": event_id}, id=event_id, key=event_id) for event_id in ids]
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+async def test_one_digest_field_per_event_and_no_hash_field_per_id(
+    backend: RedisBackend, admin: aioredis.Redis, partitions: int
+) -> None:
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("s", partitions=partitions)
+        ids = [str(uuid.uuid4()) for _ in range(2_000)]
+        stored = await rheo.append("s", _events(ids))
+        again = await rheo.append("s", _events(ids[:10]))
+    assert [(e.partition, e.sequence) for e in again] == [
+        (e.partition, e.sequence) for e in stored[:10]]
+    layout = backend._keys
+    assert await admin.hlen(layout.digests("s")) == 2_000
+    assert not await admin.exists(layout.ids("s"))
+    for p in range(partitions):
+        assert not await admin.exists(layout.partition("s", p).ids)
+    # About 60 bytes an event: the two hashes of full ids took about 180.
+    usage = await admin.memory_usage(layout.digests("s"), samples=0)
+    assert usage / 2_000 < 100
+
+
+async def test_ids_stored_by_the_release_before_are_found(
+    backend: RedisBackend, admin: aioredis.Redis
+) -> None:
+    """Data of the previous release's layout (``P:ids:<s>`` and ``{P:s:p}:i``, no digest
+    index, as a Cluster still writes) is read: an id stored there is not stored again, and
+    a trim forgets it."""
+    layout = backend._keys
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("s", partitions=3)
+        layout.summaries = False  # the release before: claim_ids and append.lua
+        old_ids = [f"old-{n}" for n in range(30)]
+        old = await rheo.append("s", _events(old_ids))
+        assert await admin.exists(layout.ids("s"))
+        assert not await admin.exists(layout.digests("s"))
+        layout.summaries = True
+        layout.script_cache.clear()
+        again = await rheo.append("s", _events([*old_ids, "new-1"]))
+        assert [(e.partition, e.sequence, e.id) for e in again[:-1]] == [
+            (e.partition, e.sequence, e.id) for e in old]
+        info = await rheo.stream_info("s")
+        assert sum(info.high_water.values()) == 31
+        # A trim forgets them: the ids are new again.
+        await rheo.trim("s", up_to=info.high_water, force=True)
+        assert await admin.hlen(layout.ids("s")) == 0
+        fresh = await rheo.append("s", _events(old_ids[:2]))
+        assert all(e.sequence > info.high_water[e.partition] for e in fresh)
+
+
+async def test_an_id_whose_digest_another_id_holds_is_kept_exactly(
+    backend: RedisBackend, admin: aioredis.Redis
+) -> None:
+    layout = backend._keys
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("s", partitions=2)
+        [first] = await rheo.append("s", _events(["a"]))
+        # As if "b" had the digest of "a": its field names a's event.
+        digest_b = sha1(b"b").digest()[:8]
+        await admin.hset(layout.digests("s"), digest_b,
+                         f"{first.partition}:{first.sequence}")
+        [second] = await rheo.append("s", _events(["b"]))
+        assert second.id == "b"
+        assert (second.partition, second.sequence) != (first.partition, first.sequence)
+        # Both are found again, each as stored.
+        again = await rheo.append("s", _events(["b", "a"]))
+        assert [(e.id, e.partition, e.sequence) for e in again] == [
+            ("b", second.partition, second.sequence), ("a", first.partition, first.sequence)]
+        assert await admin.hget(layout.ids("s"), "b") == str(second.partition).encode()
+        # A trim of b leaves the field it did not hold.
+        await rheo.trim("s", up_to={second.partition: second.sequence}, force=True)
+        assert await admin.hget(layout.digests("s"), digest_b) == (
+            f"{first.partition}:{first.sequence}".encode())
+        assert await admin.hget(layout.partition("s", second.partition).ids, "b") is None
