@@ -1,5 +1,6 @@
 -- fetch: lease up to `quota` deliveries of one group partition.
--- KEYS: the group partition's keys (group_keys in common.lua).
+-- KEYS: the group partition's keys (group_keys in common.lua), then on standalone Redis
+--   the group's summaries (summary_keys, from KEYS[11]: the fetch writes its partition's).
 -- ARGV: group, consumer, quota, lease_ms, lease id prefix, block token.
 -- Reply: 'LOST' (the partition's presence marker is gone), 'NOGROUP', 'AGAIN' (this call
 --   already ran: its answer was lost), or an array: the head, JSON
