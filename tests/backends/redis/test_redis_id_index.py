@@ -110,3 +110,16 @@ async def test_an_id_whose_digest_another_id_holds_is_kept_exactly(
         assert await admin.hget(layout.digests("s"), digest_b) == (
             f"{first.partition}:{first.sequence}".encode())
         assert await admin.hget(layout.partition("s", second.partition).ids, "b") is None
+
+
+async def test_a_10_mb_event_round_trips(backend: RedisBackend) -> None:
+    """Its data travels as an argument of its own (append_many never decodes it)."""
+    data = {"blob": "x" * (10 * 2**20), "n": [1, "é", None]}
+    async with Rheo(backend, max_event_bytes=16 * 2**20) as rheo:
+        await rheo.create_stream("s", partitions=2)
+        [stored] = await rheo.append("s", NewEvent("big", data, id="big-1"))
+        [lease] = await rheo.fetch("s", "g", limit=1)
+        assert lease.event.data == data
+        [again] = await rheo.append("s", NewEvent("big", {"other": 1}, id="big-1"))
+    assert (again.partition, again.sequence, again.data) == (
+        stored.partition, stored.sequence, data)
