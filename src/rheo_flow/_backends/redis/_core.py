@@ -53,9 +53,9 @@ class RedisCore:
     _swept: dict[tuple[str, str], float]
     """(stream, group) -> when (``time.monotonic``) this backend's fetch last visited every
     partition of the stream, keeping the summaries exact (see ``_fetch``)."""
-    _busy: dict[tuple[str, str], list[int]]
-    """(stream, group) -> the partitions whose new deliveries the last summary fetch took:
-    the next one reads theirs in the same round trip."""
+    _busy: dict[tuple[str, str], list[tuple[int, int]]]
+    """(stream, group) -> the partitions whose new deliveries the last summary fetch took,
+    with how many: the next one reads as many of theirs in the same round trip."""
     _consumers: dict[tuple[str, str], set[str]]
     """The Redis consumers fetches created, per (stream, group); ``_tracked`` counts them."""
     _tracked: int

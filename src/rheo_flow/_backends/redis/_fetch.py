@@ -48,7 +48,8 @@ release keeps them exact; the rewrite is the net for writes of a release that di
 (a rolling upgrade) and for a trim's follow-up that failed: their work is found within
 this time."""
 _BUSY_READS: Final = 8
-"""At most how many partitions' new deliveries a summary fetch reads itself."""
+"""At most how many partitions' new deliveries a summary fetch reads itself (as many as
+it took from each last time, and at least an even share of the limit)."""
 _SCAN_ROUNDS: Final = 8
 """How many more round trips a fetch makes for key-ordered partitions whose scan stopped
 at its budget (``fetch.lua`` reads at most the quota plus 1,000 events per call)."""
@@ -171,19 +172,21 @@ class FetchOperations(RedisCore):
         whole = len(order) == count
         at = self._cursors
         asked = set(order)
-        busy = [p for p in self._busy.get((stream, group), ())
+        busy = [(p, took) for p, took in self._busy.get((stream, group), ())
                 if p in asked and (stream, group, p) in at]
         # The partitions a wake-up knows no high water of: this fetch tells it theirs.
         seen, stale = self._seen_for(stream), self._stale.get(stream, ())
         unseen = [p for p in order if seen[p] < 0 or p in stale]
         reads: list[Read] = [
             ("XRANGE", self._keys.partition(stream, p).stream, f"{at[stream, group, p] + 1}-0",
-             "+", "COUNT", harvest.limit) for p in busy]
+             "+", "COUNT", min(max(took, -(-harvest.limit // len(busy))), harvest.limit))
+            for p, took in busy]
         call: ScriptCall = ("fetch_many", self._keys.summary_keys(stream, group), [
             self._keys.tag_head(stream), group, harvest.consumer_id, harvest.limit,
             harvest.lease_ms, os.urandom(8).hex(), count,
             "" if whole else ",".join(map(str, order)), order[0] if whole else 0,
-            ",".join(map(str, busy)), "1" if resync else "0", ",".join(map(str, unseen))])
+            ",".join(str(p) for p, _ in busy), "1" if resync else "0",
+            ",".join(map(str, unseen))])
         replies, entries = await self._scripts.run_and_read([*first, call], reads)
         raw = replies.pop()
         if is_reply(raw, "NOGROUP"):
@@ -191,10 +194,11 @@ class FetchOperations(RedisCore):
         if is_reply(raw, LOST):
             raise self._lost(stream)
         self._seen_many(stream, text(raw[0]))
-        took = self._take_many(harvest, raw[1:], dict(zip(busy, entries, strict=True)))
+        took = self._take_many(harvest, raw[1:],
+                               {p: got for (p, _), got in zip(busy, entries, strict=True)})
         if harvest.missed:
             await self._read_missed(harvest)
-        self._busy[(stream, group)] = took[:_BUSY_READS]
+        self._busy[(stream, group)] = sorted(took.items(), key=lambda pair: -pair[1])[:_BUSY_READS]
         return replies
 
     def _seen_many(self, stream: str, high_waters: str) -> None:
@@ -208,22 +212,26 @@ class FetchOperations(RedisCore):
             stale.discard(p)
 
     def _take_many(self, harvest: _Harvest, raw: Sequence[Any], entries_of: dict[int, Any]
-                   ) -> list[int]:
+                   ) -> dict[int, int]:
         """The (partition, block token, reply) triples of a ``fetch_many`` reply into
-        ``harvest``; the partitions whose new deliveries it took, in order."""
-        took: list[int] = []
+        ``harvest``; how many new deliveries it took from each partition that had some."""
+        took: dict[int, int] = {}
         visited: set[int] = set()
         again: set[int] = set()
         for i in range(0, len(raw), 3):
             p = int(raw[i])
             (again if p in visited else visited).add(p)
             reply = self._take(harvest, p, text(raw[i + 1]), raw[i + 2], entries_of.get(p))
-            if reply is not None and (reply.first or len(reply.items) > reply.redelivered):
-                took.append(p)
+            if reply is not None:
+                new = len(reply.items) - reply.redelivered
+                if reply.first:
+                    new += reply.last - reply.first + 1
+                if new:
+                    took[p] = took.get(p, 0) + new
         for p in again:
             # A later call on the partition may lease redeliveries below an earlier one's.
             harvest.leases[p].sort(key=_sequence_of)
-        return list(dict.fromkeys(took))
+        return took
 
     async def _fill_up(self, harvest: _Harvest) -> bool:
         """Another round of an uneven fetch: the leases it still wants, from the
