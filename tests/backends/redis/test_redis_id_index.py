@@ -13,7 +13,7 @@ from hashlib import sha1
 import pytest
 import redis.asyncio as aioredis
 
-from rheo_flow import NewEvent, Rheo
+from rheo_flow import NewEvent, Query, Rheo
 from rheo_flow.backends import RedisBackend
 
 
@@ -112,14 +112,42 @@ async def test_an_id_whose_digest_another_id_holds_is_kept_exactly(
         assert await admin.hget(layout.partition("s", second.partition).ids, "b") is None
 
 
-async def test_a_10_mb_event_round_trips(backend: RedisBackend) -> None:
-    """Its data travels as an argument of its own (append_many never decodes it)."""
+async def test_a_10_mb_event_is_stored_apart_and_round_trips(
+    backend: RedisBackend, admin: aioredis.Redis
+) -> None:
+    """Large data goes by a SET of its own in the append's MULTI (never through Lua):
+    the entry names its blob; fetch, query and a repeat of the id read it back; a repeat
+    leaves no blob of its own; trim and delete_stream remove the blob."""
     data = {"blob": "x" * (10 * 2**20), "n": [1, "é", None]}
+    tag = backend._keys.tag
+
+    async def blobs(partitions: int) -> list[bytes]:
+        found = []
+        for p in range(partitions):
+            found += [k async for k in admin.scan_iter(match=f"{tag('s', p)}:b:*")]
+        return found
+
     async with Rheo(backend, max_event_bytes=16 * 2**20) as rheo:
         await rheo.create_stream("s", partitions=2)
         [stored] = await rheo.append("s", NewEvent("big", data, id="big-1"))
-        [lease] = await rheo.fetch("s", "g", limit=1)
-        assert lease.event.data == data
-        [again] = await rheo.append("s", NewEvent("big", {"other": 1}, id="big-1"))
-    assert (again.partition, again.sequence, again.data) == (
-        stored.partition, stored.sequence, data)
+        [small] = await rheo.append("s", NewEvent("small", {"a": 1}, id="small-1"))
+        [entry] = await admin.xrange(f"{tag('s', stored.partition)}:x",
+                                     f"{stored.sequence}-0", f"{stored.sequence}-0")
+        assert len(entry[1][b"data"]) == 17
+        assert len(await blobs(2)) == 1
+        [lease, other] = await rheo.fetch("s", "g", limit=2)
+        assert {lease.event.id: lease.event.data, other.event.id: other.event.data} == {
+            "big-1": data, "small-1": {"a": 1}}
+        page = await rheo.query_page(Query(stream="s"))
+        assert {e.id: e.data for e in page.events} == {"big-1": data, "small-1": {"a": 1}}
+        [again] = await rheo.append("s", NewEvent("big", {"other": "y" * 2**20}, id="big-1"))
+        assert (again.partition, again.sequence, again.data) == (
+            stored.partition, stored.sequence, data)
+        assert len(await blobs(2)) == 1
+        await rheo.trim("s", up_to={stored.partition: stored.sequence}, force=True)
+        assert await blobs(2) == []
+        await rheo.append("s", NewEvent("big", data, id="big-2"))
+        assert len(await blobs(2)) == 1
+        await rheo.delete_stream("s")
+        assert await blobs(2) == []
+    assert small.data == {"a": 1}

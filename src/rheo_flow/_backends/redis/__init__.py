@@ -66,6 +66,11 @@ can spread partitions over shards and each Lua script stays on one slot:
   where the two hashes of full ids took about 180). An append is one ``append_many``
   script for every partition of the batch: an id found there is checked against the
   entry's id; one whose digest another id holds goes to the exact indexes above.
+  Data of 512 KiB or more goes by a ``SET`` of its own, ``{P:s:p}:b:<token>``, in the
+  append's ``MULTI`` (a script would copy it twice, blocking the server for several
+  times a raw ``XADD`` of it); the entry's data is then NUL and the token, the token
+  is listed in ``{P:s:p}:bs``, readers fill the data in with one ``MGET``, and trim and
+  ``delete_stream`` delete the blob.
 * Standalone Redis only (no hash tag: a Cluster has none of them), the summaries of
   a group's partitions: ``P:due:<s>:<g>`` scores each partition no later than when it
   may next have a due delivery (a nack's delay, a lease's or a block's deadline), and

@@ -219,5 +219,6 @@ def entry_event(stream: str, partition: int, entry_id: Any, fields: Mapping[Any,
     values = {text(k): v for k, v in fields.items()}
     meta = json.loads(values["meta"])
     seq = int(text(entry_id).split("-", 1)[0])
-    return Event(stream, partition, seq, meta[0], meta[1], json.loads(values["data"]), meta[2],
-                 meta[3], int(values["time"]))
+    # The data decodes on first read: a large event's is filled in from its blob first.
+    return make_event_json(stream, partition, seq, meta[0], meta[1], values["data"], meta[2],
+                           meta[3], int(values["time"]))

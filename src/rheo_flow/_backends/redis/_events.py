@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from hashlib import sha1
 from typing import Any, Final
@@ -15,13 +16,17 @@ from ..._model._query import Query
 from .._shared import query_matches, query_window
 from ._codec import appended_across, appended_events, encode_metas, entry_event, text
 from ._core import RedisCore
-from ._scripts import LOST, ScriptCall, is_reply
+from ._scripts import LOST, Read, ScriptCall, is_reply
 
 __all__ = ["EventOperations"]
 
 _TRIM_CHUNK: Final = 5_000
 """The most events one trim script removes (a long trim takes several calls)."""
 _QUERY_CHUNK: Final = 500
+_BLOB_CHARS: Final = 512 * 1024
+"""Data from this many characters of JSON on is stored apart from its entry (standalone
+Redis; see ``append_many.lua``): a SET takes it without a copy, where a script would copy
+it twice and block the server for several times a raw XADD of it."""
 
 
 class EventOperations(RedisCore):
@@ -70,16 +75,25 @@ class EventOperations(RedisCore):
         looked up in the stream's digest index (8 bytes of its SHA-1) instead of a hash
         field per id in each partition and in the stream."""
         layout = self._keys
-        rows = orjson.dumps([(r.id, meta, r.partition)
-                             for r, meta in zip(records, metas, strict=True)])
+        # Large data goes by a SET of its own in the same MULTI, never through Lua.
+        tokens = [os.urandom(8).hex() if len(r.data_json) >= _BLOB_CHARS else None
+                  for r in records]
+        rows = orjson.dumps([(r.id, meta, r.partition, token)
+                             for r, meta, token in zip(records, metas, tokens, strict=True)])
         digests = b"".join([sha1(r.id.encode()).digest()[:8] for r in records])
-        [reply] = await self._eval([(
+        sets: list[Read] = [
+            ("SET", f"{layout.tag(stream, r.partition)}:b:{token}", r.data_json)
+            for r, token in zip(records, tokens, strict=True) if token is not None]
+        [reply] = await self._scripts.run_after(sets, [(
             "append_many", (layout.digests(stream), layout.ids(stream), layout.groups(stream)),
             [layout.tag_head(stream), f"{layout.prefix}:new:{stream}:", count, rows, digests,
-             *[r.data_json for r in records]])])
+             *["" if token else r.data_json for r, token in zip(records, tokens, strict=True)]],
+        )])
         if is_reply(reply, LOST):
             raise self._lost(stream)
-        return appended_across(stream, records, orjson.loads(reply))
+        events = appended_across(stream, records, orjson.loads(reply))
+        await self._fill_blobs(stream, events)
+        return events
 
     async def _owners(self, stream: str, records: Sequence[AppendRecord]) -> list[int]:
         """The partition each record goes to in a multi-partition stream.
@@ -101,6 +115,7 @@ class EventOperations(RedisCore):
             if window is not None and await self._query_partition(query, pid, window, limit,
                                                                   out):
                 break
+        await self._fill_blobs(stream, out)
         return out
 
     async def _query_partition(

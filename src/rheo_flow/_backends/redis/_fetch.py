@@ -160,7 +160,9 @@ class FetchOperations(RedisCore):
                 break
         if harvest.unscanned:
             await self._scan_on(harvest)
-        return harvest.batch(), replies
+        leases = harvest.batch()
+        await self._fill_blobs(stream, [lease.event for lease in leases])
+        return leases, replies
 
     async def _fetch_summarized(self, harvest: _Harvest, count: int,
                                 first: Sequence[ScriptCall], resync: bool) -> list[Any]:

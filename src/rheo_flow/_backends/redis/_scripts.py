@@ -129,6 +129,21 @@ class ScriptRunner:
                 raise self._translate(result)
         return results
 
+    async def run_after(self, commands: Sequence[Read], calls: Sequence[ScriptCall]
+                        ) -> list[Any]:
+        """Run plain commands (``SET``), then the calls, in one ``MULTI``/``EXEC``
+        (standalone Redis); the replies of the calls. When the server lacked a script,
+        the whole transaction runs again by source (the commands must be idempotent)."""
+        if not commands:
+            return await self.run(calls, transaction=len(calls) > 1)
+        results = await self._pipeline(calls, True, by_source=False, before=commands)
+        if any(is_no_script(r) for r in results):
+            results = await self._pipeline(calls, True, by_source=True, before=commands)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise self._translate(result)
+        return results
+
     async def run_and_read(self, calls: Sequence[ScriptCall], reads: Sequence[Read]
                            ) -> tuple[list[Any], list[Any]]:
         """Run the calls and the reads in one round trip (a cluster: all at once); the
@@ -216,11 +231,13 @@ class ScriptRunner:
 
     async def _pipeline(
         self, calls: Sequence[ScriptCall], transaction: bool, *, by_source: bool,
-        reads: Sequence[Read] = (),
+        reads: Sequence[Read] = (), before: Sequence[Read] = (),
     ) -> list[Any]:
-        """One round trip (the calls, then the reads); an error reply stays in its place
-        in the list."""
+        """One round trip (the commands ``before``, the calls, then the reads); an error
+        reply stays in its place in the list (the replies of ``before`` are left out)."""
         pipe = self._client.pipeline(transaction=transaction)
+        for command, *command_args in before:
+            pipe.execute_command(command, *command_args)
         if by_source:
             for name, keys, args in calls:
                 pipe.eval(SCRIPTS[name], len(keys), *keys, *args)
@@ -231,7 +248,7 @@ class ScriptRunner:
         for name, *args in reads:
             pipe.execute_command(name.encode(), *args)
         try:
-            return list(await pipe.execute(raise_on_error=False))
+            return list(await pipe.execute(raise_on_error=False))[len(before):]
         except rex.NoScriptError as exc:
             # A transaction the server refused as a whole: nothing in it ran.
             return [exc] * len(calls)

@@ -4,13 +4,19 @@
 --   'partition:seq'), exact_owners_key (P:ids:<s>: event id -> partition), groups_key
 --   (P:groups:<s>).
 -- ARGV: tag head ('{P:s:'), the groups' `fresh` summaries' name up to the group
---   (P:new:<s>:; see summary_keys), partition count, JSON rows [[id, meta, partition],
---   ...], the rows' digests (8 bytes each, in row order, as one string), then each row's
---   data text, in the rows' order (the server never decodes it).
+--   (P:new:<s>:; see summary_keys), partition count, JSON rows [[id, meta, partition,
+--   blob], ...], the rows' digests (8 bytes each, in row order, as one string), then each
+--   row's data text, in the rows' order (the server never decodes it; '' for a blob row).
+--   blob: null, or the token of a large row's data, which the client SET in the same
+--   MULTI at {P:s:p}:b:<token> of its partition (so that the data never passes through
+--   Lua, whose copies of an argument cost more than the whole XADD).
 -- Reply: 'LOST' (a partition's presence marker is gone: nothing was written), or JSON
 --   [times, items]: times [[partition, time], ...] of the partitions this call appended
 --   to; per row [partition, seq] when stored by this call (or earlier in it), or
 --   [partition, seq, time, meta, data text] when its id was already stored.
+-- A blob row's entry holds BLOB_MARK .. token as its data (never JSON text), and the
+-- partition's {P:s:p}:bs the token (trim and delete_stream remove the blob); a blob row
+-- not appended (its id was stored already, or the store was lost) has its blob deleted.
 -- An id found through its digest is checked against the entry's id. The ids whose digest
 -- another id holds, and those releases before the digest index stored, are in the exact
 -- indexes: exact_owners_key (streams with several partitions) and each partition's
@@ -21,8 +27,17 @@ local partition_count = tonumber(ARGV[3])
 local rows = cjson.decode(ARGV[4])
 local digest_blob = ARGV[5]
 -- The fields of a row; a row's data is ARGV[DATA_AT + its index].
-local ID, META, PARTITION = 1, 2, 3
+local ID, META, PARTITION, BLOB = 1, 2, 3, 4
 local DATA_AT, DIGEST_BYTES = 5, 8
+-- Delete the blobs of the rows from `from` on that were not appended (appended: nil).
+local function drop_blobs(from, kept)
+  for k = from, #rows do
+    local token = rows[k][BLOB]
+    if type(token) == 'string' and not (kept and kept[k]) then
+      redis.call('DEL', tag_head .. int_text(rows[k][PARTITION]) .. '}:b:' .. token)
+    end
+  end
+end
 local key_cache = {}
 local function partition_key(partition, suffix)
   local name = partition .. suffix
@@ -41,7 +56,10 @@ for _, row in ipairs(rows) do
   if not high_water_of[partition] then
     local high_water_text, last_time_text, marker =
       unpack(redis.call('HMGET', partition_key(partition, 'm'), 'hw', 'ts', 'mk'))
-    if not marker then return 'LOST' end
+    if not marker then
+      drop_blobs(1, nil)
+      return 'LOST'
+    end
     high_water_of[partition] = tonumber(high_water_text or '0')
     -- Append times never go backwards within a partition, even if the server clock does.
     time_of[partition] = math.max(now, tonumber(last_time_text or '0'))
@@ -78,6 +96,8 @@ end
 -- indexed; digest_writes, owner_writes, exact_writes (partition -> id, seq, ...): HSETs.
 local item_of, digest_taken, digest_writes, owner_writes, exact_writes, items =
   {}, {}, {}, {}, {}, {}
+-- The rows whose blob an entry now names.
+local blob_kept = {}
 for k, row in ipairs(rows) do
   local id = row[ID]
   local item = item_of[id]
@@ -109,8 +129,14 @@ for k, row in ipairs(rows) do
       high_water_of[partition] = seq
       appended[partition] = true
       seq_text = int_text(seq)
+      local data = ARGV[DATA_AT + k]
+      if type(row[BLOB]) == 'string' then
+        data = BLOB_MARK .. row[BLOB]
+        blob_kept[k] = true
+        redis.call('SADD', partition_key(partition, 'bs'), row[BLOB])
+      end
       redis.call('XADD', partition_key(partition, 'x'), entry_id(seq), 'meta', row[META],
-                 'data', ARGV[DATA_AT + k], 'time', int_text(time_of[partition]))
+                 'data', data, 'time', int_text(time_of[partition]))
       local digest = digests[k]
       if digest_held or digest_taken[digest] then
         local writes = exact_writes[partition] or {}
@@ -132,6 +158,7 @@ for k, row in ipairs(rows) do
   end
   items[k] = item
 end
+drop_blobs(1, blob_kept)
 if #digest_writes > 0 then bulk({'HSET', digests_key}, digest_writes) end
 if #owner_writes > 0 then bulk({'HSET', exact_owners_key}, owner_writes) end
 for partition, writes in pairs(exact_writes) do

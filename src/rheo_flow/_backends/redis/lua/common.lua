@@ -16,6 +16,9 @@ local ACKED_BYTE, REJECTED_BYTE = string.byte(ACKED), string.byte(REJECTED)
 local PARKED = 4000000000000000
 -- How many arguments one variadic command takes at most: Lua's unpack has a stack limit.
 local CHUNK = 2000
+-- What a large event's data field starts with (then its blob's token, append_many.lua):
+-- NUL starts no JSON text.
+local BLOB_MARK = '\0'
 -- Where the values of a stream entry's fields are (as XADD wrote them: meta, data, time).
 local ENTRY_META, ENTRY_DATA, ENTRY_TIME = 2, 4, 6
 

@@ -5,6 +5,8 @@
 --   group_keys in common.lua) of each group, in the order of the groups in ARGV.
 -- ARGV: bound, chunk, want ids ('1' or '0'), the partition ('' on a Cluster: no digest
 --   index), then the groups.
+-- The blobs of large events ({P:s:p}:b:<token>, listed in {P:s:p}:bs; append_many.lua)
+-- are deleted with their entries.
 -- Reply: JSON [removed, more, ids]: how many events this call removed, 1 when events up
 --   to the bound remain (call again), and the ids of the removed events when asked for.
 local stream_key, meta_key, ids_key = KEYS[1], KEYS[2], KEYS[3]
@@ -24,12 +26,24 @@ if bound < low_water then return '[0,0,[]]' end
 local stop = math.min(bound, low_water + chunk - 1)
 local entries = redis.call('XRANGE', stream_key, entry_id(low_water), entry_id(stop))
 local ids, seq_texts = {}, {}
+-- The blob of a large event's data (append_many.lua) goes with its entry.
+local partition_head = string.sub(stream_key, 1, -2)
+local blobs, blob_tokens = {}, {}
 for _, entry in ipairs(entries) do
+  local data = entry[2][ENTRY_DATA]
+  if string.byte(data, 1) == string.byte(BLOB_MARK) then
+    blob_tokens[#blob_tokens + 1] = string.sub(data, 2)
+    blobs[#blobs + 1] = partition_head .. 'b:' .. blob_tokens[#blob_tokens]
+  end
   local ok, meta = pcall(cjson.decode, entry[2][ENTRY_META])
   if ok and type(meta) == 'table' then
     ids[#ids + 1] = meta[1]
     seq_texts[#ids] = string.sub(entry[1], 1, -3)
   end
+end
+if #blobs > 0 then
+  bulk({'DEL'}, blobs)
+  bulk({'SREM', partition_head .. 'bs'}, blob_tokens)
 end
 if #ids > 0 and redis.call('EXISTS', ids_key) == 1 then bulk({'HDEL', ids_key}, ids) end
 if digests_key and #ids > 0 then
