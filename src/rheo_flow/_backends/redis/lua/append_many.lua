@@ -48,11 +48,14 @@ local function partition_key(partition, suffix)
   end
   return key
 end
--- The partitions the rows go to: their high water, time and whether they got an event.
-local high_water_of, time_of, appended = {}, {}, {}
+-- The partitions the rows go to: their high water, time (and as text), stream key, and
+-- whether they got an event; partition_of_row: each row's partition as text.
+local high_water_of, time_of, time_text_of, stream_key_of, appended = {}, {}, {}, {}, {}
+local partition_of_row = {}
 local now = now_ms()
-for _, row in ipairs(rows) do
+for k, row in ipairs(rows) do
   local partition = int_text(row[PARTITION])
+  partition_of_row[k] = partition
   if not high_water_of[partition] then
     local high_water_text, last_time_text, marker =
       unpack(redis.call('HMGET', partition_key(partition, 'm'), 'hw', 'ts', 'mk'))
@@ -63,6 +66,8 @@ for _, row in ipairs(rows) do
     high_water_of[partition] = tonumber(high_water_text or '0')
     -- Append times never go backwards within a partition, even if the server clock does.
     time_of[partition] = math.max(now, tonumber(last_time_text or '0'))
+    time_text_of[partition] = int_text(time_of[partition])
+    stream_key_of[partition] = partition_key(partition, 'x')
   end
 end
 local digests = {}
@@ -124,7 +129,7 @@ for k, row in ipairs(rows) do
       item = '[' .. partition .. ',' .. seq_text .. ',' .. stored[ENTRY_TIME] .. ','
         .. stored[ENTRY_META] .. ',' .. cjson.encode(stored[ENTRY_DATA]) .. ']'
     else
-      partition = int_text(row[PARTITION])
+      partition = partition_of_row[k]
       local seq = high_water_of[partition] + 1
       high_water_of[partition] = seq
       appended[partition] = true
@@ -135,8 +140,8 @@ for k, row in ipairs(rows) do
         blob_kept[k] = true
         redis.call('SADD', partition_key(partition, 'bs'), row[BLOB])
       end
-      redis.call('XADD', partition_key(partition, 'x'), entry_id(seq), 'meta', row[META],
-                 'data', data, 'time', int_text(time_of[partition]))
+      redis.call('XADD', stream_key_of[partition], entry_id(seq), 'meta', row[META],
+                 'data', data, 'time', time_text_of[partition])
       local digest = digests[k]
       if digest_held or digest_taken[digest] then
         local writes = exact_writes[partition] or {}
@@ -167,7 +172,7 @@ end
 local times = {}
 local groups = nil
 for partition in pairs(appended) do
-  local time_text = int_text(time_of[partition])
+  local time_text = time_text_of[partition]
   redis.call('HSET', partition_key(partition, 'm'), 'hw', int_text(high_water_of[partition]),
              'ts', time_text)
   times[#times + 1] = '[' .. partition .. ',' .. time_text .. ']'
