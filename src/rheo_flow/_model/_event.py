@@ -20,7 +20,8 @@ import orjson
 
 from ._builders import positional_builder
 
-__all__ = ["JSON", "Event", "NewEvent", "decode_json", "make_event", "make_event_json"]
+__all__ = ["JSON", "Event", "NewEvent", "decode_json", "make_event", "make_event_json",
+           "pending_json"]
 
 JSON: TypeAlias = Any
 """A JSON-serialisable value: ``None``, bool, int, float, str, list or dict with str keys."""
@@ -109,6 +110,14 @@ def _data(self: Event) -> JSON:
 
 
 type.__setattr__(Event, "data", property(_data, _set_data))
+
+
+def pending_json(event: Event) -> _Pending | None:
+    """The JSON text of an event's data not decoded yet (its ``text`` may be replaced
+    before the first read: a backend that stores large data elsewhere fills it in), or
+    None once decoded."""
+    value = _get_data(event, Event)
+    return value if value.__class__ is _Pending else None
 
 
 _EVENT_DOC = """An :class:`Event` from positional fields (stream, partition, sequence, id,

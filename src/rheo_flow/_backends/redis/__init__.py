@@ -8,7 +8,9 @@ can spread partitions over shards and each Lua script stays on one slot:
   with sequence ``n`` is ``n-0``; the entry holds ``meta`` (JSON ``[id, type,
   key, headers]``), ``data`` (JSON) and ``time`` (append time, server clock).
 * ``{P:s:p}:m`` — high water ``hw``, low water ``lw``, last append time ``ts``.
-* ``{P:s:p}:i`` — event id -> sequence (idempotent appends).
+* ``{P:s:p}:i`` — event id -> sequence (idempotent appends), on a Redis Cluster; on
+  standalone Redis only for the ids that a release before the digest index stored and
+  those whose digest another id holds.
 * ``{P:s:p}:g:<g>`` — the group's frontier ``f``, cursor ``c`` and
   ``max_attempts``; the Redis consumer group ``<g>`` on ``:x`` has its last id at
   the cursor. Its PEL shows who holds the redeliveries (taken with ``XCLAIM``)
@@ -57,17 +59,40 @@ can spread partitions over shards and each Lua script stays on one slot:
   again a few times. Groups of versions that gave every key-ordered delivery a
   record of its own read the same: a record always comes before a block.
 * ``P:streams``, ``P:groups:<s>``, ``P:ids:<s>`` — stream and group records, and
-  which partition owns an event id (streams with several partitions).
+  which partition owns an event id (streams with several partitions; on standalone
+  Redis only as ``{P:s:p}:i`` is, above).
+* Standalone Redis only: ``P:eid:<s>`` — the event-id index of the whole stream, the
+  first 8 bytes of the SHA-1 of an id -> ``partition:seq`` (about 60 bytes an event,
+  where the two hashes of full ids took about 180). An append is one ``append_many``
+  script for every partition of the batch: an id found there is checked against the
+  entry's id; one whose digest another id holds goes to the exact indexes above.
+  Data of 512 KiB or more goes by a ``SET`` of its own, ``{P:s:p}:b:<token>``, in the
+  append's ``MULTI`` (a script would copy it twice, blocking the server for several
+  times a raw ``XADD`` of it); the entry's data is then NUL and the token, the token
+  is listed in ``{P:s:p}:bs``, readers fill the data in with one ``MGET``, and trim and
+  ``delete_stream`` delete the blob.
+* Standalone Redis only (no hash tag: a Cluster has none of them), the summaries of
+  a group's partitions: ``P:due:<s>:<g>`` scores each partition no later than when it
+  may next have a due delivery (a nack's delay, a lease's or a block's deadline), and
+  ``P:new:<s>:<g>`` holds the partitions that may have events past the group's
+  cursor (an append adds its partition to every group's). A fetch that visits a
+  partition writes its exact entries; a settle, renew, redrive, replay or reset that
+  makes work due earlier says so in the same script; a trim marks its partitions due.
+  They may claim work that is gone (a visit corrects them), never miss work.
 
 Every fetch, settle batch and renew tick is one round trip: one script per
 partition, pipelined, with JSON requests and replies (orjson on this side); a
-fetch's ``XRANGE`` reads ride in the same pipeline. A
-fetch whose partitions turn out uneven may take a second one to fill its limit;
-an append to a multi-partition stream first records which partition owns each
-event id. The layout is cluster-ready;
-two mechanisms assume one server (or a primary with replicas): appends to
-several partitions are one ``MULTI``/``EXEC``, and the wake-up is one ``XREAD``
-over every partition of the stream. Lease deadlines, nack delays and append times use the
+fetch's ``XRANGE`` reads ride in the same pipeline. On standalone Redis a fetch of a
+stream of several partitions is one ``fetch_many.lua`` call instead, which visits only
+the partitions the summaries name (every few seconds a backend has it rewrite them
+from every partition first: data written without them is found that way). A
+fetch whose partitions turn out uneven may take a second one to fill its limit.
+On a Cluster an append to a multi-partition stream first records which partition owns
+each event id, then runs one ``append`` script per partition (not atomic across
+slots); on standalone Redis it is one ``append_many`` script. The layout is
+cluster-ready; the wake-up assumes one server (or a primary with replicas): one
+``XREAD`` over every partition of the stream (a Cluster reads each partition on a
+connection of its own). Lease deadlines, nack delays and append times use the
 Redis server's clock (``TIME`` inside the scripts). A fetch finds due work
 through the ``:z`` sorted set rather than ``XAUTOCLAIM``, whose single idle
 threshold cannot express per-fetch lease times or nack delays; expired

@@ -90,6 +90,7 @@ class RedisBackend(
             self._client = self._owned_client(url)
             self._owned = True
         self._cluster = isinstance(self._client, RedisCluster)
+        self._keys.summaries = not self._cluster
         self._scripts = ScriptRunner(self._client, self._translate, self._scrub,
                                      cluster=self._cluster)
         self._block_cap_ms = block_cap_ms(self._client)

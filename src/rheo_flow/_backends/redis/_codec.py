@@ -19,6 +19,7 @@ from ..._model._lease import Lease, make_lease
 
 __all__ = [
     "FetchReply",
+    "appended_across",
     "appended_events",
     "encode_metas",
     "entry_event",
@@ -76,6 +77,31 @@ def appended_events(
                     dict(headers) if headers else {}, at)
         else:
             seq, stored_at, (event_id, type_, key, headers), data = item
+            event = make_event_json(stream, partition, seq, event_id, type_, data, key, headers,
+                                    stored_at)
+        add(event)
+    return out
+
+
+def appended_across(stream: str, records: Sequence[AppendRecord], reply: list[Any]
+                    ) -> list[Event]:
+    """The events of an ``append_many.lua`` reply ``[times, items]``."""
+    times_list, items = reply
+    times = dict(times_list)
+    out: list[Event] = []
+    add = out.append
+    built: dict[tuple[int, int], Event] = {}
+    for r, item in zip(records, items, strict=True):
+        if len(item) == 2:
+            partition, seq = item
+            event = built.get((partition, seq))
+            if event is None:
+                headers = r.headers
+                event = built[partition, seq] = make_event_json(
+                    stream, partition, seq, r.id, r.type, r.data_json, r.key,
+                    dict(headers) if headers else {}, times[partition])
+        else:
+            partition, seq, stored_at, (event_id, type_, key, headers), data = item
             event = make_event_json(stream, partition, seq, event_id, type_, data, key, headers,
                                     stored_at)
         add(event)
@@ -193,5 +219,6 @@ def entry_event(stream: str, partition: int, entry_id: Any, fields: Mapping[Any,
     values = {text(k): v for k, v in fields.items()}
     meta = json.loads(values["meta"])
     seq = int(text(entry_id).split("-", 1)[0])
-    return Event(stream, partition, seq, meta[0], meta[1], json.loads(values["data"]), meta[2],
-                 meta[3], int(values["time"]))
+    # The data decodes on first read: a large event's is filled in from its blob first.
+    return make_event_json(stream, partition, seq, meta[0], meta[1], values["data"], meta[2],
+                           meta[3], int(values["time"]))

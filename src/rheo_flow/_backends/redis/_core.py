@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from ..._model._errors import BackendError, StoreLost, UnknownGroup, UnknownStream
+from ..._model._event import Event, pending_json
 from ..._model._settle_results import SettleKind
 from .._guard import masked_cause
 from .._shared import Rotation
@@ -24,6 +25,10 @@ from ._scripts import ScriptCall, ScriptRunner
 __all__ = ["RedisCore"]
 
 T = TypeVar("T")
+_BLOB_MARKS: Final = ("\0", b"\0")
+"""What the data field of a large event's entry starts with, as text or as bytes."""
+_MARK_LENGTH: Final = 17
+"""The length of that field: the mark, then a 16-character token."""
 
 
 class RedisCore:
@@ -50,6 +55,12 @@ class RedisCore:
     _cursors: dict[tuple[str, str, int], int]
     """(stream, group, partition) -> where this backend's last fetch left the group's
     cursor: the next fetch reads the entries past it in the same round trip."""
+    _swept: dict[tuple[str, str], float]
+    """(stream, group) -> when (``time.monotonic``) this backend's fetch last visited every
+    partition of the stream, keeping the summaries exact (see ``_fetch``)."""
+    _busy: dict[tuple[str, str], list[tuple[int, int]]]
+    """(stream, group) -> the partitions whose new deliveries the last summary fetch took,
+    with how many: the next one reads as many of theirs in the same round trip."""
     _consumers: dict[tuple[str, str], set[str]]
     """The Redis consumers fetches created, per (stream, group); ``_tracked`` counts them."""
     _tracked: int
@@ -65,6 +76,8 @@ class RedisCore:
         self._stale = {}
         self._valid_keys = {}
         self._cursors = {}
+        self._swept = {}
+        self._busy = {}
         self._consumers = {}
         self._tracked = 0
         self._released = {}
@@ -107,6 +120,27 @@ class RedisCore:
                     ) -> list[Any]:
         """Run scripts ``(name, keys, args)`` in one round trip; their replies in order."""
         return await self._scripts.run(calls, transaction=transaction)
+
+    async def _fill_blobs(self, stream: str, events: Iterable[Event]) -> None:
+        """Fill in the data of the large events stored apart from their entries
+        (standalone Redis; ``append_many.lua``): one ``MGET`` when there are any."""
+        if not self._keys.summaries:
+            return
+        waiting: list[Any] = []
+        keys: list[str] = []
+        for event in events:
+            pending = pending_json(event)
+            if pending is not None and len(pending.text) == _MARK_LENGTH and (
+                    pending.text[:1] in _BLOB_MARKS):
+                waiting.append(pending)
+                keys.append(f"{self._keys.tag(stream, event.partition)}:b:"
+                            f"{text(pending.text[1:])}")
+        if not keys:
+            return
+        for pending, value in zip(waiting, await self._io(self._client.mget(keys)),
+                                  strict=True):
+            if value is not None:
+                pending.text = value
 
     # Streams and groups ------------------------------------------------------
 
@@ -181,7 +215,7 @@ class RedisCore:
             self._tracked -= len(self._consumers.pop(key))
         for group_key in gone(self._rotation.groups()):
             self._rotation.forget(group_key)
-        for cache in (self._keys.cache, self._keys.partition_cache, self._valid_keys,
-                      self._cursors):
+        for cache in (self._keys.cache, self._keys.partition_cache, self._keys.script_cache,
+                      self._valid_keys, self._cursors, self._swept, self._busy):
             for key in gone(cache):
                 del cache[key]

@@ -55,7 +55,7 @@ class DeadLetterOperations(RedisCore):
                 if 0 <= p < count:
                     wanted.setdefault(p, []).append(seq)
             arg = {p: json.dumps(seqs) for p, seqs in wanted.items()}
-        calls = [("redrive", self._keys.group(stream, group, p), [value])
+        calls = [("redrive", self._keys.script_keys(stream, group, p), [value])
                  for p, value in arg.items()]
         replies = await self._eval(calls)
         if any(int(r) < 0 for r in replies):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
+from hashlib import sha1
 from typing import Any, Final
 
 import orjson
@@ -12,15 +14,19 @@ from ..._backend import AppendRecord
 from ..._model._event import Event
 from ..._model._query import Query
 from .._shared import query_matches, query_window
-from ._codec import appended_events, encode_metas, entry_event, text
+from ._codec import appended_across, appended_events, encode_metas, entry_event, text
 from ._core import RedisCore
-from ._scripts import LOST, ScriptCall, is_reply
+from ._scripts import LOST, Read, ScriptCall, is_reply
 
 __all__ = ["EventOperations"]
 
 _TRIM_CHUNK: Final = 5_000
 """The most events one trim script removes (a long trim takes several calls)."""
 _QUERY_CHUNK: Final = 500
+_BLOB_CHARS: Final = 512 * 1024
+"""Data from this many characters of JSON on is stored apart from its entry (standalone
+Redis; see ``append_many.lua``): a SET takes it without a copy, where a script would copy
+it twice and block the server for several times a raw XADD of it."""
 
 
 class EventOperations(RedisCore):
@@ -31,6 +37,8 @@ class EventOperations(RedisCore):
         if not records:
             return []
         metas = encode_metas(records)
+        if self._keys.summaries:
+            return await self._append_many(stream, count, records, metas)
         targets = [r.partition for r in records]
         if count > 1:
             targets = await self._owners(stream, records)
@@ -43,7 +51,7 @@ class EventOperations(RedisCore):
             # The data texts go as arguments of their own, not inside the JSON of the
             # heads: nothing escapes them here or decodes them in the server.
             heads = dumps([(records[i].id, metas[i]) for i in indexes])
-            calls.append(("append", self._keys.partition(stream, partition),
+            calls.append(("append", self._keys.append_keys(stream, partition),
                           [heads, *[records[i].data_json for i in indexes]]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
         if any(is_reply(reply, LOST) for reply in replies):
@@ -60,6 +68,32 @@ class EventOperations(RedisCore):
             for index, event in zip(indexes, built, strict=True):
                 events[index] = event
         return [e for e in events if e is not None]
+
+    async def _append_many(self, stream: str, count: int, records: Sequence[AppendRecord],
+                           metas: list[str]) -> list[Event]:
+        """Standalone Redis: the whole batch in one ``append_many.lua`` call, each id
+        looked up in the stream's digest index (8 bytes of its SHA-1) instead of a hash
+        field per id in each partition and in the stream."""
+        layout = self._keys
+        # Large data goes by a SET of its own in the same MULTI, never through Lua.
+        tokens = [os.urandom(8).hex() if len(r.data_json) >= _BLOB_CHARS else None
+                  for r in records]
+        rows = orjson.dumps([(r.id, meta, r.partition, token)
+                             for r, meta, token in zip(records, metas, tokens, strict=True)])
+        digests = b"".join([sha1(r.id.encode()).digest()[:8] for r in records])
+        sets: list[Read] = [
+            ("SET", f"{layout.tag(stream, r.partition)}:b:{token}", r.data_json)
+            for r, token in zip(records, tokens, strict=True) if token is not None]
+        [reply] = await self._scripts.run_after(sets, [(
+            "append_many", (layout.digests(stream), layout.ids(stream), layout.groups(stream)),
+            [layout.tag_head(stream), f"{layout.prefix}:new:{stream}:", count, rows, digests,
+             *["" if token else r.data_json for r, token in zip(records, tokens, strict=True)]],
+        )])
+        if is_reply(reply, LOST):
+            raise self._lost(stream)
+        events = appended_across(stream, records, orjson.loads(reply))
+        await self._fill_blobs(stream, events)
+        return events
 
     async def _owners(self, stream: str, records: Sequence[AppendRecord]) -> list[int]:
         """The partition each record goes to in a multi-partition stream.
@@ -81,6 +115,7 @@ class EventOperations(RedisCore):
             if window is not None and await self._query_partition(query, pid, window, limit,
                                                                   out):
                 break
+        await self._fill_blobs(stream, out)
         return out
 
     async def _query_partition(
@@ -116,6 +151,10 @@ class EventOperations(RedisCore):
         removed: dict[int, int] = {}
         for partition, bound in up_to.items():
             keys = list(self._keys.partition(stream, partition))
+            digests = ""
+            if self._keys.summaries:
+                keys.append(self._keys.digests(stream))
+                digests = str(partition)
             for group in groups:
                 keys.extend(self._keys.group(stream, group, partition).own())
             total = 0
@@ -123,11 +162,19 @@ class EventOperations(RedisCore):
             while more:
                 [reply] = await self._eval([(
                     "trim", keys,
-                    [bound, _TRIM_CHUNK, "1" if count > 1 else "0", *groups],
+                    [bound, _TRIM_CHUNK, "1" if count > 1 else "0", digests, *groups],
                 )])
                 done, more, ids = json.loads(reply)
                 total += done
                 if ids:
                     await self._io(self._client.hdel(self._keys.ids(stream), *ids))
             removed[partition] = total
+        if self._keys.summaries and groups:
+            # A trim may release a key-ordered group's next deliveries: each group's next
+            # fetch visits the partitions trimmed (the trim script takes no summary).
+            pipe = self._client.pipeline(transaction=False)
+            for group in groups:
+                pipe.zadd(self._keys.summary_keys(stream, group)[0],
+                          {str(partition): 0 for partition in up_to})
+            await self._io(pipe.execute())
         return removed

@@ -1,18 +1,26 @@
 """Fetching leases from the Redis backend, and the Redis consumers fetches create.
 
-A fetch is one round trip: one ``fetch.lua`` call per partition, pipelined, each
-followed by an ``XRANGE`` of the entries past where the last fetch left the group's
-cursor. The script leases an unordered group's new deliveries as a range without reading
-them; the ``XRANGE`` reads them, its reply parsed as the server sent it (no dict per
-entry). When it missed them (the first fetch of a partition, or another consumer moved
-the cursor) one more round trip reads them. A fetch whose partitions turn out uneven may
-take another round to fill its limit.
+A fetch is one round trip. On standalone Redis, a fetch of a stream of several partitions
+is one ``fetch_many.lua`` call: it finds the partitions with work in the group's
+summaries (stream-level keys every script keeps exact) and puts the limit where the work
+is, so its cost follows the partitions with work, not the partition count (every few
+seconds one call rewrites the summaries from every partition first, see ``_SWEEP_S``).
+Otherwise (a Cluster, whose partitions live in many slots, or one partition) it is one
+``fetch.lua`` call per partition, pipelined, each followed by an ``XRANGE`` of the
+entries past where the last fetch left the group's cursor. The script leases an
+unordered group's new deliveries as a range without reading them; the ``XRANGE`` reads
+them, its reply parsed as the server sent it (no dict per entry). When it missed them
+(the first fetch of a partition, or another consumer moved the cursor) one more round
+trip reads them. ``fetch_many`` does the same for the partitions that had new
+deliveries in this backend's last fetch, and reads the others' itself. A fetch whose
+partitions turn out uneven may take another round to fill its limit.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
@@ -20,7 +28,7 @@ from typing import Any, Final, NamedTuple
 from ..._model._errors import BackendError, UnknownGroup
 from ..._model._lease import Lease
 from .._shared import round_robin
-from ._codec import fetch_reply, fetched_leases, range_leases
+from ._codec import FetchReply, fetch_reply, fetched_leases, range_leases, text
 from ._core import RedisCore
 from ._scripts import LOST, Read, ScriptCall, is_reply
 
@@ -33,6 +41,15 @@ _FILL_ROUNDS: Final = 8
 """How many more round trips a fetch makes to top up a batch the first round left short."""
 _MAX_CURSORS: Final = 4096
 """How many (stream, group, partition) cursors a backend remembers (see ``_cursor_at``)."""
+_SWEEP_S: Final = 5.0
+"""How long a backend trusts the summaries after its last fetch that rewrote them from
+every partition of the group (its first fetch of the group does). Every script of this
+release keeps them exact; the rewrite is the net for writes of a release that did not
+(a rolling upgrade) and for a trim's follow-up that failed: their work is found within
+this time."""
+_BUSY_READS: Final = 8
+"""At most how many partitions' new deliveries a summary fetch reads itself (as many as
+it took from each last time, and at least an even share of the limit)."""
 _SCAN_ROUNDS: Final = 8
 """How many more round trips a fetch makes for key-ordered partitions whose scan stopped
 at its budget (``fetch.lua`` reads at most the quota plus 1,000 events per call)."""
@@ -126,8 +143,15 @@ class FetchOperations(RedisCore):
         self._track_consumer(stream, group, consumer_id)
         harvest = _Harvest(stream, group, consumer_id, limit, lease_ms,
                            self._rotation.order((stream, group), ids))
-        replies = await self._fetch_round(
-            harvest, list(zip(harvest.order, _shares(limit, len(ids)), strict=True)), first)
+        if self._keys.summaries and count > 1:
+            started = time.monotonic()
+            resync = started - self._swept.get((stream, group), -_SWEEP_S) >= _SWEEP_S
+            replies = await self._fetch_summarized(harvest, count, first, resync)
+            if resync:
+                self._swept[(stream, group)] = started
+        else:
+            replies = await self._fetch_round(
+                harvest, list(zip(harvest.order, _shares(limit, len(ids)), strict=True)), first)
         # A round can come back short where a key-ordered partition's unread events
         # were blocked: top up from the partitions that still report work, until the
         # batch is full or none does (each round leases or reads past blocked events).
@@ -136,7 +160,80 @@ class FetchOperations(RedisCore):
                 break
         if harvest.unscanned:
             await self._scan_on(harvest)
-        return harvest.batch(), replies
+        leases = harvest.batch()
+        await self._fill_blobs(stream, [lease.event for lease in leases])
+        return leases, replies
+
+    async def _fetch_summarized(self, harvest: _Harvest, count: int,
+                                first: Sequence[ScriptCall], resync: bool) -> list[Any]:
+        """One round trip of ``fetch_many.lua`` (see the module docstring), with the calls
+        ``first`` before it and the reads of the partitions that had new deliveries last
+        time; the replies of ``first``. With ``resync`` the script first rewrites the
+        summaries from every partition."""
+        stream, group, order = harvest.stream, harvest.group, harvest.order
+        whole = len(order) == count
+        at = self._cursors
+        asked = set(order)
+        busy = [(p, took) for p, took in self._busy.get((stream, group), ())
+                if p in asked and (stream, group, p) in at]
+        # The partitions a wake-up knows no high water of: this fetch tells it theirs.
+        seen, stale = self._seen_for(stream), self._stale.get(stream, ())
+        unseen = [p for p in order if seen[p] < 0 or p in stale]
+        reads: list[Read] = [
+            ("XRANGE", self._keys.partition(stream, p).stream, f"{at[stream, group, p] + 1}-0",
+             "+", "COUNT", min(max(took, -(-harvest.limit // len(busy))), harvest.limit))
+            for p, took in busy]
+        call: ScriptCall = ("fetch_many", self._keys.summary_keys(stream, group), [
+            self._keys.tag_head(stream), group, harvest.consumer_id, harvest.limit,
+            harvest.lease_ms, os.urandom(8).hex(), count,
+            "" if whole else ",".join(map(str, order)), order[0] if whole else 0,
+            ",".join(str(p) for p, _ in busy), "1" if resync else "0",
+            ",".join(map(str, unseen))])
+        replies, entries = await self._scripts.run_and_read([*first, call], reads)
+        raw = replies.pop()
+        if is_reply(raw, "NOGROUP"):
+            raise UnknownGroup(stream, group)
+        if is_reply(raw, LOST):
+            raise self._lost(stream)
+        self._seen_many(stream, text(raw[0]))
+        took = self._take_many(harvest, raw[1:],
+                               {p: got for (p, _), got in zip(busy, entries, strict=True)})
+        if harvest.missed:
+            await self._read_missed(harvest)
+        self._busy[(stream, group)] = sorted(took.items(), key=lambda pair: -pair[1])[:_BUSY_READS]
+        return replies
+
+    def _seen_many(self, stream: str, high_waters: str) -> None:
+        """The high waters a ``fetch_many`` call read (``p=hw,...``), for the wake-ups."""
+        if not high_waters:
+            return
+        seen, stale = self._seen_for(stream), self._stale.get(stream, set())
+        for pair in high_waters.split(","):
+            p, high_water = map(int, pair.split("="))
+            seen[p] = max(seen[p], high_water)
+            stale.discard(p)
+
+    def _take_many(self, harvest: _Harvest, raw: Sequence[Any], entries_of: dict[int, Any]
+                   ) -> dict[int, int]:
+        """The (partition, block token, reply) triples of a ``fetch_many`` reply into
+        ``harvest``; how many new deliveries it took from each partition that had some."""
+        took: dict[int, int] = {}
+        visited: set[int] = set()
+        again: set[int] = set()
+        for i in range(0, len(raw), 3):
+            p = int(raw[i])
+            (again if p in visited else visited).add(p)
+            reply = self._take(harvest, p, text(raw[i + 1]), raw[i + 2], entries_of.get(p))
+            if reply is not None:
+                new = len(reply.items) - reply.redelivered
+                if reply.first:
+                    new += reply.last - reply.first + 1
+                if new:
+                    took[p] = took.get(p, 0) + new
+        for p in again:
+            # A later call on the partition may lease redeliveries below an earlier one's.
+            harvest.leases[p].sort(key=_sequence_of)
+        return took
 
     async def _fill_up(self, harvest: _Harvest) -> bool:
         """Another round of an uneven fetch: the leases it still wants, from the
@@ -182,8 +279,9 @@ class FetchOperations(RedisCore):
         read_for: dict[int, int] = {}
         for p, quota in quotas:
             keys = self._keys.group(stream, group, p)
-            calls.append(("fetch", keys, [group, harvest.consumer_id, quota, harvest.lease_ms,
-                                          f"{token}.{p}.", f"{token}.{p}"]))
+            calls.append(("fetch", self._keys.script_keys(stream, group, p),
+                          [group, harvest.consumer_id, quota, harvest.lease_ms,
+                           f"{token}.{p}.", f"{token}.{p}"]))
             # The new deliveries start past the group's cursor: read from where the last
             # fetch left it, in the same round trip (right unless another one moved it).
             at = cursors.get((stream, group, p))
@@ -201,10 +299,11 @@ class FetchOperations(RedisCore):
             await self._read_missed(harvest)
         return before
 
-    def _take(self, harvest: _Harvest, p: int, block: str, raw: Any, entries: Any) -> None:
+    def _take(self, harvest: _Harvest, p: int, block: str, raw: Any, entries: Any
+              ) -> FetchReply | None:
         """One partition's fetch reply (and the entries read past the cursor, if any):
         its leases into ``harvest``, or its range of new deliveries into
-        ``harvest.missed`` when ``entries`` do not hold it."""
+        ``harvest.missed`` when ``entries`` do not hold it. Its reply (None: ``AGAIN``)."""
         stream = harvest.stream
         if is_reply(raw, "NOGROUP"):
             raise UnknownGroup(stream, harvest.group)
@@ -214,7 +313,7 @@ class FetchOperations(RedisCore):
             # A resent call that had already run: its leases went unanswered and
             # expire; fetch again for this partition.
             harvest.due[p] = 1
-            return
+            return None
         reply = fetch_reply(raw)
         harvest.due[p] = reply.still_due
         seen = self._seen_for(stream)
@@ -239,6 +338,7 @@ class FetchOperations(RedisCore):
                 harvest.missed.append(_Missed(p, block, reply.deadline, first, last))
             else:
                 got.extend(leases)
+        return reply
 
     async def _read_missed(self, harvest: _Harvest) -> None:
         """Read the new deliveries the round's reads did not hold (no cursor known yet,

@@ -105,6 +105,7 @@ class GroupOperations(RedisCore):
             pipe.execute_command("UNLINK", *keys.own())
         if not self._cluster:
             pipe.hdel(self._keys.groups(stream), group)
+            pipe.execute_command("UNLINK", *self._keys.summary_keys(stream, group))
         await self._io(pipe.execute())
         self._forget(stream, group)
 
@@ -134,7 +135,8 @@ class GroupOperations(RedisCore):
     async def _group_scripts(
         self, script: str, stream: str, group: str, partitions: Sequence[int], arg: str
     ) -> None:
-        calls = [(script, self._keys.group(stream, group, p), [group, arg]) for p in partitions]
+        calls = [(script, self._keys.script_keys(stream, group, p), [group, arg])
+                 for p in partitions]
         for reply in await self._eval(calls):
             if is_reply(reply, "NOGROUP"):
                 raise UnknownGroup(stream, group)

@@ -1,7 +1,8 @@
 """The key layout of the Redis backend (see the package docstring): key names and hash tags.
 
 Every key of one partition shares the hash tag ``{P:s:p}``; the stream-level keys
-(``P:streams``, ``P:groups:<s>``, ``P:ids:<s>``) carry none.
+(``P:streams``, ``P:groups:<s>``, ``P:ids:<s>``, and on standalone Redis the digest index
+``P:eid:<s>`` and the summaries ``P:due:<s>:<g>`` and ``P:new:<s>:<g>``) carry none.
 """
 
 from __future__ import annotations
@@ -76,18 +77,29 @@ class KeyLayout:
     deleted stream or group can be dropped from them.
     """
 
-    __slots__ = ("cache", "partition_cache", "prefix", "streams")
+    __slots__ = ("cache", "partition_cache", "prefix", "script_cache", "streams", "summaries")
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, *, summaries: bool = True) -> None:
         self.prefix = prefix
+        self.summaries = summaries
+        """Whether the backend uses the stream-level keys of standalone Redis: the group
+        summaries and the digest index of event ids (a Cluster cannot pass keys of
+        several slots to one script)."""
         self.streams = f"{prefix}:streams"
         """The hash of stream records: name -> ``partitions|created_ms``."""
         self.cache: dict[tuple[str, str, int], GroupKeys] = {}
         self.partition_cache: dict[tuple[str, str, int], PartitionKeys] = {}
+        self.script_cache: dict[tuple[str, str, int], tuple[str, ...]] = {}
+        """``(stream, group, partition)`` -> the keys a group script takes (see
+        :meth:`script_keys`); ``(stream, "", partition)`` -> an append's."""
 
     def tag(self, stream: str, partition: int) -> str:
         """The hash tag every key of the partition shares."""
         return f"{{{self.prefix}:{stream}:{partition}}}"
+
+    def tag_head(self, stream: str) -> str:
+        """What every partition's hash tag starts with (``fetch_many.lua`` adds ``p}``)."""
+        return f"{{{self.prefix}:{stream}:"
 
     def partition(self, stream: str, partition: int) -> PartitionKeys:
         """The partition's Redis stream ``x``, metadata ``m`` and id index ``i``."""
@@ -110,6 +122,41 @@ class KeyLayout:
                 f"{tag}:x", f"{tag}:m", base, f"{base}:d", f"{base}:z", f"{base}:r",
                 f"{base}:b", f"{base}:y", f"{base}:k", f"{base}:n")
         return keys
+
+    def script_keys(self, stream: str, group: str, partition: int) -> tuple[str, ...]:
+        """The keys a group script takes: the group's keys in the partition, then with
+        ``summaries`` the group's summaries (``summary_keys`` in ``common.lua``)."""
+        key = (stream, group, partition)
+        keys = self.script_cache.get(key)
+        if keys is None:
+            keys = self.group(stream, group, partition)
+            if self.summaries:
+                keys = (*keys, *self.summary_keys(stream, group))
+            self.script_cache[key] = keys
+        return keys
+
+    def append_keys(self, stream: str, partition: int) -> tuple[str, ...]:
+        """The keys ``append.lua`` takes: the partition's, then with ``summaries`` the
+        stream's groups hash and the head of its groups' ``fresh`` summaries."""
+        key = (stream, "", partition)
+        keys = self.script_cache.get(key)
+        if keys is None:
+            keys = self.partition(stream, partition)
+            if self.summaries:
+                keys = (*keys, self.groups(stream), f"{self.prefix}:new:{stream}:")
+            self.script_cache[key] = keys
+        return keys
+
+    def summary_keys(self, stream: str, group: str) -> tuple[str, str]:
+        """The group's summaries of its partitions (standalone Redis): due (partition ->
+        no later than when it may next have a due delivery) and fresh (the partitions
+        that may have events past the group's cursor)."""
+        return f"{self.prefix}:due:{stream}:{group}", f"{self.prefix}:new:{stream}:{group}"
+
+    def digests(self, stream: str) -> str:
+        """The stream's digest index (standalone Redis; ``append_many.lua``): the first 8
+        bytes of the SHA-1 of an event id -> ``partition:seq``."""
+        return f"{self.prefix}:eid:{stream}"
 
     def groups(self, stream: str) -> str:
         """The hash of the stream's group records: name -> ``max_attempts|created_ms|start``

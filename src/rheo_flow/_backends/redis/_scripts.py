@@ -51,10 +51,14 @@ when its stream was created) is gone: the server lost its data."""
 _PRELUDES: Final[dict[str, tuple[str, ...]]] = {
     "settle": ("common", "lookup"),
     "renew": ("common", "lookup"),
+    "fetch": ("common", "fetch_partition"),
+    "fetch_many": ("common", "fetch_partition"),
 }
 """The shared files a script starts with, when not just ``common``."""
 _NAMES: Final = (
-    "create_stream", "group_record", "init_group", "claim_ids", "append", "fetch", "settle",
+    "create_stream", "group_record", "init_group", "claim_ids", "append", "append_many", "fetch",
+    "fetch_many",
+    "settle",
     "renew", "replay", "reset", "trim", "dead_letters", "redrive", "forget_consumers",
     "describe",
 )
@@ -120,6 +124,21 @@ class ScriptRunner:
             return await self._run_concurrently(calls, atomic=transaction)
         results = await self._pipeline(calls, transaction, by_source=False)
         await self._retry_missing(calls, results, transaction)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise self._translate(result)
+        return results
+
+    async def run_after(self, commands: Sequence[Read], calls: Sequence[ScriptCall]
+                        ) -> list[Any]:
+        """Run plain commands (``SET``), then the calls, in one ``MULTI``/``EXEC``
+        (standalone Redis); the replies of the calls. When the server lacked a script,
+        the whole transaction runs again by source (the commands must be idempotent)."""
+        if not commands:
+            return await self.run(calls, transaction=len(calls) > 1)
+        results = await self._pipeline(calls, True, by_source=False, before=commands)
+        if any(is_no_script(r) for r in results):
+            results = await self._pipeline(calls, True, by_source=True, before=commands)
         for result in results:
             if isinstance(result, BaseException):
                 raise self._translate(result)
@@ -212,11 +231,13 @@ class ScriptRunner:
 
     async def _pipeline(
         self, calls: Sequence[ScriptCall], transaction: bool, *, by_source: bool,
-        reads: Sequence[Read] = (),
+        reads: Sequence[Read] = (), before: Sequence[Read] = (),
     ) -> list[Any]:
-        """One round trip (the calls, then the reads); an error reply stays in its place
-        in the list."""
+        """One round trip (the commands ``before``, the calls, then the reads); an error
+        reply stays in its place in the list (the replies of ``before`` are left out)."""
         pipe = self._client.pipeline(transaction=transaction)
+        for command, *command_args in before:
+            pipe.execute_command(command, *command_args)
         if by_source:
             for name, keys, args in calls:
                 pipe.eval(SCRIPTS[name], len(keys), *keys, *args)
@@ -227,7 +248,7 @@ class ScriptRunner:
         for name, *args in reads:
             pipe.execute_command(name.encode(), *args)
         try:
-            return list(await pipe.execute(raise_on_error=False))
+            return list(await pipe.execute(raise_on_error=False))[len(before):]
         except rex.NoScriptError as exc:
             # A transaction the server refused as a whole: nothing in it ran.
             return [exc] * len(calls)

@@ -162,11 +162,11 @@ class SettleOperations(RedisCore):
             request = args(group, dumps(rows))
             if run:
                 request.extend(_run_form(rows))
-            calls = [(script, self._keys.group(stream, group, partition), request)]
+            calls = [(script, self._keys.script_keys(stream, group, partition), request)]
         else:
             buckets = self._buckets(leases, results)
             calls = [
-                (script, self._keys.group(stream, group, partition),
+                (script, self._keys.script_keys(stream, group, partition),
                  args(group, dumps([row(leases[i]) for i in indexes])))
                 for (stream, group, partition), indexes in buckets.items()
             ]

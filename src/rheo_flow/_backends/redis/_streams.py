@@ -42,11 +42,29 @@ class StreamOperations(RedisCore):
         names = await self._io(self._client.hkeys(self._keys.streams))
         return sorted(text(n) for n in names)
 
+    async def _blob_keys(self, stream: str, count: int) -> list[str]:
+        """The blobs of the stream's large events, and their lists (``append_many.lua``)."""
+        pipe = self._client.pipeline(transaction=False)
+        for p in range(count):
+            pipe.smembers(f"{self._keys.tag(stream, p)}:bs")
+        keys: list[str] = []
+        for p, tokens in enumerate(await self._io(pipe.execute())):
+            tag = self._keys.tag(stream, p)
+            keys.append(f"{tag}:bs")
+            keys.extend(f"{tag}:b:{text(token)}" for token in tokens)
+        return keys
+
     async def delete_stream(self, stream: str) -> None:
         count, _ = await self._stream_record(stream)
         groups = await self._group_names(stream)
         layout = self._keys
         keys = [layout.groups(stream), layout.ids(stream)]
+        if layout.summaries:
+            keys.append(layout.digests(stream))
+            keys.extend(await self._blob_keys(stream, count))
+        if layout.summaries:
+            for group in groups:
+                keys.extend(layout.summary_keys(stream, group))
         for p in range(count):
             keys.extend(layout.partition(stream, p))
             for group in groups:

@@ -1,11 +1,14 @@
 -- append: store events in one partition, each id once.
--- KEYS: stream_key (x), meta_key (m), ids_key (i: event id -> sequence).
+-- KEYS: stream_key (x), meta_key (m), ids_key (i: event id -> sequence), then on
+--   standalone Redis the stream's groups hash (P:groups:<s>) and the name of its groups'
+--   `fresh` summaries up to the group (P:new:<s>:; see summary_keys).
 -- ARGV: JSON heads [[id, meta], ...], then each row's data text, in the heads' order
 --   (the data travels as arguments of its own: the server never decodes it).
 -- Reply: 'LOST' (the partition's presence marker is gone), or JSON [time, items]: per row
 --   its seq when stored by this call (or earlier in it) at `time`, or
 --   [seq, time, meta, data text] when its id was already stored.
 local stream_key, meta_key, ids_key = KEYS[1], KEYS[2], KEYS[3]
+local groups_key, fresh_head = KEYS[4], KEYS[5]
 local rows = cjson.decode(ARGV[1])
 -- The fields of a head; a row's data is ARGV[1 + its index].
 local ID, META = 1, 2
@@ -51,4 +54,10 @@ for k, row in ipairs(rows) do
 end
 if #id_writes > 0 then bulk({'HSET', ids_key}, id_writes) end
 redis.call('HSET', meta_key, 'hw', int_text(high_water), 'ts', now_text)
+if groups_key and #id_writes > 0 then
+  local partition = partition_of(stream_key)
+  for _, group in ipairs(redis.call('HKEYS', groups_key)) do
+    redis.call('SADD', fresh_head .. group, partition)
+  end
+end
 return '[' .. now_text .. ',[' .. table.concat(items, ',') .. ']]'

@@ -16,6 +16,9 @@ local ACKED_BYTE, REJECTED_BYTE = string.byte(ACKED), string.byte(REJECTED)
 local PARKED = 4000000000000000
 -- How many arguments one variadic command takes at most: Lua's unpack has a stack limit.
 local CHUNK = 2000
+-- What a large event's data field starts with (then its blob's token, append_many.lua):
+-- NUL starts no JSON text.
+local BLOB_MARK = '\0'
 -- Where the values of a stream entry's fields are (as XADD wrote them: meta, data, time).
 local ENTRY_META, ENTRY_DATA, ENTRY_TIME = 2, 4, 6
 
@@ -56,6 +59,34 @@ local function bulk(head, list)
     for k = i, j do args[#args + 1] = list[k] end
     redis.call(unpack(args))
     i = j + 1
+  end
+end
+-- Standalone Redis only (a Cluster passes none of these keys: they carry no hash tag):
+-- the summaries of a group's partitions that let one fetch_many call visit only the
+-- partitions with work. `due` (P:due:<s>:<g>) scores each partition no later than when it
+-- may next have a due delivery (a nack's delay, a lease's or a block's deadline); `fresh`
+-- (P:new:<s>:<g>) holds the partitions that may have events past the group's cursor. A
+-- fetch that visits a partition writes its exact entries; an append adds its partition
+-- to every group's `fresh`; every other script that makes work due earlier lowers `due`
+-- (note_due) or moves a cursor back (note_fresh). Nil when KEYS has none at `at`.
+local function summary_keys(at)
+  if not KEYS[at] then return nil end
+  return {due = KEYS[at], fresh = KEYS[at + 1]}
+end
+-- The partition of a partition key ('{P:s:p}:x'), as text.
+local function partition_of(stream_key)
+  return string.match(stream_key, ':(%d+)}:x$')
+end
+-- Work of the partition of `keys` may be due from `score_text` on: lower its summary.
+local function note_due(keys, score_text)
+  if keys.summary then
+    redis.call('ZADD', keys.summary.due, 'LT', score_text, partition_of(keys.stream))
+  end
+end
+-- The group's cursor in the partition of `keys` may have moved back before its events.
+local function note_fresh(keys)
+  if keys.summary then
+    redis.call('SADD', keys.summary.fresh, partition_of(keys.stream))
   end
 end
 local function hmget(key, fields)

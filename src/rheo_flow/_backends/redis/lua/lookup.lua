@@ -2,6 +2,8 @@
 -- codes, the records of the leases a batch names, and the check of each lease against its
 -- record.
 local keys = group_keys(1, 3)
+-- The group's summaries (standalone Redis: KEYS 11 to 13; see summary_keys).
+keys.summary = summary_keys(11)
 -- The fields of a lease row of ARGV (JSON [seq, receipt, lease_id, ...]).
 local SEQ, RECEIPT, LEASE_ID = 1, 2, 3
 -- The code letters of the reply, one per lease (_settle.py reads them).

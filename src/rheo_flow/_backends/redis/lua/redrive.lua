@@ -1,8 +1,10 @@
 -- redrive: make dead letters of one group partition due again.
--- KEYS: the group partition's keys (group_keys in common.lua).
+-- KEYS: the group partition's keys (group_keys in common.lua), then on standalone Redis
+--   the group's summaries (summary_keys, from KEYS[11]).
 -- ARGV: 'all', or JSON [seq, ...].
 -- Reply: how many were re-driven (-1: no such group).
 local keys = group_keys(1, 3)
+keys.summary = summary_keys(11)
 local which = ARGV[1]
 local frontier_text, ordering = unpack(redis.call('HMGET', keys.group, 'f', 'o'))
 if not frontier_text then return -1 end
@@ -39,6 +41,7 @@ for _, seq_text in ipairs(seq_texts) do
 end
 bulk({'HSET', keys.records}, record_writes)
 bulk({'ZADD', keys.due}, due_adds)
+note_due(keys, now_text)
 bulk({'ZREM', keys.dead}, redriven)
 -- A block lease of a sequence (text) past the frontier gets a record of its own, as when
 -- its block expires: once it is not its key's head, only that record tells it was leased.

@@ -1,5 +1,6 @@
 -- renew: extend leases of one group partition.
--- KEYS: the group partition's keys (group_keys in common.lua).
+-- KEYS: the group partition's keys (group_keys in common.lua), then on standalone Redis
+--   the group's summaries (summary_keys, from KEYS[11]).
 -- ARGV: group, lease_ms, JSON lease rows [[seq, receipt, lease_id, consumer], ...].
 -- Reply: deadline .. ':' .. codes: the new deadline (ms), then one code letter per lease
 --   (OK or a failure: lookup.lua, _settle.py).
@@ -42,6 +43,7 @@ end
 if #due_adds > 0 then
   if #record_writes > 0 then bulk({'HSET', keys.records}, record_writes) end
   bulk({'ZADD', keys.due}, due_adds)
+  note_due(keys, deadline_text)
   for owner, ids in pairs(ids_of) do
     bulk({'XCLAIM', keys.stream, group, owner, '0'}, ids)
   end

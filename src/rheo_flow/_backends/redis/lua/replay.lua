@@ -1,9 +1,11 @@
 -- replay: take a group partition back to a sequence: everything from it on is delivered
 -- again.
--- KEYS: the group partition's keys (group_keys in common.lua).
+-- KEYS: the group partition's keys (group_keys in common.lua), then on standalone Redis
+--   the group's summaries (summary_keys, from KEYS[11]).
 -- ARGV: group, from_sequence.
 -- Reply: 'OK', or 'NOGROUP'.
 local keys = group_keys(1, 3)
+keys.summary = summary_keys(11)
 local group, from_sequence = ARGV[1], tonumber(ARGV[2])
 local frontier_text, cursor_text, ordering =
   unpack(redis.call('HMGET', keys.group, 'f', 'c', 'o'))
@@ -56,4 +58,5 @@ if start <= cursor then
 end
 if frontier > start - 1 then frontier = start - 1 end
 redis.call('HSET', keys.group, 'f', int_text(frontier), 'c', int_text(cursor))
+note_fresh(keys)
 return 'OK'

@@ -1,8 +1,10 @@
 -- reset: start a group partition over at a position, forgetting every delivery.
--- KEYS: the group partition's keys (group_keys in common.lua).
+-- KEYS: the group partition's keys (group_keys in common.lua), then on standalone Redis
+--   the group's summaries (summary_keys, from KEYS[11]).
 -- ARGV: group, position spec ('earliest', 'latest' or a sequence).
 -- Reply: 'OK', or 'NOGROUP'.
 local keys = group_keys(1, 3)
+keys.summary = summary_keys(11)
 local group, spec = ARGV[1], ARGV[2]
 if redis.call('EXISTS', keys.group) == 0 then return 'NOGROUP' end
 local high_water_text, low_water_text = unpack(redis.call('HMGET', keys.meta, 'hw', 'lw'))
@@ -13,4 +15,5 @@ redis.call('DEL', keys.records, keys.due, keys.dead, keys.blocks, keys.block_dea
 redis.pcall('XGROUP', 'DESTROY', keys.stream, group)
 redis.call('XGROUP', 'CREATE', keys.stream, group, entry_id(pos), 'MKSTREAM')
 redis.call('HSET', keys.group, 'f', int_text(pos), 'c', int_text(pos))
+note_fresh(keys)
 return 'OK'

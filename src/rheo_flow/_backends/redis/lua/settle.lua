@@ -1,5 +1,6 @@
 -- settle: ack, nack or reject leases of one group partition.
--- KEYS: the group partition's keys (group_keys in common.lua).
+-- KEYS: the group partition's keys (group_keys in common.lua), then on standalone Redis
+--   the group's summaries (summary_keys, from KEYS[11]).
 -- ARGV: group, op (BY_ACK, BY_NACK or BY_REJECT), reason (then NUL and the error to
 --   record, if any), delay_ms, JSON lease rows [[seq, receipt, lease_id, attempt, key],
 --   ...] (the key serves key-ordered groups: a delivery settled for good releases its key
@@ -100,7 +101,10 @@ if frontier_text and run_token and op == BY_ACK then
           event_keys[i] = lease[EVENT_KEY]
           seq_texts[i] = int_text(lease[SEQ])
         end
-        return codes .. release_all(event_keys, seq_texts, int_text(now_ms()))
+        local now_text = int_text(now_ms())
+        local woke = release_all(event_keys, seq_texts, now_text)
+        if woke ~= '' then note_due(keys, now_text) end
+        return codes .. woke
       end
       return codes
     end
@@ -212,7 +216,11 @@ for _, seq in ipairs(block_acks) do
 end
 if #record_writes > 0 then bulk({'HSET', keys.records}, record_writes) end
 if #due_removes > 0 then bulk({'ZREM', keys.due}, due_removes) end
-if #due_adds > 0 then bulk({'ZADD', keys.due}, due_adds) end
+if #due_adds > 0 then
+  bulk({'ZADD', keys.due}, due_adds)
+  -- Every nack of the batch has the same delay: its first score is the earliest.
+  note_due(keys, due_adds[1])
+end
 if #dead_adds > 0 then bulk({'ZADD', keys.dead}, dead_adds) end
 if #pel_acks > 0 and pel_holds(low_acked, high_acked) then
   bulk({'XACK', keys.stream, group}, pel_acks)
@@ -220,6 +228,7 @@ end
 -- After the records: releasing a key reads the records of its later deliveries.
 local woke = ''
 if #released_seqs > 0 then woke = release_all(released_keys, released_seqs, now_text) end
+if woke ~= '' then note_due(keys, now_text) end
 if new_frontier > frontier then
   redis.call('HSET', keys.group, 'f', int_text(new_frontier))
   -- A block wholly behind the frontier has nothing left to expire.
