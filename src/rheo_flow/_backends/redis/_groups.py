@@ -120,6 +120,18 @@ class GroupOperations(RedisCore):
             raise UnknownGroup(stream, group)
         return {p: int(v or 0) for p, v in enumerate(values)}
 
+    async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
+        count = await self._partition_count(stream)
+        names = [g.group for g in _groups_of(stream, await self._io(self._client.hgetall(
+            self._keys.groups(stream))))]
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            for p in range(count):
+                pipe.hget(self._keys.group(stream, name, p).group, "f")
+        values = await self._io(pipe.execute()) if names else []
+        return {name: {p: int(values[i * count + p] or 0) for p in range(count)}
+                for i, name in enumerate(names)}
+
     async def replay(
         self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
     ) -> None:
