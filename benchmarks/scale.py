@@ -255,8 +255,9 @@ async def listing_row(backend: str, plan: Plan) -> list[Result]:
             return sample
 
         small, large = await interleaved(plan, timed(few_store), timed(many_store), samples=3)
-    return [_ms(f"describe {MANY_STREAMS:,} streams", backend, small, large,
-                f"{FEW_STREAMS} streams")]
+    row = _ms(f"describe {MANY_STREAMS:,} streams", backend, small, large, f"{FEW_STREAMS} streams")
+    return [Result(row.name, row.backend, row.value, row.unit, row.baseline, row.ratio,
+                   "target: at most 300 ms (the ratio only shows the growth)", row.baseline_name)]
 
 
 async def run(quick: bool) -> list[Result]:
