@@ -207,10 +207,17 @@ class FetchOperations(RedisCore):
         """The high waters a ``fetch_many`` call read (``p=hw,...``), for the wake-ups."""
         if not high_waters:
             return
-        seen, stale = self._seen_for(stream), self._stale.get(stream, set())
         for pair in high_waters.split(","):
             p, high_water = map(int, pair.split("="))
-            seen[p] = max(seen[p], high_water)
+            self._saw(stream, p, high_water)
+
+    def _saw(self, stream: str, p: int, high_water: int) -> None:
+        """A fetch read partition ``p``'s high water: the wake-ups know it now."""
+        seen = self._seen_for(stream)
+        if high_water > seen[p]:
+            seen[p] = high_water
+        stale = self._stale.get(stream)
+        if stale:
             stale.discard(p)
 
     def _take_many(self, harvest: _Harvest, raw: Sequence[Any], entries_of: dict[int, Any]
@@ -316,12 +323,7 @@ class FetchOperations(RedisCore):
             return None
         reply = fetch_reply(raw)
         harvest.due[p] = reply.still_due
-        seen = self._seen_for(stream)
-        if reply.high_water > seen[p]:
-            seen[p] = reply.high_water
-        stale = self._stale.get(stream)
-        if stale:
-            stale.discard(p)
+        self._saw(stream, p, reply.high_water)
         if reply.more:
             harvest.unscanned.add(p)
         self._cursor_at(stream, harvest.group, p, reply.cursor)

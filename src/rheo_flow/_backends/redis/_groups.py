@@ -121,9 +121,8 @@ class GroupOperations(RedisCore):
         return {p: int(v or 0) for p, v in enumerate(values)}
 
     async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
+        names = [g.group for g in await self.list_groups(stream)]
         count = await self._partition_count(stream)
-        names = [g.group for g in _groups_of(stream, await self._io(self._client.hgetall(
-            self._keys.groups(stream))))]
         pipe = self._client.pipeline(transaction=False)
         for name in names:
             for p in range(count):
