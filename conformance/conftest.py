@@ -122,7 +122,7 @@ def _mongo_harness(name: str, url: str) -> BackendHarness:
     # The wire emulator CI runs answers one client at a time, slowly when the machine
     # is busy: the cases check what the backend does, not how fast, so a call may take
     # longer than the default 10 s before it is given up on.
-    timeout_ms = 30_000
+    timeout_ms = 60_000
 
     def build(clock: ManualClock, prefix: str | None = None) -> Backend:
         prefix = prefix or f"c{uuid.uuid4().hex[:10]}_"

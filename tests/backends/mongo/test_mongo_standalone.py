@@ -28,7 +28,7 @@ def _standalone_harness(url: str) -> BackendHarness:
         # call may take longer than the default 10 s before it is given up on.
         return MongoBackend(url, collection_prefix=prefix or f"s{uuid.uuid4().hex[:10]}_",
                             clock=clock, transactions=False, change_streams=False,
-                            timeout_ms=30_000)
+                            timeout_ms=60_000)
 
     def peer(backend: Backend, clock: ManualClock) -> Backend:
         assert isinstance(backend, MongoBackend)
