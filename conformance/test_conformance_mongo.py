@@ -1,7 +1,7 @@
-"""The conformance kit against the MongoDB columns (``mongo``, ``mongo-motor``).
+"""The conformance kit against the ``mongo`` column (PyMongo's AsyncMongoClient).
 
-A file of its own so that pytest-xdist's ``--dist loadfile`` runs these slow
-columns (the CI server is an emulator) beside the others, on another worker;
+A file of its own so that pytest-xdist's ``--dist loadfile`` runs this slow
+column (the CI server is an emulator) beside the others, on another worker;
 ``conftest.py`` gives each file its columns (``COLUMNS_BY_FILE``).
 """
 

@@ -9,6 +9,10 @@ from typing import Any
 from rheo_flow import ManualClock
 from rheo_flow.backends import MongoBackend
 
+SLOW_SERVER_TIMEOUT_MS = 60_000
+"""Each call's bound here: the wire emulator CI runs is slow on a busy machine, and these
+tests check what the backend does, not how fast (a test of the bound sets its own)."""
+
 
 def fresh_prefix() -> str:
     """A collection prefix no other test uses."""
@@ -28,6 +32,7 @@ class Backends:
     def make(self, **options: Any) -> MongoBackend:
         """A backend with its own AsyncMongoClient (``clock=None``: the system clock)."""
         options.setdefault("clock", self.clock)
+        options.setdefault("timeout_ms", SLOW_SERVER_TIMEOUT_MS)
         backend = MongoBackend(self.url, collection_prefix=self.prefix, **options)
         self.built.append(backend)
         return backend
@@ -39,6 +44,7 @@ class Backends:
         client = AsyncIOMotorClient(self.url)
         self.clients.append(client)
         options.setdefault("clock", self.clock)
+        options.setdefault("timeout_ms", SLOW_SERVER_TIMEOUT_MS)
         backend = MongoBackend(client=client, collection_prefix=self.prefix, **options)
         self.built.append(backend)
         return backend
