@@ -67,7 +67,7 @@ MUTANTS = ROOT / "mutants"
 EQUIVALENTS = Path(__file__).resolve().parent / "mutation-equivalent.toml"
 TARGETS: dict[str, tuple[str, list[str]]] = {
     "memory-sqlite": ("memory,sqlite", [
-        "src/rheo_flow/_backends/memory.py",
+        "src/rheo_flow/_backends/memory/*.py",
         "src/rheo_flow/_backends/sqlite/*.py",
         "src/rheo_flow/_backends/_shared.py",
         "src/rheo_flow/_backends/_transitions.py",

@@ -17,13 +17,13 @@ from hypothesis import Phase, settings
 from rheo_flow import GroupInfo, Lease, SettleKind, SettleResult
 from rheo_flow._backend import AppendRecord
 from rheo_flow._backends._transitions import Op, Settled
-from rheo_flow._backends.memory import (
-    MemoryBackend,
-    _Delivery,
-    _Group,
-    _GroupPartition,
-    _Partition,
-    _Stream,
+from rheo_flow._backends.memory import MemoryBackend
+from rheo_flow._backends.memory._state import (
+    Delivery,
+    Group,
+    GroupPartition,
+    Partition,
+    Stream,
 )
 from rheo_flow._model._event import Event
 from rheo_flow._model._stream import DeadLetter, StartPosition
@@ -35,7 +35,7 @@ from rheo_flow.testing import (
     run_stateful,
 )
 
-Found = tuple[_Group, _GroupPartition, _Delivery] | SettleResult
+Found = tuple[Group, GroupPartition, Delivery] | SettleResult
 
 
 class NoFencing(MemoryBackend):
@@ -94,7 +94,7 @@ class RenewDoesNotExtend(MemoryBackend):
     """Answers renew with a new deadline but keeps the old one."""
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
-        before: dict[str, tuple[_Delivery, int]] = {}
+        before: dict[str, tuple[Delivery, int]] = {}
         for lease in leases:
             found = self._find(lease)
             if not isinstance(found, SettleResult):
@@ -164,7 +164,7 @@ class NackIgnoresDelay(MemoryBackend):
 class ResetKeepsDeadLetters(MemoryBackend):
     """reset forgets deliveries but keeps the partition's dead letters."""
 
-    def _move_to(self, gp: _GroupPartition, part: _Partition, start: StartPosition) -> None:
+    def _move_to(self, gp: GroupPartition, part: Partition, start: StartPosition) -> None:
         kept = {seq: d for seq, d in gp.done.items() if d.state == "rejected"}
         super()._move_to(gp, part, start)
         gp.done.update(kept)
@@ -173,7 +173,7 @@ class ResetKeepsDeadLetters(MemoryBackend):
 class ResetFrontierAtHighWater(MemoryBackend):
     """reset to a sequence leaves the frontier at the high water: trim-unsafe."""
 
-    def _move_to(self, gp: _GroupPartition, part: _Partition, start: StartPosition) -> None:
+    def _move_to(self, gp: GroupPartition, part: Partition, start: StartPosition) -> None:
         super()._move_to(gp, part, start)
         gp.frontier = part.high_water
 
@@ -248,7 +248,7 @@ class TrimFrontierOnlyToBound(MemoryBackend):
 class DeadLetterTimeIsTheDeadline(MemoryBackend):
     """A reject or a nack at max attempts stamps the lease's deadline as rejected_at_ms."""
 
-    def _apply(self, gp: _GroupPartition, d: _Delivery, outcome: Settled) -> None:
+    def _apply(self, gp: GroupPartition, d: Delivery, outcome: Settled) -> None:
         super()._apply(gp, d, outcome)
         if outcome.state == "rejected" and outcome.settled_by is not None:
             d.rejected_at_ms = d.deadline_ms
@@ -257,7 +257,7 @@ class DeadLetterTimeIsTheDeadline(MemoryBackend):
 class ExpiredDeadLetterTimeIsZero(MemoryBackend):
     """A delivery dead-lettered on expiry gets rejected_at_ms 0."""
 
-    def _apply(self, gp: _GroupPartition, d: _Delivery, outcome: Settled) -> None:
+    def _apply(self, gp: GroupPartition, d: Delivery, outcome: Settled) -> None:
         super()._apply(gp, d, outcome)
         if outcome.state == "rejected" and outcome.settled_by is None:
             d.rejected_at_ms = 0
@@ -346,8 +346,8 @@ class UnleasedSequenceIsInvalid(MemoryBackend):
 class KeyOrderIgnored(MemoryBackend):
     """A key-ordered group is fetched like any other: later events of a leased key too."""
 
-    def _eligible_by_key(self, g: _Group, pid: int, s: _Stream, now: int, limit: int
-                         ) -> tuple[list[_Delivery], int]:
+    def _eligible_by_key(self, g: Group, pid: int, s: Stream, now: int, limit: int
+                         ) -> tuple[list[Delivery], int]:
         return self._eligible(g, pid, s, now, limit)
 
 
