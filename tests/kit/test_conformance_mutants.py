@@ -312,7 +312,7 @@ class RedeliveryLeaseNotRecorded(MemoryBackend):
             if lease.attempt > 1:
                 gp = g.partitions[lease.partition]
                 gp.active[lease.sequence].deadline_ms = self._clock() - 1
-                gp.due = 0
+                gp.may_be_due(0)
         return leases
 
 

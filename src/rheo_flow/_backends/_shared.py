@@ -42,9 +42,17 @@ class Rotation(Generic[K]):
         """``partitions`` rotated to start where this fetch of ``group`` starts."""
         if len(partitions) <= 1:
             return partitions
-        turn = (self._turns.get(group, 0) + 1) % len(partitions)
-        self._turns[group] = turn
+        turn = self.start(group, len(partitions))
         return partitions[turn:] + partitions[:turn]
+
+    def start(self, group: K, count: int) -> int:
+        """Where this fetch of ``group`` starts in a round of ``count`` partitions: the
+        place :meth:`order` would rotate a list of that length to, without building it."""
+        if count <= 1:
+            return 0
+        turn = (self._turns.get(group, 0) + 1) % count
+        self._turns[group] = turn
+        return turn
 
     def groups(self) -> list[K]:
         """The groups with a position."""

@@ -25,7 +25,7 @@ from .._transitions import advance_frontier
 from ._fetch import FetchOps
 from ._progress import ProgressOps
 from ._settle import SettleOps
-from ._state import Group, GroupPartition, Partition, Stream, forget
+from ._state import Group, Partition, Stream, forget
 
 __all__ = ["MemoryBackend"]
 
@@ -89,6 +89,7 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
                 check_record_text(r.type, r.id, r.key)
         now = self._clock()
         out: list[Event] = []
+        touched: set[int] = set()
         for r in records:
             existing = s.ids.get(r.id)
             if existing is not None:
@@ -102,7 +103,10 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
                                     now)
             part.events[event.sequence] = event
             s.ids[r.id] = event
+            touched.add(r.partition)
             out.append(event)
+        for g in s.groups.values():  # their cursors were at most the old high waters
+            g.work.new.update(touched)
         if records:
             self._waiters.wake(stream)
         return out
@@ -124,8 +128,8 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
             return g.info
         info = GroupInfo(stream, group, max_attempts or DEFAULT_MAX_ATTEMPTS, self._clock(),
                          "key" if ordering == "key" else "none")
-        g = Group(info, [GroupPartition() for _ in s.partitions], ordered=ordering == "key")
-        self._groups[(stream, group)] = g
+        g = Group.create(info, len(s.partitions))
+        self._groups[(stream, group)] = s.groups[group] = g
         for i, part in enumerate(s.partitions):
             self._move_to(g.partitions[i], part, start)
         return info
@@ -178,12 +182,10 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
                     count += 1
             part.low_water = max(part.low_water, bound + 1)
             removed[pid] = count
-            for (gs, _), g in self._groups.items():
-                if gs != stream:
-                    continue
+            for g in s.groups.values():
                 gp = g.partitions[pid]
                 forget(gp, 0, bound)
-                gp.cursor = max(gp.cursor, bound)
+                gp.move_cursor(max(gp.cursor, bound), part.high_water)
                 gp.frontier = advance_frontier(max(gp.frontier, bound), gp.done)
         return removed
 
@@ -197,6 +199,7 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
     async def delete_group(self, stream: str, group: str) -> None:
         self._group(stream, group)
         del self._groups[(stream, group)]
+        del self._streams[stream].groups[group]
 
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         self._stream(stream)

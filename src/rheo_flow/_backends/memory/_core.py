@@ -55,6 +55,5 @@ class MemoryCore:
             gp.done[d.sequence] = d
             gp.frontier = advance_frontier(gp.frontier, gp.done)
         elif outcome.available_at_ms is not None:
-            d.available_at_ms = available = outcome.available_at_ms
-            if available < gp.due:
-                gp.due = available
+            d.available_at_ms = outcome.available_at_ms
+            gp.may_be_due(outcome.available_at_ms)

@@ -9,6 +9,7 @@ delivery of key K only when no earlier one of K is unsettled.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 
@@ -36,41 +37,49 @@ class FetchOps(MemoryCore):
         s = self._stream(stream)
         g = self._group(stream, group)
         now = self._clock()
-        ids = list(range(len(s.partitions))) if partitions is None else list(partitions)
+        ids = _with_work(g, now, len(s.partitions), partitions)
         if not ids:
             return []
-        ids = g.rotation.order(None, ids)
         eligible = self._eligible_by_key if g.ordered else self._eligible
         per_partition = [eligible(g, pid, s, now, limit) for pid in ids]
-        leases: list[Lease] = []
-        group_name = g.info.group
         # Round-robin across partitions so one deep partition does not starve the others.
         order = round_robin([len(c) + n for c, n in per_partition], limit)
-        for index, count in Counter(index for index, _ in order).items():
+        counts = Counter(index for index, _ in order)
+        for index, count in counts.items():
             found = per_partition[index][0]  # the soonest due: leased in sequence order
             found[:count] = sorted(found[:count], key=lambda d: d.sequence)
-        for index, depth in order:
-            pid = ids[index]
-            candidates, _ = per_partition[index]
+        leases = [self._lease(g, s, ids[index], per_partition[index][0], depth, consumer_id,
+                              now + lease_ms) for index, depth in order]
+        new = g.work.new
+        for index, pid in enumerate(ids):
             gp = g.partitions[pid]
-            if depth < len(candidates):
-                d = candidates[depth]
-            else:  # the next new delivery of the partition
-                gp.cursor += 1
-                d = Delivery(gp.cursor)
-                gp.active[gp.cursor] = d
-            d.state = "leased"
-            d.attempt += 1
-            d.lease_id = f"{self._lease_prefix}{next(self._lease_counter):x}"
-            d.receipt = f"{pid}-{d.sequence}-{d.attempt}"
-            d.consumer_id = consumer_id
-            d.deadline_ms = deadline = now + lease_ms
-            d.settled_by = None
-            if deadline < gp.due:
-                gp.due = deadline
-            leases.append(make_lease(d.lease_id, d.receipt, group_name, consumer_id,
-                                     s.partitions[pid].events[d.sequence], d.attempt, deadline))
+            if len(per_partition[index][0]) > counts[index]:
+                gp.may_be_due(now)  # candidates left over: still eligible
+            if gp.cursor >= s.partitions[pid].high_water:
+                new.discard(pid)
         return leases
+
+    def _lease(self, g: Group, s: Stream, pid: int, candidates: list[Delivery], depth: int,
+               consumer_id: str, deadline: int) -> Lease:
+        """Lease the candidate at ``depth`` of partition ``pid``: one of ``candidates``
+        (existing deliveries), else the partition's next new delivery."""
+        gp = g.partitions[pid]
+        if depth < len(candidates):
+            d = candidates[depth]
+        else:  # the next new delivery of the partition
+            gp.cursor += 1
+            d = Delivery(gp.cursor)
+            gp.active[gp.cursor] = d
+        d.state = "leased"
+        d.attempt += 1
+        d.lease_id = f"{self._lease_prefix}{next(self._lease_counter):x}"
+        d.receipt = f"{pid}-{d.sequence}-{d.attempt}"
+        d.consumer_id = consumer_id
+        d.deadline_ms = deadline
+        d.settled_by = None
+        gp.may_be_due(deadline)
+        return make_lease(d.lease_id, d.receipt, g.info.group, consumer_id,
+                          s.partitions[pid].events[d.sequence], d.attempt, deadline)
 
     def _eligible(
         self, g: Group, pid: int, s: Stream, now: int, limit: int
@@ -79,7 +88,7 @@ class FetchOps(MemoryCore):
         sequence, as SQLite's index reads them), and how many new ones it can add."""
         gp = g.partitions[pid]
         out: list[Delivery] = []
-        if gp.active and gp.due <= now:
+        if gp.due <= now:
             times = [(d.available_at_ms if d.state == "available" else d.deadline_ms, seq, d)
                      for seq, d in gp.active.items()]
             due = min((t for t, _, _ in times if t > now), default=NEVER)
@@ -93,8 +102,8 @@ class FetchOps(MemoryCore):
                     continue
                 out.append(d)
             # What is taken now is leased (its deadline lowers ``due`` again) or
-            # stays eligible (rescanned next time: ``now`` keeps ``due`` in the past).
-            gp.due = now if out else due
+            # stays eligible (``fetch`` lowers ``due`` to now then).
+            gp.scanned(due)
         return out, min(limit - len(out), s.partitions[pid].high_water - gp.cursor)
 
     def _eligible_by_key(
@@ -114,7 +123,7 @@ class FetchOps(MemoryCore):
             due = NEVER
             for seq in sorted(gp.active):
                 if len(out) >= limit:
-                    gp.due = now  # not scanned to the end: some may be eligible already
+                    gp.scanned(now)  # not scanned to the end: some may be eligible already
                     return out, 0
                 d = gp.active[seq]
                 key = events[seq].key
@@ -130,7 +139,7 @@ class FetchOps(MemoryCore):
                     out.append(d)
                 if key is not None:
                     blocked.add(key)
-            gp.due = now if out else due
+            gp.scanned(due)  # as in _eligible, ``fetch`` files what ``out`` leaves
         high = s.partitions[pid].high_water
         while len(out) < limit and gp.cursor < high:
             gp.cursor += 1
@@ -140,7 +149,27 @@ class FetchOps(MemoryCore):
                 out.append(d)
                 if key is not None:
                     blocked.add(key)
-        if out:
-            gp.due = now
         return out, 0
 
+
+def _with_work(g: Group, now: int, count: int, partitions: Sequence[int] | None) -> list[int]:
+    """The partitions of ``partitions`` (``None``: all ``count``) that may have work at
+    ``now``, in the order of this fetch's round: the rotation says where it starts.
+
+    With all partitions the round visits those with new events or due deliveries,
+    from the first at or after the start, as SQLite's fetch does; an idle
+    partition costs nothing. Every partition returned is visited (its due time
+    filed again).
+    """
+    work = g.work
+    if partitions is not None:
+        if not partitions:
+            return []
+        gps = g.partitions
+        return [pid for pid in g.rotation.order(None, list(partitions))
+                if pid in work.new or gps[pid].due <= now]
+    start = g.rotation.start(None, count)
+    due = work.pop_due(now)
+    ids = sorted(work.new | due if due else work.new)
+    at = bisect_left(ids, start)
+    return ids[at:] + ids[:at] if at else ids

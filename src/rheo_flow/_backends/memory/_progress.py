@@ -70,7 +70,7 @@ class ProgressOps(MemoryCore):
         d.reason = ""
         d.last_error = None
         gp.active[d.sequence] = d
-        gp.due = min(gp.due, now)
+        gp.may_be_due(now)
 
     async def replay(
         self, stream: str, group: str, from_sequence: int, partitions: Sequence[int]
@@ -83,7 +83,7 @@ class ProgressOps(MemoryCore):
             start = max(from_sequence, s.partitions[pid].low_water)
             # Forgetting a delivery fences its lease; it is materialised again, attempt 1.
             forget(gp, start, NEVER)
-            gp.cursor = min(gp.cursor, start - 1)
+            gp.move_cursor(min(gp.cursor, start - 1), s.partitions[pid].high_water)
             gp.frontier = min(gp.frontier, start - 1)
 
     async def reset(
@@ -100,5 +100,5 @@ class ProgressOps(MemoryCore):
         position = start_position(start, part.high_water, part.low_water)
         gp.active.clear()
         gp.done.clear()
-        gp.cursor = position
+        gp.move_cursor(position, part.high_water)
         gp.frontier = position

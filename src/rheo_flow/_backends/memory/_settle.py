@@ -59,7 +59,7 @@ class SettleOps(MemoryCore):
                 d.last_error = error
             self._apply(gp, d, outcome)
             if g.ordered and outcome.terminal:
-                gp.due = 0  # the next delivery of its key may be eligible now
+                gp.may_be_due(0)  # the next delivery of its key may be eligible now
             append(settle_ok(lease.lease_id))
         return results
 
@@ -86,6 +86,6 @@ class SettleOps(MemoryCore):
             result = renew_delivery(lease, d.state, d.settled_by, now, lease_ms)
             if result.deadline_ms is not None:
                 d.deadline_ms = result.deadline_ms
-                gp.due = min(gp.due, d.deadline_ms)  # a renew may shorten a lease
+                gp.may_be_due(d.deadline_ms)  # a renew may shorten a lease
             results.append(result)
         return results
