@@ -21,8 +21,8 @@ The Redis-only rows (memory per retained event, a concurrent PING during a 10 MB
 append) are in :mod:`benchmarks._scale_redis` (standalone Redis only). Backends:
 ``RHEO_SCALE_BACKENDS`` (default ``sqlite,postgres,redis``; ``redis-cluster`` too),
 servers from ``RHEO_POSTGRES_URL``, ``RHEO_REDIS_URL`` and ``RHEO_REDIS_CLUSTER_URL``
-(default ``redis+cluster://127.0.0.1:7000``). ``--quick`` keeps the large sizes (the targets are stated at
-100,000) but takes fewer samples and a shorter rate loop.
+(default ``redis+cluster://127.0.0.1:7000``). ``--quick`` keeps the large sizes (the
+targets are stated at 100,000) but takes fewer samples and a shorter rate loop.
 """
 
 from __future__ import annotations

@@ -51,6 +51,8 @@ every partition of the group (its first fetch of the group does). Every script o
 release keeps them exact; the rewrite is the net for writes of a release that did not
 (a rolling upgrade) and for a trim's follow-up that failed: their work is found within
 this time."""
+_clock = time.monotonic
+"""The clock of ``_SWEEP_S`` (tests replace it)."""
 _BUSY_READS: Final = 8
 """At most how many partitions' new deliveries a summary fetch reads itself (as many as
 it took from each last time, and at least an even share of the limit)."""
@@ -155,7 +157,7 @@ class FetchOperations(WorkNotes):
                            report=self._cluster and count > 1)
         planned: Planned | None = None
         if count > 1 and (self._keys.summaries or self._cluster):
-            started = time.monotonic()
+            started = _clock()
             resync = started - self._swept.get((stream, group), -_SWEEP_S) >= _SWEEP_S
             if self._cluster:
                 replies, planned = await self._fetch_planned(harvest, count, first, resync)

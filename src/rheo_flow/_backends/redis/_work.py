@@ -93,9 +93,10 @@ class WorkNotes(RedisCore):
     """Noting work in a Cluster's summaries, and the calls a planned fetch makes."""
 
     def _planned_streams(self, stream: str) -> bool:
-        """Whether fetches of the stream plan with the summaries (a Cluster, and more
-        than one partition)."""
-        return self._cluster and self._partitions.get(stream, 0) > 1
+        """Whether fetches of the stream may plan with the summaries: a Cluster, and not
+        a stream known to have one partition (a settle may come from a backend that
+        never read the stream's record: it notes all the same)."""
+        return self._cluster and self._partitions.get(stream) != 1
 
     def _plan_call(self, stream: str, group: str) -> ScriptCall:
         return ("work", self._keys.work_keys(stream, group), ["p"])
