@@ -68,7 +68,8 @@ async def other(rheo: Rheo, redis_cluster_url: str) -> AsyncIterator[Rheo]:
 def trips(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The script names and reads of every cluster batch (one round trip), in order."""
     seen: list[list[str]] = []
-    pipeline, run_one = _scripts.ScriptRunner._cluster_pipeline, _scripts.ScriptRunner._run_one
+    runner = _scripts.ScriptRunner
+    pipeline, run_one, on_node = runner._cluster_pipeline, runner._run_one, runner._run_on_node
 
     async def spy(self: Any, calls: Sequence[Any], reads: Sequence[Any], **kwargs: Any) -> Any:
         seen.append([call[0] for call in calls] + [read[0] for read in reads])
@@ -78,8 +79,13 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         seen.append([name])
         return await run_one(self, name, *args)
 
+    async def spy_on_node(self: Any, name: str, *args: Any) -> Any:
+        seen.append([name])
+        return await on_node(self, name, *args)
+
     monkeypatch.setattr(_scripts.ScriptRunner, "_cluster_pipeline", spy)
     monkeypatch.setattr(_scripts.ScriptRunner, "_run_one", spy_one)
+    monkeypatch.setattr(_scripts.ScriptRunner, "_run_on_node", spy_on_node)
     return seen
 
 
@@ -324,3 +330,22 @@ async def test_deleting_a_group_or_stream_drops_its_summary(rheo: Rheo) -> None:
     assert [lease.event.sequence for lease in got] == [1, 2, 3]
     await rheo.delete_stream("s")
     assert [key async for key in client.scan_iter(match=f"{{{backend.prefix}:s:work}}*")] == []
+
+
+async def test_a_summary_call_sent_to_a_wrong_node_goes_through_the_client(
+    rheo: Rheo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``work`` calls go straight to the node the slot map names; a redirection (a
+    stale map after a failover) sends them again through the cluster client."""
+    backend = _backend(rheo)
+    client = backend.client
+    await rheo.create_stream("s", partitions=8)
+    await rheo.fetch("s", "g", consumer_id="a", limit=1)
+    home = client.get_node_from_key(backend._keys.work_keys("s", "g")[0])
+    [wrong] = [node for node in client.get_primaries() if node.name != home.name][:1]
+    monkeypatch.setattr(client, "get_node_from_key", lambda key, replica=False: wrong)
+    await _fill(rheo, "s", 5, 2)
+    assert ("s", "g") in backend._swept  # the note did not fail
+    assert 5 in (await _plan(rheo, "s", "g")).fresh
+    got = await rheo.fetch("s", "g", consumer_id="a", limit=10)
+    assert [(lease.event.partition, lease.event.sequence) for lease in got] == [(5, 1), (5, 2)]
