@@ -18,10 +18,11 @@ the ratio large ÷ small says whether the cost stays flat:
   streams`` lists) over 1,000 streams with a group each, against 10.
 
 The Redis-only rows (memory per retained event, a concurrent PING during a 10 MB
-append) are in :mod:`benchmarks._scale_redis`. Backends: ``RHEO_SCALE_BACKENDS``
-(default ``sqlite,postgres,redis``), servers from ``RHEO_POSTGRES_URL`` and
-``RHEO_REDIS_URL``. ``--quick`` keeps the large sizes (the targets are stated at
-100,000) but takes fewer samples and a shorter rate loop.
+append) are in :mod:`benchmarks._scale_redis` (standalone Redis only). Backends:
+``RHEO_SCALE_BACKENDS`` (default ``sqlite,postgres,redis``; ``redis-cluster`` too),
+servers from ``RHEO_POSTGRES_URL``, ``RHEO_REDIS_URL`` and ``RHEO_REDIS_CLUSTER_URL``
+(default ``redis+cluster://127.0.0.1:7000``). ``--quick`` keeps the large sizes (the
+targets are stated at 100,000) but takes fewer samples and a shorter rate loop.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ._common import Result
 
 PG_URL = os.environ.get("RHEO_POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_URL = os.environ.get("RHEO_REDIS_URL") or "redis://127.0.0.1:6379/0"
+CLUSTER_URL = os.environ.get("RHEO_REDIS_CLUSTER_URL") or "redis+cluster://127.0.0.1:7000"
 SMALL, LARGE = 10, 100_000
 FETCH = 100
 HOUR_MS = 3_600_000
@@ -84,6 +86,8 @@ async def opened(backend: str) -> AsyncIterator[Rheo]:
             url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={tag}"
         elif backend == "redis":
             url = f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix={tag}"
+        elif backend == "redis-cluster":
+            url = f"{CLUSTER_URL}{'&' if '?' in CLUSTER_URL else '?'}prefix={tag}"
         else:
             url = "memory://"
         rheo = await Rheo(url).open()
@@ -113,6 +117,16 @@ async def _drop(backend: str, rheo: Rheo, tag: str) -> None:
                 await client.unlink(*keys[start:start + 1000])
         finally:
             await client.aclose()
+    elif backend == "redis-cluster":
+        from rheo_flow._backends.redis._cluster import cluster_client
+
+        cluster = cluster_client(CLUSTER_URL.split("?")[0], 10_000)
+        try:
+            keys = [key async for key in cluster.scan_iter(match=f"*{tag}*", count=1000)]
+            for key in keys:
+                await cluster.unlink(key)
+        finally:
+            await cluster.aclose()
 
 
 async def fill(rheo: Rheo, stream: str, count: int, *, partitions: int,

@@ -79,6 +79,12 @@ can spread partitions over shards and each Lua script stays on one slot:
   partition writes its exact entries; a settle, renew, redrive, replay or reset that
   makes work due earlier says so in the same script; a trim marks its partitions due.
   They may claim work that is gone (a visit corrects them), never miss work.
+* Redis Cluster only, the same summaries kept by the client in one slot per stream,
+  ``{P:s:work}`` (``_work``, ``work.lua``): ``:v`` the stream's note version, ``:a``
+  each partition's last append note, and per group ``:g:<g>`` (fold and resync state),
+  ``:g:<g>:new``, ``:g:<g>:due`` and ``:g:<g>:nv`` (each partition's last note). Notes
+  follow the operations that make work, so they may lag or be lost with their client:
+  every few seconds a fetch visits every partition and writes them from what it found.
 
 Every fetch, settle batch and renew tick is one round trip: one script per
 partition, pipelined, with JSON requests and replies (orjson on this side); a
@@ -100,7 +106,8 @@ entries are taken over with ``XCLAIM`` so the PEL shows who holds a redelivery.
 
 Modules: ``_backend`` (the class: construction and lifecycle), one mixin module per
 group of operations (``_streams``, ``_events``, ``_groups``, ``_fetch``, ``_settle``,
-``_dead_letters``, ``_wakeups``) on ``_core``'s shared state, ``_keys`` (key names),
+``_dead_letters``, ``_wakeups``) on ``_core``'s shared state (through ``_work``, a
+Cluster's summaries), ``_keys`` (key names),
 ``_scripts`` and ``lua/`` (the scripts), ``_codec`` (entries and replies), ``_errors``
 (error classification) and ``_driver`` (the redis-py import).
 """

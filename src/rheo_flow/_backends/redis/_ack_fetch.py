@@ -33,4 +33,5 @@ class AckFetchOperations(FetchOperations, SettleOperations):
         plan = self._settle_op_plan(acks, "a", "", 0)
         leases, replies = await self._fetch_with(stream, group, consumer_id, limit, lease_ms,
                                                  partitions, plan.calls)
+        await self._note_settled(plan, replies, "a")
         return self._settle_op_results(acks, plan, replies), leases

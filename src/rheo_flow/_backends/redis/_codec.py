@@ -127,6 +127,10 @@ class FetchReply(NamedTuple):
     last: int = 0
     cursor: int = -1
     """Where the group's cursor is now (-1: a key-ordered group)."""
+    earliest: int = 0
+    """On a Cluster: the partition's earliest due delivery or block deadline (0: none)."""
+    fresh: int = -1
+    """On a Cluster: 1 when events are past the group's cursor, else 0 (-1: not asked)."""
 
 
 def fetch_reply(reply: Sequence[Any]) -> FetchReply:

@@ -8,8 +8,8 @@ from typing import Final
 
 from ..._model._errors import UnknownGroup
 from ..._model._stream import DeadLetter
-from ._core import RedisCore
 from ._scripts import ScriptCall
+from ._work import WorkNotes
 
 __all__ = ["DeadLetterOperations"]
 
@@ -17,7 +17,7 @@ _DEAD_CHUNK: Final = 64
 """How many partitions one round trip of ``dead_letters`` reads."""
 
 
-class DeadLetterOperations(RedisCore):
+class DeadLetterOperations(WorkNotes):
     """``dead_letters`` and ``redrive``."""
 
     async def dead_letters(
@@ -60,4 +60,6 @@ class DeadLetterOperations(RedisCore):
         replies = await self._eval(calls)
         if any(int(r) < 0 for r in replies):
             raise UnknownGroup(stream, group)
+        await self._note_work(stream, [group], [p for p, r in zip(arg, replies, strict=True)
+                                                if int(r) > 0], fresh=False)
         return sum(int(r) for r in replies)

@@ -15,8 +15,8 @@ from ..._model._event import Event
 from ..._model._query import Query
 from .._shared import query_matches, query_window
 from ._codec import appended_across, appended_events, encode_metas, entry_event, text
-from ._core import RedisCore
 from ._scripts import LOST, Read, ScriptCall, is_reply
+from ._work import WorkNotes
 
 __all__ = ["EventOperations"]
 
@@ -29,7 +29,7 @@ Redis; see ``append_many.lua``): a SET takes it without a copy, where a script w
 it twice and block the server for several times a raw XADD of it."""
 
 
-class EventOperations(RedisCore):
+class EventOperations(WorkNotes):
     """Append, query and trim."""
 
     async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
@@ -56,6 +56,7 @@ class EventOperations(RedisCore):
         replies = await self._eval(calls, transaction=len(calls) > 1)
         if any(is_reply(reply, LOST) for reply in replies):
             raise self._lost(stream)
+        await self._note_appended(stream, by_partition)
         loads = orjson.loads
         if len(calls) == 1 and len(by_partition[targets[0]]) == len(records):
             [reply] = replies
@@ -177,4 +178,6 @@ class EventOperations(RedisCore):
                 pipe.zadd(self._keys.summary_keys(stream, group)[0],
                           {str(partition): 0 for partition in up_to})
             await self._io(pipe.execute())
+        # A trim may release a key-ordered group's next deliveries (see above).
+        await self._note_work(stream, groups, up_to, fresh=False)
         return removed

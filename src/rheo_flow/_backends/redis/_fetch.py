@@ -5,9 +5,13 @@ is one ``fetch_many.lua`` call: it finds the partitions with work in the group's
 summaries (stream-level keys every script keeps exact) and puts the limit where the work
 is, so its cost follows the partitions with work, not the partition count (every few
 seconds one call rewrites the summaries from every partition first, see ``_SWEEP_S``).
-Otherwise (a Cluster, whose partitions live in many slots, or one partition) it is one
-``fetch.lua`` call per partition, pipelined, each followed by an ``XRANGE`` of the
-entries past where the last fetch left the group's cursor. The script leases an
+On a Cluster, whose partitions live in many slots, a fetch of several partitions first
+reads the group's summary in its own slot (``_work``: one ``work.lua`` call), then
+visits only the partitions it names, and writes back what it found when that differs;
+every ``_SWEEP_S`` seconds it visits every partition instead. A visit (and a fetch of
+one partition) is one ``fetch.lua`` call per partition, pipelined (one round trip per
+primary), each followed by an ``XRANGE`` of the entries past where the last fetch left
+the group's cursor. The script leases an
 unordered group's new deliveries as a range without reading them; the ``XRANGE`` reads
 them, its reply parsed as the server sent it (no dict per entry). When it missed them
 (the first fetch of a partition, or another consumer moved the cursor) one more round
@@ -29,8 +33,8 @@ from ..._model._errors import BackendError, UnknownGroup
 from ..._model._lease import Lease
 from .._shared import round_robin
 from ._codec import FetchReply, fetch_reply, fetched_leases, range_leases, text
-from ._core import RedisCore
 from ._scripts import LOST, Read, ScriptCall, is_reply
+from ._work import Planned, WorkNotes, plan_of
 
 __all__ = ["FetchOperations"]
 
@@ -47,6 +51,8 @@ every partition of the group (its first fetch of the group does). Every script o
 release keeps them exact; the rewrite is the net for writes of a release that did not
 (a rolling upgrade) and for a trim's follow-up that failed: their work is found within
 this time."""
+_clock = time.monotonic
+"""The clock of ``_SWEEP_S`` (tests replace it)."""
 _BUSY_READS: Final = 8
 """At most how many partitions' new deliveries a summary fetch reads itself (as many as
 it took from each last time, and at least an even share of the limit)."""
@@ -87,6 +93,11 @@ class _Harvest:
     due: dict[int, int] = field(default_factory=dict)
     unscanned: set[int] = field(default_factory=set)
     missed: list[_Missed] = field(default_factory=list)
+    report: bool = False
+    """Whether the partition calls report their exact summary (a planned fetch)."""
+    found: dict[int, tuple[int, bool]] = field(default_factory=dict)
+    """Per partition visited, the exact summary its last call reported (earliest due
+    delivery, 0: none; whether events are past the cursor)."""
 
     def wanted(self) -> int:
         """How many more leases the fetch may take."""
@@ -114,7 +125,7 @@ class _Harvest:
         return [lists[i][depth] for i, depth in round_robin(sizes, sum(sizes))]
 
 
-class FetchOperations(RedisCore):
+class FetchOperations(WorkNotes):
     """``fetch``, and forgetting the Redis consumers it created."""
 
     async def fetch(
@@ -142,11 +153,17 @@ class FetchOperations(RedisCore):
             return [], await self._eval(first)
         self._track_consumer(stream, group, consumer_id)
         harvest = _Harvest(stream, group, consumer_id, limit, lease_ms,
-                           self._rotation.order((stream, group), ids))
-        if self._keys.summaries and count > 1:
-            started = time.monotonic()
+                           self._rotation.order((stream, group), ids),
+                           report=self._cluster and count > 1)
+        planned: Planned | None = None
+        if count > 1 and (self._keys.summaries or self._cluster):
+            started = _clock()
             resync = started - self._swept.get((stream, group), -_SWEEP_S) >= _SWEEP_S
-            replies = await self._fetch_summarized(harvest, count, first, resync)
+            if self._cluster:
+                replies, planned = await self._fetch_planned(harvest, count, first, resync)
+                resync = planned.full
+            else:
+                replies = await self._fetch_summarized(harvest, count, first, resync)
             if resync:
                 self._swept[(stream, group)] = started
         else:
@@ -160,6 +177,10 @@ class FetchOperations(RedisCore):
                 break
         if harvest.unscanned:
             await self._scan_on(harvest)
+        if planned is not None:
+            call = self._found_call(stream, group, planned, harvest.found, count)
+            if call is not None:
+                await self._write_work(stream, call)
         leases = harvest.batch()
         await self._fill_blobs(stream, [lease.event for lease in leases])
         return leases, replies
@@ -202,6 +223,38 @@ class FetchOperations(RedisCore):
             await self._read_missed(harvest)
         self._busy[(stream, group)] = sorted(took.items(), key=lambda pair: -pair[1])[:_BUSY_READS]
         return replies
+
+    async def _fetch_planned(self, harvest: _Harvest, count: int,
+                             first: Sequence[ScriptCall], resync: bool
+                             ) -> tuple[list[Any], Planned]:
+        """A Cluster's fetch (see ``_work``): the plan, with the calls ``first`` and the
+        high waters the wake-ups lack in the same round trip, then one round trip to
+        the partitions with work. A resync (or a summary never written in full) visits
+        every partition instead, those not asked for with a quota of 0. The replies of
+        ``first``, and the plan."""
+        stream, group, order = harvest.stream, harvest.group, harvest.order
+        seen, stale = self._seen_for(stream), self._stale.get(stream, ())
+        unseen = [p for p in order if seen[p] < 0 or p in stale]
+        # Read before any lease: an append after it must still wake the client's wait.
+        reads: list[Read] = [("HGET", self._keys.partition(stream, p).meta, "hw")
+                             for p in unseen]
+        replies, waters = await self._scripts.run_and_read(
+            [*first, self._plan_call(stream, group)], reads)
+        plan = plan_of(replies.pop())
+        for p, high_water in zip(unseen, waters, strict=True):
+            self._saw(stream, p, int(high_water or 0))
+        full = resync or not plan.written
+        if full:
+            asked = set(order)
+            quotas = [*zip(order, _shares(harvest.limit, len(order)), strict=True),
+                      *((p, 0) for p in range(count) if p not in asked)]
+        else:
+            work = plan.with_work()
+            busy = [p for p in order if p in work]
+            quotas = list(zip(busy, _shares(harvest.limit, len(busy)), strict=True))
+        if quotas:
+            await self._fetch_round(harvest, quotas)
+        return replies, Planned(plan, full)
 
     def _seen_many(self, stream: str, high_waters: str) -> None:
         """The high waters a ``fetch_many`` call read (``p=hw,...``), for the wake-ups."""
@@ -284,15 +337,16 @@ class FetchOperations(RedisCore):
         calls: list[ScriptCall] = []
         reads: list[Read] = []
         read_for: dict[int, int] = {}
+        report = ("1",) if harvest.report else ()
         for p, quota in quotas:
             keys = self._keys.group(stream, group, p)
             calls.append(("fetch", self._keys.script_keys(stream, group, p),
                           [group, harvest.consumer_id, quota, harvest.lease_ms,
-                           f"{token}.{p}.", f"{token}.{p}"]))
+                           f"{token}.{p}.", f"{token}.{p}", *report]))
             # The new deliveries start past the group's cursor: read from where the last
             # fetch left it, in the same round trip (right unless another one moved it).
             at = cursors.get((stream, group, p))
-            if at is not None:
+            if at is not None and quota > 0:
                 read_for[p] = len(reads)
                 reads.append(("XRANGE", keys.stream, f"{at + 1}-0", "+", "COUNT", quota))
         replies, entries = await self._scripts.run_and_read([*first, *calls], reads)
@@ -323,6 +377,8 @@ class FetchOperations(RedisCore):
             return None
         reply = fetch_reply(raw)
         harvest.due[p] = reply.still_due
+        if reply.fresh >= 0:
+            harvest.found[p] = (reply.earliest, reply.fresh == 1)
         self._saw(stream, p, reply.high_water)
         if reply.more:
             harvest.unscanned.add(p)

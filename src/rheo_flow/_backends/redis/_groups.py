@@ -11,13 +11,13 @@ from ..._model._errors import UnknownGroup
 from ..._model._stream import GroupInfo, StartPosition, StreamInfo
 from ..._model._validation import ordering_mismatch
 from ._codec import group_record, stream_record, text
-from ._core import RedisCore
 from ._scripts import ScriptCall, is_reply
+from ._work import WorkNotes
 
 __all__ = ["GroupOperations"]
 
 
-class GroupOperations(RedisCore):
+class GroupOperations(WorkNotes):
     """The group operations of the contract."""
 
     async def create_group(
@@ -106,6 +106,9 @@ class GroupOperations(RedisCore):
         if not self._cluster:
             pipe.hdel(self._keys.groups(stream), group)
             pipe.execute_command("UNLINK", *self._keys.summary_keys(stream, group))
+        else:
+            # The group's summary (one slot): a group made again starts with a resync.
+            pipe.execute_command("UNLINK", *self._keys.work_keys(stream, group)[2:])
         await self._io(pipe.execute())
         self._forget(stream, group)
 
@@ -151,6 +154,7 @@ class GroupOperations(RedisCore):
         for reply in await self._eval(calls):
             if is_reply(reply, "NOGROUP"):
                 raise UnknownGroup(stream, group)
+        await self._note_work(stream, [group], partitions, fresh=True)
 
 
 def _groups_of(stream: str, fields: Any) -> list[GroupInfo]:

@@ -2,7 +2,9 @@
 
 Every key of one partition shares the hash tag ``{P:s:p}``; the stream-level keys
 (``P:streams``, ``P:groups:<s>``, ``P:ids:<s>``, and on standalone Redis the digest index
-``P:eid:<s>`` and the summaries ``P:due:<s>:<g>`` and ``P:new:<s>:<g>``) carry none.
+``P:eid:<s>`` and the summaries ``P:due:<s>:<g>`` and ``P:new:<s>:<g>``) carry none. On a
+Redis Cluster the summaries of a stream's groups share the hash tag ``{P:s:work}`` instead
+(``work.lua``; no partition's tag, whose last part is a number, is the same).
 """
 
 from __future__ import annotations
@@ -152,6 +154,17 @@ class KeyLayout:
         no later than when it may next have a due delivery) and fresh (the partitions
         that may have events past the group's cursor)."""
         return f"{self.prefix}:due:{stream}:{group}", f"{self.prefix}:new:{stream}:{group}"
+
+    def work_keys(self, stream: str, group: str = "") -> tuple[str, ...]:
+        """The keys ``work.lua`` takes (a Redis Cluster's summaries, in one slot per
+        stream): the stream's version and appended partitions, then with ``group`` the
+        group's state, fresh, due and noted partitions."""
+        tag = f"{{{self.prefix}:{stream}:work}}"
+        keys: tuple[str, ...] = (f"{tag}:v", f"{tag}:a")
+        if group:
+            base = f"{tag}:g:{group}"
+            keys = (*keys, base, f"{base}:new", f"{base}:due", f"{base}:nv")
+        return keys
 
     def digests(self, stream: str) -> str:
         """The stream's digest index (standalone Redis; ``append_many.lua``): the first 8

@@ -39,7 +39,7 @@ from typing import Any, Final, TypeAlias
 
 from ..._model._errors import BackendError, OutcomeUnknown
 from .._guard import masked_cause
-from ._driver import Client, rex
+from ._driver import Client, RedisCluster, rex
 from ._errors import DRIVER_ERRORS, is_no_script
 
 __all__ = ["LOST", "SCRIPTS", "Read", "ScriptCall", "ScriptRunner", "is_reply"]
@@ -60,8 +60,11 @@ _NAMES: Final = (
     "fetch_many",
     "settle",
     "renew", "replay", "reset", "trim", "dead_letters", "redrive", "forget_consumers",
-    "describe",
+    "describe", "work",
 )
+_ON_NODE: Final = frozenset({"work"})
+"""The scripts a cluster may send straight to a node (:meth:`ScriptRunner._run_on_node`):
+those that may run twice (``work.lua``: a plan, a note, a summary write)."""
 _LUA: Final = files(__name__.rpartition(".")[0]).joinpath("lua")
 
 
@@ -95,9 +98,12 @@ class ScriptRunner:
     the script's source (so no flush can race the retry) and caches it for
     the next ``EVALSHA``.
 
-    On a Redis Cluster (``cluster``) a batch is one concurrent ``EVALSHA`` per call
-    instead (redis-py's cluster pipeline refuses ``EVALSHA``; each call goes to the
-    primary of its keys' slot), and no batch is a transaction.
+    On a Redis Cluster (``cluster``) a batch is one cluster pipeline, which redis-py
+    sends as one round trip per primary (each call goes to the primary of its keys'
+    slot; each ``EVALSHA`` is atomic on its slot, the batch as a whole is not), so a
+    batch over 256 partitions takes three connections, not 256. A batch meant to be
+    atomic (an append to several partitions) is one concurrent ``EVALSHA`` per call
+    instead, each answered or failed on its own (see :meth:`_gather`).
     """
 
     __slots__ = ("_client", "_cluster", "_scrub", "_translate")
@@ -119,9 +125,13 @@ class ScriptRunner:
         if not calls:
             return []
         if len(calls) == 1 and (not transaction or self._cluster):
+            if self._cluster and calls[0][0] in _ON_NODE:
+                return [await self._run_on_node(*calls[0])]
             return [await self._run_one(*calls[0])]
         if self._cluster:
-            return await self._run_concurrently(calls, atomic=transaction)
+            if transaction:
+                return await self._run_concurrently(calls, atomic=True)
+            return (await self._cluster_batch(calls, ()))[0]
         results = await self._pipeline(calls, transaction, by_source=False)
         await self._retry_missing(calls, results, transaction)
         for result in results:
@@ -153,14 +163,12 @@ class ScriptRunner:
         [field, value, ...]]``), not turned into redis-py's tuples and dicts: the
         command is queued under its name as bytes, which no response callback is
         registered for (a connection that falls back from RESP3 may still apply one,
-        so a reader accepts both forms). On a cluster it goes through redis-py's own
-        method, parsed."""
+        so a reader accepts both forms). On a cluster it is queued under its name as
+        text (redis-py's cluster pipeline routes by it), parsed."""
         if not reads:
             return await self.run(calls), []
         if self._cluster:
-            got = await self._gather([*(self._run_one(*call) for call in calls),
-                                      *(self._read_one(read) for read in reads)])
-            return got[:len(calls)], got[len(calls):]
+            return await self._cluster_batch(calls, reads)
         results = await self._pipeline(calls, False, by_source=False, reads=reads)
         read_replies = results[len(calls):]
         del results[len(calls):]
@@ -174,10 +182,38 @@ class ScriptRunner:
         """Only reads, in one round trip (see :meth:`run_and_read`)."""
         return (await self.run_and_read((), reads))[1] if reads else []
 
-    async def _read_one(self, read: Read) -> Any:
-        name, key, *args = read
+    async def _cluster_batch(self, calls: Sequence[ScriptCall], reads: Sequence[Read]
+                             ) -> tuple[list[Any], list[Any]]:
+        """A cluster's batch (see the class docstring): the replies of the calls and of
+        the reads. Calls whose script a node lacked run again by source; an error reply
+        raises its translation once every reply is in (an ambiguous one first)."""
+        results = await self._cluster_pipeline(calls, reads, by_source=False)
+        missing = [i for i, r in enumerate(results[:len(calls)]) if is_no_script(r)]
+        if missing:
+            again = await self._cluster_pipeline([calls[i] for i in missing], (),
+                                                  by_source=True)
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
+        failed = [(self._translate(r), r) for r in results if isinstance(r, BaseException)]
+        if failed:
+            error, cause = next((pair for pair in failed if isinstance(pair[0], OutcomeUnknown)),
+                                failed[0])
+            raise error from masked_cause(cause, self._scrub)
+        return results[:len(calls)], results[len(calls):]
+
+    async def _cluster_pipeline(self, calls: Sequence[ScriptCall], reads: Sequence[Read],
+                                *, by_source: bool) -> list[Any]:
+        """One cluster pipeline of the calls, then the reads; error replies in place."""
+        pipe = self._client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            if by_source:
+                pipe.eval(SCRIPTS[name], len(keys), *keys, *args)
+            else:
+                pipe.evalsha(_SHAS[name], len(keys), *keys, *args)
+        for name, *args in reads:
+            pipe.execute_command(name, *args)
         try:
-            return await self._client.execute_command(name, key, *args)
+            return list(await pipe.execute(raise_on_error=False))
         except DRIVER_ERRORS as exc:
             raise self._translate(exc) from masked_cause(exc, self._scrub)
 
@@ -216,6 +252,22 @@ class ScriptRunner:
                                          by_source=True)
             for i, result in zip(missing, again, strict=True):
                 results[i] = result
+
+    async def _run_on_node(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A cluster's call sent straight to the primary its slot map names, without the
+        cluster client's routing (about half the cost of a call). Anything but a reply
+        (a redirection after a failover or a resharding, a lost connection, an unknown
+        script) sends it again through the client (:meth:`_run_one`), which refreshes
+        the slot map and retries: only for scripts that may run twice (``_ON_NODE``)."""
+        client = self._client
+        try:
+            node = client.get_node_from_key(keys[0]) if isinstance(client, RedisCluster) else None
+            if node is not None:
+                return await node.execute_command("EVALSHA", _SHAS[name], len(keys), *keys,
+                                                  *args)
+        except DRIVER_ERRORS:
+            pass
+        return await self._run_one(name, keys, args)
 
     async def _run_one(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:

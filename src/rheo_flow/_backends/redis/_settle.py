@@ -17,8 +17,8 @@ from ..._model._lease import Lease
 from ..._model._settle_results import SettleKind, SettleResult, settle_ok
 from ..._model._validation import NAME_PATTERN
 from ._codec import text
-from ._core import RedisCore
 from ._scripts import ScriptCall
+from ._work import WorkNotes
 
 __all__ = ["SettleOperations"]
 
@@ -68,7 +68,7 @@ def _settle_row(lease: Lease) -> tuple[Any, ...]:
     return seq, receipt, lease_id, attempt, key if type(key) is str else None
 
 
-class SettleOperations(RedisCore):
+class SettleOperations(WorkNotes):
     """``ack``, ``nack``, ``reject`` and ``renew``."""
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
@@ -105,7 +105,22 @@ class SettleOperations(RedisCore):
         if not leases:
             return []
         plan = self._settle_op_plan(leases, op, reason, delay_ms)
-        return self._settle_op_results(leases, plan, await self._eval(plan.calls))
+        replies = await self._eval(plan.calls)
+        await self._note_settled(plan, replies, op)
+        return self._settle_op_results(leases, plan, replies)
+
+    async def _note_settled(self, plan: _Plan, replies: list[Any], op: str) -> None:
+        """On a Cluster, note the partitions where a nack made deliveries due (at once
+        or later: the next visit finds when) or a settle released the next delivery of
+        a key (see ``_work``)."""
+        if not self._cluster:
+            return
+        due: dict[tuple[str, str], list[int]] = {}
+        for (stream, group, p), reply in zip(plan.buckets, replies, strict=True):
+            if op == "n" or text(reply).endswith("+"):
+                due.setdefault((stream, group), []).append(p)
+        for (stream, group), partitions in due.items():
+            await self._note_work(stream, [group], partitions, fresh=False)
 
     def _settle_op_plan(self, leases: Sequence[Lease], op: str, reason: str, delay_ms: int
                         ) -> _Plan:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from ..._model._errors import ConflictError
 from ..._model._stream import StreamInfo
 from ._codec import stream_record, text
-from ._core import RedisCore
+from ._work import WorkNotes
 
 __all__ = ["StreamOperations"]
 
 
-class StreamOperations(RedisCore):
+class StreamOperations(WorkNotes):
     """The stream operations of the contract."""
 
     async def create_stream(self, name: str, partitions: int) -> StreamInfo:
@@ -65,6 +65,10 @@ class StreamOperations(RedisCore):
         if layout.summaries:
             for group in groups:
                 keys.extend(layout.summary_keys(stream, group))
+        elif self._cluster:
+            keys.extend(layout.work_keys(stream))
+            for group in groups:
+                keys.extend(layout.work_keys(stream, group)[2:])
         for p in range(count):
             keys.extend(layout.partition(stream, p))
             for group in groups:

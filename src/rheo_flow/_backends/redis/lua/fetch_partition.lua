@@ -1,5 +1,15 @@
 -- Prepended to fetch and fetch_many, after common.lua: fetch_partition, the fetch of one
 -- group partition (fetch.lua's header tells its reply), and the summaries it keeps.
+-- The earliest due delivery or block deadline of the group partition of `keys` (its
+-- score as text; nil: none).
+local function earliest_due(keys)
+  local earliest = redis.call('ZRANGE', keys.due, 0, 0, 'WITHSCORES')[2]
+  local block_due = redis.call('ZRANGE', keys.block_deadlines, 0, 0, 'WITHSCORES')[2]
+  if block_due and (not earliest or tonumber(block_due) < tonumber(earliest)) then
+    earliest = block_due
+  end
+  return earliest
+end
 -- Write the exact summary of the partition of `keys` (standalone Redis: keys.summary):
 -- its earliest due delivery or block deadline, and whether events are past the cursor.
 -- fresh: whether `fresh` holds the partition, when the caller knows (nil: it does not).
@@ -7,11 +17,7 @@ local function summarize(keys, high_water, cursor, fresh)
   local summary = keys.summary
   if not summary then return end
   local partition = partition_of(keys.stream)
-  local earliest = redis.call('ZRANGE', keys.due, 0, 0, 'WITHSCORES')[2]
-  local block_due = redis.call('ZRANGE', keys.block_deadlines, 0, 0, 'WITHSCORES')[2]
-  if block_due and (not earliest or tonumber(block_due) < tonumber(earliest)) then
-    earliest = block_due
-  end
+  local earliest = earliest_due(keys)
   if earliest then
     redis.call('ZADD', summary.due, earliest, partition)
   else
@@ -299,9 +305,15 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
   local still_due = redis.call('ZCOUNT', keys.due, '-inf', now_text)
   if high_water > cursor then still_due = still_due + high_water - cursor end
   summarize(keys, high_water, cursor, fresh)
+  -- On a Cluster (keys.report) the client keeps the summaries: the partition's exact
+  -- summary (earliest due, or 0; 1 when events are past the cursor) ends the head.
+  local report = ''
+  if keys.report then
+    report = ',' .. (earliest_due(keys) or '0') .. ',' .. (high_water > cursor and '1' or '0')
+  end
   datas[1] = '[' .. int_text(high_water) .. ',' .. int_text(still_due) .. ',' .. deadline_text
     .. ',' .. int_text(redelivered) .. ',[' .. table.concat(items, ',') .. '],' .. int_text(more)
-    .. ',' .. range .. ',' .. int_text(keyed and -1 or cursor) .. ']'
+    .. ',' .. range .. ',' .. int_text(keyed and -1 or cursor) .. report .. ']'
   -- For fetch_many (not part of the reply): how many it leased, and `more`.
   datas.leased = #items + range_count
   datas.more = more
