@@ -19,10 +19,14 @@ the ratio large ÷ small says whether the cost stays flat:
 
 The Redis-only rows (memory per retained event, a concurrent PING during a 10 MB
 append) are in :mod:`benchmarks._scale_redis` (standalone Redis only). Backends:
-``RHEO_SCALE_BACKENDS`` (default ``sqlite,postgres,redis``; ``redis-cluster`` too),
-servers from ``RHEO_POSTGRES_URL``, ``RHEO_REDIS_URL`` and ``RHEO_REDIS_CLUSTER_URL``
-(default ``redis+cluster://127.0.0.1:7000``). ``--quick`` keeps the large sizes (the
-targets are stated at 100,000) but takes fewer samples and a shorter rate loop.
+``RHEO_SCALE_BACKENDS`` (default ``sqlite,postgres,redis``; ``redis-cluster``,
+``mongo`` and ``memory`` too), servers from ``RHEO_POSTGRES_URL``, ``RHEO_REDIS_URL``,
+``RHEO_REDIS_CLUSTER_URL`` (default ``redis+cluster://127.0.0.1:7000``) and
+``RHEO_MONGO_URL`` (its own ``collection_prefix``). ``RHEO_SCALE_LARGE`` (the large
+size, 100,000) and ``RHEO_SCALE_PLAN`` (``rounds,samples,rate_events``) shrink a run
+on a slow server such as the MongoDB wire emulator; the report then says what was
+measured. ``--quick`` keeps the large sizes (the targets are stated at 100,000) but
+takes fewer samples and a shorter rate loop.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from ._common import Result
 PG_URL = os.environ.get("RHEO_POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_URL = os.environ.get("RHEO_REDIS_URL") or "redis://127.0.0.1:6379/0"
 CLUSTER_URL = os.environ.get("RHEO_REDIS_CLUSTER_URL") or "redis+cluster://127.0.0.1:7000"
-SMALL, LARGE = 10, 100_000
+MONGO_URL = os.environ.get("RHEO_MONGO_URL") or "mongodb://127.0.0.1:27017/rheo_test"
+SMALL, LARGE = 10, int(os.environ.get("RHEO_SCALE_LARGE") or 100_000)
 FETCH = 100
 HOUR_MS = 3_600_000
 DELAY_MS = 30 * 60_000
@@ -88,6 +93,10 @@ async def opened(backend: str) -> AsyncIterator[Rheo]:
             url = f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix={tag}"
         elif backend == "redis-cluster":
             url = f"{CLUSTER_URL}{'&' if '?' in CLUSTER_URL else '?'}prefix={tag}"
+        elif backend == "mongo":
+            # A minute a call: the CI's wire emulator is far slower than a mongod.
+            url = (f"{MONGO_URL}{'&' if '?' in MONGO_URL else '?'}collection_prefix={tag}_"
+                   "&timeout_ms=60000")
         else:
             url = "memory://"
         rheo = await Rheo(url).open()
@@ -127,6 +136,22 @@ async def _drop(backend: str, rheo: Rheo, tag: str) -> None:
                 await cluster.unlink(key)
         finally:
             await cluster.aclose()
+    elif backend == "mongo":
+        await _drop_mongo(tag)
+
+
+async def _drop_mongo(tag: str) -> None:
+    """Drop the collections named with ``tag``'s collection prefix."""
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(MONGO_URL.split("?")[0])
+    try:
+        db = client.get_default_database("rheo")
+        for name in await db.list_collection_names():
+            if name.startswith(f"{tag}_"):
+                await db.drop_collection(name)
+    finally:
+        await client.close()
 
 
 async def fill(rheo: Rheo, stream: str, count: int, *, partitions: int,
@@ -280,6 +305,9 @@ async def run(quick: bool) -> list[Result]:
 
     plan = Plan(rounds=3, samples=10, rate_events=5_000) if quick else Plan(
         rounds=5, samples=30, rate_events=20_000)
+    if os.environ.get("RHEO_SCALE_PLAN"):  # "rounds,samples,rate_events": a slow server
+        rounds, samples, rate_events = map(int, os.environ["RHEO_SCALE_PLAN"].split(","))
+        plan = Plan(rounds, samples, rate_events)
     results: list[Result] = []
     for backend in backends():
         results += await backlog_rows(backend, plan)

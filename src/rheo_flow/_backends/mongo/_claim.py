@@ -1,8 +1,11 @@
 """Fetching: claiming deliveries with fenced updates and inserts, without locks.
 
-A claim round reads the eligible deliveries of each partition (after its
-frontier, on the index of active deliveries) and counts the sequences past its
-cursor that have no delivery yet. It then sends one unordered ``bulk_write``:
+A claim round reads the group's due deliveries (available, or leased with an
+expired lease) in one query on the index by ready time, ``now`` its bound, so
+neither the settled history nor the deliveries held or delayed are walked, and
+counts the sequences past each cursor that have no delivery yet from the high
+waters read once: a fetch sends the same few commands on one partition or 256
+(``_due`` says when it reads partition by partition). It then sends one unordered ``bulk_write``:
 a conditional update per existing delivery, filtered on exactly the state that
 was read, and an insert per new delivery, whose unique ``_id`` lets exactly one
 claimant win each sequence. Only the writes that matched are leases; a round
@@ -30,7 +33,7 @@ from ._core import MongoCore
 from ._documents import Group, delivery_id, settled_update
 from ._errors import DUPLICATE_KEY
 from ._frontier import advance
-from ._schema import ACTIVE_INDEX
+from ._schema import DUE_INDEX, GROUP_DUE_INDEX
 
 __all__ = ["FetchOps"]
 
@@ -38,6 +41,13 @@ _CLAIM_ROUNDS: Final = 3
 """Fetch retries (only while it has leased nothing) after losing every claim to others."""
 
 Doc = dict[str, Any]
+
+_DUE_FIELDS: Final = {"_id": 1, "p": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "r": 1, "k": 1}
+"""What a fetch reads of a due delivery: enough to claim it with a fenced update."""
+
+Due = dict[int, tuple[list[Doc], list[tuple[Doc, Settled]]]]
+"""Per partition with due deliveries: the eligible ones (in sequence order), and the
+expired ones at ``max_attempts`` with what they become (dead letters)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,44 +150,72 @@ class FetchOps(MongoCore):
     async def _find(
         self, g: Group, ids: list[int], now: int, limit: int, highs: dict[int, int]
     ) -> _Found:
-        found = await asyncio.gather(*(self._candidates(g, p, now, limit) for p in ids))
+        due = await self._due(g, ids, now, limit)
         ready: list[list[Doc]] = []
         fresh: list[int] = []
         expired: list[tuple[int, Doc, Settled]] = []
-        for p, (eligible, doomed) in zip(ids, found, strict=True):
+        for p in ids:
+            eligible, doomed = due.get(p, ([], []))
             ready.append(eligible)
             expired.extend((p, d, settled) for d, settled in doomed)
             fresh.append(max(0, min(limit - len(eligible), highs[p] - g.parts[p]["c"])))
         return _Found(ready, fresh, expired)
 
+    async def _due(self, g: Group, ids: list[int], now: int, limit: int) -> Due:
+        """Per partition of ``ids`` with deliveries due at ``now``: up to ``limit``
+        eligible ones (in sequence order) and the expired ones at ``max_attempts`` met.
+
+        One query reads the group's due deliveries, the soonest due first, on the index
+        by ready time (``now`` its bound): an idle partition costs nothing, and neither
+        does a held or delayed delivery. Only when it finds ``limit`` (more may wait in
+        partitions it did not reach) does one ``distinct`` list the partitions with due
+        deliveries, each then read on its own (:meth:`_candidates`), so that every one
+        gets its turns: the reads follow the partitions with due work.
+        """
+        query: Doc = {"g": g.id, "r": {"$exists": True, "$lte": now}}
+        if len(ids) < len(g.parts):
+            query["p"] = ids[0] if len(ids) == 1 else {"$in": sorted(ids)}
+        docs = await self._deliveries.find(query, _DUE_FIELDS).hint(GROUP_DUE_INDEX).sort(
+            "r", ASCENDING).limit(limit).to_list(None)
+        if len(docs) < limit:  # every due delivery
+            due: Due = {}
+            for d in docs:
+                ready, doomed = due.setdefault(d["p"], ([], []))
+                _sort_out(g, [d], now, ready, doomed)
+            for ready, _ in due.values():
+                ready.sort(key=lambda d: d["s"])
+            return due
+        wanted = set(ids)
+        parts = sorted(p for p in await self._deliveries.distinct("p", query) if p in wanted)
+        found = await asyncio.gather(*(self._candidates(g, p, now, limit) for p in parts))
+        return dict(zip(parts, found, strict=True))
+
     async def _candidates(
         self, g: Group, p: int, now: int, limit: int
     ) -> tuple[list[Doc], list[tuple[Doc, Settled]]]:
-        """Up to ``limit`` eligible deliveries of a partition in sequence order, and the
-        expired ones met on the way that reached ``max_attempts`` (to dead-letter).
+        """Up to ``limit`` eligible deliveries of a partition, the soonest due first (listed
+        in sequence order), and the expired ones met on the way that reached
+        ``max_attempts`` (to dead-letter).
 
-        Every delivery up to the frontier is settled, so the walk starts after it on the
-        index of active deliveries: its cost follows the deliveries in flight, never the
-        history.
+        The read is a range of the index by ready time, bounded by ``now``: the deliveries
+        held by leases or delayed by nacks are never walked, nor the settled history (a
+        settled delivery carries no ready time).
         """
         ready: list[Doc] = []
         doomed: list[tuple[Doc, Settled]] = []
-        after = g.parts[p]["f"]
+        seen: list[Any] = []
+        query: Doc = {"g": g.id, "p": p, "r": {"$exists": True, "$lte": now}}
         while len(ready) < limit:
             want = limit - len(ready)
-            docs = await self._deliveries.find(
-                {"g": g.id, "p": p, "s": {"$gt": after}, "r": {"$exists": True, "$lte": now}},
-                {"_id": 1, "s": 1, "st": 1, "a": 1, "lid": 1, "r": 1, "k": 1},
-            ).hint(ACTIVE_INDEX).sort("s", ASCENDING).limit(want).to_list(None)
-            for d in docs:
-                settled = expire(d["a"], g.max_attempts, now)
-                if settled is None:
-                    ready.append(d)
-                else:
-                    doomed.append((d, settled))
+            if seen:  # read on past those met (the dead letters among them take no place)
+                query["_id"] = {"$nin": seen}
+            docs = await self._deliveries.find(query, _DUE_FIELDS).hint(DUE_INDEX).sort(
+                "r", ASCENDING).limit(want).to_list(None)
+            _sort_out(g, docs, now, ready, doomed)
+            seen += [d["_id"] for d in docs]
             if len(docs) < want:
                 break
-            after = docs[-1]["s"]
+        ready.sort(key=lambda d: d["s"])
         return ready, doomed
 
     async def _write_claims(self, ops: list[Any], wanted: list[_Claim]) -> list[_Claim]:
@@ -271,6 +309,22 @@ def _claim_writes(
             }))
         wanted.append(claim)
     return ops, wanted
+
+
+def _sort_out(
+    g: Group, docs: list[Doc], now: int, ready: list[Doc], doomed: list[tuple[Doc, Settled]]
+) -> None:
+    """Sort due deliveries into the eligible ones and those to dead-letter (expired at
+    ``max_attempts``). One at or below the frontier (settled, so it carries no ready
+    time: never met) is left out."""
+    for d in docs:
+        if d["s"] <= g.parts[d["p"]]["f"]:
+            continue
+        settled = expire(d["a"], g.max_attempts, now)
+        if settled is None:
+            ready.append(d)
+        else:
+            doomed.append((d, settled))
 
 
 def _fenced(d: Doc) -> Doc:

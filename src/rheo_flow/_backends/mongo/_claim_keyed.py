@@ -109,11 +109,16 @@ class KeyedFetchOps(FetchOps):
         if not g.ordered:
             return await super()._claim(g, ids, consumer_id, limit, lease_ms, waters)
         now = self._clock()
+        due = await self._due(g, ids, now, limit)
+        # Only the partitions with work: due deliveries, or events past the cursor.
+        ids = [p for p in ids if p in due or waters[p][0] > g.parts[p]["c"]]
+        if not ids:
+            return [], 0
         # Each partition scans for its share of the batch (the first ones in fetch order
         # one more), so a small fetch reads past the cursor of only a few.
         shares = [limit // len(ids) + (i < limit % len(ids)) for i in range(len(ids))]
         parts = await asyncio.gather(*(
-            self._keyed_part(g, p, now, limit, share, *waters[p])
+            self._keyed_part(g, p, due.get(p, ([], [])), share, *waters[p])
             for p, share in zip(ids, shares, strict=True)))
         short = limit - sum(part.size() for part in parts)
         if short > 0:  # some partitions have less than their share: the others make it up
@@ -144,11 +149,13 @@ class KeyedFetchOps(FetchOps):
         return leases, lost
 
     async def _keyed_part(
-        self, g: Group, p: int, now: int, limit: int, share: int, high: int, low: int
+        self, g: Group, p: int, due: tuple[list[Doc], list[tuple[Doc, Settled]]], share: int,
+        high: int, low: int
     ) -> _Part:
-        """The partition's eligible deliveries (heads of their keys, up to ``limit``),
-        then the new sequences that may be leased, up to ``share`` in all."""
-        ready, doomed = await self._candidates(g, p, now, limit)
+        """The partition's eligible deliveries (``due``: those the fetch read, kept when
+        heads of their keys), then the new sequences that may be leased, up to ``share``
+        in all."""
+        ready, doomed = due
         after = g.parts[p]["f"]
         firsts: dict[str, int] = {}
         for d in sorted([*ready, *(d for d, _ in doomed)], key=lambda d: d["s"]):

@@ -180,7 +180,11 @@ class MongoCore:
         if not ids:
             return waters
         query = {"_id": ids[0]} if len(ids) == 1 else {"_id": {"$in": ids}}
-        async for doc in self._partitions.find(query, {"p": 1, "hw": 1, "lw": 1}, session=session):
+        # One reply for them all: a first batch holds 101 documents unless told more,
+        # and a limit lets the server close the cursor with it.
+        async for doc in self._partitions.find(query, {"p": 1, "hw": 1, "lw": 1},
+                                               session=session, limit=len(ids),
+                                               batch_size=len(ids)):
             waters[doc["p"]] = (doc["hw"], doc["lw"])
         return waters
 

@@ -18,6 +18,8 @@ from ..._model._errors import BackendError, InvalidArgument
 __all__ = [
     "ACTIVE_INDEX",
     "DEFAULT_PREFIX",
+    "DUE_INDEX",
+    "GROUP_DUE_INDEX",
     "KEYED_INDEX",
     "REJECTED_INDEX",
     "SCHEMA_VERSION",
@@ -33,6 +35,12 @@ _PREFIX_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.\-]{0,64}$")
 
 ACTIVE_INDEX: Final = "active"
 """Available and leased deliveries (those carrying ``r``) by group, partition, sequence."""
+DUE_INDEX: Final = "due"
+"""Available and leased deliveries by group, partition and ready time ``r``: a partition's
+due deliveries (``r <= now``) are an index range, without walking the held or delayed ones."""
+GROUP_DUE_INDEX: Final = "group_due"
+"""The same by group and ready time only: a group's due deliveries across its partitions,
+soonest due first, in one index range."""
 REJECTED_INDEX: Final = "rejected"
 """Dead letters by group, partition, sequence."""
 KEYED_INDEX: Final = "keyed"
@@ -85,6 +93,12 @@ def _index_specs(
         (deliveries,
          [("g", ASCENDING), ("p", ASCENDING), ("s", ASCENDING), ("r", ASCENDING)],
          {"name": ACTIVE_INDEX, "partialFilterExpression": {"r": {"$exists": True}}}),
+        # Fetch reads what is due with the time as the index bound (see _claim): the
+        # deliveries held by leases or delayed by nacks, ready later, are never walked.
+        (deliveries, [("g", ASCENDING), ("p", ASCENDING), ("r", ASCENDING)],
+         {"name": DUE_INDEX, "partialFilterExpression": {"r": {"$exists": True}}}),
+        (deliveries, [("g", ASCENDING), ("r", ASCENDING)],
+         {"name": GROUP_DUE_INDEX, "partialFilterExpression": {"r": {"$exists": True}}}),
         (deliveries,
          [("g", ASCENDING), ("st", ASCENDING), ("p", ASCENDING), ("s", ASCENDING)],
          {"name": REJECTED_INDEX, "partialFilterExpression": {"st": "rejected"}}),
