@@ -17,13 +17,13 @@ import typer
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
-from rich.table import Table
 
 from .._backends._urls import redact_url
 from .._model._event import Event
 from .._model._query import Query
 from .._rheo import Rheo
 from ._common import (
+    NUMERIC,
     GroupArg,
     JsonOption,
     StreamArg,
@@ -33,6 +33,7 @@ from ._common import (
     existing,
     run,
 )
+from ._table import print_table, rich_table
 
 __all__ = ["register"]
 
@@ -105,15 +106,12 @@ async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
     return rows
 
 
-def _lag_table(title: str, rows: list[Row]) -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column("group")
-    for column in ("partition", "high water", "frontier", "lag"):
-        table.add_column(column, justify="right")
-    for r in rows:
-        table.add_row(escape(r["group"]), str(r["partition"]), f"{r['high_water']:,}",
-                      f"{r['frontier']:,}", f"{r['lag']:,}")
-    return table
+_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag")
+
+
+def _lag_cells(rows: list[Row]) -> list[list[str]]:
+    return [[r["group"], str(r["partition"]), f"{r['high_water']:,}", f"{r['frontier']:,}",
+             f"{r['lag']:,}"] for r in rows]
 
 
 def lag(
@@ -158,10 +156,12 @@ def lag(
                         if live is None:
                             live = Live(console=out, auto_refresh=False)
                             live.start()
-                        live.update(_lag_table(f"{title}  ({_time(None)})", rows),
+                        live.update(rich_table(f"{title}  ({_time(None)})", _LAG_COLUMNS,
+                                               NUMERIC, ([escape(c) for c in cells]
+                                                         for cells in _lag_cells(rows))),
                                     refresh=True)
                     else:
-                        out.print(_lag_table(title, rows))
+                        print_table(out, title, _LAG_COLUMNS, NUMERIC, _lag_cells(rows))
             finally:
                 if live is not None:
                     live.stop()
