@@ -25,6 +25,7 @@ from ._model._query import Page, Query, decode_cursor, encode_cursor
 from ._model._settle_results import SettleResult, classify
 from ._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from ._model._validation import (
+    MAX_APPEND,
     MAX_PARTITIONS,
     check_duration_ms,
     check_error,
@@ -50,7 +51,6 @@ Partitions = Literal["all"] | Sequence[int]
 """``"all"`` or a list of partition ids."""
 
 MAX_FETCH = 10_000
-MAX_APPEND = 100_000
 DEFAULT_LEASE_MS = 30_000
 
 

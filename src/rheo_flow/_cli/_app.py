@@ -2,12 +2,14 @@
 
 The commands live in modules of their own: :mod:`._inspect` (read-only),
 :mod:`._ops` (changes), :mod:`rheo_flow._faults._cli` (torture),
-:mod:`.worker._command` (worker), :mod:`.top._command` (the live view).
+:mod:`.worker._command` (worker), :mod:`.top._command` (the live view). Each
+module imports what only its commands need (the facade, a backend's driver, the
+runtimes, the fault scenarios, the demo, Textual) when one of them runs, so that
+a command starts without loading what the others use.
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
@@ -19,7 +21,7 @@ from .. import __version__
 from .._faults._cli import torture as _torture
 from . import _inspect, _ops
 from ._common import run
-from .demo._run import DemoConfig, run_demo
+from .demo._state import DemoConfig
 from .top._command import top as _top
 from .worker._command import worker as _worker
 
@@ -96,6 +98,10 @@ def demo(
     # The demo draws panels and tables, which fill the console's width: off a terminal
     # it keeps rich's default width (80, or $COLUMNS) rather than the never-wrapping
     # console of the other commands, whose panels would be 100,000 columns wide.
+    import tempfile
+
+    from .demo._run import run_demo
+
     console = Console(highlight=False)
     if db is not None and url is not None:
         console.print("[bold red]error:[/] give --db or --url, not both")

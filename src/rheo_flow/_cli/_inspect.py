@@ -10,18 +10,13 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console
-from rich.live import Live
 from rich.markup import escape
 
 from .._backends._urls import redact_url
-from .._model._event import Event
-from .._model._query import Query
-from .._rheo import Rheo
 from ._common import (
     NUMERIC,
     GroupArg,
@@ -35,6 +30,13 @@ from ._common import (
 )
 from ._table import print_table, rich_table
 
+if TYPE_CHECKING:  # the facade and rich's live display load when a command runs
+    from rich.console import Console
+    from rich.live import Live
+
+    from .._model._event import Event
+    from .._rheo import Rheo
+
 __all__ = ["register"]
 
 
@@ -46,6 +48,8 @@ def streams(url: UrlOption, json: JsonOption = False) -> None:
     out = console()
 
     async def go() -> list[Row]:
+        from .._rheo import Rheo
+
         rows = []
         async with Rheo(existing(url)) as rheo:
             for info, groups in await rheo.describe_streams():
@@ -69,6 +73,8 @@ def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
     out = console()
 
     async def go() -> list[Row]:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             high = await rheo.high_water(stream)
             frontiers = await rheo.frontiers(stream)
@@ -139,6 +145,8 @@ def lag(
     readings = 1 if not watch else count
 
     async def go() -> None:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             live: Live | None = None
             done = 0
@@ -154,6 +162,8 @@ def lag(
                             out.out(orjson.dumps({**row, **at}).decode(), highlight=False)
                     elif watch and out.is_terminal:
                         if live is None:
+                            from rich.live import Live
+
                             live = Live(console=out, auto_refresh=False)
                             live.start()
                         live.update(rich_table(f"{title}  ({_time(None)})", _LAG_COLUMNS,
@@ -180,6 +190,8 @@ def dead_letters(
     out = console()
 
     async def go() -> list[Row]:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             await rheo.group_info(stream, group)
             letters = await rheo.dead_letters(stream, group, limit=limit)
@@ -219,6 +231,8 @@ def tail(
     show = _event_printer(out, json)
 
     async def go() -> None:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             info = await rheo.stream_info(stream)
             if group is not None:
@@ -252,6 +266,8 @@ def tail(
 async def _read(rheo: Rheo, stream: str, starts: dict[int, int], limit: int | None
                 ) -> list[Event]:
     """Up to ``limit`` events per partition from its start sequence (``None``: all)."""
+    from .._model._query import Query
+
     events: list[Event] = []
     for p, start in starts.items():
         query = Query(stream=stream, partitions=[p], from_sequence=start)
