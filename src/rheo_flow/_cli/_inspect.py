@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from .._backends._urls import redact_url
+from ._command import Command
 from ._common import (
     NUMERIC,
     GroupArg,
@@ -307,8 +308,8 @@ def _time(ms: int | None) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add the read-only commands to ``app``."""
-    app.command()(streams)
-    app.command()(groups)
-    app.command()(lag)
-    app.command("dead-letters")(dead_letters)
-    app.command()(tail)
+    app.command(cls=Command)(streams)
+    app.command(cls=Command)(groups)
+    app.command(cls=Command)(lag)
+    app.command("dead-letters", cls=Command)(dead_letters)
+    app.command(cls=Command)(tail)

@@ -18,6 +18,7 @@ from rich.markup import escape
 from .._backends._urls import redact_url
 from .._model._errors import InvalidArgument
 from .._model._validation import MAX_APPEND, MAX_PARTITIONS
+from ._command import Command
 from ._common import (
     GroupArg,
     JsonOption,
@@ -326,11 +327,11 @@ def _partitions_text(partitions: list[int] | None) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add the commands that change a store to ``app``."""
-    app.command()(append)
-    app.command()(redrive)
-    app.command()(replay)
-    app.command()(reset)
-    app.command()(trim)
-    app.command("delete-stream")(delete_stream)
-    app.command("delete-group")(delete_group)
-    app.command()(migrate)
+    app.command(cls=Command)(append)
+    app.command(cls=Command)(redrive)
+    app.command(cls=Command)(replay)
+    app.command(cls=Command)(reset)
+    app.command(cls=Command)(trim)
+    app.command("delete-stream", cls=Command)(delete_stream)
+    app.command("delete-group", cls=Command)(delete_group)
+    app.command(cls=Command)(migrate)
