@@ -7,16 +7,11 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
-from . import _telemetry
 from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
-from ._model._append_records import (
-    DEFAULT_MAX_EVENT_BYTES,
-    append_records,
-    check_max_event_bytes,
-)
+from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
 from ._model._errors import InvalidArgument, UnknownGroup
 from ._model._event import Event, NewEvent
@@ -44,6 +39,12 @@ from ._model._validation import (
     invalid_text,
     ordering_mismatch,
 )
+from ._support._lazy import LazyModule
+
+if TYPE_CHECKING:
+    from . import _telemetry
+else:  # OpenTelemetry's API loads with the first append, fetch or settle, not with Rheo
+    _telemetry = LazyModule("rheo_flow._telemetry", globals(), "_telemetry")
 
 __all__ = ["Partitions", "Rheo"]
 

@@ -3,7 +3,8 @@
 A read-only command loads the facade and the one backend its URL names: not the
 other commands' modules (demo, top, torture, worker), not the runtimes, not the
 other backends' drivers, not pydantic (through typer's conversions), not
-Textual, Hypothesis, DuckDB or the OpenTelemetry SDK. Speed itself is measured
+Textual, Hypothesis, DuckDB or OpenTelemetry (the facade loads it with the first
+append, fetch or settle). Speed itself is measured
 in ``benchmarks/scale.py`` (the ``rheo-flow streams`` rows), not here.
 """
 
@@ -39,6 +40,7 @@ HEAVY = (
     "rheo_flow._cli.worker._run", "rheo_flow._cli.worker._supervisor",
     "rheo_flow._faults._runner", "rheo_flow._faults._catalog", "rheo_flow._faults._scenario",
     "rheo_flow._backends.postgres", "rheo_flow._backends.redis", "rheo_flow._backends.mongo",
+    "opentelemetry", "rheo_flow._telemetry",
 )
 """Modules (and their submodules) a read-only command on SQLite does not load."""
 
