@@ -1,5 +1,5 @@
-"""The commands' tables: written directly for a pipe, character for character as rich
-prints them, and drawn by rich wherever the two could differ."""
+"""The commands' tables and JSON lines: written directly for a pipe, character for
+character as rich prints them, and printed by rich wherever the two could differ."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from rheo_flow._cli import _table
 from rheo_flow._cli._common import console
-from rheo_flow._cli._table import print_table, rich_table
+from rheo_flow._cli._table import print_lines, print_table, rich_table
 
 PLAIN = list("abcxyz019 ,-_./")
 ODD = [":", "[", "]", "\\", "é", "中", "😀", ":smile:", "[bold]", "[/]", "\t", "\n", "\x1b",
@@ -120,3 +120,20 @@ def test_the_commands_console_off_a_terminal_takes_the_direct_way() -> None:
     out = console()
     out.file = io.StringIO()
     assert _table._plain_output(out) is (not out.is_terminal)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_lines_are_printed_as_rich_prints_them(terminal: bool) -> None:
+    rng = random.Random(7)
+    lines = [_word(rng, 30, rng.choice([0, 0.05, 0.3])) for _ in range(500)]
+    lines += ['{"stream":"s0001","groups":["g"]}', "[bold]x[/]", ":smile:", ""]
+    settings: dict[str, object] = {"force_terminal": True, "width": 40} if terminal else {}
+    ours = Console(file=io.StringIO(), highlight=False, **settings)  # type: ignore[arg-type]
+    by_rich = Console(file=io.StringIO(), highlight=False, **settings)  # type: ignore[arg-type]
+    if not terminal:
+        for out in (ours, by_rich):
+            out.soft_wrap, out.width = True, 100_000
+    print_lines(ours, lines)
+    for line in lines:
+        by_rich.out(line, highlight=False)
+    assert ours.file.getvalue() == by_rich.file.getvalue()  # type: ignore[attr-defined]

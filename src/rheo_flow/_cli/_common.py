@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from .._backends._urls import redact_url, scrub_secrets
 from .._model._errors import RheoError
-from ._table import print_table
+from ._table import print_lines, print_table
 
 __all__ = [
     "NUMERIC",
@@ -131,8 +131,7 @@ def emit(out: Console, json: bool, title: str, columns: Iterable[str],
          ) -> None:
     """Print ``rows`` as JSON lines (``--json``) or as one table of ``cells(row)``."""
     if json:
-        for row in rows:
-            out.out(orjson.dumps(row).decode(), highlight=False)
+        print_lines(out, (orjson.dumps(row).decode() for row in rows))
         return
     print_table(out, title, tuple(columns), NUMERIC, [cells(row) for row in rows])
 

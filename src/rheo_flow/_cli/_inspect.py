@@ -29,7 +29,7 @@ from ._common import (
     existing,
     run,
 )
-from ._table import print_table, rich_table
+from ._table import print_lines, print_table, rich_table
 
 if TYPE_CHECKING:  # the facade and rich's live display load when a command runs
     from rich.console import Console
@@ -159,8 +159,8 @@ def lag(
                     done += 1
                     if json:
                         at = {"at_ms": int(time.time() * 1000)} if watch else {}
-                        for row in rows:
-                            out.out(orjson.dumps({**row, **at}).decode(), highlight=False)
+                        print_lines(out, (orjson.dumps({**row, **at}).decode()
+                                          for row in rows))
                     elif watch and out.is_terminal:
                         if live is None:
                             from rich.live import Live
