@@ -16,6 +16,9 @@ the ratio large ÷ small says whether the cost stays flat:
   large turned around, ≥ 1 would be faster on 256).
 * **describe 1,000 streams** — ``Rheo.describe_streams()`` (what ``rheo-flow
   streams`` lists) over 1,000 streams with a group each, against 10.
+* **rheo-flow streams** — the whole ``python -m rheo_flow streams --url URL``
+  process (start-up, imports, opening the store, the listing, the table) on the
+  same two stores: 10 streams against ``python -c pass``, 1,000 against 10.
 
 The Redis-only rows (memory per retained event, a concurrent PING during a 10 MB
 append) are in :mod:`benchmarks._scale_redis` (standalone Redis only). Backends:
@@ -31,8 +34,11 @@ takes fewer samples and a shorter rate loop.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -43,7 +49,7 @@ from pathlib import Path
 
 from rheo_flow import NewEvent, Rheo
 
-from ._common import Result
+from ._common import Result, alternating_rounds
 
 PG_URL = os.environ.get("RHEO_POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_URL = os.environ.get("RHEO_REDIS_URL") or "redis://127.0.0.1:6379/0"
@@ -83,6 +89,13 @@ def backends() -> list[str]:
 @asynccontextmanager
 async def opened(backend: str) -> AsyncIterator[Rheo]:
     """A :class:`Rheo` on a namespace of its own (file, schema or key prefix), removed after."""
+    async with opened_at(backend) as (rheo, _):
+        yield rheo
+
+
+@asynccontextmanager
+async def opened_at(backend: str) -> AsyncIterator[tuple[Rheo, str]]:
+    """:func:`opened`'s :class:`Rheo` and the URL it was opened with."""
     tag = f"scale_{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as directory:
         if backend == "sqlite":
@@ -101,7 +114,7 @@ async def opened(backend: str) -> AsyncIterator[Rheo]:
             url = "memory://"
         rheo = await Rheo(url).open()
         try:
-            yield rheo
+            yield rheo, url
         finally:
             await _drop(backend, rheo, tag)
             await rheo.close()
@@ -276,8 +289,10 @@ async def partition_rows(backend: str, plan: Plan) -> list[Result]:
 
 
 async def listing_row(backend: str, plan: Plan) -> list[Result]:
-    """The describe-streams row of one backend: 1,000 streams against 10."""
-    async with opened(backend) as few_store, opened(backend) as many_store:
+    """The describe-streams row of one backend (1,000 streams against 10), and the rows
+    of the whole ``rheo-flow streams`` process on the same stores."""
+    async with opened_at(backend) as (few_store, few_url), \
+            opened_at(backend) as (many_store, many_url):
         for rheo, count in ((few_store, FEW_STREAMS), (many_store, MANY_STREAMS)):
             for i in range(count):
                 await rheo.create_stream(f"s{i:04d}")
@@ -294,9 +309,43 @@ async def listing_row(backend: str, plan: Plan) -> list[Result]:
             return sample
 
         small, large = await interleaved(plan, timed(few_store), timed(many_store), samples=3)
+        cli = await cli_rows(backend, plan, few_url, many_url)
     row = _ms(f"describe {MANY_STREAMS:,} streams", backend, small, large, f"{FEW_STREAMS} streams")
     return [Result(row.name, row.backend, row.value, row.unit, row.baseline, row.ratio,
-                   "target: at most 300 ms (the ratio only shows the growth)", row.baseline_name)]
+                   "target: at most 300 ms (the ratio only shows the growth)", row.baseline_name),
+            *cli]
+
+
+async def _process_s(*argv: str) -> float:
+    """Seconds from starting the process ``argv`` to its exit (its output discarded)."""
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.DEVNULL,
+                                                   stderr=subprocess.PIPE)
+    _, error = await process.communicate()
+    elapsed = time.perf_counter() - started
+    if process.returncode:
+        raise RuntimeError(f"{' '.join(argv[:4])} failed: {error.decode()[-500:]}")
+    return elapsed
+
+
+async def cli_rows(backend: str, plan: Plan, few_url: str, many_url: str) -> list[Result]:
+    """``rheo-flow streams`` as one whole process on 10 and 1,000 streams, and ``python
+    -c pass`` (the interpreter's own start-up), run in turn; the median of each."""
+    command = (sys.executable, "-m", "rheo_flow", "streams", "--url")
+    runners = {"pass": lambda: _process_s(sys.executable, "-c", "pass"),
+               "few": lambda: _process_s(*command, few_url),
+               "many": lambda: _process_s(*command, many_url)}
+    for runner in runners.values():  # a warm-up run each (bytecode caches written)
+        await runner()
+    median = await alternating_rounds(plan.samples, runners)
+    ms = {name: round(seconds * 1000, 1) for name, seconds in median.items()}
+    return [
+        Result.compared(f"rheo-flow streams, {FEW_STREAMS} streams", backend, ms["few"], "ms",
+                        ms["pass"], "whole process", baseline_name="python -c pass"),
+        Result.compared(f"rheo-flow streams, {MANY_STREAMS:,} streams", backend, ms["many"],
+                        "ms", ms["few"], "whole process; target: at most 300 ms",
+                        baseline_name=f"{FEW_STREAMS} streams"),
+    ]
 
 
 async def run(quick: bool) -> list[Result]:

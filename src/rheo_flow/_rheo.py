@@ -7,16 +7,11 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
-from . import _telemetry
 from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
-from ._model._append_records import (
-    DEFAULT_MAX_EVENT_BYTES,
-    append_records,
-    check_max_event_bytes,
-)
+from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
 from ._model._errors import InvalidArgument, UnknownGroup
 from ._model._event import Event, NewEvent
@@ -25,6 +20,7 @@ from ._model._query import Page, Query, decode_cursor, encode_cursor
 from ._model._settle_results import SettleResult, classify
 from ._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from ._model._validation import (
+    MAX_APPEND,
     MAX_PARTITIONS,
     check_duration_ms,
     check_error,
@@ -43,6 +39,12 @@ from ._model._validation import (
     invalid_text,
     ordering_mismatch,
 )
+from ._support._lazy import LazyModule
+
+if TYPE_CHECKING:
+    from . import _telemetry
+else:  # OpenTelemetry's API loads with the first append, fetch or settle, not with Rheo
+    _telemetry = LazyModule("rheo_flow._telemetry", globals(), "_telemetry")
 
 __all__ = ["Partitions", "Rheo"]
 
@@ -50,7 +52,6 @@ Partitions = Literal["all"] | Sequence[int]
 """``"all"`` or a list of partition ids."""
 
 MAX_FETCH = 10_000
-MAX_APPEND = 100_000
 DEFAULT_LEASE_MS = 30_000
 
 

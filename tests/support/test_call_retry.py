@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rheo_flow._support._call_retry import retried, retrying, retrying_sync
+from rheo_flow._support._call_retry import retried, retried_sync, retrying, retrying_sync
 
 
 class _Conflict(Exception):
@@ -101,4 +101,40 @@ async def test_retried_lets_other_errors_through_at_once() -> None:
     assert seen == [1]
     with pytest.raises(ValueError, match="needs a bound"):
         await retried(call, when=lambda e: True)
+    assert seen == [1]
+
+
+def test_retried_sync_retries_within_its_bounds_and_lets_other_errors_through() -> None:
+    seen: list[int] = []
+
+    def call(attempt: int) -> str:
+        seen.append(attempt)
+        if attempt < 3:
+            raise _Conflict
+        return "done"
+
+    assert retried_sync(call, when=lambda e: isinstance(e, _Conflict), within_s=5,
+                        first_wait_s=0.0001, max_wait_s=0.0001) == "done"
+    assert seen == [1, 2, 3]
+
+    def conflict(attempt: int) -> None:
+        seen.append(attempt)
+        raise _Conflict
+
+    seen.clear()
+    with pytest.raises(_Conflict):
+        retried_sync(conflict, when=lambda e: isinstance(e, _Conflict), attempts=3,
+                     first_wait_s=0.0001, max_wait_s=0.0001)
+    assert seen == [1, 2, 3]
+
+    def other(attempt: int) -> None:
+        seen.append(attempt)
+        raise KeyError("x")
+
+    seen.clear()
+    with pytest.raises(KeyError):
+        retried_sync(other, when=lambda e: isinstance(e, _Conflict), within_s=5)
+    assert seen == [1]
+    with pytest.raises(ValueError, match="needs a bound"):
+        retried_sync(other, when=lambda e: True)
     assert seen == [1]

@@ -2,38 +2,50 @@
 
 The commands live in modules of their own: :mod:`._inspect` (read-only),
 :mod:`._ops` (changes), :mod:`rheo_flow._faults._cli` (torture),
-:mod:`.worker._command` (worker), :mod:`.top._command` (the live view).
+:mod:`.worker._command` (worker), :mod:`.top._command` (the live view). Each
+module imports what only its commands need (the facade, a backend's driver, the
+runtimes, the fault scenarios, the demo, Textual) when one of them runs, so that
+a command starts without loading what the others use.
 """
 
 from __future__ import annotations
 
-import tempfile
+import sys
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
 import typer
+import typer.main
 from rich.console import Console
 
 from .. import __version__
 from .._faults._cli import torture as _torture
 from . import _inspect, _ops
+from ._command import Command, Group
 from ._common import run
-from .demo._run import DemoConfig, run_demo
+from .demo._state import DemoConfig
 from .top._command import top as _top
 from .worker._command import worker as _worker
 
-__all__ = ["app", "main"]
+__all__ = ["app", "app_for", "main"]
 
-app = typer.Typer(
-    name="rheo-flow",
-    help="Durable event streams with competing consumer groups: demo, inspection, operations.",
-    no_args_is_help=True,
-    # Plain help: typer's rich help labels every flag "<bool>".
-    rich_markup_mode=None,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+
+def _new_app() -> typer.Typer:
+    return typer.Typer(
+        name="rheo-flow",
+        cls=Group,
+        help="Durable event streams with competing consumer groups: demo, inspection, "
+             "operations.",
+        no_args_is_help=True,
+        # Plain help: typer's rich help labels every flag "<bool>".
+        rich_markup_mode=None,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+
+app = _new_app()
 
 DEFAULTS = DemoConfig(url="sqlite:///demo.db")
 URL_HELP = "Backend URL: sqlite:///path.db, postgresql://..., redis://..., mongodb://..."
@@ -58,7 +70,7 @@ def _root(
     """
 
 
-@app.command()
+@app.command(cls=Command)
 def demo(
     events: Annotated[int, typer.Option(
         min=10, max=1_000_000, help="Events to append.",
@@ -96,6 +108,10 @@ def demo(
     # The demo draws panels and tables, which fill the console's width: off a terminal
     # it keeps rich's default width (80, or $COLUMNS) rather than the never-wrapping
     # console of the other commands, whose panels would be 100,000 columns wide.
+    import tempfile
+
+    from .demo._run import run_demo
+
     console = Console(highlight=False)
     if db is not None and url is not None:
         console.print("[bold red]error:[/] give --db or --url, not both")
@@ -116,12 +132,33 @@ def demo(
 _inspect.register(app)
 _ops.register(app)
 # Kept in their own modules; registered here so that they are commands of this app.
-app.command("torture")(_torture)
-app.command("worker")(_worker)
-app.command("top")(_top)
+app.command("torture", cls=Command)(_torture)
+app.command("worker", cls=Command)(_worker)
+app.command("top", cls=Command)(_top)
 
 
 def main() -> None:
-    """Entry point of the ``rheo-flow`` script."""
-    app(prog_name="rheo-flow")
+    """Entry point of the ``rheo-flow`` script (see :func:`app_for`)."""
+    app_for(sys.argv[1:2])(prog_name="rheo-flow")
+
+
+def app_for(first: list[str]) -> typer.Typer:
+    """The app to run for arguments starting with ``first``: :data:`app` itself, or
+    when ``first`` names a command, an app of that command alone.
+
+    typer builds every command's click command before running one (about 20 ms for
+    all of them); the app of one command has the same callback and settings, so it
+    parses, helps and fails as :data:`app` does for that command. No argument, an
+    option or an unknown command runs :data:`app`.
+    """
+    for info in app.registered_commands:
+        callback = info.callback
+        name = info.name or (typer.main.get_command_name(callback.__name__) if callback
+                             else None)
+        if first == [name]:
+            one = _new_app()
+            one.registered_callback = app.registered_callback
+            one.registered_commands.append(info)
+            return one
+    return app
 

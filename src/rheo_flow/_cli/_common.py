@@ -11,12 +11,13 @@ import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from .._backends._urls import redact_url, scrub_secrets
 from .._model._errors import RheoError
+from ._table import print_lines, print_table
 
 __all__ = [
+    "NUMERIC",
     "URL_ENV",
     "GroupArg",
     "JsonOption",
@@ -130,18 +131,13 @@ def emit(out: Console, json: bool, title: str, columns: Iterable[str],
          ) -> None:
     """Print ``rows`` as JSON lines (``--json``) or as one table of ``cells(row)``."""
     if json:
-        for row in rows:
-            out.out(orjson.dumps(row).decode(), highlight=False)
+        print_lines(out, (orjson.dumps(row).decode() for row in rows))
         return
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, justify="right" if column in _NUMERIC else "left")
-    for row in rows:
-        table.add_row(*(escape(c) for c in cells(row)))
-    out.print(table)
+    print_table(out, title, tuple(columns), NUMERIC, [cells(row) for row in rows])
 
 
-_NUMERIC = frozenset({
+NUMERIC = frozenset({
     "partitions", "events", "retained", "partition", "sequence", "high water", "frontier",
     "lag", "attempts", "max attempts", "removed", "low water", "settled",
 })
+"""The columns tables right-justify."""

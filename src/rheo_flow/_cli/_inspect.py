@@ -10,20 +10,16 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console
-from rich.live import Live
 from rich.markup import escape
-from rich.table import Table
 
 from .._backends._urls import redact_url
-from .._model._event import Event
-from .._model._query import Query
-from .._rheo import Rheo
+from ._command import Command
 from ._common import (
+    NUMERIC,
     GroupArg,
     JsonOption,
     StreamArg,
@@ -33,6 +29,14 @@ from ._common import (
     existing,
     run,
 )
+from ._table import print_lines, print_table, rich_table
+
+if TYPE_CHECKING:  # the facade and rich's live display load when a command runs
+    from rich.console import Console
+    from rich.live import Live
+
+    from .._model._event import Event
+    from .._rheo import Rheo
 
 __all__ = ["register"]
 
@@ -45,6 +49,8 @@ def streams(url: UrlOption, json: JsonOption = False) -> None:
     out = console()
 
     async def go() -> list[Row]:
+        from .._rheo import Rheo
+
         rows = []
         async with Rheo(existing(url)) as rheo:
             for info, groups in await rheo.describe_streams():
@@ -68,6 +74,8 @@ def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
     out = console()
 
     async def go() -> list[Row]:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             high = await rheo.high_water(stream)
             frontiers = await rheo.frontiers(stream)
@@ -105,15 +113,12 @@ async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
     return rows
 
 
-def _lag_table(title: str, rows: list[Row]) -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column("group")
-    for column in ("partition", "high water", "frontier", "lag"):
-        table.add_column(column, justify="right")
-    for r in rows:
-        table.add_row(escape(r["group"]), str(r["partition"]), f"{r['high_water']:,}",
-                      f"{r['frontier']:,}", f"{r['lag']:,}")
-    return table
+_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag")
+
+
+def _lag_cells(rows: list[Row]) -> list[list[str]]:
+    return [[r["group"], str(r["partition"]), f"{r['high_water']:,}", f"{r['frontier']:,}",
+             f"{r['lag']:,}"] for r in rows]
 
 
 def lag(
@@ -141,6 +146,8 @@ def lag(
     readings = 1 if not watch else count
 
     async def go() -> None:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             live: Live | None = None
             done = 0
@@ -152,16 +159,20 @@ def lag(
                     done += 1
                     if json:
                         at = {"at_ms": int(time.time() * 1000)} if watch else {}
-                        for row in rows:
-                            out.out(orjson.dumps({**row, **at}).decode(), highlight=False)
+                        print_lines(out, (orjson.dumps({**row, **at}).decode()
+                                          for row in rows))
                     elif watch and out.is_terminal:
                         if live is None:
+                            from rich.live import Live
+
                             live = Live(console=out, auto_refresh=False)
                             live.start()
-                        live.update(_lag_table(f"{title}  ({_time(None)})", rows),
+                        live.update(rich_table(f"{title}  ({_time(None)})", _LAG_COLUMNS,
+                                               NUMERIC, ([escape(c) for c in cells]
+                                                         for cells in _lag_cells(rows))),
                                     refresh=True)
                     else:
-                        out.print(_lag_table(title, rows))
+                        print_table(out, title, _LAG_COLUMNS, NUMERIC, _lag_cells(rows))
             finally:
                 if live is not None:
                     live.stop()
@@ -180,6 +191,8 @@ def dead_letters(
     out = console()
 
     async def go() -> list[Row]:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             await rheo.group_info(stream, group)
             letters = await rheo.dead_letters(stream, group, limit=limit)
@@ -219,6 +232,8 @@ def tail(
     show = _event_printer(out, json)
 
     async def go() -> None:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             info = await rheo.stream_info(stream)
             if group is not None:
@@ -252,6 +267,8 @@ def tail(
 async def _read(rheo: Rheo, stream: str, starts: dict[int, int], limit: int | None
                 ) -> list[Event]:
     """Up to ``limit`` events per partition from its start sequence (``None``: all)."""
+    from .._model._query import Query
+
     events: list[Event] = []
     for p, start in starts.items():
         query = Query(stream=stream, partitions=[p], from_sequence=start)
@@ -291,8 +308,8 @@ def _time(ms: int | None) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add the read-only commands to ``app``."""
-    app.command()(streams)
-    app.command()(groups)
-    app.command()(lag)
-    app.command("dead-letters")(dead_letters)
-    app.command()(tail)
+    app.command(cls=Command)(streams)
+    app.command(cls=Command)(groups)
+    app.command(cls=Command)(lag)
+    app.command("dead-letters", cls=Command)(dead_letters)
+    app.command(cls=Command)(tail)

@@ -9,7 +9,7 @@ they refuse unless given ``--yes``). All but ``migrate`` open the store with
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
@@ -17,9 +17,8 @@ from rich.markup import escape
 
 from .._backends._urls import redact_url
 from .._model._errors import InvalidArgument
-from .._model._stream import DeadLetter, StartPosition
-from .._model._validation import MAX_PARTITIONS
-from .._rheo import MAX_APPEND, Rheo
+from .._model._validation import MAX_APPEND, MAX_PARTITIONS
+from ._command import Command
 from ._common import (
     GroupArg,
     JsonOption,
@@ -33,6 +32,9 @@ from ._common import (
     existing,
     run,
 )
+
+if TYPE_CHECKING:
+    from .._model._stream import DeadLetter, StartPosition
 
 __all__ = ["register"]
 
@@ -85,6 +87,8 @@ def append(
 
     async def go() -> list[dict[str, Any]]:
         rows = []
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             if create:
                 await rheo.create_stream(stream, partitions=partitions)
@@ -123,6 +127,8 @@ def redrive(
     confirm(out, f"redrive {what} of {stream}/{group}", yes)
 
     async def go() -> int:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             await rheo.group_info(stream, group)
             if not wanted:
@@ -159,6 +165,8 @@ def replay(
     confirm(out, f"replay {stream}/{group} from sequence {from_sequence} ({where})", yes)
 
     async def go() -> None:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             await rheo.replay(stream, group, from_sequence=from_sequence,
                               partitions=partition or "all")
@@ -195,6 +203,8 @@ def reset(
     confirm(out, f"reset {stream}/{group} to {to} ({where})", yes)
 
     async def go() -> None:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             await rheo.reset(stream, group, to=position, partitions=partition or "all")
 
@@ -221,6 +231,8 @@ def trim(
     confirm(out, f"trim {stream} up to {bound}{' (forced)' if force else ''}", yes)
 
     async def go() -> dict[int, int]:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             return await rheo.trim(stream, up_to=up_to, force=force)
 
@@ -237,6 +249,8 @@ def delete_stream(url: UrlOption, stream: StreamArg, yes: YesOption = False,
     confirm(out, f"delete stream {stream} with all its events and groups", yes)
 
     async def go() -> None:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             await rheo.delete_stream(stream)
 
@@ -251,6 +265,8 @@ def delete_group(url: UrlOption, stream: StreamArg, group: GroupArg, yes: YesOpt
     confirm(out, f"delete group {group} of stream {stream}", yes)
 
     async def go() -> None:
+        from .._rheo import Rheo
+
         async with Rheo(existing(url)) as rheo:
             await rheo.delete_group(stream, group)
 
@@ -291,6 +307,8 @@ def migrate(
             target = in_url or schema or DEFAULT_SCHEMA
             version = await pg_migrate(url, target)
             return f"schema {target}: version {version} is in place"
+        from .._rheo import Rheo
+
         async with Rheo(url):
             pass
         return "schema is in place"
@@ -309,11 +327,11 @@ def _partitions_text(partitions: list[int] | None) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add the commands that change a store to ``app``."""
-    app.command()(append)
-    app.command()(redrive)
-    app.command()(replay)
-    app.command()(reset)
-    app.command()(trim)
-    app.command("delete-stream")(delete_stream)
-    app.command("delete-group")(delete_group)
-    app.command()(migrate)
+    app.command(cls=Command)(append)
+    app.command(cls=Command)(redrive)
+    app.command(cls=Command)(replay)
+    app.command(cls=Command)(reset)
+    app.command(cls=Command)(trim)
+    app.command("delete-stream", cls=Command)(delete_stream)
+    app.command("delete-group", cls=Command)(delete_group)
+    app.command(cls=Command)(migrate)

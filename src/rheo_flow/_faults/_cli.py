@@ -5,22 +5,22 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urlsplit
 
 import orjson
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from .._backends._urls import redact_url
 from .._cli._common import console as cli_console
 from .._model._errors import RheoError
-from ._catalog import scenarios
-from ._checker import Report
-from ._render import report_dict, report_table
-from ._runner import STREAM_PREFIX, run_torture, selected_scenarios
-from ._scenario import RunSettings, Scenario, Workload
+
+if TYPE_CHECKING:  # the scenarios, runner and checker load when the command runs
+    from rich.console import Console
+
+    from ._checker import Report
+    from ._scenario import RunSettings, Scenario, Workload
 
 __all__ = ["torture"]
 
@@ -34,6 +34,8 @@ EXIT_INCOMPLETE = 3
 
 
 def _scenario_help() -> str:
+    from ._catalog import scenarios
+
     return ", ".join(f"{s.name}{'' if s.default else ' (not by default)'}"
                      for s in scenarios().values())
 
@@ -82,6 +84,8 @@ def torture(
     duplicate append, stale settle accepted) or failed run, 3 when clean but some
     events were not settled within the time bound.
     """
+    from ._scenario import RunSettings
+
     console = cli_console()
     wanted = _workloads(workload)
     chosen, runs = _plan(console, url, scenario or (), wanted, seconds)
@@ -112,6 +116,8 @@ def _plan(console: Console, url: str, names: list[str] | tuple[()], wanted: list
           seconds: float) -> tuple[list[Scenario], int]:
     """The scenarios to run and how many runs they make; exits with status 2 when
     nothing applies or ``seconds`` is too short for them."""
+    from ._runner import selected_scenarios
+
     try:
         chosen = selected_scenarios(url, names)
     except RheoError as exc:
@@ -132,6 +138,9 @@ async def _run(console: Console, url: str, chosen: list[Scenario], settings: Run
                wanted: list[Workload], runs: int, keep_histories: Path | None, seconds: float,
                json_output: bool) -> list[Report]:
     """Every run, one after the other, each reported as it ends (a line, or JSON)."""
+    from ._render import report_dict
+    from ._runner import STREAM_PREFIX, run_torture
+
     if not json_output:
         console.print(f"torture on {escape(redact_url(url))}: {runs} runs within "
                       f"{seconds:.0f} s, streams {STREAM_PREFIX}<run id>-<scenario>-<workload>")
@@ -154,6 +163,8 @@ async def _run(console: Console, url: str, chosen: list[Scenario], settings: Run
 def _conclude(console: Console, url: str, reports: list[Report], json_output: bool) -> None:
     """The summary table (unless JSON), then the exit status when not every run was
     clean: 1 on a violation, 3 when something was left unsettled."""
+    from ._render import report_table
+
     if not json_output:
         console.print(report_table(reports, f"torture on {redact_url(url)}"))
     if not all(r.ok for r in reports):

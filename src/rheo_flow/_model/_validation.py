@@ -19,6 +19,8 @@ from ._errors import InvalidArgument
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 """A whole name (``fullmatch``: ``$`` would let a final newline through)."""
 MAX_PARTITIONS = 4096
+MAX_APPEND = 100_000
+"""The most events one append takes."""
 MAX_REASON = 2000
 MAX_ERROR = 1000
 """The longest last-error text a nack or reject records (see :func:`error_text`)."""

@@ -653,6 +653,24 @@ async def test_migrate_false_opens_existing_databases_only(tmp_path: Path) -> No
         SQLiteBackend.from_url(f"sqlite:///{ours}?migrate=maybe")
 
 
+async def test_migrate_false_takes_no_write_lock_and_refuses_a_newer_schema(
+        tmp_path: Path) -> None:
+    ours = tmp_path / "ours.db"
+    async with Rheo(SQLiteBackend(ours)) as rheo:
+        await rheo.create_stream("s")
+    writer = sqlite3.connect(ours, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # a writer mid-transaction
+        async with Rheo(SQLiteBackend(ours, migrate=False, busy_timeout_ms=100)) as rheo:
+            assert await rheo.streams() == ["s"]
+        writer.execute("PRAGMA user_version = 99")
+        writer.execute("COMMIT")
+    finally:
+        writer.close()
+    with pytest.raises(BackendError, match="schema version 99, newer"):
+        await SQLiteBackend(ours, migrate=False).open()
+
+
 def test_the_statements_name_the_blocked_marker_of_the_code() -> None:
     # statements.sql names the marker once (its piece "blocked") and splices it in as
     # the literal, so every statement that stores or finds blocked deliveries uses

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+import orjson
+
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._model._errors import UnknownGroup
 from ..._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
@@ -104,10 +106,14 @@ class GroupOps(PostgresCore):
             groups.setdefault(row["stream"], []).append(GroupInfo(
                 row["stream"], row["name"], row["max_attempts"], row["created_at_ms"],
                 ORDERINGS[row["ordering"]]))
-        return [(StreamInfo(row["name"], row["partitions"], row["created_at_ms"],
-                            dict(zip(row["parts"], row["high_waters"], strict=True)),
-                            dict(zip(row["parts"], row["low_waters"], strict=True))),
-                 groups.get(row["name"], [])) for row in streams]
+        described = []
+        for row in streams:
+            waters = orjson.loads(row["waters"])  # [[part, high water, low water], ...]
+            described.append((StreamInfo(row["name"], row["partitions"], row["created_at_ms"],
+                                         {p: high for p, high, _ in waters},
+                                         {p: low for p, _, low in waters}),
+                              groups.get(row["name"], [])))
+        return described
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         meta = await self._stream(stream)

@@ -26,11 +26,14 @@ SELECT name FROM {s}.streams ORDER BY name COLLATE "C"
 
 -- Every stream with its partitions' waters, and then every group: what
 -- `rheo-flow streams` lists, in two statements however many streams there are.
+-- The waters come as one JSON text of [part, high water, low water] triples:
+-- asyncpg decodes integer arrays only after looking their types up, a query of
+-- its own (~15 ms for integer[] and bigint[]) on each new connection, which was
+-- most of a one-off listing's time in the database.
 -- name: describe_streams
 SELECT s.name, s.partitions, s.created_at_ms,
-       array_agg(p.part ORDER BY p.part) AS parts,
-       array_agg(p.high_water ORDER BY p.part) AS high_waters,
-       array_agg(p.low_water ORDER BY p.part) AS low_waters
+       json_agg(json_build_array(p.part, p.high_water, p.low_water) ORDER BY p.part)
+           AS waters
 FROM {s}.streams s JOIN {s}.partitions p ON p.stream_id = s.id
 GROUP BY s.id ORDER BY s.name COLLATE "C"
 

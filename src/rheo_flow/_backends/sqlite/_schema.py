@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Final
 
 from ..._model._errors import BackendError, BackendUnavailable
-from ..._support._call_retry import retrying_sync
+from ..._support._call_retry import retried_sync
 from . import _sql as sql
 from ._errors import is_locked
 
@@ -59,7 +59,8 @@ def connect(path: str, busy_timeout_ms: int, synchronous: str,
             # Persistent in the file; WAL lets readers run beside the one writer.
             _enable_wal(conn, busy_timeout_ms / 1000)
         conn.execute(sql.SET_SYNCHRONOUS.format(mode=synchronous))
-        _install(conn, path)
+        if migrate:  # else the version is the current one: nothing to install
+            _install(conn, path)
     except sqlite3.Error as exc:
         conn.close()
         raise BackendUnavailable(f"cannot open SQLite database {path!r}: {exc}") from exc
@@ -91,12 +92,19 @@ def _open_file(path: str, busy_timeout_ms: int, migrate: bool) -> sqlite3.Connec
 def _check_current(conn: sqlite3.Connection, path: str) -> None:
     """Refuse a file without the current schema (nothing may be created or migrated)."""
     version = conn.execute(sql.GET_VERSION).fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise _newer(path, version)
     if version < SCHEMA_VERSION:
         raise BackendError(
             f"SQLite database {path!r} has "
             + ("no rheo_flow schema" if version == 0 else f"schema version {version}")
             + f" (this rheo-flow needs {SCHEMA_VERSION}): run  rheo-flow migrate --url URL"
         )
+
+
+def _newer(path: str, version: int) -> BackendError:
+    return BackendError(f"SQLite database {path!r} has schema version {version}, newer "
+                        f"than this rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow")
 
 
 def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
@@ -106,10 +114,8 @@ def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
     SQLite's busy handler: two processes opening a new file at once get
     "database is locked" at once instead of waiting ``busy_timeout_ms``.
     """
-    for attempt in retrying_sync(when=is_locked, within_s=timeout_s,
-                                 first_wait_s=0.002, max_wait_s=0.05):
-        with attempt:
-            conn.execute(sql.SET_WAL)
+    retried_sync(lambda _: conn.execute(sql.SET_WAL), when=is_locked, within_s=timeout_s,
+                 first_wait_s=0.002, max_wait_s=0.05)
 
 
 def _install(conn: sqlite3.Connection, path: str) -> None:
@@ -121,10 +127,7 @@ def _install(conn: sqlite3.Connection, path: str) -> None:
     try:
         version = conn.execute(sql.GET_VERSION).fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise BackendError(
-                f"SQLite database {path!r} has schema version {version}, newer "
-                f"than this rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
-            )
+            raise _newer(path, version)
         if version == 0:
             for statement in sql.SCHEMA:
                 conn.execute(statement)

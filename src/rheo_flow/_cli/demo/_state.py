@@ -6,10 +6,12 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..._model._settle_results import SettleResult
-from ..._model._stream import DeadLetter
-from ._orders import Faults
+if TYPE_CHECKING:  # the app reads DemoConfig's defaults without loading the demo
+    from ..._model._settle_results import SettleResult
+    from ..._model._stream import DeadLetter
+    from ._orders import Faults
 
 __all__ = ["GROUPS", "MAX_ATTEMPTS", "STREAM", "DemoConfig", "DemoResult", "DemoState",
            "GroupStats"]

@@ -8,7 +8,6 @@ import typer
 from rich.markup import escape
 
 from ..._model._errors import MissingExtra
-from ..._rheo import Rheo
 from .._common import StreamArg, UrlOption, console, errors, existing, run
 
 __all__ = ["top"]
@@ -37,6 +36,8 @@ def top(
 
     async def check() -> None:
         # A missing store or stream is a one-line error here, not a crash of the app.
+        from ..._rheo import Rheo
+
         async with Rheo(target) as rheo:
             await rheo.stream_info(stream)
 

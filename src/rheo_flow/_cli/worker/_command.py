@@ -9,14 +9,15 @@ import sys
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..._backends._urls import redact_url, scrub_secrets
 from ..._model._errors import InvalidArgument, RheoError
-from ._run import WorkerConfig, load_target, run_worker
-from ._supervisor import supervise
+
+if TYPE_CHECKING:  # the runtimes load when the command runs
+    from ._run import WorkerConfig
 
 __all__ = ["worker"]
 
@@ -119,17 +120,20 @@ def worker(
     _configure_logging(level, log_format)
     if not url:
         raise _fail("no backend URL: pass --url or set RHEO_URL", 2)
-    config = WorkerConfig(
-        target=target, url=url, grace_seconds=grace_seconds, until_empty=until_empty,
-        health_file=health_file, health_port=health_port, health_host=health_host,
-        health_interval=health_interval,
-    )
+    from ._run import WorkerConfig  # the runtimes load only when a worker runs
+
+    config = WorkerConfig(target=target, url=url, grace_seconds=grace_seconds,
+                          until_empty=until_empty, health_file=health_file, health_port=health_port,
+                          health_host=health_host, health_interval=health_interval)
     raise typer.Exit(_run(config, processes, level, log_format))
 
 
 def _run(config: WorkerConfig, processes: int, level: str, log_format: LogFormat) -> int:
     """Load the target and run it (in ``processes`` child processes when more than one);
     the exit status, or :class:`typer.Exit` with 2 for bad usage, 1 for a failure."""
+    from ._run import load_target, run_worker
+    from ._supervisor import supervise
+
     url = config.url
     try:
         loaded = load_target(config.target)
