@@ -17,7 +17,7 @@ same. A typer whose parameters lack the attributes this uses (``type_descriptor`
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import typer.core
 
@@ -86,27 +86,26 @@ def _convert_plainly(params: list[Any]) -> None:
             param._runtime_param = _PlainConversion(param, kind)
 
 
-class Command(typer.core.TyperCommand):
+class _ConvertsPlainly:
+    """What :class:`Command` and :class:`Group` add to typer's classes (placed before
+    them): their parameters, and the help option click builds on demand, convert plain
+    values without pydantic."""
+
+    params: list[Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        cast(Any, super()).__init__(*args, **kwargs)
+        _convert_plainly(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = cast(Any, super()).get_help_option(ctx)
+        _convert_plainly([option] if option is not None else [])
+        return option
+
+
+class Command(_ConvertsPlainly, typer.core.TyperCommand):
     """A typer command converting plain values without pydantic (see the module)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _convert_plainly(self.params)
 
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        _convert_plainly([option] if option is not None else [])
-        return option
-
-
-class Group(typer.core.TyperGroup):
+class Group(_ConvertsPlainly, typer.core.TyperGroup):
     """The typer app's group converting plain values without pydantic (see the module)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _convert_plainly(self.params)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        _convert_plainly([option] if option is not None else [])
-        return option
