@@ -26,7 +26,6 @@ backend's next fetch of the stream resyncs instead.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -141,10 +140,8 @@ class WorkNotes(RedisCore):
     async def _note_calls(self, stream: str, calls: list[ScriptCall]) -> None:
         """Run the calls; when they fail, this backend's next fetches of the stream
         resync (the summary may miss what they would have noted)."""
-        ok = False
-        with contextlib.suppress(BackendError):
+        try:
             await self._eval(calls)
-            ok = True
-        if not ok:
+        except BackendError:
             for key in [key for key in self._swept if key[0] == stream]:
                 del self._swept[key]
