@@ -28,7 +28,7 @@ from .._shared import Waiters
 from .._urls import redact_url, url_flag
 from . import _catalog, _events, _progress, _settle
 from ._errors import classify_error
-from ._fetch import Fetcher
+from ._fetch import Fetcher, FreshRange, leases_of
 from ._schema import connect
 from ._writer import Writer
 
@@ -240,8 +240,8 @@ class SQLiteBackend(Backend):
         partitions: Sequence[int] | None,
     ) -> list[Lease]:
         ids = None if partitions is None else list(partitions)
-        return await self._write(self._fetcher.fetch, stream, group, consumer_id, limit,
-                                 lease_ms, ids)
+        return leases_of(await self._write(self._fetcher.fetch, stream, group, consumer_id,
+                                           limit, lease_ms, ids))
 
     one_call_ack_and_fetch = True
 
@@ -260,11 +260,12 @@ class SQLiteBackend(Backend):
         ids = None if partitions is None else list(partitions)
         clock, fetch, acked = self._clock, self._fetcher.fetch, list(acks)
 
-        def both(conn: sqlite3.Connection) -> tuple[list[SettleResult], list[Lease]]:
+        def both(conn: sqlite3.Connection) -> tuple[list[SettleResult], list[Lease] | FreshRange]:
             results = _settle.settle(conn, clock, acked, "ack", "", 0) if acked else []
             return results, fetch(conn, stream, group, consumer_id, limit, lease_ms, ids)
 
-        return await self._writer.run(True, both)
+        results, fetched = await self._writer.run(True, both)
+        return results, leases_of(fetched)
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._write(_settle.settle, self._clock, list(leases), "ack", "", 0)

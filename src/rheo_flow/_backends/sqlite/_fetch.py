@@ -25,18 +25,19 @@ from typing import Any
 
 from ..._backend import MAX_ATTEMPTS_REASON
 from ..._model._errors import BackendError
+from ..._model._event import decode_json, make_event_json
 from ..._model._lease import Lease, make_lease
 from ..._support._clock import Clock
 from .._shared import Rotation, round_robin
 from .._transitions import Settled, expire
 from . import _sql as sql
 from ._catalog import get_group
-from ._events import decode, load_events
+from ._events import load_events
 from ._fetch_keyed import KeyedFetch
 from ._progress import advance_frontier
 from ._ranges import RangeRow, new_token
 
-__all__ = ["Fetcher"]
+__all__ = ["Fetcher", "FreshRange", "leases_of"]
 
 Candidates = list[tuple[int, int, int]]
 """A partition's events to lease again, as (sequence, attempt, source), the soonest
@@ -67,6 +68,46 @@ class _Progress:
     """Per partition: its expired ranges with events in flight, by sequence."""
 
 
+class FreshRange:
+    """The stored rows of one new range, its leases not built yet.
+
+    The common fetch leases one new range. Building its events and leases is half
+    the Python of a fetch: done in the caller's thread, after the commit, it keeps
+    the backend thread (every caller's bottleneck) to SQL and lets it start the
+    next transaction meanwhile. Nothing is lost if the caller never builds them:
+    the range is stored, its leases expire.
+    """
+
+    __slots__ = ("consumer_id", "deadline", "first", "group", "part", "rows", "stream", "token")
+
+    def __init__(self, rows: list[tuple[Any, ...]], stream: str, group: str, consumer_id: str,
+                 part: int, first: int, token: str, deadline: int) -> None:
+        self.rows = rows
+        self.stream = stream
+        self.group = group
+        self.consumer_id = consumer_id
+        self.part = part
+        self.first = first
+        self.token = token
+        self.deadline = deadline
+
+    def leases(self) -> list[Lease]:
+        """The range's leases, in sequence order."""
+        stream, group, consumer_id, deadline = (self.stream, self.group, self.consumer_id,
+                                                self.deadline)
+        token, first, head = self.token, self.first, f"{self.part}-"
+        return [make_lease(f"{token}{seq - first:08x}", f"{head}{seq}-1", group, consumer_id,
+                           make_event_json(stream, part, seq, event_id, type_, data, key,
+                                           decode_json(headers) if headers else {}, appended),
+                           1, deadline)
+                for part, seq, event_id, type_, key, data, headers, appended in self.rows]
+
+
+def leases_of(fetched: list[Lease] | FreshRange) -> list[Lease]:
+    """The leases of a fetch's result."""
+    return fetched if fetched.__class__ is list else fetched.leases()  # type: ignore[union-attr]
+
+
 class Fetcher:
     """The fetch of one backend object.
 
@@ -90,8 +131,10 @@ class Fetcher:
         limit: int,
         lease_ms: int,
         partitions: list[int] | None,
-    ) -> list[Lease]:
-        """Lease up to ``limit`` deliveries of ``partitions`` (``None``: all) for ``lease_ms``."""
+    ) -> list[Lease] | FreshRange:
+        """Lease up to ``limit`` deliveries of ``partitions`` (``None``: all) for ``lease_ms``;
+        one new range comes back as its rows, for :func:`leases_of` to build outside the
+        transaction."""
         now = self._clock()
         progress = _read_progress(conn, stream, group, now)
         if progress is None:
@@ -311,7 +354,7 @@ class _Batch:
                              [(last, group_id, part) for part, _, last, _ in self.fresh])
 
     def leases(self, conn: sqlite3.Connection, stream: str, group: str, consumer_id: str,
-               path: str) -> list[Lease]:
+               path: str) -> list[Lease] | FreshRange:
         """The stored leases with their events, in the order picked."""
         if not self.again and not self.relet and len(self.fresh) == 1:
             return self._fresh_leases(conn, stream, group, consumer_id, path)
@@ -349,17 +392,15 @@ class _Batch:
         return [made[self._position(i, depth)] for i, depth in self.order]
 
     def _fresh_leases(self, conn: sqlite3.Connection, stream: str, group: str,
-                      consumer_id: str, path: str) -> list[Lease]:
-        """The leases of one new range (the common fetch), built as the events are read."""
+                      consumer_id: str, path: str) -> FreshRange:
+        """The rows of one new range (the common fetch), its leases still to build."""
         part, first, last, token = self.fresh[0]
-        events = decode(stream, conn.execute(
-            sql.EVENTS_BETWEEN, (self.progress.stream_id, part, first, last)).fetchall())
-        if len(events) != last - first + 1:  # events up to the high water are never removed
+        rows = conn.execute(
+            sql.EVENTS_BETWEEN, (self.progress.stream_id, part, first, last)).fetchall()
+        if len(rows) != last - first + 1:  # events up to the high water are never removed
             raise BackendError(f"SQLite database {path!r}: events {first}..{last} of "
                                f"partition {part} of stream {stream!r} are missing")
-        head, deadline = f"{part}-", self.deadline
-        return [make_lease(f"{token}{event.sequence - first:08x}", f"{head}{event.sequence}-1",
-                           group, consumer_id, event, 1, deadline) for event in events]
+        return FreshRange(rows, stream, group, consumer_id, part, first, token, self.deadline)
 
     def _position(self, i: int, depth: int) -> tuple[int, int]:
         """The (partition, sequence) of the candidate at ``depth`` of partition ``ids[i]``."""
