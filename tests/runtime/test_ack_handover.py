@@ -127,6 +127,51 @@ async def test_a_failed_combined_call_acks_alone_and_fetches_again(
     assert sum((await db.frontier("orders", "billing")).values()) == 20
 
 
+class StalledReplyBackend(FlakyBackend):
+    """A backend whose combined call lands its acks, then waits for ``reply`` before it
+    returns (a reply still on its way back when the caller stops waiting)."""
+
+    one_call_ack_and_fetch = True
+
+    def __init__(self, *, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.landed = asyncio.Event()
+        self.reply = asyncio.Event()
+
+    async def ack_and_fetch(self, acks: Sequence[Lease], stream: str, group: str,
+                            consumer_id: str, limit: int, lease_ms: int,
+                            partitions: Sequence[int] | None
+                            ) -> tuple[list[SettleResult], list[Lease]]:
+        found = await super().ack_and_fetch(acks, stream, group, consumer_id, limit, lease_ms,
+                                            partitions)
+        self.landed.set()
+        await self.reply.wait()
+        return found
+
+
+async def test_acks_of_a_combined_call_cancelled_under_way_are_settled_and_released(
+        clock: ManualClock) -> None:
+    backend = StalledReplyBackend(clock=clock)
+    async with Rheo(backend) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.append("orders", [NewEvent("order", {"n": i}) for i in range(30)])
+        producer = await Producer(rheo, "orders", "billing", max_demand=10).start()
+        first = await producer.demand(10)
+        waiting = await _waiting_for_room(producer)
+        acking = asyncio.create_task(producer.ack(first))
+        await asyncio.wait_for(backend.landed.wait(), 5)
+        waiting.cancel()  # as a stopping runtime cancels its second fetch
+        backend.reply.set()
+        results = await asyncio.wait_for(acking, 5)
+        assert [r.lease_id for r in results] == [x.lease_id for x in first]
+        assert all(r.ok for r in results)
+        assert not {e.lease.lease_id for e in producer.inflight.entries()} & {
+            x.lease_id for x in first}
+        assert producer.stats().acked == 10
+        await producer.stop()
+        assert sum((await rheo.frontier("orders", "billing")).values()) == 10
+
+
 class SlowFetchBackend(FlakyBackend):
     """A backend whose ack_and_fetch is one call, and whose fetches take a while (as
     a round trip to a server does), recording the acks each combined call carried."""

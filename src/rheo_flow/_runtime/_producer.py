@@ -404,6 +404,14 @@ class Producer(Runtime):
                 results, leases = await ack_then_fetch(
                     self._rheo, acks, self._stream, self._group, self._consumer_id,
                     limit, self._lease_ms, self._partitions)
+        except asyncio.CancelledError:
+            # Cancelled with the call under way (a runtime stopping its second fetch):
+            # the acks may have landed. Ack them again in a task the stop waits for (an
+            # ack repeats as an ack), so they are released and counted, not left
+            # inflight to expire; what the call fetched expires.
+            self._reserved -= limit
+            self._send_alone(acks, done)
+            raise
         except Exception:
             # The acks may not have taken effect: ack them alone (an ack repeats as an
             # ack); the fetch is made again on its own, with its own error handling.
