@@ -25,10 +25,12 @@ from ..._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
 from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from .._shared import Waiters
+from .._transitions import Op
 from .._urls import redact_url, url_flag
 from . import _catalog, _events, _progress, _settle
 from ._errors import classify_error
 from ._fetch import Fetcher, FreshRange, leases_of
+from ._issued import Issued
 from ._schema import connect
 from ._writer import Writer
 
@@ -115,7 +117,8 @@ class SQLiteBackend(Backend):
         self._writer = Writer(
             functools.partial(connect, self._path, busy_timeout_ms, mode, bool(migrate)),
             self._path)
-        self._fetcher = Fetcher(self._clock, self._path)
+        self._issued = Issued()
+        self._fetcher = Fetcher(self._clock, self._path, self._issued)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SQLiteBackend:
@@ -259,29 +262,44 @@ class SQLiteBackend(Backend):
         fetch sees the acks)."""
         ids = None if partitions is None else list(partitions)
         clock, fetch, acked = self._clock, self._fetcher.fetch, list(acks)
+        vouched = self._issued.vouch(acked)
 
         def both(conn: sqlite3.Connection) -> tuple[list[SettleResult], list[Lease] | FreshRange]:
-            results = _settle.settle(conn, clock, acked, "ack", "", 0) if acked else []
+            results = (_settle.settle(conn, clock, acked, "ack", "", 0, None, vouched)
+                       if acked else [])
             return results, fetch(conn, stream, group, consumer_id, limit, lease_ms, ids)
 
-        results, fetched = await self._writer.run(True, both)
+        try:
+            results, fetched = await self._writer.run(True, both)
+        finally:
+            self._issued.forget(acked)
         return results, leases_of(fetched)
 
+    async def _settle(self, leases: Sequence[Lease], op: Op, reason: str,
+                      delay_ms: int, error: str | None) -> list[SettleResult]:
+        items = list(leases)
+        vouched = self._issued.vouch(items)
+        try:
+            return await self._write(_settle.settle, self._clock, items, op, reason, delay_ms,
+                                     error, vouched)
+        finally:
+            self._issued.forget(items)  # settled or not, a repeat takes the full checks
+
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
-        return await self._write(_settle.settle, self._clock, list(leases), "ack", "", 0)
+        return await self._settle(leases, "ack", "", 0, None)
 
     async def nack(self, leases: Sequence[Lease], reason: str, delay_ms: int,
                    error: str | None = None) -> list[SettleResult]:
-        return await self._write(_settle.settle, self._clock, list(leases), "nack", reason,
-                                 delay_ms, error)
+        return await self._settle(leases, "nack", reason, delay_ms, error)
 
     async def reject(self, leases: Sequence[Lease], reason: str,
                      error: str | None = None) -> list[SettleResult]:
-        return await self._write(_settle.settle, self._clock, list(leases), "reject", reason, 0,
-                                 error)
+        return await self._settle(leases, "reject", reason, 0, error)
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
-        return await self._write(_settle.renew, self._clock, list(leases), lease_ms)
+        items = list(leases)
+        return await self._write(_settle.renew, self._clock, items, lease_ms,
+                                 self._issued.vouch(items))
 
     # Progress ----------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from . import _sql as sql
 from ._catalog import get_group
 from ._events import load_events
 from ._fetch_keyed import KeyedFetch
+from ._issued import Issued
 from ._progress import advance_frontier
 from ._ranges import RangeRow, new_token
 
@@ -69,7 +70,8 @@ class _Progress:
 
 
 class FreshRange:
-    """The stored rows of one new range, its leases not built yet.
+    """The stored rows of one new range, its leases not built yet (then registered
+    with ``issued``, which vouches for them when they settle).
 
     The common fetch leases one new range. Building its events and leases is half
     the Python of a fetch: done in the caller's thread, after the commit, it keeps
@@ -78,10 +80,11 @@ class FreshRange:
     the range is stored, its leases expire.
     """
 
-    __slots__ = ("consumer_id", "deadline", "first", "group", "part", "rows", "stream", "token")
+    __slots__ = ("consumer_id", "deadline", "first", "group", "issued", "part", "rows", "stream",
+                 "token")
 
     def __init__(self, rows: list[tuple[Any, ...]], stream: str, group: str, consumer_id: str,
-                 part: int, first: int, token: str, deadline: int) -> None:
+                 part: int, first: int, token: str, deadline: int, issued: Issued) -> None:
         self.rows = rows
         self.stream = stream
         self.group = group
@@ -90,17 +93,20 @@ class FreshRange:
         self.first = first
         self.token = token
         self.deadline = deadline
+        self.issued = issued
 
     def leases(self) -> list[Lease]:
         """The range's leases, in sequence order."""
         stream, group, consumer_id, deadline = (self.stream, self.group, self.consumer_id,
                                                 self.deadline)
         token, first, head = self.token, self.first, f"{self.part}-"
-        return [make_lease(f"{token}{seq - first:08x}", f"{head}{seq}-1", group, consumer_id,
-                           make_event_json(stream, part, seq, event_id, type_, data, key,
-                                           decode_json(headers) if headers else {}, appended),
-                           1, deadline)
-                for part, seq, event_id, type_, key, data, headers, appended in self.rows]
+        leases = [make_lease(f"{token}{seq - first:08x}", f"{head}{seq}-1", group, consumer_id,
+                             make_event_json(stream, part, seq, event_id, type_, data, key,
+                                             decode_json(headers) if headers else {}, appended),
+                             1, deadline)
+                  for part, seq, event_id, type_, key, data, headers, appended in self.rows]
+        self.issued.register(leases)
+        return leases
 
 
 def leases_of(fetched: list[Lease] | FreshRange) -> list[Lease]:
@@ -117,9 +123,10 @@ class Fetcher:
     that finds nothing then writes nothing.
     """
 
-    def __init__(self, clock: Clock, path: str) -> None:
+    def __init__(self, clock: Clock, path: str, issued: Issued) -> None:
         self._clock = clock
         self._path = path
+        self._issued = issued
         self._rotation: Rotation[int] = Rotation()
 
     def fetch(
@@ -155,7 +162,7 @@ class Fetcher:
             return []
         batch = _Batch(progress, ids, existing, expired, order, now + lease_ms)
         batch.write(conn, consumer_id)
-        return batch.leases(conn, stream, group, consumer_id, self._path)
+        return batch.leases(conn, stream, group, consumer_id, self._path, self._issued)
 
 
     def _with_work(self, progress: _Progress, partitions: list[int] | None) -> list[int]:
@@ -354,10 +361,10 @@ class _Batch:
                              [(last, group_id, part) for part, _, last, _ in self.fresh])
 
     def leases(self, conn: sqlite3.Connection, stream: str, group: str, consumer_id: str,
-               path: str) -> list[Lease] | FreshRange:
+               path: str, issued: Issued) -> list[Lease] | FreshRange:
         """The stored leases with their events, in the order picked."""
         if not self.again and not self.relet and len(self.fresh) == 1:
-            return self._fresh_leases(conn, stream, group, consumer_id, path)
+            return self._fresh_leases(conn, stream, group, consumer_id, path, issued)
         again: dict[int, list[int]] = {}
         for part, seq, *_ in self.again:
             again.setdefault(part, []).append(seq)
@@ -392,7 +399,7 @@ class _Batch:
         return [made[self._position(i, depth)] for i, depth in self.order]
 
     def _fresh_leases(self, conn: sqlite3.Connection, stream: str, group: str,
-                      consumer_id: str, path: str) -> FreshRange:
+                      consumer_id: str, path: str, issued: Issued) -> FreshRange:
         """The rows of one new range (the common fetch), its leases still to build."""
         part, first, last, token = self.fresh[0]
         rows = conn.execute(
@@ -400,7 +407,8 @@ class _Batch:
         if len(rows) != last - first + 1:  # events up to the high water are never removed
             raise BackendError(f"SQLite database {path!r}: events {first}..{last} of "
                                f"partition {part} of stream {stream!r} are missing")
-        return FreshRange(rows, stream, group, consumer_id, part, first, token, self.deadline)
+        return FreshRange(rows, stream, group, consumer_id, part, first, token, self.deadline,
+                          issued)
 
     def _position(self, i: int, depth: int) -> tuple[int, int]:
         """The (partition, sequence) of the candidate at ``depth`` of partition ``ids[i]``."""

@@ -72,10 +72,12 @@ class Split:
                 deadline, available, op, reason, rejected, self.error)
 
 
-def take(conn: sqlite3.Connection, leases: list[Lease],
-         split: Split) -> tuple[set[int], set[tuple[int, int]]]:
+def take(conn: sqlite3.Connection, leases: list[Lease], split: Split,
+         vouched: set[int]) -> tuple[set[int], set[tuple[int, int]]]:
     """Apply ``split`` to the leases whose range still holds their event in flight.
 
+    ``vouched``: the positions of leases built from their range by this backend
+    object (:mod:`._issued`), whose fields need no check against the range's.
     Returns the positions in ``leases`` that took effect, and the (group id,
     partition) pairs whose frontier may move. A lease named twice takes effect
     once; the other goes the delivery rows' way like every lease not taken.
@@ -106,7 +108,7 @@ def take(conn: sqlite3.Connection, leases: list[Lease],
         group_id, max_attempts = g
         for row in conn.execute(sql.RANGES_BY_TOKEN, (group_id, part, token)).fetchall():
             took = _take_range(conn, leases, positions, split, (*name, group_id, part), row,
-                               max_attempts, splits)
+                               max_attempts, splits, vouched)
             if took:
                 taken.update(took)
                 if split.op in ("ack", "reject") or (
@@ -130,7 +132,7 @@ def _unordered_group(conn: sqlite3.Connection, stream: str,
 
 def _take_range(conn: sqlite3.Connection, leases: list[Lease], positions: list[int],
                 split: Split, where: tuple[str, str, int, int], row: RangeRow,
-                max_attempts: int, splits: list[tuple[Any, ...]]) -> list[int]:
+                max_attempts: int, splits: list[tuple[Any, ...]], vouched: set[int]) -> list[int]:
     """The positions this range takes (marked, split off and stored), or none.
 
     ``where``: the range's stream, group, group id and partition.
@@ -146,7 +148,10 @@ def _take_range(conn: sqlite3.Connection, leases: list[Lease], positions: list[i
         lease = leases[i]
         event = lease.event
         seq = event.sequence
-        if (seq.__class__ is not int or not first <= seq <= last
+        if i in vouched:  # built from this token's range: only its bounds may have moved
+            if not first <= seq <= last:
+                continue
+        elif (seq.__class__ is not int or not first <= seq <= last
                 or lease.lease_id[_TOKEN_LENGTH:] != f"{seq - base:08x}"
                 or lease.receipt != f"{receipt_head}{seq}{receipt_tail}"
                 or event.partition != part or lease.group != group or event.stream != stream):

@@ -26,12 +26,17 @@ from ._ranges import Split, take
 
 __all__ = ["renew", "settle"]
 
+_NONE: set[int] = set()
+"""No lease vouched for (never mutated)."""
+
 
 def settle(conn: sqlite3.Connection, clock: Clock, leases: list[Lease], op: Op, reason: str,
-           delay_ms: int, error: str | None = None) -> list[SettleResult]:
-    """Ack, nack or reject ``leases``; one result per lease, in order."""
+           delay_ms: int, error: str | None = None,
+           vouched: set[int] = _NONE) -> list[SettleResult]:
+    """Ack, nack or reject ``leases``; one result per lease, in order. ``vouched``: the
+    positions of leases built by this backend object (:mod:`._issued`)."""
     now = clock()
-    taken, finished = take(conn, leases, Split(op, now, reason, delay_ms, error))
+    taken, finished = take(conn, leases, Split(op, now, reason, delay_ms, error), vouched)
     for group_id, part in sorted(finished):
         advance_frontier(conn, group_id, part)
     if len(taken) == len(leases):
@@ -100,11 +105,11 @@ def _settle_rows(
 
 
 def renew(conn: sqlite3.Connection, clock: Clock, leases: list[Lease],
-          lease_ms: int) -> list[SettleResult]:
+          lease_ms: int, vouched: set[int] = _NONE) -> list[SettleResult]:
     """Extend ``leases`` to ``lease_ms`` from now; one result per lease, in order."""
     now = clock()
     deadline = now + lease_ms
-    taken, _ = take(conn, leases, Split("renew", now, deadline_ms=deadline))
+    taken, _ = take(conn, leases, Split("renew", now, deadline_ms=deadline), vouched)
     if len(taken) == len(leases):
         return [SettleResult(lease.lease_id, None, False, deadline) for lease in leases]
     rest = [lease for i, lease in enumerate(leases) if i not in taken] if taken else leases
