@@ -209,3 +209,14 @@ async def test_an_append_dying_after_its_events_became_visible_left_them_noted(
                               partition=1)
         assert (await other.stream_info("s")).high_water[1] == 2  # visible
         assert _seqs(await other.fetch("s", "g", consumer_id="c", limit=10)) == [(1, 1), (1, 2)]
+
+
+async def test_opening_a_version_1_store_records_version_2(backends: Backends) -> None:
+    """An older rheo-flow's appends would not note the summaries: once a process of this
+    version opened the store, older ones refuse it."""
+    first = backends.make()
+    await first.open()
+    meta = first._db[f"{backends.prefix}meta"]
+    await meta.update_one({"_id": "schema"}, {"$set": {"v": 1}})
+    await backends.make().open()
+    assert (await meta.find_one({"_id": "schema"}))["v"] == 2

@@ -9,6 +9,10 @@ a race into a retry) and the counters follow with ``$max``, which keeps
 sequences gapless but makes a batch only as atomic as its retry: an interrupted
 append may leave a prefix of its batch stored, and repeating it with the same
 event ids completes it.
+
+Either way an append notes the partitions it appended to in the work summary of
+every group of the stream twice: before its sequences become visible (before the
+commit, or before the counters move) and after (see ``_summary`` for why both).
 """
 
 from __future__ import annotations

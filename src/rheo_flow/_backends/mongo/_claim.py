@@ -1,19 +1,23 @@
 """Fetching: claiming deliveries with fenced updates and inserts, without locks.
 
-A claim round reads the group's due deliveries (available, or leased with an
-expired lease) in one query on the index by ready time, ``now`` its bound, so
-neither the settled history nor the deliveries held or delayed are walked, and
-counts the sequences past each cursor that have no delivery yet from the high
-waters read once: a fetch sends the same few commands on one partition or 256
-(``_due`` says when it reads partition by partition). It then sends one unordered ``bulk_write``:
+A fetch reads its group without the per-partition entries, with its work summary
+(``_summary``: the partitions that may have events past the cursor), and the
+group's due deliveries (available, or leased with an expired lease) in one query
+on the index by ready time, ``now`` its bound, so neither the settled history nor
+the deliveries held or delayed are walked (``_due_first`` says when it reads
+partition by partition). The partitions with work are those two name: when there
+are none the fetch is over, two commands and two small replies whatever the
+partition count. Otherwise it reads the entries (cursor, frontier, epoch) of those
+partitions and the high waters of those the summary names, at once, and counts the
+sequences past each cursor that have no delivery yet. It then sends one unordered ``bulk_write``:
 a conditional update per existing delivery, filtered on exactly the state that
 was read, and an insert per new delivery, whose unique ``_id`` lets exactly one
 claimant win each sequence. Only the writes that matched are leases; a round
 that lost every claim to other consumers is tried again (``_CLAIM_ROUNDS``).
 Expired deliveries at ``max_attempts`` met on the way become dead letters in the
-same bulk write.
+same bulk write. The cursors' moves and the summary's clears follow in one ordered
+bulk write.
 """
-
 from __future__ import annotations
 
 import asyncio
