@@ -18,6 +18,7 @@ Expired deliveries at ``max_attempts`` met on the way become dead letters in the
 same bulk write. The cursors' moves and the summary's clears follow in one ordered
 bulk write.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -33,10 +33,11 @@ Who writes it:
   same right after inserting the group.
 
 Why no event is hidden. ``w.<p>`` only grows, except through a clear, and a clear
-only removes an entry that is at most the cursor at that moment: the epoch in the
-filter is unchanged, so no replay or reset moved the cursor back since the fetch
-read it, and the cursor's ``$max`` ran first, so the cursor is at least the value
-compared. Every append notes its last sequence before that sequence is visible:
+only removes an entry that is at most the cursor at that moment: the value
+compared is the cursor the fetch read or the one its ``$max`` (run first) raised it
+to, and the epoch in the filter is unchanged, so no replay or reset (the only
+writes that lower a cursor, each bumping the epoch) moved it back since. Every
+append notes its last sequence before that sequence is visible:
 if the note landed before the clear, the clear's ``$lte`` fails unless the cursor
 has passed that sequence already (the events are materialised); if it lands
 after, it writes the entry again. A race between an append and a fetch clearing
