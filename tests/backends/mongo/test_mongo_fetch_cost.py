@@ -1,11 +1,14 @@
 """What a fetch asks of the server, counted by a PyMongo command listener (issue 36).
 
-No wall-clock measure: the commands one fetch sends, and the documents the server
-returns to them, are the same on any server. A fetch on a stream of 256 partitions
-sends as many commands as on a stream of one, whether it finds nothing or fills its
-batch from one busy partition; and deliveries held by other consumers' leases or
-delayed by nacks are not read: the queries for due deliveries run on the indexes by
-ready time, bounded by the fetch's ``now``, and return none of them.
+No wall-clock measure: the commands one fetch sends, and the documents and bytes the
+server returns to them, are the same on any server. A fetch on a stream of 256
+partitions sends as many commands as on a stream of one, whether it finds nothing or
+fills its batch from one busy partition, and reads as much: the group's work summary
+names the partitions with new events, so neither the group's per-partition entries
+nor the high waters of the idle partitions are read; and deliveries held by other
+consumers' leases or delayed by nacks are not read: the queries for due deliveries
+run on the indexes by ready time, bounded by the fetch's ``now``, and return none of
+them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import bson
 from pymongo import AsyncMongoClient, monitoring
 
 from _mongo_backends import SLOW_SERVER_TIMEOUT_MS, Backends
@@ -32,6 +36,8 @@ class Sent:
     collection: Any
     command: dict[str, Any]
     returned: int = 0
+    reply_bytes: int = 0
+    """The size of the reply, as BSON."""
 
 
 @dataclass
@@ -50,9 +56,14 @@ class Commands(monitoring.CommandListener):
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         sent = self.sent.get(event.request_id)
-        cursor = event.reply.get("cursor") if sent is not None else None
-        if sent is not None and isinstance(cursor, dict):
+        if sent is None:
+            return
+        sent.reply_bytes = len(bson.encode(event.reply))
+        cursor = event.reply.get("cursor")
+        if isinstance(cursor, dict):
             sent.returned = len(cursor.get("firstBatch", ()))
+        elif isinstance(event.reply.get("value"), dict):  # findAndModify
+            sent.returned = 1
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
@@ -112,11 +123,50 @@ async def test_fetch_commands_do_not_grow_with_partitions(backends: Backends) ->
             got, busy_sent = await fetch_counted(rheo, commands, busy)
             assert got == 100
             shapes[count] = {"empty": shape(empty_sent), "busy": shape(busy_sent)}
-        # The same commands on 256 partitions as on one, and few of them: the group,
-        # the high waters, the due deliveries (then the claims, the cursor, the events).
+        # The same commands on 256 partitions as on one, and few of them: an empty fetch
+        # reads the group (without its per-partition entries) and the due deliveries;
+        # a busy one then reads the busy partition's entry and high water (at once),
+        # and sends the claims, the cursor and the read of the events.
         assert shapes[256] == shapes[1]
-        assert len(shapes[256]["empty"]) <= 3, shapes[256]["empty"]
-        assert len(shapes[256]["busy"]) <= 6, shapes[256]["busy"]
+        assert shapes[256]["empty"] == [("find", f"{backends.prefix}deliveries"),
+                                        ("find", f"{backends.prefix}groups")]
+        assert len(shapes[256]["busy"]) <= 7, shapes[256]["busy"]
+
+
+async def test_fetch_reads_do_not_grow_with_partitions(backends: Backends) -> None:
+    """What the replies hold, not only how many commands: an empty fetch of 256 partitions
+    reads one small group document and no delivery (the bytes of one partition's fetch,
+    give or take the names), and a fetch from one busy partition of 256 reads the entry
+    and high water of that partition only."""
+    async with counted(backends) as (rheo, commands):
+        read: dict[int, dict[str, list[Sent]]] = {}
+        for count in (1, 256):
+            empty, busy = f"empty{count:03d}", f"busy{count:03d}"
+            for stream in (empty, busy):
+                await rheo.create_stream(stream, partitions=count)
+                await rheo.create_group(stream, "g")
+            # Work elsewhere in the store changes nothing: another group's, another stream's.
+            await rheo.create_group(busy, "other")
+            await rheo.append(busy, [NewEvent("t", {"n": i}) for i in range(150)], partition=0)
+            for _ in range(2):  # the second empty fetch as the first
+                got, empty_sent = await fetch_counted(rheo, commands, empty)
+                assert got == 0
+            got, busy_sent = await fetch_counted(rheo, commands, busy)
+            assert got == 100
+            read[count] = {"empty": empty_sent, "busy": busy_sent}
+        for kind in ("empty", "busy"):
+            docs = {count: sum(s.returned for s in read[count][kind]) for count in read}
+            size = {count: sum(s.reply_bytes for s in read[count][kind]) for count in read}
+            assert docs[256] == docs[1], (kind, docs)
+            # Only the partition count (an int32 either way) and the ids differ.
+            assert abs(size[256] - size[1]) <= 16, (kind, size)
+        empty_reads = read[256]["empty"]
+        assert sum(s.returned for s in empty_reads) == 1  # the group, none of its entries
+        assert sum(s.reply_bytes for s in empty_reads) < 1_024, [
+            (s.name, s.collection, s.reply_bytes) for s in empty_reads]
+        partition_reads = [s for s in read[256]["busy"]
+                           if str(s.collection).endswith("partitions")]
+        assert [s.returned for s in partition_reads] == [1]  # partition 0's high water
 
 
 async def test_fetch_reads_no_held_or_delayed_delivery(backends: Backends) -> None:

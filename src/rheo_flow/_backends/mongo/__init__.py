@@ -13,7 +13,10 @@ schema version:
 * ``groups`` — one document per group holding, per partition, the *cursor*
   (highest sequence whose delivery document exists), the stored contiguous
   *frontier* and an *epoch* bumped by every operation that moves the group
-  back (replay, reset, redrive);
+  back (replay, reset, redrive); and its *work summary*, the partitions that may
+  have events past the cursor (``_summary``): appends note it, and a fetch reads
+  the group without its per-partition entries, then visits only the partitions
+  the summary names or that hold due deliveries;
 * ``deliveries`` — materialised deliveries, their ``_id`` their position
   (group, partition, sequence). They are created lazily when fetch leases a
   sequence past the cursor, so an event nobody fetched costs no document.
@@ -44,7 +47,8 @@ shared reads), ``_client`` (URLs, clients, the server's topology), ``_schema``
 (indexes, schema version), ``_documents`` (document layout), ``_errors`` (error
 classification), ``_streams``, ``_append``, ``_claim``, ``_claim_keyed``,
 ``_settle``, ``_frontier``, ``_progress``, ``_retention`` (the operations),
-``_keys`` (key-ordered groups' keys) and ``_watcher`` (change streams).
+``_keys`` (key-ordered groups' keys), ``_summary`` (the groups' work summaries)
+and ``_watcher`` (change streams).
 """
 
 from __future__ import annotations

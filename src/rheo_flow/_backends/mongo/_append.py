@@ -9,6 +9,10 @@ a race into a retry) and the counters follow with ``$max``, which keeps
 sequences gapless but makes a batch only as atomic as its retry: an interrupted
 append may leave a prefix of its batch stored, and repeating it with the same
 event ids completes it.
+
+Either way an append notes the partitions it appended to in the work summary of
+every group of the stream twice: before its sequences become visible (before the
+commit, or before the counters move) and after (see ``_summary`` for why both).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ._client import resolve
 from ._core import MongoCore
 from ._documents import event_document, event_of, partition_id
 from ._errors import is_duplicate, is_transient
+from ._summary import note
 
 __all__ = ["AppendOps"]
 
@@ -53,6 +58,8 @@ class AppendOps(MongoCore):
                     lambda session, again: self._store_in(session, again, stream, records))
             else:
                 events = await self._append_optimistic(stream, records)
+            # The second note, after the sequences became visible (see _summary).
+            await note(self._groups, stream, _tops(events))
         if records:
             self._waiters.wake(stream)
         return events
@@ -80,6 +87,17 @@ class AppendOps(MongoCore):
         fresh, counts = _plan(records, known)
         if not fresh:
             return _in_order(records, known)
+        events = await self._insert_in(session, again, stream, fresh, counts)
+        # The first note, before the commit makes the sequences visible (see _summary);
+        # outside the transaction, which writes no group document.
+        await note(self._groups, stream, _tops(events))
+        return _in_order(records, known | {e.id: e for e in events})
+
+    async def _insert_in(
+        self, session: Any, again: bool, stream: str, fresh: list[AppendRecord],
+        counts: Mapping[int, int],
+    ) -> list[Event]:
+        """Allocate the sequences of ``fresh`` and insert its events, in the transaction."""
         if again:
             # A counter behind the stored events (left by an append without
             # transactions that was interrupted) would collide for ever: catch it up.
@@ -88,7 +106,7 @@ class AppendOps(MongoCore):
         first = await self._allocate(stream, counts, session)
         docs = _documents(stream, fresh, first, self._clock())
         await self._events.insert_many(docs, ordered=True, session=session)
-        return _in_order(records, known | {d["id"]: event_of(d) for d in docs})
+        return [event_of(d) for d in docs]
 
     async def _allocate(
         self, stream: str, counts: Mapping[int, int], session: Any
@@ -131,9 +149,9 @@ class AppendOps(MongoCore):
         events = await retried(
             lambda attempt: self._insert_next(stream, records, exact=attempt > 1),
             when=_lost_race, within_s=_APPEND_BUDGET_S)
-        tops: dict[int, int] = {}
-        for event in events:
-            tops[event.partition] = max(tops.get(event.partition, 0), event.sequence)
+        tops = _tops(events)
+        # The first note, before the counters make the sequences visible (see _summary).
+        await note(self._groups, stream, tops)
         await self._raise_counters(stream, tops)
         return events
 
@@ -193,6 +211,14 @@ async def _transact(
             with contextlib.suppress(mongo_errors.PyMongoError):
                 await session.abort_transaction()
         raise
+
+
+def _tops(events: Sequence[Event]) -> dict[int, int]:
+    """The last sequence of each partition among ``events``."""
+    tops: dict[int, int] = {}
+    for event in events:
+        tops[event.partition] = max(tops.get(event.partition, 0), event.sequence)
+    return tops
 
 
 def _lost_race(exc: BaseException) -> bool:

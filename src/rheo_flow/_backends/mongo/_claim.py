@@ -1,17 +1,22 @@
 """Fetching: claiming deliveries with fenced updates and inserts, without locks.
 
-A claim round reads the group's due deliveries (available, or leased with an
-expired lease) in one query on the index by ready time, ``now`` its bound, so
-neither the settled history nor the deliveries held or delayed are walked, and
-counts the sequences past each cursor that have no delivery yet from the high
-waters read once: a fetch sends the same few commands on one partition or 256
-(``_due`` says when it reads partition by partition). It then sends one unordered ``bulk_write``:
+A fetch reads its group without the per-partition entries, with its work summary
+(``_summary``: the partitions that may have events past the cursor), and the
+group's due deliveries (available, or leased with an expired lease) in one query
+on the index by ready time, ``now`` its bound, so neither the settled history nor
+the deliveries held or delayed are walked (``_due_first`` says when it reads
+partition by partition). The partitions with work are those two name: when there
+are none the fetch is over, two commands and two small replies whatever the
+partition count. Otherwise it reads the entries (cursor, frontier, epoch) of those
+partitions and the high waters of those the summary names, at once, and counts the
+sequences past each cursor that have no delivery yet. It then sends one unordered ``bulk_write``:
 a conditional update per existing delivery, filtered on exactly the state that
 was read, and an insert per new delivery, whose unique ``_id`` lets exactly one
 claimant win each sequence. Only the writes that matched are leases; a round
 that lost every claim to other consumers is tried again (``_CLAIM_ROUNDS``).
 Expired deliveries at ``max_attempts`` met on the way become dead letters in the
-same bulk write.
+same bulk write. The cursors' moves and the summary's clears follow in one ordered
+bulk write.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from ._documents import Group, delivery_id, settled_update
 from ._errors import DUPLICATE_KEY
 from ._frontier import advance
 from ._schema import DUE_INDEX, GROUP_DUE_INDEX
+from ._summary import built, clears
 
-__all__ = ["FetchOps"]
+__all__ = ["FetchOps", "Visit"]
 
 _CLAIM_ROUNDS: Final = 3
 """Fetch retries (only while it has leased nothing) after losing every claim to others."""
@@ -84,8 +90,24 @@ class _AllLost(Exception):
     """A claim round leased nothing: other consumers won every claim."""
 
 
+@dataclass(frozen=True, slots=True)
+class Visit:
+    """What a claim round visits: the partitions with work, as the group has them now."""
+
+    g: Group
+    """The group, with the entries of (at least) the partitions visited."""
+    ids: list[int]
+    """The partitions with work, in the fetch's round-robin order."""
+    due: Due
+    """Their due deliveries."""
+    waters: dict[int, tuple[int, int]]
+    """Per partition visited, the (high, low) water; a partition the summary does not
+    name has no new events: its cursor stands for its high water."""
+    now: int
+
+
 class FetchOps(MongoCore):
-    """``fetch``: lease eligible deliveries, round-robin over the partitions."""
+    """``fetch``: lease eligible deliveries, round-robin over the partitions with work."""
 
     async def fetch(
         self,
@@ -97,18 +119,20 @@ class FetchOps(MongoCore):
         partitions: Sequence[int] | None,
     ) -> list[Lease]:
         await self._ready()
-        g = await self._group(stream, group)
-        ids = list(range(len(g.parts))) if partitions is None else list(partitions)
+        g = await self._summarised(stream, group)
+        ids = list(range(g.count)) if partitions is None else list(partitions)
         if not ids or limit <= 0:
             return []
         ids = self._rotation.order(g.id, ids)
-        waters = await self._waters(stream, ids)
 
         async def claim(attempt: int) -> list[Lease]:
             nonlocal g
             if attempt > 1:
-                g = await self._group(stream, group)
-            leases, lost = await self._claim(g, ids, consumer_id, limit, lease_ms, waters)
+                g = await self._summarised(stream, group)
+            visit = await self._visit(g, ids, self._clock(), limit)
+            if visit is None:
+                return []
+            leases, lost = await self._claim(visit, consumer_id, limit, lease_ms)
             if not leases and lost:
                 raise _AllLost
             return leases
@@ -119,27 +143,49 @@ class FetchOps(MongoCore):
         except _AllLost:
             return []
 
-    async def _claim(
-        self,
-        g: Group,
-        ids: list[int],
-        consumer_id: str,
-        limit: int,
-        lease_ms: int,
-        waters: dict[int, tuple[int, int]],
-    ) -> tuple[list[Lease], int]:
-        """One claim round: returns the leases won and how many claims were lost.
+    async def _summarised(self, stream: str, group: str) -> Group:
+        """The group without its per-partition entries, with its work summary (built here,
+        from the group read whole and every high water, when it has none: ``_summary``)."""
+        g = await self._group(stream, group, whole=False)
+        if g.work is not None:
+            return g
+        g = await self._group(stream, group)
+        return await built(self._groups, g, await self._highs(stream, range(g.count)))
 
-        ``waters`` holds the (high, low) water of each partition fetched from.
-        """
-        now = self._clock()
-        found = await self._find(g, ids, now, limit, {p: high for p, (high, _) in waters.items()})
+    async def _visit(self, g: Group, ids: list[int], now: int, limit: int) -> Visit | None:
+        """The partitions of ``ids`` with work (named by the summary, or holding due
+        deliveries), their entries, due deliveries and high waters; ``None`` when none
+        has any. Only what the visit needs is read."""
+        work = g.work or {}
+        first, due_parts = await self._due_first(g, ids, now, limit)
+        flagged = [p for p in ids if p in work]
+        wanted = set(flagged) | due_parts
+        visited = [p for p in ids if p in wanted]
+        if not visited:
+            return None
+        reads: list[Any] = [self._waters(g.stream, flagged)]
+        if any(p not in g.parts for p in visited):
+            reads.append(self._group_parts(g, visited))
+        read = await asyncio.gather(*reads)
+        waters: dict[int, tuple[int, int]] = read[0]
+        if len(read) > 1:
+            g = read[1]
+        due = await self._due(g, due_parts, now, limit, first)
+        for p in visited:
+            waters.setdefault(p, (g.parts[p]["c"], 0))
+        return Visit(g, visited, due, waters, now)
+
+    async def _claim(
+        self, visit: Visit, consumer_id: str, limit: int, lease_ms: int
+    ) -> tuple[list[Lease], int]:
+        """One claim round: returns the leases won and how many claims were lost."""
+        g, ids, now = visit.g, visit.ids, visit.now
+        found = _found(g, ids, visit.due, limit,
+                       {p: high for p, (high, _) in visit.waters.items()})
         deadline = now + lease_ms
         ops, wanted = _claim_writes(g, ids, found, limit, consumer_id, deadline)
-        if not ops:
-            return [], 0
-        winners = await self._write_claims(ops, wanted)
-        await self._pass_cursors(g, wanted)
+        winners = await self._write_claims(ops, wanted) if ops else []
+        await self._pass_cursors(g, wanted, ids)
         if found.expired:
             await advance(self._groups, self._deliveries, {(g.id, p) for p, _, _ in found.expired})
         lost = len(wanted) - len(winners)
@@ -147,48 +193,43 @@ class FetchOps(MongoCore):
             return [], lost
         return await self._leases(g, winners, consumer_id, deadline), lost
 
-    async def _find(
-        self, g: Group, ids: list[int], now: int, limit: int, highs: dict[int, int]
-    ) -> _Found:
-        due = await self._due(g, ids, now, limit)
-        ready: list[list[Doc]] = []
-        fresh: list[int] = []
-        expired: list[tuple[int, Doc, Settled]] = []
-        for p in ids:
-            eligible, doomed = due.get(p, ([], []))
-            ready.append(eligible)
-            expired.extend((p, d, settled) for d, settled in doomed)
-            fresh.append(max(0, min(limit - len(eligible), highs[p] - g.parts[p]["c"])))
-        return _Found(ready, fresh, expired)
+    async def _due_first(
+        self, g: Group, ids: list[int], now: int, limit: int
+    ) -> tuple[list[Doc] | None, set[int]]:
+        """The group's deliveries due at ``now`` in ``ids`` (all of them, or ``None`` when
+        there may be more than ``limit``), and the partitions holding them.
 
-    async def _due(self, g: Group, ids: list[int], now: int, limit: int) -> Due:
-        """Per partition of ``ids`` with deliveries due at ``now``: up to ``limit``
-        eligible ones (in sequence order) and the expired ones at ``max_attempts`` met.
-
-        One query reads the group's due deliveries, the soonest due first, on the index
-        by ready time (``now`` its bound): an idle partition costs nothing, and neither
-        does a held or delayed delivery. Only when it finds ``limit`` (more may wait in
-        partitions it did not reach) does one ``distinct`` list the partitions with due
-        deliveries, each then read on its own (:meth:`_candidates`), so that every one
-        gets its turns: the reads follow the partitions with due work.
+        One query reads them, the soonest due first, on the index by ready time (``now``
+        its bound): an idle partition costs nothing, and neither does a held or delayed
+        delivery. Only when it finds ``limit`` (more may wait in partitions it did not
+        reach) does one ``distinct`` list the partitions with due deliveries, each then
+        read on its own (:meth:`_candidates`), so that every one gets its turns.
         """
-        query: Doc = {"g": g.id, "r": {"$exists": True, "$lte": now}}
-        if len(ids) < len(g.parts):
-            query["p"] = ids[0] if len(ids) == 1 else {"$in": sorted(ids)}
+        query = _due_query(g, ids, now)
         docs = await self._deliveries.find(query, _DUE_FIELDS).hint(GROUP_DUE_INDEX).sort(
             "r", ASCENDING).limit(limit).to_list(None)
         if len(docs) < limit:  # every due delivery
+            return docs, {d["p"] for d in docs}
+        wanted = set(ids)
+        return None, {p for p in await self._deliveries.distinct("p", query) if p in wanted}
+
+    async def _due(
+        self, g: Group, parts: set[int], now: int, limit: int, first: list[Doc] | None
+    ) -> Due:
+        """Per partition of ``parts`` (with due deliveries at ``now``): up to ``limit``
+        eligible ones (in sequence order) and the expired ones at ``max_attempts`` met;
+        from ``first`` when it holds them all (:meth:`_due_first`)."""
+        if first is not None:
             due: Due = {}
-            for d in docs:
+            for d in first:
                 ready, doomed = due.setdefault(d["p"], ([], []))
                 _sort_out(g, [d], now, ready, doomed)
             for ready, _ in due.values():
                 ready.sort(key=lambda d: d["s"])
             return due
-        wanted = set(ids)
-        parts = sorted(p for p in await self._deliveries.distinct("p", query) if p in wanted)
-        found = await asyncio.gather(*(self._candidates(g, p, now, limit) for p in parts))
-        return dict(zip(parts, found, strict=True))
+        ordered = sorted(parts)
+        found = await asyncio.gather(*(self._candidates(g, p, now, limit) for p in ordered))
+        return dict(zip(ordered, found, strict=True))
 
     async def _candidates(
         self, g: Group, p: int, now: int, limit: int
@@ -244,8 +285,9 @@ class FetchOps(MongoCore):
         holders = {d["_id"]: d.get("lid") for d in docs}
         return {c.index for c in updates if holders.get(c.doc_id) != c.lease_id}
 
-    async def _pass_cursors(self, g: Group, wanted: list[_Claim]) -> None:
-        """Move the cursors past every sequence inserted here or found taken.
+    async def _pass_cursors(self, g: Group, wanted: list[_Claim], visited: list[int]) -> None:
+        """Move the cursors past every sequence inserted here or found taken, and clear
+        the summary's entries of ``visited`` that the cursors have passed.
 
         Unless the group moved meanwhile (its epoch changed): then the move decided
         the cursor.
@@ -254,16 +296,17 @@ class FetchOps(MongoCore):
         for c in wanted:
             if c.doc_id is None:
                 tops[c.partition] = max(tops.get(c.partition, 0), c.sequence)
-        await self._raise_cursors(g, tops)
+        await self._raise_cursors(g, tops, visited)
 
-    async def _raise_cursors(self, g: Group, tops: dict[int, int]) -> None:
-        """Raise the cursors to ``tops`` (per partition), in partitions the group did not move."""
-        if tops:
-            await self._groups.bulk_write([
-                UpdateOne({"_id": g.id, f"parts.{p}.e": g.parts[p]["e"]},
-                          {"$max": {f"parts.{p}.c": top}})
-                for p, top in tops.items()
-            ], ordered=False)
+    async def _raise_cursors(self, g: Group, tops: dict[int, int], visited: list[int]) -> None:
+        """Raise the cursors to ``tops`` (per partition), in partitions the group did not
+        move, then clear the entries of ``visited`` passed (``_summary.clears``)."""
+        ops = [UpdateOne({"_id": g.id, f"parts.{p}.e": g.parts[p]["e"]},
+                         {"$max": {f"parts.{p}.c": top}})
+               for p, top in tops.items()]
+        ops += clears(g, tops, visited)
+        if ops:  # in order: a clear compares the entry with the cursor just raised
+            await self._groups.bulk_write(ops, ordered=True)
 
     async def _leases(
         self, g: Group, winners: list[_Claim], consumer_id: str, deadline: int
@@ -281,6 +324,28 @@ class FetchOps(MongoCore):
             for c in winners
             if (c.partition, c.sequence) in events
         ]
+
+
+def _due_query(g: Group, ids: list[int], now: int) -> Doc:
+    """The group's deliveries due at ``now`` in ``ids`` (on the index by ready time)."""
+    query: Doc = {"g": g.id, "r": {"$exists": True, "$lte": now}}
+    if len(ids) < g.count:
+        query["p"] = ids[0] if len(ids) == 1 else {"$in": sorted(ids)}
+    return query
+
+
+def _found(g: Group, ids: list[int], due: Due, limit: int, highs: dict[int, int]) -> _Found:
+    """What a round found in ``ids``: the eligible deliveries, how many new sequences
+    past each cursor (up to its high water) to lease, the expired ones to dead-letter."""
+    ready: list[list[Doc]] = []
+    fresh: list[int] = []
+    expired: list[tuple[int, Doc, Settled]] = []
+    for p in ids:
+        eligible, doomed = due.get(p, ([], []))
+        ready.append(eligible)
+        expired.extend((p, d, settled) for d, settled in doomed)
+        fresh.append(max(0, min(limit - len(eligible), highs[p] - g.parts[p]["c"])))
+    return _Found(ready, fresh, expired)
 
 
 def _claim_writes(

@@ -37,7 +37,7 @@ from pymongo import errors as mongo_errors
 from ..._model._lease import Lease
 from .._shared import round_robin
 from .._transitions import Settled
-from ._claim import Doc, FetchOps, _Claim, _fenced, _leased
+from ._claim import Doc, FetchOps, Visit, _Claim, _fenced, _leased
 from ._documents import Group, delivery_id, settled_update
 from ._errors import DUPLICATE_KEY
 from ._frontier import advance
@@ -98,21 +98,16 @@ class KeyedFetchOps(FetchOps):
     """``fetch`` for every group: key-ordered ones here, the others as in :class:`FetchOps`."""
 
     async def _claim(
-        self,
-        g: Group,
-        ids: list[int],
-        consumer_id: str,
-        limit: int,
-        lease_ms: int,
-        waters: dict[int, tuple[int, int]],
+        self, visit: Visit, consumer_id: str, limit: int, lease_ms: int
     ) -> tuple[list[Lease], int]:
+        g = visit.g
         if not g.ordered:
-            return await super()._claim(g, ids, consumer_id, limit, lease_ms, waters)
-        now = self._clock()
-        due = await self._due(g, ids, now, limit)
+            return await super()._claim(visit, consumer_id, limit, lease_ms)
+        now, due, waters = visit.now, visit.due, visit.waters
         # Only the partitions with work: due deliveries, or events past the cursor.
-        ids = [p for p in ids if p in due or waters[p][0] > g.parts[p]["c"]]
+        ids = [p for p in visit.ids if p in due or waters[p][0] > g.parts[p]["c"]]
         if not ids:
+            await self._raise_cursors(g, {}, visit.ids)
             return [], 0
         # Each partition scans for its share of the batch (the first ones in fetch order
         # one more), so a small fetch reads past the cursor of only a few.
@@ -127,7 +122,7 @@ class KeyedFetchOps(FetchOps):
         deadline = now + lease_ms
         plan = _plan(g, parts, limit, consumer_id, deadline)
         won, tops, stored = await self._write_round(plan)
-        await self._raise_cursors(g, tops)
+        await self._raise_cursors(g, tops, visit.ids)
         expired = {(g.id, part.p) for part in parts if part.doomed}
         if expired:
             await advance(self._groups, self._deliveries, expired)

@@ -195,12 +195,24 @@ class MongoCore:
         waters = await self._waters(stream, partitions, session)
         return {p: high for p, (high, _) in waters.items()}
 
-    async def _group(self, stream: str, group: str) -> Group:
-        doc = await self._groups.find_one({"s": stream, "n": group})
+    async def _group(self, stream: str, group: str, *, whole: bool = True) -> Group:
+        """The group; without its per-partition entries unless ``whole`` (a fetch reads
+        those of the partitions it visits: :meth:`_group_parts`)."""
+        doc = await self._groups.find_one({"s": stream, "n": group},
+                                          None if whole else {"parts": 0})
         if doc is None:
             await self._stream_doc(stream)
             raise UnknownGroup(stream, group)
         return Group.of(doc)
+
+    async def _group_parts(self, g: Group, partitions: Sequence[int]) -> Group:
+        """``g`` read again with the entries of ``partitions`` (the range they span)."""
+        first, last = min(partitions), max(partitions)
+        doc = await self._groups.find_one(
+            {"_id": g.id}, {"parts": {"$slice": [first, last - first + 1]}})
+        if doc is None:
+            raise UnknownGroup(g.stream, g.name)
+        return Group.of(doc, first)
 
     async def _load_events(
         self, stream: str, positions: list[tuple[int, int]]

@@ -6,7 +6,9 @@ Field names are short (they are stored in every document):
   ``k`` key, ``d`` data (JSON text), ``h`` headers (JSON text, absent when
   empty), ``at`` appended at;
 * group: ``s`` stream, ``n`` name, ``ma`` max attempts, ``at`` created at,
-  ``o`` ordering (``"key"``; absent: ``"none"``), ``parts`` per partition;
+  ``o`` ordering (``"key"``; absent: ``"none"``), ``parts`` per partition,
+  ``np`` the partition count, ``w`` the work summary (partition, as text: the
+  sequence appended up to) and ``ws`` (1: the summary is kept; see ``_summary``);
 * delivery: ``g`` group id, ``p`` partition, ``s`` sequence, ``st`` state,
   ``a`` attempt, ``lid`` lease id, ``rc`` receipt, ``c`` consumer, ``dl``
   deadline, ``r`` ready at (only while available or leased), ``sb`` settled
@@ -92,23 +94,40 @@ def event_of(doc: Mapping[str, Any]) -> Event:
 
 @dataclass(slots=True)
 class Group:
-    """A group document as read: its id, settings and per-partition progress."""
+    """A group document as read: its id, settings, per-partition progress and work summary.
+
+    ``parts`` holds every partition of a group read whole, and only the partitions a
+    fetch visits of one read in part (``_claim``); ``count`` is the partition count.
+    """
 
     id: Any
     stream: str
     name: str
     max_attempts: int
     created_at_ms: int
-    parts: list[dict[str, int]]
+    parts: dict[int, dict[str, int]]
     """Per partition: ``c`` cursor, ``f`` frontier, ``e`` epoch."""
+    count: int
+    """How many partitions the group has."""
     ordering: str = "none"
     """``"key"``: a delivery of key K waits for every earlier one of K (docs/ordering.md)."""
+    work: dict[int, int] | None = None
+    """The work summary (``_summary``): the partitions that may have events past the
+    cursor, each with the sequence appended up to; ``None`` while the group has none
+    (written before summaries, or not built yet)."""
 
     @classmethod
-    def of(cls, doc: Mapping[str, Any]) -> Group:
-        """The group a group document stores (one written before orderings is unordered)."""
-        return cls(doc["_id"], doc["s"], doc["n"], doc["ma"], doc["at"], list(doc["parts"]),
-                   ordering_of(doc))
+    def of(cls, doc: Mapping[str, Any], first: int = 0) -> Group:
+        """The group a group document stores (one written before orderings is unordered).
+
+        ``first``: the partition of the first entry of ``parts`` (read in part).
+        """
+        listed = doc.get("parts", [])
+        count = doc.get("np", len(listed))
+        summary = doc.get("w") or {}
+        return cls(doc["_id"], doc["s"], doc["n"], doc["ma"], doc["at"],
+                   {first + i: part for i, part in enumerate(listed)}, count, ordering_of(doc),
+                   {int(p): top for p, top in summary.items()} if doc.get("ws") else None)
 
     @property
     def ordered(self) -> bool:

@@ -1,7 +1,9 @@
 """A group's progress: its frontiers, its dead letters, and the moves back (redrive, replay, reset).
 
 Every move back bumps the epoch of the partitions it touches, which fences the
-frontier and cursor advances computed before it.
+frontier and cursor advances (and the work summary's clears) computed before it;
+a replay or reset also notes the partitions it leaves with events past the cursor
+in the group's work summary (``_summary``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .._shared import start_position
 from ._core import MongoCore
 from ._documents import Group
 from ._schema import ACTIVE_INDEX, REJECTED_INDEX
+from ._summary import initial
 
 __all__ = ["ProgressOps"]
 
@@ -27,7 +30,7 @@ class ProgressOps(MongoCore):
     async def frontier(self, stream: str, group: str) -> dict[int, int]:
         await self._ready()
         g = await self._group(stream, group)
-        return {p: part["f"] for p, part in enumerate(g.parts)}
+        return {p: part["f"] for p, part in g.parts.items()}
 
     async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
         await self._ready()
@@ -104,7 +107,7 @@ class ProgressOps(MongoCore):
         starts = {p: max(from_sequence, low) for p, (_, low) in waters.items()}
         await self._move_back(
             g, {"$or": [{"p": p, "s": {"$gte": start}} for p, start in starts.items()]},
-            "$min", {p: start - 1 for p, start in starts.items()},
+            "$min", {p: start - 1 for p, start in starts.items()}, waters,
         )
 
     async def reset(
@@ -117,23 +120,31 @@ class ProgressOps(MongoCore):
         await self._move_back(
             g, {"p": {"$in": list(waters)}},
             "$set", {p: start_position(to, high, low) for p, (high, low) in waters.items()},
+            waters,
         )
 
     async def _move_back(
-        self, g: Group, dropped: dict[str, Any], operator: str, positions: dict[int, int]
+        self, g: Group, dropped: dict[str, Any], operator: str, positions: dict[int, int],
+        waters: dict[int, tuple[int, int]],
     ) -> None:
         """Drop the deliveries matching ``dropped``, then move cursors and frontiers.
 
         ``operator`` (``$min`` or ``$set``) applies ``positions`` to both the cursor
-        and the frontier of each partition, whose epoch is bumped. Deleting a
-        delivery fences its lease; it is materialised again, attempt 1.
+        and the frontier of each partition, whose epoch is bumped, and the work summary
+        notes the partitions left with events past the position (their high water in
+        ``waters``), in the same update. Deleting a delivery fences its lease; it is
+        materialised again, attempt 1.
         """
         await self._deliveries.delete_many({"g": g.id, **dropped})
-        await self._groups.update_one({"_id": g.id}, {
+        update: dict[str, Any] = {
             operator: {k: v for p, position in positions.items()
                        for k, v in ((f"parts.{p}.c", position), (f"parts.{p}.f", position))},
             "$inc": {f"parts.{p}.e": 1 for p in positions},
-        })
+        }
+        noted = initial(positions, {p: high for p, (high, _) in waters.items()})
+        if noted:
+            update["$max"] = {f"w.{p}": high for p, high in noted.items()}
+        await self._groups.update_one({"_id": g.id}, update)
 
     async def _moving(
         self, stream: str, group: str, partitions: Sequence[int]
@@ -159,7 +170,7 @@ def _dead_letters_at(
     """
     query: dict[str, Any] = {"g": g.id, "st": "rejected"}
     if positions is None:
-        return query, list(range(len(g.parts)))
+        return query, list(range(g.count))
     by_part: dict[int, set[int]] = {}
     for p, seq in positions:
         by_part.setdefault(p, set()).add(seq)

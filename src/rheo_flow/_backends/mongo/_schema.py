@@ -28,8 +28,13 @@ __all__ = [
     "create_indexes",
 ]
 
-SCHEMA_VERSION: Final = 1
-"""Stored in the ``meta`` collection; bump it (with a migration) on any layout change."""
+SCHEMA_VERSION: Final = 2
+"""Stored in the ``meta`` collection; bump it (with a migration) on any layout change.
+
+2: group documents carry a work summary (``np``, ``w``, ``ws``; see ``_summary``).
+A version 1 store needs no rewrite: a group without a summary is built by its next
+fetch. Opening one records version 2, so that an older rheo-flow, whose appends do
+not note the summary, refuses the store rather than hide events from fetches."""
 DEFAULT_PREFIX: Final = "rheo_"
 _PREFIX_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.\-]{0,64}$")
 
@@ -58,7 +63,8 @@ def check_prefix(prefix: object) -> None:
 
 
 async def check_schema(meta: Any, where: str) -> None:
-    """Record this version in a new store; refuse a store written by a newer rheo-flow.
+    """Record this version in a new store, raise an older store's to it (see
+    :data:`SCHEMA_VERSION`); refuse a store written by a newer rheo-flow.
 
     ``where`` names the collections in the error (prefix and database).
     """
@@ -74,6 +80,8 @@ async def check_schema(meta: Any, where: str) -> None:
             f"MongoDB collections {where} have schema version {version}, newer than this "
             f"rheo-flow supports ({SCHEMA_VERSION}): upgrade rheo-flow"
         )
+    if version < SCHEMA_VERSION:  # nothing to rewrite: summaries are built as groups fetch
+        await meta.update_one({"_id": "schema"}, {"$max": {"v": SCHEMA_VERSION}})
 
 
 def _index_specs(

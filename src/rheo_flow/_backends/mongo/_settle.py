@@ -214,7 +214,7 @@ class _Batch:
         wanted: dict[tuple[Any, int], set[int]] = {}
         for lease in leases:
             g = self._groups.get((lease.stream, lease.group))
-            if g is not None and 0 <= lease.partition < len(g.parts):
+            if g is not None and 0 <= lease.partition < g.count:
                 wanted.setdefault((g.id, lease.partition), set()).add(lease.sequence)
         if not wanted:
             return
@@ -248,7 +248,7 @@ class _Batch:
     def find(self, lease: Lease) -> tuple[Group, Doc] | SettleResult:
         """The group and delivery ``lease`` still holds, or why it holds none."""
         g = self._groups.get((lease.stream, lease.group))
-        if g is None or not 0 <= lease.partition < len(g.parts):
+        if g is None or not 0 <= lease.partition < g.count:
             return SettleResult.failure(
                 lease.lease_id, SettleKind.INVALID, "lease names no group of this backend"
             )

@@ -19,6 +19,7 @@ from ..._model._validation import ordering_mismatch
 from .._shared import query_window, start_position
 from ._core import MongoCore
 from ._documents import Group, event_of, ordering_of, partition_id
+from ._summary import built
 
 __all__ = ["StreamOps"]
 
@@ -95,7 +96,12 @@ class StreamOps(MongoCore):
         self, s: Mapping[str, Any], group: str, start: StartPosition, max_attempts: int | None,
         keyed: bool,
     ) -> tuple[dict[str, Any], bool]:
-        """Create the group: its document, and False when another creator made it first."""
+        """Create the group: its document, and False when another creator made it first.
+
+        Its work summary is completed after the insert, from high waters read then
+        (``_summary``): an append whose first note came before the document existed is
+        seen there, or its second note finds the document.
+        """
         waters = await self._waters(s["_id"], range(s["np"]))
         parts = []
         for p in range(s["np"]):
@@ -104,11 +110,14 @@ class StreamOps(MongoCore):
         doc = {
             "_id": ObjectId(), "s": s["_id"], "n": group,
             "ma": max_attempts or DEFAULT_MAX_ATTEMPTS, "at": self._clock(), "parts": parts,
+            "np": s["np"],
         }
         if keyed:
             doc["o"] = "key"  # absent: unordered, as every group written before orderings
         try:
             await self._groups.insert_one(doc)
+            highs = await self._highs(s["_id"], range(s["np"]))
+            await built(self._groups, Group.of(doc), highs)
             return doc, True
         except mongo_errors.DuplicateKeyError:
             existing: dict[str, Any] | None = await self._groups.find_one(
