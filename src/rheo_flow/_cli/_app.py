@@ -139,7 +139,8 @@ app.command("top", cls=Command)(_top)
 
 
 def main() -> None:
-    """Entry point of the ``rheo-flow`` script (see :func:`app_for`).
+    """Run the app for ``sys.argv`` (see :func:`app_for`); the script and ``python -m
+    rheo_flow`` come here through :func:`rheo_flow.__main__.main`.
 
     What the start-up built (modules, classes, functions: they live until the process
     ends) is moved out of the cyclic collector's way first (``gc.freeze``): otherwise
