@@ -4,7 +4,9 @@ A read-only command loads the facade and the one backend its URL names: not the
 other commands' modules (demo, top, torture, worker), not the runtimes, not the
 other backends' drivers, not pydantic (through typer's conversions), not
 Textual, Hypothesis, DuckDB or OpenTelemetry (the facade loads it with the first
-append, fetch or settle). Speed itself is measured
+append, fetch or settle). On Redis it loads redis-py and what redis-py's own import
+loads (redis-py 8 loads the OpenTelemetry SDK's metrics whenever the SDK is
+installed), and nothing more: not ``sqlite3``. Speed itself is measured
 in ``benchmarks/scale.py`` (the ``rheo-flow streams`` rows), not here.
 """
 
@@ -16,6 +18,8 @@ import io
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,8 +69,17 @@ def _run(*args: str) -> tuple[str, int, set[str]]:
     return done.stdout, report["code"], set(report["modules"])
 
 
-def _heavy(modules: set[str]) -> list[str]:
-    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+def _heavy(modules: set[str], *, but: tuple[str, ...] = ()) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".")
+                                            for h in HEAVY if h not in but))
+
+
+def _loaded_by(code: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after running ``code``."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+        capture_output=True, text=True, timeout=60, check=True)
+    return set(json.loads(done.stdout))
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +105,55 @@ def test_a_read_only_command_loads_only_what_it_needs(store: str, args: list[str
     assert code in (0, None)
     assert "rheo_flow._backends.sqlite" in modules  # the command did run
     assert _heavy(modules) == []
+
+
+@pytest.fixture(scope="module")
+def redis_store(redis_url: str) -> Iterator[str]:
+    """A Redis store (a prefix of its own) of three streams, each with a group."""
+    from rheo_flow.backends import RedisBackend
+
+    prefix = f"startup_{uuid.uuid4().hex[:8]}"
+    url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}"
+
+    async def fill() -> None:
+        async with Rheo(url) as rheo:
+            for i in range(3):
+                await rheo.create_stream(f"s{i}", partitions=i + 1)
+                await rheo.create_group(f"s{i}", "g")
+
+    async def drop() -> None:
+        backend = RedisBackend.from_url(url)
+        try:
+            await backend.drop_all()
+        finally:
+            await backend.close()
+
+    asyncio.run(fill())
+    yield url
+    asyncio.run(drop())
+
+
+@pytest.mark.parametrize("args", [["streams"], ["streams", "--json"], ["groups", "s1"]])
+def test_a_read_only_command_on_redis_loads_only_redis_py_beyond_what_it_needs(
+        redis_store: str, args: list[str]) -> None:
+    out, code, modules = _run(*args, "--url", redis_store)
+    assert code in (0, None)
+    assert "s1" in out
+    assert "rheo_flow._backends.redis" in modules  # the command did run
+    driver = _loaded_by("import redis.asyncio")
+    assert _heavy(modules - driver, but=("redis", "rheo_flow._backends.redis")) == []
+    assert "sqlite3" not in modules
+
+
+def test_the_entry_point_runs_the_command_with_the_collector_on() -> None:
+    # It loads the app with the cyclic collector paused and freezes what that built.
+    code = ("import gc, sys\nfrom rheo_flow.__main__ import main\n"
+            "sys.argv = ['rheo-flow', '--version']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(gc.isenabled(), gc.get_freeze_count() > 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.splitlines() == [f"rheo-flow {rheo_flow.__version__}", "True True"]
 
 
 def test_streams_prints_the_table_rich_would(store: str) -> None:

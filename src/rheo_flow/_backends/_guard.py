@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import sqlite3
+import sys
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Final, Protocol, TypeVar
@@ -69,12 +69,22 @@ _UNBOUNDED: Final = frozenset({"wait_for_append"})
 
 _SENT: ContextVar[bool] = ContextVar("rheo_flow_backend_request_sent", default=True)
 
-_SECRET_FREE: Final = (sqlite3.Error, UnicodeError)
-"""Exceptions kept as causes as they are: SQLite's name a local file and hold no
-credentials; an encoding error holds the caller's own text (so does an encoder's
-``TypeError``, see ``refused_text``)."""
 _MAX_CHAIN: Final = 16
 """The most links of a driver exception's chain a masked cause copies."""
+
+
+def _secret_free(exc: BaseException) -> bool:
+    """Whether ``exc`` is kept as a cause as it is: SQLite's errors name a local file and
+    hold no credentials; an encoding error holds the caller's own text (so does an
+    encoder's ``TypeError``, see ``refused_text``).
+
+    ``sqlite3`` is looked up, not imported: an error of it exists only once the SQLite
+    backend loaded it, and the other backends do not pay for loading it.
+    """
+    if isinstance(exc, UnicodeError):
+        return True
+    sqlite3 = sys.modules.get("sqlite3")
+    return sqlite3 is not None and isinstance(exc, sqlite3.Error)
 
 
 class MaskedDriverError(Exception):
@@ -98,7 +108,7 @@ def masked_cause(exc: BaseException, scrub: Callable[[str], str]) -> BaseExcepti
     with ``scrub`` (the backend's masking, then the generic one) applied to each link."""
 
     def copy(link: BaseException, depth: int) -> BaseException:
-        if isinstance(link, _SECRET_FREE) or refused_text(link):
+        if _secret_free(link) or refused_text(link):
             return link
         kind = type(link)
         name = f"{kind.__module__}.{kind.__qualname__}"

@@ -33,8 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Sequence
-from importlib.resources import files
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 from ..._model._errors import BackendError, OutcomeUnknown
@@ -65,17 +64,52 @@ _NAMES: Final = (
 _ON_NODE: Final = frozenset({"work"})
 """The scripts a cluster may send straight to a node (:meth:`ScriptRunner._run_on_node`):
 those that may run twice (``work.lua``: a plan, a note, a summary write)."""
-_LUA: Final = files(__name__.rpartition(".")[0]).joinpath("lua")
 
 
 def _source(name: str) -> str:
+    from importlib.resources import files
+
+    lua = files(__name__.rpartition(".")[0]).joinpath("lua")
     parts = (*_PRELUDES.get(name, ("common",)), name)
-    return "".join(_LUA.joinpath(f"{part}.lua").read_text(encoding="utf-8") for part in parts)
+    return "".join(lua.joinpath(f"{part}.lua").read_text(encoding="utf-8") for part in parts)
 
 
-SCRIPTS: Final[dict[str, str]] = {name: _source(name) for name in _NAMES}
+class _Sources(Mapping[str, str]):
+    """Script name -> Lua source, each read from ``lua/`` when first asked for: a process
+    that runs a few scripts (``rheo-flow streams`` runs one) reads only those."""
+
+    __slots__ = ("_read",)
+
+    def __init__(self) -> None:
+        self._read: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> str:
+        text = self._read.get(name)
+        if text is None:
+            if name not in _NAMES:
+                raise KeyError(name)
+            text = self._read[name] = _source(name)
+        return text
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+
+class _Digests(dict[str, str]):
+    """Script name -> SHA-1 of its source (what ``EVALSHA`` names), computed when first
+    asked for; a plain dict lookup after that."""
+
+    def __missing__(self, name: str) -> str:
+        sha = self[name] = hashlib.sha1(SCRIPTS[name].encode()).hexdigest()
+        return sha
+
+
+SCRIPTS: Final[Mapping[str, str]] = _Sources()
 """Script name -> Lua source (each with the shared helpers prepended)."""
-_SHAS: Final = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in SCRIPTS.items()}
+_SHAS: Final = _Digests()
 
 ScriptCall: TypeAlias = tuple[str, Sequence[str], Sequence[Any]]
 """One script call: the script's name, its keys and its arguments."""
