@@ -194,3 +194,29 @@ async def test_fetch_reads_no_held_or_delayed_delivery(backends: Backends) -> No
         assert sum(s.returned for s in sent if s.name == "find"
                    and str(s.collection).endswith("deliveries")) == 10 + 4 * 10
         assert [s.name for s in sent].count("distinct") == 1
+
+
+async def test_describe_streams_sends_the_same_commands_for_one_stream_or_many(
+        backends: Backends) -> None:
+    """What ``rheo-flow streams`` lists: three queries (streams, waters, groups) whether
+    the store holds one stream or twenty, each with its groups."""
+    async with counted(backends) as (rheo, commands):
+        sent: dict[int, list[tuple[str, Any]]] = {}
+        names: list[str] = []
+        for count in (1, 20):
+            while len(names) < count:
+                names.append(f"listed-{len(names):02d}")
+                await rheo.create_stream(names[-1], partitions=4)
+                await rheo.create_group(names[-1], "g")
+            commands.clear()
+            commands.on = True
+            try:
+                described = await rheo.describe_streams()
+            finally:
+                commands.on = False
+            assert [info.name for info, _ in described] == names
+            sent[count] = shape(commands.clear())
+        assert sent[20] == sent[1]
+        assert sent[1] == [("find", f"{backends.prefix}groups"),
+                           ("find", f"{backends.prefix}partitions"),
+                           ("find", f"{backends.prefix}streams")]

@@ -67,6 +67,30 @@ class StreamOps(MongoCore):
         docs = await self._streams.find({}, {"_id": 1}).sort("_id", ASCENDING).to_list(None)
         return [d["_id"] for d in docs]
 
+    async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
+        """Every stream with its waters and groups in three queries, however many there
+        are (streams, their partitions' waters, groups without per-partition entries)."""
+        await self._ready()
+        streams = await self._streams.find({}).sort("_id", ASCENDING).to_list(None)
+        waters: dict[str, dict[int, tuple[int, int]]] = {}
+        async for doc in self._partitions.find({}, {"st": 1, "p": 1, "hw": 1, "lw": 1}):
+            waters.setdefault(doc["st"], {})[doc["p"]] = (doc["hw"], doc["lw"])
+        groups: dict[str, list[GroupInfo]] = {}
+        async for d in self._groups.find({}, {"parts": 0, "w": 0}).sort(
+                [("s", ASCENDING), ("n", ASCENDING)]):
+            groups.setdefault(d["s"], []).append(
+                GroupInfo(d["s"], d["n"], d["ma"], d["at"], ordering_of(d)))
+        out = []
+        for doc in streams:
+            name, count = doc["_id"], doc["np"]
+            # A partition without a document is empty (see _waters).
+            found = waters.get(name, {})
+            marks = {p: found.get(p, (0, 1)) for p in range(count)}
+            out.append((StreamInfo(name, count, doc["at"], {p: h for p, (h, _) in marks.items()},
+                                   {p: low for p, (_, low) in marks.items()}),
+                        groups.get(name, [])))
+        return out
+
     async def create_group(
         self, stream: str, group: str, start: StartPosition, max_attempts: int | None,
         *, ordering: str = "none",
