@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ._model._append_records import AppendRecord
 from ._model._capabilities import Capabilities
@@ -169,6 +169,26 @@ class Backend(ABC):
     @abstractmethod
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         """Extend leases to now + ``lease_ms``; results carry the new ``deadline_ms``."""
+
+    async def append_in_transaction(self, connection: Any, stream: str,
+                                    records: Sequence[AppendRecord]) -> list[Event]:
+        """:meth:`append` on the application's ``connection``, inside the transaction it
+        has open: the events become visible (to fetches, queries and wake-ups) when
+        that transaction commits, and leave no trace when it rolls back, partition
+        sequences included. An event id the stream holds returns the stored event
+        without aborting the caller's transaction. A connection to another database,
+        of a kind the backend does not take, or not in a transaction is an
+        :class:`~rheo_flow.InvalidArgument`. Declared by ``capabilities.in_transaction``.
+        """
+        raise Unsupported(self.name, "append_in_transaction")
+
+    async def ack_in_transaction(self, connection: Any, leases: Sequence[Lease]
+                                 ) -> list[SettleResult]:
+        """:meth:`ack` on the application's ``connection``, inside the transaction it has
+        open: the acks (and the frontier moves they cause) commit or roll back with it.
+        Declared by ``capabilities.in_transaction``; ``connection`` as for
+        :meth:`append_in_transaction`."""
+        raise Unsupported(self.name, "ack_in_transaction")
 
     max_event_bytes_ceiling: ClassVar[int | None] = None
     """The largest event data, as JSON in UTF-8 bytes, the engine can store when it is

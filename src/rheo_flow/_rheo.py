@@ -191,13 +191,22 @@ class Rheo:
         *,
         key: str | None = None,
         partition: int | None = None,
+        connection: Any = None,
     ) -> list[Event]:
         """Append one or many events atomically; returns the stored events in order.
 
         ``key`` and ``partition`` apply to every event that sets neither. An event
         whose id is already in the stream is returned as stored (no new sequence).
         Events may be :class:`NewEvent` objects or mappings with the same fields.
+
+        ``connection``: the application's own connection to the backend's database,
+        inside a transaction it opened (a backend declaring
+        ``capabilities.in_transaction``; docs/outbox.md). The events are then written
+        in that transaction: visible when it commits, gone without a trace when it
+        rolls back.
         """
+        if connection is not None:
+            self._check_in_transaction("append")
         count = await self._partition_count(stream)
         items = [events] if isinstance(events, NewEvent | Mapping) else list(events)
         if not items:
@@ -209,6 +218,8 @@ class Rheo:
             check_partition(partition, count)
         try:
             records = append_records(items, count, key, partition, self._max_event_bytes)
+            if connection is not None:
+                return await self._backend.append_in_transaction(connection, stream, records)
             return await _telemetry.send(self._backend, stream, records)
         except Exception as exc:
             # A lone surrogate in a type, id, key or header is left to the encoders
@@ -363,10 +374,29 @@ class Rheo:
                 telemetry.done(results)
         return results
 
-    async def ack(self, leases: Lease | Iterable[Lease]) -> list[SettleResult]:
-        """Acknowledge leases; one classified result per lease, in order."""
+    async def ack(self, leases: Lease | Iterable[Lease], *, connection: Any = None
+                  ) -> list[SettleResult]:
+        """Acknowledge leases; one classified result per lease, in order.
+
+        ``connection``: as for :meth:`append`, the acks (and the frontier moves they
+        cause) are written in the application's open transaction and commit or roll
+        back with it. Check the results before committing: a stale lease's ack did
+        not take effect, and only rolling back undoes the rest of that transaction.
+        """
         items = self._leases(leases)
-        return await self._settle_call("ack", items, lambda: self._backend.ack(items))
+        if connection is None:
+            return await self._settle_call("ack", items, lambda: self._backend.ack(items))
+        self._check_in_transaction("ack")
+        return await self._settle_call(
+            "ack", items, lambda: self._backend.ack_in_transaction(connection, items))
+
+    def _check_in_transaction(self, operation: str) -> None:
+        """Refuse ``connection=`` on a backend that cannot write in a caller's transaction."""
+        if not self._backend.capabilities.in_transaction:
+            raise InvalidArgument(
+                f"{operation}(connection=...) needs a backend that writes in the "
+                f"application's transaction; backend {self._backend.name!r} does not "
+                f"(capabilities.in_transaction is false)")
 
     async def nack(
         self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0,

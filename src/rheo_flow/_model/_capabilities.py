@@ -62,6 +62,12 @@ class Capabilities:
     (``DeadLetter.last_error``). :class:`~rheo_flow.Rheo` passes ``error`` only to a
     backend declaring this (False by default, so a backend whose ``nack`` and ``reject``
     predate the argument keeps working; its dead letters carry no last error)."""
+    in_transaction: bool = False
+    """``append`` and ``ack`` take ``connection=``: the application's own connection to
+    the backend's database, inside a transaction it opened. What they write commits or
+    rolls back with that transaction (docs/outbox.md). :class:`~rheo_flow.Rheo` calls
+    :meth:`~rheo_flow.Backend.append_in_transaction` and
+    :meth:`~rheo_flow.Backend.ack_in_transaction` only on a backend declaring this."""
 
     def __post_init__(self) -> None:
         for field in fields(self):
