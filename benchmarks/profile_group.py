@@ -11,7 +11,9 @@ soon as the last event is acked, so the graph shows the consume + ack hot path a
 nothing else. The ``Group`` is configured as in the suites: on Redis ``max_demand``
 500 and concurrency 10 (the ``redis`` suite), elsewhere ``max_demand`` 400,
 ``fetch_size`` 100 and concurrency 100 (the ``postgres`` and ``sqlite`` suites).
-Everything the worker created is removed when it ends.
+Everything the worker created is removed when it ends. ``RHEO_PYSPY_FORMAT=raw`` writes
+py-spy's collapsed stacks instead of an SVG (one line per stack and its sample count,
+for counting by function).
 """
 
 from __future__ import annotations
