@@ -96,16 +96,21 @@ class FreshRange:
         self.issued = issued
 
     def leases(self) -> list[Lease]:
-        """The range's leases, in sequence order."""
+        """The range's leases, in sequence order (registered with ``issued``)."""
         stream, group, consumer_id, deadline = (self.stream, self.group, self.consumer_id,
                                                 self.deadline)
         token, first, head = self.token, self.first, f"{self.part}-"
-        leases = [make_lease(f"{token}{seq - first:08x}", f"{head}{seq}-1", group, consumer_id,
-                             make_event_json(stream, part, seq, event_id, type_, data, key,
-                                             decode_json(headers) if headers else {}, appended),
-                             1, deadline)
-                  for part, seq, event_id, type_, key, data, headers, appended in self.rows]
-        self.issued.register(leases)
+        issued = self.issued.fields
+        leases: list[Lease] = []
+        made = leases.append
+        for part, seq, event_id, type_, key, data, headers, appended in self.rows:
+            lease_id, receipt = f"{token}{seq - first:08x}", f"{head}{seq}-1"
+            made(make_lease(lease_id, receipt, group, consumer_id,
+                            make_event_json(stream, part, seq, event_id, type_, data, key,
+                                            decode_json(headers) if headers else {}, appended),
+                            1, deadline))
+            issued[lease_id] = (receipt, group, stream, part, seq)
+        self.issued.trim()
         return leases
 
 
