@@ -242,6 +242,21 @@ async def test_an_idle_consumer_is_woken_at_the_commit_and_not_by_a_rollback(
     assert seen == [2]
 
 
+async def test_under_repeatable_read_a_racing_append_is_the_drivers_serialization_error(
+        rheo: Rheo, conn: asyncpg.Connection) -> None:
+    await rheo.create_stream("s")
+    tx = conn.transaction(isolation="repeatable_read")
+    await tx.start()
+    await conn.fetchval("SELECT 1")  # the transaction's snapshot
+    await rheo.append("s", NewEvent("t"))
+    with pytest.raises(asyncpg.SerializationError):
+        await rheo.append("s", NewEvent("t"), connection=conn)
+    await tx.rollback()
+    async with conn.transaction(isolation="repeatable_read"):  # retried: it goes through
+        [event] = await rheo.append("s", NewEvent("t"), connection=conn)
+    assert event.sequence == 2
+
+
 # Acking in the caller's transaction ----------------------------------------------
 
 
