@@ -381,14 +381,26 @@ class Rheo:
         ``connection``: as for :meth:`append`, the acks (and the frontier moves they
         cause) are written in the application's open transaction and commit or roll
         back with it. Check the results before committing: a stale lease's ack did
-        not take effect, and only rolling back undoes the rest of that transaction.
+        not take effect, and only rolling back undoes the rest of that transaction. A
+        connection the backend cannot write on raises :class:`InvalidArgument`.
         """
         items = self._leases(leases)
         if connection is None:
             return await self._settle_call("ack", items, lambda: self._backend.ack(items))
         self._check_in_transaction("ack")
-        return await self._settle_call(
-            "ack", items, lambda: self._backend.ack_in_transaction(connection, items))
+        refused: list[InvalidArgument] = []
+
+        async def ack_in_transaction() -> list[SettleResult]:
+            try:
+                return await self._backend.ack_in_transaction(connection, items)
+            except InvalidArgument as exc:  # the connection, not a lease: raised below
+                refused.append(exc)
+                raise
+
+        results = await self._settle_call("ack", items, ack_in_transaction)
+        if refused:
+            raise refused[0]
+        return results
 
     def _check_in_transaction(self, operation: str) -> None:
         """Refuse ``connection=`` on a backend that cannot write in a caller's transaction."""

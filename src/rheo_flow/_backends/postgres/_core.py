@@ -31,6 +31,7 @@ from ._config import (
 )
 from ._listener import Listener
 from ._migrations import ensure_schema
+from ._outbox import CallerConnections
 from ._pool import PoolCalls, connect_listener, create_pool, driver
 from ._sql import Statements
 
@@ -99,10 +100,11 @@ class PostgresCore(Backend):
         self._migrate = bool(migrate)
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=self._listen, skip_locked=True,
-            server_clock=True, key_ordering=True, last_error=True,
+            server_clock=True, key_ordering=True, last_error=True, in_transaction=True,
         )
         self._sql = Statements.for_schema(self._schema)
         self._channel = channel(self._schema)
+        self._callers = CallerConnections(self._schema, self._sql.database_identity)
         self._open_lock = asyncio.Lock()
         self._opened = False
         self._streams: dict[str, StreamMeta] = {}
@@ -119,9 +121,10 @@ class PostgresCore(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        """Durable, distributed, SKIP LOCKED claims, server clock, key-ordered groups;
-        LISTEN/NOTIFY wake-ups unless built with ``listen=False``, or through a pooler
-        without ``listen_url``."""
+        """Durable, distributed, SKIP LOCKED claims, server clock, key-ordered groups,
+        appends and acks in the application's transaction (asyncpg); LISTEN/NOTIFY
+        wake-ups unless built with ``listen=False``, or through a pooler without
+        ``listen_url``."""
         return self._capabilities
 
     @property
@@ -177,6 +180,11 @@ class PostgresCore(Backend):
                 except Exception as exc:
                     log.debug("closing the pool failed (%s); terminating it", exc)
                     pool.terminate()
+
+    async def _check_caller(self, conn: object, operation: str) -> None:
+        """Refuse an application's connection the backend cannot write on (see
+        :class:`~._outbox.CallerConnections`)."""
+        await self._callers.check(conn, operation, await self._ready())
 
     # Errors ------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..._model._errors import InvalidArgument, UnknownGroup
+from ..._model._errors import UnknownGroup
 from ..._model._event import decode_json, make_event_json
 from ..._model._lease import Lease, make_lease
 from ..._model._settle_results import SettleResult
@@ -146,22 +146,19 @@ class LeaseOps(PostgresCore):
             batch.apply(row["bad_idx"], row["bad_code"], row["bad_by"], None)
         return batch.finish(renew=False)
 
-    async def ack_in_transaction(self, conn: asyncpg.Connection, leases: Sequence[Lease]
+    async def ack_in_transaction(self, conn: Any, leases: Sequence[Lease]
                                  ) -> list[SettleResult]:
         """Ack ``leases`` on the caller's connection, inside its open transaction.
 
         The acks (and the frontier moves they cause) commit or roll back together
         with whatever else the caller wrote in that transaction: a sink writing
         rows and acking their leases at once has an exactly-once effect. ``conn``
-        must reach this backend's database. Row locks on the settled deliveries
+        must be an asyncpg connection (or pool proxy) reaching this backend's
+        database (:mod:`._outbox`). Row locks on the settled deliveries
         and their frontiers are held until the caller's transaction ends, so keep
         it short after this call. Results are as for :meth:`ack`.
         """
-        if not conn.is_in_transaction():
-            raise InvalidArgument(
-                "ack_in_transaction needs a connection inside a transaction "
-                "(async with conn.transaction(): ...)"
-            )
+        await self._check_caller(conn, "ack")
         return await self._settle(leases, "ack", "", 0, None, conn)
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:

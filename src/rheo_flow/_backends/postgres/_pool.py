@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from ..._model._errors import BackendUnavailable
@@ -19,7 +19,7 @@ from .._urls import require_driver, scrub_secrets, unreachable
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["PoolCalls", "connect", "connect_listener", "create_pool", "driver"]
+__all__ = ["Fetches", "PoolCalls", "connect", "connect_listener", "create_pool", "driver"]
 
 
 def driver() -> Any:
@@ -28,6 +28,13 @@ def driver() -> Any:
     import asyncpg
 
     return asyncpg
+
+
+class Fetches(Protocol):
+    """What runs one statement and returns its rows: :class:`PoolCalls`, or the caller's
+    connection in the outbox (:class:`~._outbox.Savepointed`)."""
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]: ...
 
 
 class PoolCalls:

@@ -22,7 +22,8 @@ from ..._model._stream import StreamInfo
 from ..._support._call_retry import retried
 from .._shared import query_window
 from ._core import PostgresCore, StreamMeta
-from ._pool import PoolCalls
+from ._outbox import Savepointed
+from ._pool import Fetches, PoolCalls
 from ._sql import BIGINT_MAX
 
 if TYPE_CHECKING:
@@ -107,7 +108,24 @@ class StreamOps(PostgresCore):
         if not records:
             return []
         _check_records(stream, meta, records)
-        pool = await self._ready()
+        return await self._append_records(await self._ready(), stream, meta, records)
+
+    async def append_in_transaction(self, connection: Any, stream: str,
+                                    records: Sequence[AppendRecord]) -> list[Event]:
+        """:meth:`append` on the application's asyncpg ``connection``, in its open
+        transaction: the same statement (its ``NOTIFY`` is delivered at that
+        transaction's commit, dropped at its rollback), under a savepoint so that ids
+        already stored leave the transaction usable (:mod:`._outbox`). The rows of
+        the partitions appended to stay locked until the transaction ends."""
+        meta = await self._stream(stream)
+        await self._check_caller(connection, "append")
+        if not records:
+            return []
+        _check_records(stream, meta, records)
+        return await self._append_records(Savepointed(connection), stream, meta, records)
+
+    async def _append_records(self, pool: Fetches, stream: str, meta: StreamMeta,
+                              records: Sequence[AppendRecord]) -> list[Event]:
         # Repeated ids within one batch: the first occurrence is appended, the later
         # ones return the same event (as the reference backend does).
         first: dict[str, int] = {}
@@ -117,7 +135,7 @@ class StreamOps(PostgresCore):
         stored = await self._append_unique(pool, stream, meta, unique)
         return [stored[r.id] for r in records]
 
-    async def _append_unique(self, pool: PoolCalls, stream: str, meta: StreamMeta,
+    async def _append_unique(self, pool: Fetches, stream: str, meta: StreamMeta,
                              records: list[AppendRecord]) -> dict[str, Event]:
         """The events of ``records`` (distinct ids) by id, appending those not stored yet."""
         stored: dict[str, Event] = {}
@@ -137,7 +155,7 @@ class StreamOps(PostgresCore):
             ) from None
         return stored
 
-    async def _append_fresh(self, pool: PoolCalls, stream: str, meta: StreamMeta,
+    async def _append_fresh(self, pool: Fetches, stream: str, meta: StreamMeta,
                             records: list[AppendRecord], stored: dict[str, Event]) -> None:
         """Append ``records`` into ``stored``; when some ids turn out to be stored already
         (a retried append, or a racing one), look those up and raise for another try."""
@@ -149,7 +167,7 @@ class StreamOps(PostgresCore):
                                                         [r.id for r in records]))
             raise
 
-    async def _insert_events(self, pool: PoolCalls, stream: str, meta: StreamMeta,
+    async def _insert_events(self, pool: Fetches, stream: str, meta: StreamMeta,
                              records: list[AppendRecord]) -> dict[str, Event]:
         # Columns that are NULL for every event travel as one NULL (ROWS FROM
         # pads the shorter columns with NULLs).
@@ -181,7 +199,7 @@ class StreamOps(PostgresCore):
             for r, seq in zip(records, seqs, strict=True)
         }
 
-    async def _stored_events(self, pool: PoolCalls, stream: str, meta: StreamMeta,
+    async def _stored_events(self, pool: Fetches, stream: str, meta: StreamMeta,
                              ids: list[str]) -> dict[str, Event]:
         rows = await pool.fetch(self._sql.stored_events, meta.id, ids)
         return {row[2]: event_of(stream, row) for row in rows}

@@ -48,14 +48,17 @@ ORDER BY g.name COLLATE "C"
 -- partitions as an array literal, ids, types and keys as JSON arrays of
 -- strings, and the events' data as one JSON array of their JSON texts (each
 -- element reaches the table exactly as encoded); headers, rarely set, as an
--- array of JSON texts. A duplicate event id makes the insert fail as a whole:
--- the caller then separates the ids already stored and appends the rest.
+-- array of JSON texts (every parameter typed text: a json codec the application
+-- set on its own connection, used by the outbox, never re-encodes them). A
+-- duplicate event id makes the insert fail as a whole: the caller then separates
+-- the ids already stored and appends the rest.
 -- name: append
 WITH r AS (
-    SELECT * FROM ROWS FROM (unnest($2::text::integer[]), json_array_elements_text($3::json),
-                             json_array_elements_text($4::json),
-                             json_array_elements_text($5::json), json_array_elements($6::json),
-                             unnest($7::text[]))
+    SELECT * FROM ROWS FROM (unnest($2::text::integer[]),
+                             json_array_elements_text($3::text::json),
+                             json_array_elements_text($4::text::json),
+                             json_array_elements_text($5::text::json),
+                             json_array_elements($6::text::json), unnest($7::text[]))
         WITH ORDINALITY AS r(part, event_id, type, key, data, headers, idx)
 ), t AS (
     SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms
@@ -81,6 +84,16 @@ WITH r AS (
 SELECT (SELECT t.ms FROM t) AS appended_at_ms,
        (SELECT array_agg(n.seq ORDER BY n.idx) FROM numbered n) AS seqs,
        (SELECT pg_notify($8, $9)) AS notified
+
+-- What a connection reaches, to tell whether an application's connection is on the
+-- backend's database (the outbox, _outbox.py): the database, the server's start time
+-- in microseconds (a fingerprint of the server any role may read) and the oid of the
+-- backend's schema there ($1, NULL when missing); all as text, whatever codecs the
+-- connection has.
+-- name: database_identity
+SELECT current_database()::text AS database,
+       (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text AS started,
+       (SELECT n.oid::text FROM pg_namespace n WHERE n.nspname = $1) AS schema_oid
 
 -- name: stored_events
 SELECT part, seq, event_id, type, key, data::text, headers::text, appended_at_ms

@@ -1,0 +1,124 @@
+"""The application's own connection (the outbox, docs/outbox.md): which connections the
+PostgreSQL backend writes on, and how its statements run inside their transactions.
+
+The backend takes an asyncpg ``Connection``, or the proxy a pool's ``acquire()``
+hands out, that is inside a transaction and reaches the backend's database: the
+same server (its start time), the same database, and the backend's schema in it.
+That last check is one round trip on the first use of a connection, remembered
+for as long as the connection lives.
+
+A statement that fails aborts the transaction it runs in: the append, which
+meets event ids already stored by failing, runs each statement under a savepoint
+of its own (:class:`Savepointed`), so that such a failure is undone alone and the
+caller's transaction goes on.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Final
+
+from ..._model._errors import InvalidArgument
+from ._pool import PoolCalls, driver
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["CallerConnections", "Savepointed"]
+
+_SAVEPOINT: Final = "rheo_flow_append"
+"""The savepoint of an append's statement in the caller's transaction."""
+
+
+class Savepointed:
+    """The caller's connection as the append uses it: ``fetch`` under a savepoint.
+
+    Plain ``SAVEPOINT`` statements rather than a nested ``conn.transaction()``:
+    they work in a transaction the caller began with ``BEGIN`` as well as in one
+    of asyncpg's. A failed statement's savepoint is rolled back and released; a
+    cancelled one is left to the caller's transaction, which can only roll back.
+    """
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        conn = self._conn
+        await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        try:
+            rows: list[Any] = await conn.fetch(sql, *args)
+        except Exception:
+            await conn.execute(
+                f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
+            raise
+        await conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        return rows
+
+
+class CallerConnections:
+    """Checks an application's connection before the backend writes on it."""
+
+    __slots__ = ("_checked", "_identity", "_schema", "_sql")
+
+    def __init__(self, schema: str, identity_sql: str) -> None:
+        self._schema = schema
+        self._sql = identity_sql
+        self._identity: tuple[str, str, str | None] | None = None
+        # The driver's connections found on the backend's database (a proxy's own
+        # connection: a pool hands out a new proxy on every acquire).
+        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def check(self, conn: Any, operation: str, pool: PoolCalls) -> None:
+        """Raise :class:`~rheo_flow.InvalidArgument` unless ``conn`` is an asyncpg
+        connection inside a transaction on the backend's database (``pool``'s)."""
+        asyncpg = driver()
+        if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+            raise InvalidArgument(
+                f"{operation}(connection=...) on PostgreSQL takes an asyncpg Connection (or "
+                f"one acquired from an asyncpg pool), got {type(conn).__module__}."
+                f"{type(conn).__qualname__} (psycopg and SQLAlchemy connections are not "
+                "supported yet)")
+        if not conn.is_in_transaction():
+            raise InvalidArgument(
+                f"{operation}(connection=...) needs a connection inside a transaction "
+                "(async with conn.transaction(): ...)")
+        raw = _raw(conn)
+        if raw is not None and raw in self._checked:
+            return
+        theirs = await self._identify(conn)
+        ours = self._identity
+        if ours != theirs:
+            # Once more from the pool: a restarted server has another start time.
+            ours = self._identity = await self._identify(pool)
+        _compare(operation, self._schema, ours, theirs)
+        if raw is not None:
+            self._checked.add(raw)
+
+    async def _identify(self, on: Any) -> tuple[str, str, str | None]:
+        rows = await on.fetch(self._sql, self._schema)
+        database, started, schema_oid = rows[0]
+        return database, started, schema_oid
+
+
+def _raw(conn: Any) -> asyncpg.Connection | None:
+    """The driver's connection under a pool's proxy (asyncpg keeps it in ``_con``)."""
+    raw = getattr(conn, "_con", conn)
+    return raw if isinstance(raw, driver().Connection) else None
+
+
+def _compare(operation: str, schema: str, ours: tuple[str, str, str | None],
+             theirs: tuple[str, str, str | None]) -> None:
+    """Refuse a connection whose identity is not the backend's: no URL, no password."""
+    prefix = f"{operation}(connection=...) needs a connection to the backend's database"
+    if theirs[1] != ours[1]:
+        raise InvalidArgument(f"{prefix}: this one reaches another PostgreSQL server")
+    if theirs[0] != ours[0]:
+        raise InvalidArgument(
+            f"{prefix} ({ours[0]!r}): this one reaches database {theirs[0]!r}")
+    if theirs[2] is None:
+        raise InvalidArgument(
+            f"{prefix}: schema {schema!r} does not exist on the database this one reaches")
+    if theirs[2] != ours[2]:  # pragma: no cover - same server and database, same oid
+        raise InvalidArgument(f"{prefix}: schema {schema!r} is another one there")
