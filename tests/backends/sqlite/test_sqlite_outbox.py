@@ -22,6 +22,7 @@ from rheo_flow import (
     SettleKind,
     UnknownStream,
 )
+from rheo_flow._backends.sqlite._outbox import in_transaction
 from rheo_flow.backends import SQLiteBackend
 
 
@@ -323,3 +324,20 @@ async def test_awaiting_the_backend_while_holding_the_lock_fails_after_busy_time
             conn.close()
         [lease] = await rheo.fetch("orders", "g")
         assert all(r.ok for r in await rheo.ack([lease]))
+
+
+async def test_an_error_undoes_the_calls_writes_only(
+        rheo: Rheo, conn: sqlite3.Connection, db: Path) -> None:
+    """The call's statements run in a savepoint of the application's transaction."""
+
+    def fails_after_writing(c: sqlite3.Connection) -> None:
+        c.execute("INSERT INTO orders VALUES ('the call''s')")
+        raise ValueError("midway")
+
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO orders VALUES ('mine')")
+    with pytest.raises(ValueError, match="midway"):
+        in_transaction(conn, str(db), fails_after_writing)
+    assert conn.in_transaction
+    conn.execute("COMMIT")
+    assert _orders(conn) == ["mine"]

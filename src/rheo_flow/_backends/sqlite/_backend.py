@@ -77,6 +77,9 @@ class SQLiteBackend(Backend):
     naming ``rheo-flow migrate``, and nothing is created (the CLI's read-only
     commands open so).
 
+    ``append`` and ``ack`` also write in the application's own transaction, on its
+    ``sqlite3.Connection`` to the same file (``connection=``; docs/outbox.md).
+
     ``timeout_ms`` bounds how long a caller waits for its operation (by default
     ``busy_timeout_ms`` plus 10 s). An operation given up on may still commit in
     the backend thread: a write then raises :class:`~rheo_flow.OutcomeUnknown`.
