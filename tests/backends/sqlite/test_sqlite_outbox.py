@@ -4,6 +4,7 @@ commit and roll back with it. Real files, no mocks."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -341,3 +342,21 @@ async def test_an_error_undoes_the_calls_writes_only(
     assert conn.in_transaction
     conn.execute("COMMIT")
     assert _orders(conn) == ["mine"]
+
+
+async def test_consumers_are_woken_by_notify_appended_not_by_the_append(
+        rheo: Rheo, conn: sqlite3.Connection) -> None:
+    backend = rheo.backend
+    assert isinstance(backend, SQLiteBackend)
+    other = SQLiteBackend(backend.path)  # another backend object on the file
+    try:
+        waiter = asyncio.create_task(other.wait_for_append("orders", 10))
+        await _place(rheo, conn, "o1", "e1")
+        conn.execute("COMMIT")
+        # The commit alone wakes nobody (the backend cannot see it) ...
+        assert not await backend.wait_for_append("orders", 0.05)
+        assert not waiter.done()
+        backend.notify_appended("orders")
+        assert await asyncio.wait_for(waiter, 5)
+    finally:
+        await other.close()

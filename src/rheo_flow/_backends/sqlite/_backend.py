@@ -233,8 +233,9 @@ class SQLiteBackend(Backend):
         file, inside the transaction it has open (docs/outbox.md, "SQLite").
 
         Runs in the caller's thread, on that connection, awaiting nothing. Waiters of
-        this process are not woken: the events are not visible before the commit,
-        and consumers find them at their next poll.
+        this process are not woken (the events are not visible before the commit):
+        consumers find them at their next poll, or at once after
+        :meth:`notify_appended`.
         """
         clock, items = self._clock, list(records)
         return self._in_transaction(connection,
@@ -257,6 +258,13 @@ class SQLiteBackend(Backend):
             return call(conn)
 
         return in_transaction(connection, self._path, work)
+
+    def notify_appended(self, stream: str) -> None:
+        """Wake this process's consumers idle on ``stream``, on every backend object on
+        this file: call it after committing a transaction that appended to ``stream``
+        with ``connection=`` (else they find the events at their next poll). A call
+        after a rollback only wakes them for nothing."""
+        _APPEND_WAITERS.wake((self._wake_key, stream))
 
     @property
     def _wake_key(self) -> str:
