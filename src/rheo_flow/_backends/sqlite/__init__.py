@@ -40,7 +40,8 @@ The modules, one concern each:
 * ``_events`` — append, query, trim;
 * ``_fetch`` — leasing;
 * ``_deliveries`` and ``_settle`` — settles and renews, fast path and row by row;
-* ``_progress`` — frontier, dead letters, redrive, replay, reset.
+* ``_progress`` — frontier, dead letters, redrive, replay, reset;
+* ``_outbox`` — append and ack in the application's transaction, on its connection.
 """
 
 from __future__ import annotations

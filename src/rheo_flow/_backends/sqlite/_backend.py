@@ -16,8 +16,9 @@ from urllib.parse import parse_qsl, unquote
 
 from ..._backend import AppendRecord, Backend
 from ..._model._capabilities import Capabilities
-from ..._model._errors import InvalidArgument
+from ..._model._errors import BackendError, InvalidArgument
 from ..._model._event import Event
+from ..._model._failure import describe
 from ..._model._lease import Lease
 from ..._model._query import Query
 from ..._model._settle_results import SettleKind, SettleResult
@@ -28,9 +29,10 @@ from .._shared import Waiters
 from .._transitions import Op
 from .._urls import redact_url, url_flag
 from . import _catalog, _events, _progress, _settle
-from ._errors import classify_error
+from ._errors import classify_error, is_locked
 from ._fetch import Fetcher, FreshRange, leases_of
 from ._issued import Issued
+from ._outbox import in_transaction
 from ._schema import connect
 from ._writer import Writer
 
@@ -75,6 +77,9 @@ class SQLiteBackend(Backend):
     naming ``rheo-flow migrate``, and nothing is created (the CLI's read-only
     commands open so).
 
+    ``append`` and ``ack`` also write in the application's own transaction, on its
+    ``sqlite3.Connection`` to the same file (``connection=``; docs/outbox.md).
+
     ``timeout_ms`` bounds how long a caller waits for its operation (by default
     ``busy_timeout_ms`` plus 10 s). An operation given up on may still commit in
     the backend thread: a write then raises :class:`~rheo_flow.OutcomeUnknown`.
@@ -83,7 +88,7 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     _CAPABILITIES = Capabilities(
         durable=True, distributed=False, push_wakeups=True, server_clock=False,
-        key_ordering=True, last_error=True,
+        key_ordering=True, last_error=True, in_transaction=True,
     )
 
     def __init__(
@@ -118,6 +123,7 @@ class SQLiteBackend(Backend):
             functools.partial(connect, self._path, busy_timeout_ms, mode, bool(migrate)),
             self._path)
         self._issued = Issued()
+        self._lent = False  # wrote in an application's transaction (the lock hint)
         self._fetcher = Fetcher(self._clock, self._path, self._issued)
 
     @classmethod
@@ -177,12 +183,28 @@ class SQLiteBackend(Backend):
     async def _read(
         self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
     ) -> T:
-        return await self._writer.run(False, lambda conn: fn(conn, *args, **kw))
+        return await self._run(False, lambda conn: fn(conn, *args, **kw))
 
     async def _write(
         self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
     ) -> T:
-        return await self._writer.run(True, lambda conn: fn(conn, *args, **kw))
+        return await self._run(True, lambda conn: fn(conn, *args, **kw))
+
+    async def _run(self, write: bool, call: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return await self._writer.run(write, call)
+        except sqlite3.OperationalError as exc:
+            if not (self._lent and is_locked(exc)):
+                raise
+            # The likeliest holder of the lock is then an application's transaction
+            # of this process awaiting this very operation (docs/outbox.md, "SQLite").
+            raise BackendError(
+                f"{self._error_prefix()}: {describe(exc)} (the write lock stayed held past "
+                "busy_timeout_ms; this backend wrote in an application's transaction "
+                "(connection=...): if that transaction is still open while its task awaits "
+                "the backend, it waits for itself. Commit or roll back before awaiting other "
+                "operations of the backend, see docs/outbox.md)",
+                SettleKind.FAILED.value) from exc
 
     # Streams -----------------------------------------------------------------
 
@@ -204,6 +226,45 @@ class SQLiteBackend(Backend):
         if events:
             _APPEND_WAITERS.wake((self._wake_key, stream))
         return events
+
+    async def append_in_transaction(self, connection: Any, stream: str,
+                                    records: Sequence[AppendRecord]) -> list[Event]:
+        """:meth:`append` on the application's ``sqlite3.Connection`` to this database
+        file, inside the transaction it has open (docs/outbox.md, "SQLite").
+
+        Runs in the caller's thread, on that connection, awaiting nothing. Waiters of
+        this process are not woken (the events are not visible before the commit):
+        consumers find them at their next poll, or at once after
+        :meth:`notify_appended`.
+        """
+        clock, items = self._clock, list(records)
+        return self._in_transaction(connection,
+                                    lambda conn: _events.append(conn, clock, stream, items))
+
+    async def ack_in_transaction(self, connection: Any, leases: Sequence[Lease]
+                                 ) -> list[SettleResult]:
+        """:meth:`ack` on the application's connection, as for
+        :meth:`append_in_transaction`: one result per lease; a stale lease's ack
+        fails and does not abort the application's transaction."""
+        clock, items = self._clock, list(leases)
+        # Full checks (no lease vouched for): the identity registry of _issued is
+        # the backend thread's shortcut, not needed here.
+        return self._in_transaction(
+            connection, lambda conn: _settle.settle(conn, clock, items, "ack", "", 0))
+
+    def _in_transaction(self, connection: Any, call: Callable[[sqlite3.Connection], T]) -> T:
+        def work(conn: sqlite3.Connection) -> T:
+            self._lent = True  # the application's transaction holds the write lock now
+            return call(conn)
+
+        return in_transaction(connection, self._path, work)
+
+    def notify_appended(self, stream: str) -> None:
+        """Wake this process's consumers idle on ``stream``, on every backend object on
+        this file: call it after committing a transaction that appended to ``stream``
+        with ``connection=`` (else they find the events at their next poll). A call
+        after a rollback only wakes them for nothing."""
+        _APPEND_WAITERS.wake((self._wake_key, stream))
 
     @property
     def _wake_key(self) -> str:
@@ -270,7 +331,7 @@ class SQLiteBackend(Backend):
             return results, fetch(conn, stream, group, consumer_id, limit, lease_ms, ids)
 
         try:
-            results, fetched = await self._writer.run(True, both)
+            results, fetched = await self._run(True, both)
         finally:
             self._issued.forget(acked)
         return results, leases_of(fetched)

@@ -99,6 +99,11 @@ ROLLBACK: Final = _STATEMENTS["rollback"]
 SAVEPOINT: Final = _STATEMENTS["savepoint"]
 ROLLBACK_TO_SAVEPOINT: Final = _STATEMENTS["rollback_to_savepoint"]
 RELEASE_SAVEPOINT: Final = _STATEMENTS["release_savepoint"]
+SAVEPOINT_OUTBOX: Final = _STATEMENTS["savepoint_outbox"]
+ROLLBACK_TO_SAVEPOINT_OUTBOX: Final = _STATEMENTS["rollback_to_savepoint_outbox"]
+RELEASE_SAVEPOINT_OUTBOX: Final = _STATEMENTS["release_savepoint_outbox"]
+TAKE_WRITE_LOCK: Final = _STATEMENTS["take_write_lock"]
+DATABASE_LIST: Final = _STATEMENTS["database_list"]
 
 # Streams, partitions and groups ----------------------------------------------------
 

@@ -29,6 +29,25 @@ ROLLBACK TO rheo_settle
 -- name: release_savepoint
 RELEASE rheo_settle
 
+-- name: savepoint_outbox
+-- Around an operation in the application's transaction (_outbox.py): an error
+-- undoes the operation's statements only, leaving the application's own.
+SAVEPOINT rheo_outbox
+
+-- name: rollback_to_savepoint_outbox
+ROLLBACK TO rheo_outbox
+
+-- name: release_savepoint_outbox
+RELEASE rheo_outbox
+
+-- name: take_write_lock
+-- Changes nothing, but a write statement: the application's transaction takes the
+-- write lock (waiting up to its connection's busy timeout) before anything is read.
+UPDATE partitions SET high_water = high_water WHERE 0
+
+-- name: database_list
+PRAGMA database_list
+
 -- Streams and partitions ----------------------------------------------------------
 
 -- name: find_stream
