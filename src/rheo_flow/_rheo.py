@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
+from ._facade._in_transaction import ack_in_transaction, check_in_transaction
+from ._facade._retention import trim_bounds
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
 from ._model._errors import InvalidArgument, UnknownGroup
@@ -199,14 +201,11 @@ class Rheo:
         whose id is already in the stream is returned as stored (no new sequence).
         Events may be :class:`NewEvent` objects or mappings with the same fields.
 
-        ``connection``: the application's own connection to the backend's database,
-        inside a transaction it opened (a backend declaring
-        ``capabilities.in_transaction``; docs/outbox.md). The events are then written
-        in that transaction: visible when it commits, gone without a trace when it
-        rolls back.
+        ``connection``: the application's connection, in a transaction it opened
+        (docs/outbox.md): the events are visible once it commits, gone if it rolls back.
         """
         if connection is not None:
-            self._check_in_transaction("append")
+            check_in_transaction(self._backend, "append")
         count = await self._partition_count(stream)
         items = [events] if isinstance(events, NewEvent | Mapping) else list(events)
         if not items:
@@ -378,37 +377,14 @@ class Rheo:
                   ) -> list[SettleResult]:
         """Acknowledge leases; one classified result per lease, in order.
 
-        ``connection``: as for :meth:`append`, the acks (and the frontier moves they
-        cause) are written in the application's open transaction and commit or roll
-        back with it. Check the results before committing: a stale lease's ack did
-        not take effect, and only rolling back undoes the rest of that transaction. A
-        connection the backend cannot write on raises :class:`InvalidArgument`.
+        ``connection``: as for :meth:`append` (check the results before committing: a
+        stale lease's ack took no effect); a refused connection raises InvalidArgument.
         """
         items = self._leases(leases)
-        if connection is None:
-            return await self._settle_call("ack", items, lambda: self._backend.ack(items))
-        self._check_in_transaction("ack")
-        refused: list[InvalidArgument] = []
-
-        async def ack_in_transaction() -> list[SettleResult]:
-            try:
-                return await self._backend.ack_in_transaction(connection, items)
-            except InvalidArgument as exc:  # the connection, not a lease: raised below
-                refused.append(exc)
-                raise
-
-        results = await self._settle_call("ack", items, ack_in_transaction)
-        if refused:
-            raise refused[0]
-        return results
-
-    def _check_in_transaction(self, operation: str) -> None:
-        """Refuse ``connection=`` on a backend that cannot write in a caller's transaction."""
-        if not self._backend.capabilities.in_transaction:
-            raise InvalidArgument(
-                f"{operation}(connection=...) needs a backend that writes in the "
-                f"application's transaction; backend {self._backend.name!r} does not "
-                f"(capabilities.in_transaction is false)")
+        if connection is not None:
+            return await ack_in_transaction(self._backend, self._settle_call, items,
+                                            connection)
+        return await self._settle_call("ack", items, lambda: self._backend.ack(items))
 
     async def nack(
         self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0,
@@ -581,23 +557,7 @@ class Rheo:
         event a group has not settled is removed.
         """
         count = await self._partition_count(stream)
-        if up_to is None:
-            bounds: dict[int, int] | None = None
-        elif isinstance(up_to, Mapping):
-            bounds = {check_partition(p, count): check_sequence("up_to", s)
-                      for p, s in up_to.items()}
-        else:
-            seq = check_sequence("up_to", up_to)
-            bounds = dict.fromkeys(range(count), seq)
-        groups = await self._backend.list_groups(stream)
-        if bounds is None:
-            if not groups:
-                raise InvalidArgument("the stream has no group: give up_to to trim it")
-            bounds = dict.fromkeys(range(count), 2**62)
-        if not force:
-            for g in groups:
-                frontier = await self._backend.frontier(stream, g.group)
-                bounds = {p: min(s, frontier.get(p, 0)) for p, s in bounds.items()}
+        bounds = await trim_bounds(self._backend, stream, count, up_to, force)
         return await self._backend.trim(stream, bounds)
 
     async def delete_stream(self, stream: str) -> None:
