@@ -86,14 +86,16 @@ def _loaded_by(code: str) -> set[str]:
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A SQLite store of three streams, each with a group."""
     url = f"sqlite:///{tmp_path_factory.mktemp('startup') / 'store.db'}"
-
-    async def fill() -> None:
-        async with Rheo(url) as rheo:
-            for i in range(3):
-                await rheo.create_stream(f"s{i}", partitions=i + 1)
-                await rheo.create_group(f"s{i}", "g")
-    asyncio.run(fill())
+    asyncio.run(_fill(url))
     return url
+
+
+async def _fill(url: str) -> None:
+    """Three streams (1, 2 and 3 partitions), each with a group ``g``."""
+    async with Rheo(url) as rheo:
+        for i in range(3):
+            await rheo.create_stream(f"s{i}", partitions=i + 1)
+            await rheo.create_group(f"s{i}", "g")
 
 
 @pytest.mark.parametrize("args", [
@@ -115,12 +117,6 @@ def redis_store(redis_url: str) -> Iterator[str]:
     prefix = f"startup_{uuid.uuid4().hex[:8]}"
     url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={prefix}"
 
-    async def fill() -> None:
-        async with Rheo(url) as rheo:
-            for i in range(3):
-                await rheo.create_stream(f"s{i}", partitions=i + 1)
-                await rheo.create_group(f"s{i}", "g")
-
     async def drop() -> None:
         backend = RedisBackend.from_url(url)
         try:
@@ -128,7 +124,7 @@ def redis_store(redis_url: str) -> Iterator[str]:
         finally:
             await backend.close()
 
-    asyncio.run(fill())
+    asyncio.run(_fill(url))
     yield url
     asyncio.run(drop())
 
