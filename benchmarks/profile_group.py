@@ -139,8 +139,8 @@ def profile(backend: str, events: int, out: Path, rate: int | None) -> float:
     try:
         if worker.stdout.readline().strip() != "ready":
             raise SystemExit("the worker failed before its backlog was ready")
-        command = [_py_spy(), "record", "--pid", str(worker.pid), "--format", os.environ.get("RHEO_PYSPY_FORMAT", "flamegraph"),
-                   "--output", str(out)]
+        command = [_py_spy(), "record", "--pid", str(worker.pid), "--format",
+                   os.environ.get("RHEO_PYSPY_FORMAT", "flamegraph"), "--output", str(out)]
         if rate:
             command += ["--rate", str(rate)]
         spy = subprocess.Popen(command)
