@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import os
 from collections.abc import Callable, Iterator
@@ -39,7 +40,14 @@ import pytest
 
 from rheo_flow import Rheo
 from rheo_flow._backends._urls import redact_url
-from rheo_flow.testing import BackendHarness, memory_harness, sqlite_harness, url_harness
+from rheo_flow.testing import (
+    AppTransaction,
+    BackendHarness,
+    TransactionFactory,
+    memory_harness,
+    sqlite_harness,
+    url_harness,
+)
 from rheo_flow.testing.plugin import MatrixRecorder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,8 +198,29 @@ _APART = "_apart"
 
 def _postgres_harness(url: str) -> BackendHarness:
     separator = "&" if "?" in url else "?"
-    return url_harness("postgres", f"{url}{separator}schema={_PG_SCHEMA}",
-                       apart_url=f"{url}{separator}schema={_PG_SCHEMA}{_APART}")
+    harness = url_harness("postgres", f"{url}{separator}schema={_PG_SCHEMA}",
+                          apart_url=f"{url}{separator}schema={_PG_SCHEMA}{_APART}")
+    return dataclasses.replace(harness, transaction=_asyncpg_transaction(url))
+
+
+def _asyncpg_transaction(url: str) -> TransactionFactory:
+    """The application's own asyncpg connection to ``url`` (the server's URL, without
+    rheo_flow's options), in a transaction the case ends."""
+    from collections.abc import AsyncIterator
+
+    import asyncpg
+
+    @contextlib.asynccontextmanager
+    async def transaction(backend: object) -> AsyncIterator[AppTransaction]:
+        conn = await asyncpg.connect(url)
+        try:
+            tx = conn.transaction()
+            await tx.start()
+            yield AppTransaction(conn, tx.commit, tx.rollback)
+        finally:
+            await conn.close()
+
+    return transaction
 
 
 def _direct_postgres_url() -> str:

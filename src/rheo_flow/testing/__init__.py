@@ -48,13 +48,22 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     raise MissingExtra("conformance kit", "testing", exc.name or "pytest") from None
 
 from ._case import CASES, Case, CaseEnv, ConformanceFailure, case
-from ._harness import BackendFactory, BackendHarness, memory_harness, sqlite_harness, url_harness
+from ._harness import (
+    AppTransaction,
+    BackendFactory,
+    BackendHarness,
+    TransactionFactory,
+    memory_harness,
+    sqlite_harness,
+    url_harness,
+)
 from ._runner import CaseResult, all_cases, run_case, run_cases
 from ._stateful import conformance_state_machine, run_stateful
 from ._suite import BackendConformance
 
 __all__ = [
     "CASES",
+    "AppTransaction",
     "BackendConformance",
     "BackendFactory",
     "BackendHarness",
@@ -62,6 +71,7 @@ __all__ = [
     "CaseEnv",
     "CaseResult",
     "ConformanceFailure",
+    "TransactionFactory",
     "all_cases",
     "case",
     "conformance_state_machine",

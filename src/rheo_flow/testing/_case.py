@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -13,7 +13,7 @@ from .._model._event import Event, NewEvent
 from .._model._lease import Lease
 from .._model._settle_results import SettleKind, SettleResult
 from .._rheo import Rheo
-from ._harness import BackendHarness
+from ._harness import AppTransaction, BackendHarness
 
 __all__ = [
     "CASES",
@@ -54,6 +54,8 @@ class Case:
     """The rules of docs/contract.md the case checks (``area.rule`` names)."""
     needs_apart: bool = False
     """The case needs a backend over a store apart from the case's (``harness.apart``)."""
+    needs_transaction: bool = False
+    """The case writes in a transaction of the application's (``harness.transaction``)."""
 
     def skip_reason(self, backend: Backend, harness: BackendHarness) -> str | None:
         """Why this case does not apply to ``backend``, or ``None`` when it does."""
@@ -65,11 +67,15 @@ class Case:
             return f"harness {harness.name!r} provides no peer (a second backend on the same store)"
         if self.needs_apart and harness.apart is None:
             return f"harness {harness.name!r} provides no store apart (harness.apart)"
+        if self.needs_transaction and harness.transaction is None:
+            return (f"harness {harness.name!r} opens no transaction of the application's "
+                    f"(harness.transaction)")
         return None
 
 
 _AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "ordering_scans",
-          "ordering_redrive", "progress", "reads", "deletion", "time", "isolation"]
+          "ordering_redrive", "progress", "reads", "deletion", "time", "isolation",
+          "transaction"]
 
 
 def _area_rank(module: str) -> int:
@@ -83,7 +89,7 @@ CASES: list[Case] = []
 
 def case(
     *, rules: Sequence[str] = (), requires: Sequence[str] = (), needs_peer: bool = False,
-    needs_apart: bool = False,
+    needs_apart: bool = False, needs_transaction: bool = False,
 ) -> Callable[[CaseFunc], CaseFunc]:
     """Register an async function ``case_<name>(env)`` as a conformance case.
 
@@ -103,7 +109,7 @@ def case(
         # Keep CASES grouped by area whatever order the case modules are imported in.
         index = sum(1 for c in CASES if _area_rank(c.func.__module__) <= rank)
         CASES.insert(index, Case(name, func, doc, tuple(requires), needs_peer, tuple(rules),
-                                 needs_apart))
+                                 needs_apart, needs_transaction))
         return func
 
     return register
@@ -145,6 +151,13 @@ class CaseEnv:
     async def advance(self, ms: int) -> None:
         """Make ``ms`` milliseconds of backend time pass."""
         await self.harness.advance_time(self.backend, ms)
+
+    def transaction(self) -> AbstractAsyncContextManager[AppTransaction]:
+        """A transaction of the application's own on the backend's database."""
+        factory = self.harness.transaction
+        if factory is None:
+            raise RuntimeError("the harness opens no transaction (the case should skip)")
+        return factory(self.backend)
 
     async def expire(self) -> None:
         """Let every lease or delay of :attr:`short_ms` run out."""

@@ -15,8 +15,10 @@ from .._backend import Backend
 from .._support._clock import ManualClock, system_clock
 
 __all__ = [
+    "AppTransaction",
     "BackendFactory",
     "BackendHarness",
+    "TransactionFactory",
     "memory_harness",
     "sqlite_harness",
     "url_harness",
@@ -33,6 +35,21 @@ Advance = Callable[[Backend, int], Awaitable[None]]
 
 Now = Callable[[Backend], Awaitable[int]]
 """The backend's current time, epoch milliseconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppTransaction:
+    """A transaction of the application's own, open on ``connection`` (what a backend
+    declaring ``in_transaction`` writes in), and how to end it."""
+
+    connection: object
+    commit: Callable[[], Awaitable[None]]
+    rollback: Callable[[], Awaitable[None]]
+
+
+TransactionFactory = Callable[[Backend], AbstractAsyncContextManager[AppTransaction]]
+"""Opens a connection of the application's own to the given backend's database and a
+transaction on it (the kit ends the transaction; the factory closes the connection)."""
 
 
 async def _system_now(backend: Backend) -> int:
@@ -66,6 +83,10 @@ class BackendHarness:
     every store ``factory`` builds: a stream of the same name there is another
     stream. Cases about stores that must share nothing (wake-ups, caches) use
     one beside the case's backend, and skip visibly without it.
+
+    ``transaction`` (optional) opens a transaction of the application's own on
+    the backend's database: the cases of ``in_transaction`` (docs/outbox.md) write
+    in it, and skip visibly without it.
     """
 
     name: str
@@ -74,6 +95,7 @@ class BackendHarness:
     now: Now | None = None
     peer: PeerFactory | None = None
     apart: BackendFactory | None = None
+    transaction: TransactionFactory | None = None
     exact_time: bool = False
     short_ms: int = 150
     clock_margin_ms: int = 50
@@ -208,8 +230,27 @@ def sqlite_harness(directory: str | Path) -> BackendHarness:
         paths[other] = paths[backend]
         return other
 
+    @asynccontextmanager
+    async def transaction(backend: Backend) -> AsyncIterator[AppTransaction]:
+        import sqlite3
+
+        conn = sqlite3.connect(paths[backend], isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+
+            async def commit() -> None:
+                conn.execute("COMMIT")
+
+            async def rollback() -> None:
+                conn.execute("ROLLBACK")
+
+            yield AppTransaction(conn, commit, rollback)
+        finally:
+            conn.close()
+
     # Every backend it builds has a file of its own: a store apart.
-    return _stores_apart(BackendHarness.with_manual_clock("sqlite", build, peer=peer))
+    harness = BackendHarness.with_manual_clock("sqlite", build, peer=peer)
+    return dataclasses.replace(_stores_apart(harness), transaction=transaction)
 
 
 def url_harness(name: str, url: str, *, short_ms: int = 150, apart_url: str | None = None
