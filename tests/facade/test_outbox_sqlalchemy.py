@@ -6,6 +6,10 @@ PostgreSQL (a schema of each test's own) and real SQLite files, no mocks."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +23,11 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from _doc_blocks import expected_output
 from rheo_flow import InvalidArgument, NewEvent, Query, Rheo
 from rheo_flow.backends import SQLiteBackend
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Boom(Exception):
@@ -328,3 +335,36 @@ async def test_an_async_sqlite_driver_is_refused_by_name(
     finally:
         await engine.dispose()
     assert await sqlite_rheo.high_water("orders") == {0: 0}
+
+
+# The page ----------------------------------------------------------------------------
+
+
+def _sqlalchemy_blocks() -> list[str]:
+    page = (ROOT / "docs/outbox.md").read_text()
+    section = page.split("\n## SQLAlchemy\n", 1)[1].split("\n## ", 1)[0]
+    return [block for block in re.findall(r"```python\n(.*?)```", section, flags=re.S)
+            if "asyncio.run(main())" in block]
+
+
+def _run_page_example(code: str, cwd: Path, env: dict[str, str]) -> None:
+    expected = expected_output(code)
+    assert expected
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True,
+                         text=True, timeout=60,
+                         env={**os.environ, **env, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == expected
+
+
+def test_the_async_session_example_of_the_outbox_page_prints_what_it_says(
+        postgres_url: str, postgres_schema: str, tmp_path: Path) -> None:
+    [code] = [block for block in _sqlalchemy_blocks() if "AsyncSession" in block]
+    _run_page_example(code, tmp_path,
+                      {"DATABASE_URL": postgres_url, "OUTBOX_SCHEMA": postgres_schema})
+
+
+def test_the_sqlite_session_example_of_the_outbox_page_prints_what_it_says(
+        tmp_path: Path) -> None:
+    [code] = [block for block in _sqlalchemy_blocks() if "SQLiteBackend" in block]
+    _run_page_example(code, tmp_path, {})
