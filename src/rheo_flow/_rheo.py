@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
-from ._facade._in_transaction import ack_in_transaction, check_in_transaction
+from ._facade._in_transaction import ack_in_transaction, open_in_transaction
 from ._facade._retention import trim_bounds
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
@@ -201,11 +201,11 @@ class Rheo:
         whose id is already in the stream is returned as stored (no new sequence).
         Events may be :class:`NewEvent` objects or mappings with the same fields.
 
-        ``connection``: the application's connection, in a transaction it opened
-        (docs/outbox.md): the events are visible once it commits, gone if it rolls back.
+        ``connection``: the application's connection (or SQLAlchemy connection or session),
+        in a transaction it opened (docs/outbox.md): visible at its commit, gone on rollback.
         """
         if connection is not None:
-            check_in_transaction(self._backend, "append")
+            connection = await open_in_transaction(self._backend, "append", connection)
         count = await self._partition_count(stream)
         items = [events] if isinstance(events, NewEvent | Mapping) else list(events)
         if not items:

@@ -1,9 +1,15 @@
 """``connection=`` on :class:`~rheo_flow.Rheo`'s ``append`` and ``ack``: writing in the
 application's own transaction (docs/outbox.md), on a backend declaring
-``capabilities.in_transaction``."""
+``capabilities.in_transaction``.
+
+The connection may also be SQLAlchemy's (``AsyncConnection``, ``AsyncSession``,
+``Connection``, ``Session``): :func:`driver_connection` unwraps it to the driver
+connection the backends take. SQLAlchemy is never imported here: an object is one of
+its types only if its modules are loaded already (``sys.modules``)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,7 +18,8 @@ from .._model._errors import InvalidArgument
 from .._model._lease import Lease
 from .._model._settle_results import SettleResult
 
-__all__ = ["ack_in_transaction", "check_in_transaction"]
+__all__ = ["ack_in_transaction", "check_in_transaction", "driver_connection",
+           "open_in_transaction"]
 
 SettleCall = Callable[[str, list[Lease], Callable[[], Awaitable[list[SettleResult]]]],
                       Awaitable[list[SettleResult]]]
@@ -28,12 +35,59 @@ def check_in_transaction(backend: Backend, operation: str) -> None:
             f"(capabilities.in_transaction is false)")
 
 
+SUPPORTED_DRIVERS = {"postgresql": "asyncpg", "sqlite": "pysqlite"}
+"""SQLAlchemy dialect name -> the one driver whose connection a backend takes: asyncpg's
+``Connection`` (PostgreSQL), the standard library's ``sqlite3.Connection`` (SQLite)."""
+
+
+def _check_dialect(dialect: Any) -> None:
+    name, driver = dialect.name, dialect.driver
+    if SUPPORTED_DRIVERS.get(name) != driver:
+        raise InvalidArgument(
+            f"connection=: a SQLAlchemy connection of dialect {name}+{driver} is not "
+            f"supported; use postgresql+asyncpg (asyncpg) for PostgreSQL, or sqlite:// "
+            f"(sqlite+pysqlite, the standard library's sqlite3) for SQLite")
+
+
+async def driver_connection(connection: Any) -> Any:
+    """The driver connection under a SQLAlchemy ``AsyncSession``, ``AsyncConnection``,
+    ``Session`` or ``Connection``; any other object is returned as it is (the backend
+    checks it). A session's ``connection()`` begins its transaction if none is open.
+    SQLAlchemy's asyncpg dialect sends ``BEGIN`` with its first statement: if the
+    SQLAlchemy connection is in a transaction the driver has not begun yet, a
+    ``SELECT 1`` through it begins it, so the backend finds it open."""
+    asyncio_ext = sys.modules.get("sqlalchemy.ext.asyncio")
+    if asyncio_ext is not None:
+        if isinstance(connection, asyncio_ext.AsyncSession):
+            connection = await connection.connection()
+        if isinstance(connection, asyncio_ext.AsyncConnection):
+            _check_dialect(connection.dialect)
+            driver = (await connection.get_raw_connection()).driver_connection
+            if connection.in_transaction() and not driver.is_in_transaction():
+                await connection.exec_driver_sql("SELECT 1")
+            return driver
+    orm = sys.modules.get("sqlalchemy.orm")
+    if orm is not None and isinstance(connection, orm.Session):
+        connection = connection.connection()
+    engine = sys.modules.get("sqlalchemy.engine")
+    if engine is not None and isinstance(connection, engine.Connection):
+        _check_dialect(connection.dialect)
+        return connection.connection.driver_connection
+    return connection
+
+
+async def open_in_transaction(backend: Backend, operation: str, connection: Any) -> Any:
+    """:func:`check_in_transaction`, then the driver connection to hand the backend."""
+    check_in_transaction(backend, operation)
+    return await driver_connection(connection)
+
+
 async def ack_in_transaction(backend: Backend, settle_call: SettleCall, leases: list[Lease],
                              connection: Any) -> list[SettleResult]:
     """Ack ``leases`` on ``connection``: results classified as every ack's, except that a
     connection the backend refuses raises its :class:`InvalidArgument` (a mistake of the
     call, not an outcome of the leases)."""
-    check_in_transaction(backend, "ack")
+    connection = await open_in_transaction(backend, "ack", connection)
     refused: list[InvalidArgument] = []
 
     async def call() -> list[SettleResult]:
