@@ -25,14 +25,13 @@ from typing import Any
 
 from ..._backend import MAX_ATTEMPTS_REASON
 from ..._model._errors import BackendError
-from ..._model._event import decode_json, make_event_json
 from ..._model._lease import Lease, make_lease
 from ..._support._clock import Clock
 from .._shared import Rotation, round_robin
 from .._transitions import Settled, expire
 from . import _sql as sql
 from ._catalog import get_group
-from ._events import load_events
+from ._events import decode, load_events
 from ._fetch_keyed import KeyedFetch
 from ._issued import Issued
 from ._progress import advance_frontier
@@ -97,20 +96,12 @@ class FreshRange:
 
     def leases(self) -> list[Lease]:
         """The range's leases, in sequence order (registered with ``issued``)."""
-        stream, group, consumer_id, deadline = (self.stream, self.group, self.consumer_id,
-                                                self.deadline)
+        group, consumer_id, deadline = self.group, self.consumer_id, self.deadline
         token, first, head = self.token, self.first, f"{self.part}-"
-        issued = self.issued.fields
-        leases: list[Lease] = []
-        made = leases.append
-        for part, seq, event_id, type_, key, data, headers, appended in self.rows:
-            lease_id, receipt = f"{token}{seq - first:08x}", f"{head}{seq}-1"
-            made(make_lease(lease_id, receipt, group, consumer_id,
-                            make_event_json(stream, part, seq, event_id, type_, data, key,
-                                            decode_json(headers) if headers else {}, appended),
-                            1, deadline))
-            issued[lease_id] = (receipt, group, stream, part, seq)
-        self.issued.trim()
+        leases = [make_lease(f"{token}{event.sequence - first:08x}",
+                             f"{head}{event.sequence}-1", group, consumer_id, event, 1, deadline)
+                  for event in decode(self.stream, self.rows)]
+        self.issued.register(leases)
         return leases
 
 

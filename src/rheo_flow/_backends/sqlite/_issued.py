@@ -44,11 +44,6 @@ class Issued:
     def __len__(self) -> int:
         return len(self._fields)
 
-    @property
-    def fields(self) -> dict[str, _Fields]:
-        """Lease id -> what it was issued with, for a builder to fill (then :meth:`trim`)."""
-        return self._fields
-
     def register(self, leases: list[Lease]) -> None:
         """Vouch for ``leases`` from now on (they were just built from their range)."""
         held = self._fields
@@ -56,13 +51,7 @@ class Issued:
             event = lease.event
             held[lease.lease_id] = (lease.receipt, lease.group, event.stream, event.partition,
                                     event.sequence)
-        self.trim()
-
-    def trim(self) -> None:
-        """Keep at most :data:`LIMIT` leases: past it, the oldest quarter goes at once
-        (leases never settled here)."""
-        held = self._fields
-        if len(held) > LIMIT:
+        if len(held) > LIMIT:  # leases never settled here: drop the oldest quarter at once
             for key in list(held)[:len(held) - LIMIT * 3 // 4]:
                 del held[key]
 
