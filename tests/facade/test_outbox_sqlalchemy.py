@@ -200,7 +200,7 @@ async def test_an_ack_on_an_async_session_commits_with_the_sessions_writes(
 
 async def test_an_unsupported_driver_is_refused_by_name(
         postgres_rheo: Rheo, postgres_url: str) -> None:
-    pytest.importorskip("psycopg")
+    pytest.importorskip("psycopg")  # in the test extra: CI runs this case
     await postgres_rheo.create_stream("orders")
     await postgres_rheo.create_group("orders", "billing")
     await postgres_rheo.append("orders", NewEvent("t", {}))
