@@ -203,16 +203,17 @@ def _postgres_harness(url: str) -> BackendHarness:
     return dataclasses.replace(harness, transaction=_asyncpg_transaction(url))
 
 
-def _asyncpg_transaction(url: str) -> TransactionFactory:
+def _asyncpg_transaction(url: str, **options: Any) -> TransactionFactory:
     """The application's own asyncpg connection to ``url`` (the server's URL, without
-    rheo_flow's options), in a transaction the case ends."""
+    rheo_flow's options; ``options`` go to ``asyncpg.connect``), in a transaction the
+    case ends."""
     from collections.abc import AsyncIterator
 
     import asyncpg
 
     @contextlib.asynccontextmanager
     async def transaction(backend: object) -> AsyncIterator[AppTransaction]:
-        conn = await asyncpg.connect(url)
+        conn = await asyncpg.connect(url, **options)
         try:
             tx = conn.transaction()
             await tx.start()
@@ -238,7 +239,20 @@ def _pgbouncer_harness(url: str) -> BackendHarness:
     if "listen_url=" not in url:
         listen = f"&listen_url={quote(_direct_postgres_url(), safe='')}"
         url, apart = url + listen, apart + listen
-    return url_harness("pgbouncer", url, apart_url=apart)
+    harness = url_harness("pgbouncer", url, apart_url=apart)
+    # The application's transaction through the same PgBouncer, as an application in
+    # transaction pooling opens it: asyncpg's statement cache off (its prepared
+    # statements would outlive the server connection the pooler lends).
+    return dataclasses.replace(harness, transaction=_asyncpg_transaction(
+        _without_rheo_options(base), statement_cache_size=0))
+
+
+def _without_rheo_options(url: str) -> str:
+    """``url`` without the query options rheo_flow reads (``pooler=``, ``schema=``, ...),
+    which asyncpg would refuse."""
+    from rheo_flow._backends.postgres._config import split_url
+
+    return split_url(url)[0]
 
 
 def _redis_harness(url: str, name: str = "redis") -> BackendHarness:
