@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -17,8 +22,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
+from _doc_blocks import expected_output
 from rheo_flow import ACK, InvalidArgument, NewEvent, Query, Rheo, SettleKind, consumer
 from rheo_flow.backends import PostgresBackend
+
+ROOT = Path(__file__).resolve().parents[3]
 
 WaitUntil = Callable[..., Awaitable[None]]
 
@@ -424,3 +432,34 @@ async def test_a_sync_connection_does_not_block_the_event_loop(
         conn.close()
         await holder.close()
     assert event.sequence == 2
+
+
+# The page ---------------------------------------------------------------------------
+
+
+def _section_blocks(heading: str) -> list[str]:
+    page = (ROOT / "docs/outbox.md").read_text()
+    section = page.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def _runs_and_prints_what_it_says(code: str, postgres_url: str, schema: str) -> None:
+    env = {**os.environ, "DATABASE_URL": postgres_url, "OUTBOX_SCHEMA": schema,
+           "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == expected_output(code)
+
+
+def test_the_psycopg_example_of_the_outbox_page_prints_what_it_says(
+        postgres_url: str, postgres_schema: str) -> None:
+    [code] = _section_blocks("psycopg 3")
+    _runs_and_prints_what_it_says(code, postgres_url, postgres_schema)
+
+
+def test_the_sync_psycopg_example_of_the_outbox_page_prints_what_it_says(
+        postgres_url: str, postgres_schema: str) -> None:
+    [code] = [block for block in _section_blocks("Synchronous code")
+              if "import psycopg" in block]
+    _runs_and_prints_what_it_says(code, postgres_url, postgres_schema)
