@@ -398,3 +398,17 @@ def test_importing_the_client_loads_no_driver() -> None:
                          timeout=60, env={**os.environ, "PYTHONPATH": str(SRC)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_bad_input_is_an_invalid_argument_and_leaves_no_thread(tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+    with pytest.raises(InvalidArgument, match="bogus"):
+        Rheo("bogus://nowhere")
+    assert set(threading.enumerate()) == before
+    with Rheo(f"sqlite:///{tmp_path / 'events.db'}") as client:
+        client.create_stream("orders")
+        with pytest.raises(InvalidArgument, match="partition"):
+            client.append("orders", NewEvent("t"), partition=3)
+        with pytest.raises(InvalidArgument):
+            client.create_stream("")
+        assert _high_water(client, "orders") == {0: 0}

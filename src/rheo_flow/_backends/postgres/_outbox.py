@@ -44,9 +44,11 @@ class Caller:
 class Savepointed:
     """The caller's connection as the append uses it: ``fetch`` under a savepoint.
 
+    ``conn`` is asyncpg's, or psycopg's ``AsyncConnection`` as :class:`~._psycopg.AsyncPsycopg`
+    (a sync one runs the three statements in one blocking call: ``SyncPsycopg``).
     Plain ``SAVEPOINT`` statements rather than a nested ``conn.transaction()``:
     they work in a transaction the caller began with ``BEGIN`` as well as in one
-    of asyncpg's. A failed statement's savepoint is rolled back and released; a
+    of the driver's. A failed statement's savepoint is rolled back and released; a
     cancelled one is left to the caller's transaction, which can only roll back.
     """
 
