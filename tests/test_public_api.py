@@ -13,9 +13,10 @@ import pytest
 import rheo_flow
 import rheo_flow.backends
 import rheo_flow.pipeline
+import rheo_flow.sync
 import rheo_flow.testing.faults
 
-CHECKED = [rheo_flow, rheo_flow.backends, rheo_flow.testing.faults]
+CHECKED = [rheo_flow, rheo_flow.backends, rheo_flow.sync, rheo_flow.testing.faults]
 """Modules whose exports are checked for order and docstrings, methods included."""
 
 

@@ -1,8 +1,10 @@
 """``connection=`` takes SQLAlchemy's connections and sessions (docs/outbox.md,
 "SQLAlchemy"): the facade unwraps an ``AsyncConnection``/``AsyncSession`` on
 ``postgresql+asyncpg`` to its asyncpg connection, and a ``Connection``/``Session`` on
-``sqlite`` to its ``sqlite3`` connection; other drivers are refused by name. Real
-PostgreSQL (a schema of each test's own) and real SQLite files, no mocks."""
+``sqlite`` to its ``sqlite3`` connection; other drivers (aiosqlite) are refused by
+name. ``postgresql+psycopg`` is tested beside psycopg's own connections
+(tests/backends/postgres/test_postgres_outbox_psycopg.py). Real PostgreSQL (a schema
+of each test's own) and real SQLite files, no mocks."""
 
 from __future__ import annotations
 
@@ -196,27 +198,6 @@ async def test_an_ack_on_an_async_session_commits_with_the_sessions_writes(
             assert await rheo.frontier("orders", "billing") == {0: 0}  # not committed yet
     assert await rheo.frontier("orders", "billing") == {0: 2}
     assert await _orders(engine, postgres_schema) == [1]
-
-
-async def test_an_unsupported_driver_is_refused_by_name(
-        postgres_rheo: Rheo, postgres_url: str) -> None:
-    pytest.importorskip("psycopg")  # in the test extra: CI runs this case
-    await postgres_rheo.create_stream("orders")
-    await postgres_rheo.create_group("orders", "billing")
-    await postgres_rheo.append("orders", NewEvent("t", {}))
-    leases = await postgres_rheo.fetch("orders", "billing")
-    engine = create_async_engine(_dialect_url(postgres_url, "postgresql+psycopg"))
-    try:
-        async with engine.begin() as conn:
-            with pytest.raises(InvalidArgument, match=r"postgresql\+psycopg.*asyncpg"):
-                await postgres_rheo.append("orders", NewEvent("t", {}), connection=conn)
-            async with AsyncSession(bind=conn) as session:
-                with pytest.raises(InvalidArgument, match=r"postgresql\+psycopg"):
-                    await postgres_rheo.ack(leases, connection=session)
-    finally:
-        await engine.dispose()
-    assert await postgres_rheo.high_water("orders") == {0: 1}
-    assert (await postgres_rheo.ack(leases))[0].ok  # the refused ack did nothing
 
 
 # SQLite: Connection, Session (sqlite, the standard library's sqlite3) ---------------

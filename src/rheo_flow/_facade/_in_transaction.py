@@ -3,9 +3,10 @@ application's own transaction (docs/outbox.md), on a backend declaring
 ``capabilities.in_transaction``.
 
 The connection may also be SQLAlchemy's (``AsyncConnection``, ``AsyncSession``,
-``Connection``, ``Session``): :func:`driver_connection` unwraps it to the driver
-connection the backends take. SQLAlchemy is never imported here: an object is one of
-its types only if its modules are loaded already (``sys.modules``)."""
+``Connection``, ``Session``) on a driver a backend takes (:data:`SUPPORTED_DRIVERS`):
+:func:`driver_connection` unwraps it to the driver connection. SQLAlchemy is never
+imported here: an object is one of its types only if its modules are loaded already
+(``sys.modules``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .._model._lease import Lease
 from .._model._settle_results import SettleResult
 
 __all__ = ["ack_in_transaction", "check_in_transaction", "driver_connection",
-           "open_in_transaction"]
+           "open_in_transaction", "sync_driver_connection"]
 
 SettleCall = Callable[[str, list[Lease], Callable[[], Awaitable[list[SettleResult]]]],
                       Awaitable[list[SettleResult]]]
@@ -35,18 +36,45 @@ def check_in_transaction(backend: Backend, operation: str) -> None:
             f"(capabilities.in_transaction is false)")
 
 
-SUPPORTED_DRIVERS = {"postgresql": "asyncpg", "sqlite": "pysqlite"}
-"""SQLAlchemy dialect name -> the one driver whose connection a backend takes: asyncpg's
-``Connection`` (PostgreSQL), the standard library's ``sqlite3.Connection`` (SQLite)."""
+SUPPORTED_DRIVERS = {"postgresql": ("asyncpg", "psycopg"), "sqlite": ("pysqlite",)}
+"""SQLAlchemy dialect name -> the drivers whose connection a backend takes: asyncpg's
+``Connection`` or psycopg 3's ``AsyncConnection``/``Connection`` (PostgreSQL), the
+standard library's ``sqlite3.Connection`` (SQLite)."""
 
 
 def _check_dialect(dialect: Any) -> None:
     name, driver = dialect.name, dialect.driver
-    if SUPPORTED_DRIVERS.get(name) != driver:
+    if driver not in SUPPORTED_DRIVERS.get(name, ()):
         raise InvalidArgument(
             f"connection=: a SQLAlchemy connection of dialect {name}+{driver} is not "
-            f"supported; use postgresql+asyncpg (asyncpg) for PostgreSQL, or sqlite:// "
-            f"(sqlite+pysqlite, the standard library's sqlite3) for SQLite")
+            f"supported; use postgresql+asyncpg (asyncpg) or postgresql+psycopg (psycopg 3) "
+            f"for PostgreSQL, or sqlite:// (sqlite+pysqlite, the standard library's "
+            f"sqlite3) for SQLite")
+
+
+def _check_begun(connection: Any) -> None:
+    """Refuse a SQLAlchemy connection outside a transaction on psycopg: psycopg's own
+    connection, outside autocommit, cannot tell (it begins one at its next statement,
+    which SQLAlchemy would roll back when the connection goes back to its pool)."""
+    if connection.dialect.driver == "psycopg" and not connection.in_transaction():
+        raise InvalidArgument(
+            "connection= needs a SQLAlchemy connection inside a transaction "
+            "(with engine.begin() as conn: ..., or a session's)")
+
+
+def sync_driver_connection(connection: Any) -> Any:
+    """The driver connection under a SQLAlchemy ``Session`` or ``Connection`` (blocking:
+    a session's ``connection()`` may check out a connection and begin its transaction);
+    any other object as it is."""
+    orm = sys.modules.get("sqlalchemy.orm")
+    if orm is not None and isinstance(connection, orm.Session):
+        connection = connection.connection()
+    engine = sys.modules.get("sqlalchemy.engine")
+    if engine is not None and isinstance(connection, engine.Connection):
+        _check_dialect(connection.dialect)
+        _check_begun(connection)
+        return connection.connection.driver_connection
+    return connection
 
 
 async def driver_connection(connection: Any) -> Any:
@@ -55,25 +83,21 @@ async def driver_connection(connection: Any) -> Any:
     checks it). A session's ``connection()`` begins its transaction if none is open.
     SQLAlchemy's asyncpg dialect sends ``BEGIN`` with its first statement: if the
     SQLAlchemy connection is in a transaction the driver has not begun yet, a
-    ``SELECT 1`` through it begins it, so the backend finds it open."""
+    ``SELECT 1`` through it begins it, so the backend finds it open (psycopg begins
+    one itself with the backend's first statement)."""
     asyncio_ext = sys.modules.get("sqlalchemy.ext.asyncio")
     if asyncio_ext is not None:
         if isinstance(connection, asyncio_ext.AsyncSession):
             connection = await connection.connection()
         if isinstance(connection, asyncio_ext.AsyncConnection):
             _check_dialect(connection.dialect)
+            _check_begun(connection)
             driver = (await connection.get_raw_connection()).driver_connection
-            if connection.in_transaction() and not driver.is_in_transaction():
+            if (connection.dialect.driver == "asyncpg" and connection.in_transaction()
+                    and not driver.is_in_transaction()):
                 await connection.exec_driver_sql("SELECT 1")
             return driver
-    orm = sys.modules.get("sqlalchemy.orm")
-    if orm is not None and isinstance(connection, orm.Session):
-        connection = connection.connection()
-    engine = sys.modules.get("sqlalchemy.engine")
-    if engine is not None and isinstance(connection, engine.Connection):
-        _check_dialect(connection.dialect)
-        return connection.connection.driver_connection
-    return connection
+    return sync_driver_connection(connection)
 
 
 async def open_in_transaction(backend: Backend, operation: str, connection: Any) -> Any:

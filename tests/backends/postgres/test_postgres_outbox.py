@@ -170,7 +170,7 @@ async def test_connections_the_backend_cannot_write_on_are_refused(
     try:
         for call in (lambda c: rheo.append("s", NewEvent("t"), connection=c),
                      lambda c: rheo.ack(leases, connection=c)):
-            with pytest.raises(InvalidArgument, match=r"asyncpg Connection.*not supported yet"):
+            with pytest.raises(InvalidArgument, match=r"asyncpg Connection.*psycopg 3"):
                 await call(lite)
             with pytest.raises(InvalidArgument, match="inside a transaction"):
                 await call(conn)

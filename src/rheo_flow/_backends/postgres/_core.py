@@ -31,7 +31,7 @@ from ._config import (
 )
 from ._listener import Listener
 from ._migrations import ensure_schema
-from ._outbox import CallerConnections
+from ._outbox import Caller, CallerConnections
 from ._pool import PoolCalls, connect_listener, create_pool, driver
 from ._sql import Statements
 
@@ -122,7 +122,7 @@ class PostgresCore(Backend):
     @property
     def capabilities(self) -> Capabilities:
         """Durable, distributed, SKIP LOCKED claims, server clock, key-ordered groups,
-        appends and acks in the application's transaction (asyncpg); LISTEN/NOTIFY
+        appends and acks in the application's transaction (asyncpg, psycopg 3); LISTEN/NOTIFY
         wake-ups unless built with ``listen=False``, or through a pooler without
         ``listen_url``."""
         return self._capabilities
@@ -181,10 +181,10 @@ class PostgresCore(Backend):
                     log.debug("closing the pool failed (%s); terminating it", exc)
                     pool.terminate()
 
-    async def _check_caller(self, conn: object, operation: str) -> None:
-        """Refuse an application's connection the backend cannot write on (see
-        :class:`~._outbox.CallerConnections`)."""
-        await self._callers.check(conn, operation, await self._ready())
+    async def _check_caller(self, conn: object, operation: str) -> Caller:
+        """The statements' way onto an application's connection; refuse one the backend
+        cannot write on (see :class:`~._outbox.CallerConnections`)."""
+        return await self._callers.check(conn, operation, await self._ready())
 
     # Errors ------------------------------------------------------------------
 

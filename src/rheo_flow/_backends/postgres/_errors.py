@@ -4,6 +4,7 @@ without secrets."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from urllib.parse import urlsplit
 
 from ..._model._settle_results import SettleKind
@@ -16,7 +17,7 @@ _UNAVAILABLE_STATES = frozenset({"08001", "08004", "53300", "57P03", "3D000"})
 
 
 def classify_error(exc: BaseException) -> SettleKind | None:
-    """Map asyncpg errors to settle kinds.
+    """Map asyncpg errors (and psycopg's, of an application's connection) to settle kinds.
 
     * could not connect, pool closed, server refusing connections, too many
       connections: nothing was sent → ``backend_unavailable``;
@@ -25,6 +26,12 @@ def classify_error(exc: BaseException) -> SettleKind | None:
     * serialization failure, deadlock, constraint violation, statement timeout
       and every other server error: the statement was rolled back → ``failed``.
     """
+    psycopg = sys.modules.get("psycopg")  # loaded by the application, never here
+    if psycopg is not None and isinstance(exc, psycopg.Error):
+        # On the application's connection (the outbox): its transaction decides, so a
+        # failure there committed nothing of the call's.
+        state = getattr(exc, "sqlstate", None)
+        return _server_error(state) if state else SettleKind.FAILED
     try:
         import asyncpg
     except ImportError:  # pragma: no cover - the backend cannot exist without it

@@ -19,7 +19,7 @@ Lease deadlines come from the database clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..._model._errors import UnknownGroup
 from ..._model._event import decode_json, make_event_json
@@ -27,10 +27,7 @@ from ..._model._lease import Lease, make_lease
 from ..._model._settle_results import SettleResult
 from ._batch import OP_CODES, Op, SettleBatch
 from ._core import PostgresCore, StreamMeta
-from ._pool import PoolCalls
-
-if TYPE_CHECKING:
-    import asyncpg
+from ._pool import Fetches
 
 __all__ = ["LeaseOps"]
 
@@ -129,12 +126,12 @@ class LeaseOps(PostgresCore):
         return await self._settle(leases, "reject", reason, 0, error)
 
     async def _settle(self, leases: Sequence[Lease], op: Op, reason: str, delay_ms: int,
-                      error: str | None = None, conn: asyncpg.Connection | None = None
+                      error: str | None = None, conn: Fetches | None = None
                       ) -> list[SettleResult]:
         """Settle on ``conn`` (the caller's transaction), else on a pooled connection."""
         batch = await self._batch(leases)
         if batch.sends:
-            on: asyncpg.Connection | PoolCalls = conn if conn is not None else await self._ready()
+            on: Fetches = conn if conn is not None else await self._ready()
             ranges = batch.range_args() if op == "ack" else ()
             # One row: a function's OUT parameters (functions/settle.sql).
             if ranges:
@@ -153,13 +150,13 @@ class LeaseOps(PostgresCore):
         The acks (and the frontier moves they cause) commit or roll back together
         with whatever else the caller wrote in that transaction: a sink writing
         rows and acking their leases at once has an exactly-once effect. ``conn``
-        must be an asyncpg connection (or pool proxy) reaching this backend's
-        database (:mod:`._outbox`). Row locks on the settled deliveries
+        must be an asyncpg connection (or pool proxy) or a psycopg 3 connection
+        reaching this backend's database (:mod:`._outbox`). Row locks on the settled deliveries
         and their frontiers are held until the caller's transaction ends, so keep
         it short after this call. Results are as for :meth:`ack`.
         """
-        await self._check_caller(conn, "ack")
-        return await self._settle(leases, "ack", "", 0, None, conn)
+        caller = await self._check_caller(conn, "ack")
+        return await self._settle(leases, "ack", "", 0, None, caller.plain)
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         batch = await self._batch(leases)

@@ -2,10 +2,11 @@
 PostgreSQL backend writes on, and how its statements run inside their transactions.
 
 The backend takes an asyncpg ``Connection``, or the proxy a pool's ``acquire()``
-hands out, that is inside a transaction and reaches the backend's database: the
-same server (its start time), the same database, and the backend's schema in it.
-That last check is one round trip on the first use of a connection, remembered
-for as long as the connection lives.
+hands out, or a psycopg 3 ``AsyncConnection`` or ``Connection`` (:mod:`._psycopg`),
+that is inside a transaction and reaches the backend's database: the same server
+(its start time), the same database, and the backend's schema in it. That last
+check is one round trip on the first use of a connection, remembered for as long
+as the connection lives.
 
 A statement that fails aborts the transaction it runs in: the append, which
 meets event ids already stored by failing, runs each statement under a savepoint
@@ -16,26 +17,38 @@ caller's transaction goes on.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..._model._errors import InvalidArgument
-from ._pool import PoolCalls, driver
+from ._pool import Fetches, PoolCalls, driver
+from ._psycopg import SAVEPOINT as _SAVEPOINT
+from ._psycopg import AsyncPsycopg, SyncPsycopg, check_psycopg, psycopg_kind
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["CallerConnections", "Savepointed"]
+__all__ = ["Caller", "CallerConnections", "Savepointed"]
 
-_SAVEPOINT: Final = "rheo_flow_append"
-"""The savepoint of an append's statement in the caller's transaction."""
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """An application's connection, checked, as the backend's statements run on it."""
+
+    plain: Fetches
+    """Statements in the caller's transaction."""
+    savepointed: Fetches
+    """Each statement under a savepoint of its own (:class:`Savepointed`)."""
 
 
 class Savepointed:
     """The caller's connection as the append uses it: ``fetch`` under a savepoint.
 
+    ``conn`` is asyncpg's, or psycopg's ``AsyncConnection`` as :class:`~._psycopg.AsyncPsycopg`
+    (a sync one runs the three statements in one blocking call: ``SyncPsycopg``).
     Plain ``SAVEPOINT`` statements rather than a nested ``conn.transaction()``:
     they work in a transaction the caller began with ``BEGIN`` as well as in one
-    of asyncpg's. A failed statement's savepoint is rolled back and released; a
+    of the driver's. A failed statement's savepoint is rolled back and released; a
     cancelled one is left to the caller's transaction, which can only roll back.
     """
 
@@ -70,24 +83,14 @@ class CallerConnections:
         # connection: a pool hands out a new proxy on every acquire).
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    async def check(self, conn: Any, operation: str, pool: PoolCalls) -> None:
-        """Raise :class:`~rheo_flow.InvalidArgument` unless ``conn`` is an asyncpg
-        connection inside a transaction on the backend's database (``pool``'s)."""
-        asyncpg = driver()
-        if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
-            raise InvalidArgument(
-                f"{operation}(connection=...) on PostgreSQL takes an asyncpg Connection (or "
-                f"one acquired from an asyncpg pool), got {type(conn).__module__}."
-                f"{type(conn).__qualname__} (psycopg and SQLAlchemy connections are not "
-                "supported yet)")
-        if not conn.is_in_transaction():
-            raise InvalidArgument(
-                f"{operation}(connection=...) needs a connection inside a transaction "
-                "(async with conn.transaction(): ...)")
-        raw = _raw(conn)
+    async def check(self, conn: Any, operation: str, pool: PoolCalls) -> Caller:
+        """The statements' way onto ``conn``; :class:`~rheo_flow.InvalidArgument` unless it
+        is an asyncpg or psycopg connection inside a transaction on the backend's
+        database (``pool``'s)."""
+        caller, raw = _caller(conn, operation)
         if raw is not None and raw in self._checked:
-            return
-        theirs = await self._identify(conn)
+            return caller
+        theirs = await self._identify(caller.plain)
         ours = self._identity
         if ours != theirs:
             # Once more from the pool: a restarted server has another start time.
@@ -95,11 +98,34 @@ class CallerConnections:
         _compare(operation, self._schema, ours, theirs)
         if raw is not None:
             self._checked.add(raw)
+        return caller
 
-    async def _identify(self, on: Any) -> tuple[str, str, str | None]:
+    async def _identify(self, on: Fetches) -> tuple[str, str, str | None]:
         rows = await on.fetch(self._sql, self._schema)
         database, started, schema_oid = rows[0]
         return database, started, schema_oid
+
+
+def _caller(conn: Any, operation: str) -> tuple[Caller, Any]:
+    """The statements' way onto ``conn``, and the connection to remember it checked by."""
+    kind = psycopg_kind(conn)
+    if kind is not None:
+        check_psycopg(conn, operation)
+        if kind == "async":
+            calls = AsyncPsycopg(conn)
+            return Caller(calls, Savepointed(calls)), conn
+        return Caller(SyncPsycopg(conn, savepoint=False), SyncPsycopg(conn, savepoint=True)), conn
+    asyncpg = driver()
+    if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+        raise InvalidArgument(
+            f"{operation}(connection=...) on PostgreSQL takes an asyncpg Connection (or "
+            "one acquired from an asyncpg pool) or a psycopg 3 Connection or "
+            f"AsyncConnection, got {type(conn).__module__}.{type(conn).__qualname__}")
+    if not conn.is_in_transaction():
+        raise InvalidArgument(
+            f"{operation}(connection=...) needs a connection inside a transaction "
+            "(async with conn.transaction(): ...)")
+    return Caller(conn, Savepointed(conn)), _raw(conn)
 
 
 def _raw(conn: Any) -> asyncpg.Connection | None:

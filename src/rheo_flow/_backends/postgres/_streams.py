@@ -22,7 +22,6 @@ from ..._model._stream import StreamInfo
 from ..._support._call_retry import retried
 from .._shared import query_window
 from ._core import PostgresCore, StreamMeta
-from ._outbox import Savepointed
 from ._pool import Fetches, PoolCalls
 from ._sql import BIGINT_MAX
 
@@ -44,8 +43,11 @@ def event_of(stream: str, row: Any) -> Event:
 
 
 def _duplicate_id(exc: BaseException) -> bool:
-    """Whether ``exc`` is an append meeting an event id already stored."""
-    return getattr(exc, "constraint_name", None) == "events_event_id"
+    """Whether ``exc`` is an append meeting an event id already stored (asyncpg names the
+    constraint on the error, psycopg in its ``diag``)."""
+    name = getattr(exc, "constraint_name", None) or getattr(
+        getattr(exc, "diag", None), "constraint_name", None)
+    return name == "events_event_id"
 
 
 def _check_records(stream: str, meta: StreamMeta, records: Sequence[AppendRecord]) -> None:
@@ -112,17 +114,17 @@ class StreamOps(PostgresCore):
 
     async def append_in_transaction(self, connection: Any, stream: str,
                                     records: Sequence[AppendRecord]) -> list[Event]:
-        """:meth:`append` on the application's asyncpg ``connection``, in its open
+        """:meth:`append` on the application's asyncpg or psycopg ``connection``, in its open
         transaction: the same statement (its ``NOTIFY`` is delivered at that
         transaction's commit, dropped at its rollback), under a savepoint so that ids
         already stored leave the transaction usable (:mod:`._outbox`). The rows of
         the partitions appended to stay locked until the transaction ends."""
         meta = await self._stream(stream)
-        await self._check_caller(connection, "append")
+        caller = await self._check_caller(connection, "append")
         if not records:
             return []
         _check_records(stream, meta, records)
-        return await self._append_records(Savepointed(connection), stream, meta, records)
+        return await self._append_records(caller.savepointed, stream, meta, records)
 
     async def _append_records(self, pool: Fetches, stream: str, meta: StreamMeta,
                               records: Sequence[AppendRecord]) -> list[Event]:

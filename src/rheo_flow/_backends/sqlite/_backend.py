@@ -23,6 +23,7 @@ from ..._model._lease import Lease
 from ..._model._query import Query
 from ..._model._settle_results import SettleKind, SettleResult
 from ..._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ..._support._blocking import call_blocking
 from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from .._shared import Waiters
@@ -238,8 +239,8 @@ class SQLiteBackend(Backend):
         :meth:`notify_appended`.
         """
         clock, items = self._clock, list(records)
-        return self._in_transaction(connection,
-                                    lambda conn: _events.append(conn, clock, stream, items))
+        return await self._in_transaction(
+            connection, lambda conn: _events.append(conn, clock, stream, items))
 
     async def ack_in_transaction(self, connection: Any, leases: Sequence[Lease]
                                  ) -> list[SettleResult]:
@@ -249,15 +250,20 @@ class SQLiteBackend(Backend):
         clock, items = self._clock, list(leases)
         # Full checks (no lease vouched for): the identity registry of _issued is
         # the backend thread's shortcut, not needed here.
-        return self._in_transaction(
+        return await self._in_transaction(
             connection, lambda conn: _settle.settle(conn, clock, items, "ack", "", 0))
 
-    def _in_transaction(self, connection: Any, call: Callable[[sqlite3.Connection], T]) -> T:
+    async def _in_transaction(self, connection: Any,
+                              call: Callable[[sqlite3.Connection], T]) -> T:
+        """``call`` on the application's connection, in the thread it belongs to: this one
+        (awaiting nothing), or the thread waiting on the synchronous client
+        (:mod:`~rheo_flow._support._blocking`)."""
         def work(conn: sqlite3.Connection) -> T:
             self._lent = True  # the application's transaction holds the write lock now
             return call(conn)
 
-        return in_transaction(connection, self._path, work)
+        return await call_blocking(lambda: in_transaction(connection, self._path, work),
+                                   in_thread=False)
 
     def notify_appended(self, stream: str) -> None:
         """Wake this process's consumers idle on ``stream``, on every backend object on
