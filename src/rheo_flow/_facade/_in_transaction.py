@@ -3,10 +3,11 @@ application's own transaction (docs/outbox.md), on a backend declaring
 ``capabilities.in_transaction``.
 
 The connection may also be SQLAlchemy's (``AsyncConnection``, ``AsyncSession``,
-``Connection``, ``Session``) on a driver a backend takes (:data:`SUPPORTED_DRIVERS`):
-:func:`driver_connection` unwraps it to the driver connection. SQLAlchemy is never
-imported here: an object is one of its types only if its modules are loaded already
-(``sys.modules``)."""
+``Connection``, ``Session``) on a driver a backend takes (:data:`SUPPORTED_DRIVERS`), or
+Django's (``django.db.connection``, through the synchronous client):
+:func:`driver_connection` unwraps it to the driver connection. Neither library is
+imported here: an object is one of their types only if their modules are loaded
+already (``sys.modules``)."""
 
 from __future__ import annotations
 
@@ -62,10 +63,37 @@ def _check_begun(connection: Any) -> None:
             "(with engine.begin() as conn: ..., or a session's)")
 
 
+def _is_django(connection: Any) -> bool:
+    """Whether ``connection`` is Django's ``django.db.connection`` or one of
+    ``django.db.connections`` (Django is never imported here either)."""
+    # django.db.connection is a proxy; the wrapper's module loads at its first use.
+    proxy = sys.modules.get("django.utils.connection")
+    if proxy is not None and isinstance(connection, proxy.ConnectionProxy):
+        return True
+    base = sys.modules.get("django.db.backends.base.base")
+    return base is not None and isinstance(connection, base.BaseDatabaseWrapper)
+
+
+def _django_connection(connection: Any) -> Any:
+    """The driver connection under Django's connection, connecting it if it is not yet;
+    ``None`` for anything else."""
+    if not _is_django(connection):
+        return None
+    if connection.vendor not in ("postgresql", "sqlite"):
+        raise InvalidArgument(
+            f"connection=: a Django connection to {connection.vendor} is not supported; "
+            "use Django's postgresql backend (with psycopg 3) or its sqlite3 backend")
+    connection.ensure_connection()
+    return connection.connection
+
+
 def sync_driver_connection(connection: Any) -> Any:
-    """The driver connection under a SQLAlchemy ``Session`` or ``Connection`` (blocking:
-    a session's ``connection()`` may check out a connection and begin its transaction);
-    any other object as it is."""
+    """The driver connection under a SQLAlchemy ``Session`` or ``Connection``, or under
+    Django's connection (blocking: a session's ``connection()`` may check out a
+    connection and begin its transaction); any other object as it is."""
+    django = _django_connection(connection)
+    if django is not None:
+        return django
     orm = sys.modules.get("sqlalchemy.orm")
     if orm is not None and isinstance(connection, orm.Session):
         connection = connection.connection()
@@ -85,6 +113,10 @@ async def driver_connection(connection: Any) -> Any:
     SQLAlchemy connection is in a transaction the driver has not begun yet, a
     ``SELECT 1`` through it begins it, so the backend finds it open (psycopg begins
     one itself with the backend's first statement)."""
+    if _is_django(connection):
+        raise InvalidArgument(
+            "connection=: Django's connection is synchronous; append and ack with it "
+            "through rheo_flow.sync.Rheo (from a synchronous view, or sync_to_async)")
     asyncio_ext = sys.modules.get("sqlalchemy.ext.asyncio")
     if asyncio_ext is not None:
         if isinstance(connection, asyncio_ext.AsyncSession):
