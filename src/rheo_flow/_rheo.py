@@ -6,12 +6,14 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
 from ._facade._in_transaction import ack_in_transaction, open_in_transaction
+from ._facade._positions import replay_at, reset_at
 from ._facade._retention import trim_bounds
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
@@ -232,15 +234,9 @@ class Rheo:
 
     # Groups ------------------------------------------------------------------
 
-    async def create_group(
-        self,
-        stream: str,
-        group: str,
-        *,
-        start: StartPosition = "earliest",
-        max_attempts: int | None = None,
-        ordering: Literal["none", "key"] = "none",
-    ) -> GroupInfo:
+    async def create_group(self, stream: str, group: str, *, start: StartPosition = "earliest",
+                           max_attempts: int | None = None,
+                           ordering: Literal["none", "key"] = "none") -> GroupInfo:
         """Create a consumer group (idempotent).
 
         ``start`` (``"earliest"``, ``"latest"`` or a sequence) applies at creation
@@ -314,16 +310,9 @@ class Rheo:
 
     # Leases ------------------------------------------------------------------
 
-    async def fetch(
-        self,
-        stream: str,
-        group: str,
-        *,
-        consumer_id: str | None = None,
-        limit: int = 10,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        partitions: Partitions = "all",
-    ) -> list[Lease]:
+    async def fetch(self, stream: str, group: str, *, consumer_id: str | None = None,
+                    limit: int = 10, lease_ms: int = DEFAULT_LEASE_MS,
+                    partitions: Partitions = "all") -> list[Lease]:
         """Claim up to ``limit`` deliveries for ``group``; creates the group on first use."""
         count = await self._partition_count(stream)
         check_name("group", group)
@@ -484,26 +473,31 @@ class Rheo:
                                   check_sequence("sequence", d.sequence)))
         return await self._backend.redrive(stream, group, positions)
 
-    async def replay(
-        self, stream: str, group: str, *, from_sequence: int = 1, partitions: Partitions = "all"
-    ) -> None:
-        """Re-deliver every event from ``from_sequence`` on, without copying events."""
+    async def replay(self, stream: str, group: str, *, from_sequence: int = 1,
+                     from_time: datetime | None = None, partitions: Partitions = "all") -> None:
+        """Re-deliver every event from ``from_sequence`` on, without copying events; with
+        ``from_time``, from each partition's first event appended at or after it."""
         count = await self._partition_count(stream)
         check_name("group", group)
         check_sequence("from_sequence", from_sequence, minimum=1)
         selected = self._all_or(partitions, count)
+        if from_time is not None:
+            if from_sequence != 1:
+                raise InvalidArgument("replay takes from_sequence or from_time, not both")
+            return await replay_at(self._backend, stream, group, from_time, selected)
         await self._backend.group_info(stream, group)
         await self._backend.replay(stream, group, from_sequence, selected)
 
-    async def reset(
-        self, stream: str, group: str, *, to: StartPosition = "earliest",
-        partitions: Partitions = "all",
-    ) -> None:
-        """Move a group to the earliest event, past the latest, or past a sequence."""
+    async def reset(self, stream: str, group: str, *, to: StartPosition | datetime = "earliest",
+                    partitions: Partitions = "all") -> None:
+        """Move a group to the earliest event, past the latest, past a sequence, or (``to``
+        a datetime) past the events each partition had appended before that time."""
         count = await self._partition_count(stream)
         check_name("group", group)
-        check_start("to", to)
         selected = self._all_or(partitions, count)
+        if isinstance(to, datetime):
+            return await reset_at(self._backend, stream, group, to, selected)
+        check_start("to", to)
         await self._backend.group_info(stream, group)
         await self._backend.reset(stream, group, to, selected)
 

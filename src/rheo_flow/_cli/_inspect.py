@@ -70,7 +70,8 @@ def streams(url: UrlOption, json: JsonOption = False) -> None:
 
 
 def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
-    """List a stream's groups with max_attempts, creation time, frontier total and lag."""
+    """List a stream's groups with ordering, max_attempts, creation time, frontier total
+    and lag."""
     out = console()
 
     async def go() -> list[Row]:
@@ -85,17 +86,18 @@ def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
                 if frontier is None:  # created since frontiers was read
                     continue
                 rows.append({
-                    "stream": stream, "group": g.group, "max_attempts": g.max_attempts,
-                    "created_at_ms": g.created_at_ms,
+                    "stream": stream, "group": g.group, "ordering": g.ordering,
+                    "max_attempts": g.max_attempts, "created_at_ms": g.created_at_ms,
                     "settled": sum(frontier.values()),
                     "lag": sum(max(0, h - frontier.get(p, 0)) for p, h in high.items()),
                 })
         return rows
 
     emit(out, json, f"groups of {stream} on {redact_url(url)}",
-         ("group", "max attempts", "created", "settled", "lag"), run(out, go, url),
-         lambda r: [r["group"], str(r["max_attempts"]), _time(r["created_at_ms"]),
-                    f"{r['settled']:,}", f"{r['lag']:,}"])
+         ("group", "ordering", "max attempts", "created", "settled", "lag"),
+         run(out, go, url),
+         lambda r: [r["group"], r["ordering"], str(r["max_attempts"]),
+                    _time(r["created_at_ms"]), f"{r['settled']:,}", f"{r['lag']:,}"])
 
 
 async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:

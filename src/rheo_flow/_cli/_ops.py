@@ -9,6 +9,7 @@ they refuse unless given ``--yes``). All but ``migrate`` open the store with
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
@@ -32,6 +33,7 @@ from ._common import (
     existing,
     run,
 )
+from ._times import TIME_HELP, format_time, looks_like_time, parse_time
 
 if TYPE_CHECKING:
     from .._model._stream import DeadLetter, StartPosition
@@ -153,36 +155,53 @@ def replay(
     url: UrlOption,
     stream: StreamArg,
     group: GroupArg,
-    from_sequence: Annotated[int, typer.Option(
-        "--from", min=1, help="First sequence to deliver again.")] = 1,
+    from_sequence: Annotated[int | None, typer.Option(
+        "--from", min=1, help="First sequence to deliver again (default 1).",
+        show_default=False)] = None,
+    from_time: Annotated[str | None, typer.Option(
+        "--from-time", metavar="TIME", help="Deliver again, in each partition, from its "
+        f"first event appended at or after TIME: {TIME_HELP}.", show_default=False)] = None,
     partition: PartitionOption = None,
     yes: YesOption = False,
     json: JsonOption = False,
 ) -> None:
-    """Deliver a group's events again from a sequence on (settled ones too)."""
+    """Deliver a group's events again from a sequence, or a time, on (settled ones too)."""
     out = console()
+    if from_sequence is not None and from_time is not None:
+        raise typer.BadParameter("give --from or --from-time, not both")
+    at = None if from_time is None else parse_time(from_time)
+    start = f"time {format_time(at)}" if at is not None else f"sequence {from_sequence or 1}"
     where = _partitions_text(partition)
-    confirm(out, f"replay {stream}/{group} from sequence {from_sequence} ({where})", yes)
+    confirm(out, f"replay {stream}/{group} from {start} ({where})", yes)
 
     async def go() -> None:
         from .._rheo import Rheo
 
         async with Rheo(existing(url)) as rheo:
-            await rheo.replay(stream, group, from_sequence=from_sequence,
-                              partitions=partition or "all")
+            if at is None:
+                await rheo.replay(stream, group, from_sequence=from_sequence or 1,
+                                  partitions=partition or "all")
+            else:
+                await rheo.replay(stream, group, from_time=at, partitions=partition or "all")
 
     run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "from_sequence": from_sequence,
+    position: dict[str, object] = (
+        {"from_time": format_time(at)} if at is not None
+        else {"from_sequence": from_sequence or 1})
+    _done(json, {"stream": stream, "group": group, **position,
                  "partitions": partition or "all"},
-          f"{stream}/{group}: replaying from sequence {from_sequence} ({where})")
+          f"{stream}/{group}: replaying from {start} ({where})")
 
 
-def _start(text: str) -> StartPosition:
+def _start(text: str) -> StartPosition | datetime:
     if text in ("earliest", "latest"):
         return text  # type: ignore[return-value]
     if text.isdigit():
         return int(text)
-    raise typer.BadParameter(f"expected earliest, latest or a sequence, got {text!r}")
+    if looks_like_time(text):
+        return parse_time(text)
+    raise typer.BadParameter(
+        f"expected earliest, latest, a sequence or a time ({TIME_HELP}), got {text!r}")
 
 
 def reset(
@@ -190,17 +209,20 @@ def reset(
     stream: StreamArg,
     group: GroupArg,
     to: Annotated[str, typer.Option(
-        "--to", help="earliest (deliver everything again), latest (skip everything) or a "
-        "sequence S (events up to S count as settled).", show_default=False)],
+        "--to", help="earliest (deliver everything again), latest (skip everything), a "
+        "sequence S (events up to S count as settled) or a time T (in each partition, the "
+        f"events appended before T count as settled; T is {TIME_HELP}).",
+        show_default=False)],
     partition: PartitionOption = None,
     yes: YesOption = False,
     json: JsonOption = False,
 ) -> None:
-    """Move a group to the earliest event, past the latest, or past a sequence."""
+    """Move a group to the earliest event, past the latest, past a sequence, or to a time."""
     out = console()
     position = _start(to)
+    shown = format_time(position) if isinstance(position, datetime) else position
     where = _partitions_text(partition)
-    confirm(out, f"reset {stream}/{group} to {to} ({where})", yes)
+    confirm(out, f"reset {stream}/{group} to {shown} ({where})", yes)
 
     async def go() -> None:
         from .._rheo import Rheo
@@ -209,9 +231,9 @@ def reset(
             await rheo.reset(stream, group, to=position, partitions=partition or "all")
 
     run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "to": position,
+    _done(json, {"stream": stream, "group": group, "to": shown,
                  "partitions": partition or "all"},
-          f"{stream}/{group}: reset to {to} ({where})")
+          f"{stream}/{group}: reset to {shown} ({where})")
 
 
 def trim(
