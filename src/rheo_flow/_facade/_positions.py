@@ -16,13 +16,16 @@ events), whatever the backend: a read of the stream, no lock, no change.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from .._backend import Backend
 from .._model._errors import InvalidArgument
 from .._model._query import Query
 
 __all__ = ["positions_at", "replay_at", "reset_at", "time_ms"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
 
 
 def time_ms(name: str, value: object) -> int:
@@ -33,7 +36,10 @@ def time_ms(name: str, value: object) -> int:
         raise InvalidArgument(
             f"{name} must be an aware datetime (with a timezone, e.g. "
             f"datetime.now(UTC)), got the naive {value.isoformat()}")
-    return int(value.timestamp() * 1000)
+    # Exact, with no float: a time inside a millisecond stands for the next one (stamps
+    # are whole milliseconds: the events at or after it are those from the next on).
+    elapsed = value - _EPOCH
+    return elapsed // _MS + (1 if elapsed % _MS else 0)
 
 
 async def replay_at(backend: Backend, stream: str, group: str, at: datetime,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from .._model._event import Event, NewEvent
 from ._case import CaseEnv, case, check_equal, positions
@@ -13,7 +13,8 @@ _GAP_MS = 20
 
 
 def _at(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    """Epoch milliseconds as an aware datetime, exactly (no float)."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
 
 
 async def _three_moments(env: CaseEnv) -> tuple[str, list[Event]]:

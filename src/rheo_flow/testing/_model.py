@@ -293,6 +293,14 @@ class GroupModel:
             check_equal(d.state, "rejected", f"state of redriven {pos}")
             self._restart(d)
 
+    def position_at(self, partition: int, at_ms: int) -> int:
+        """The first retained sequence of ``partition`` appended at or after ``at_ms``, or
+        the next to come (rule ``position.time``)."""
+        for s in range(self.low_water[partition], self.high_water[partition] + 1):
+            if self.deliveries[(partition, s)].event.appended_at_ms >= at_ms:
+                return s
+        return self.high_water[partition] + 1
+
     def reset_position(self, partition: int, to: StartPosition) -> int:
         """Where ``reset(to=...)`` moves ``partition``: the last sequence counted as settled.
 

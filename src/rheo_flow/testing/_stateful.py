@@ -34,6 +34,7 @@ import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Final
 
@@ -183,6 +184,26 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
         self.run(self.rheo.replay(self.stream, self.group, from_sequence=from_sequence,
                                   partitions=[partition]))
         self.model.replayed(partition, from_sequence)
+
+    @precondition(lambda self: any(self.model.high_water))
+    @rule(pick=st.integers(0, 99), shift=st.sampled_from([-1, 0, 1]), replay=st.booleans())
+    def move_to_a_time(self, pick: int, shift: int, replay: bool) -> None:
+        """Replay from, or reset to, a time around a retained event's stamp."""
+        stamps = sorted(d.event.appended_at_ms for (p, s), d in self.model.deliveries.items()
+                        if s >= self.model.low_water[p])
+        if not stamps:
+            return
+        at_ms = stamps[pick % len(stamps)] + shift
+        at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=at_ms)
+        firsts = [self.model.position_at(p, at_ms) for p in range(PARTITIONS)]
+        if replay:
+            self.run(self.rheo.replay(self.stream, self.group, from_time=at))
+            for p, first in enumerate(firsts):
+                self.model.replayed(p, first)
+        else:
+            self.run(self.rheo.reset(self.stream, self.group, to=at))
+            for p, first in enumerate(firsts):
+                self.model.reset(p, first - 1)
 
     @rule(every=st.integers(1, 3))
     def redrive(self, every: int) -> None:
