@@ -1,0 +1,71 @@
+"""An application beside rheo_flow, for the read-process-write tests: its own table
+``effects (source TEXT PRIMARY KEY)`` on the backend's database, written through its own
+connection (asyncpg on PostgreSQL, ``sqlite3`` on SQLite). Shared by
+tests/facade/test_read_process_write.py and tests/faults/test_outbox_kill9.py."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+
+@dataclass
+class App:
+    """Where the application's table lives, and how to reach it."""
+
+    kind: str
+    """``"postgres"`` or ``"sqlite"``."""
+    url: str
+    """The backend's URL (its schema, or its file)."""
+    target: str
+    """The PostgreSQL server URL (no schema), or the SQLite file's path."""
+    schema: str = ""
+
+    @property
+    def table(self) -> str:
+        return f'"{self.schema}".effects' if self.kind == "postgres" else "effects"
+
+    async def connect(self) -> Any:
+        """A new connection of the application's, outside any transaction."""
+        if self.kind == "postgres":
+            return await asyncpg.connect(self.target)
+        return sqlite3.connect(self.target, isolation_level=None, timeout=10)
+
+    async def close(self, conn: Any) -> None:
+        if self.kind == "postgres":
+            await conn.close()
+        else:
+            conn.close()
+
+    async def create_table(self) -> None:
+        conn = await self.connect()
+        try:
+            await self.execute(
+                conn, f"CREATE TABLE IF NOT EXISTS {self.table} (source TEXT PRIMARY KEY)")
+        finally:
+            await self.close(conn)
+
+    async def execute(self, conn: Any, sql: str, *args: Any) -> None:
+        if self.kind == "postgres":
+            await conn.execute(sql, *args)
+        else:
+            conn.execute(sql.replace("$1", "?"), args)
+
+    async def write(self, conn: Any, source: str) -> None:
+        """The handler's own effect: one row per source event."""
+        await self.execute(conn, f"INSERT INTO {self.table} VALUES ($1)", source)
+
+    async def effects(self) -> list[str]:
+        """Every row of the table, as committed."""
+        conn = await self.connect()
+        try:
+            if self.kind == "postgres":
+                rows = await conn.fetch(f"SELECT source FROM {self.table} ORDER BY source")
+            else:
+                rows = conn.execute(f"SELECT source FROM {self.table} ORDER BY source").fetchall()
+            return [row[0] for row in rows]
+        finally:
+            await self.close(conn)
