@@ -1,15 +1,19 @@
 """An application beside rheo_flow, for the read-process-write tests: its own table
 ``effects (source TEXT PRIMARY KEY)`` on the backend's database, written through its own
 connection (asyncpg on PostgreSQL, ``sqlite3`` on SQLite). Shared by
-tests/facade/test_read_process_write.py and tests/faults/test_outbox_kill9.py."""
+tests/facade/test_read_process_write.py, tests/faults/test_outbox_kill9.py and its child
+process, tests/faults/_outbox_child.py."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+
+from rheo_flow import SETTLED, Consumer, Event, Lease, NewEvent, Rheo, current_lease
 
 
 @dataclass
@@ -69,3 +73,46 @@ class App:
             return [row[0] for row in rows]
         finally:
             await self.close(conn)
+
+
+Step = Callable[[str, Lease], Awaitable[None]]
+"""Called at each named step of a handler (``written``, ``acked``, ``committed``)."""
+
+
+async def _no_step(step: str, lease: Lease) -> None:
+    return None
+
+
+class Billing(Consumer):
+    """Reads ``orders``, writes one effect row per order and appends one ``invoice.due``
+    per order, all in one transaction with the ack (``Rheo.transaction``).
+
+    ``joined``: the handler begins and commits the transaction itself, the helper joins
+    it (the ack is then made before the commit, at the end of the helper's block)."""
+
+    stream = "orders"
+    group = "billing"
+
+    def __init__(self, rheo: Rheo, app: App, *, step: Step = _no_step,
+                 joined: bool = False, **options: Any) -> None:
+        super().__init__(**options)
+        self.rheo, self.app, self.step, self.joined = rheo, app, step, joined
+
+    async def handle_event(self, event: Event, context: Any) -> Any:
+        lease = current_lease()
+        conn = await self.app.connect()
+        try:
+            if self.joined:
+                await self.app.execute(conn, "BEGIN")
+            async with self.rheo.transaction(conn, lease) as tx:
+                await self.app.write(conn, event.id)
+                # A generated id: an invoice appended twice would show as two.
+                await tx.append("invoices", NewEvent("invoice.due", {"order": event.id}))
+                await self.step("written", lease)
+            if self.joined:
+                await self.step("acked", lease)
+                await self.app.execute(conn, "COMMIT")
+            await self.step("committed", lease)
+        finally:
+            await self.app.close(conn)
+        return SETTLED

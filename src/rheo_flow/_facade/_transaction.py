@@ -70,10 +70,12 @@ class Transaction:
         check_in_transaction(rheo.backend, "transaction")
         if connection is None:
             raise InvalidArgument("transaction() needs the application's connection")
-        items = [leases] if isinstance(leases, Lease) else list(leases)
-        for lease in items:
+        unique: dict[str, Lease] = {}
+        for lease in [leases] if isinstance(leases, Lease) else leases:
             if not isinstance(lease, Lease):
                 raise InvalidArgument(f"expected Lease objects, got {type(lease).__name__}")
+            unique.setdefault(lease.lease_id, lease)
+        items = list(unique.values())
         self._rheo = rheo
         self._connection = connection
         self._leases = items
@@ -128,7 +130,9 @@ class Transaction:
             return
         results = await self._rheo.ack(self._leases, connection=driver) if self._leases else []
         self.results = results
-        failed = [(lease, r) for lease, r in zip(self._leases, results, strict=True) if not r.ok]
+        # A repeated ack means an earlier transaction committed this one's work already.
+        failed = [(lease, r) for lease, r in zip(self._leases, results, strict=True)
+                  if not r.ok or r.repeated]
         if failed:
             await self._undo(driver)
             raise _failure(failed, results)
@@ -152,8 +156,9 @@ def _failure(failed: list[tuple[Lease, SettleResult]],
     """The error of acks that did not take effect (the transaction is rolled back)."""
     lease, first = failed[0]
     error = first.error
-    kind = error.kind if error is not None else SettleKind.FAILED
-    reason = error.reason if error is not None else ""
+    kind = error.kind if error is not None else SettleKind.STALE_LEASE
+    reason = error.reason if error is not None else (
+        "acked already, by an earlier transaction that committed")
     what = "lost (stale)" if kind in _LOST else f"not acked ({kind.value})"
     message = (f"{len(failed)} of {len(results)} leases {what}, first {lease.stream}/"
                f"{lease.group} p{lease.partition} s{lease.sequence}: {reason}; the "
