@@ -98,6 +98,12 @@ class Billing(Consumer):
         super().__init__(**options)
         self.rheo, self.app, self.step, self.joined = rheo, app, step, joined
 
+    async def setup(self, options: Any) -> dict[str, Any]:
+        # The append's partition count, read now: read inside the transaction, it would
+        # wait (SQLite) behind the backend's writes, which wait for the transaction.
+        await self.rheo.stream_info("invoices")
+        return {}
+
     async def handle_event(self, event: Event, context: Any) -> Any:
         lease = current_lease()
         conn = await self.app.connect()
