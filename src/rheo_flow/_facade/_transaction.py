@@ -16,9 +16,11 @@ again elsewhere, or settled already) rolls the whole transaction back and raises
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import sys
+import weakref
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -36,6 +38,12 @@ _DOOM = ("DO $$ BEGIN RAISE EXCEPTION 'rheo_flow: an ack of this transaction did
 """Makes a PostgreSQL transaction fail: its ``COMMIT`` then rolls it back."""
 
 _LOST = (SettleKind.STALE_LEASE, SettleKind.RECEIPT_MISMATCH)
+
+_SQLITE_TURNS: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
+"""One lock per SQLite backend: the SQLite transactions this helper begins in a process
+take turns. sqlite3 waits for the write lock synchronously, in the event loop's thread:
+a second handler's ``BEGIN IMMEDIATE`` would block the loop while the first, holding the
+lock, waits in an ``await`` the loop never resumes."""
 
 
 class _Facade(Protocol):
@@ -63,7 +71,8 @@ class Transaction:
     events appended.
     """
 
-    __slots__ = ("_connection", "_driver", "_leases", "_owned", "_rheo", "events", "results")
+    __slots__ = ("_connection", "_driver", "_leases", "_owned", "_rheo", "_turn", "events",
+                 "results")
 
     def __init__(self, rheo: _Facade, connection: Any,
                  leases: Lease | Iterable[Lease]) -> None:
@@ -81,6 +90,7 @@ class Transaction:
         self._leases = items
         self._driver: Any = None
         self._owned: Any = None
+        self._turn: asyncio.Lock | None = None
         self.events: list[Event] = []
         """The events :meth:`append` stored, in order."""
         self.results: list[SettleResult] = []
@@ -118,11 +128,30 @@ class Transaction:
             return self
         self._driver = connection
         if not _in_transaction(connection):
-            self._owned = await _begin(connection)
+            if isinstance(connection, sqlite3.Connection):
+                turn = _SQLITE_TURNS.setdefault(self._rheo.backend, asyncio.Lock())
+                await turn.acquire()
+                self._turn = turn
+            try:
+                self._owned = await _begin(connection)
+            except BaseException:
+                self._release()
+                raise
         return self
+
+    def _release(self) -> None:
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            turn.release()
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            await self._end(exc)
+        finally:
+            self._release()
+
+    async def _end(self, exc: BaseException | None) -> None:
         driver = self.connection
         if exc is not None:
             if self._owned is not None:
