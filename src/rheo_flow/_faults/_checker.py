@@ -160,11 +160,8 @@ def check(
     elapsed_s: float = 0.0,
     error: str | None = None,
 ) -> Report:
-    """Check a run's ``history`` against the ``final`` state of the backend.
-
-    Pure: reads nothing else. ``poison`` names the events whose handler always
-    fails (they are expected among the dead letters).
-    """
+    """Check a run's ``history`` against the ``final`` state of the backend. Pure: reads
+    nothing else. ``poison`` names the events whose handler always fails (dead letters)."""
     poison_ids = frozenset(poison)
     appends = _Appends.of(history, final.stored)
     by_event: dict[str, list[DeliveryRecord]] = defaultdict(list)
