@@ -319,3 +319,58 @@ async def test_an_async_session_commits_the_acks_with_its_writes(
             assert await _invoices(rheo) == ["inv-o-0"]
     finally:
         await engine.dispose()
+
+
+# What an open transaction holds (PostgreSQL) -------------------------------------------
+
+
+async def test_an_open_read_process_write_transaction_holds_only_its_partition(
+        postgres_url: str, postgres_schema: str, postgres_admin: Any) -> None:
+    """Inside the caller's transaction, once the helper appended to partition 0 and acked
+    a lease of partition 0: appends and acks elsewhere, fetches and reads complete; an
+    append to that partition and an ack of the same group's partition wait for the
+    commit (docs/outbox.md, "Cost and contention")."""
+    app = App("postgres", f"{postgres_url}?schema={postgres_schema}", postgres_url,
+              postgres_schema)
+    async with Rheo(app.url) as rheo:
+        await rheo.create_stream("orders", partitions=2)
+        await rheo.create_stream("invoices", partitions=2)
+        await rheo.create_stream("other")
+        await app.create_table()
+        await rheo.append("orders", [NewEvent("t", partition=p) for p in (0, 0, 1)])
+        held, waiting = await rheo.fetch("orders", "billing", limit=2, partitions=[0])
+        [elsewhere] = await rheo.fetch("orders", "billing", partitions=[1])
+        conn = await app.connect()
+        try:
+            async with conn.transaction():
+                async with rheo.transaction(conn, held) as tx:
+                    await app.write(conn, held.event.id)
+                    await tx.append("invoices", NewEvent("invoice.due"), partition=0)
+                assert tx.results[0].ok  # acked, not committed yet
+                done = await asyncio.wait_for(asyncio.gather(
+                    rheo.append("invoices", NewEvent("t"), partition=1),
+                    rheo.append("other", NewEvent("t")),
+                    rheo.ack(elsewhere),
+                    rheo.fetch("orders", "other-group", limit=10),
+                    rheo.fetch("orders", "billing", limit=10),
+                    rheo.stream_info("invoices")), 30)
+                assert done[2][0].ok
+                same = [asyncio.create_task(rheo.append("invoices", NewEvent("t"),
+                                                        partition=0)),
+                        asyncio.create_task(rheo.ack(waiting))]
+                await _blocked_by(postgres_admin, conn.get_server_pid(), 2)
+                assert not any(task.done() for task in same)
+            appended, [acked] = await asyncio.wait_for(asyncio.gather(*same), 30)
+            assert appended[0].sequence == 2
+            assert acked.ok
+        finally:
+            await app.close(conn)
+
+
+async def _blocked_by(admin: Any, pid: int, count: int) -> None:
+    """Wait until ``count`` sessions wait for a lock the session ``pid`` holds."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while await admin.fetchval("SELECT count(*) FROM pg_stat_activity "
+                               "WHERE $1 = ANY(pg_blocking_pids(pid))", pid) != count:
+        assert asyncio.get_running_loop().time() < deadline, f"not {count} blocked"
+        await asyncio.sleep(0.01)
