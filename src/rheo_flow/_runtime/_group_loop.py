@@ -81,7 +81,7 @@ class GroupStats:
     handler_errors: int = 0
     """Handlers that raised."""
     invalid_outcomes: int = 0
-    """Handlers that returned something other than ACK, Retry or Reject."""
+    """Handlers that returned something other than ACK, Retry, Reject or SETTLED."""
     skipped: int = 0
     """Leases lost (found stale on renew) before their handler started."""
     settle_failures: Counter[str] = field(default_factory=Counter)
