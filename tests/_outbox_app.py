@@ -1,5 +1,5 @@
 """An application beside rheo_flow, for the read-process-write tests: its own table
-``effects (source TEXT PRIMARY KEY)`` on the backend's database, written through its own
+``effects (source TEXT NOT NULL)`` on the backend's database, written through its own
 connection (asyncpg on PostgreSQL, ``sqlite3`` on SQLite). Shared by
 tests/facade/test_read_process_write.py, tests/faults/test_outbox_kill9.py and its child
 process, tests/faults/_outbox_child.py."""
@@ -48,7 +48,7 @@ class App:
         conn = await self.connect()
         try:
             await self.execute(
-                conn, f"CREATE TABLE IF NOT EXISTS {self.table} (source TEXT PRIMARY KEY)")
+                conn, f"CREATE TABLE IF NOT EXISTS {self.table} (source TEXT NOT NULL)")
         finally:
             await self.close(conn)
 

@@ -273,6 +273,37 @@ async def test_a_pipeline_batcher_settles_its_batch_in_its_transaction(
     assert len(await _invoices(rheo)) == 10
 
 
+class StealingBatchBilling(BatchBilling):
+    """The first batch's first lease goes stale before its transaction (another
+    consumer takes the event)."""
+
+    stolen: str | None = None
+
+    async def handle_batch(self, batcher: str, messages: list[Message], batch_info: Any,
+                           context: Any) -> list[Message]:
+        if self.stolen is None:
+            self.stolen = messages[0].lease.lease_id
+            await self.rheo.nack(messages[0].lease, "taken elsewhere")
+        return await super().handle_batch(batcher, messages, batch_info, context)
+
+
+async def test_a_pipeline_batch_losing_a_lease_rolls_back_and_releases_it(
+        app: App, rheo: Rheo) -> None:
+    await _orders(rheo, 4)
+    handler = StealingBatchBilling(rheo, app)
+    pipeline = Pipeline(rheo, stream="orders", group="billing", handler=handler,
+                        batchers={"default": Batcher(batch_size=4, batch_timeout=0.5)},
+                        retry_delay_ms=0)
+    assert await pipeline.run_until_empty(timeout=30)
+    stats = pipeline.producer.stats()
+    # The batch: rolled back; its stale lease released unsettled, the 3 others nacked.
+    assert stats.nacked == 3
+    assert stats.confirmed == 4 + 1  # the 4 settled in transactions later, the stale one
+    assert stats.acked == 0
+    assert await app.effects() == [f"o-{i}" for i in range(4)]
+    assert len(await _invoices(rheo)) == 4
+
+
 async def test_concurrent_handlers_on_sqlite_do_not_deadlock(app: App, rheo: Rheo) -> None:
     """Several handlers' transactions at once: each takes the write lock in turn."""
     await _orders(rheo, 8)
