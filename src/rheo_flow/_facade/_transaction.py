@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 import sys
 import weakref
 from collections.abc import Iterable, Mapping
@@ -128,7 +127,7 @@ class Transaction:
             return self
         self._driver = connection
         if not _in_transaction(connection):
-            if isinstance(connection, sqlite3.Connection):
+            if _is_sqlite(connection):
                 turn = _SQLITE_TURNS.setdefault(self._rheo.backend, asyncio.Lock())
                 await turn.acquire()
                 self._turn = turn
@@ -172,8 +171,8 @@ class Transaction:
         """Roll back (owned), or leave the caller's transaction able only to roll back."""
         if self._owned is not None:
             await _rollback(driver, self._owned)
-        elif isinstance(driver, sqlite3.Connection):
-            with contextlib.suppress(sqlite3.Error):
+        elif _is_sqlite(driver):
+            with contextlib.suppress(_sqlite3().Error):
                 driver.rollback()
         elif _is_asyncpg(driver):
             with contextlib.suppress(Exception):
@@ -200,15 +199,26 @@ def _is_sqlalchemy(connection: object) -> bool:
         "sqlalchemy" in sys.modules)
 
 
+def _sqlite3() -> Any:
+    """The standard library's sqlite3, once loaded (a ``sqlite3.Connection`` exists only
+    then: importing it here would load it for every program using rheo_flow)."""
+    return sys.modules["sqlite3"]
+
+
+def _is_sqlite(connection: object) -> bool:
+    module = sys.modules.get("sqlite3")
+    return module is not None and isinstance(connection, module.Connection)
+
+
 def _is_asyncpg(connection: object) -> bool:
     return type(connection).__module__.startswith("asyncpg")
 
 
 def _in_transaction(connection: Any) -> bool:
-    if isinstance(connection, sqlite3.Connection):
+    if _is_sqlite(connection):
         try:
-            return connection.in_transaction
-        except sqlite3.ProgrammingError as exc:
+            return bool(connection.in_transaction)
+        except _sqlite3().ProgrammingError as exc:
             raise InvalidArgument(f"connection cannot be used here: {exc}") from exc
     if _is_asyncpg(connection):
         return bool(connection.is_in_transaction())
@@ -217,7 +227,7 @@ def _in_transaction(connection: Any) -> bool:
 
 async def _begin(connection: Any) -> Any:
     """Begin a transaction on a driver connection; its handle for commit and rollback."""
-    if isinstance(connection, sqlite3.Connection):
+    if _is_sqlite(connection):
         # The write lock at once: a deferred BEGIN that reads first may not get it later.
         connection.execute("BEGIN IMMEDIATE")
         return connection
@@ -227,15 +237,15 @@ async def _begin(connection: Any) -> Any:
 
 
 async def _commit(driver: Any, owned: Any) -> None:
-    if isinstance(driver, sqlite3.Connection):
+    if _is_sqlite(driver):
         driver.commit()
     else:
         await owned.commit()
 
 
 async def _rollback(driver: Any, owned: Any) -> None:
-    if isinstance(driver, sqlite3.Connection):
-        with contextlib.suppress(sqlite3.Error):
+    if _is_sqlite(driver):
+        with contextlib.suppress(_sqlite3().Error):
             driver.rollback()
     else:
         with contextlib.suppress(Exception):
