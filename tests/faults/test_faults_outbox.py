@@ -41,7 +41,9 @@ async def test_sqlite_outbox_effects_exactly_once_under_kills(tmp_path: Path,
     report = await run_scenario(f"sqlite:///{tmp_path / 'torture.db'}", scenarios()["outbox"],
                                 workload, SETTINGS, bound_s=BOUND_S)  # type: ignore[arg-type]
     _effects_clean(report)
-    assert report.dead_letters == SETTINGS.events // 50  # the scenario's poison events
+    # The scenario's poison events; an event whose every attempt died with a killed worker
+    # is dead-lettered too (at max_attempts): without an effect, the checker found.
+    assert report.dead_letters >= SETTINGS.events // 50
 
 
 async def test_postgres_outbox_effects_exactly_once_under_kills(
