@@ -405,3 +405,30 @@ async def _blocked_by(admin: Any, pid: int, count: int) -> None:
                                "WHERE $1 = ANY(pg_blocking_pids(pid))", pid) != count:
         assert asyncio.get_running_loop().time() < deadline, f"not {count} blocked"
         await asyncio.sleep(0.01)
+
+
+async def test_a_sqlite_session_acks_its_lease_with_its_writes(tmp_path: Path) -> None:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    path = str(tmp_path / "app.db")
+    app = App("sqlite", f"sqlite:///{path}", path)
+    async with Rheo(SQLiteBackend(path)) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.create_stream("invoices")
+        await app.create_table()
+        await _orders(rheo, 1)
+        [lease] = await rheo.fetch("orders", "billing")
+        engine = create_engine(f"sqlite:///{path}")
+        try:
+            with Session(engine) as session, session.begin():
+                # pysqlite begins at the first write: write first (docs/outbox.md).
+                session.execute(text("INSERT INTO effects VALUES ('o-0')"))
+                async with rheo.transaction(session, lease) as tx:
+                    await tx.append("invoices", NewEvent("invoice.due", id="inv-o-0"))
+            assert tx.results[0].ok
+        finally:
+            engine.dispose()
+        assert await app.effects() == ["o-0"]
+        assert await _invoices(rheo) == ["inv-o-0"]
+        assert await rheo.lag("orders", "billing") == {0: 0}
