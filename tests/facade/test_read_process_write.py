@@ -15,6 +15,7 @@ import pytest
 from _outbox_app import App
 from rheo_flow import (
     SETTLED,
+    BackendError,
     Consumer,
     Event,
     Group,
@@ -432,3 +433,38 @@ async def test_a_sqlite_session_acks_its_lease_with_its_writes(tmp_path: Path) -
         assert await app.effects() == ["o-0"]
         assert await _invoices(rheo) == ["inv-o-0"]
         assert await rheo.lag("orders", "billing") == {0: 0}
+
+
+async def test_an_ack_failing_otherwise_raises_its_backend_error(
+        postgres_url: str, postgres_schema: str, postgres_admin: Any) -> None:
+    """The application's connection dies inside the block: the ack fails (not stale),
+    nothing is committed, and the error is a BackendError of the ack's kind."""
+    app = App("postgres", f"{postgres_url}?schema={postgres_schema}", postgres_url,
+              postgres_schema)
+    async with Rheo(app.url) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.create_stream("invoices")
+        await app.create_table()
+        await _orders(rheo, 1)
+        [lease] = await rheo.fetch("orders", "billing")
+        conn = await app.connect()
+
+        async def step() -> None:
+            async with rheo.transaction(conn, lease) as tx:
+                await app.write(conn, lease.event.id)
+                await tx.append("invoices", NewEvent("invoice.due"))
+                await postgres_admin.execute("SELECT pg_terminate_backend($1)",
+                                             conn.get_server_pid())
+
+        try:
+            with pytest.raises(BackendError) as caught:
+                await step()
+        finally:
+            await app.close(conn)
+        assert not isinstance(caught.value, StaleLease)
+        assert caught.value.kind in ("backend_unavailable", "ambiguous", "failed")
+        assert await app.effects() == []
+        assert await _invoices(rheo) == []
+        [acked] = await rheo.ack(lease)  # the lease is still ours: nothing was acked
+        assert acked.ok
+        assert not acked.repeated

@@ -181,17 +181,22 @@ class Transaction:
 
 def _failure(failed: list[tuple[Lease, SettleResult]],
              results: list[SettleResult]) -> BackendError:
-    """The error of acks that did not take effect (the transaction is rolled back)."""
-    lease, first = failed[0]
+    """The error of acks that did not take effect (the transaction is rolled back):
+    :class:`~rheo_flow.StaleLease` when leases were lost (stale, or acked already),
+    else a :class:`~rheo_flow.BackendError` of the first failure's kind."""
+    lost = [(lease, r) for lease, r in failed if r.error is None or r.error.kind in _LOST]
+    lease, first = (lost or failed)[0]
     error = first.error
     kind = error.kind if error is not None else SettleKind.STALE_LEASE
     reason = error.reason if error is not None else (
         "acked already, by an earlier transaction that committed")
-    what = "lost (stale)" if kind in _LOST else f"not acked ({kind.value})"
-    message = (f"{len(failed)} of {len(results)} leases {what}, first {lease.stream}/"
+    what = "lost (stale)" if lost else f"not acked ({kind.value})"
+    message = (f"{len(lost or failed)} of {len(results)} leases {what}, first {lease.stream}/"
                f"{lease.group} p{lease.partition} s{lease.sequence}: {reason}; the "
                "application's transaction was rolled back")
-    return StaleLease(message, [lease for lease, _ in failed], results, kind.value)
+    if not lost:
+        return BackendError(message, kind.value)
+    return StaleLease(message, [lease for lease, _ in lost], results, kind.value)
 
 
 def _is_sqlalchemy(connection: object) -> bool:

@@ -129,10 +129,11 @@ class StaleLease(BackendError):
     leased again, or was settled already. The whole transaction was rolled back (nothing
     of it is written); the event goes to whoever holds it now.
 
-    ``leases`` are the leases whose ack failed; ``results`` every ack's result, in the
-    order of the leases given. ``kind`` is the first failure's (``"stale_lease"`` or
-    ``"receipt_mismatch"``; or ``"backend_unavailable"``, ``"ambiguous"``, ... when the
-    ack could not be made at all: rolled back all the same).
+    ``leases`` are the leases lost; ``results`` every ack's result, in the order of the
+    leases given (an ``ok`` one was rolled back too). ``kind`` is the first lost
+    lease's (``"stale_lease"`` or ``"receipt_mismatch"``). Acks that failed otherwise
+    (the backend unreachable, ...) roll back too and raise a :class:`BackendError` of
+    their kind.
     """
 
     def __init__(self, message: str, leases: list[Any], results: list[Any],
