@@ -64,8 +64,10 @@ class Transaction:
     derived events with :meth:`append`; at the end of the block the leases are acked in
     the same transaction, before it commits.
 
-    A lease whose ack fails rolls everything back and raises
-    :class:`~rheo_flow.StaleLease`; an exception raised in the block rolls it back too.
+    An ack that fails rolls everything back and raises :class:`~rheo_flow.StaleLease`
+    when its lease was lost (stale, or acked already by an earlier commit), else a
+    :class:`~rheo_flow.BackendError` of its kind; an exception raised in the block rolls
+    it back too.
     After the block, :attr:`results` holds the acks' results and :attr:`events` the
     events appended.
     """
