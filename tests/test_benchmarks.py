@@ -11,6 +11,7 @@ import pytest
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # the benchmarks package's root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import outbox as outbox_suite
 from benchmarks import run as runner
 from benchmarks import scaling as scaling_suite
 from benchmarks import sqlite as sqlite_suite
@@ -19,7 +20,7 @@ from benchmarks._common import Result
 
 def test_suites_are_listed_and_tools_are_not() -> None:
     names = runner.available()
-    assert {"sqlite", "redis", "postgres"} <= set(names)
+    assert {"sqlite", "redis", "postgres", "outbox"} <= set(names)
     assert "profile_group" not in names
     assert callable(runner.load("sqlite"))
     with pytest.raises(SystemExit):
@@ -41,6 +42,28 @@ async def test_sqlite_suite_contenders_finish_their_work() -> None:
                       sqlite_suite.raw_consume, sqlite_suite.rheo_group,
                       sqlite_suite.rheo_fetch_ack):
         assert await contender(1_500) > 0
+
+
+async def test_outbox_suite_contenders_write_what_they_time(tmp_path: Path) -> None:
+    from rheo_flow import Rheo
+    from rheo_flow.backends import SQLiteBackend
+
+    path = str(tmp_path / "outbox.db")
+    app = outbox_suite.App("sqlite", path)
+    async with Rheo(SQLiteBackend(path)) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.create_stream("wide", partitions=outbox_suite.PARTITIONS)
+        conns = [await app.connect() for _ in range(outbox_suite.TASKS)]
+        await app.run(conns[0], f"CREATE TABLE {app.table} (id int)")
+        assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, True) > 0
+        assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, False) > 0
+        assert await outbox_suite.concurrent_appends(rheo, app, conns, 3, True) > 0
+        assert await outbox_suite.concurrent_appends(rheo, app, conns, 2, False) > 0
+        assert conns[0].execute(f"SELECT count(*) FROM {app.table}").fetchone() == (20,)
+        assert await rheo.high_water("orders") == {0: 10}
+        assert await rheo.high_water("wide") == dict.fromkeys(range(8), 5)
+        for conn in conns:
+            await app.close(conn)
 
 
 async def test_scaling_workers_drain_the_backlog_together(tmp_path: Path) -> None:

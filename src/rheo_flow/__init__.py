@@ -22,6 +22,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from ._backend import Backend
+    from ._facade._transaction import Transaction
     from ._model._capabilities import Capabilities
     from ._model._errors import (
         AlreadyStarted,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         OutcomeUnknown,
         RheoError,
         SetupRefused,
+        StaleLease,
         StoreLost,
         UnknownGroup,
         UnknownStream,
@@ -42,7 +44,16 @@ if TYPE_CHECKING:
     )
     from ._model._event import Event, NewEvent
     from ._model._lease import Lease
-    from ._model._outcome import ACK, Ack, Outcome, Reject, Retry, current_lease
+    from ._model._outcome import (
+        ACK,
+        SETTLED,
+        Ack,
+        Outcome,
+        Reject,
+        Retry,
+        Settled,
+        current_lease,
+    )
     from ._model._query import Page, Query
     from ._model._routing import partition_for
     from ._model._settle_results import Decision, SettleError, SettleKind, SettleResult, classify
@@ -58,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACK",
+    "SETTLED",
     "Ack",
     "AlreadyStarted",
     "Backend",
@@ -95,9 +107,12 @@ __all__ = [
     "SettleKind",
     "SettleOutcome",
     "SettleResult",
+    "Settled",
     "SetupRefused",
+    "StaleLease",
     "StoreLost",
     "StreamInfo",
+    "Transaction",
     "UnknownGroup",
     "UnknownStream",
     "Unsupported",
@@ -122,6 +137,7 @@ _HOMES: Final[dict[str, str]] = {
     "OutcomeUnknown": "._model._errors",
     "RheoError": "._model._errors",
     "SetupRefused": "._model._errors",
+    "StaleLease": "._model._errors",
     "StoreLost": "._model._errors",
     "UnknownGroup": "._model._errors",
     "UnknownStream": "._model._errors",
@@ -134,6 +150,9 @@ _HOMES: Final[dict[str, str]] = {
     "Outcome": "._model._outcome",
     "Reject": "._model._outcome",
     "Retry": "._model._outcome",
+    "SETTLED": "._model._outcome",
+    "Settled": "._model._outcome",
+    "Transaction": "._facade._transaction",
     "current_lease": "._model._outcome",
     "Page": "._model._query",
     "Query": "._model._query",

@@ -15,6 +15,7 @@ from ._backends._urls import backend_from_url, split_url_option
 from ._facade._in_transaction import ack_in_transaction, open_in_transaction
 from ._facade._positions import replay_at, reset_at
 from ._facade._retention import trim_bounds
+from ._facade._transaction import Transaction
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
 from ._model._errors import InvalidArgument, UnknownGroup
@@ -140,12 +141,8 @@ class Rheo:
     async def __aenter__(self) -> Self:
         return await self.open()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.close()
 
     def new_consumer_id(self) -> str:
@@ -375,10 +372,16 @@ class Rheo:
                                             connection)
         return await self._settle_call("ack", items, lambda: self._backend.ack(items))
 
-    async def nack(
-        self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0,
-        error: str | None = None,
-    ) -> list[SettleResult]:
+    def transaction(self, connection: Any, leases: Lease | Iterable[Lease] = ()
+                    ) -> Transaction:
+        """Read, process, write exactly once (docs/outbox.md): ``async with
+        rheo.transaction(conn, leases) as tx:`` commits the acks of ``leases``, the block's
+        writes on ``conn`` and ``tx.append``'s events together; a stale lease rolls it all
+        back and raises :class:`~rheo_flow.StaleLease`."""
+        return Transaction(self, connection, leases)
+
+    async def nack(self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0,
+                   error: str | None = None) -> list[SettleResult]:
         """Return leases for redelivery (after ``delay_ms``); one result per lease.
 
         ``error`` (at most 1,000 characters, e.g. ``"TimeoutError: db busy"``) is
@@ -412,9 +415,8 @@ class Rheo:
         return await self._settle_call(
             "reject", items, lambda: backend.reject(items, reason, error))
 
-    async def renew(
-        self, leases: Lease | Iterable[Lease], *, lease_ms: int = DEFAULT_LEASE_MS
-    ) -> list[SettleResult]:
+    async def renew(self, leases: Lease | Iterable[Lease], *, lease_ms: int = DEFAULT_LEASE_MS
+                    ) -> list[SettleResult]:
         """Extend leases to now + ``lease_ms``; results carry the new deadline."""
         items = self._leases(leases)
         check_lease_ms(lease_ms)
@@ -445,9 +447,8 @@ class Rheo:
         high = await self.high_water(stream)
         return {p: max(0, high[p] - frontier.get(p, 0)) for p in high}
 
-    async def dead_letters(
-        self, stream: str, group: str, *, limit: int = 100, after: DeadLetter | None = None
-    ) -> list[DeadLetter]:
+    async def dead_letters(self, stream: str, group: str, *, limit: int = 100,
+                           after: DeadLetter | None = None) -> list[DeadLetter]:
         """Rejected deliveries of a group, by (partition, sequence), after ``after``."""
         check_name("stream", stream)
         check_name("group", group)
@@ -457,9 +458,8 @@ class Rheo:
             check_sequence("after.sequence", after.sequence))
         return await self._backend.dead_letters(stream, group, limit, position)
 
-    async def redrive(
-        self, stream: str, group: str, dead_letters: Iterable[DeadLetter] | None = None
-    ) -> int:
+    async def redrive(self, stream: str, group: str,
+                      dead_letters: Iterable[DeadLetter] | None = None) -> int:
         """Make dead letters deliverable again (all when none are given); returns the count."""
         check_name("stream", stream)
         check_name("group", group)

@@ -188,7 +188,7 @@ async def test_redis_stop_cont_pipeline(redis_prefix_url: str) -> None:
 
 def test_the_catalogue_picks_what_applies_and_refuses_the_rest() -> None:
     defaults = [s.name for s in selected_scenarios("sqlite:///x.db")]
-    assert defaults == ["kill-restart", "stop-cont", "poison", "ambiguous-append"]
+    assert defaults == ["kill-restart", "stop-cont", "poison", "ambiguous-append", "outbox"]
     assert [s.name for s in selected_scenarios("redis://h", ["baseline"])] == ["baseline"]
     with pytest.raises(InvalidArgument, match="one process"):
         selected_scenarios("memory://")

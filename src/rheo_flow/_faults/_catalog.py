@@ -11,7 +11,8 @@ from dataclasses import replace
 
 from ._scenario import _REGISTRY, RunControl, RunSettings, Scenario, register
 
-__all__ = ["AMBIGUOUS_APPEND", "BASELINE", "KILL_RESTART", "POISON", "STOP_CONT", "scenarios"]
+__all__ = ["AMBIGUOUS_APPEND", "BASELINE", "KILL_RESTART", "OUTBOX", "POISON", "STOP_CONT",
+           "scenarios"]
 
 
 def scenarios() -> dict[str, Scenario]:
@@ -67,6 +68,24 @@ def _lose_answers(settings: RunSettings) -> RunSettings:
     return replace(settings, lose_every=3)
 
 
+def _outbox(settings: RunSettings) -> RunSettings:
+    return replace(settings, outbox=True, poison_every=50)
+
+
+async def _kill_mid_transaction(run: RunControl) -> None:
+    """kill -9 the workers in turn, four times, while their handlers' transactions run
+    (each holds one from before its write to its commit), restarting each at once."""
+    for i, fraction in enumerate((0.15, 0.35, 0.55, 0.75)):
+        if not await run.wait_progress(fraction):
+            return
+        worker = run.workers[i % len(run.workers)]
+        worker.kill()
+        await worker.wait()
+        run.note(f"kill -9 {worker.name}")
+        await worker.restart()
+        run.note(f"restarted {worker.name}")
+
+
 BASELINE = register(Scenario(
     "baseline", "no fault: the workload alone (a control run)", default=False))
 KILL_RESTART = register(Scenario(
@@ -80,6 +99,12 @@ POISON = register(Scenario(
 AMBIGUOUS_APPEND = register(Scenario(
     "ambiguous-append", "every 3rd append's answer is dropped and the producer is killed "
     "mid-run: appends are retried with the same ids", _kill_producer, tune=_lose_answers))
+
+OUTBOX = register(Scenario(
+    "outbox", "handlers ack in the application's transaction with a row and a derived "
+    "event (Rheo.transaction); workers are killed -9 mid-transaction: each effect exactly "
+    "once", _kill_mid_transaction, backends=frozenset({"sqlite", "postgres"}),
+    tune=_outbox))
 
 # Server, network and cluster faults (PostgreSQL, Redis, Redis Cluster) register
 # themselves on import.

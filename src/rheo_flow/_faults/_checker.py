@@ -52,6 +52,10 @@ class FinalState:
     """Dead-lettered event ids with their attempts."""
     stored: Mapping[str, tuple[tuple[int, int], ...]] | None = None
     """Every stored event id with its positions (``None``: not read)."""
+    effects: Mapping[str, int] | None = None
+    """The ``outbox`` scenario: the application's rows per source event id."""
+    derived: Mapping[str, int] | None = None
+    """The ``outbox`` scenario: derived events per source event id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,14 @@ class Report:
     """What the scenario did, with times, and processes that crashed."""
     stream: str = ""
     """The run's stream (left in place for inspection)."""
+    duplicated_effects: tuple[str, ...] = ()
+    """``outbox``: source events whose row or derived event was committed more than once."""
+    missing_effects: tuple[str, ...] = ()
+    """``outbox``: events acked (covered by the frontier, not dead letters) without both
+    their row and their derived event, or with one of the two only."""
+    orphan_effects: tuple[str, ...] = ()
+    """``outbox``: a row or derived event of an event that was not acked (a dead letter,
+    beyond the frontier, or never stored): committed without its ack."""
 
     @property
     def duplicated(self) -> int:
@@ -123,7 +135,8 @@ class Report:
     def violations(self) -> int:
         """Lost, unexpected, duplicate-append and stale-accepted findings together."""
         return (len(self.lost) + len(self.unexpected) + len(self.duplicate_appends)
-                + len(self.stale_accepted))
+                + len(self.stale_accepted) + len(self.duplicated_effects)
+                + len(self.missing_effects) + len(self.orphan_effects))
 
     @property
     def ok(self) -> bool:
@@ -147,11 +160,8 @@ def check(
     elapsed_s: float = 0.0,
     error: str | None = None,
 ) -> Report:
-    """Check a run's ``history`` against the ``final`` state of the backend.
-
-    Pure: reads nothing else. ``poison`` names the events whose handler always
-    fails (they are expected among the dead letters).
-    """
+    """Check a run's ``history`` against the ``final`` state of the backend. Pure: reads
+    nothing else. ``poison`` names the events whose handler always fails (dead letters)."""
     poison_ids = frozenset(poison)
     appends = _Appends.of(history, final.stored)
     by_event: dict[str, list[DeliveryRecord]] = defaultdict(list)
@@ -166,6 +176,7 @@ def check(
         must_settle |= {i for i in appends.maybe if final.stored.get(i)}
     lost, unfinished = _unsettled(must_settle, appends, settles, by_event, final)
     lag = sum(max(0, high - final.frontier.get(p, 0)) for p, high in final.high_water.items())
+    duplicated_effects, missing_effects, orphan_effects = _effect_findings(final)
     return Report(
         scenario=scenario,
         workload=workload,
@@ -193,7 +204,34 @@ def check(
         truncated_files=history.truncated,
         elapsed_s=elapsed_s,
         error=error,
+        duplicated_effects=duplicated_effects,
+        missing_effects=missing_effects,
+        orphan_effects=orphan_effects,
     )
+
+
+def _effect_findings(final: FinalState
+                     ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The ``outbox`` scenario's exactly-once effect: every acked event has one row and
+    one derived event, every other event none (empty when not read)."""
+    rows, derived = final.effects, final.derived
+    if rows is None or derived is None:
+        return (), (), ()
+    stored = final.stored or {}
+    duplicated = {i for i in rows.keys() | derived.keys()
+                  if rows.get(i, 0) > 1 or derived.get(i, 0) > 1}
+    missing: set[str] = set()
+    orphan = {i for i in rows.keys() | derived.keys() if i not in stored}
+    for event_id, positions in stored.items():
+        partition, sequence = min(positions)
+        acked = (final.frontier.get(partition, 0) >= sequence
+                 and event_id not in final.dead_letters)
+        has_row, has_derived = rows.get(event_id, 0) > 0, derived.get(event_id, 0) > 0
+        if (acked and not (has_row and has_derived)) or has_row != has_derived:
+            missing.add(event_id)
+        elif not acked and (has_row or has_derived):
+            orphan.add(event_id)
+    return tuple(sorted(duplicated)), tuple(sorted(missing)), tuple(sorted(orphan))
 
 
 @dataclass(slots=True)

@@ -52,7 +52,10 @@ def _verdict(r: Report) -> str:
     if r.error is not None:
         return f"[bold red]error[/]: {r.error[:80]}"
     if not r.ok:
-        return "[bold red]VIOLATION[/]"
+        effects = (len(r.duplicated_effects) + len(r.missing_effects)
+                   + len(r.orphan_effects))
+        return f"[bold red]VIOLATION[/] ({effects} effects)" if effects else (
+            "[bold red]VIOLATION[/]")
     if not r.complete:
         return f"[yellow]incomplete[/] ({len(r.unfinished)} unfinished)"
     return "[green]ok[/]"

@@ -20,6 +20,7 @@ from .._rheo import Rheo
 from ._catalog import scenarios
 from ._checker import FinalState, Report, check
 from ._history import read_history
+from ._outbox import Effects, derived_counts, derived_stream
 from ._scenario import (
     Endpoints,
     Progress,
@@ -152,6 +153,11 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
     async with Rheo(endpoints.check_url) as rheo:
         await rheo.create_stream(stream, partitions=settings.partitions)
         await rheo.create_group(stream, GROUP, max_attempts=settings.max_attempts)
+        effects = None
+        if settings.outbox:
+            await rheo.create_stream(derived_stream(stream))
+            effects = Effects(endpoints.check_url, rheo)
+            await effects.create()
 
         async def progress() -> Progress:
             high = await rheo.high_water(stream)
@@ -181,7 +187,7 @@ async def _run(scenario: Scenario, workload: Workload, settings: RunSettings,
             error = str(exc)
         finally:
             await _stop_all([producer, *workers])
-        final = await _final_state_retrying(rheo, stream)
+        final = await _final_state_retrying(rheo, stream, effects)
     history = read_history(dirs["history"])
     report = check(history, final, scenario=scenario.name, workload=workload, backend=family,
                    poison=poison, elapsed_s=time.monotonic() - started, error=error)
@@ -199,7 +205,7 @@ def _processes(workload: Workload, settings: RunSettings, endpoints: Endpoints, 
         history_dir=str(dirs["history"]), ready_dir=str(dirs["ready"]),
         lease_ms=settings.lease_ms, max_attempts=settings.max_attempts,
         concurrency=settings.concurrency, work_ms=settings.handler_ms,
-        poison_every=settings.poison_every, lifetime_s=lifetime_s)
+        poison_every=settings.poison_every, lifetime_s=lifetime_s, outbox=settings.outbox)
     workers = [WorkerProcess(replace(base, name=f"w{i}"), dirs["logs"])
                for i in range(settings.workers)]
     producer = WorkerProcess(replace(
@@ -266,7 +272,8 @@ async def _stop_all(processes: list[WorkerProcess]) -> None:
             await p.wait()
 
 
-async def _final_state_retrying(rheo: Rheo, stream: str) -> FinalState:
+async def _final_state_retrying(rheo: Rheo, stream: str, effects: Effects | None
+                                ) -> FinalState:
     """The final state, asked again for a while should the backend still be coming back
     (a scenario may have restarted the server or cut the connections)."""
     async for attempt in tenacity.AsyncRetrying(
@@ -274,7 +281,11 @@ async def _final_state_retrying(rheo: Rheo, stream: str) -> FinalState:
         retry=tenacity.retry_if_not_exception_type(InvalidArgument), reraise=True,
     ):
         with attempt:
-            return await _final_state(rheo, stream)
+            final = await _final_state(rheo, stream)
+            if effects is None:
+                return final
+            return replace(final, effects=await effects.counts(stream),
+                           derived=await derived_counts(rheo, stream))
     raise AssertionError("unreachable")  # pragma: no cover - for mypy
 
 

@@ -122,6 +122,9 @@ class RunSettings:
     poison_every: int = 0
     lose_every: int = 0
     batch: int = 20
+    outbox: bool = False
+    """Handlers settle in the application's transaction, with an effect row and a derived
+    event each; the checker counts those too (the ``outbox`` scenario)."""
 
     @property
     def handler_ms(self) -> int:

@@ -25,7 +25,7 @@ import orjson
 from .._model._errors import BackendUnavailable, RheoError
 from .._model._event import Event, NewEvent
 from .._model._lease import Lease
-from .._model._outcome import ACK, Outcome, current_lease
+from .._model._outcome import ACK, SETTLED, Outcome, current_lease
 from .._model._settle_results import SettleKind, classify
 from .._rheo import Rheo
 from .._runtime._group import Group, consumer
@@ -33,6 +33,7 @@ from .._runtime._retry_policy import RetryPolicy
 from .._runtime._settle_calls import SettleObserver, SettleOutcome, per_outcome
 from ._history import Recorder
 from ._history import SettleOp as RecordedOp
+from ._outbox import HOLD_MS, Effects, derived_stream, settle_in_transaction
 
 __all__ = ["WorkerConfig", "event_id", "is_poison", "main"]
 
@@ -72,6 +73,9 @@ class WorkerConfig:
     id_prefix: str = "e"
     lifetime_s: float = 600.0
     """The process ends by itself after this long, or when its parent is gone."""
+    outbox: bool = False
+    """Handlers ack in a transaction with their effect row and derived event (the
+    ``outbox`` scenario, :mod:`._outbox`)."""
 
     def to_json(self) -> str:
         """The config as one JSON argument."""
@@ -160,9 +164,20 @@ async def _work(cfg: WorkerConfig, lease: Lease, recorder: Recorder) -> None:
         raise Poison(f"poison event {lease.event.id}")
 
 
+async def _effects(cfg: WorkerConfig, rheo: Rheo) -> Effects | None:
+    """The outbox scenario's application table (``None`` in other scenarios)."""
+    if not cfg.outbox:
+        return None
+    # The derived stream's partition count, read now: read inside an application's
+    # SQLite transaction, it would wait behind the backend's writes, which wait for it.
+    await rheo.stream_info(derived_stream(cfg.stream))
+    return Effects(cfg.url, rheo)
+
+
 async def consume_group(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder,
                         stop: asyncio.Event) -> None:
     """Run a :class:`~rheo_flow.Group` until ``stop`` is set."""
+    effects = await _effects(cfg, rheo)
 
     @consumer(stream=cfg.stream, group=cfg.group, concurrency=cfg.concurrency,
               max_demand=cfg.concurrency * 4, fetch_size=cfg.concurrency * 2,
@@ -172,7 +187,11 @@ async def consume_group(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder,
         lease = current_lease()
         _delivered(recorder, lease)
         await _work(cfg, lease, recorder)
-        return ACK
+        if effects is None:
+            return ACK
+        await settle_in_transaction(rheo, effects, cfg.stream, [lease], recorder,
+                                    min(cfg.work_ms, HOLD_MS))
+        return SETTLED
 
     async with Group(rheo, handle, observer=_observer(recorder)):
         _ready(cfg)
@@ -182,7 +201,9 @@ async def consume_group(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder,
 async def consume_pipeline(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder,
                            stop: asyncio.Event) -> None:
     """Run a :class:`~rheo_flow.pipeline.Pipeline` (processors and a batcher) until ``stop``."""
-    from ..pipeline import Batcher, Message, Pipeline, Processors
+    from ..pipeline import Batcher, Message, Pipeline, Processors, confirm_settled
+
+    effects = await _effects(cfg, rheo)
 
     class Handler:
         async def handle_message(self, processor: str, message: Message,
@@ -190,6 +211,16 @@ async def consume_pipeline(cfg: WorkerConfig, rheo: Rheo, recorder: Recorder,
             _delivered(recorder, message.lease)
             await _work(cfg, message.lease, recorder)
             return message
+
+        async def handle_batch(self, batcher: str, messages: list[Message], info: Any,
+                               context: Any) -> list[Message]:
+            if effects is None:
+                return messages
+            ok = [m for m in messages if m.status == "ok"]
+            await settle_in_transaction(rheo, effects, cfg.stream, [m.lease for m in ok],
+                                        recorder, min(cfg.work_ms, HOLD_MS))
+            confirm_settled(ok)
+            return messages
 
     pipeline = Pipeline(
         rheo, stream=cfg.stream, group=cfg.group, handler=Handler(),

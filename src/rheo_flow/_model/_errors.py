@@ -7,6 +7,8 @@ callers that already catch ``ValueError`` keep working.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AlreadyStarted",
     "BackendError",
@@ -19,6 +21,7 @@ __all__ = [
     "OutcomeUnknown",
     "RheoError",
     "SetupRefused",
+    "StaleLease",
     "StoreLost",
     "UnknownGroup",
     "UnknownStream",
@@ -118,6 +121,26 @@ class StoreLost(BackendError):
     def __init__(self, message: str, stream: str | None = None) -> None:
         super().__init__(message, kind="failed")
         self.stream = stream
+
+
+class StaleLease(BackendError):
+    """An ack in the application's transaction (:meth:`Rheo.transaction
+    <rheo_flow.Rheo.transaction>`) did not take effect: a lease expired and the event was
+    leased again, or was settled already. The whole transaction was rolled back (nothing
+    of it is written); the event goes to whoever holds it now.
+
+    ``leases`` are the leases lost; ``results`` every ack's result, in the order of the
+    leases given (an ``ok`` one was rolled back too). ``kind`` is the first lost
+    lease's (``"stale_lease"`` or ``"receipt_mismatch"``). Acks that failed otherwise
+    (the backend unreachable, ...) roll back too and raise a :class:`BackendError` of
+    their kind.
+    """
+
+    def __init__(self, message: str, leases: list[Any], results: list[Any],
+                 kind: str = "stale_lease") -> None:
+        super().__init__(message, kind)
+        self.leases = leases
+        self.results = results
 
 
 class AlreadyStarted(RheoError):

@@ -1,7 +1,7 @@
 """What a consumer's handler returns, and the lease it is handling.
 
 :meth:`Consumer.handle_event <rheo_flow.Consumer.handle_event>` returns an
-:data:`Outcome`: :data:`ACK`, :class:`Retry` or :class:`Reject`; the
+:data:`Outcome`: :data:`ACK`, :class:`Retry`, :class:`Reject` or :data:`SETTLED`; the
 :class:`~rheo_flow.Group` running it settles the lease accordingly, and makes the
 lease available to the handler through :func:`current_lease`.
 """
@@ -17,7 +17,8 @@ from ._errors import InvalidArgument, NotStarted
 from ._lease import Lease
 from ._validation import check_duration_ms
 
-__all__ = ["ACK", "Ack", "Context", "Outcome", "Reject", "Retry", "current_lease"]
+__all__ = ["ACK", "SETTLED", "Ack", "Context", "Outcome", "Reject", "Retry", "Settled",
+           "current_lease"]
 
 Context: TypeAlias = Mapping[str, Any]
 """The read-only handler context built once by :meth:`Consumer.setup`."""
@@ -61,7 +62,18 @@ class Reject:
         _check_reason("Reject", self.reason)
 
 
-Outcome: TypeAlias = Ack | Retry | Reject
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """Outcome: the handler settled its lease itself, in its own transaction
+    (:meth:`Rheo.transaction <rheo_flow.Rheo.transaction>`, docs/outbox.md); the group
+    releases the lease without settling it again. Use the :data:`SETTLED` constant."""
+
+
+SETTLED = Settled()
+"""The :class:`Settled` outcome."""
+
+
+Outcome: TypeAlias = Ack | Retry | Reject | Settled
 """What :meth:`Consumer.handle_event` returns."""
 
 

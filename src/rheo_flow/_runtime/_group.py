@@ -129,7 +129,8 @@ class Consumer(ABC):
 
     @abstractmethod
     async def handle_event(self, event: Event, context: Context) -> Outcome:
-        """Handle one leased event and return :data:`ACK`, :class:`Retry` or :class:`Reject`.
+        """Handle one leased event and return :data:`ACK`, :class:`Retry` or :class:`Reject`
+        (or :data:`SETTLED` once :meth:`Rheo.transaction` acked the lease).
 
         Raising, or returning anything else, is a handler failure: the group logs
         and counts it and nacks the lease for redelivery after the ``retry_policy``

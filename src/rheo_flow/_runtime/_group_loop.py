@@ -28,10 +28,11 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 from .. import _telemetry
+from .._model._errors import StaleLease
 from .._model._event import Event
 from .._model._failure import bounded, describe, error_text, failure_fields, truncated
 from .._model._lease import Lease
-from .._model._outcome import _CURRENT_LEASE, Ack, Context, Reject, Retry
+from .._model._outcome import _CURRENT_LEASE, Ack, Context, Reject, Retry, Settled
 from .._model._settle_results import SettleResult, classify
 from .._model._validation import MAX_REASON
 from .._telemetry import EventProcessing
@@ -46,7 +47,8 @@ __all__ = ["EventHandler", "GroupLoop", "GroupStats", "short_repr"]
 
 log = logging.getLogger("rheo_flow.group")
 
-_Category = Literal["ack", "retry", "reject", "handler_error", "invalid_outcome", "shutdown"]
+_Category = Literal["ack", "retry", "reject", "handler_error", "invalid_outcome", "shutdown",
+                    "settled"]
 
 EventHandler: TypeAlias = Callable[[Event, Context], Awaitable[Any]]
 """What handles one event (a consumer's ``handle_event``, or the function it wraps)."""
@@ -79,7 +81,7 @@ class GroupStats:
     handler_errors: int = 0
     """Handlers that raised."""
     invalid_outcomes: int = 0
-    """Handlers that returned something other than ACK, Retry or Reject."""
+    """Handlers that returned something other than ACK, Retry, Reject or SETTLED."""
     skipped: int = 0
     """Leases lost (found stale on renew) before their handler started."""
     settle_failures: Counter[str] = field(default_factory=Counter)
@@ -307,18 +309,23 @@ class GroupLoop:
             return _Finished(lease, "retry", reason, delay, last_error=bounded(reason))
         if isinstance(outcome, Reject):
             return _Finished(lease, "reject", _reason(outcome.reason))
+        if isinstance(outcome, Settled):
+            return _Finished(lease, "settled", "settled")
         self._stats.invalid_outcomes += 1
         text = short_repr(outcome)
         delay = self._retry_policy.delay_ms(lease.attempt)
         producer = self._producer
         log.error("handler of %s/%s returned an invalid outcome for p%d s%d (attempt %d): %s "
-                  "(expected ACK, Retry or Reject); nacking with a delay of %d ms",
+                  "(expected ACK, Retry, Reject or SETTLED); nacking with a delay of %d ms",
                   producer.stream, producer.group, lease.partition, lease.sequence,
                   lease.attempt, text, delay, extra=failure_fields(lease, producer.consumer_id))
         reason = _reason(f"invalid_outcome: {text}")
         return _Finished(lease, "invalid_outcome", reason, delay, last_error=bounded(reason))
 
     def _handler_failed(self, lease: Lease, exc: BaseException) -> _Finished:
+        if isinstance(exc, StaleLease) and any(
+                lost.lease_id == lease.lease_id for lost in exc.leases):
+            return self._lost_in_transaction(lease, exc)
         self._stats.handler_errors += 1
         delay = self._retry_policy.delay_ms(lease.attempt)
         producer = self._producer
@@ -376,6 +383,10 @@ class GroupLoop:
                 await producer.reject(leases, reason, last_error)
             elif category == "shutdown":
                 await producer.hand_back(leases, reason)
+            elif category == "settled":  # by the handler, in its transaction
+                producer.confirm(leases)
+                if reason == "settled":
+                    self._stats.acked += len(leases)
             else:
                 await producer.nack(leases, reason, delay_ms, last_error)
         except Exception as exc:
@@ -385,6 +396,17 @@ class GroupLoop:
             producer.confirm(leases)
             log.error("settling %d leases of %s/%s failed: %s; leaving them to expire",
                       len(leases), producer.stream, producer.group, error.reason, exc_info=exc)
+
+    def _lost_in_transaction(self, lease: Lease, exc: StaleLease) -> _Finished:
+        """The handler's own transaction found its lease stale and rolled back: the event
+        is another consumer's now. Release the lease unsettled (a nack would be refused)."""
+        self._stats.settle_failures[exc.kind] += 1
+        producer = self._producer
+        log.warning("handler of %s/%s lost its lease of p%d s%d (attempt %d) in its "
+                    "transaction, rolled back: %s", producer.stream, producer.group,
+                    lease.partition, lease.sequence, lease.attempt, exc,
+                    extra=failure_fields(lease, producer.consumer_id))
+        return _Finished(lease, "settled", "lost", error=exc)
 
     def observe(self, op: SettleOp, leases: Sequence[Lease],
                 results: Sequence[SettleResult]) -> None:

@@ -138,7 +138,8 @@ class EventProcessing(_Step):
 
     def outcome(self, category: str, error: BaseException | None = None) -> None:
         """What the runtime made of the handler's result: ``ack``, ``retry``, ``reject``,
-        ``handler_error`` or ``invalid_outcome`` (and the exception it raised)."""
+        ``handler_error``, ``invalid_outcome`` or ``settled`` (and the exception it
+        raised)."""
         self._outcome = category
         self._error = error
 

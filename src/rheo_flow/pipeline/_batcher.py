@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _telemetry
-from .._model._errors import InvalidArgument
+from .._model._errors import InvalidArgument, StaleLease
 from .._runtime._inflight import Inflight
 from .._runtime._options import BATCHER
 from ._acknowledger import Acknowledger
@@ -288,7 +288,7 @@ class BatcherStage(StageTasks[tuple[list[Message], BatchInfo]]):
                     returned = returned + missing
         except Exception as exc:
             fail_on_error(messages, "batch_error", exc, f"batcher {self.name}")
-            returned = messages
+            returned = self._without_lost(messages, exc)
         successful: list[Message] = []
         failed: list[Message] = []
         for m in returned:
@@ -296,3 +296,14 @@ class BatcherStage(StageTasks[tuple[list[Message], BatchInfo]]):
         if failed:
             failed = await run_handle_failed(self._callbacks, failed, self._context, log)
         await self._acknowledger.settle(successful, failed)
+
+    def _without_lost(self, messages: list[Message], exc: Exception) -> list[Message]:
+        """The failed batch's messages to settle: not those whose leases the handler's own
+        transaction found stale (Rheo.transaction rolled back; another consumer holds
+        them now), which are released unsettled."""
+        if not isinstance(exc, StaleLease):
+            return messages
+        lost_ids = {lease.lease_id for lease in exc.leases}
+        lost = [m for m in messages if m.lease.lease_id in lost_ids]
+        self._acknowledger.abandon(lost)
+        return [m for m in messages if m.lease.lease_id not in lost_ids]
