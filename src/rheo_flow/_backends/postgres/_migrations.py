@@ -133,8 +133,13 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
                              ("states", "advance_frontiers", "fetch_work", "fetch_keyed",
                               "fetch_by_key", "fetch", "settle_ranged", "settle", "renew",
-                              "ack_fetch", "ack_ranges"))
+                              "ack_fetch", "ack_ranges", "append_guarded"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
+
+_NEWEST_FUNCTION: Final = ("{s}.append_guarded(integer, text, text, text, text, text, text[], "
+                           "text, text)")
+"""The signature of the function added last: a schema at the current version without it
+gets the current functions installed (or, not migrating, is refused)."""
 
 
 def _newer(schema: str, version: int) -> BackendError:
@@ -155,9 +160,10 @@ async def ensure_schema(conn: asyncpg.Connection, schema: str, *, apply: bool) -
     if version > SCHEMA_VERSION:
         raise _newer(schema, version)
     if version == SCHEMA_VERSION:
-        if not await conn.fetchval(sql.has_named_codes, render("{s}.held()", schema)):
-            # Made at this version before its functions gained the named codes
-            # (functions/states.sql) while the version was unreleased: install them.
+        if not await conn.fetchval(sql.has_named_codes, render(_NEWEST_FUNCTION, schema)):
+            # Made at this version before its newest function (the named codes of
+            # functions/states.sql, then functions/append_guarded.sql) was added while
+            # the version was unreleased: install them.
             if not apply:
                 raise BackendError(
                     f"PostgreSQL schema {schema!r} lacks this rheo-flow's functions: run  "

@@ -9,9 +9,9 @@ check is one round trip on the first use of a connection, remembered for as long
 as the connection lives.
 
 A statement that fails aborts the transaction it runs in: the append, which
-meets event ids already stored by failing, runs each statement under a savepoint
-of its own (:class:`Savepointed`), so that such a failure is undone alone and the
-caller's transaction goes on.
+meets event ids already stored by failing, runs there inside a function whose
+exception block is a subtransaction (functions/append_guarded.sql), so that such a
+failure is undone alone, in the same round trip, and the caller's transaction goes on.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..._model._errors import InvalidArgument
 from ._pool import Fetches, PoolCalls, driver
-from ._psycopg import SAVEPOINT as _SAVEPOINT
 from ._psycopg import AsyncPsycopg, SyncPsycopg, check_psycopg, psycopg_kind
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["Caller", "CallerConnections", "Savepointed"]
+__all__ = ["Caller", "CallerConnections"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,37 +36,6 @@ class Caller:
 
     plain: Fetches
     """Statements in the caller's transaction."""
-    savepointed: Fetches
-    """Each statement under a savepoint of its own (:class:`Savepointed`)."""
-
-
-class Savepointed:
-    """The caller's connection as the append uses it: ``fetch`` under a savepoint.
-
-    ``conn`` is asyncpg's, or psycopg's ``AsyncConnection`` as :class:`~._psycopg.AsyncPsycopg`
-    (a sync one runs the three statements in one blocking call: ``SyncPsycopg``).
-    Plain ``SAVEPOINT`` statements rather than a nested ``conn.transaction()``:
-    they work in a transaction the caller began with ``BEGIN`` as well as in one
-    of the driver's. A failed statement's savepoint is rolled back and released; a
-    cancelled one is left to the caller's transaction, which can only roll back.
-    """
-
-    __slots__ = ("_conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-
-    async def fetch(self, sql: str, *args: Any) -> list[Any]:
-        conn = self._conn
-        await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
-        try:
-            rows: list[Any] = await conn.fetch(sql, *args)
-        except Exception:
-            await conn.execute(
-                f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
-            raise
-        await conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
-        return rows
 
 
 class CallerConnections:
@@ -112,9 +80,8 @@ def _caller(conn: Any, operation: str) -> tuple[Caller, Any]:
     if kind is not None:
         check_psycopg(conn, operation)
         if kind == "async":
-            calls = AsyncPsycopg(conn)
-            return Caller(calls, Savepointed(calls)), conn
-        return Caller(SyncPsycopg(conn, savepoint=False), SyncPsycopg(conn, savepoint=True)), conn
+            return Caller(AsyncPsycopg(conn)), conn
+        return Caller(SyncPsycopg(conn)), conn
     asyncpg = driver()
     if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
         raise InvalidArgument(
@@ -125,7 +92,7 @@ def _caller(conn: Any, operation: str) -> tuple[Caller, Any]:
         raise InvalidArgument(
             f"{operation}(connection=...) needs a connection inside a transaction "
             "(async with conn.transaction(): ...)")
-    return Caller(conn, Savepointed(conn)), _raw(conn)
+    return Caller(conn), _raw(conn)
 
 
 def _raw(conn: Any) -> asyncpg.Connection | None:

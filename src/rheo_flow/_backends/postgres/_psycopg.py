@@ -24,9 +24,6 @@ from ..._support._blocking import call_blocking
 
 __all__ = ["AsyncPsycopg", "Row", "SyncPsycopg", "check_psycopg", "psycopg_kind"]
 
-SAVEPOINT: Final = "rheo_flow_append"
-"""The savepoint of an append's statement in the caller's transaction."""
-
 _NOT_IN_TRANSACTION: Final = (
     "(with conn.transaction(): ..., or a statement of the application's first on a "
     "connection that is not in autocommit)")
@@ -109,26 +106,19 @@ class AsyncPsycopg:
             rows: list[Any] = await cursor.fetchall()
         return rows
 
-    async def execute(self, sql: str) -> None:
-        """``sql``, statements without parameters (savepoints)."""
-        await self._conn.execute(sql)
-
 
 class SyncPsycopg:
     """A sync psycopg ``Connection`` as the backend's statements use it: each
-    :meth:`fetch` is one blocking call (:func:`~rheo_flow._support._blocking.call_blocking`),
-    its savepoint included when ``savepoint`` is set (see :class:`~._outbox.Savepointed`)."""
+    :meth:`fetch` is one blocking call (:func:`~rheo_flow._support._blocking.call_blocking`)."""
 
-    __slots__ = ("_conn", "_savepoint")
+    __slots__ = ("_conn",)
 
-    def __init__(self, conn: Any, *, savepoint: bool) -> None:
+    def __init__(self, conn: Any) -> None:
         self._conn = conn
-        self._savepoint = savepoint
 
     async def fetch(self, sql: str, *args: Any) -> list[Any]:
         """The rows of ``sql`` with ``args`` for its ``$n`` placeholders."""
-        call = self._guarded if self._savepoint else self._fetch
-        rows: list[Any] = await call_blocking(lambda: call(sql, args), in_thread=True)
+        rows: list[Any] = await call_blocking(lambda: self._fetch(sql, args), in_thread=True)
         return rows
 
     def _fetch(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
@@ -137,15 +127,4 @@ class SyncPsycopg:
         with RawCursor(self._conn, row_factory=_row_factory) as cursor:
             cursor.execute(sql, args)
             rows: list[Any] = cursor.fetchall()
-        return rows
-
-    def _guarded(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
-        conn = self._conn
-        conn.execute(f"SAVEPOINT {SAVEPOINT}")
-        try:
-            rows = self._fetch(sql, args)
-        except Exception:
-            conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}")
-            raise
-        conn.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
         return rows

@@ -72,6 +72,7 @@ class Statements:
     describe_streams: str
     describe_groups: str
     append: str
+    append_guarded: str
     database_identity: str
     stored_events: str
     query_events: str

@@ -42,6 +42,32 @@ def event_of(stream: str, row: Any) -> Event:
                            decode_json(headers) if headers is not None else {}, appended_at_ms)
 
 
+class _DuplicateId(Exception):
+    """append_guarded's answer that some id is stored already, as the error the plain
+    append raises (the same retry takes it)."""
+
+    constraint_name = "events_event_id"
+
+
+class _Guarded:
+    """The application's connection as the append uses it: the append statement sent as
+    ``append_guarded`` (which answers a stored id instead of aborting the transaction),
+    anything else as it is."""
+
+    __slots__ = ("_append", "_conn", "_guarded")
+
+    def __init__(self, conn: Fetches, append: str, guarded: str) -> None:
+        self._conn, self._append, self._guarded = conn, append, guarded
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        if sql is not self._append:
+            return await self._conn.fetch(sql, *args)
+        [row] = await self._conn.fetch(self._guarded, *args)
+        if row[2]:
+            raise _DuplicateId("an event id of the append is stored already")
+        return [row]
+
+
 def _duplicate_id(exc: BaseException) -> bool:
     """Whether ``exc`` is an append meeting an event id already stored (asyncpg names the
     constraint on the error, psycopg in its ``diag``)."""
@@ -116,15 +142,18 @@ class StreamOps(PostgresCore):
                                     records: Sequence[AppendRecord]) -> list[Event]:
         """:meth:`append` on the application's asyncpg or psycopg ``connection``, in its open
         transaction: the same statement (its ``NOTIFY`` is delivered at that
-        transaction's commit, dropped at its rollback), under a savepoint so that ids
-        already stored leave the transaction usable (:mod:`._outbox`). The rows of
+        transaction's commit, dropped at its rollback) inside a function whose
+        exception block is a subtransaction (functions/append_guarded.sql), so that ids
+        already stored leave the transaction usable, in one round trip. The rows of
         the partitions appended to stay locked until the transaction ends."""
         meta = await self._stream(stream)
         caller = await self._check_caller(connection, "append")
         if not records:
             return []
         _check_records(stream, meta, records)
-        return await self._append_records(caller.savepointed, stream, meta, records)
+        return await self._append_records(_Guarded(caller.plain, self._sql.append,
+                                                   self._sql.append_guarded),
+                                          stream, meta, records)
 
     async def _append_records(self, pool: Fetches, stream: str, meta: StreamMeta,
                               records: Sequence[AppendRecord]) -> list[Event]:

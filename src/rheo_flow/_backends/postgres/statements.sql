@@ -85,6 +85,12 @@ SELECT (SELECT t.ms FROM t) AS appended_at_ms,
        (SELECT array_agg(n.seq ORDER BY n.idx) FROM numbered n) AS seqs,
        (SELECT pg_notify($8, $9)) AS notified
 
+-- The append on an application's connection (functions/append_guarded.sql): the same
+-- parameters, in one round trip with the ids already stored answered, not raised.
+-- name: append_guarded
+SELECT o_appended_at_ms, o_seqs, o_duplicate
+FROM {s}.append_guarded($1, $2, $3, $4, $5, $6, $7::text[], $8, $9)
+
 -- What a connection reaches, to tell whether an application's connection is on the
 -- backend's database (the outbox, _outbox.py): the database, the server's start time
 -- in microseconds (a fingerprint of the server any role may read) and the oid of the

@@ -23,6 +23,7 @@ inside a savepoint: an error undoes them and leaves the caller's own writes
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 from collections.abc import Callable
@@ -119,7 +120,10 @@ def _in_savepoint(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection],
     return result
 
 
+@functools.lru_cache(maxsize=64)
 def _same_file(found: str, path: str) -> bool:
+    """Whether the paths name one file (remembered: two path resolutions per append
+    were a fifth of its cost)."""
     if os.path.realpath(found) == os.path.realpath(path):
         return True
     try:
