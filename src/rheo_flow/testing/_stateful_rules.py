@@ -115,6 +115,31 @@ class RedriveAndDeletionRules(MachineBase):
         leases = await self._fetch(DRIVE_LIMIT, [lease.partition], CONSUMERS[1], LONG_MS)
         return next((x for x in leases if x.sequence == lease.sequence), None)
 
+    @precondition(lambda self: self.backend.capabilities.pause)
+    @rule(pause=st.booleans())
+    def pause_or_resume(self, pause: bool) -> None:
+        self.run(self._pause() if pause else self._resume())
+
+    async def _pause(self) -> None:
+        """``pause_group``: the group's fetches return nothing from now on, its leases
+        settle and renew as before (``pause.fetch``: the other rules go on, the model
+        checks each fetch)."""
+        was = self.model.paused
+        info = await self.rheo.pause_group(self.stream, self.group)
+        check_equal((info.paused, info.paused_until_ms), (True, None), "pause_group's info")
+        self.model.paused = True
+        event(f"pause_or_resume: pause {'a paused' if was else 'an unpaused'} group")
+
+    async def _resume(self) -> None:
+        """``resume_group``: the group's fetches lease again (``pause.resume``)."""
+        was = self.model.paused
+        info = await self.rheo.resume_group(self.stream, self.group)
+        check_equal((info.paused, info.paused_until_ms), (False, None), "resume_group's info")
+        check_equal((await self.rheo.group_info(self.stream, self.group)).paused, False,
+                    "group_info after resume_group")
+        self.model.paused = False
+        event(f"pause_or_resume: resume {'a paused' if was else 'an unpaused'} group")
+
     @rule(start=START_CHOICES, flip=st.integers(0, 3))
     def delete_and_recreate_group(self, start: StartPosition, flip: int) -> None:
         """Created again with the same ordering, or (one time in four) the other one."""
