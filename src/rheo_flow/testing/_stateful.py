@@ -306,8 +306,6 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
         """Settle what is held, let delays pass, drain the group, compare with the model."""
         await self._settle("ack", self.current())
         await self._advance_past(self.model.latest_ready())
-        if self.model.paused:
-            await self._resume()
         expected = set(self.model.unsettled())
         drained: list[tuple[int, int]] = []
         for _ in range(len(self.model.deliveries) + 5):
