@@ -176,8 +176,8 @@ async def test_pause_stops_new_leases_and_resume_restarts_the_same_workers(run: 
     await run.start_workers()
     stop = asyncio.Event()
     appended = [0]
-    pause_ms: list[int] = []
-    resume_ms: list[int] = []
+    pause_ms: list[tuple[int, int]] = []
+    resume_ms: list[tuple[int, int]] = []
     async with Rheo(run.url) as rheo:
         producer = asyncio.create_task(_produce(rheo, appended, stop))
         try:
@@ -185,19 +185,20 @@ async def test_pause_stops_new_leases_and_resume_restarts_the_same_workers(run: 
                 before = len(run.leases())
                 await _until(lambda b=before: len(run.leases()) >= b + 50,  # type: ignore[misc]
                              f"cycle {cycle}: consumption", 60, run)
-                _, paused = await run.cli("pause", "work", "g")
+                pausing, paused = await run.cli("pause", "work", "g")
                 assert (await rheo.group_info("work", "g")).paused
                 window_end = paused + 3 * run.poll_ms
                 await _until(lambda end=window_end: _now_ms() > end,  # type: ignore[misc]
                              f"cycle {cycle}: three poll intervals after the pause", 30, run)
                 late = [x for x in run.leases() if x.at_ms > paused + CLOCK_SLACK_MS]
                 assert late == [], f"cycle {cycle}: leased after the pause returned: {late[:5]}"
-                pause_ms.append(max(x.at_ms for x in run.leases()) - paused)
-                _, resumed = await run.cli("resume", "work", "g")
+                last = max(x.at_ms for x in run.leases())
+                pause_ms.append((last - pausing, last - paused))
+                resuming, resumed = await run.cli("resume", "work", "g")
                 await _until(lambda p=paused: any(x.at_ms > p for x in run.leases()),
                              f"cycle {cycle}: consumption after the resume", 30, run)
-                resume_ms.append(min(x.at_ms for x in run.leases() if x.at_ms > paused)
-                                 - resumed)
+                first = min(x.at_ms for x in run.leases() if x.at_ms > paused)
+                resume_ms.append((first - resuming, first - resumed))
         finally:
             stop.set()
             await producer
@@ -222,8 +223,9 @@ async def test_pause_stops_new_leases_and_resume_restarts_the_same_workers(run: 
     for proc in run.procs:
         assert await asyncio.wait_for(proc.wait(), 60) == 0, run.outputs()
     print(f"\n{run.url.split(':')[0]}: {total} events, {WORKERS} workers, poll "
-          f"{run.poll_ms} ms; last lease minus pause returned (ms): {pause_ms}; "
-          f"first lease minus resume returned (ms): {resume_ms}")
+          f"{run.poll_ms} ms; last lease after the pause command's start and end (ms): "
+          f"{pause_ms}; first lease after the resume command's start and end (ms): "
+          f"{resume_ms}")
 
 
 async def _progress(rheo: Rheo) -> tuple[dict[int, int], dict[int, int]]:
