@@ -16,8 +16,9 @@ def _paused(info: GroupInfo) -> tuple[bool, int | None]:
 
 @case(rules=["pause.fetch"], requires=["pause"], needs_peer=True)
 async def case_paused_group_fetches_nothing(env: CaseEnv) -> None:
-    """A paused group's fetches return nothing, in every instance; leases out still settle
-    and renew; other groups go on."""
+    """A paused group's fetches return nothing anywhere; its leases still settle and renew.
+
+    Other groups of the stream go on."""
     stream = await env.stream(partitions=2)
     await env.append(stream, 8)
     first, second, third, fourth = await env.fetch(stream, "g", 4)
