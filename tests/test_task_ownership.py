@@ -36,6 +36,7 @@ TASK_OWNERS = {
     "_faults/_proxy.py": "the proxy's pumps, closed with their link",
     "testing/_cases_isolation.py": "a kit case's waiters, awaited by the case",
     "testing/_cases_reads.py": "a kit case's waiters, awaited by the case",
+    "testing/_cases_pause.py": "a kit case's waiter, awaited by the case",
     "testing/_stateful_other.py": "a model step's waiter, awaited by the step",
 }
 """Modules that may create tasks, and why those tasks never outlive their owner."""

@@ -126,6 +126,24 @@ class Backend(ABC):
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         """Every group of a stream, sorted by name."""
 
+    async def pause_group(self, stream: str, group: str, until_ms: int | None) -> GroupInfo:
+        """Pause a group until ``until_ms`` (ms since the epoch; ``None``: until resumed),
+        replacing any pause it has; returns its info.
+
+        While paused, :meth:`fetch` (and the fetch of :meth:`ack_and_fetch`) of the
+        group returns nothing in every process sharing the store; leases already out
+        still settle and renew (rule ``pause.fetch``). :class:`~rheo_flow.UnknownStream`
+        / :class:`~rheo_flow.UnknownGroup` when missing. Declared by
+        ``capabilities.pause``; this default raises :class:`~rheo_flow.Unsupported`.
+        """
+        raise Unsupported(self.name, "pause_group")
+
+    async def resume_group(self, stream: str, group: str) -> GroupInfo:
+        """End a group's pause (nothing changes when it is not paused) and wake the
+        consumers waiting on its stream where wake-ups exist; returns its info (rule
+        ``pause.resume``). Declared by ``capabilities.pause``."""
+        raise Unsupported(self.name, "resume_group")
+
     # Leases ------------------------------------------------------------------
 
     @abstractmethod

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
 from ._facade._in_transaction import ack_in_transaction, open_in_transaction
+from ._facade._pause import pause_group, resume_group
 from ._facade._positions import replay_at, reset_at
+from ._facade._reads import check_query_fields
 from ._facade._retention import trim_bounds
 from ._facade._transaction import Transaction
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
@@ -38,9 +40,7 @@ from ._model._validation import (
     check_reason,
     check_sequence,
     check_start,
-    check_text,
     check_timeout_s,
-    check_type,
     invalid_text,
     ordering_mismatch,
 )
@@ -305,6 +305,17 @@ class Rheo:
         self._max_attempts[(stream, group)] = info.max_attempts
         return info
 
+    async def pause_group(self, stream: str, group: str, *,
+                          until: datetime | None = None) -> GroupInfo:
+        """Pause a group: its fetches return nothing, in every process, until :meth:`resume_group`
+        or ``until`` (an aware datetime in the future; ``None``: until resumed). Leases out
+        still settle and renew; pausing again replaces the end (``capabilities.pause``)."""
+        return await pause_group(self._backend, stream, group, until)
+
+    async def resume_group(self, stream: str, group: str) -> GroupInfo:
+        """End a group's pause and wake its waiting consumers (nothing when not paused)."""
+        return await resume_group(self._backend, stream, group)
+
     # Leases ------------------------------------------------------------------
 
     async def fetch(self, stream: str, group: str, *, consumer_id: str | None = None,
@@ -512,15 +523,7 @@ class Rheo:
         check_positive_int("limit", limit, maximum=MAX_FETCH)
         if query.partitions is not None:
             self._partitions(query.partitions, count)
-        for name in ("from_sequence", "to_sequence", "since_ms", "until_ms"):
-            value = getattr(query, name)
-            if value is not None:
-                check_sequence(name, value)
-        query_key = check_key(query.key)
-        if query_key is not None:
-            check_text("key", query_key)
-        if query.type is not None:
-            check_text("event type", check_type(query.type))
+        check_query_fields(query)
         after = None if cursor is None else decode_cursor(cursor)
         events = await self._backend.query(query, limit + 1, after)
         if len(events) > limit:

@@ -148,3 +148,15 @@ async def test_top_survives_a_redrive_that_fails(tmp_path: Path) -> None:
                      "the error notification")
         assert app.is_running
         assert app.query_one("#dead", DataTable).row_count == 1
+
+
+async def test_top_shows_a_paused_group(tmp_path: Path) -> None:
+    async with _top(tmp_path, (140, 40)) as (url, app, pilot):
+        async with Rheo(url) as rheo:
+            await rheo.pause_group("orders", "billing")
+        await _until(pilot, lambda: "dead letters 1   paused until resumed" in _text(app),
+                     "the paused group")
+        async with Rheo(url) as rheo:
+            await rheo.resume_group("orders", "billing")
+        await _until(pilot, lambda: "paused until" not in _text(app), "the resumed group")
+        assert "billing   max attempts 5   dead letters 1" in _text(app)

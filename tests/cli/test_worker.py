@@ -101,7 +101,8 @@ class App:
     async def worker(self, *args: str, block: bool = True,
                      url: str | None = None) -> asyncio.subprocess.Process:
         index = len(self.procs)
-        env = {**os.environ, "PYTHONPATH": str(self.dir), "WORKER_TEST_DIR": str(self.dir),
+        path = os.pathsep.join([str(self.dir), *filter(None, [os.environ.get("PYTHONPATH")])])
+        env = {**os.environ, "PYTHONPATH": path, "WORKER_TEST_DIR": str(self.dir),
                "WORKER_TEST_BLOCK": "1" if block else "0"}
         env.pop("RHEO_URL", None)
         if url is not None:
@@ -184,6 +185,17 @@ async def _get(port: int, path: str) -> int:
     return status
 
 
+async def _response(port: int, path: str) -> tuple[int, str]:
+    """The status and body of ``GET path``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+    await writer.drain()
+    head, _, body = (await reader.read()).decode().partition("\r\n\r\n")
+    writer.close()
+    await writer.wait_closed()
+    return int(head.split()[1]), body
+
+
 async def _status_when_up(port: int, path: str) -> int | None:
     try:
         return await _get(port, path)
@@ -261,6 +273,32 @@ async def test_health_file_and_endpoint(sqlite_app: App, wait_until: WaitUntil) 
     app.release()
     assert await app.exit_status(proc) == 0, app.log(proc)
     assert not health.exists()
+
+
+async def test_a_paused_group_stays_ready_and_its_health_says_so(
+        sqlite_app: App, wait_until: WaitUntil) -> None:
+    app = sqlite_app
+    async with Rheo(app.url) as rheo:
+        await rheo.create_group("jobs", "g")
+        await rheo.pause_group("jobs", "g")
+    port = _free_port()
+    proc = await app.worker("app:jobs", "--url", app.url, "--health-port", str(port),
+                            "--health-host", "127.0.0.1", block=False)
+    await wait_until(lambda: _status_when_up(port, "/readyz"), timeout=20)
+
+    async def says(path: str, expected: tuple[int, str]) -> bool:
+        return await _response(port, path) == expected
+
+    await wait_until(lambda: says("/readyz", (200, "ready\npaused: jobs/g\n")), timeout=20)
+    assert await _response(port, "/healthz") == (200, "ok\npaused: jobs/g\n")
+    assert app.count("started-") == 0  # paused before the worker started
+    async with Rheo(app.url) as rheo:
+        await rheo.resume_group("jobs", "g")
+    await wait_until(lambda: app.count("done-g-") == EVENTS, timeout=20)
+    await wait_until(lambda: says("/readyz", (200, "ready\n")), timeout=20)
+    proc.send_signal(signal.SIGTERM)
+    assert await app.exit_status(proc) == 0, app.log(proc)
+    assert "WARNING" not in app.log(proc)  # idling while paused logs nothing
 
 
 async def test_two_processes(sqlite_app: App, wait_until: WaitUntil) -> None:

@@ -1,7 +1,8 @@
 """The ``rheo-flow`` command line: the app, the live demo, and every command registered.
 
 The commands live in modules of their own: :mod:`._inspect` (read-only),
-:mod:`._ops` (changes), :mod:`rheo_flow._faults._cli` (torture),
+:mod:`._ops` (changes), :mod:`._pause` (pause, resume),
+:mod:`rheo_flow._faults._cli` (torture),
 :mod:`.worker._command` (worker), :mod:`.top._command` (the live view). Each
 module imports what only its commands need (the facade, a backend's driver, the
 runtimes, the fault scenarios, the demo, Textual) when one of them runs, so that
@@ -22,7 +23,7 @@ from rich.console import Console
 
 from .. import __version__
 from .._faults._cli import torture as _torture
-from . import _create, _inspect, _ops
+from . import _create, _inspect, _ops, _pause
 from ._command import Command, Group
 from ._common import run
 from .demo._state import DemoConfig
@@ -133,6 +134,7 @@ def demo(
 _inspect.register(app)
 _ops.register(app)
 _create.register(app)
+_pause.register(app)
 # Kept in their own modules; registered here so that they are commands of this app.
 app.command("torture", cls=Command)(_torture)
 app.command("worker", cls=Command)(_worker)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -90,37 +90,52 @@ def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
                     "max_attempts": g.max_attempts, "created_at_ms": g.created_at_ms,
                     "settled": sum(frontier.values()),
                     "lag": sum(max(0, h - frontier.get(p, 0)) for p, h in high.items()),
+                    "paused": g.paused, "paused_until_ms": g.paused_until_ms,
                 })
         return rows
 
     emit(out, json, f"groups of {stream} on {redact_url(url)}",
-         ("group", "ordering", "max attempts", "created", "settled", "lag"),
+         ("group", "ordering", "max attempts", "created", "settled", "lag", "paused"),
          run(out, go, url),
          lambda r: [r["group"], r["ordering"], str(r["max_attempts"]),
-                    _time(r["created_at_ms"]), f"{r['settled']:,}", f"{r['lag']:,}"])
+                    _time(r["created_at_ms"]), f"{r['settled']:,}", f"{r['lag']:,}",
+                    _paused_cell(r)])
+
+
+def _paused_cell(row: Mapping[str, Any]) -> str:
+    """``-``, ``until resumed`` or ``until <time>`` (UTC)."""
+    if not row["paused"]:
+        return "-"
+    until = row["paused_until_ms"]
+    return "until resumed" if until is None else f"until {_time(until)}"
 
 
 async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
     high = await rheo.high_water(stream)
     if group is not None:
         frontiers = {group: await rheo.frontier(stream, group)}
+        infos = [await rheo.group_info(stream, group)]
     else:
         frontiers = await rheo.frontiers(stream)
+        infos = await rheo.groups(stream)
+    paused = {g.group: g for g in infos if g.paused}
     rows = []
     for name, frontier in frontiers.items():
+        info = paused.get(name)
         for p, h in sorted(high.items()):
             done = frontier.get(p, 0)
             rows.append({"stream": stream, "group": name, "partition": p, "high_water": h,
-                         "frontier": done, "lag": max(0, h - done)})
+                         "frontier": done, "lag": max(0, h - done), "paused": info is not None,
+                         "paused_until_ms": None if info is None else info.paused_until_ms})
     return rows
 
 
-_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag")
+_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag", "paused")
 
 
 def _lag_cells(rows: list[Row]) -> list[list[str]]:
     return [[r["group"], str(r["partition"]), f"{r['high_water']:,}", f"{r['frontier']:,}",
-             f"{r['lag']:,}"] for r in rows]
+             f"{r['lag']:,}", _paused_cell(r)] for r in rows]
 
 
 def lag(

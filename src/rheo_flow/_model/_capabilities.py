@@ -69,6 +69,12 @@ class Capabilities:
     :meth:`~rheo_flow.Backend.append_in_transaction` and
     :meth:`~rheo_flow.Backend.ack_in_transaction` only on a backend declaring this."""
 
+    pause: bool = False
+    """Groups may be paused and resumed (``pause_group``, ``resume_group``): the pause is
+    stored with the group, so every process sharing the store sees it at its next fetch,
+    which returns nothing while it lasts (docs/concepts.md, "Pausing a group").
+    :class:`~rheo_flow.Rheo` calls them only on a backend declaring this."""
+
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)

@@ -6,11 +6,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-__all__ = ["DeadLetter", "GroupInfo", "StartPosition", "StreamInfo"]
+__all__ = ["PAUSED_UNTIL_RESUMED", "DeadLetter", "GroupInfo", "StartPosition", "StreamInfo",
+           "paused_state"]
 
 StartPosition: TypeAlias = Literal["earliest", "latest"] | int
 """Where a new group starts, or where ``reset`` moves it: the earliest event,
 after the latest one, or after a given sequence (in every partition)."""
+
+
+PAUSED_UNTIL_RESUMED = 2**62
+"""The stored end of a pause without one (ms): after every real time, within a signed
+64-bit integer. Backends store a group's pause as one integer, its end (0: not paused),
+so that a fetch tells a paused group by one comparison with its clock."""
+
+
+def paused_state(stored_until_ms: int, now_ms: int) -> tuple[bool, int | None]:
+    """:attr:`GroupInfo.paused` and :attr:`GroupInfo.paused_until_ms` of a stored pause end
+    (0: not paused; :data:`PAUSED_UNTIL_RESUMED`: until resumed) at ``now_ms``."""
+    if stored_until_ms <= now_ms:
+        return False, None
+    return True, None if stored_until_ms >= PAUSED_UNTIL_RESUMED else stored_until_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +52,13 @@ class GroupInfo:
     ordering: str = "none"
     """``"key"``: a delivery is leased only once every earlier delivery of its key in its
     partition is settled (docs/ordering.md); ``"none"``: in partition order only."""
+    paused: bool = False
+    """The group was paused (docs/concepts.md, "Pausing a group") at the backend's clock
+    when the info was read: its fetches return nothing,
+    leases already out still settle and renew."""
+    paused_until_ms: int | None = None
+    """When a pause with an end time ends by itself (ms since the epoch, the backend's
+    clock); ``None`` when the group is not paused or is paused until resumed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,8 @@ class GroupModel:
         self.high_water = [0] * partitions
         self.low_water = [1] * partitions
         """Lowest retained sequence per partition; deliveries below it were trimmed."""
+        self.paused = False
+        """The group is paused (``pause.fetch``): its fetches return nothing."""
 
     # Appends ---------------------------------------------------------------
 
@@ -170,6 +172,9 @@ class GroupModel:
         consumer_id: str, lease_ms: int, t0: int, t1: int,
     ) -> None:
         """Check one fetch's leases against the model, then record them."""
+        if self.paused:
+            check_equal(len(leases), 0, "leases fetched from a paused group")
+            return
         selected = set(range(self.partitions) if partitions is None else partitions)
         maybe = self.heads(t1, maybe=True) if self.ordered else None
         surely_heads = self.heads(t0, maybe=False) if self.ordered else None
@@ -327,8 +332,10 @@ class GroupModel:
     def recreated(self, start: StartPosition, *, ordered: bool) -> None:
         """The group was deleted and created again at ``start``: it starts fresh
         (``delete.group``, ``group.start``): no delivery, lease or dead letter of the
-        old group is left, and what lies after ``start`` is delivered with attempt 1."""
+        old group is left, what lies after ``start`` is delivered with attempt 1, and
+        it is not paused."""
         self.ordered = ordered
+        self.paused = False
         for p in range(self.partitions):
             self.reset(p, start)
 

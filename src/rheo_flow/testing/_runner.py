@@ -18,6 +18,7 @@ from . import (
     _cases_ordering,
     _cases_ordering_redrive,
     _cases_ordering_scans,
+    _cases_pause,
     _cases_positions,
     _cases_progress,
     _cases_reads,
@@ -35,8 +36,8 @@ __all__ = ["CaseResult", "all_cases", "execute_case", "run_case", "run_cases"]
 _CASE_MODULES = (_cases_streams, _cases_leases, _cases_redelivery, _cases_batches,
                  _cases_ordering, _cases_ordering_scans, _cases_ordering_redrive,
                  _cases_progress, _cases_reads,
-                 _cases_deletion, _cases_time, _cases_isolation, _cases_transaction,
-                 _cases_positions)
+                 _cases_deletion, _cases_pause, _cases_time, _cases_isolation,
+                 _cases_transaction, _cases_positions)
 
 CASE_TIMEOUT_S = float(os.environ.get("RHEO_CASE_TIMEOUT", "60"))
 """Upper bound of one case: a hung backend fails the case instead of the whole run."""

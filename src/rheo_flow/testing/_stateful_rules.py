@@ -21,7 +21,7 @@ from .._model._errors import UnknownGroup, UnknownStream
 from .._model._lease import Lease
 from .._model._stream import DeadLetter, StartPosition
 from ._case import LONG_MS, check, check_equal, expect_error
-from ._model import outcome_of
+from ._model import Op, outcome_of
 from ._stateful_base import (
     CONSUMERS,
     ERRORS,
@@ -39,6 +39,8 @@ DRIVE_LIMIT = 8
 End = Literal["expire", "nack", "reject"]
 ENDS: list[End] = ["expire", "expire", "nack", "reject"]
 """How the drive dead-letters a delivery at its last attempt (an expiry half the time)."""
+PAUSED_SETTLES: list[Op] = ["renew", "ack", "nack"]
+"""What the pause rule does with a held lease while the group is paused."""
 
 
 class RedriveAndDeletionRules(MachineBase):
@@ -114,6 +116,35 @@ class RedriveAndDeletionRules(MachineBase):
         """Fetch from the lease's partition; the new lease of its delivery, if leased."""
         leases = await self._fetch(DRIVE_LIMIT, [lease.partition], CONSUMERS[1], LONG_MS)
         return next((x for x in leases if x.sequence == lease.sequence), None)
+
+    @precondition(lambda self: self.backend.capabilities.pause)
+    @rule(op=st.sampled_from(PAUSED_SETTLES))
+    def pause_settle_resume(self, op: Op) -> None:
+        self.run(self._pause_settle_resume(op))
+
+    async def _pause_settle_resume(self, op: Op) -> None:
+        """``pause_group``: the group's fetches return nothing (``pause.fetch``, checked
+        by the model) while a held lease settles or renews as it would; ``resume_group``
+        ends it (``pause.resume``). The pause lasts this rule only, so that the other
+        rules keep finding work."""
+        info = await self.rheo.pause_group(self.stream, self.group)
+        check_equal((info.paused, info.paused_until_ms), (True, None), "pause_group's info")
+        self.model.paused = True
+        try:
+            await self._fetch(DRIVE_LIMIT, None, CONSUMERS[1], LONG_MS)
+            await self._settle(op, self.current()[:1])
+        finally:
+            self.model.paused = False
+            await self._resume()
+        event(f"pause_settle_resume: {op}")
+
+    async def _resume(self) -> None:
+        """``resume_group``: the group's fetches lease again (``pause.resume``)."""
+        info = await self.rheo.resume_group(self.stream, self.group)
+        check_equal((info.paused, info.paused_until_ms), (False, None), "resume_group's info")
+        check_equal((await self.rheo.group_info(self.stream, self.group)).paused, False,
+                    "group_info after resume_group")
+        self.model.paused = False
 
     @rule(start=START_CHOICES, flip=st.integers(0, 3))
     def delete_and_recreate_group(self, start: StartPosition, flip: int) -> None:

@@ -198,6 +198,7 @@ RELEASED_FUNCTIONS = {
         "v8_settle_ranged", "v8_settle", "v8_renew", "v8_ack_fetch"),
     9: ("v9_states", "v9_advance_frontiers", "v9_fetch_keyed", "v9_fetch_by_key", "v9_fetch",
         "v9_settle_ranged", "v9_settle", "v9_renew", "v9_ack_fetch", "v9_ack_ranges"),
+    10: ("v10_states", "v10_fetch_work", "v10_fetch_keyed", "v10_fetch_by_key", "v10_fetch"),
 }
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
@@ -215,7 +216,7 @@ CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_fro
 
 
 async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> None:
-    """Leave ``schema`` as the release at schema ``version`` (1..9) left it: its tables
+    """Leave ``schema`` as the release at schema ``version`` (1..10) left it: its tables
     (the migrations up to it) and the functions it defined, version by version."""
     for migration in MIGRATIONS[:version]:
         scripts = [*(BOOTSTRAP.statements if migration.version == 1 else ()),
@@ -329,6 +330,39 @@ async def test_dead_letters_of_version_3_carry_over_without_an_error(
             [gid] * 2, [0, 0], [x.sequence for x in leases],
             [uuid.UUID(x.lease_id) for x in leases], [x.attempt for x in leases])
         assert await rheo.frontier("s", "g") == {0: 2}
+
+
+async def test_groups_of_version_10_are_not_paused_and_pause_after_the_upgrade(
+        url: str, schema: str, admin: asyncpg.Connection) -> None:
+    await _as_released(admin, schema, 10)
+    q = f'"{schema}"'
+    stream_id = await admin.fetchval(
+        f"INSERT INTO {q}.streams (name, partitions, created_at_ms) VALUES ('s', 1, 0) "
+        "RETURNING id")
+    await admin.execute(f"INSERT INTO {q}.partitions (stream_id, part, high_water) "
+                        "VALUES ($1, 0, 2)", stream_id)
+    await admin.execute(
+        f"INSERT INTO {q}.events (stream_id, part, seq, appended_at_ms, event_id, type, data) "
+        "SELECT $1, 0, i, 0, 'e' || i, 't', json_build_object('i', i) "
+        "FROM generate_series(1, 2) i", stream_id)
+    gid = await admin.fetchval(
+        f"INSERT INTO {q}.groups (stream_id, name, max_attempts, created_at_ms) "
+        "VALUES ($1, 'g', 2, 0) RETURNING id", stream_id)
+    await admin.execute(f"INSERT INTO {q}.cursors VALUES ($1, 0, 0)", gid)
+    await admin.execute(f"INSERT INTO {q}.frontiers VALUES ($1, 0, 0)", gid)
+    [held] = await admin.fetch(f"SELECT * FROM {q}.fetch($1, '{{0}}', 1, 60000, 'c')", gid)
+
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        info = await rheo.group_info("s", "g")
+        assert (info.paused, info.paused_until_ms) == (False, None)
+        await rheo.pause_group("s", "g")
+        assert await rheo.fetch("s", "g") == []
+        # The lease a fetch of version 10 took still settles while the group is paused.
+        await admin.fetchrow(f"SELECT * FROM {q}.settle(1::smallint, $1, $2, $3, $4, $5, "
+                             "'', 0)", [gid], [0], [held[1]], [held[3]], [held[2]])
+        assert await rheo.frontier("s", "g") == {0: 1}
+        await rheo.resume_group("s", "g")
+        assert [x.sequence for x in await rheo.fetch("s", "g")] == [2]
 
 
 async def test_state_written_at_version_2_carries_over_the_upgrade(

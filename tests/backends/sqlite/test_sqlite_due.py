@@ -180,7 +180,9 @@ async def test_appends_keep_every_groups_high_water_mirrored(
 
 def _as_version(conn: sqlite3.Connection, version: int) -> None:
     """Turn a file the current schema wrote into the layout of ``version``."""
-    undo_schema_7(conn)
+    conn.execute("ALTER TABLE groups DROP COLUMN paused_until_ms")  # schema 8
+    if version <= 6:
+        undo_schema_7(conn)
     if version <= 5:
         ranges_to_delivery_rows(conn)
     if version <= 3:
@@ -237,6 +239,10 @@ async def test_every_older_file_upgrades_with_its_leases_in_flight(
             (0, 3, 2), (1, 3, 2)]
         assert all(r.ok for r in await rheo.ack(again))
         assert await rheo.frontier("s", "g") == {0: 4, 1: 5}
+        assert not (await rheo.group_info("s", "g")).paused  # schema 8: none is paused
+        await rheo.pause_group("s", "g")
+        await rheo.append("s", [NewEvent("t", "paused")], partition=0)
+        assert await rheo.fetch("s", "g") == []
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA user_version").fetchone() == (sqlite_module.SCHEMA_VERSION,)
@@ -248,6 +254,6 @@ async def test_every_older_file_upgrades_with_its_leases_in_flight(
         assert "(group_id, part, seq, state)" in active  # schema 7's, by sequence only
         assert conn.execute(
             "SELECT part, cursor, high_water FROM group_partitions ORDER BY part").fetchall() == [
-            (0, 4, 4), (1, 5, 5)]
+            (0, 4, 5), (1, 5, 5)]  # partition 0's last event, appended while paused
     finally:
         conn.close()

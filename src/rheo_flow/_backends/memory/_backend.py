@@ -17,7 +17,7 @@ from ..._model._capabilities import Capabilities
 from ..._model._errors import ConflictError, UnknownStream
 from ..._model._event import Event, make_event_json
 from ..._model._query import Query
-from ..._model._stream import GroupInfo, StartPosition, StreamInfo
+from ..._model._stream import PAUSED_UNTIL_RESUMED, GroupInfo, StartPosition, StreamInfo
 from ..._model._validation import check_record_text, ordering_mismatch
 from ..._support._clock import Clock, system_clock
 from .._shared import Waiters, query_matches, query_window
@@ -35,7 +35,7 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
 
     name = "memory"
     _CAPABILITIES = Capabilities(durable=False, distributed=False, push_wakeups=True,
-                                 key_ordering=True, last_error=True)
+                                 key_ordering=True, last_error=True, pause=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock = clock or system_clock
@@ -125,7 +125,7 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
             if max_attempts is not None and max_attempts != g.info.max_attempts:
                 g.info = GroupInfo(stream, group, max_attempts, g.info.created_at_ms,
                                    g.info.ordering)
-            return g.info
+            return g.view(self._clock())
         info = GroupInfo(stream, group, max_attempts or DEFAULT_MAX_ATTEMPTS, self._clock(),
                          "key" if ordering == "key" else "none")
         g = Group.create(info, len(s.partitions))
@@ -135,17 +135,30 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
         return info
 
     async def group_info(self, stream: str, group: str) -> GroupInfo:
-        return self._group(stream, group).info
+        return self._group(stream, group).view(self._clock())
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         self._stream(stream)
-        return [g.info for key, g in sorted(self._groups.items()) if key[0] == stream]
+        now = self._clock()
+        return [g.view(now) for key, g in sorted(self._groups.items()) if key[0] == stream]
 
     async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
         groups: dict[str, list[GroupInfo]] = {name: [] for name in self._streams}
+        now = self._clock()
         for (stream, _), g in sorted(self._groups.items()):
-            groups[stream].append(g.info)
+            groups[stream].append(g.view(now))
         return [(self._info(self._streams[name]), groups[name]) for name in sorted(groups)]
+
+    async def pause_group(self, stream: str, group: str, until_ms: int | None) -> GroupInfo:
+        g = self._group(stream, group)
+        g.paused_until = PAUSED_UNTIL_RESUMED if until_ms is None else until_ms
+        return g.view(self._clock())
+
+    async def resume_group(self, stream: str, group: str) -> GroupInfo:
+        g = self._group(stream, group)
+        g.paused_until = 0
+        self._waiters.wake(stream)
+        return g.view(self._clock())
 
     # Reads and retention -----------------------------------------------------
 

@@ -37,6 +37,8 @@ class FetchOps(MemoryCore):
         s = self._stream(stream)
         g = self._group(stream, group)
         now = self._clock()
+        if g.paused_until > now:
+            return []
         ids = _with_work(g, now, len(s.partitions), partitions)
         if not ids:
             return []

@@ -8,11 +8,11 @@ that a fetch visits those partitions only, whatever the partition count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 
 from ..._model._event import Event
-from ..._model._stream import GroupInfo
+from ..._model._stream import GroupInfo, paused_state
 from .._shared import Rotation
 from .._transitions import DeliveryState, Op
 
@@ -154,6 +154,15 @@ class Group:
     """Where the group's next fetch starts its round of partitions."""
     ordered: bool = False
     """``ordering="key"``: a delivery of key K waits for every earlier one of K."""
+    paused_until: int = 0
+    """The end of the group's pause (0: not paused; ``PAUSED_UNTIL_RESUMED``: none)."""
+
+    def view(self, now: int) -> GroupInfo:
+        """:attr:`info` with the pause as it stands at ``now``."""
+        if self.paused_until <= now:
+            return self.info
+        paused, until = paused_state(self.paused_until, now)
+        return replace(self.info, paused=paused, paused_until_ms=until)
 
     @classmethod
     def create(cls, info: GroupInfo, partitions: int) -> Group:

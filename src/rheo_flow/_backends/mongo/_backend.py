@@ -22,6 +22,7 @@ from ._append import AppendOps
 from ._claim_keyed import KeyedFetchOps
 from ._client import check_client, check_url, database_name, split_url_options
 from ._errors import classify
+from ._pauses import PauseOps
 from ._progress import ProgressOps
 from ._retention import RetentionOps
 from ._schema import DEFAULT_PREFIX, check_prefix
@@ -37,7 +38,7 @@ _DEADLINE_GRACE_MS: Final = 500
 
 @guard_operations(tracks_sending=False)
 class MongoBackend(
-    StreamOps, AppendOps, KeyedFetchOps, SettleOps, ProgressOps, RetentionOps, Backend
+    StreamOps, AppendOps, KeyedFetchOps, SettleOps, ProgressOps, RetentionOps, PauseOps, Backend
 ):
     """Durable, distributed backend on MongoDB (``mongodb://host/database``).
 
@@ -113,7 +114,7 @@ class MongoBackend(
         """The state of a backend not yet opened."""
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=False, skip_locked=True,
-            key_ordering=True, last_error=True,
+            key_ordering=True, last_error=True, pause=True,
         )
         self._transactions = False
         self._opened = False

@@ -121,7 +121,7 @@ class FetchOps(MongoCore):
         await self._ready()
         g = await self._summarised(stream, group)
         ids = list(range(g.count)) if partitions is None else list(partitions)
-        if not ids or limit <= 0:
+        if not ids or limit <= 0 or g.paused_until > self._clock():
             return []
         ids = self._rotation.order(g.id, ids)
 

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from ..._backend import AppendRecord
 from ..._model._event import Event
-from ..._model._stream import GroupInfo
+from ..._model._stream import GroupInfo, paused_state
 from .._transitions import Settled
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "event_document",
     "event_id",
     "event_of",
+    "group_info_of",
     "ordering_of",
     "partition_id",
     "settled_update",
@@ -115,6 +116,9 @@ class Group:
     """The work summary (``_summary``): the partitions that may have events past the
     cursor, each with the sequence appended up to; ``None`` while the group has none
     (written before summaries, or not built yet)."""
+    paused_until: int = 0
+    """The end of the group's pause, ms (``pz``; 0 or absent: not paused; 2^62: until
+    resumed): a fetch of the group returns nothing before it."""
 
     @classmethod
     def of(cls, doc: Mapping[str, Any], first: int = 0) -> Group:
@@ -127,17 +131,25 @@ class Group:
         summary = doc.get("w") or {}
         return cls(doc["_id"], doc["s"], doc["n"], doc["ma"], doc["at"],
                    {first + i: part for i, part in enumerate(listed)}, count, ordering_of(doc),
-                   {int(p): top for p, top in summary.items()} if doc.get("ws") else None)
+                   {int(p): top for p, top in summary.items()} if doc.get("ws") else None,
+                   doc.get("pz", 0))
 
     @property
     def ordered(self) -> bool:
         """Whether the group is key-ordered."""
         return self.ordering == "key"
 
-    def info(self) -> GroupInfo:
-        """The group as the contract describes it."""
+    def info(self, now: int) -> GroupInfo:
+        """The group as the contract describes it, paused or not at ``now``."""
         return GroupInfo(self.stream, self.name, self.max_attempts, self.created_at_ms,
-                         self.ordering)
+                         self.ordering, *paused_state(self.paused_until, now))
+
+
+def group_info_of(doc: Mapping[str, Any], now: int) -> GroupInfo:
+    """The group a group document (read without its entries) stores, paused or not at
+    ``now``."""
+    return GroupInfo(doc["s"], doc["n"], doc["ma"], doc["at"], ordering_of(doc),
+                     *paused_state(doc.get("pz", 0), now))
 
 
 def ordering_of(doc: Mapping[str, Any]) -> str:

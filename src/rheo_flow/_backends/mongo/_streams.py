@@ -18,7 +18,7 @@ from ..._model._stream import GroupInfo, StartPosition, StreamInfo
 from ..._model._validation import ordering_mismatch
 from .._shared import query_window, start_position
 from ._core import MongoCore
-from ._documents import Group, event_of, ordering_of, partition_id
+from ._documents import Group, event_of, group_info_of, partition_id
 from ._summary import built
 
 __all__ = ["StreamOps"]
@@ -76,10 +76,10 @@ class StreamOps(MongoCore):
         async for doc in self._partitions.find({}, {"st": 1, "p": 1, "hw": 1, "lw": 1}):
             waters.setdefault(doc["st"], {})[doc["p"]] = (doc["hw"], doc["lw"])
         groups: dict[str, list[GroupInfo]] = {}
+        now = self._clock()
         async for d in self._groups.find({}, {"parts": 0, "w": 0}).sort(
                 [("s", ASCENDING), ("n", ASCENDING)]):
-            groups.setdefault(d["s"], []).append(
-                GroupInfo(d["s"], d["n"], d["ma"], d["at"], ordering_of(d)))
+            groups.setdefault(d["s"], []).append(group_info_of(d, now))
         out = []
         for doc in streams:
             name, count = doc["_id"], doc["np"]
@@ -107,14 +107,14 @@ class StreamOps(MongoCore):
             existing, created = await self._insert_group(s, group, start, max_attempts,
                                                          ordering == "key")
             if created:
-                return Group.of(existing).info()
+                return Group.of(existing).info(self._clock())
         g = Group.of(existing)
         if ordering == "key" and g.ordering != "key":
             raise ordering_mismatch(stream, group, g.ordering, ordering)
         if max_attempts is not None and max_attempts != g.max_attempts:
             await self._groups.update_one({"_id": g.id}, {"$set": {"ma": max_attempts}})
             g.max_attempts = max_attempts
-        return g.info()
+        return g.info(self._clock())
 
     async def _insert_group(
         self, s: Mapping[str, Any], group: str, start: StartPosition, max_attempts: int | None,
@@ -152,14 +152,15 @@ class StreamOps(MongoCore):
 
     async def group_info(self, stream: str, group: str) -> GroupInfo:
         await self._ready()
-        return (await self._group(stream, group)).info()
+        return (await self._group(stream, group)).info(self._clock())
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         await self._ready()
         await self._stream_doc(stream)
         docs = await self._groups.find({"s": stream}, {"parts": 0}).sort(
             "n", ASCENDING).to_list(None)
-        return [GroupInfo(stream, d["n"], d["ma"], d["at"], ordering_of(d)) for d in docs]
+        now = self._clock()
+        return [group_info_of(d, now) for d in docs]
 
     async def query(self, query: Query, limit: int, after: tuple[int, int] | None) -> list[Event]:
         await self._ready()

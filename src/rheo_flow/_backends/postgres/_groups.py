@@ -15,7 +15,14 @@ import orjson
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._model._errors import UnknownGroup
-from ..._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ..._model._stream import (
+    PAUSED_UNTIL_RESUMED,
+    DeadLetter,
+    GroupInfo,
+    StartPosition,
+    StreamInfo,
+    paused_state,
+)
 from ..._model._validation import ordering_mismatch
 from ._core import PostgresCore
 from ._sql import BIGINT_MAX, INTEGER_MAX
@@ -40,9 +47,11 @@ def _position_param(start: StartPosition) -> int | None:
 
 
 def _info(stream: str, group: str, row: asyncpg.Record) -> GroupInfo:
-    """The group of a row (id, max_attempts, created_at_ms, ordering)."""
+    """The group of a row (max_attempts, created_at_ms, ordering, paused_until_ms, and
+    now_ms: the database clock the pause is told by)."""
     return GroupInfo(stream, group, row["max_attempts"], row["created_at_ms"],
-                     ORDERINGS[row["ordering"]])
+                     ORDERINGS[row["ordering"]],
+                     *paused_state(row["paused_until_ms"], row["now_ms"]))
 
 
 class _Rewind(NamedTuple):
@@ -103,9 +112,8 @@ class GroupOps(PostgresCore):
             group_rows = await conn.fetch(self._sql.describe_groups)
         groups: dict[str, list[GroupInfo]] = {}
         for row in group_rows:
-            groups.setdefault(row["stream"], []).append(GroupInfo(
-                row["stream"], row["name"], row["max_attempts"], row["created_at_ms"],
-                ORDERINGS[row["ordering"]]))
+            groups.setdefault(row["stream"], []).append(
+                _info(row["stream"], row["name"], row))
         described = []
         for row in streams:
             waters = orjson.loads(row["waters"])  # [[part, high water, low water], ...]
@@ -119,8 +127,27 @@ class GroupOps(PostgresCore):
         meta = await self._stream(stream)
         pool = await self._ready()
         rows = await pool.fetch(self._sql.list_groups, meta.id)
-        return [GroupInfo(stream, r["name"], r["max_attempts"], r["created_at_ms"],
-                          ORDERINGS[r["ordering"]]) for r in rows]
+        return [_info(stream, r["name"], r) for r in rows]
+
+    async def pause_group(self, stream: str, group: str, until_ms: int | None) -> GroupInfo:
+        """Store the pause with the group: every process's next fetch of it finds it."""
+        return await self._set_pause(stream, group,
+                                     PAUSED_UNTIL_RESUMED if until_ms is None else until_ms)
+
+    async def resume_group(self, stream: str, group: str) -> GroupInfo:
+        """End the pause, and notify the stream's channel: consumers waiting on it in
+        every process fetch at once."""
+        return await self._set_pause(stream, group, 0)
+
+    async def _set_pause(self, stream: str, group: str, until: int) -> GroupInfo:
+        meta = await self._stream(stream)
+        pool = await self._ready()
+        row = await pool.fetchrow(self._sql.set_group_pause, meta.id, until, self._channel,
+                                  stream, group)
+        if row is None:
+            raise UnknownGroup(stream, group)
+        self._groups[(stream, group)] = row["id"]
+        return _info(stream, group, row)
 
     # Progress ----------------------------------------------------------------
 

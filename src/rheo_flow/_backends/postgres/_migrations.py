@@ -33,7 +33,8 @@ Tables (migration 1):
 Migration 5 adds ``groups.ordering`` (0 none, 1 key) and ``deliveries.key``, set
 only in key-ordered groups, whose fetch takes the steps of
 ``functions/fetch_keyed.sql``; migration 6 adds ``deliveries_waiting``, which
-migration 7 replaces with ``deliveries_ready``, which migration 10 drops.
+migration 7 replaces with ``deliveries_ready``, which migration 10 drops. Migration 11
+adds ``groups.paused_until_ms``, the end of a group's pause (0: not paused).
 
 Partial indexes keep fetch cost independent of the acked history and of the
 backlog (migration 10): ``deliveries_due`` holds only available rows, by the time
@@ -119,6 +120,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(10, "fetch visits only the partitions with work (fetch_work) and finds the "
                   "delivery rows due by their time (deliveries_due, deliveries_expiry)",
               ("v10_due_deliveries",)),
+    Migration(11, "a group may be paused: groups.paused_until_ms, read by fetch",
+              ("v11_group_pause",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 

@@ -83,6 +83,7 @@ class Statements:
     start_frontiers: str
     set_max_attempts: str
     list_groups: str
+    set_group_pause: str
     fetch: str
     settle: str
     ack_fetch: str

@@ -38,7 +38,8 @@ FROM {s}.streams s JOIN {s}.partitions p ON p.stream_id = s.id
 GROUP BY s.id ORDER BY s.name COLLATE "C"
 
 -- name: describe_groups
-SELECT s.name AS stream, g.name, g.max_attempts, g.created_at_ms, g.ordering
+SELECT s.name AS stream, g.name, g.max_attempts, g.created_at_ms, g.ordering,
+       g.paused_until_ms, (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 FROM {s}.groups g JOIN {s}.streams s ON s.id = g.stream_id
 ORDER BY g.name COLLATE "C"
 
@@ -116,9 +117,20 @@ ORDER BY seq LIMIT $5
 
 -- Groups ----------------------------------------------------------------------
 
+-- A group's row, with the database clock (ms) its pause is told paused or not by.
 -- name: group
-SELECT g.id, g.max_attempts, g.created_at_ms, g.ordering FROM {s}.groups g
-WHERE g.stream_id = $1 AND g.name = $2
+SELECT g.id, g.max_attempts, g.created_at_ms, g.ordering, g.paused_until_ms,
+       (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+FROM {s}.groups g WHERE g.stream_id = $1 AND g.name = $2
+
+-- The end of the pause of group $5 of stream $1, ms ($2; 0: not paused, 2^62: until
+-- resumed); a resume notifies the stream's channel ($3, payload $4: the stream's
+-- name) so that consumers waiting on it fetch at once.
+-- name: set_group_pause
+UPDATE {s}.groups SET paused_until_ms = $2::bigint WHERE stream_id = $1 AND name = $5
+RETURNING id, max_attempts, created_at_ms, ordering, paused_until_ms,
+          (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms,
+          CASE WHEN $2::bigint = 0 THEN pg_notify($3, $4) END AS notified
 
 -- name: groups_by_name
 SELECT u.stream, u.grp AS group_name, g.id AS group_id, s.partitions, s.id AS stream_id,
@@ -133,7 +145,7 @@ JOIN {s}.groups g ON g.stream_id = s.id AND g.name = u.grp
 INSERT INTO {s}.groups (stream_id, name, max_attempts, created_at_ms, ordering)
 VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, $4)
 ON CONFLICT (stream_id, name) DO NOTHING
-RETURNING id, max_attempts, created_at_ms, ordering
+RETURNING id, max_attempts, created_at_ms, ordering, paused_until_ms, (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 
 -- A new group's cursors and frontiers start at the position ($3; NULL: the high
 -- water), never below the low water.
@@ -151,11 +163,11 @@ FROM {s}.partitions p WHERE p.stream_id = $2
 
 -- name: set_max_attempts
 UPDATE {s}.groups SET max_attempts = $2 WHERE id = $1
-RETURNING id, max_attempts, created_at_ms, ordering
+RETURNING id, max_attempts, created_at_ms, ordering, paused_until_ms, (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
 
 -- name: list_groups
-SELECT name, max_attempts, created_at_ms, ordering FROM {s}.groups
-WHERE stream_id = $1 ORDER BY name COLLATE "C"
+SELECT name, max_attempts, created_at_ms, ordering, paused_until_ms, (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
+FROM {s}.groups WHERE stream_id = $1 ORDER BY name COLLATE "C"
 
 -- Leases ----------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from ._dead_letters import DeadLetterOperations
 from ._driver import Client, ExponentialWithJitterBackoff, RedisCluster, aioredis, rex
 from ._errors import DRIVER_ERRORS, SentAwareRetry
 from ._events import EventOperations
-from ._groups import GroupOperations
 from ._keys import DEFAULT_PREFIX, KeyLayout, check_prefix
+from ._pauses import PauseOperations
 from ._scripts import ScriptRunner
 from ._streams import StreamOperations
 from ._wakeups import WakeupOperations, block_cap_ms
@@ -32,7 +32,7 @@ _DEADLINE_GRACE_MS: Final = 500
 
 @guard_operations(tracks_sending=False)
 class RedisBackend(
-    StreamOperations, EventOperations, GroupOperations, AckFetchOperations,
+    StreamOperations, EventOperations, PauseOperations, AckFetchOperations,
     DeadLetterOperations, WakeupOperations, Backend,
 ):
     """Durable, distributed backend on Redis Streams (Redis 6.2 or later).
@@ -65,7 +65,7 @@ class RedisBackend(
     name = "redis"
     _CAPABILITIES = Capabilities(
         durable=True, distributed=True, push_wakeups=True, server_clock=True,
-        key_ordering=True, last_error=True,
+        key_ordering=True, last_error=True, pause=True,
     )
 
     def __init__(

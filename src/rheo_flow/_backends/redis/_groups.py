@@ -8,8 +8,9 @@ from typing import Any
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._model._errors import UnknownGroup
-from ..._model._stream import GroupInfo, StartPosition, StreamInfo
+from ..._model._stream import GroupInfo, StartPosition, StreamInfo, paused_state
 from ..._model._validation import ordering_mismatch
+from ..._support._clock import system_clock
 from ._codec import group_record, stream_record, text
 from ._scripts import ScriptCall, is_reply
 from ._work import WorkNotes
@@ -52,11 +53,15 @@ class GroupOperations(WorkNotes):
 
     async def group_info(self, stream: str, group: str) -> GroupInfo:
         await self._partition_count(stream)
-        record = await self._io(self._client.hget(self._keys.groups(stream), group))
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hget(self._keys.groups(stream), group)
+        pipe.hget(self._keys.pauses(stream), group)
+        record, paused_until = await self._io(pipe.execute())
         if record is None:
             raise UnknownGroup(stream, group)
         ma, created, _, ordering = group_record(record)
-        return GroupInfo(stream, group, int(ma), int(created), ordering)
+        return GroupInfo(stream, group, int(ma), int(created), ordering,
+                         *paused_state(int(paused_until or 0), system_clock()))
 
     async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
         records = await self._io(self._client.hgetall(self._keys.streams))
@@ -65,6 +70,7 @@ class GroupOperations(WorkNotes):
         metas = [self._keys.partition(name, p).meta
                  for name, count, _ in streams for p in range(count)]
         group_keys = [self._keys.groups(name) for name, _, _ in streams]
+        group_keys += [self._keys.pauses(name) for name, _, _ in streams]
         if self._cluster:  # the keys live in many slots: one pipeline of reads
             pipe = self._client.pipeline(transaction=False)
             for key in metas:
@@ -76,21 +82,26 @@ class GroupOperations(WorkNotes):
         else:
             [(waters, groups)] = await self._eval(
                 [("describe", [*metas, *group_keys], [len(metas)])])
+        groups, pauses = groups[:len(streams)], groups[len(streams):]
+        now = system_clock()
         out = []
         at = 0
-        for (name, count, created), fields in zip(streams, groups, strict=True):
+        for (name, count, created), fields, paused in zip(streams, groups, pauses, strict=True):
             mine = waters[at:at + count]
             at += count
             info = StreamInfo(name, count, created,
                               {p: int(hw or 0) for p, (hw, _) in enumerate(mine)},
                               {p: int(lw or 1) for p, (_, lw) in enumerate(mine)})
-            out.append((info, _groups_of(name, fields)))
+            out.append((info, _groups_of(name, fields, paused, now)))
         return out
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
         await self._partition_count(stream)
-        return _groups_of(stream, await self._io(self._client.hgetall(
-            self._keys.groups(stream))))
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hgetall(self._keys.groups(stream))
+        pipe.hgetall(self._keys.pauses(stream))
+        fields, paused = await self._io(pipe.execute())
+        return _groups_of(stream, fields, paused, system_clock())
 
     async def delete_group(self, stream: str, group: str) -> None:
         count = await self._require_group(stream, group)
@@ -99,6 +110,7 @@ class GroupOperations(WorkNotes):
             # a group whose partitions are gone), then each partition's keys.
             await self._io(self._client.hdel(self._keys.groups(stream), group))
         pipe = self._client.pipeline(transaction=not self._cluster)
+        pipe.hdel(self._keys.pauses(stream), group)
         for p in range(count):
             keys = self._keys.group(stream, group, p)
             pipe.xgroup_destroy(keys.stream, group)
@@ -157,12 +169,19 @@ class GroupOperations(WorkNotes):
         await self._note_work(stream, [group], partitions, fresh=True)
 
 
-def _groups_of(stream: str, fields: Any) -> list[GroupInfo]:
-    """The groups of a stream's groups hash (a dict, or HGETALL's flat list from a script)."""
-    pairs = fields.items() if isinstance(fields, dict) else zip(fields[::2], fields[1::2],
-                                                                 strict=True)
+def _pairs(fields: Any) -> Any:
+    """The fields and values of a hash (a dict, or HGETALL's flat list from a script)."""
+    return fields.items() if isinstance(fields, dict) else zip(fields[::2], fields[1::2],
+                                                               strict=True)
+
+
+def _groups_of(stream: str, fields: Any, paused: Any, now: int) -> list[GroupInfo]:
+    """The groups of a stream's groups hash, paused or not at ``now`` by its pauses hash."""
+    ends = {text(group): int(until) for group, until in _pairs(paused)}
     out = []
-    for group, record in pairs:
+    for group, record in _pairs(fields):
         max_attempts, created, _, ordering = group_record(record)
-        out.append(GroupInfo(stream, text(group), int(max_attempts), int(created), ordering))
+        name = text(group)
+        out.append(GroupInfo(stream, name, int(max_attempts), int(created), ordering,
+                             *paused_state(ends.get(name, 0), now)))
     return sorted(out, key=lambda g: g.group)

@@ -176,6 +176,17 @@ class KeyLayout:
         (then ``|key`` for a key-ordered group)."""
         return f"{self.prefix}:groups:{stream}"
 
+    def pauses(self, stream: str) -> str:
+        """The hash of the stream's paused groups: name -> the end of the pause, ms since
+        the epoch (2^62: until resumed); each group partition's hash holds it too (``pz``),
+        for its fetch."""
+        return f"{self.prefix}:pauses:{stream}"
+
+    def signal(self, stream: str) -> str:
+        """The stream's signal stream: a resume adds an entry, which wakes the consumers
+        waiting on the stream (their wake-up reads it with the partitions)."""
+        return f"{self.prefix}:signal:{stream}"
+
     def ids(self, stream: str) -> str:
         """The hash of which partition owns each event id (streams with several partitions)."""
         return f"{self.prefix}:ids:{stream}"

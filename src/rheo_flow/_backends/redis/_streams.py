@@ -58,7 +58,8 @@ class StreamOperations(WorkNotes):
         count, _ = await self._stream_record(stream)
         groups = await self._group_names(stream)
         layout = self._keys
-        keys = [layout.groups(stream), layout.ids(stream)]
+        keys = [layout.groups(stream), layout.ids(stream), layout.pauses(stream),
+                layout.signal(stream)]
         if layout.summaries:
             keys.append(layout.digests(stream))
             keys.extend(await self._blob_keys(stream, count))

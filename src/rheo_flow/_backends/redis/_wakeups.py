@@ -40,8 +40,9 @@ class WakeupOperations(RedisCore):
 
     async def wait_for_append(self, stream: str, timeout: float) -> bool:
         """Block on ``XREAD`` over every partition of the stream, past the high water
-        the last fetch saw; True as soon as something was appended after it, or a
-        settle of this backend made due a delivery that was waiting for its key."""
+        the last fetch saw, and over its signal stream; True as soon as something was
+        appended after it, a group of the stream was resumed, or a settle of this
+        backend made due a delivery that was waiting for its key."""
         released = self._released_for(stream)
         if released.is_set():
             released.clear()
@@ -55,6 +56,7 @@ class WakeupOperations(RedisCore):
             await self._catch_up(stream, unknown, seen)
             stale.difference_update(unknown)
         keys = {self._keys.partition(stream, p).stream: p for p in range(count)}
+        signal = self._keys.signal(stream)
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, timeout)
         while True:
@@ -62,6 +64,9 @@ class WakeupOperations(RedisCore):
             if remaining <= 0:
                 return False
             streams: dict[Any, Any] = {key: f"{seen[p]}-0" for key, p in keys.items()}
+            # A resume of a group of the stream adds to its signal stream (_pauses.py):
+            # only what is added while waiting wakes.
+            streams[signal] = "$"
             woken = await _unless(released, self._read_each(streams, remaining)
                                   if self._cluster else self._read_one(streams, remaining))
             if woken is None:
@@ -71,7 +76,8 @@ class WakeupOperations(RedisCore):
                 # Only the first new entry was read: unless a fetch covers these
                 # partitions first, the next wait starts past their high water.
                 for key in woken:
-                    stale.add(keys[text(key)])
+                    if text(key) in keys:
+                        stale.add(keys[text(key)])
                 return True
 
     async def _catch_up(self, stream: str, partitions: list[int], seen: list[int]) -> None:

@@ -22,7 +22,7 @@ from ..._model._failure import describe
 from ..._model._lease import Lease
 from ..._model._query import Query
 from ..._model._settle_results import SettleKind, SettleResult
-from ..._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ..._model._stream import PAUSED_UNTIL_RESUMED, DeadLetter, GroupInfo, StartPosition, StreamInfo
 from ..._support._blocking import call_blocking
 from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
@@ -88,7 +88,7 @@ class SQLiteBackend(Backend):
 
     name = "sqlite"
     _CAPABILITIES = Capabilities(
-        durable=True, distributed=False, push_wakeups=True, server_clock=False,
+        durable=True, distributed=False, push_wakeups=True, server_clock=False, pause=True,
         key_ordering=True, last_error=True, in_transaction=True,
     )
 
@@ -220,7 +220,7 @@ class SQLiteBackend(Backend):
         return await self._read(_catalog.list_streams)
 
     async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
-        return await self._read(_catalog.describe_streams)
+        return await self._read(_catalog.describe_streams, self._clock())
 
     async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
         events = await self._write(_events.append, self._clock, stream, list(records))
@@ -293,10 +293,23 @@ class SQLiteBackend(Backend):
                                  max_attempts, ordering)
 
     async def group_info(self, stream: str, group: str) -> GroupInfo:
-        return await self._read(lambda conn: _catalog.get_group(conn, stream, group).info())
+        return await self._read(
+            lambda conn: _catalog.get_group(conn, stream, group).info(self._clock()))
 
     async def list_groups(self, stream: str) -> list[GroupInfo]:
-        return await self._read(_catalog.list_groups, stream)
+        return await self._read(_catalog.list_groups, stream, self._clock())
+
+    async def pause_group(self, stream: str, group: str, until_ms: int | None) -> GroupInfo:
+        """Store the pause with the group: every process's next fetch of it finds it."""
+        until = PAUSED_UNTIL_RESUMED if until_ms is None else until_ms
+        return await self._write(_catalog.pause_group, stream, group, until, self._clock())
+
+    async def resume_group(self, stream: str, group: str) -> GroupInfo:
+        """End the pause, and wake this process's consumers idle on the stream (the
+        others find it at their next poll)."""
+        info = await self._write(_catalog.pause_group, stream, group, 0, self._clock())
+        _APPEND_WAITERS.wake((self._wake_key, stream))
+        return info
 
     # Leases ------------------------------------------------------------------
 

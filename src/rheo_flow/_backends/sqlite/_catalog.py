@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._model._errors import ConflictError, UnknownGroup, UnknownStream
-from ..._model._stream import GroupInfo, StartPosition, StreamInfo
+from ..._model._stream import GroupInfo, StartPosition, StreamInfo, paused_state
 from ..._model._validation import ordering_mismatch
 from ..._support._clock import Clock
 from .._shared import start_position
@@ -30,6 +30,7 @@ __all__ = [
     "get_stream",
     "list_groups",
     "list_streams",
+    "pause_group",
     "stream_info",
     "waters",
 ]
@@ -55,11 +56,12 @@ class Group:
     max_attempts: int
     created_at_ms: int
     ordering: str = "none"
+    paused_until_ms: int = 0
 
-    def info(self) -> GroupInfo:
-        """The group as the contract describes it."""
+    def info(self, now: int) -> GroupInfo:
+        """The group as the contract describes it, paused or not at ``now``."""
         return GroupInfo(self.stream.name, self.name, self.max_attempts, self.created_at_ms,
-                         self.ordering)
+                         self.ordering, *paused_state(self.paused_until_ms, now))
 
 
 def find_stream(conn: sqlite3.Connection, name: str) -> Stream | None:
@@ -79,7 +81,7 @@ def get_stream(conn: sqlite3.Connection, name: str) -> Stream:
 def find_group(conn: sqlite3.Connection, s: Stream, name: str) -> Group | None:
     """The group ``name`` of stream ``s``, or ``None``."""
     row = conn.execute(sql.FIND_GROUP, (s.id, name)).fetchone()
-    return None if row is None else Group(row[0], s, name, row[1], row[2], row[3])
+    return None if row is None else Group(row[0], s, name, *row[1:])
 
 
 def get_group(conn: sqlite3.Connection, stream: str, name: str) -> Group:
@@ -89,7 +91,7 @@ def get_group(conn: sqlite3.Connection, stream: str, name: str) -> Group:
         raise UnknownStream(stream)
     if row[3] is None:
         raise UnknownGroup(stream, name)
-    return Group(row[3], Stream(row[0], stream, row[1], row[2]), name, row[4], row[5], row[6])
+    return Group(row[3], Stream(row[0], stream, row[1], row[2]), name, *row[4:])
 
 
 def waters(conn: sqlite3.Connection, stream_id: int) -> dict[int, tuple[int, int]]:
@@ -155,7 +157,7 @@ def create_group(
         if max_attempts is not None and max_attempts != g.max_attempts:
             conn.execute(sql.SET_MAX_ATTEMPTS, (max_attempts, g.id))
             g.max_attempts = max_attempts
-        return g.info()
+        return g.info(clock())
     now = clock()
     attempts = max_attempts or DEFAULT_MAX_ATTEMPTS
     ordering = "key" if ordering == "key" else "none"
@@ -168,17 +170,29 @@ def create_group(
     return GroupInfo(stream, group, attempts, now, ordering)
 
 
-def list_groups(conn: sqlite3.Connection, stream: str) -> list[GroupInfo]:
-    """Every group of the stream, sorted by name."""
+def list_groups(conn: sqlite3.Connection, stream: str, now: int) -> list[GroupInfo]:
+    """Every group of the stream, sorted by name, paused or not at ``now``."""
     s = get_stream(conn, stream)
-    return [GroupInfo(stream, name, max_attempts, created, ordering)
-            for name, max_attempts, created, ordering in conn.execute(sql.LIST_GROUPS, (s.id,))]
+    return [GroupInfo(stream, name, max_attempts, created, ordering,
+                      *paused_state(paused_until, now))
+            for name, max_attempts, created, ordering, paused_until
+            in conn.execute(sql.LIST_GROUPS, (s.id,))]
 
 
-def describe_streams(conn: sqlite3.Connection) -> list[tuple[StreamInfo, list[GroupInfo]]]:
+def describe_streams(conn: sqlite3.Connection, now: int
+                     ) -> list[tuple[StreamInfo, list[GroupInfo]]]:
     """Every stream's info and groups, by name, in one read (one hop to the reader)."""
-    return [(stream_info(conn, get_stream(conn, name)), list_groups(conn, name))
+    return [(stream_info(conn, get_stream(conn, name)), list_groups(conn, name, now))
             for name in list_streams(conn)]
+
+
+def pause_group(conn: sqlite3.Connection, stream: str, group: str, until: int,
+                now: int) -> GroupInfo:
+    """Store the end of the group's pause (0: none), and return the group."""
+    g = get_group(conn, stream, group)
+    conn.execute(sql.SET_GROUP_PAUSE, (until, g.id))
+    g.paused_until_ms = until
+    return g.info(now)
 
 
 def delete_stream(conn: sqlite3.Connection, stream: str) -> None:

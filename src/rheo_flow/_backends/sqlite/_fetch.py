@@ -184,7 +184,9 @@ def _read_progress(conn: sqlite3.Connection, stream: str, group: str,
     if found is None:
         get_group(conn, stream, group)  # raises UnknownStream or UnknownGroup
         return None
-    group_id, max_attempts, stream_id, count, ordering = found
+    group_id, max_attempts, stream_id, count, ordering, paused_until = found
+    if paused_until > now:
+        return None
     cursors = {part: (cursor, high) for part, cursor, high in conn.execute(
         sql.PARTITIONS_WITH_WORK, (group_id, now))}
     expired: dict[int, list[RangeRow]] = {}

@@ -51,7 +51,7 @@ def frontier(conn: sqlite3.Connection, stream: str, group: str) -> dict[int, int
 def frontiers(conn: sqlite3.Connection, stream: str) -> dict[str, dict[int, int]]:
     """Every group's frontier, by group name, in one read."""
     return {info.group: frontier(conn, stream, info.group)
-            for info in list_groups(conn, stream)}
+            for info in list_groups(conn, stream, 0)}
 
 
 def dead_letters(conn: sqlite3.Connection, stream: str, group: str, limit: int,

@@ -80,6 +80,7 @@ RENAME_DELIVERIES_V2: Final = _SCHEMA["rename_deliveries_v2"]
 ADD_LAST_ERROR: Final = _SCHEMA["add_last_error"]
 ADD_DELIVERY_KEY: Final = _SCHEMA["add_delivery_key"]
 ADD_GROUP_ORDERING: Final = _SCHEMA["add_group_ordering"]
+ADD_GROUP_PAUSE: Final = _SCHEMA["add_group_pause"]
 DROP_KEY_TRIGGERS: Final = (
     _SCHEMA["drop_key_settled_trigger"], _SCHEMA["drop_key_removed_trigger"])
 INDEX_DELIVERIES_KEYED: Final = _SCHEMA["index_deliveries_keyed"]
@@ -127,6 +128,7 @@ SET_MAX_ATTEMPTS: Final = _STATEMENTS["set_max_attempts"]
 INSERT_GROUP: Final = _STATEMENTS["insert_group"]
 INSERT_GROUP_PARTITION: Final = _STATEMENTS["insert_group_partition"]
 LIST_GROUPS: Final = _STATEMENTS["list_groups"]
+SET_GROUP_PAUSE: Final = _STATEMENTS["set_group_pause"]
 DELETE_GROUP: Final = (
     _STATEMENTS["delete_group_deliveries"], _STATEMENTS["delete_group_ranges"],
     _STATEMENTS["delete_group_partitions"],

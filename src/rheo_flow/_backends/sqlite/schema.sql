@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS groups (
     max_attempts INTEGER NOT NULL,
     created_at_ms INTEGER NOT NULL,
     ordering TEXT NOT NULL DEFAULT 'none',
+    paused_until_ms INTEGER NOT NULL DEFAULT 0,
     UNIQUE (stream_id, name)
 )
 
@@ -207,6 +208,10 @@ ALTER TABLE deliveries ADD COLUMN key TEXT
 -- name: add_group_ordering
 -- Schema 4: every group of an older file is unordered.
 ALTER TABLE groups ADD COLUMN ordering TEXT NOT NULL DEFAULT 'none'
+
+-- name: add_group_pause
+-- Schema 8: the end of a group's pause, ms (0: not paused; 2^62: until resumed).
+ALTER TABLE groups ADD COLUMN paused_until_ms INTEGER NOT NULL DEFAULT 0
 
 -- name: add_group_high_water
 -- Schema 7: the mirrored high water, filled in below.

@@ -145,11 +145,13 @@ ORDER BY seq LIMIT ?
 -- Groups --------------------------------------------------------------------------
 
 -- name: find_group
-SELECT id, max_attempts, created_at_ms, ordering FROM groups WHERE stream_id = ? AND name = ?
+SELECT id, max_attempts, created_at_ms, ordering, paused_until_ms FROM groups
+WHERE stream_id = ? AND name = ?
 
 -- name: group_of_stream
 -- The stream, and its group if there is one (NULLs otherwise), in one statement.
-SELECT s.id, s.partitions, s.created_at_ms, g.id, g.max_attempts, g.created_at_ms, g.ordering
+SELECT s.id, s.partitions, s.created_at_ms, g.id, g.max_attempts, g.created_at_ms, g.ordering,
+       g.paused_until_ms
 FROM streams AS s LEFT JOIN groups AS g ON g.stream_id = s.id AND g.name = ?
 WHERE s.name = ?
 
@@ -165,8 +167,12 @@ INSERT INTO group_partitions (group_id, part, cursor, frontier, high_water)
 VALUES (?, ?, ?, ?, ?)
 
 -- name: list_groups
-SELECT name, max_attempts, created_at_ms, ordering FROM groups WHERE stream_id = ?
-ORDER BY name
+SELECT name, max_attempts, created_at_ms, ordering, paused_until_ms FROM groups
+WHERE stream_id = ? ORDER BY name
+
+-- name: set_group_pause
+-- The end of group ?2's pause, ms (0: not paused; 2^62: until resumed).
+UPDATE groups SET paused_until_ms = ?1 WHERE id = ?2
 
 -- name: delete_group_deliveries
 DELETE FROM deliveries WHERE group_id = ?
@@ -183,9 +189,9 @@ DELETE FROM groups WHERE id = ?
 -- Fetch ---------------------------------------------------------------------------
 
 -- name: fetch_group
--- What fetch needs of the group: its id, max attempts, stream id, partition count
--- and ordering.
-SELECT g.id, g.max_attempts, s.id, s.partitions, g.ordering FROM streams AS s
+-- What fetch needs of the group: its id, max attempts, stream id, partition count,
+-- ordering and the end of its pause.
+SELECT g.id, g.max_attempts, s.id, s.partitions, g.ordering, g.paused_until_ms FROM streams AS s
 JOIN groups AS g ON g.stream_id = s.id AND g.name = ? WHERE s.name = ?
 
 -- name: due

@@ -31,6 +31,7 @@ from ..._backends._urls import redact_url, scrub_secrets
 from ..._model._stream import DeadLetter
 from ..._rheo import Rheo
 from .._common import existing
+from .._pause import pause_text
 
 __all__ = ["DEAD_LETTER_LIMIT", "HISTORY", "TopApp"]
 
@@ -74,6 +75,8 @@ class _Reading:
     partitions: dict[str, list[_Partition]]
     max_attempts: dict[str, int]
     dead_letters: list[DeadLetter]
+    paused: dict[str, str]
+    """Per paused group: ``paused until resumed`` or ``paused until <time>``."""
 
 
 class TopApp(App[None]):
@@ -174,7 +177,10 @@ class TopApp(App[None]):
         partitions: dict[str, list[_Partition]] = {}
         attempts: dict[str, int] = {}
         letters: list[DeadLetter] = []
+        paused: dict[str, str] = {}
         for info in await rheo.groups(self.stream):
+            if info.paused:
+                paused[info.group] = pause_text(info)
             frontier = await rheo.frontier(self.stream, info.group)
             attempts[info.group] = info.max_attempts
             partitions[info.group] = [_Partition(p, h, frontier.get(p, 0))
@@ -182,7 +188,7 @@ class TopApp(App[None]):
             letters.extend(await rheo.dead_letters(self.stream, info.group,
                                                    limit=DEAD_LETTER_LIMIT))
         letters.sort(key=lambda d: (-d.rejected_at_ms, d.group, d.partition, d.sequence))
-        return _Reading(partitions, attempts, letters)
+        return _Reading(partitions, attempts, letters, paused)
 
     async def _show(self, reading: _Reading) -> None:
         now = time.monotonic()
@@ -199,9 +205,11 @@ class TopApp(App[None]):
             state.settled, state.at = settled, now
             lag = sum(p.lag for p in parts)
             dead = sum(d.group == group for d in reading.dead_letters)
+            pause = reading.paused.get(group)
             self.query_one(f"#g-{n}", Static).update(
                 f"{group}   max attempts {reading.max_attempts[group]}   dead letters "
-                f"{dead:,}{'+' if dead == DEAD_LETTER_LIMIT else ''}")
+                f"{dead:,}{'+' if dead == DEAD_LETTER_LIMIT else ''}"
+                f"{f'   {pause}' if pause else ''}")
             self.query_one(f"#t-{n}", Static).update(
                 f"  all  settled {settled:,}  lag {lag:,}  {state.rate:,.1f} events/s")
             self.query_one(f"#gs-{n}", Sparkline).data = list(state.rates) or [0]

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..._support._waiting import cancel_and_wait
@@ -29,7 +29,8 @@ class Health:
     The file is touched every ``interval`` seconds while ``ready()`` holds and
     removed as soon as it does not (and on close). ``GET /healthz`` answers 200
     while ``live()`` holds, ``GET /readyz`` 200 while ``ready()`` holds; 503
-    otherwise, 404 for any other path.
+    otherwise, 404 for any other path. ``notes`` (optional) gives lines the two
+    answers add after theirs (which groups are paused, say: ``_paused.py``).
     """
 
     def __init__(
@@ -41,8 +42,10 @@ class Health:
         port: int | None = None,
         host: str = "0.0.0.0",
         interval: float = 5.0,
+        notes: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
         self._ready = ready
+        self._notes = notes
         self._live = live
         self._file = file
         self._port = port
@@ -121,6 +124,8 @@ class Health:
                     "503 Service Unavailable", "not ready\n")
             else:
                 status, body = "404 Not Found", "not found\n"
+            if self._notes is not None and path in ("/healthz", "/readyz"):
+                body += "".join(f"{line}\n" for line in await self._notes())
             head = (f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
             writer.write((head + (body if parts and parts[0] != "HEAD" else "")).encode())

@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from ..._runtime._lifecycle import State
 from ..._support._waiting import first_of
 from ...pipeline import Pipeline
 from ._health import Health
+from ._paused import PausedGroups
 
 __all__ = ["SIGNALS", "SUPERVISOR_ENV", "WorkerConfig", "build_runtimes", "load_target",
            "run_worker"]
@@ -181,10 +182,13 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
     clean drain, 1 when a runtime ended on its own or the grace period ran out."""
     state = {"draining": False}
     runtimes: list[Runtime] = []
+    opened: list[Rheo] = []
+    paused = PausedGroups(lambda: opened[0] if opened else None,
+                          lambda: [_stream_group(r) for r in runtimes], _poll_s(runtimes))
     health = Health(
         ready=lambda: not state["draining"] and bool(runtimes) and all(map(_ready, runtimes)),
         live=lambda: True, file=config.health_file, port=config.health_port,
-        host=config.health_host, interval=config.health_interval,
+        host=config.health_host, interval=config.health_interval, notes=paused.lines,
     )
     signals = _Signals(health)
     signals.install()
@@ -192,6 +196,7 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
     await health.start()
     try:
         async with Rheo(config.url) as rheo:
+            opened.append(rheo)
             runtimes.extend(await build_runtimes(target, rheo, config.target))
             try:
                 for runtime in runtimes:
@@ -283,6 +288,20 @@ async def _drain(runtimes: list[Runtime], grace: float) -> bool:
     else:
         log.warning("not drained within %.1fs: unfinished leases were handed back", grace)
     return clean
+
+
+def _stream_group(runtime: Runtime) -> tuple[str, str]:
+    if isinstance(runtime, Group):
+        return runtime.stream, runtime.group
+    return runtime.producer.stream, runtime.producer.group
+
+
+def _poll_s(runtimes: list[Runtime]) -> Callable[[], float]:
+    """How often the paused groups may be read: the runtimes' shortest poll interval."""
+    def poll() -> float:
+        producers = [r._producer if isinstance(r, Group) else r.producer for r in runtimes]
+        return min((p.poll_ms for p in producers), default=200) / 1000
+    return poll
 
 
 def _describe(runtime: Runtime) -> str:

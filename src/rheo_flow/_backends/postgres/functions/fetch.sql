@@ -60,6 +60,7 @@ DECLARE
     v_stream integer;
     v_max_attempts integer;
     v_keyed boolean;
+    v_paused_until bigint;
     -- The partitions with work (fetch_work), in p_parts' order: new events past
     -- the cursor, delivery rows due, expired ranges.
     v_fresh_parts integer[];
@@ -101,11 +102,14 @@ DECLARE
     v_least_over bigint;      -- the smallest backlog above v_share
     v_step bigint;
 BEGIN
-    SELECT g.stream_id, g.max_attempts, g.ordering = {s}.ordering_by_key()
-    INTO v_stream, v_max_attempts, v_keyed
+    SELECT g.stream_id, g.max_attempts, g.ordering = {s}.ordering_by_key(), g.paused_until_ms
+    INTO v_stream, v_max_attempts, v_keyed, v_paused_until
     FROM {s}.groups g WHERE g.id = p_group;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
+    END IF;
+    IF v_paused_until > v_now THEN  -- a paused group (migration 11) leases nothing
+        RETURN;
     END IF;
     IF v_keyed THEN
         RETURN QUERY SELECT * FROM {s}.fetch_by_key(p_group, v_stream, v_max_attempts, p_parts,

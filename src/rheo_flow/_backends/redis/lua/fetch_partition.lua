@@ -42,8 +42,8 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
   local SCAN_BUDGET = 1000
   local high_water_text, marker = unpack(redis.call('HMGET', keys.meta, 'hw', 'mk'))
   if not marker then return 'LOST' end
-  local frontier_text, cursor_text, max_attempts_text, ordering =
-    unpack(redis.call('HMGET', keys.group, 'f', 'c', 'ma', 'o'))
+  local frontier_text, cursor_text, max_attempts_text, ordering, paused_until =
+    unpack(redis.call('HMGET', keys.group, 'f', 'c', 'ma', 'o', 'pz'))
   if not frontier_text then return 'NOGROUP' end
   -- The same call run again (the client resent it after its answer was lost): the
   -- first run's block keeps its leases until they expire; granting more under the
@@ -56,6 +56,9 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
   local high_water = tonumber(high_water_text or '0')
   local now = now_ms()
   local now_text = int_text(now)
+  -- A paused group (pause.lua) leases nothing, and reports nothing due (no top-up rounds).
+  local paused = paused_until and tonumber(paused_until) > now
+  if paused then quota = 0 end
   local deadline_text = int_text(now + lease_ms)
   local items = {}
   -- The reply: the head, then the data of each item as stored (no re-encoding).
@@ -304,6 +307,7 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
   end
   local still_due = redis.call('ZCOUNT', keys.due, '-inf', now_text)
   if high_water > cursor then still_due = still_due + high_water - cursor end
+  if paused then still_due = 0 end
   summarize(keys, high_water, cursor, fresh)
   -- On a Cluster (keys.report) the client keeps the summaries: the partition's exact
   -- summary (earliest due, or 0; 1 when events are past the cursor) ends the head.
