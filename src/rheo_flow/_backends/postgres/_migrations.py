@@ -139,10 +139,12 @@ FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current
                               "ack_fetch", "ack_ranges", "append_guarded"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
-_NEWEST_FUNCTION: Final = ("{s}.append_guarded(integer, text, text, text, text, text, text[], "
-                           "text, text)")
-"""The signature of the function added last: a schema at the current version without it
-gets the current functions installed (or, not migrating, is refused)."""
+_LATE_FUNCTIONS: Final = ("{s}.held()", "{s}.append_guarded(integer, text, text, text, text, "
+                                       "text, text[], text, text)")
+"""Functions added while the current version was unreleased (the named codes of
+functions/states.sql, then functions/append_guarded.sql): a schema at the current
+version without one gets the current functions installed (or, not migrating, is
+refused)."""
 
 
 def _newer(schema: str, version: int) -> BackendError:
@@ -163,7 +165,8 @@ async def ensure_schema(conn: asyncpg.Connection, schema: str, *, apply: bool) -
     if version > SCHEMA_VERSION:
         raise _newer(schema, version)
     if version == SCHEMA_VERSION:
-        if not await conn.fetchval(sql.has_named_codes, render(_NEWEST_FUNCTION, schema)):
+        if not all([await conn.fetchval(sql.has_named_codes, render(function, schema))
+                    for function in _LATE_FUNCTIONS]):
             # Made at this version before its newest function (the named codes of
             # functions/states.sql, then functions/append_guarded.sql) was added while
             # the version was unreleased: install them.
