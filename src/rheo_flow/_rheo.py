@@ -216,7 +216,10 @@ class Rheo:
         if partition is not None:
             check_partition(partition, count)
         try:
-            records = append_records(items, count, key, partition, self._max_event_bytes)
+            backend = self._backend
+            records = append_records(
+                items, count, key, partition, self._max_event_bytes,
+                None if backend.capabilities.delayed_delivery else backend.name)
             if connection is not None:
                 return await self._backend.append_in_transaction(connection, stream, records)
             return await _telemetry.send(self._backend, stream, records)
@@ -455,6 +458,17 @@ class Rheo:
         frontier = await self.frontier(stream, group)
         high = await self.high_water(stream)
         return {p: max(0, high[p] - frontier.get(p, 0)) for p in high}
+
+    async def scheduled(self, stream: str, group: str) -> dict[int, int]:
+        """Per partition, how many events of :meth:`lag` are scheduled for later
+        (``NewEvent.deliver_at`` ahead, by the backend's clock): waiting for their time,
+        not for a consumer. Zero on a backend without delayed delivery."""
+        frontier = await self.frontier(stream, group)
+        high = await self.high_water(stream)
+        after = {p: frontier.get(p, 0) for p in high}
+        if not self._backend.capabilities.delayed_delivery:
+            return dict.fromkeys(after, 0)
+        return await self._backend.scheduled(stream, after)
 
     async def dead_letters(
         self, stream: str, group: str, *, limit: int = 100, after: DeadLetter | None = None

@@ -69,6 +69,11 @@ class Capabilities:
     :meth:`~rheo_flow.Backend.append_in_transaction` and
     :meth:`~rheo_flow.Backend.ack_in_transaction` only on a backend declaring this."""
 
+    delayed_delivery: bool = False
+    """``NewEvent(deliver_at=...)`` (docs/contract.md, "Delayed delivery"): the event takes
+    its sequence at append and no group leases it before that time. An append of such
+    an event to a backend not declaring this raises :class:`~rheo_flow.Unsupported`."""
+
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)

@@ -35,6 +35,12 @@ class NewEvent:
     the stream returns the stored event and allocates no second sequence. When
     omitted a UUID is generated. ``key`` routes the event to a partition by a
     stable hash; ``partition`` routes it explicitly (and wins over the key).
+
+    ``deliver_at`` schedules the event (docs/contract.md, "Delayed delivery"): an
+    aware :class:`~datetime.datetime` or milliseconds since the Unix epoch. The
+    event takes its sequence at append, and no group leases it before that time
+    (the backend's clock); on a backend without the ``delayed_delivery``
+    capability the append raises :class:`~rheo_flow.Unsupported`.
     """
 
     type: str
@@ -43,6 +49,7 @@ class NewEvent:
     key: str | None = None
     partition: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    deliver_at: datetime | int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,9 @@ class Event:
     headers: Mapping[str, str]
     appended_at_ms: int
     """Append time, milliseconds since the Unix epoch (backend clock where it has one)."""
+    deliver_at_ms: int | None = None
+    """No group leases the event before this time, milliseconds since the Unix epoch
+    (``NewEvent.deliver_at``); None: deliverable at once."""
 
     @property
     def appended_at(self) -> datetime:
@@ -121,22 +131,21 @@ def pending_json(event: Event) -> _Pending | None:
 
 
 _EVENT_DOC = """An :class:`Event` from positional fields (stream, partition, sequence, id,
-type, data, key, headers, appended_at_ms), without the frozen ``__init__``'s
+type, data, key, headers, appended_at_ms[, deliver_at_ms]), without the frozen ``__init__``'s
 cost.
 
 For backends, which build events in bulk from values they already trust."""
 
-make_event: Callable[
-    [str, int, int, str, str, JSON, str | None, Mapping[str, str], int], Event,
-] = positional_builder(
+make_event: Callable[..., Event] = positional_builder(
     Event, _EVENT_DOC)
 
 
 def make_event_json(
     stream: str, partition: int, sequence: int, id: str, type: str, data_json: str | bytes,
     key: str | None, headers: Mapping[str, str], appended_at_ms: int,
+    deliver_at_ms: int | None = None,
 ) -> Event:
     """Like :func:`make_event`, from the JSON text of ``data``: decoded on first access."""
     return make_event(stream, partition, sequence, id, type, _Pending(data_json), key, headers,
-                      appended_at_ms)
+                      appended_at_ms, deliver_at_ms)
 

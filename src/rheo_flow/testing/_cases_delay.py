@@ -1,0 +1,149 @@
+"""Cases about delayed delivery (``NewEvent(deliver_at=...)``, docs/contract.md,
+"Delayed delivery"): a scheduled event takes its sequence at append, and no group
+leases it before its time.
+
+On a harness with a manual clock the time is checked to the millisecond (a fetch
+a millisecond before finds nothing); on a real clock the event is scheduled
+:attr:`~._case.CaseEnv.short_ms` ahead and the case lets that run out.
+"""
+
+from __future__ import annotations
+
+from .._model._event import Event, NewEvent
+from ._case import CaseEnv, case, check, check_equal, positions
+
+_NEEDS = ["delayed_delivery"]
+
+
+async def _until_due(env: CaseEnv, stream: str, group: str) -> None:
+    """Let an event scheduled :attr:`~CaseEnv.short_ms` ahead become due: with exact
+    time, to the millisecond, after a fetch a millisecond before found nothing."""
+    await env.expire_at_the_deadline(stream, group)
+
+
+async def _scheduled(env: CaseEnv, stream: str, *events: NewEvent) -> list[Event]:
+    """Append ``events`` in one call and return the stored events."""
+    return await env.rheo.append(stream, list(events))
+
+
+@case(rules=["delay.sequence", "delay.not_before", "delay.unordered"], requires=_NEEDS)
+async def case_scheduled_event_waits_for_its_time(env: CaseEnv) -> None:
+    """A scheduled event takes its sequence at append; later events flow past it."""
+    stream = await env.stream()
+    at = await env.now() + env.short_ms
+    stored = await _scheduled(env, stream, NewEvent("t", 1), NewEvent("t", 2, deliver_at=at),
+                              NewEvent("t", 3))
+    check_equal([e.sequence for e in stored], [1, 2, 3], "the sequences taken at append")
+    check_equal([e.deliver_at_ms for e in stored], [None, at, None], "deliver_at_ms")
+    leases = await env.fetch(stream, "g")
+    check_equal(positions(leases), [(0, 1), (0, 3)], "a fetch before its time")
+    await env.ack_ok(leases)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1},
+                "the frontier waits behind the scheduled event")
+    await _until_due(env, stream, "g")
+    due = await env.fetch(stream, "g")
+    check_equal([(lease.sequence, lease.attempt) for lease in due], [(2, 1)],
+                "a fetch at its time: its first attempt")
+    check_equal(due[0].event, stored[1], "the event leased is the event stored")
+    await env.ack_ok(due)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "the frontier once it is acked")
+
+
+@case(rules=["delay.not_before"], requires=_NEEDS)
+async def case_scheduled_run_at_the_head_waits(env: CaseEnv) -> None:
+    """Scheduled events at the head of a partition and behind a backlog wait alike."""
+    stream = await env.stream(partitions=2)
+    at = await env.now() + env.short_ms
+    await _scheduled(env, stream, *[NewEvent("t", n, partition=0, deliver_at=at)
+                                    for n in range(3)])
+    await _scheduled(env, stream, *[NewEvent("t", n, partition=1, deliver_at=at if n >= 4
+                                             else None) for n in range(6)])
+    first = await env.drain(stream, "g", limit=2)
+    check_equal(sorted(positions(first)), [(1, n) for n in range(1, 5)],
+                "every fetch before their time")
+    await _until_due(env, stream, "g")
+    due = await env.drain(stream, "g", limit=2)
+    check_equal(sorted(positions(due)), [(0, 1), (0, 2), (0, 3), (1, 5), (1, 6)],
+                "the fetches at their time")
+    await env.ack_ok(first + due)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3, 1: 6}, "the frontiers")
+
+
+@case(rules=["delay.not_before", "delay.at_once"], requires=_NEEDS)
+async def case_deliver_at_now_or_past_is_at_once(env: CaseEnv) -> None:
+    """An event whose deliver_at is not ahead is delivered at once, in sequence order."""
+    stream = await env.stream()
+    now = await env.now()
+    await _scheduled(env, stream, NewEvent("t", 1, deliver_at=0),
+                     NewEvent("t", 2, deliver_at=now - 1_000), NewEvent("t", 3))
+    check_equal(positions(await env.fetch(stream, "g")), [(0, 1), (0, 2), (0, 3)],
+                "events due already")
+
+
+@case(rules=["delay.key_ordered"], requires=[*_NEEDS, "key_ordering"])
+async def case_scheduled_event_holds_its_key(env: CaseEnv) -> None:
+    """In a key-ordered group a scheduled event holds its key; other keys flow."""
+    stream = await env.stream()
+    await env.rheo.create_group(stream, "g", ordering="key")
+    at = await env.now() + env.short_ms
+    await _scheduled(env, stream, NewEvent("t", 1, key="a", deliver_at=at),
+                     NewEvent("t", 2, key="a"), NewEvent("t", 3, key="b"))
+    leases = await env.fetch(stream, "g")
+    check_equal(positions(leases), [(0, 3)], "before its time: only the other key")
+    await env.ack_ok(leases)
+    await _until_due(env, stream, "g")
+    due = await env.fetch(stream, "g")
+    check_equal(positions(due), [(0, 1)], "at its time: the scheduled event, its key held")
+    await env.ack_ok(due)
+    after = await env.fetch(stream, "g")
+    check_equal(positions(after), [(0, 2)], "once it is acked: the next of its key")
+    await env.ack_ok(after)
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 3}, "the frontier")
+
+
+@case(rules=["delay.replay", "delay.not_before"], requires=_NEEDS)
+async def case_replay_respects_deliver_at(env: CaseEnv) -> None:
+    """Replay and reset deliver a scheduled event again, still not before its time."""
+    stream = await env.stream()
+    at = await env.now() + env.long_ms
+    await _scheduled(env, stream, NewEvent("t", 1), NewEvent("t", 2, deliver_at=at),
+                     NewEvent("t", 3))
+    await env.ack_ok(await env.fetch(stream, "g"))
+    await env.rheo.replay(stream, "g")
+    check_equal(positions(await env.fetch(stream, "g")), [(0, 1), (0, 3)], "after a replay")
+    await env.rheo.reset(stream, "g", to="latest")
+    await env.rheo.reset(stream, "g", to="earliest")
+    check_equal(positions(await env.fetch(stream, "g")), [(0, 1), (0, 3)], "after a reset")
+    check_equal(await env.rheo.frontier(stream, "g"), {0: 1}, "the frontier waits")
+
+
+@case(rules=["delay.lag"], requires=_NEEDS)
+async def case_lag_counts_scheduled_apart(env: CaseEnv) -> None:
+    """scheduled() counts, within the lag, the events waiting for their time."""
+    stream = await env.stream(partitions=2)
+    at = await env.now() + env.short_ms
+    await _scheduled(env, stream, NewEvent("t", 1, partition=0, deliver_at=at),
+                     NewEvent("t", 2, partition=0), NewEvent("t", 3, partition=1))
+    await env.rheo.create_group(stream, "g")
+    check_equal(await env.rheo.scheduled(stream, "g"), {0: 1, 1: 0}, "before any fetch")
+    await env.ack_ok(await env.fetch(stream, "g"))
+    check_equal(await env.rheo.lag(stream, "g"), {0: 2, 1: 0}, "the lag")
+    check_equal(await env.rheo.scheduled(stream, "g"), {0: 1, 1: 0}, "scheduled")
+    await env.expire()
+    check_equal(await env.rheo.scheduled(stream, "g"), {0: 0, 1: 0}, "once it is due")
+    await env.ack_ok(await env.fetch(stream, "g"))
+    check_equal(await env.rheo.lag(stream, "g"), {0: 0, 1: 0}, "the lag once it is acked")
+
+
+@case(rules=["delay.sequence", "append.idempotent"], requires=_NEEDS)
+async def case_scheduled_append_is_idempotent(env: CaseEnv) -> None:
+    """Appending a scheduled event's id again returns it as stored, its time unchanged."""
+    stream = await env.stream()
+    at = await env.now() + env.long_ms
+    first = await _scheduled(env, stream, NewEvent("t", 1, id="x", deliver_at=at))
+    again = await _scheduled(env, stream, NewEvent("t", 1, id="x"),
+                             NewEvent("t", 2, id="y", deliver_at=at + 5))
+    check_equal(again[0], first[0], "the stored event, returned again")
+    check(again[1].sequence == 2 and again[1].deliver_at_ms == at + 5,
+          f"the second event: {again[1]!r}")
+    check_equal(await env.fetch(stream, "g"), [], "neither is due")
