@@ -40,7 +40,8 @@ class NewEvent:
     aware :class:`~datetime.datetime` or milliseconds since the Unix epoch. The
     event takes its sequence at append, and no group leases it before that time
     (the backend's clock); on a backend without the ``delayed_delivery``
-    capability the append raises :class:`~rheo_flow.Unsupported`.
+    capability the append raises :class:`~rheo_flow.Unsupported`. The time is
+    the delivery's, not part of the stored :class:`Event`.
     """
 
     type: str
@@ -67,9 +68,6 @@ class Event:
     headers: Mapping[str, str]
     appended_at_ms: int
     """Append time, milliseconds since the Unix epoch (backend clock where it has one)."""
-    deliver_at_ms: int | None = None
-    """No group leases the event before this time, milliseconds since the Unix epoch
-    (``NewEvent.deliver_at``); None: deliverable at once."""
 
     @property
     def appended_at(self) -> datetime:
@@ -131,21 +129,22 @@ def pending_json(event: Event) -> _Pending | None:
 
 
 _EVENT_DOC = """An :class:`Event` from positional fields (stream, partition, sequence, id,
-type, data, key, headers, appended_at_ms[, deliver_at_ms]), without the frozen ``__init__``'s
+type, data, key, headers, appended_at_ms), without the frozen ``__init__``'s
 cost.
 
 For backends, which build events in bulk from values they already trust."""
 
-make_event: Callable[..., Event] = positional_builder(
+make_event: Callable[
+    [str, int, int, str, str, JSON, str | None, Mapping[str, str], int], Event,
+] = positional_builder(
     Event, _EVENT_DOC)
 
 
 def make_event_json(
     stream: str, partition: int, sequence: int, id: str, type: str, data_json: str | bytes,
     key: str | None, headers: Mapping[str, str], appended_at_ms: int,
-    deliver_at_ms: int | None = None,
 ) -> Event:
     """Like :func:`make_event`, from the JSON text of ``data``: decoded on first access."""
     return make_event(stream, partition, sequence, id, type, _Pending(data_json), key, headers,
-                      appended_at_ms, deliver_at_ms)
+                      appended_at_ms)
 

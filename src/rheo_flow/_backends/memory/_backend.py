@@ -101,7 +101,7 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
             # Decoded on first read: stored events share nothing with the caller's objects.
             event = make_event_json(stream, r.partition, part.high_water, r.id, r.type,
                                     r.data_json, r.key, dict(r.headers) if r.headers else {},
-                                    now, r.deliver_at_ms)
+                                    now)
             if r.deliver_at_ms is not None:
                 part.scheduled[part.high_water] = r.deliver_at_ms
                 part.last_scheduled = part.high_water

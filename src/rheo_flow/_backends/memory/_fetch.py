@@ -68,6 +68,12 @@ class FetchOps(MemoryCore):
             d = candidates[depth]
         else:  # the next new delivery of the partition
             gp.cursor += 1
+            part = s.partitions[pid]
+            if part.last_scheduled >= gp.cursor:  # scheduled ones on the way wait
+                while (at := part.deliver_at(gp.cursor, self._clock())) is not None:
+                    gp.active[gp.cursor] = d = Delivery(gp.cursor)
+                    _schedule(gp, d, at)
+                    gp.cursor += 1
             d = Delivery(gp.cursor)
             gp.active[gp.cursor] = d
         d.state = "leased"
@@ -170,17 +176,19 @@ def _schedule(gp: GroupPartition, d: Delivery, at: int) -> None:
 def _new_before_scheduled(gp: GroupPartition, part: Partition, now: int, want: int) -> int:
     """How many new deliveries partition ``part`` offers (at most ``want``) when scheduled
     events may lie past the cursor: those right past it become available deliveries at
-    their time (the cursor moves over them), and the new ones stop before the next."""
+    their time (the cursor moves over them), and the count passes over the others
+    (leasing moves the cursor over them the same way: :meth:`FetchOps._lease`)."""
     high = part.high_water
     while gp.cursor < high and (at := part.deliver_at(gp.cursor + 1, now)) is not None:
         gp.cursor += 1
         gp.active[gp.cursor] = d = Delivery(gp.cursor)
         _schedule(gp, d, at)
     count = 0
-    while count < want and gp.cursor + count < high:
-        if part.deliver_at(gp.cursor + count + 1, now) is not None:
-            break
-        count += 1
+    seq = gp.cursor
+    while count < want and seq < high:
+        seq += 1
+        if part.deliver_at(seq, now) is None:
+            count += 1
     return count
 
 
