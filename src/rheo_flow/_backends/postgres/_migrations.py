@@ -119,6 +119,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(10, "fetch visits only the partitions with work (fetch_work) and finds the "
                   "delivery rows due by their time (deliveries_due, deliveries_expiry)",
               ("v10_due_deliveries",)),
+    Migration(11, "delayed delivery: events.deliver_at_ms, the index of scheduled events "
+                  "and streams.scheduled",
+              ("v11_delayed_delivery",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 
@@ -132,7 +135,7 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
                              ("states", "advance_frontiers", "fetch_work", "fetch_keyed",
-                              "fetch_by_key", "fetch", "settle_ranged", "settle", "renew",
+                              "fetch_by_key", "fetch_scheduled", "fetch", "settle_ranged", "settle", "renew",
                               "ack_fetch", "ack_ranges"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 

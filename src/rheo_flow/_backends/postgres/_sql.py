@@ -72,6 +72,8 @@ class Statements:
     describe_streams: str
     describe_groups: str
     append: str
+    mark_scheduled: str
+    scheduled_counts: str
     database_identity: str
     stored_events: str
     query_events: str

@@ -100,9 +100,12 @@ DECLARE
     v_over bigint;            -- the partitions with more than v_share
     v_least_over bigint;      -- the smallest backlog above v_share
     v_step bigint;
+    v_scheduled boolean;      -- the stream holds scheduled events (functions/fetch_scheduled.sql)
+    v_split_parts integer[];  -- the partitions whose window split_scheduled made rows of
 BEGIN
-    SELECT g.stream_id, g.max_attempts, g.ordering = {s}.ordering_by_key()
-    INTO v_stream, v_max_attempts, v_keyed
+    SELECT g.stream_id, g.max_attempts, g.ordering = {s}.ordering_by_key(),
+           (SELECT st.scheduled FROM {s}.streams st WHERE st.id = g.stream_id)
+    INTO v_stream, v_max_attempts, v_keyed, v_scheduled
     FROM {s}.groups g WHERE g.id = p_group;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
@@ -115,6 +118,25 @@ BEGIN
 
     SELECT * INTO v_fresh_parts, v_due_work_parts, v_expired_work_parts
     FROM {s}.fetch_work(p_group, v_stream, p_parts, v_now);
+
+    -- A stream with scheduled events: the cursors first (nothing is locked yet, so
+    -- claim_cursors may wait), and the windows with scheduled events in them become
+    -- delivery rows (split_scheduled), leased below as rows due.
+    IF v_scheduled AND v_fresh_parts IS NOT NULL THEN
+        SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
+        FROM {s}.claim_cursors(p_group, v_stream, v_fresh_parts, true);
+        v_fresh_parts := NULL;  -- claimed
+        IF v_cursor_parts IS NOT NULL THEN
+            SELECT * INTO v_split_parts, v_cursors
+            FROM {s}.split_scheduled(p_group, v_stream, p_limit, v_now, v_cursor_parts,
+                                     v_cursors, v_high_waters);
+        END IF;
+        IF v_split_parts IS NOT NULL THEN
+            SELECT array_agg(p.part ORDER BY p.pos) INTO v_due_work_parts
+            FROM unnest(p_parts) WITH ORDINALITY AS p(part, pos)
+            WHERE p.part = ANY (v_due_work_parts) OR p.part = ANY (v_split_parts);
+        END IF;
+    END IF;
 
     -- Per partition with rows due: the earliest due first (ties by sequence).
     IF v_due_work_parts IS NOT NULL THEN
