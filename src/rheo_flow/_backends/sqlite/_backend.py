@@ -89,7 +89,7 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     _CAPABILITIES = Capabilities(
         durable=True, distributed=False, push_wakeups=True, server_clock=False,
-        key_ordering=True, last_error=True, in_transaction=True,
+        key_ordering=True, last_error=True, in_transaction=True, delayed_delivery=True,
     )
 
     def __init__(
@@ -372,6 +372,9 @@ class SQLiteBackend(Backend):
 
     async def frontier(self, stream: str, group: str) -> dict[int, int]:
         return await self._read(_progress.frontier, stream, group)
+
+    async def scheduled(self, stream: str, after: Mapping[int, int]) -> dict[int, int]:
+        return await self._read(_events.scheduled, stream, dict(after), self._clock())
 
     async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
         return await self._read(_progress.frontiers, stream)
