@@ -137,7 +137,7 @@ async def test_a_version_3_sqlite_file_upgrades_in_place(tmp_path: Path) -> None
     try:
         assert conn.execute("PRAGMA user_version").fetchone() == (
             sqlite_module.SCHEMA_VERSION,)
-        assert sqlite_module.SCHEMA_VERSION == 7
+        assert sqlite_module.SCHEMA_VERSION == 8
         names = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
         assert "deliveries_keyed" in names
     finally:

@@ -98,6 +98,9 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
         if backend.capabilities.delayed_nack:
             self.nack_delays = [0, 0, 1, 1_000, LONG_MS] if self.harness.exact_time else [0, 0, 20]
         self.can_trim = backend.capabilities.trim
+        if backend.capabilities.delayed_delivery:
+            self.schedule_delays = ([0, 1, 1_000, LONG_MS] if self.harness.exact_time
+                                    else [0, 20])
 
     def teardown(self) -> None:
         try:
@@ -119,6 +122,16 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
           duplicate=st.integers(0, 99))
     def append(self, specs: list[tuple[str | None, int | None]], duplicate: int) -> None:
         self.append_events(specs, duplicate)
+
+    @precondition(lambda self: bool(self.schedule_delays))
+    @rule(specs=st.lists(st.tuples(st.sampled_from([*KEYS, None]),
+                                   st.sampled_from([None, None, 0, 1])),
+                         min_size=1, max_size=3),
+          duplicate=st.integers(0, 99), delay=st.integers(0, 99))
+    def append_scheduled(self, specs: list[tuple[str | None, int | None]], duplicate: int,
+                         delay: int) -> None:
+        self.append_events(specs, duplicate,
+                           self.schedule_delays[delay % len(self.schedule_delays)])
 
     # fetch, renew and advance are made rules per harness (conformance_state_machine):
     # their strategies depend on its clock.

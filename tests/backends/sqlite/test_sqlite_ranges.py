@@ -196,5 +196,5 @@ async def test_leases_in_flight_across_the_upgrade_keep_working(
         assert all(r.ok for r in await rheo.ack(again))
         assert await rheo.frontier("s", "g") == {0: 6}
     assert _rows(db, "PRAGMA user_version") == [(sqlite_module.SCHEMA_VERSION,)]
-    assert sqlite_module.SCHEMA_VERSION == 7
+    assert sqlite_module.SCHEMA_VERSION == 8
     assert [row[:2] for row in _rows(db, _RANGES)] == [(5, 6)]

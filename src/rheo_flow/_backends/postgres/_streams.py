@@ -22,6 +22,7 @@ from ..._model._stream import StreamInfo
 from ..._support._call_retry import retried
 from .._shared import query_window
 from ._core import PostgresCore, StreamMeta
+from ._listener import scheduled_payload
 from ._pool import Fetches, PoolCalls
 from ._sql import BIGINT_MAX
 
@@ -188,14 +189,16 @@ class StreamOps(PostgresCore):
             raise InvalidArgument(
                 "event ids, types and keys must be valid Unicode text") from None
         deliver_at = None
+        payload = stream
         if any(r.deliver_at_ms is not None for r in records):
             await self._mark_scheduled(meta)
             deliver_at = "{" + ",".join(["NULL" if r.deliver_at_ms is None
                                          else str(r.deliver_at_ms) for r in records]) + "}"
+            payload = scheduled_payload(stream, records)
         [row] = await pool.fetch(
             self._sql.append, meta.id,
             "{" + ",".join([str(r.partition) for r in records]) + "}", ids, types, key_list,
-            "[" + ",".join([r.data_json for r in records]) + "]", heads, self._channel, stream,
+            "[" + ",".join([r.data_json for r in records]) + "]", heads, self._channel, payload,
             deliver_at,
         )
         at, seqs = row[0], row[1]
