@@ -142,8 +142,10 @@ class Listener:
             at = int(item) if item.isdigit() else 0
             if at <= now or (stream, at) in self._timers or len(self._timers) >= MAX_TIMERS:
                 continue
+            # A millisecond after: a timer may fire a little early, and a fetch before
+            # the time finds nothing (the server's clock counts whole milliseconds).
             self._timers[(stream, at)] = loop.call_later(
-                (at - now) / 1000, self._fire, stream, at)
+                (at - now + 1) / 1000, self._fire, stream, at)
 
     def _fire(self, stream: str, at: int) -> None:
         self._timers.pop((stream, at), None)
