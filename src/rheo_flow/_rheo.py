@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
+from ._facade._delay import scheduled_counts, undelayed
 from ._facade._in_transaction import ack_in_transaction, open_in_transaction
 from ._facade._retention import trim_bounds
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
@@ -138,12 +139,8 @@ class Rheo:
     async def __aenter__(self) -> Self:
         return await self.open()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.close()
 
     def new_consumer_id(self) -> str:
@@ -216,10 +213,8 @@ class Rheo:
         if partition is not None:
             check_partition(partition, count)
         try:
-            backend = self._backend
-            records = append_records(
-                items, count, key, partition, self._max_event_bytes,
-                None if backend.capabilities.delayed_delivery else backend.name)
+            records = append_records(items, count, key, partition, self._max_event_bytes,
+                                     undelayed(self._backend))
             if connection is not None:
                 return await self._backend.append_in_transaction(connection, stream, records)
             return await _telemetry.send(self._backend, stream, records)
@@ -318,14 +313,8 @@ class Rheo:
     # Leases ------------------------------------------------------------------
 
     async def fetch(
-        self,
-        stream: str,
-        group: str,
-        *,
-        consumer_id: str | None = None,
-        limit: int = 10,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        partitions: Partitions = "all",
+        self, stream: str, group: str, *, consumer_id: str | None = None, limit: int = 10,
+        lease_ms: int = DEFAULT_LEASE_MS, partitions: Partitions = "all",
     ) -> list[Lease]:
         """Claim up to ``limit`` deliveries for ``group``; creates the group on first use."""
         count = await self._partition_count(stream)
@@ -460,15 +449,9 @@ class Rheo:
         return {p: max(0, high[p] - frontier.get(p, 0)) for p in high}
 
     async def scheduled(self, stream: str, group: str) -> dict[int, int]:
-        """Per partition, how many events of :meth:`lag` are scheduled for later
-        (``NewEvent.deliver_at`` ahead, by the backend's clock): waiting for their time,
-        not for a consumer. Zero on a backend without delayed delivery."""
-        frontier = await self.frontier(stream, group)
-        high = await self.high_water(stream)
-        after = {p: frontier.get(p, 0) for p in high}
-        if not self._backend.capabilities.delayed_delivery:
-            return dict.fromkeys(after, 0)
-        return await self._backend.scheduled(stream, after)
+        """Per partition, how many events of :meth:`lag` wait for their ``deliver_at``."""
+        return await scheduled_counts(self._backend, stream, await self.frontier(stream, group),
+                                      await self.high_water(stream))
 
     async def dead_letters(
         self, stream: str, group: str, *, limit: int = 100, after: DeadLetter | None = None

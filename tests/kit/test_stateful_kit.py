@@ -253,7 +253,8 @@ class ReplayForgetsDeliverAt(MemoryBackend):
         await super().reset(stream, group, to, partitions)
 
 
-MUTANTS = [ScheduledDeliveredAtOnce, ReplayForgetsDeliverAt, ResetKeepsDeadLetters, ResetKeepsLeases, ResetBelowLowWater, TrimFrontierOnlyToBound,
+MUTANTS = [ScheduledDeliveredAtOnce, ReplayForgetsDeliverAt,
+           ResetKeepsDeadLetters, ResetKeepsLeases, ResetBelowLowWater, TrimFrontierOnlyToBound,
            TrimKeepsLowWater, TrimLowWaterPastHighWater, ReplayBelowLowWater,
            DeadLetterPagesSkipOne, RenewIgnoresLeaseTime, NackWithoutErrorClearsLastError,
            RejectStampsNoTime, RedriveAllMissesTheLast, DeletedGroupLeavesDeadLetters,

@@ -99,6 +99,8 @@ def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:
 
 
 async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
+    from .._facade._delay import scheduled_counts
+
     high = await rheo.high_water(stream)
     if group is not None:
         frontiers = {group: await rheo.frontier(stream, group)}
@@ -106,19 +108,21 @@ async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
         frontiers = await rheo.frontiers(stream)
     rows = []
     for name, frontier in frontiers.items():
+        scheduled = await scheduled_counts(rheo.backend, stream, frontier, high)
         for p, h in sorted(high.items()):
             done = frontier.get(p, 0)
             rows.append({"stream": stream, "group": name, "partition": p, "high_water": h,
-                         "frontier": done, "lag": max(0, h - done)})
+                         "frontier": done, "lag": max(0, h - done),
+                         "scheduled": scheduled.get(p, 0)})
     return rows
 
 
-_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag")
+_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag", "scheduled")
 
 
 def _lag_cells(rows: list[Row]) -> list[list[str]]:
     return [[r["group"], str(r["partition"]), f"{r['high_water']:,}", f"{r['frontier']:,}",
-             f"{r['lag']:,}"] for r in rows]
+             f"{r['lag']:,}", f"{r['scheduled']:,}"] for r in rows]
 
 
 def lag(
@@ -135,7 +139,8 @@ def lag(
         min=1, help="With --watch: stop after this many refreshes.", show_default=False,
     )] = None,
 ) -> None:
-    """Show high water, frontier and lag per partition for one group or all of them.
+    """Show high water, frontier and lag per partition for one group or all of them; of
+    the lag, "scheduled" counts the events whose delivery time is still ahead.
 
     With --watch the table refreshes in place on a terminal; elsewhere (and with
     --json, whose lines then carry the time of the reading in "at_ms") each

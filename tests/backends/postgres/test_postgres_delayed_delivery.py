@@ -22,6 +22,10 @@ from typing import Any
 
 from rheo_flow import NewEvent, Rheo
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for _competing
+
+from _competing import wait_for_workers
+
 WORKER = Path(__file__).with_name("_pg_delay_worker.py")
 WORKERS = 2
 SCHEDULED = 60
@@ -53,9 +57,7 @@ async def _run(url: str, tmp_path: Path) -> None:
         workers = asyncio.gather(*(
             _worker(url, "timers", "g", f"w{i}", str(ready), str(WORKERS + 1), str(total),
                     str(POLL_S)) for i in range(WORKERS)))
-        (ready / "appender").touch()
-        while len(list(ready.iterdir())) < WORKERS + 1:
-            await asyncio.sleep(0.01)
+        await wait_for_workers(str(ready), "appender", WORKERS + 1)  # all listen
         due: dict[tuple[int, int], int] = {}
         for batch in range(3):
             now = int(time.time() * 1000)  # the server runs on this host

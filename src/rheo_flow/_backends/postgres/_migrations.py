@@ -135,8 +135,8 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
                              ("states", "advance_frontiers", "fetch_work", "fetch_keyed",
-                              "fetch_by_key", "fetch_scheduled", "fetch", "settle_ranged", "settle", "renew",
-                              "ack_fetch", "ack_ranges"))
+                              "fetch_by_key", "fetch_scheduled", "fetch", "settle_ranged",
+                              "settle", "renew", "ack_fetch", "ack_ranges"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 
