@@ -50,7 +50,9 @@ class EventOperations(WorkNotes):
         for partition, indexes in by_partition.items():
             # The data texts go as arguments of their own, not inside the JSON of the
             # heads: nothing escapes them here or decodes them in the server.
-            heads = dumps([(records[i].id, metas[i]) for i in indexes])
+            heads = dumps([(records[i].id, metas[i]) if records[i].deliver_at_ms is None
+                           else (records[i].id, metas[i], str(records[i].deliver_at_ms))
+                           for i in indexes])
             calls.append(("append", self._keys.append_keys(stream, partition),
                           [heads, *[records[i].data_json for i in indexes]]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
@@ -79,7 +81,8 @@ class EventOperations(WorkNotes):
         # Large data goes by a SET of its own in the same MULTI, never through Lua.
         tokens = [os.urandom(8).hex() if len(r.data_json) >= _BLOB_CHARS else None
                   for r in records]
-        rows = orjson.dumps([(r.id, meta, r.partition, token)
+        rows = orjson.dumps([(r.id, meta, r.partition, token) if r.deliver_at_ms is None
+                             else (r.id, meta, r.partition, token, str(r.deliver_at_ms))
                              for r, meta, token in zip(records, metas, tokens, strict=True)])
         digests = b"".join([sha1(r.id.encode()).digest()[:8] for r in records])
         sets: list[Read] = [
@@ -95,6 +98,26 @@ class EventOperations(WorkNotes):
         events = appended_across(stream, records, orjson.loads(reply))
         await self._fill_blobs(stream, events)
         return events
+
+    async def scheduled(self, stream: str, after: Mapping[int, int]) -> dict[int, int]:
+        await self._partition_count(stream)
+        parts = sorted(after)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.time()
+        for p in parts:
+            pipe.hget(self._keys.partition(stream, p).meta, "sl")
+        (seconds, micros), *lasts = await self._io(pipe.execute())
+        now = int(seconds) * 1000 + int(micros) // 1000
+        out = dict.fromkeys(parts, 0)
+        for p, last in zip(parts, lasts, strict=True):
+            # Only the entries up to the partition's last scheduled one can be scheduled.
+            if last is not None and int(last) > after[p]:
+                entries: Any = await self._io(self._client.xrange(
+                    self._keys.partition(stream, p).stream, f"{after[p] + 1}-0", f"{int(last)}-0"))
+                for _, fields in entries:
+                    at = {text(k): v for k, v in fields.items()}.get("at")
+                    out[p] += at is not None and int(at) > now
+        return out
 
     async def _owners(self, stream: str, records: Sequence[AppendRecord]) -> list[int]:
         """The partition each record goes to in a multi-partition stream.
