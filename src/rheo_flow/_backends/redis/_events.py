@@ -103,21 +103,13 @@ class EventOperations(WorkNotes):
         await self._partition_count(stream)
         parts = sorted(after)
         pipe = self._client.pipeline(transaction=False)
-        pipe.time()
         for p in parts:
-            pipe.hget(self._keys.partition(stream, p).meta, "sl")
-        (seconds, micros), *lasts = await self._io(pipe.execute())
+            pipe.zrange(self._keys.times(stream, p), 0, -1, withscores=True)
+        times = await self._io(pipe.execute())
+        seconds, micros = await self._io(self._client.time())  # a Cluster pipelines no TIME
         now = int(seconds) * 1000 + int(micros) // 1000
-        out = dict.fromkeys(parts, 0)
-        for p, last in zip(parts, lasts, strict=True):
-            # Only the entries up to the partition's last scheduled one can be scheduled.
-            if last is not None and int(last) > after[p]:
-                entries: Any = await self._io(self._client.xrange(
-                    self._keys.partition(stream, p).stream, f"{after[p] + 1}-0", f"{int(last)}-0"))
-                for _, fields in entries:
-                    at = {text(k): v for k, v in fields.items()}.get("at")
-                    out[p] += at is not None and int(at) > now
-        return out
+        return {p: sum(1 for seq, at in found if at > now and int(seq) > after[p])
+                for p, found in zip(parts, times, strict=True)}
 
     async def _owners(self, stream: str, records: Sequence[AppendRecord]) -> list[int]:
         """The partition each record goes to in a multi-partition stream.

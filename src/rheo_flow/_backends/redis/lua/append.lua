@@ -50,6 +50,8 @@ for k, row in ipairs(rows) do
         redis.call('XADD', stream_key, entry_id(high_water), 'meta', row[META], 'data',
                    ARGV[k + 1], 'time', now_text, 'at', row[DELIVER_AT])
         scheduled_last = high_water
+        -- The partition's 't' (KeyLayout.times), in the stream key's slot.
+        redis.call('ZADD', (string.gsub(stream_key, ':x$', ':t')), row[DELIVER_AT], seq_text)
       else
         redis.call('XADD', stream_key, entry_id(high_water), 'meta', row[META], 'data',
                    ARGV[k + 1], 'time', now_text)
@@ -63,7 +65,10 @@ for k, row in ipairs(rows) do
 end
 if #id_writes > 0 then bulk({'HSET', ids_key}, id_writes) end
 redis.call('HSET', meta_key, 'hw', int_text(high_water), 'ts', now_text)
-if scheduled_last then redis.call('HSET', meta_key, 'sl', int_text(scheduled_last)) end
+if scheduled_last then
+  redis.call('HSET', meta_key, 'sl', int_text(scheduled_last))
+  redis.call('ZREMRANGEBYSCORE', (string.gsub(stream_key, ':x$', ':t')), '-inf', now_text)
+end
 if groups_key and #id_writes > 0 then
   local partition = partition_of(stream_key)
   for _, group in ipairs(redis.call('HKEYS', groups_key)) do

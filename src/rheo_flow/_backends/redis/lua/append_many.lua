@@ -147,6 +147,7 @@ for k, row in ipairs(rows) do
                    'data', data, 'time', time_text_of[partition], 'at',
                    row[DELIVER_AT])
         scheduled_last[partition] = seq_text
+        redis.call('ZADD', partition_key(partition, 't'), row[DELIVER_AT], seq_text)
       else
         redis.call('XADD', stream_key_of[partition], entry_id(seq), 'meta', row[META],
                    'data', data, 'time', time_text_of[partition])
@@ -186,6 +187,7 @@ for partition in pairs(appended) do
              'ts', time_text)
   if scheduled_last[partition] then
     redis.call('HSET', partition_key(partition, 'm'), 'sl', scheduled_last[partition])
+    redis.call('ZREMRANGEBYSCORE', partition_key(partition, 't'), '-inf', time_text)
   end
   times[#times + 1] = '[' .. partition .. ',' .. time_text .. ']'
   groups = groups or redis.call('HKEYS', groups_key)

@@ -1,5 +1,5 @@
-"""A separate OS process consuming scheduled events of a PostgreSQL group, driven by
-test_postgres_delayed_delivery.py.
+"""A separate OS process consuming scheduled events of a group, driven by
+_delayed.py (the PostgreSQL and Redis tests of delayed delivery on the real clock).
 
 ``URL STREAM GROUP NAME READY_DIR WORKERS TOTAL POLL_S``: listen for wake-ups, mark
 itself ready, wait for the others, then fetch and ack until the group's frontier
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/, for _competing
 
 from _competing import wait_for_workers
 from rheo_flow import Rheo
