@@ -64,3 +64,18 @@ async def test_scheduled_event_waits_on_the_injectable_clock() -> None:
         clock.advance(1)
         [lease] = await rheo.fetch("s", "g")
         assert (lease.sequence, lease.attempt) == (1, 1)
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_an_idle_consumer_is_woken_when_a_scheduled_event_is_due(
+        backend: str, tmp_path: Any) -> None:
+    url = "memory://" if backend == "memory" else f"sqlite:///{tmp_path / 'events.db'}"
+    async with Rheo(url) as rheo:
+        await rheo.create_stream("s")
+        await rheo.create_group("s", "g")
+        at = datetime.now(UTC) + timedelta(milliseconds=500)
+        await rheo.append("s", [NewEvent("t", 1, deliver_at=at)])
+        assert await rheo.fetch("s", "g") == []
+        assert await rheo.wait_for_append("s", 30.0), "no wake-up when it became due"
+        [lease] = await rheo.fetch("s", "g")
+        assert lease.sequence == 1

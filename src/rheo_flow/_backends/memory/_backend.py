@@ -113,6 +113,8 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
             g.work.new.update(touched)
         if records:
             self._waiters.wake(stream)
+            if self._clock is system_clock:  # the timers run on the system's clock
+                self._waiters.wake_at(stream, records, now)
         return out
 
     async def scheduled(self, stream: str, after: Mapping[int, int]) -> dict[int, int]:

@@ -226,6 +226,8 @@ class SQLiteBackend(Backend):
         events = await self._write(_events.append, self._clock, stream, list(records))
         if events:
             _APPEND_WAITERS.wake((self._wake_key, stream))
+            if self._clock is system_clock:  # the timers run on the system's clock
+                _APPEND_WAITERS.wake_at((self._wake_key, stream), records, self._clock())
         return events
 
     async def append_in_transaction(self, connection: Any, stream: str,
