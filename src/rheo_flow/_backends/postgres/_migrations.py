@@ -49,6 +49,11 @@ below their high water, and, from the first entry of each partition in
 ``deliveries_due``, ``deliveries_expiry`` and ``ranges_expiry``, those with rows
 due; it visits no other partition.
 
+Migration 11 adds ``events.deliver_at_ms`` (delayed delivery), the partial index
+``events_scheduled`` of the events that have one and ``streams.scheduled``, set
+before a stream's first scheduled event: only then does a fetch look for them
+(``functions/fetch_scheduled.sql``).
+
 Lock order, followed by every function and statement so that none can deadlock:
 ``partitions`` → ``cursors`` → ``ranges`` → ``deliveries`` → ``frontiers``, rows
 of one table in key order. Fetch takes deliveries, ranges and cursors with

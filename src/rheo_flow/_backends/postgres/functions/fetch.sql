@@ -43,6 +43,11 @@
 -- rows); each partition's new events, cursor + 1 .. hi, as one new range; it
 -- moves the cursors and returns the leases in their order.
 --
+-- In a stream holding scheduled events (streams.scheduled, migration 11) the
+-- cursors are claimed first, and a window of new events with a scheduled event not
+-- due in it becomes delivery rows (split_scheduled, functions/fetch_scheduled.sql),
+-- leased as rows due: a range never holds an event that must wait.
+--
 -- Tokens are 8 random bytes per call and the range's place in the call (4
 -- bytes); an event's lease id is its range's token and its offset from the
 -- range's base_seq (lease_of, below).
