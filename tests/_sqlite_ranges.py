@@ -1,5 +1,5 @@
 """An SQLite file turned back into an older schema's layout, for tests that rebuild
-an older file from one the current schema wrote: schema 7's additions taken out,
+an older file from one the current schema wrote: schema 8's and 7's additions taken out,
 and range leases turned back into delivery rows, as schema 5 stored every lease."""
 
 from __future__ import annotations
@@ -36,3 +36,11 @@ def undo_schema_7(conn: sqlite3.Connection) -> None:
     for index in SCHEMA_7_INDEXES:
         conn.execute(f"DROP INDEX IF EXISTS {index}")
     conn.execute("ALTER TABLE group_partitions DROP COLUMN high_water")
+
+
+def undo_delayed_delivery(conn: sqlite3.Connection) -> None:
+    """Drop what schema 8 added: ``events_scheduled``, ``events.deliver_at_ms`` and
+    ``streams.scheduled``."""
+    conn.execute("DROP INDEX IF EXISTS events_scheduled")
+    conn.execute("ALTER TABLE events DROP COLUMN deliver_at_ms")
+    conn.execute("ALTER TABLE streams DROP COLUMN scheduled")

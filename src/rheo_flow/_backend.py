@@ -241,6 +241,16 @@ class Backend(ABC):
 
     # Progress ----------------------------------------------------------------
 
+    async def scheduled(self, stream: str, after: Mapping[int, int]) -> dict[int, int]:
+        """Per partition of ``after``, how many events past ``after[partition]`` are
+        scheduled later than now (``deliver_at``, backend clock): what ``Rheo.scheduled``
+        counts apart within a group's lag (rule ``delay.lag``).
+
+        A backend declaring ``delayed_delivery`` overrides it; this default raises
+        :class:`~rheo_flow.Unsupported`.
+        """
+        raise Unsupported(self.name, "scheduled")
+
     @abstractmethod
     async def frontier(self, stream: str, group: str) -> dict[int, int]:
         """Contiguous frontier per partition (rule ``frontier.contiguous``)."""

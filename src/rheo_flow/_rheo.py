@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
+from ._facade._delay import scheduled_counts, undelayed
 from ._facade._in_transaction import ack_in_transaction, open_in_transaction
 from ._facade._pause import pause_group, resume_group
 from ._facade._positions import replay_at, reset_at
@@ -185,15 +186,10 @@ class Rheo:
             count = (await self.stream_info(stream)).partitions
         return count
 
-    async def append(
-        self,
-        stream: str,
-        events: NewEvent | Mapping[str, Any] | Iterable[NewEvent | Mapping[str, Any]],
-        *,
-        key: str | None = None,
-        partition: int | None = None,
-        connection: Any = None,
-    ) -> list[Event]:
+    async def append(self, stream: str,
+                     events: NewEvent | Mapping[str, Any] | Iterable[NewEvent | Mapping[str, Any]],
+                     *, key: str | None = None, partition: int | None = None,
+                     connection: Any = None) -> list[Event]:
         """Append one or many events atomically; returns the stored events in order.
 
         ``key`` and ``partition`` apply to every event that sets neither. An event
@@ -215,7 +211,8 @@ class Rheo:
         if partition is not None:
             check_partition(partition, count)
         try:
-            records = append_records(items, count, key, partition, self._max_event_bytes)
+            records = append_records(items, count, key, partition, self._max_event_bytes,
+                                     undelayed(self._backend))
             if connection is not None:
                 return await self._backend.append_in_transaction(connection, stream, records)
             return await _telemetry.send(self._backend, stream, records)
@@ -457,6 +454,11 @@ class Rheo:
         frontier = await self.frontier(stream, group)
         high = await self.high_water(stream)
         return {p: max(0, high[p] - frontier.get(p, 0)) for p in high}
+
+    async def scheduled(self, stream: str, group: str) -> dict[int, int]:
+        """Per partition, how many events of :meth:`lag` wait for their ``deliver_at``."""
+        return await scheduled_counts(self._backend, stream, await self.frontier(stream, group),
+                                      await self.high_water(stream))
 
     async def dead_letters(self, stream: str, group: str, *, limit: int = 100,
                            after: DeadLetter | None = None) -> list[DeadLetter]:

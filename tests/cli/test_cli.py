@@ -201,3 +201,31 @@ def test_migrate_schema_option_is_postgres_only(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "PostgreSQL only" in result.output
     assert not (tmp_path / "m.db").exists()
+
+
+def test_lag_counts_scheduled_events_apart(tmp_path: Path) -> None:
+    import asyncio
+    import json
+    import time
+
+    from rheo_flow import NewEvent, Rheo
+
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+
+    async def fill() -> None:
+        async with Rheo(url) as rheo:
+            await rheo.create_stream("reminders")
+            await rheo.create_group("reminders", "mail")
+            later = int(time.time() * 1000) + 3_600_000
+            await rheo.append("reminders", [NewEvent("t", 1, deliver_at=later),
+                                            NewEvent("t", 2, deliver_at=later),
+                                            NewEvent("t", 3)])
+
+    asyncio.run(fill())
+    result = runner.invoke(app, ["lag", "-u", url, "reminders", "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = [json.loads(line) for line in result.output.splitlines()]
+    assert (row["lag"], row["scheduled"]) == (3, 2)
+    table = _plain(runner.invoke(app, ["lag", "-u", url, "reminders"]).output)
+    assert "scheduled" in table
+    assert re.search(r"mail\s+0\s+3\s+0\s+3\s+2", table), table

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
+from .._model._append_records import AppendRecord
 from .._model._event import Event
 from .._model._lease import Lease
 from .._model._query import Query
@@ -179,6 +180,19 @@ class Waiters:
         """Wake every waiter of ``key``."""
         for waiter in list(self._by_key.pop(key, ())):
             _resolve_soon(waiter)
+
+    def wake_at(self, key: Hashable, records: Iterable[AppendRecord], now_ms: int) -> None:
+        """Wake ``key``'s waiters again when each scheduled event of ``records`` becomes
+        due (its ``deliver_at_ms``, by the backend's clock ``now_ms``; a millisecond
+        after, the earliest 32 times), so that an idle consumer fetches it then rather
+        than a poll interval later: timers of the running loop, for a backend on the
+        system's clock (a waiter woken early fetches nothing and waits again)."""
+        times = sorted({at for r in records if (at := r.deliver_at_ms) is not None
+                        and at > now_ms})
+        if times:
+            loop = asyncio.get_running_loop()
+            for at in times[:32]:
+                loop.call_later((at - now_ms + 1) / 1000, self.wake, key)
 
     def wake_all(self) -> None:
         """Wake every waiter (on close, or when the push channel is lost)."""

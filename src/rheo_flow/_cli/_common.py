@@ -138,6 +138,6 @@ def emit(out: Console, json: bool, title: str, columns: Iterable[str],
 
 NUMERIC = frozenset({
     "partitions", "events", "retained", "partition", "sequence", "high water", "frontier",
-    "lag", "attempts", "max attempts", "removed", "low water", "settled",
+    "lag", "attempts", "max attempts", "removed", "low water", "settled", "scheduled",
 })
 """The columns tables right-justify."""

@@ -111,6 +111,8 @@ def _paused_cell(row: Mapping[str, Any]) -> str:
 
 
 async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
+    from .._facade._delay import scheduled_counts
+
     high = await rheo.high_water(stream)
     if group is not None:
         frontiers = {group: await rheo.frontier(stream, group)}
@@ -122,20 +124,22 @@ async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
     rows = []
     for name, frontier in frontiers.items():
         info = paused.get(name)
+        scheduled = await scheduled_counts(rheo.backend, stream, frontier, high)
         for p, h in sorted(high.items()):
             done = frontier.get(p, 0)
             rows.append({"stream": stream, "group": name, "partition": p, "high_water": h,
-                         "frontier": done, "lag": max(0, h - done), "paused": info is not None,
+                         "frontier": done, "lag": max(0, h - done),
+                         "scheduled": scheduled.get(p, 0), "paused": info is not None,
                          "paused_until_ms": None if info is None else info.paused_until_ms})
     return rows
 
 
-_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag", "paused")
+_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag", "scheduled", "paused")
 
 
 def _lag_cells(rows: list[Row]) -> list[list[str]]:
     return [[r["group"], str(r["partition"]), f"{r['high_water']:,}", f"{r['frontier']:,}",
-             f"{r['lag']:,}", _paused_cell(r)] for r in rows]
+             f"{r['lag']:,}", f"{r['scheduled']:,}", _paused_cell(r)] for r in rows]
 
 
 def lag(
@@ -152,7 +156,8 @@ def lag(
         min=1, help="With --watch: stop after this many refreshes.", show_default=False,
     )] = None,
 ) -> None:
-    """Show high water, frontier and lag per partition for one group or all of them.
+    """Show high water, frontier and lag per partition for one group or all of them; of
+    the lag, "scheduled" counts the events whose delivery time is still ahead.
 
     With --watch the table refreshes in place on a terminal; elsewhere (and with
     --json, whose lines then carry the time of the reading in "at_ms") each

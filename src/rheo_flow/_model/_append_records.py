@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ._builders import positional_builder
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, Unsupported
 from ._event import JSON, NewEvent
 from ._validation import (
     MAX_ID,
     MAX_TYPE,
+    check_deliver_at,
     check_event_id,
     check_headers,
     check_key,
@@ -46,13 +47,14 @@ Kafka's ``message.max.bytes`` and NATS' ``max_payload``)."""
 MAX_EVENT_BYTES: Final = 64 * 1_048_576
 """The highest bound an instance may set (an engine's own limit may be lower)."""
 
-_EVENT_FIELDS: Final = frozenset({"type", "data", "id", "key", "partition", "headers"})
+_EVENT_FIELDS: Final = frozenset({"type", "data", "id", "key", "partition", "headers",
+                                  "deliver_at"})
 _UUID_VARIANT: Final = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 """Hex digit -> an RFC 4122 variant digit (10xx) keeping the digit's low two random bits."""
 _NO_HEADERS: Final[Mapping[str, str]] = {}
 
-_Fields = tuple[Any, Any, Any, Any, Any, Any]
-"""An event's type, data, id, key, partition and headers, as given."""
+_Fields = tuple[Any, Any, Any, Any, Any, Any, Any]
+"""An event's type, data, id, key, partition, headers and deliver_at, as given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +72,14 @@ class AppendRecord:
     data: JSON
     data_json: str
     headers: Mapping[str, str]
+    deliver_at_ms: int | None = None
+    """``NewEvent.deliver_at`` in milliseconds since the Unix epoch; None: at once."""
 
 
 _RECORD_DOC = """An :class:`AppendRecord` from positional fields (partition, id, type, key,
-data, data_json, headers), without the frozen ``__init__``'s cost."""
+data, data_json, headers[, deliver_at_ms]), without the frozen ``__init__``'s cost."""
 
-make_append_record: Callable[
-    [int, str, str, str | None, JSON, str, Mapping[str, str]], AppendRecord,
-] = positional_builder(
+make_append_record: Callable[..., AppendRecord] = positional_builder(
     AppendRecord, _RECORD_DOC)
 
 
@@ -107,10 +109,12 @@ def _too_large(records: list[AppendRecord], event_id: str, size: int, limit: int
 def append_records(
     items: Sequence[NewEvent | Mapping[str, Any]], count: int, key: str | None,
     partition: int | None, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    undelayed: str | None = None,
 ) -> list[AppendRecord]:
     """Validate and route ``items`` over ``count`` partitions; ``key`` and ``partition``
     apply to every event that sets neither. An event whose data, as compact JSON, is
-    over ``max_event_bytes`` UTF-8 bytes is refused."""
+    over ``max_event_bytes`` UTF-8 bytes is refused. ``undelayed``: the name of a
+    backend without delayed delivery, which refuses an event with ``deliver_at``."""
     # A character is at most 4 bytes: shorter texts are under the limit uncounted.
     surely_small = max_event_bytes // 4
     records: list[AppendRecord] = []
@@ -121,8 +125,9 @@ def append_records(
         if isinstance(item, NewEvent):
             type_, data, event_id = item.type, item.data, item.id
             event_key, target, headers = item.key, item.partition, item.headers
+            deliver_at = item.deliver_at
         else:
-            type_, data, event_id, event_key, target, headers = _mapping_fields(item)
+            type_, data, event_id, event_key, target, headers, deliver_at = _mapping_fields(item)
         if event_key is None:
             event_key = key
         elif event_key.__class__ is not str:
@@ -150,7 +155,14 @@ def append_records(
             size = len(text.encode("utf-8", "surrogatepass"))
             if size > max_event_bytes:
                 raise _too_large(records, event_id, size, max_event_bytes)
-        append(make_append_record(target, event_id, type_, event_key, data, text, headers))
+        if deliver_at is None:
+            append(make_append_record(target, event_id, type_, event_key, data, text, headers))
+        else:
+            at = check_deliver_at(deliver_at)
+            if undelayed is not None:
+                raise Unsupported(undelayed, "append with deliver_at")
+            append(make_append_record(target, event_id, type_, event_key, data, text, headers,
+                                      at))
     return records
 
 
@@ -164,7 +176,7 @@ def _mapping_fields(item: object) -> _Fields:
     if "type" not in item:
         raise InvalidArgument("an event needs a 'type'")
     return (item["type"], item.get("data"), item.get("id"), item.get("key"),
-            item.get("partition"), item.get("headers", _NO_HEADERS))
+            item.get("partition"), item.get("headers", _NO_HEADERS), item.get("deliver_at"))
 
 
 class _Ids:

@@ -74,6 +74,10 @@ class Capabilities:
     stored with the group, so every process sharing the store sees it at its next fetch,
     which returns nothing while it lasts (docs/concepts.md, "Pausing a group").
     :class:`~rheo_flow.Rheo` calls them only on a backend declaring this."""
+    delayed_delivery: bool = False
+    """``NewEvent(deliver_at=...)`` (docs/contract.md, "Delayed delivery"): the event takes
+    its sequence at append and no group leases it before that time. An append of such
+    an event to a backend not declaring this raises :class:`~rheo_flow.Unsupported`."""
 
     def __post_init__(self) -> None:
         for field in fields(self):

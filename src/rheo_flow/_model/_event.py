@@ -35,6 +35,13 @@ class NewEvent:
     the stream returns the stored event and allocates no second sequence. When
     omitted a UUID is generated. ``key`` routes the event to a partition by a
     stable hash; ``partition`` routes it explicitly (and wins over the key).
+
+    ``deliver_at`` schedules the event (docs/contract.md, "Delayed delivery"): an
+    aware :class:`~datetime.datetime` or milliseconds since the Unix epoch. The
+    event takes its sequence at append, and no group leases it before that time
+    (the backend's clock); on a backend without the ``delayed_delivery``
+    capability the append raises :class:`~rheo_flow.Unsupported`. The time is
+    the delivery's, not part of the stored :class:`Event`.
     """
 
     type: str
@@ -43,6 +50,7 @@ class NewEvent:
     key: str | None = None
     partition: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    deliver_at: datetime | int | None = None
 
 
 @dataclass(frozen=True, slots=True)

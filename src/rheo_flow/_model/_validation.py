@@ -10,6 +10,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import orjson
@@ -223,6 +224,26 @@ def check_error(value: object) -> str | None:
     if "\x00" in value:
         raise InvalidArgument("error must not contain NUL characters")
     return check_text("error", value)
+
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND: Final = timedelta(milliseconds=1)
+
+
+def check_deliver_at(value: object) -> int:
+    """``NewEvent.deliver_at`` as milliseconds since the Unix epoch: an aware datetime,
+    or an integer from 0 to :data:`MAX_SEQUENCE` (a naive datetime is refused: its
+    time zone would be a guess)."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidArgument(
+                f"deliver_at must be an aware datetime (with a time zone), got {value!r}")
+        return (value - _EPOCH) // _MILLISECOND
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQUENCE:
+        raise InvalidArgument(
+            "deliver_at must be an aware datetime or milliseconds since the Unix epoch "
+            f"(an integer from 0), got {value!r}")
+    return value
 
 
 def check_event_id(value: object) -> str:

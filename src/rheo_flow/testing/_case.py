@@ -74,7 +74,8 @@ class Case:
 
 
 _AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "ordering_scans",
-          "ordering_redrive", "progress", "reads", "deletion", "pause", "time", "isolation",
+          "ordering_redrive", "progress", "reads", "deletion", "pause", "time", "delay",
+          "isolation",
           "transaction"]
 
 

@@ -66,6 +66,9 @@ class _Delivery:
     reason: str = ""
     last_error: str | None = None
     """The error of the last nack or reject that gave one (``settle.last_error``)."""
+    not_before: int = _IMMEDIATE
+    """A scheduled event's ``deliver_at`` (``delay.not_before``): never leased before it,
+    a replay or reset included (``delay.replay``)."""
     rejected_lo: int = 0
     rejected_hi: int = 0
     """A dead letter's ``rejected_at_ms`` lies in ``rejected_lo..rejected_hi`` (one value
@@ -95,8 +98,9 @@ class GroupModel:
 
     # Appends ---------------------------------------------------------------
 
-    def appended(self, new_id: str, event: Event) -> None:
-        """Record what an append returned for an event with id ``new_id``."""
+    def appended(self, new_id: str, event: Event, deliver_at_ms: int | None = None) -> None:
+        """Record what an append returned for an event with id ``new_id`` (scheduled for
+        ``deliver_at_ms``: ``delay.sequence``, a retry keeps the stored time)."""
         known = self.events_by_id.get(new_id)
         if known is not None:
             check_equal(event, known, f"re-appending id {new_id!r} returns the stored event")
@@ -106,7 +110,9 @@ class GroupModel:
         check_equal(event.sequence, expected, f"next sequence of partition {event.partition}")
         self.high_water[event.partition] = expected
         self.events_by_id[new_id] = event
-        self.deliveries[(event.partition, event.sequence)] = _Delivery(event)
+        d = self.deliveries[(event.partition, event.sequence)] = _Delivery(event)
+        if deliver_at_ms is not None:
+            d.not_before = d.ready_lo = d.ready_hi = deliver_at_ms
 
     # Eligibility -----------------------------------------------------------
 
@@ -282,7 +288,7 @@ class GroupModel:
 
     def _restart(self, d: _Delivery) -> None:
         d.state, d.attempt, d.lease_id, d.settled_by, d.reason = "available", 0, None, None, ""
-        d.ready_lo = d.ready_hi = _IMMEDIATE
+        d.ready_lo = d.ready_hi = d.not_before
         d.last_error = None
 
     def replayed(self, partition: int, from_sequence: int) -> None:

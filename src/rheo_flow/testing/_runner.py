@@ -12,6 +12,7 @@ from typing import Literal
 from .._rheo import Rheo
 from . import (
     _cases_batches,
+    _cases_delay,
     _cases_deletion,
     _cases_isolation,
     _cases_leases,
@@ -36,8 +37,8 @@ __all__ = ["CaseResult", "all_cases", "execute_case", "run_case", "run_cases"]
 _CASE_MODULES = (_cases_streams, _cases_leases, _cases_redelivery, _cases_batches,
                  _cases_ordering, _cases_ordering_scans, _cases_ordering_redrive,
                  _cases_progress, _cases_reads,
-                 _cases_deletion, _cases_pause, _cases_time, _cases_isolation,
-                 _cases_transaction, _cases_positions)
+                 _cases_deletion, _cases_pause, _cases_time, _cases_delay,
+                 _cases_isolation, _cases_transaction, _cases_positions)
 
 CASE_TIMEOUT_S = float(os.environ.get("RHEO_CASE_TIMEOUT", "60"))
 """Upper bound of one case: a hung backend fails the case instead of the whole run."""

@@ -99,6 +99,9 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
         if backend.capabilities.delayed_nack:
             self.nack_delays = [0, 0, 1, 1_000, LONG_MS] if self.harness.exact_time else [0, 0, 20]
         self.can_trim = backend.capabilities.trim
+        if backend.capabilities.delayed_delivery:
+            self.schedule_delays = ([0, 1, 1_000, LONG_MS] if self.harness.exact_time
+                                    else [0, 20])
 
     def teardown(self) -> None:
         try:
@@ -119,7 +122,11 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
                          min_size=1, max_size=6),
           duplicate=st.integers(0, 99))
     def append(self, specs: list[tuple[str | None, int | None]], duplicate: int) -> None:
-        self.append_events(specs, duplicate)
+        # One append in four of a backend with delayed delivery schedules its events
+        # (by ``duplicate``: a rule of its own would change the search of every backend).
+        delays = self.schedule_delays
+        self.append_events(specs, duplicate, delays[duplicate // 4 % len(delays)]
+                           if delays and duplicate % 4 == 1 else None)
 
     # fetch, renew and advance are made rules per harness (conformance_state_machine):
     # their strategies depend on its clock.

@@ -131,6 +131,8 @@ class MachineBase(RuleBasedStateMachine):
         self._rheo: Rheo | None = None
         self.model = self.new_model()
         self.nack_delays = [0]
+        self.schedule_delays: list[int] = []
+        """How far ahead ``append_scheduled`` schedules events (none: no such backend)."""
         self.can_trim = False
         self.error_aware = False
         """The backend's nack and reject take ``error`` (else the facade drops it)."""
@@ -204,10 +206,13 @@ class MachineBase(RuleBasedStateMachine):
                 chosen[lease.lease_id] = lease
         return list(chosen.values())
 
-    def append_events(self, specs: list[tuple[str | None, int | None]], duplicate: int) -> None:
+    def append_events(self, specs: list[tuple[str | None, int | None]], duplicate: int,
+                      delay_ms: int | None = None) -> None:
         """Append events of ``specs`` (key, partition), and with ``duplicate % 3 == 0``
         one with an id appended before (a retained one returns the stored event, a
-        trimmed one is appended anew)."""
+        trimmed one is appended anew); with ``delay_ms``, every one scheduled that long
+        after now (``delay.not_before``)."""
+        deliver_at = None if delay_ms is None else self.run(self.now()) + delay_ms
         events: list[NewEvent] = []
         ids: list[str] = []
         for key, partition in specs:
@@ -216,15 +221,16 @@ class MachineBase(RuleBasedStateMachine):
                 partition = self.counter % PARTITIONS  # a keyless event names its partition
             ids.append(f"e{self.counter}")
             events.append(NewEvent("sm.event", {"n": self.counter}, id=ids[-1],
-                                   key=key, partition=partition))
+                                   key=key, partition=partition, deliver_at=deliver_at))
         known = self.counter - len(events)
         if known and duplicate % 3 == 0:
             ids.append(f"e{duplicate % known + 1}")
-            events.append(NewEvent("sm.again", {"dup": True}, id=ids[-1], key=KEYS[0]))
+            events.append(NewEvent("sm.again", {"dup": True}, id=ids[-1], key=KEYS[0],
+                                   deliver_at=deliver_at))
         stored = self.run(self.rheo.append(self.stream, events))
         check_equal(len(stored), len(events), "one stored event per appended event")
         for new_id, stored_event in zip(ids, stored, strict=True):
-            self.model.appended(new_id, stored_event)
+            self.model.appended(new_id, stored_event, deliver_at)
 
     async def _fetch(self, limit: int, partitions: list[int] | None, consumer: str,
                      lease_ms: int) -> list[Lease]:

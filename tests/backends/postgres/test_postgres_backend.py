@@ -198,7 +198,9 @@ RELEASED_FUNCTIONS = {
         "v8_settle_ranged", "v8_settle", "v8_renew", "v8_ack_fetch"),
     9: ("v9_states", "v9_advance_frontiers", "v9_fetch_keyed", "v9_fetch_by_key", "v9_fetch",
         "v9_settle_ranged", "v9_settle", "v9_renew", "v9_ack_fetch", "v9_ack_ranges"),
-    10: ("v10_states", "v10_fetch_work", "v10_fetch_keyed", "v10_fetch_by_key", "v10_fetch"),
+    10: ("v10_states", "v10_advance_frontiers", "v10_fetch_work", "v10_fetch_keyed",
+         "v10_fetch_by_key", "v10_fetch", "v10_settle_ranged", "v10_settle", "v10_renew",
+         "v10_ack_fetch", "v10_ack_ranges"),
 }
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
@@ -208,7 +210,7 @@ CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_fro
                      "fetch_work",
                      "holding_locks",
                      "lease_of", "range_bits", "range_mask", "release_keys", "renew", "settle",
-                     "settle_leased", "settle_misses", "settle_ranged",
+                     "settle_leased", "settle_misses", "settle_ranged", "split_scheduled",
                      # The named codes (functions/states.sql).
                      "delivery_available", "delivery_leased", "delivery_acked",
                      "delivery_rejected", "held", "op_renew", "op_ack", "op_nack", "op_reject",

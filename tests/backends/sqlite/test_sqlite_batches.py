@@ -363,7 +363,7 @@ async def test_key_ordered_statements_never_read_settled_history(db: Path) -> No
     conn = sqlite3.connect(db)
     try:
         for statement, params in ((_sql.ELIGIBLE_BY_KEY, (1, 0, 0)),
-                                  (_sql.EVENT_KEYS_AFTER, (1, 0, 1, 0, 10)),
+                                  (_sql.EVENT_KEYS_AFTER, (1, 0, 1, 0, 10, 0)),
                                   (_sql.RELEASE_KEY, (1, 0, 1)),
                                   (_sql.RELEASE_HEADS, (1, 0))):
             plan = " ".join(str(row[-1]) for row in conn.execute(

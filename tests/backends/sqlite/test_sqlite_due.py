@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from _sqlite_ranges import SCHEMA_7_INDEXES, ranges_to_delivery_rows, undo_schema_7
+from _sqlite_ranges import (
+    SCHEMA_7_INDEXES,
+    ranges_to_delivery_rows,
+    undo_delayed_delivery,
+    undo_schema_7,
+)
 from rheo_flow import Lease, ManualClock, NewEvent, Rheo, SettleKind
 from rheo_flow._backends import sqlite as sqlite_module
 from rheo_flow._backends.sqlite import _sql
@@ -180,7 +185,8 @@ async def test_appends_keep_every_groups_high_water_mirrored(
 
 def _as_version(conn: sqlite3.Connection, version: int) -> None:
     """Turn a file the current schema wrote into the layout of ``version``."""
-    conn.execute("ALTER TABLE groups DROP COLUMN paused_until_ms")  # schema 8
+    undo_delayed_delivery(conn)
+    conn.execute("ALTER TABLE groups DROP COLUMN paused_until_ms")  # schema 8 (pause)
     if version <= 6:
         undo_schema_7(conn)
     if version <= 5:

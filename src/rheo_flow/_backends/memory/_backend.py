@@ -35,7 +35,8 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
 
     name = "memory"
     _CAPABILITIES = Capabilities(durable=False, distributed=False, push_wakeups=True,
-                                 key_ordering=True, last_error=True, pause=True)
+                                 key_ordering=True, last_error=True, pause=True,
+                                 delayed_delivery=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock = clock or system_clock
@@ -101,6 +102,9 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
             event = make_event_json(stream, r.partition, part.high_water, r.id, r.type,
                                     r.data_json, r.key, dict(r.headers) if r.headers else {},
                                     now)
+            if r.deliver_at_ms is not None:
+                part.scheduled[part.high_water] = r.deliver_at_ms
+                part.last_scheduled = part.high_water
             part.events[event.sequence] = event
             s.ids[r.id] = event
             touched.add(r.partition)
@@ -109,7 +113,16 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
             g.work.new.update(touched)
         if records:
             self._waiters.wake(stream)
+            if self._clock is system_clock:  # the timers run on the system's clock
+                self._waiters.wake_at(stream, records, now)
         return out
+
+    async def scheduled(self, stream: str, after: Mapping[int, int]) -> dict[int, int]:
+        s = self._stream(stream)
+        now = self._clock()
+        return {pid: sum(1 for seq, at in s.partitions[pid].scheduled.items()
+                         if seq > last and at > now and seq in s.partitions[pid].events)
+                for pid, last in after.items()}
 
     # Groups ------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from ..._model._lease import Lease, make_lease
 from .._shared import round_robin
 from .._transitions import expire
 from ._core import MemoryCore
-from ._state import NEVER, Delivery, Group, Stream
+from ._state import NEVER, Delivery, Group, GroupPartition, Partition, Stream
 
 __all__ = ["FetchOps"]
 
@@ -70,6 +70,12 @@ class FetchOps(MemoryCore):
             d = candidates[depth]
         else:  # the next new delivery of the partition
             gp.cursor += 1
+            part = s.partitions[pid]
+            if part.last_scheduled >= gp.cursor:  # scheduled ones on the way wait
+                while (at := part.deliver_at(gp.cursor, self._clock())) is not None:
+                    gp.active[gp.cursor] = d = Delivery(gp.cursor)
+                    _schedule(gp, d, at)
+                    gp.cursor += 1
             d = Delivery(gp.cursor)
             gp.active[gp.cursor] = d
         d.state = "leased"
@@ -106,7 +112,10 @@ class FetchOps(MemoryCore):
             # What is taken now is leased (its deadline lowers ``due`` again) or
             # stays eligible (``fetch`` lowers ``due`` to now then).
             gp.scanned(due)
-        return out, min(limit - len(out), s.partitions[pid].high_water - gp.cursor)
+        part = s.partitions[pid]
+        if part.last_scheduled > gp.cursor:
+            return out, _new_before_scheduled(gp, part, now, limit - len(out))
+        return out, min(limit - len(out), part.high_water - gp.cursor)
 
     def _eligible_by_key(
         self, g: Group, pid: int, s: Stream, now: int, limit: int
@@ -142,16 +151,47 @@ class FetchOps(MemoryCore):
                 if key is not None:
                     blocked.add(key)
             gp.scanned(due)  # as in _eligible, ``fetch`` files what ``out`` leaves
-        high = s.partitions[pid].high_water
+        part = s.partitions[pid]
+        high = part.high_water
         while len(out) < limit and gp.cursor < high:
             gp.cursor += 1
             d = gp.active[gp.cursor] = Delivery(gp.cursor)
             key = events[gp.cursor].key
-            if key is None or key not in blocked:
+            if part.last_scheduled >= gp.cursor and (
+                    at := part.deliver_at(gp.cursor, now)) is not None:
+                _schedule(gp, d, at)  # holds its key until delivered and settled
+                if key is not None:
+                    blocked.add(key)
+            elif key is None or key not in blocked:
                 out.append(d)
                 if key is not None:
                     blocked.add(key)
         return out, 0
+
+
+def _schedule(gp: GroupPartition, d: Delivery, at: int) -> None:
+    """Make ``d``, a new delivery of an event scheduled for ``at``, available then."""
+    d.available_at_ms = at
+    gp.may_be_due(at)
+
+
+def _new_before_scheduled(gp: GroupPartition, part: Partition, now: int, want: int) -> int:
+    """How many new deliveries partition ``part`` offers (at most ``want``) when scheduled
+    events may lie past the cursor: those right past it become available deliveries at
+    their time (the cursor moves over them), and the count passes over the others
+    (leasing moves the cursor over them the same way: :meth:`FetchOps._lease`)."""
+    high = part.high_water
+    while gp.cursor < high and (at := part.deliver_at(gp.cursor + 1, now)) is not None:
+        gp.cursor += 1
+        gp.active[gp.cursor] = d = Delivery(gp.cursor)
+        _schedule(gp, d, at)
+    count = 0
+    seq = gp.cursor
+    while count < want and seq < high:
+        seq += 1
+        if part.deliver_at(seq, now) is None:
+            count += 1
+    return count
 
 
 def _with_work(g: Group, now: int, count: int, partitions: Sequence[int] | None) -> list[int]:

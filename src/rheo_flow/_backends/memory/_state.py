@@ -49,6 +49,16 @@ class Partition:
     events: dict[int, Event] = field(default_factory=dict)
     high_water: int = 0
     low_water: int = 1
+    scheduled: dict[int, int] = field(default_factory=dict)
+    """The deliver_at_ms of each event appended with one, by sequence."""
+    last_scheduled: int = 0
+    """The highest sequence in ``scheduled`` (0: none): a cursor at or past it has no
+    scheduled event ahead, and its fetch takes the plain path."""
+
+    def deliver_at(self, seq: int, now: int) -> int | None:
+        """When the event at ``seq`` becomes deliverable, if that is later than ``now``."""
+        at = self.scheduled.get(seq)
+        return at if at is not None and at > now else None
 
 
 @dataclass(slots=True)

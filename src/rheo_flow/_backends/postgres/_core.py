@@ -101,6 +101,7 @@ class PostgresCore(Backend):
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=self._listen, skip_locked=True,
             server_clock=True, key_ordering=True, last_error=True, in_transaction=True, pause=True,
+            delayed_delivery=True,
         )
         self._sql = Statements.for_schema(self._schema)
         self._channel = channel(self._schema)
@@ -108,6 +109,8 @@ class PostgresCore(Backend):
         self._open_lock = asyncio.Lock()
         self._opened = False
         self._streams: dict[str, StreamMeta] = {}
+        self._scheduled_streams: set[int] = set()
+        """The ids of the streams known to be flagged as holding scheduled events."""
         self._groups: dict[tuple[str, str], int] = {}
         self._rotation: Rotation[int] = Rotation()
         self._listener = Listener(self._channel, self._listen_connection,

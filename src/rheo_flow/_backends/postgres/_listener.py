@@ -3,6 +3,12 @@
 Every append sends one ``NOTIFY`` on the schema's channel with the stream's name
 as payload. A :class:`Listener` holds one dedicated connection that listens on
 it while anything waits; when that connection cannot be had, callers poll.
+
+An append of scheduled events (``NewEvent(deliver_at=...)``) adds their times to
+the payload (``"stream ms ms ..."``; a name holds no space): the listener wakes
+the stream's waiters at once and again at each time, so that an idle consumer
+fetches a scheduled event when it becomes due rather than a poll interval later
+(a listener of an earlier release sees a name no stream has, and polls).
 """
 
 from __future__ import annotations
@@ -11,17 +17,29 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
+from ..._model._append_records import AppendRecord
 from .._shared import Waiters
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["LISTEN_RETRY_S", "Listener"]
+__all__ = ["LISTEN_RETRY_S", "Listener", "scheduled_payload"]
+
+
+def scheduled_payload(stream: str, records: Sequence[AppendRecord]) -> str:
+    """The ``NOTIFY`` payload of an append of ``records`` to ``stream``, some scheduled."""
+    times = sorted({r.deliver_at_ms for r in records if r.deliver_at_ms is not None})
+    return " ".join([stream, *map(str, times[:MAX_NOTIFIED_TIMES])])
 
 log = logging.getLogger("rheo_flow.postgres")
+
+MAX_NOTIFIED_TIMES: Final = 32
+"""At most how many distinct scheduled times (the earliest) an append's payload names."""
+MAX_TIMERS: Final = 10_000
+"""At most how many wake-ups at scheduled times a listener keeps armed."""
 
 LISTEN_RETRY_S: Final = 5.0
 """After a failed LISTEN connection, poll for this long before trying again."""
@@ -49,6 +67,8 @@ class Listener:
         self.notes: dict[str, int] = {}
         """Notifications received, by stream."""
         self._seen: dict[str, int] = {}
+        self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
+        """Wake-ups armed at scheduled times, by (stream, time in ms)."""
 
     def fetching(self, stream: str) -> None:
         """Record that a fetch of ``stream`` starts: it sees every append notified so far."""
@@ -103,9 +123,33 @@ class Listener:
                     self._channel, type(exc).__name__, exc, LISTEN_RETRY_S)
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
-        stream = str(payload)
+        stream, *times = str(payload).split(" ")
+        self._note(stream)
+        if times:
+            self._arm(stream, times)
+
+    def _note(self, stream: str) -> None:
         self.notes[stream] = self.notes.get(stream, 0) + 1
         self.waiters.wake(stream)
+
+    def _arm(self, stream: str, times: list[str]) -> None:
+        """Wake ``stream``'s waiters again at each of ``times`` (ms since the epoch, by
+        this host's clock: a skew with the server's makes a fetch early, which finds
+        nothing and polls, or late by it)."""
+        loop = asyncio.get_running_loop()
+        now = time.time() * 1000
+        for item in times:
+            at = int(item) if item.isdigit() else 0
+            if at <= now or (stream, at) in self._timers or len(self._timers) >= MAX_TIMERS:
+                continue
+            # A millisecond after: a timer may fire a little early, and a fetch before
+            # the time finds nothing (the server's clock counts whole milliseconds).
+            self._timers[(stream, at)] = loop.call_later(
+                (at - now + 1) / 1000, self._fire, stream, at)
+
+    def _fire(self, stream: str, at: int) -> None:
+        self._timers.pop((stream, at), None)
+        self._note(stream)
 
     def _on_lost(self, conn: object) -> None:
         if self.connection is conn:
@@ -115,6 +159,9 @@ class Listener:
 
     async def stop(self) -> None:
         """Close the connection (letting one being made finish first) and wake every waiter."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         task, self._task = self._task, None
         if task is not None and not task.done():
             with contextlib.suppress(Exception):

@@ -50,6 +50,11 @@ below their high water, and, from the first entry of each partition in
 ``deliveries_due``, ``deliveries_expiry`` and ``ranges_expiry``, those with rows
 due; it visits no other partition.
 
+Migration 11 adds ``events.deliver_at_ms`` (delayed delivery), the partial index
+``events_scheduled`` of the events that have one and ``streams.scheduled``, set
+before a stream's first scheduled event: only then does a fetch look for them
+(``functions/fetch_scheduled.sql``).
+
 Lock order, followed by every function and statement so that none can deadlock:
 ``partitions`` → ``cursors`` → ``ranges`` → ``deliveries`` → ``frontiers``, rows
 of one table in key order. Fetch takes deliveries, ranges and cursors with
@@ -120,8 +125,10 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(10, "fetch visits only the partitions with work (fetch_work) and finds the "
                   "delivery rows due by their time (deliveries_due, deliveries_expiry)",
               ("v10_due_deliveries",)),
-    Migration(11, "a group may be paused: groups.paused_until_ms, read by fetch",
-              ("v11_group_pause",)),
+    Migration(11, "a group may be paused (groups.paused_until_ms, read by fetch); delayed "
+                  "delivery (events.deliver_at_ms, the index of scheduled events, "
+                  "streams.scheduled)",
+              ("v11_group_pause", "v11_delayed_delivery")),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 
@@ -135,12 +142,12 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
                              ("states", "advance_frontiers", "fetch_work", "fetch_keyed",
-                              "fetch_by_key", "fetch", "settle_ranged", "settle", "renew",
-                              "ack_fetch", "ack_ranges", "append_guarded"))
+                              "fetch_by_key", "fetch_scheduled", "fetch", "settle_ranged",
+                              "settle", "renew", "ack_fetch", "ack_ranges", "append_guarded"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 _LATE_FUNCTIONS: Final = ("{s}.held()", "{s}.append_guarded(integer, text, text, text, text, "
-                                       "text, text[], text, text)")
+                                       "text, text[], text, text, text)")
 """Functions added while the current version was unreleased (the named codes of
 functions/states.sql, then functions/append_guarded.sql): a schema at the current
 version without one gets the current functions installed (or, not migrating, is

@@ -73,6 +73,8 @@ class Statements:
     describe_groups: str
     append: str
     append_guarded: str
+    mark_scheduled: str
+    scheduled_counts: str
     database_identity: str
     stored_events: str
     query_events: str

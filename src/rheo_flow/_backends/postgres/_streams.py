@@ -9,7 +9,7 @@ stored returns those events and appends the rest.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -22,6 +22,7 @@ from ..._model._stream import StreamInfo
 from ..._support._call_retry import retried
 from .._shared import query_window
 from ._core import PostgresCore, StreamMeta
+from ._listener import scheduled_payload
 from ._pool import Fetches, PoolCalls
 from ._sql import BIGINT_MAX
 
@@ -216,10 +217,18 @@ class StreamOps(PostgresCore):
         except TypeError:  # orjson refuses text that is not valid Unicode
             raise InvalidArgument(
                 "event ids, types and keys must be valid Unicode text") from None
+        deliver_at = None
+        payload = stream
+        if any(r.deliver_at_ms is not None for r in records):
+            await self._mark_scheduled(meta)
+            deliver_at = "{" + ",".join(["NULL" if r.deliver_at_ms is None
+                                         else str(r.deliver_at_ms) for r in records]) + "}"
+            payload = scheduled_payload(stream, records)
         [row] = await pool.fetch(
             self._sql.append, meta.id,
             "{" + ",".join([str(r.partition) for r in records]) + "}", ids, types, key_list,
-            "[" + ",".join([r.data_json for r in records]) + "]", heads, self._channel, stream,
+            "[" + ",".join([r.data_json for r in records]) + "]", heads, self._channel, payload,
+            deliver_at,
         )
         at, seqs = row[0], row[1]
         # data is decoded from its JSON text on first access: the stored events
@@ -229,6 +238,21 @@ class StreamOps(PostgresCore):
                                   dict(r.headers) if r.headers else {}, at)
             for r, seq in zip(records, seqs, strict=True)
         }
+
+    async def _mark_scheduled(self, meta: StreamMeta) -> None:
+        """Flag the stream as holding scheduled events, committed before they are
+        appended (on a connection of the backend's own, even for an append in the
+        application's transaction: the flag only makes fetches look for them)."""
+        if meta.id not in self._scheduled_streams:
+            await (await self._ready()).fetch(self._sql.mark_scheduled, meta.id)
+            self._scheduled_streams.add(meta.id)
+
+    async def scheduled(self, stream: str, after: Mapping[int, int]) -> dict[int, int]:
+        meta = await self._stream(stream)
+        parts = sorted(after)
+        rows = await (await self._ready()).fetch(
+            self._sql.scheduled_counts, meta.id, parts, [after[p] for p in parts])
+        return {row[0]: row[1] for row in rows}
 
     async def _stored_events(self, pool: Fetches, stream: str, meta: StreamMeta,
                              ids: list[str]) -> dict[str, Event]:

@@ -59,8 +59,9 @@ WITH r AS (
                              json_array_elements_text($3::text::json),
                              json_array_elements_text($4::text::json),
                              json_array_elements_text($5::text::json),
-                             json_array_elements($6::text::json), unnest($7::text[]))
-        WITH ORDINALITY AS r(part, event_id, type, key, data, headers, idx)
+                             json_array_elements($6::text::json), unnest($7::text[]),
+                             unnest($10::text::bigint[]))
+        WITH ORDINALITY AS r(part, event_id, type, key, data, headers, deliver_at_ms, idx)
 ), t AS (
     SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms
 ), locked AS (
@@ -69,13 +70,14 @@ WITH r AS (
     ORDER BY p.part
     FOR UPDATE
 ), numbered AS (
-    SELECT r.idx, r.part, r.event_id, r.type, r.key, r.data, r.headers,
+    SELECT r.idx, r.part, r.event_id, r.type, r.key, r.data, r.headers, r.deliver_at_ms,
            l.high_water + row_number() OVER (PARTITION BY r.part ORDER BY r.idx) AS seq
     FROM r JOIN locked l ON l.part = r.part
 ), inserted AS (
     INSERT INTO {s}.events (stream_id, part, seq, appended_at_ms, event_id, type, key, data,
-                            headers)
-    SELECT $1, n.part, n.seq, t.ms, n.event_id, n.type, n.key, n.data, n.headers::json
+                            headers, deliver_at_ms)
+    SELECT $1, n.part, n.seq, t.ms, n.event_id, n.type, n.key, n.data, n.headers::json,
+           n.deliver_at_ms
     FROM numbered n CROSS JOIN t
 ), moved AS (
     UPDATE {s}.partitions p SET high_water = m.top
@@ -90,7 +92,20 @@ SELECT (SELECT t.ms FROM t) AS appended_at_ms,
 -- parameters, in one round trip with the ids already stored answered, not raised.
 -- name: append_guarded
 SELECT o_appended_at_ms, o_seqs, o_duplicate
-FROM {s}.append_guarded($1, $2, $3, $4, $5, $6, $7::text[], $8, $9)
+FROM {s}.append_guarded($1, $2, $3, $4, $5, $6, $7::text[], $8, $9, $10)
+
+-- Before a stream's first scheduled event is appended (its own transaction, committed
+-- first): from then on its fetches look for scheduled events (functions/fetch.sql).
+-- name: mark_scheduled
+UPDATE {s}.streams SET scheduled = true WHERE id = $1 AND NOT scheduled
+
+-- Per partition ($2) the events after $3 (aligned) scheduled later than now.
+-- name: scheduled_counts
+SELECT k.part, (SELECT count(*) FROM {s}.events e
+                WHERE e.stream_id = $1 AND e.part = k.part AND e.seq > k.after
+                  AND e.deliver_at_ms IS NOT NULL
+                  AND e.deliver_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+FROM unnest($2::integer[], $3::bigint[]) AS k(part, after)
 
 -- What a connection reaches, to tell whether an application's connection is on the
 -- backend's database (the outbox, _outbox.py): the database, the server's start time

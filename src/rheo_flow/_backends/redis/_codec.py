@@ -209,11 +209,11 @@ def _block_leases(
     prefix = f"{token}:"
     return [
         make_lease(f"{prefix}{seq}", f"{seq}-0", group, consumer_id,
-                   make_event_json(stream, partition, seq, event_id, type_, data, key, headers,
-                                   int(at)),
+                   make_event_json(stream, partition, seq, event_id, type_, f[3], key, headers,
+                                   int(f[5])),
                    1, deadline)
-        for seq, (_, _, _, data, _, at), (event_id, type_, key, headers)
-        in zip(seqs, fields, metas, strict=True)
+        # f[3], f[5]: the data and the time (a scheduled event's entry has more fields).
+        for seq, f, (event_id, type_, key, headers) in zip(seqs, fields, metas, strict=True)
     ]
 
 

@@ -50,7 +50,9 @@ class EventOperations(WorkNotes):
         for partition, indexes in by_partition.items():
             # The data texts go as arguments of their own, not inside the JSON of the
             # heads: nothing escapes them here or decodes them in the server.
-            heads = dumps([(records[i].id, metas[i]) for i in indexes])
+            heads = dumps([(records[i].id, metas[i]) if records[i].deliver_at_ms is None
+                           else (records[i].id, metas[i], str(records[i].deliver_at_ms))
+                           for i in indexes])
             calls.append(("append", self._keys.append_keys(stream, partition),
                           [heads, *[records[i].data_json for i in indexes]]))
         replies = await self._eval(calls, transaction=len(calls) > 1)
@@ -79,7 +81,8 @@ class EventOperations(WorkNotes):
         # Large data goes by a SET of its own in the same MULTI, never through Lua.
         tokens = [os.urandom(8).hex() if len(r.data_json) >= _BLOB_CHARS else None
                   for r in records]
-        rows = orjson.dumps([(r.id, meta, r.partition, token)
+        rows = orjson.dumps([(r.id, meta, r.partition, token) if r.deliver_at_ms is None
+                             else (r.id, meta, r.partition, token, str(r.deliver_at_ms))
                              for r, meta, token in zip(records, metas, tokens, strict=True)])
         digests = b"".join([sha1(r.id.encode()).digest()[:8] for r in records])
         sets: list[Read] = [
@@ -95,6 +98,18 @@ class EventOperations(WorkNotes):
         events = appended_across(stream, records, orjson.loads(reply))
         await self._fill_blobs(stream, events)
         return events
+
+    async def scheduled(self, stream: str, after: Mapping[int, int]) -> dict[int, int]:
+        await self._partition_count(stream)
+        parts = sorted(after)
+        pipe = self._client.pipeline(transaction=False)
+        for p in parts:
+            pipe.zrange(self._keys.times(stream, p), 0, -1, withscores=True)
+        times = await self._io(pipe.execute())
+        seconds, micros = await self._io(self._client.time())  # a Cluster pipelines no TIME
+        now = int(seconds) * 1000 + int(micros) // 1000
+        return {p: sum(1 for seq, at in found if at > now and int(seq) > after[p])
+                for p, found in zip(parts, times, strict=True)}
 
     async def _owners(self, stream: str, records: Sequence[AppendRecord]) -> list[int]:
         """The partition each record goes to in a multi-partition stream.

@@ -103,6 +103,12 @@ class KeyLayout:
         """What every partition's hash tag starts with (``fetch_many.lua`` adds ``p}``)."""
         return f"{{{self.prefix}:{stream}:"
 
+    def times(self, stream: str, partition: int) -> str:
+        """``t``: the partition's scheduled events not due yet (sequence by deliver_at,
+        written by the appends, which drop the past ones): what ``wait_for_append``
+        wakes at and ``scheduled`` counts. Named by the scripts from the stream key."""
+        return f"{self.tag(stream, partition)}:t"
+
     def partition(self, stream: str, partition: int) -> PartitionKeys:
         """The partition's Redis stream ``x``, metadata ``m`` and id index ``i``."""
         key = (stream, "", partition)

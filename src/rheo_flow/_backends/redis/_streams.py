@@ -71,7 +71,7 @@ class StreamOperations(WorkNotes):
             for group in groups:
                 keys.extend(layout.work_keys(stream, group)[2:])
         for p in range(count):
-            keys.extend(layout.partition(stream, p))
+            keys.extend((*layout.partition(stream, p), layout.times(stream, p)))
             for group in groups:
                 keys.extend(layout.group(stream, group, p).own())
         if self._cluster:

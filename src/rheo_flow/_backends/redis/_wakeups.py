@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Coroutine
 from typing import Any, Final
 
@@ -59,16 +60,30 @@ class WakeupOperations(RedisCore):
         signal = self._keys.signal(stream)
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, timeout)
+        # A scheduled event due before the timeout ends the wait at its time (woken).
+        due_in = await self._next_scheduled_in(stream, count)
+        at_scheduled = due_in is not None and due_in < timeout
+        if due_in is not None and at_scheduled:
+            end = loop.time() + due_in
         while True:
             remaining = end - loop.time()
             if remaining <= 0:
-                return False
+                return at_scheduled
             streams: dict[Any, Any] = {key: f"{seen[p]}-0" for key, p in keys.items()}
             # A resume of a group of the stream adds to its signal stream (_pauses.py):
             # only what is added while waiting wakes.
             streams[signal] = "$"
-            woken = await _unless(released, self._read_each(streams, remaining)
-                                  if self._cluster else self._read_one(streams, remaining))
+            read = _unless(released, self._read_each(streams, remaining)
+                           if self._cluster else self._read_one(streams, remaining))
+            if not at_scheduled:
+                woken = await read
+            else:
+                # Redis ends a block up to 1/hz late (100 ms by default): the scheduled
+                # time ends the wait by this process's timer instead.
+                try:
+                    woken = await asyncio.wait_for(read, remaining)
+                except TimeoutError:
+                    return True
             if woken is None:
                 released.clear()
                 return True
@@ -79,6 +94,24 @@ class WakeupOperations(RedisCore):
                     if text(key) in keys:
                         stale.add(keys[text(key)])
                 return True
+
+    async def _next_scheduled_in(self, stream: str, count: int) -> float | None:
+        """Seconds until the stream's next scheduled event is due (a millisecond after:
+        a fetch then finds it due by the server's clock), or None when none is ahead."""
+        pipe = self._client.pipeline(transaction=False)
+        # Past this host's clock (the appends drop the past entries only now and then).
+        after = f"({int(time.time() * 1000)}"
+        for p in range(count):
+            pipe.zrangebyscore(self._keys.times(stream, p), after, "+inf", start=0, num=1,
+                               withscores=True)
+        firsts = await self._io(pipe.execute())
+        if not any(firsts):
+            return None
+        # The server's clock (a Cluster pipelines no TIME).
+        seconds, micros = await self._io(self._client.time())
+        now = int(seconds) * 1000 + int(micros) / 1000
+        ahead = [at for first in firsts for _, at in first if at > now]
+        return (min(ahead) + 1 - now) / 1000 if ahead else None
 
     async def _catch_up(self, stream: str, partitions: list[int], seen: list[int]) -> None:
         """Move ``seen`` of the partitions to their current high water."""

@@ -89,7 +89,7 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     _CAPABILITIES = Capabilities(
         durable=True, distributed=False, push_wakeups=True, server_clock=False, pause=True,
-        key_ordering=True, last_error=True, in_transaction=True,
+        key_ordering=True, last_error=True, in_transaction=True, delayed_delivery=True,
     )
 
     def __init__(
@@ -226,6 +226,8 @@ class SQLiteBackend(Backend):
         events = await self._write(_events.append, self._clock, stream, list(records))
         if events:
             _APPEND_WAITERS.wake((self._wake_key, stream))
+            if self._clock is system_clock:  # the timers run on the system's clock
+                _APPEND_WAITERS.wake_at((self._wake_key, stream), records, self._clock())
         return events
 
     async def append_in_transaction(self, connection: Any, stream: str,
@@ -385,6 +387,9 @@ class SQLiteBackend(Backend):
 
     async def frontier(self, stream: str, group: str) -> dict[int, int]:
         return await self._read(_progress.frontier, stream, group)
+
+    async def scheduled(self, stream: str, after: Mapping[int, int]) -> dict[int, int]:
+        return await self._read(_events.scheduled, stream, dict(after), self._clock())
 
     async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
         return await self._read(_progress.frontiers, stream)

@@ -112,10 +112,12 @@ def _insert(
         out.append(event)
         rows.append((
             s.id, part, seq, r.id, r.type, r.key, r.data_json,
-            orjson.dumps(headers).decode() if headers else None, now,
+            orjson.dumps(headers).decode() if headers else None, now, r.deliver_at_ms,
         ))
     if not rows:
         return out
+    if any(row[9] is not None for row in rows):
+        conn.execute(sql.MARK_SCHEDULED, (s.id,))
     touched = {row[1] for row in rows}
     if optimistic:
         before = conn.total_changes
@@ -160,6 +162,15 @@ def query(conn: sqlite3.Connection, q: Query, limit: int,
         if len(out) >= limit:
             break
     return out
+
+
+def scheduled(conn: sqlite3.Connection, stream: str, after: dict[int, int],
+              now: int) -> dict[int, int]:
+    """Per partition of ``after``, its events past ``after[partition]`` scheduled later
+    than ``now``."""
+    s = get_stream(conn, stream)
+    return {part: conn.execute(sql.COUNT_SCHEDULED_AFTER, (s.id, part, seq, now)).fetchone()[0]
+            for part, seq in after.items()}
 
 
 def trim(conn: sqlite3.Connection, stream: str, up_to: dict[int, int]) -> dict[int, int]:

@@ -35,7 +35,7 @@ from ._events import decode, load_events
 from ._fetch_keyed import KeyedFetch
 from ._issued import Issued
 from ._progress import advance_frontier
-from ._ranges import RangeRow, new_token
+from ._ranges import RangeRow, new_token, split_scheduled
 
 __all__ = ["Fetcher", "FreshRange", "leases_of"]
 
@@ -61,6 +61,8 @@ class _Progress:
     partitions: int
     ordered: bool
     """The group's ordering is ``"key"`` (its fetch is :class:`KeyedFetch`)."""
+    scheduled: bool
+    """The stream holds scheduled events (``streams.scheduled``)."""
     cursors: dict[int, tuple[int, int]]
     """Per partition with work: the cursor (highest sequence leased or stored) and
     the high water; :data:`NO_NEW_EVENTS` where the work is expired ranges only."""
@@ -149,6 +151,9 @@ class Fetcher:
             return KeyedFetch(conn, progress.group_id, progress.max_attempts,
                               progress.stream_id, now, limit).run(
                 stream, group, consumer_id, lease_ms, progress.cursors, ids)
+        if progress.scheduled:
+            split_scheduled(conn, progress.group_id, progress.stream_id, progress.cursors, ids,
+                            now, limit)
         existing, sizes, expired = _candidates(conn, progress, ids, now, limit)
         if len(ids) == 1:
             order = [(0, d) for d in range(min(sizes[0], limit))]
@@ -184,7 +189,7 @@ def _read_progress(conn: sqlite3.Connection, stream: str, group: str,
     if found is None:
         get_group(conn, stream, group)  # raises UnknownStream or UnknownGroup
         return None
-    group_id, max_attempts, stream_id, count, ordering, paused_until = found
+    group_id, max_attempts, stream_id, count, ordering, paused_until, scheduled = found
     if paused_until > now:
         return None
     cursors = {part: (cursor, high) for part, cursor, high in conn.execute(
@@ -194,8 +199,8 @@ def _read_progress(conn: sqlite3.Connection, stream: str, group: str,
         for part, *row in conn.execute(sql.EXPIRED_RANGES, (group_id, now)):
             expired.setdefault(part, []).append(tuple(row))
             cursors.setdefault(part, NO_NEW_EVENTS)
-    return _Progress(group_id, max_attempts, stream_id, count, ordering == "key", cursors,
-                     expired)
+    return _Progress(group_id, max_attempts, stream_id, count, ordering == "key",
+                     bool(scheduled), cursors, expired)
 
 
 def _candidates(conn: sqlite3.Connection, p: _Progress, ids: list[int], now: int,

@@ -143,14 +143,17 @@ class KeyedFetch:
         """Read the next events past what ``p`` read, at least ``wanted`` (chunks grow)."""
         size = min(max(wanted, p.chunk), SCAN_CHUNK)
         p.chunk = min(2 * size, SCAN_CHUNK)
-        rows = self.conn.execute(sql.EVENT_KEYS_AFTER,
-                                 (self.group_id, p.part, self.stream_id, p.last, size)).fetchall()
+        rows = self.conn.execute(sql.EVENT_KEYS_AFTER, (
+            self.group_id, p.part, self.stream_id, p.last, size, self.now)).fetchall()
         if not rows:  # events past the cursor are never removed; stop all the same
             p.high = p.last
             return
         seen = p.seen
-        for seq, key, unsettled in rows:
-            if key is None:
+        for seq, key, unsettled, later in rows:
+            if later:  # scheduled: stored available at its time, holding its key
+                if key is not None:
+                    seen.add(key)
+            elif key is None:
                 p.fresh.append(seq)
             elif key not in seen:
                 seen.add(key)
@@ -193,8 +196,8 @@ class KeyedFetch:
             # Up to the first candidate not leased: the rows below it are blocked ones.
             end = p.fresh[count] - 1 if count < len(p.fresh) else p.last
             if end - p.cursor > count:
-                self.conn.execute(sql.STORE_BLOCKED,
-                                  (self.group_id, p.part, p.cursor + 1, end, self.stream_id))
+                self.conn.execute(sql.STORE_BLOCKED, (
+                    self.group_id, p.part, p.cursor + 1, end, self.stream_id, self.now))
             if end > p.cursor:
                 cursors.append((end, self.group_id, p.part))
         if cursors:

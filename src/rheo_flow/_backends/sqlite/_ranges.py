@@ -26,7 +26,7 @@ from ..._model._settle_results import SettleKind, SettleResult
 from .._transitions import Op, not_leased
 from . import _sql as sql
 
-__all__ = ["RangeRow", "Split", "explain", "new_token", "take"]
+__all__ = ["RangeRow", "Split", "explain", "new_token", "split_scheduled", "take"]
 
 RangeRow = tuple[int, int, int, str, int, int, str | None, str, int]
 """A ``ranges`` row as ``range_columns`` of statements.sql reads it: first_seq,
@@ -199,3 +199,42 @@ def explain(conn: sqlite3.Connection, group_id: int, lease: Lease,
         return SettleResult.failure(
             lease.lease_id, SettleKind.FAILED, "the delivery changed concurrently; retry")
     return not_leased(lease, "ack", op)  # a mark without a delivery row is an ack
+
+
+SCHEDULED_READ: Final = 4096
+"""How many scheduled events past its window's need a split reads at most."""
+
+
+def split_scheduled(conn: sqlite3.Connection, group_id: int, stream_id: int,
+                    cursors: dict[int, tuple[int, int]], ids: list[int], now: int,
+                    limit: int) -> None:
+    """An unordered group's fetch in a stream with scheduled events (docs/contract.md,
+    "Delayed delivery"): a range covers every event from its first sequence to its
+    last, so a scheduled event not due at ``now`` cannot be in one. In each partition
+    of ``ids`` whose window of new events holds one, the window (up to ``limit``
+    events due, past the scheduled ones) becomes delivery rows, attempt 0: the
+    scheduled events available at their time, the others now; the cursor (in
+    ``cursors`` too) moves to its end, and the fetch leases the rows due as it leases
+    nacked ones. PostgreSQL's ``split_scheduled`` does the same."""
+    rows: list[tuple[Any, ...]] = []
+    moves: list[tuple[int, int, int]] = []
+    for part in ids:
+        cursor, high = cursors[part]
+        if cursor >= high:
+            continue
+        found = conn.execute(sql.SCHEDULED_AFTER, (
+            stream_id, part, cursor, now, limit + SCHEDULED_READ)).fetchall()
+        at = {seq: time for seq, time in found if seq <= high}
+        if not at:
+            continue
+        # seq - cursor - n: the events due between the cursor and the n-th scheduled one.
+        hi = cursor + limit + sum(1 for n, seq in enumerate(sorted(at), 1)
+                                  if seq - cursor - n < limit)
+        hi = min(high, hi, max(at) if len(found) == limit + SCHEDULED_READ else high)
+        rows.extend((group_id, part, seq, "available", 0, None, None, None, 0,
+                     at.get(seq, now), None, "", 0, None) for seq in range(cursor + 1, hi + 1))
+        moves.append((hi, group_id, part))
+        cursors[part] = (hi, high)
+    if rows:
+        conn.executemany(sql.SPLIT_DELIVERY, rows)
+        conn.executemany(sql.SET_CURSOR, moves)

@@ -40,7 +40,9 @@ are due: a nacked one's available time, a leased one's deadline) and
 ``group_partitions_behind``: a fetch finds what is due with the time as an index
 bound, and visits only the partitions with work, instead of walking every delayed
 or held delivery of every partition; ``deliveries_active`` keeps the sequence and
-the state only (a renewal or a delay no longer rewrites its entry)."""
+the state only (a renewal or a delay no longer rewrites its entry). 8: delayed
+delivery: ``events.deliver_at_ms``, the partial index ``events_scheduled`` and
+``streams.scheduled``."""
 
 def connect(path: str, busy_timeout_ms: int, synchronous: str,
             migrate: bool) -> sqlite3.Connection:
@@ -198,15 +200,33 @@ def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_7_to_8(conn: sqlite3.Connection) -> None:
+    """Schema 8: groups may be paused, events may be scheduled."""
+    _migrate_add_pause(conn)
+    _migrate_to_delayed_delivery(conn)
+
+
 def _migrate_add_pause(conn: sqlite3.Connection) -> None:
     """Add ``groups.paused_until_ms`` (0 on every existing group: none is paused)."""
     if "paused_until_ms" not in _columns(conn, "groups"):
         conn.execute(sql.ADD_GROUP_PAUSE)
 
 
+def _migrate_to_delayed_delivery(conn: sqlite3.Connection) -> None:
+    """Add ``events.deliver_at_ms`` (NULL on existing events: deliverable at once),
+    ``streams.scheduled`` (0: no stream had a scheduled event) and the partial index
+    ``events_scheduled`` (empty); in place, no row rewritten."""
+    add_column, add_flag, index = sql.DELAYED_DELIVERY
+    if "deliver_at_ms" not in _columns(conn, "events"):
+        conn.execute(add_column)
+    if "scheduled" not in _columns(conn, "streams"):
+        conn.execute(add_flag)
+    conn.execute(index)
+
+
 _MIGRATIONS: Final = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4,
                       4: _migrate_4_to_5, 5: _migrate_5_to_6, 6: _migrate_6_to_7,
-                      SCHEMA_VERSION - 1: _migrate_add_pause}
+                      7: _migrate_7_to_8}
 """The step from each version to the next, run in order inside one transaction."""
 
 

@@ -65,6 +65,10 @@ MIRROR_HIGH_WATERS: Final = (_SCHEMA["add_group_high_water"], _SCHEMA["fill_grou
 SLIM_DELIVERIES_ACTIVE: Final = (
     _SCHEMA["drop_deliveries_active"], _SCHEMA["index_deliveries_active"])
 """Schema 7's ``deliveries_active``, by sequence only, in place of schema 6's."""
+DELAYED_DELIVERY: Final = (
+    _SCHEMA["add_event_deliver_at"], _SCHEMA["add_stream_scheduled"],
+    _SCHEMA["index_events_scheduled"])
+"""Schema 8's ``events.deliver_at_ms``, ``streams.scheduled`` and ``events_scheduled``."""
 SCHEMA: Final = (
     *(_SCHEMA[f"create_{table}"]
       for table in ("streams", "partitions", "events", "groups", "group_partitions")),
@@ -72,6 +76,7 @@ SCHEMA: Final = (
     *DELIVERIES_INDEXES,
     *RANGES_TABLE,
     *DUE_INDEXES,
+    *DELAYED_DELIVERY,
 )
 """A new file's schema, in order."""
 COPY_DELIVERIES_1_TO_2: Final = _SCHEMA["copy_deliveries_1_to_2"]
@@ -139,6 +144,9 @@ DELETE_GROUP: Final = (
 
 INSERT_EVENT: Final = _STATEMENTS["insert_event"]
 INSERT_NEW_EVENT: Final = _STATEMENTS["insert_new_event"]
+MARK_SCHEDULED: Final = _STATEMENTS["mark_scheduled"]
+SCHEDULED_AFTER: Final = _STATEMENTS["scheduled_after"]
+COUNT_SCHEDULED_AFTER: Final = _STATEMENTS["count_scheduled_after"]
 DELETE_EVENTS_AFTER: Final = _STATEMENTS["delete_events_after"]
 DELETE_EVENTS_UP_TO: Final = _STATEMENTS["delete_events_up_to"]
 EVENTS_BY_ID: Final = _STATEMENTS["events_by_id"]

@@ -234,6 +234,20 @@ DROP TRIGGER IF EXISTS deliveries_key_removed
 
 -- Connection settings -------------------------------------------------------------
 
+-- Schema 8, delayed delivery: the time before which no group leases an event (NULL:
+-- at once), the scheduled events by position (a fetch looks for those ahead of its
+-- cursor with one probe per partition), and whether a stream ever had one (a fetch
+-- of a stream that never had one does not look).
+-- name: add_event_deliver_at
+ALTER TABLE events ADD COLUMN deliver_at_ms INTEGER
+
+-- name: index_events_scheduled
+CREATE INDEX IF NOT EXISTS events_scheduled ON events (stream_id, part, seq, deliver_at_ms)
+WHERE deliver_at_ms IS NOT NULL
+
+-- name: add_stream_scheduled
+ALTER TABLE streams ADD COLUMN scheduled INTEGER NOT NULL DEFAULT 0
+
 -- name: get_version
 PRAGMA user_version
 

@@ -100,8 +100,25 @@ DELETE FROM streams WHERE id = ?
 part, seq, event_id, type, key, data, headers, appended_at_ms
 
 -- name: insert_event
-INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, appended_at_ms)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO events (stream_id, part, seq, event_id, type, key, data, headers, appended_at_ms,
+                    deliver_at_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: mark_scheduled
+-- The stream holds scheduled events from now on: its fetches look for them.
+UPDATE streams SET scheduled = 1 WHERE id = ? AND scheduled = 0
+
+-- name: scheduled_after
+-- A partition's scheduled events not due at ?4, past sequence ?3 (events_scheduled).
+SELECT seq, deliver_at_ms FROM events INDEXED BY events_scheduled
+WHERE stream_id = ?1 AND part = ?2 AND seq > ?3 AND deliver_at_ms IS NOT NULL
+  AND deliver_at_ms > ?4
+ORDER BY seq LIMIT ?5
+
+-- name: count_scheduled_after
+SELECT count(*) FROM events INDEXED BY events_scheduled
+WHERE stream_id = ?1 AND part = ?2 AND seq > ?3 AND deliver_at_ms IS NOT NULL
+  AND deliver_at_ms > ?4
 
 -- name: insert_new_event
 -- An id the stream already holds is skipped (the caller sees it in the change count).
@@ -190,8 +207,9 @@ DELETE FROM groups WHERE id = ?
 
 -- name: fetch_group
 -- What fetch needs of the group: its id, max attempts, stream id, partition count,
--- ordering and the end of its pause.
-SELECT g.id, g.max_attempts, s.id, s.partitions, g.ordering, g.paused_until_ms FROM streams AS s
+-- ordering, the end of its pause, and whether the stream had scheduled events.
+SELECT g.id, g.max_attempts, s.id, s.partitions, g.ordering, g.paused_until_ms, s.scheduled
+FROM streams AS s
 JOIN groups AS g ON g.stream_id = s.id AND g.name = ? WHERE s.name = ?
 
 -- name: due
@@ -257,20 +275,23 @@ ORDER BY {due}, d.seq
 -- A partition's events past a sequence, for a key-ordered group's fetch: each with
 -- its key and whether the key has an unsettled delivery (one probe of
 -- deliveries_keyed per event, in the statement). ?1 group, ?2 part, ?3 stream,
--- ?4 the sequence, ?5 how many.
+-- ?4 the sequence, ?5 how many; and whether it is scheduled later than ?6 (now).
 SELECT e.seq, e.key, e.key IS NOT NULL AND EXISTS (
     SELECT 1 FROM deliveries AS d INDEXED BY deliveries_keyed
     WHERE d.group_id = ?1 AND d.part = ?2 AND d.key = e.key AND d.key IS NOT NULL
-      AND d.state IN ('available', 'leased'))
+      AND d.state IN ('available', 'leased')),
+    e.deliver_at_ms IS NOT NULL AND e.deliver_at_ms > ?6
 FROM events AS e WHERE e.stream_id = ?3 AND e.part = ?2 AND e.seq > ?4
 ORDER BY e.seq LIMIT ?5
 
 -- name: store_blocked
 -- A key-ordered group's new deliveries of ?3..?4 not leased by the fetch (which
 -- inserted those first): stored blocked (available, attempt 0, available_at_ms
--- {blocked}) behind an earlier one of their key.
+-- {blocked}) behind an earlier one of their key; a scheduled one not due at ?6
+-- available at its time instead (never released early, and it holds its key).
 INSERT INTO deliveries (group_id, part, seq, state, attempt, available_at_ms, key)
-SELECT ?1, part, seq, 'available', 0, {blocked}, key
+SELECT ?1, part, seq, 'available', 0,
+       CASE WHEN deliver_at_ms > ?6 THEN deliver_at_ms ELSE {blocked} END, key
 FROM events WHERE stream_id = ?5 AND part = ?2 AND seq BETWEEN ?3 AND ?4
 ON CONFLICT (group_id, part, seq) DO NOTHING
 

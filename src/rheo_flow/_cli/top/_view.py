@@ -62,6 +62,8 @@ class _Partition:
     partition: int
     high_water: int
     frontier: int
+    scheduled: int = 0
+    """Of the lag, the events whose delivery time is still ahead."""
 
     @property
     def lag(self) -> int:
@@ -173,6 +175,8 @@ class TopApp(App[None]):
                 return
 
     async def _read(self, rheo: Rheo) -> _Reading:
+        from ..._facade._delay import scheduled_counts
+
         high = await rheo.high_water(self.stream)
         partitions: dict[str, list[_Partition]] = {}
         attempts: dict[str, int] = {}
@@ -182,8 +186,9 @@ class TopApp(App[None]):
             if info.paused:
                 paused[info.group] = pause_text(info)
             frontier = await rheo.frontier(self.stream, info.group)
+            scheduled = await scheduled_counts(rheo.backend, self.stream, frontier, high)
             attempts[info.group] = info.max_attempts
-            partitions[info.group] = [_Partition(p, h, frontier.get(p, 0))
+            partitions[info.group] = [_Partition(p, h, frontier.get(p, 0), scheduled[p])
                                       for p, h in sorted(high.items())]
             letters.extend(await rheo.dead_letters(self.stream, info.group,
                                                    limit=DEAD_LETTER_LIMIT))
@@ -204,6 +209,7 @@ class TopApp(App[None]):
                 state.rates.append(state.rate)
             state.settled, state.at = settled, now
             lag = sum(p.lag for p in parts)
+            waiting = sum(p.scheduled for p in parts)
             dead = sum(d.group == group for d in reading.dead_letters)
             pause = reading.paused.get(group)
             self.query_one(f"#g-{n}", Static).update(
@@ -211,7 +217,8 @@ class TopApp(App[None]):
                 f"{dead:,}{'+' if dead == DEAD_LETTER_LIMIT else ''}"
                 f"{f'   {pause}' if pause else ''}")
             self.query_one(f"#t-{n}", Static).update(
-                f"  all  settled {settled:,}  lag {lag:,}  {state.rate:,.1f} events/s")
+                f"  all  settled {settled:,}  lag {lag:,}{_scheduled(waiting)}"
+                f"  {state.rate:,.1f} events/s")
             self.query_one(f"#gs-{n}", Sparkline).data = list(state.rates) or [0]
             for p in parts:
                 history = state.lags.setdefault(p.partition, deque(maxlen=HISTORY))
@@ -219,7 +226,7 @@ class TopApp(App[None]):
                 row = f"{n}-{p.partition}"
                 self.query_one(f"#p-{row}", Static).update(
                     f"  p{p.partition}  high water {p.high_water:,}  frontier {p.frontier:,}"
-                    f"  lag {p.lag:,}")
+                    f"  lag {p.lag:,}{_scheduled(p.scheduled)}")
                 self.query_one(f"#ps-{row}", Sparkline).data = list(history)
         self._states = {g: s for g, s in self._states.items() if g in reading.partitions}
         self._show_letters(reading.dead_letters)
@@ -314,3 +321,8 @@ def _key(table: DataTable[str]) -> str | None:
 
 def _clock(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000))
+
+
+def _scheduled(count: int) -> str:
+    """How many of a lag's events are scheduled for later, when any are."""
+    return f" ({count:,} scheduled)" if count else ""

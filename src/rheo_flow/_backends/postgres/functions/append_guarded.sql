@@ -12,7 +12,7 @@
 CREATE OR REPLACE FUNCTION {s}.append_guarded(p_stream integer, p_parts text, p_ids text,
                                               p_types text, p_keys text, p_data text,
                                               p_headers text[], p_channel text,
-                                              p_stream_name text,
+                                              p_stream_name text, p_deliver_at text,
                                               OUT o_appended_at_ms bigint,
                                               OUT o_seqs bigint[], OUT o_duplicate boolean)
 LANGUAGE plpgsql
@@ -26,8 +26,9 @@ BEGIN
                                  json_array_elements_text(p_ids::json),
                                  json_array_elements_text(p_types::json),
                                  json_array_elements_text(p_keys::json),
-                                 json_array_elements(p_data::json), unnest(p_headers))
-            WITH ORDINALITY AS r(part, event_id, type, key, data, headers, idx)
+                                 json_array_elements(p_data::json), unnest(p_headers),
+                                 unnest(p_deliver_at::bigint[]))
+            WITH ORDINALITY AS r(part, event_id, type, key, data, headers, deliver_at_ms, idx)
     ), t AS (
         SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms
     ), locked AS (
@@ -36,14 +37,14 @@ BEGIN
         ORDER BY p.part
         FOR UPDATE
     ), numbered AS (
-        SELECT r.idx, r.part, r.event_id, r.type, r.key, r.data, r.headers,
+        SELECT r.idx, r.part, r.event_id, r.type, r.key, r.data, r.headers, r.deliver_at_ms,
                l.high_water + row_number() OVER (PARTITION BY r.part ORDER BY r.idx) AS seq
         FROM r JOIN locked l ON l.part = r.part
     ), inserted AS (
         INSERT INTO {s}.events (stream_id, part, seq, appended_at_ms, event_id, type, key,
-                                data, headers)
+                                data, headers, deliver_at_ms)
         SELECT p_stream, n.part, n.seq, t.ms, n.event_id, n.type, n.key, n.data,
-               n.headers::json
+               n.headers::json, n.deliver_at_ms
         FROM numbered n CROSS JOIN t
     ), moved AS (
         UPDATE {s}.partitions p SET high_water = m.top

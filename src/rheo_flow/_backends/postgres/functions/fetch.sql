@@ -43,6 +43,11 @@
 -- rows); each partition's new events, cursor + 1 .. hi, as one new range; it
 -- moves the cursors and returns the leases in their order.
 --
+-- In a stream holding scheduled events (streams.scheduled, migration 11) the
+-- cursors are claimed first, and a window of new events with a scheduled event not
+-- due in it becomes delivery rows (split_scheduled, functions/fetch_scheduled.sql),
+-- leased as rows due: a range never holds an event that must wait.
+--
 -- Tokens are 8 random bytes per call and the range's place in the call (4
 -- bytes); an event's lease id is its range's token and its offset from the
 -- range's base_seq (lease_of, below).
@@ -101,9 +106,12 @@ DECLARE
     v_over bigint;            -- the partitions with more than v_share
     v_least_over bigint;      -- the smallest backlog above v_share
     v_step bigint;
+    v_scheduled boolean;      -- the stream holds scheduled events (functions/fetch_scheduled.sql)
+    v_split_parts integer[];  -- the partitions whose window split_scheduled made rows of
 BEGIN
-    SELECT g.stream_id, g.max_attempts, g.ordering = {s}.ordering_by_key(), g.paused_until_ms
-    INTO v_stream, v_max_attempts, v_keyed, v_paused_until
+    SELECT g.stream_id, g.max_attempts, g.ordering = {s}.ordering_by_key(), g.paused_until_ms,
+           (SELECT st.scheduled FROM {s}.streams st WHERE st.id = g.stream_id)
+    INTO v_stream, v_max_attempts, v_keyed, v_paused_until, v_scheduled
     FROM {s}.groups g WHERE g.id = p_group;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'rheo_flow: no group with id %', p_group USING ERRCODE = 'RF001';
@@ -119,6 +127,25 @@ BEGIN
 
     SELECT * INTO v_fresh_parts, v_due_work_parts, v_expired_work_parts
     FROM {s}.fetch_work(p_group, v_stream, p_parts, v_now);
+
+    -- A stream with scheduled events: the cursors first (nothing is locked yet, so
+    -- claim_cursors may wait), and the windows with scheduled events in them become
+    -- delivery rows (split_scheduled), leased below as rows due.
+    IF v_scheduled AND v_fresh_parts IS NOT NULL THEN
+        SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
+        FROM {s}.claim_cursors(p_group, v_stream, v_fresh_parts, true);
+        v_fresh_parts := NULL;  -- claimed
+        IF v_cursor_parts IS NOT NULL THEN
+            SELECT * INTO v_split_parts, v_cursors
+            FROM {s}.split_scheduled(p_group, v_stream, p_limit, v_now, v_cursor_parts,
+                                     v_cursors, v_high_waters);
+        END IF;
+        IF v_split_parts IS NOT NULL THEN
+            SELECT array_agg(p.part ORDER BY p.pos) INTO v_due_work_parts
+            FROM unnest(p_parts) WITH ORDINALITY AS p(part, pos)
+            WHERE p.part = ANY (v_due_work_parts) OR p.part = ANY (v_split_parts);
+        END IF;
+    END IF;
 
     -- Per partition with rows due: the earliest due first (ties by sequence).
     IF v_due_work_parts IS NOT NULL THEN

@@ -230,11 +230,12 @@ BEGIN
         -- range scan of the events reads them; ord is the lease's place in the
         -- batch (NULL: blocked).  A re-leased row is never among them.
         SELECT m.part, e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms,
-               n.ord, COALESCE(h.hold, false) AS hold
+               e.deliver_at_ms, n.ord, COALESCE(h.hold, false) AS hold
         FROM unnest(v_new_parts, v_new_lasts) AS m(part, hi)
         JOIN unnest(v_cursor_parts, v_cursors) AS k(part, cur) ON k.part = m.part
         CROSS JOIN LATERAL (
-            SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms
+            SELECT e.seq, e.event_id, e.type, e.key, e.data, e.headers, e.appended_at_ms,
+                   e.deliver_at_ms
             FROM {s}.events e
             WHERE e.stream_id = p_stream AND e.part = m.part AND e.seq BETWEEN k.cur + 1 AND m.hi
             OFFSET 0) e
@@ -254,7 +255,9 @@ BEGIN
                CASE WHEN k.ord IS NOT NULL THEN p_consumer END,
                CASE WHEN k.ord IS NULL THEN 0 ELSE v_now + p_lease_ms END,
                CASE WHEN k.key IS NULL THEN '-' || k.seq ELSE 'k' || k.key END,
-               CASE WHEN k.ord IS NULL AND k.hold THEN {s}.held() ELSE 0 END
+               -- a scheduled event (never held) is available at its time
+               CASE WHEN k.ord IS NOT NULL THEN 0 WHEN k.hold THEN {s}.held()
+                    ELSE COALESCE(k.deliver_at_ms, 0) END
         FROM picked k
     ), moved AS (
         -- "part = ANY": the cursors moved are probed by key, never the group's

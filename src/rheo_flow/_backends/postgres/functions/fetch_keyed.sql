@@ -88,6 +88,7 @@ DECLARE
     v_met_key text[] := '{}';
     v_depth bigint;
     v_level bigint;
+    v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 BEGIN
     f_part := '{}';
     f_seq := '{}';
@@ -113,7 +114,7 @@ BEGIN
                  WITH ORDINALITY AS k(part, last, high, have, read, open, i)
             WHERE k.open AND k.have < v_depth
         ), ev AS (
-            SELECT k.i, e.seq, e.key,
+            SELECT k.i, e.seq, e.key, COALESCE(e.deliver_at_ms > v_now, false) AS sched,
                    e.key IS NOT NULL
                    AND row_number() OVER (PARTITION BY k.i, e.key ORDER BY e.seq) = 1
                    AND (k.part, e.key) NOT IN (SELECT * FROM unnest(v_met_part, v_met_key))
@@ -130,18 +131,21 @@ BEGIN
                               AND b.state < {s}.delivery_acked()
                             ORDER BY b.key DESC, b.seq DESC LIMIT 1), -1) END AS behind
             FROM k CROSS JOIN LATERAL (
-                SELECT e.seq, e.key FROM {s}.events e
+                SELECT e.seq, e.key, e.deliver_at_ms FROM {s}.events e
                 WHERE e.stream_id = p_stream AND e.part = k.part AND e.seq > k.last
                   AND e.seq <= k.high
                 ORDER BY e.seq LIMIT k.need) e
         ), dep AS (
             -- behind: NULL for a keyless event, -1 for a free key, 0 behind an
             -- event of this fetch, else the last unsettled delivery of the key.
+            -- A scheduled event not due (sched) is never free, and never held: it
+            -- is stored available at its time, and holds its key meanwhile.
             SELECT ev.i, ev.seq, ev.key, ev.met, ev.behind,
-                   CASE WHEN ev.behind IS NULL OR ev.behind < 0
-                        THEN k.have + count(*) FILTER (WHERE ev.behind IS NULL OR ev.behind < 0)
+                   CASE WHEN (ev.behind IS NULL OR ev.behind < 0) AND NOT ev.sched
+                        THEN k.have + count(*) FILTER (WHERE (ev.behind IS NULL OR ev.behind < 0)
+                                                       AND NOT ev.sched)
                              OVER (PARTITION BY ev.i ORDER BY ev.seq) END AS depth,
-                   CASE WHEN ev.behind IS NULL OR ev.behind < 0 THEN false
+                   CASE WHEN ev.sched OR ev.behind IS NULL OR ev.behind < 0 THEN false
                         WHEN ev.behind = 0 THEN true
                         ELSE (SELECT b.seq FROM {s}.deliveries b
                               WHERE b.group_id = p_group AND b.part = k.part

@@ -5,7 +5,7 @@
 --   (P:groups:<s>).
 -- ARGV: tag head ('{P:s:'), the groups' `fresh` summaries' name up to the group
 --   (P:new:<s>:; see summary_keys), partition count, JSON rows [[id, meta, partition,
---   blob], ...], the rows' digests (8 bytes each, in row order, as one string), then each
+--   blob, deliver_at], ...] (deliver_at: ms as text, or absent for an event not scheduled), the rows' digests (8 bytes each, in row order, as one string), then each
 --   row's data text, in the rows' order (the server never decodes it; '' for a blob row).
 --   blob: null, or the token of a large row's data, which the client SET in the same
 --   MULTI at {P:s:p}:b:<token> of its partition (so that the data never passes through
@@ -27,7 +27,9 @@ local partition_count = tonumber(ARGV[3])
 local rows = cjson.decode(ARGV[4])
 local digest_blob = ARGV[5]
 -- The fields of a row; a row's data is ARGV[DATA_AT + its index].
-local ID, META, PARTITION, BLOB = 1, 2, 3, 4
+local ID, META, PARTITION, BLOB, DELIVER_AT = 1, 2, 3, 4, 5
+-- Per partition, the highest sequence this call stored a scheduled event at (meta 'sl').
+local scheduled_last = {}
 local DATA_AT, DIGEST_BYTES = 5, 8
 -- Delete the blobs of the rows from `from` on that were not appended (appended: nil).
 local function drop_blobs(from, kept)
@@ -140,8 +142,16 @@ for k, row in ipairs(rows) do
         blob_kept[k] = true
         redis.call('SADD', partition_key(partition, 'bs'), row[BLOB])
       end
-      redis.call('XADD', stream_key_of[partition], entry_id(seq), 'meta', row[META],
-                 'data', data, 'time', time_text_of[partition])
+      if type(row[DELIVER_AT]) == 'string' then
+        redis.call('XADD', stream_key_of[partition], entry_id(seq), 'meta', row[META],
+                   'data', data, 'time', time_text_of[partition], 'at',
+                   row[DELIVER_AT])
+        scheduled_last[partition] = seq_text
+        redis.call('ZADD', partition_key(partition, 't'), row[DELIVER_AT], seq_text)
+      else
+        redis.call('XADD', stream_key_of[partition], entry_id(seq), 'meta', row[META],
+                   'data', data, 'time', time_text_of[partition])
+      end
       local digest = digests[k]
       if digest_held or digest_taken[digest] then
         local writes = exact_writes[partition] or {}
@@ -175,6 +185,10 @@ for partition in pairs(appended) do
   local time_text = time_text_of[partition]
   redis.call('HSET', partition_key(partition, 'm'), 'hw', int_text(high_water_of[partition]),
              'ts', time_text)
+  if scheduled_last[partition] then
+    redis.call('HSET', partition_key(partition, 'm'), 'sl', scheduled_last[partition])
+    redis.call('ZREMRANGEBYSCORE', partition_key(partition, 't'), '-inf', time_text)
+  end
   times[#times + 1] = '[' .. partition .. ',' .. time_text .. ']'
   groups = groups or redis.call('HKEYS', groups_key)
   for _, group in ipairs(groups) do redis.call('SADD', fresh_head .. group, partition) end

@@ -19,8 +19,18 @@ local CHUNK = 2000
 -- What a large event's data field starts with (then its blob's token, append_many.lua):
 -- NUL starts no JSON text.
 local BLOB_MARK = '\0'
--- Where the values of a stream entry's fields are (as XADD wrote them: meta, data, time).
-local ENTRY_META, ENTRY_DATA, ENTRY_TIME = 2, 4, 6
+-- Where the values of a stream entry's fields are (as XADD wrote them: meta, data, time,
+-- then 'at' and its deliver_at for a scheduled event).
+local ENTRY_META, ENTRY_DATA, ENTRY_TIME, ENTRY_AT = 2, 4, 6, 8
+-- When a stream entry's event is scheduled for, if that is after `now` (else nil).
+local function scheduled_at(entry_fields, now)
+  local at = entry_fields[ENTRY_AT]
+  if at then
+    at = tonumber(at)
+    if at > now then return at end
+  end
+  return nil
+end
 
 -- The keys of a group partition, by name, in the order of KeyLayout.group: the
 -- partition's stream and meta hash at `stream_at` and `stream_at + 1`, the group's own

@@ -40,8 +40,11 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
   local NOT_HELD = false
   -- How many events past its quota a key-ordered group's scan reads at most per call.
   local SCAN_BUDGET = 1000
-  local high_water_text, marker = unpack(redis.call('HMGET', keys.meta, 'hw', 'mk'))
+  local high_water_text, marker, scheduled_last_text =
+    unpack(redis.call('HMGET', keys.meta, 'hw', 'mk', 'sl'))
   if not marker then return 'LOST' end
+  -- The highest sequence of a scheduled event (0: none): past it, nothing waits.
+  local scheduled_last = tonumber(scheduled_last_text or '0')
   local frontier_text, cursor_text, max_attempts_text, ordering, paused_until =
     unpack(redis.call('HMGET', keys.group, 'f', 'c', 'ma', 'o', 'pz'))
   if not frontier_text then return 'NOGROUP' end
@@ -87,6 +90,38 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
     redis.call('XGROUP', 'SETID', keys.stream, group, entry_id(last))
     return int_text(cursor + 1), int_text(last), last
   end
+  -- A scheduled event not due cannot be in a block (which leases every event from its
+  -- first to its last), so in an unordered group whose next events hold one, the window
+  -- the fetch could lease becomes records: up to `quota` events due, past the scheduled
+  -- ones among them (at most quota + 4096 entries read), each WAITING_RECORD (attempt 0)
+  -- and due now, or at its deliver_at; the cursor moves to the window's end. The loop
+  -- over due deliveries below then leases those due now, as it leases nacked ones.
+  local function split_scheduled(quota)
+    local entries = redis.call('XRANGE', keys.stream, '(' .. entry_id(cursor),
+                               entry_id(high_water), 'COUNT', quota + 4096)
+    local record_writes, due_adds = {}, {}
+    local taken, last, found = 0, cursor, false
+    for _, entry in ipairs(entries) do
+      local seq_text = string.sub(entry[1], 1, -3)
+      local at = scheduled_at(entry[2], now)
+      if not at then
+        if taken == quota then break end
+        taken = taken + 1
+      end
+      found = found or at ~= nil
+      last = tonumber(seq_text)
+      record_writes[#record_writes + 1] = seq_text
+      record_writes[#record_writes + 1] = WAITING_RECORD
+      due_adds[#due_adds + 1] = at and int_text(at) or now_text
+      due_adds[#due_adds + 1] = seq_text
+    end
+    if not found then return end
+    bulk({'HSET', keys.records}, record_writes)
+    bulk({'ZADD', keys.due}, due_adds)
+    cursor = last
+    redis.call('HSET', keys.group, 'c', int_text(cursor))
+    redis.call('XGROUP', 'SETID', keys.stream, group, entry_id(cursor))
+  end
   -- New deliveries of a key-ordered group: the events of keyless and free keys are leased
   -- as in any group; those of held keys are passed over: linked behind their key's tail in
   -- key_next, with no record, neither due nor in the PEL. The first read is XREADGROUP of
@@ -98,6 +133,10 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
     local budget = want + SCAN_BUDGET
     -- Event key -> its span, or NOT_HELD; span_writes and link_writes: HSET arguments.
     local known, span_writes, link_writes, passed_acks, claimed_ids = {}, {}, {}, {}, {}
+    -- Scheduled events not due: their records (WAITING_RECORD) and due entries (at their
+    -- time). Each holds its key meanwhile: its key's head when the key was free, else
+    -- linked behind the key's tail (with a record, so a release never makes it due early).
+    local scheduled_writes, scheduled_dues = {}, {}
     local first, last = nil, nil
     local scanned_to = cursor
     -- The entries in order, until `want` are leased; in_pel: they are in the PEL already.
@@ -122,7 +161,22 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
         done = i
         local event_key = event_keys[i]
         local span = event_key and known[event_key]
-        if span then
+        local at = scheduled_last >= tonumber(seq_text) and scheduled_at(entry[2], now)
+        if at then
+          scheduled_writes[#scheduled_writes + 1] = seq_text
+          scheduled_writes[#scheduled_writes + 1] = WAITING_RECORD
+          scheduled_dues[#scheduled_dues + 1] = int_text(at)
+          scheduled_dues[#scheduled_dues + 1] = seq_text
+          if span then
+            local head, tail = parse_key_span(span)
+            link_writes[#link_writes + 1] = tail
+            link_writes[#link_writes + 1] = seq_text
+            span = key_span(head, seq_text)
+          else
+            span = key_span(seq_text, seq_text)
+          end
+          if in_pel then passed_acks[#passed_acks + 1] = entry[1] end
+        elseif span then
           local head, tail = parse_key_span(span)
           link_writes[#link_writes + 1] = tail
           link_writes[#link_writes + 1] = seq_text
@@ -156,6 +210,10 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
       if #entries == 0 then break end
       take(entries, false)
     end
+    if #scheduled_writes > 0 then
+      bulk({'HSET', keys.records}, scheduled_writes)
+      bulk({'ZADD', keys.due}, scheduled_dues)
+    end
     if #link_writes > 0 then bulk({'HSET', keys.key_next}, link_writes) end
     if #span_writes > 0 then bulk({'HSET', keys.key_spans}, span_writes) end
     if #passed_acks > 0 then bulk({'XACK', keys.stream, group}, passed_acks) end
@@ -182,6 +240,9 @@ local function fetch_partition(keys, group, consumer, quota, lease_ms, lease_pre
       {}, {}, {}, {}, {}, {}
     local freed_seqs, parked = {}, {}
     local frontier_moves = false
+    if not keyed and scheduled_last > cursor and cursor < high_water then
+      split_scheduled(quota)
+    end
     -- Due deliveries: available (nack delay over) or leased past their deadline.
     while #due < quota do
       local ids = redis.call('ZRANGEBYSCORE', keys.due, '-inf', now_text, 'LIMIT', 0, quota - #due)
