@@ -14,7 +14,7 @@ from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
 from ._facade._in_transaction import ack_in_transaction, open_in_transaction
 from ._facade._positions import replay_at, reset_at
-from ._facade._retention import trim_bounds
+from ._facade._retention import apply_retention, check_retention, store_retention, trim_bounds
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
 from ._model._errors import InvalidArgument, UnknownGroup
@@ -22,7 +22,7 @@ from ._model._event import Event, NewEvent
 from ._model._lease import Lease
 from ._model._query import Page, Query, decode_cursor, encode_cursor
 from ._model._settle_results import SettleResult, classify
-from ._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ._model._stream import DeadLetter, GroupInfo, Retention, StartPosition, StreamInfo
 from ._model._validation import (
     MAX_APPEND,
     MAX_PARTITIONS,
@@ -140,12 +140,8 @@ class Rheo:
     async def __aenter__(self) -> Self:
         return await self.open()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.close()
 
     def new_consumer_id(self) -> str:
@@ -156,13 +152,25 @@ class Rheo:
 
     # Streams -----------------------------------------------------------------
 
-    async def create_stream(self, name: str, *, partitions: int = 1) -> StreamInfo:
-        """Create a stream (idempotent); another partition count is a ConflictError."""
+    async def create_stream(self, name: str, *, partitions: int = 1,
+                            retention: Retention | None = None) -> StreamInfo:
+        """Create a stream (idempotent); another partition count is a ConflictError.
+        ``retention`` (when given) becomes its policy, an existing stream's too."""
         check_name("stream", name)
         check_positive_int("partitions", partitions, maximum=MAX_PARTITIONS)
+        policy = check_retention(self._backend, retention)
         info = await self._backend.create_stream(name, partitions)
+        if policy is not None and info.retention != policy:
+            info = await store_retention(self._backend, name, policy)
         self._partitions_cache[name] = info.partitions
         return info
+
+    async def set_retention(self, stream: str, retention: Retention | None) -> StreamInfo:
+        """Make ``retention`` the stream's policy (``None`` clears it); see
+        :meth:`apply_retention`. Returns the stream's info."""
+        check_name("stream", stream)
+        return await store_retention(self._backend, stream, check_retention(
+            self._backend, retention))
 
     async def stream_info(self, name: str) -> StreamInfo:
         """A stream's metadata (partitions, high and low water marks)."""
@@ -188,15 +196,10 @@ class Rheo:
             count = (await self.stream_info(stream)).partitions
         return count
 
-    async def append(
-        self,
-        stream: str,
-        events: NewEvent | Mapping[str, Any] | Iterable[NewEvent | Mapping[str, Any]],
-        *,
-        key: str | None = None,
-        partition: int | None = None,
-        connection: Any = None,
-    ) -> list[Event]:
+    async def append(self, stream: str,
+                     events: NewEvent | Mapping[str, Any] | Iterable[NewEvent | Mapping[str, Any]],
+                     *, key: str | None = None, partition: int | None = None,
+                     connection: Any = None) -> list[Event]:
         """Append one or many events atomically; returns the stored events in order.
 
         ``key`` and ``partition`` apply to every event that sets neither. An event
@@ -347,9 +350,9 @@ class Rheo:
                 raise InvalidArgument(f"expected Lease objects, got {type(lease).__name__}")
         return items
 
-    async def _settle_call(
-        self, op: str, leases: list[Lease], call: Callable[[], Awaitable[list[SettleResult]]]
-    ) -> list[SettleResult]:
+    async def _settle_call(self, op: str, leases: list[Lease],
+                           call: Callable[[], Awaitable[list[SettleResult]]]
+                           ) -> list[SettleResult]:
         if not leases:
             return []
         with _telemetry.settling(op, leases, self._backend, self._max_attempts) as telemetry:
@@ -375,10 +378,8 @@ class Rheo:
                                             connection)
         return await self._settle_call("ack", items, lambda: self._backend.ack(items))
 
-    async def nack(
-        self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0,
-        error: str | None = None,
-    ) -> list[SettleResult]:
+    async def nack(self, leases: Lease | Iterable[Lease], reason: str, *, delay_ms: int = 0,
+                   error: str | None = None) -> list[SettleResult]:
         """Return leases for redelivery (after ``delay_ms``); one result per lease.
 
         ``error`` (at most 1,000 characters, e.g. ``"TimeoutError: db busy"``) is
@@ -412,9 +413,8 @@ class Rheo:
         return await self._settle_call(
             "reject", items, lambda: backend.reject(items, reason, error))
 
-    async def renew(
-        self, leases: Lease | Iterable[Lease], *, lease_ms: int = DEFAULT_LEASE_MS
-    ) -> list[SettleResult]:
+    async def renew(self, leases: Lease | Iterable[Lease], *, lease_ms: int = DEFAULT_LEASE_MS
+                    ) -> list[SettleResult]:
         """Extend leases to now + ``lease_ms``; results carry the new deadline."""
         items = self._leases(leases)
         check_lease_ms(lease_ms)
@@ -445,9 +445,8 @@ class Rheo:
         high = await self.high_water(stream)
         return {p: max(0, high[p] - frontier.get(p, 0)) for p in high}
 
-    async def dead_letters(
-        self, stream: str, group: str, *, limit: int = 100, after: DeadLetter | None = None
-    ) -> list[DeadLetter]:
+    async def dead_letters(self, stream: str, group: str, *, limit: int = 100,
+                           after: DeadLetter | None = None) -> list[DeadLetter]:
         """Rejected deliveries of a group, by (partition, sequence), after ``after``."""
         check_name("stream", stream)
         check_name("group", group)
@@ -457,9 +456,8 @@ class Rheo:
             check_sequence("after.sequence", after.sequence))
         return await self._backend.dead_letters(stream, group, limit, position)
 
-    async def redrive(
-        self, stream: str, group: str, dead_letters: Iterable[DeadLetter] | None = None
-    ) -> int:
+    async def redrive(self, stream: str, group: str,
+                      dead_letters: Iterable[DeadLetter] | None = None) -> int:
         """Make dead letters deliverable again (all when none are given); returns the count."""
         check_name("stream", stream)
         check_name("group", group)
@@ -540,9 +538,8 @@ class Rheo:
                 return
             cursor = page.cursor
 
-    async def trim(
-        self, stream: str, *, up_to: int | Mapping[int, int] | None = None, force: bool = False
-    ) -> dict[int, int]:
+    async def trim(self, stream: str, *, up_to: int | Mapping[int, int] | None = None,
+                   force: bool = False) -> dict[int, int]:
         """Remove old events; returns how many were removed per partition.
 
         ``up_to`` is an inclusive sequence (for every partition, or per partition);
@@ -553,6 +550,14 @@ class Rheo:
         count = await self._partition_count(stream)
         bounds = await trim_bounds(self._backend, stream, count, up_to, force)
         return await self._backend.trim(stream, bounds)
+
+    async def apply_retention(self, stream: str, retention: Retention | None = None, *,
+                              force: bool = False) -> dict[int, int]:
+        """Trim as ``retention`` says (default: the stream's stored policy; none removes
+        nothing): only events every group has settled unless ``force``. Returns how many
+        events were removed per partition (docs/contract.md, ``retention.settled``)."""
+        check_name("stream", stream)
+        return await apply_retention(self._backend, stream, retention, force)
 
     async def delete_stream(self, stream: str) -> None:
         """Remove a stream and everything of it: events, groups, deliveries, dead letters.
