@@ -15,7 +15,7 @@ import orjson
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._model._errors import UnknownGroup
-from ..._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ..._model._stream import DeadLetter, GroupInfo, Retention, StartPosition, StreamInfo
 from ..._model._validation import ordering_mismatch
 from ._core import PostgresCore
 from ._sql import BIGINT_MAX, INTEGER_MAX
@@ -111,7 +111,9 @@ class GroupOps(PostgresCore):
             waters = orjson.loads(row["waters"])  # [[part, high water, low water], ...]
             described.append((StreamInfo(row["name"], row["partitions"], row["created_at_ms"],
                                          {p: high for p, high, _ in waters},
-                                         {p: low for p, _, low in waters}),
+                                         {p: low for p, _, low in waters},
+                                         Retention.from_ms(row["retention_max_age_ms"],
+                                                           row["retention_max_events"])),
                               groups.get(row["name"], [])))
         return described
 

@@ -119,6 +119,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(10, "fetch visits only the partitions with work (fetch_work) and finds the "
                   "delivery rows due by their time (deliveries_due, deliveries_expiry)",
               ("v10_due_deliveries",)),
+    Migration(11, "streams keep a retention policy (streams.retention_max_age_ms and "
+                  "retention_max_events)",
+              ("v11_retention",)),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 

@@ -17,7 +17,7 @@ from ._errors import is_locked
 
 __all__ = ["SCHEMA_VERSION", "connect"]
 
-SCHEMA_VERSION: Final = 7
+SCHEMA_VERSION: Final = 8
 """Stored in ``PRAGMA user_version``; bump it (with a migration) on any schema change.
 
 1: first schema. 2: the ``deliveries`` state CHECK is written with ``OR`` instead
@@ -198,8 +198,17 @@ def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_7_to_8(conn: sqlite3.Connection) -> None:
+    """Add ``streams.retention_max_age_ms`` and ``retention_max_events`` (NULL: no
+    existing stream has a retention policy)."""
+    if "retention_max_events" not in _columns(conn, "streams"):
+        for statement in sql.ADD_RETENTION:
+            conn.execute(statement)
+
+
 _MIGRATIONS: Final = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4,
-                      4: _migrate_4_to_5, 5: _migrate_5_to_6, 6: _migrate_6_to_7}
+                      4: _migrate_4_to_5, 5: _migrate_5_to_6, 6: _migrate_6_to_7,
+                      7: _migrate_7_to_8}
 """The step from each version to the next, run in order inside one transaction."""
 
 
