@@ -65,7 +65,7 @@ class RedisBackend(
     name = "redis"
     _CAPABILITIES = Capabilities(
         durable=True, distributed=True, push_wakeups=True, server_clock=True,
-        key_ordering=True, last_error=True,
+        key_ordering=True, last_error=True, retention=True,
     )
 
     def __init__(
