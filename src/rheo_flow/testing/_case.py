@@ -74,7 +74,7 @@ class Case:
 
 
 _AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "ordering_scans",
-          "ordering_redrive", "progress", "reads", "deletion", "time", "isolation",
+          "ordering_redrive", "progress", "reads", "retention", "deletion", "time", "isolation",
           "transaction"]
 
 
