@@ -53,7 +53,7 @@ async def case_retention_policy_is_kept_with_the_stream(env: CaseEnv) -> None:
     for bad in ({}, {"max_events": 0}, {"max_age": timedelta(0)},
                 {"max_age": timedelta(microseconds=1500)}, {"max_events": True}):
         try:
-            Retention(**bad)  # type: ignore[arg-type]
+            Retention(**bad)
         except InvalidArgument:
             continue
         check(False, f"Retention({bad}) is refused")
