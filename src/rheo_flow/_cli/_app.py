@@ -22,7 +22,7 @@ from rich.console import Console
 
 from .. import __version__
 from .._faults._cli import torture as _torture
-from . import _create, _inspect, _ops
+from . import _create, _inspect, _ops, _retention
 from ._command import Command, Group
 from ._common import run
 from .demo._state import DemoConfig
@@ -133,6 +133,7 @@ def demo(
 _inspect.register(app)
 _ops.register(app)
 _create.register(app)
+_retention.register(app)
 # Kept in their own modules; registered here so that they are commands of this app.
 app.command("torture", cls=Command)(_torture)
 app.command("worker", cls=Command)(_worker)

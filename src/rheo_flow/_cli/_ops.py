@@ -242,20 +242,42 @@ def trim(
     up_to: Annotated[int | None, typer.Option(
         "--up-to", min=1, help="Remove events up to this sequence, in every partition "
         "(default: as far as every group has settled).", show_default=False)] = None,
+    older_than: Annotated[str | None, typer.Option(
+        "--older-than", help="Remove the events appended longer ago than this duration "
+        "(90s, 12h, 7d).", show_default=False)] = None,
+    keep: Annotated[int | None, typer.Option(
+        "--keep", min=1, help="Remove all but the last N events of each partition.",
+        show_default=False)] = None,
+    retention: Annotated[bool, typer.Option(
+        "--retention", help="Remove what the stream's stored retention policy lets go "
+        "(rheo-flow retention).")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Also remove events a group has not settled yet.")] = False,
     yes: YesOption = False,
     json: JsonOption = False,
 ) -> None:
     """Remove old events; unless --force, only those every group has settled."""
+    from ._retention import policy_of, policy_text
+
     out = console()
-    bound = "what every group has settled" if up_to is None else f"sequence {up_to}"
-    confirm(out, f"trim {stream} up to {bound}{' (forced)' if force else ''}", yes)
+    policy = policy_of(older_than, keep, age_option="--older-than")
+    if sum((up_to is not None, policy is not None, retention)) > 1:
+        raise typer.BadParameter("give one of --up-to, --retention, or --older-than and/or "
+                                 "--keep", param_hint="--up-to")
+    bound = ("what every group has settled" if up_to is None else f"sequence {up_to}")
+    what = (f"up to {bound}" if policy is None and not retention else "by its retention policy"
+            if retention else f"by {policy_text(policy)}")
+    confirm(out, f"trim {stream} {what}{' (forced)' if force else ''}", yes)
 
     async def go() -> dict[int, int]:
         from .._rheo import Rheo
 
         async with Rheo(existing(url)) as rheo:
+            if retention and (await rheo.stream_info(stream)).retention is None:
+                raise InvalidArgument(f"stream {stream!r} has no retention policy: set one "
+                                      "with rheo-flow retention, or give --older-than/--keep")
+            if retention or policy is not None:
+                return await rheo.apply_retention(stream, policy, force=force)
             return await rheo.trim(stream, up_to=up_to, force=force)
 
     removed = run(out, go, url)

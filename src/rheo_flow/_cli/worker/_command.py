@@ -99,6 +99,10 @@ def worker(
     health_interval: Annotated[float, typer.Option(
         min=0.05, help="Seconds between touches of the health file.",
     )] = 5.0,
+    retention_interval: Annotated[str, typer.Option(
+        help="How often to apply the retention policy of each stream the worker consumes "
+             "(a duration: 30s, 5m, 1h; 0 turns it off).",
+    )] = "60s",
     log_level: Annotated[str, typer.Option(
         help="DEBUG, INFO, WARNING or ERROR.",
     )] = "INFO",
@@ -120,11 +124,18 @@ def worker(
     _configure_logging(level, log_format)
     if not url:
         raise _fail("no backend URL: pass --url or set RHEO_URL", 2)
+    from .._times import parse_duration
     from ._run import WorkerConfig  # the runtimes load only when a worker runs
 
+    try:
+        every = 0.0 if retention_interval.strip() == "0" else parse_duration(
+            retention_interval).total_seconds()
+    except typer.BadParameter as exc:
+        raise typer.BadParameter(exc.message, param_hint="--retention-interval") from None
     config = WorkerConfig(target=target, url=url, grace_seconds=grace_seconds,
                           until_empty=until_empty, health_file=health_file, health_port=health_port,
-                          health_host=health_host, health_interval=health_interval)
+                          health_host=health_host, health_interval=health_interval,
+                          retention_interval=every)
     raise typer.Exit(_run(config, processes, level, log_format))
 
 
@@ -159,6 +170,8 @@ def _child_argv(config: WorkerConfig, level: str, log_format: LogFormat) -> list
     """The arguments of each child process of ``--processes`` (the URL goes in RHEO_URL)."""
     argv = [config.target, "--grace-seconds", str(config.grace_seconds),
             "--health-interval", str(config.health_interval),
+            "--retention-interval", f"{round(config.retention_interval * 1000)}ms"
+            if config.retention_interval > 0 else "0",
             "--log-level", level, "--log-format", log_format.value]
     if config.until_empty:
         argv.append("--until-empty")
