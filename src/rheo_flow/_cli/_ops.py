@@ -28,6 +28,7 @@ from ._common import (
     YesOption,
     confirm,
     console,
+    done,
     emit,
     errors,
     existing,
@@ -45,13 +46,7 @@ PartitionOption = Annotated[list[int] | None, typer.Option(
     show_default=False)]
 
 
-def _done(json: bool, row: dict[str, Any], message: str) -> None:
-    """Report a change: a JSON line, or a check mark and ``message``."""
-    out = console()
-    if json:
-        out.out(orjson.dumps(row).decode(), highlight=False)
-    else:
-        out.print(f"[green]✓[/] {escape(message)}")
+_done = done
 
 
 def append(

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ._command import Command
-from ._common import JsonOption, StreamArg, UrlOption, console, existing, run
-from ._ops import _done
+from ._common import JsonOption, StreamArg, UrlOption, console, done, existing, run
 from ._times import DURATION_HELP, format_duration, parse_duration
 
 if TYPE_CHECKING:
@@ -89,7 +88,7 @@ def retention(
 
     stored = run(out, go, url)
     verb = "cleared" if none else "set to" if policy is not None else "is"
-    _done(json, {"stream": stream, "retention": policy_row(stored)},
+    done(json, {"stream": stream, "retention": policy_row(stored)},
           f"{stream}: retention {verb}{'' if none else ' ' + policy_text(stored)}"
           if stored is not None or none else f"{stream}: no retention policy")
 
