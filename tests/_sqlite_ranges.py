@@ -1,5 +1,5 @@
 """An SQLite file turned back into an older schema's layout, for tests that rebuild
-an older file from one the current schema wrote: schema 7's additions taken out,
+an older file from one the current schema wrote: schema 8's and 7's additions taken out,
 and range leases turned back into delivery rows, as schema 5 stored every lease."""
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ def ranges_to_delivery_rows(conn: sqlite3.Connection) -> None:
 SCHEMA_7_INDEXES = ("deliveries_due", "deliveries_group_due", "ranges_expiry",
                     "group_partitions_behind")
 """The indexes schema 7 added."""
+
+
+def undo_schema_8(conn: sqlite3.Connection) -> None:
+    """Drop what schema 8 added: the streams' retention columns."""
+    conn.execute("ALTER TABLE streams DROP COLUMN retention_max_age_ms")
+    conn.execute("ALTER TABLE streams DROP COLUMN retention_max_events")
 
 
 def undo_schema_7(conn: sqlite3.Connection) -> None:

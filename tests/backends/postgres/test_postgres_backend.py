@@ -11,6 +11,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from rheo_flow import (
     Lease,
     NewEvent,
     Query,
+    Retention,
     Rheo,
     SettleKind,
     consumer,
@@ -198,6 +200,9 @@ RELEASED_FUNCTIONS = {
         "v8_settle_ranged", "v8_settle", "v8_renew", "v8_ack_fetch"),
     9: ("v9_states", "v9_advance_frontiers", "v9_fetch_keyed", "v9_fetch_by_key", "v9_fetch",
         "v9_settle_ranged", "v9_settle", "v9_renew", "v9_ack_fetch", "v9_ack_ranges"),
+    10: ("v10_states", "v10_advance_frontiers", "v10_fetch_work", "v10_fetch_keyed",
+         "v10_fetch_by_key", "v10_fetch", "v10_settle_ranged", "v10_settle", "v10_renew",
+         "v10_ack_fetch", "v10_ack_ranges"),
 }
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
@@ -215,7 +220,7 @@ CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_fro
 
 
 async def _as_released(admin: asyncpg.Connection, schema: str, version: int) -> None:
-    """Leave ``schema`` as the release at schema ``version`` (1..9) left it: its tables
+    """Leave ``schema`` as the release at schema ``version`` (1..10) left it: its tables
     (the migrations up to it) and the functions it defined, version by version."""
     for migration in MIGRATIONS[:version]:
         scripts = [*(BOOTSTRAP.statements if migration.version == 1 else ()),
@@ -253,6 +258,10 @@ async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, versi
         assert all(r.ok for r in await rheo.reject(last, "bad", error="KeyError: 'sku'"))
         [dead] = await rheo.dead_letters("s", "g")
         assert (dead.reason, dead.last_error) == ("bad", "KeyError: 'sku'")
+        # Version 11: streams keep a retention policy.
+        assert (await rheo.stream_info("s")).retention is None
+        policy = Retention(max_age=timedelta(days=1), max_events=2)
+        assert (await rheo.set_retention("s", policy)).retention == policy
 
 
 

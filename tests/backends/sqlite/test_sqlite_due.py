@@ -14,8 +14,13 @@ from typing import Any
 
 import pytest
 
-from _sqlite_ranges import SCHEMA_7_INDEXES, ranges_to_delivery_rows, undo_schema_7
-from rheo_flow import Lease, ManualClock, NewEvent, Rheo, SettleKind
+from _sqlite_ranges import (
+    SCHEMA_7_INDEXES,
+    ranges_to_delivery_rows,
+    undo_schema_7,
+    undo_schema_8,
+)
+from rheo_flow import Lease, ManualClock, NewEvent, Retention, Rheo, SettleKind
 from rheo_flow._backends import sqlite as sqlite_module
 from rheo_flow._backends.sqlite import _sql
 from rheo_flow.backends import SQLiteBackend
@@ -180,6 +185,10 @@ async def test_appends_keep_every_groups_high_water_mirrored(
 
 def _as_version(conn: sqlite3.Connection, version: int) -> None:
     """Turn a file the current schema wrote into the layout of ``version``."""
+    undo_schema_8(conn)
+    if version == 7:
+        conn.execute(f"PRAGMA user_version = {version}")
+        return
     undo_schema_7(conn)
     if version <= 5:
         ranges_to_delivery_rows(conn)
@@ -237,6 +246,11 @@ async def test_every_older_file_upgrades_with_its_leases_in_flight(
             (0, 3, 2), (1, 3, 2)]
         assert all(r.ok for r in await rheo.ack(again))
         assert await rheo.frontier("s", "g") == {0: 4, 1: 5}
+        # Schema 8: the stream had no policy; it takes one now.
+        assert (await rheo.stream_info("s")).retention is None
+        policy = Retention(max_events=1)
+        assert (await rheo.set_retention("s", policy)).retention == policy
+        assert await rheo.apply_retention("s") == {0: 3, 1: 4}
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA user_version").fetchone() == (sqlite_module.SCHEMA_VERSION,)
