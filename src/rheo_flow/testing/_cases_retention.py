@@ -22,8 +22,10 @@ async def _retained(env: CaseEnv, stream: str) -> list[tuple[int, int]]:
 @case(rules=["retention.policy", "stream.lifecycle", "delete.stream"],
       requires=["retention"])
 async def case_retention_policy_is_kept_with_the_stream(env: CaseEnv) -> None:
-    """A stream keeps the policy it was given until it is replaced or cleared; stream_info
-    and describe_streams report it; a stream created again after its deletion has none."""
+    """A stream keeps its retention policy until it is replaced, cleared or deleted.
+
+    stream_info and describe_streams report it; a stream created again after its
+    deletion has none; a bad policy is an InvalidArgument."""
     name = env.name("s")
     weekly = Retention(max_age=timedelta(days=7))
     info = await env.rheo.create_stream(name, partitions=2, retention=weekly)
@@ -63,8 +65,10 @@ async def case_retention_policy_is_kept_with_the_stream(env: CaseEnv) -> None:
 
 @case(rules=["retention.settled", "trim.removed"], requires=["retention", "trim"])
 async def case_retention_keeps_the_last_events(env: CaseEnv) -> None:
-    """max_events removes all but each partition's last N events once every group has
-    settled them; applying it again removes nothing more."""
+    """max_events removes all but each partition's last N settled events, once.
+
+    Applying it again removes nothing more; a policy given to apply_retention is
+    applied without being stored; without a policy nothing goes."""
     stream = await env.stream_with(5, 3, 0)
     await env.rheo.set_retention(stream, Retention(max_events=2))
     check_equal(await env.rheo.apply_retention(stream), {0: 3, 1: 1, 2: 0},
@@ -92,8 +96,10 @@ async def case_retention_keeps_the_last_events(env: CaseEnv) -> None:
 @case(rules=["retention.settled", "trim.bound", "frontier.contiguous"],
       requires=["retention", "trim"])
 async def case_retention_never_removes_an_unsettled_event(env: CaseEnv) -> None:
-    """A policy removes no event a group has not settled: not one leased, nacked, or
-    not yet fetched, whichever group it is; force lifts the cap, as for trim."""
+    """A retention policy never removes an event some group has not settled.
+
+    Not one leased, nacked, not yet fetched or behind a group's start, whichever
+    group it is; force lifts the cap, as for trim."""
     stream = await env.stream_with(6, 6)
     await env.rheo.create_group(stream, "late", start=2)  # settled up to 2 by its start
     await env.ack_ok(await env.drain(stream, "g"))
@@ -118,8 +124,9 @@ async def case_retention_never_removes_an_unsettled_event(env: CaseEnv) -> None:
 
 @case(rules=["retention.settled", "position.time"], requires=["retention", "trim"])
 async def case_retention_removes_events_past_their_age(env: CaseEnv) -> None:
-    """max_age removes the settled events appended longer ago than it by the backend's
-    clock: an event exactly max_age old stays, one a millisecond older goes."""
+    """max_age removes the settled events appended longer ago than it (backend clock).
+
+    An event exactly max_age old stays, one a millisecond older goes."""
     stream = await env.stream(partitions=2)
     old = await env.append(stream, 2, partition=0)
     await env.advance(_GAP_MS)
