@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from .._backend import Backend
 from .._model._errors import InvalidArgument, Unsupported
+from .._model._query import Query
 from .._model._stream import Retention, StreamInfo
 from .._model._validation import check_partition, check_sequence
 from ._positions import positions_at
@@ -83,9 +84,30 @@ async def retention_bounds(backend: Backend, info: StreamInfo, policy: Retention
         bounds = {p: max(0, info.high_water.get(p, 0) - policy.max_events) for p in bounds}
     if policy.max_age_ms is not None:
         cutoff = await backend.now_ms() - policy.max_age_ms
-        first = await positions_at(backend, info.name, cutoff, list(bounds))
-        bounds = {p: max(bound, first[p] - 1) for p, bound in bounds.items()}
+        for p, last in (await _older_than(backend, info, cutoff)).items():
+            bounds[p] = max(bounds[p], last)
     return bounds
+
+
+async def _older_than(backend: Backend, info: StreamInfo, cutoff: int) -> dict[int, int]:
+    """Per partition holding events appended before ``cutoff``, the last such sequence.
+
+    One read of each partition's first retained event tells the partitions with none
+    (a policy's steady state: a round costs one query per partition); only the others
+    are searched (:func:`~._positions.positions_at`)."""
+    older = []
+    for p in range(info.partitions):
+        low, high = info.low_water.get(p, 1), info.high_water.get(p, 0)
+        if low > high:
+            continue
+        query = Query(stream=info.name, partitions=[p], from_sequence=low, to_sequence=high)
+        first = await backend.query(query, 1, None)
+        if first and first[0].appended_at_ms < cutoff:
+            older.append(p)
+    if not older:
+        return {}
+    return {p: first - 1 for p, first in
+            (await positions_at(backend, info.name, cutoff, older)).items()}
 
 
 async def apply_retention(backend: Backend, stream: str, retention: Retention | None,
