@@ -12,8 +12,8 @@ import typer
 from .._backends._urls import redact_url
 from .._model._validation import MAX_PARTITIONS
 from ._command import Command
-from ._common import GroupArg, JsonOption, StreamArg, UrlOption, console, existing, run
-from ._ops import _done, _start
+from ._common import GroupArg, JsonOption, StreamArg, UrlOption, console, done, existing, run
+from ._ops import _start
 from ._retention import MaxAgeOption, MaxEventsOption, policy_of, policy_row, policy_text
 from ._times import TIME_HELP
 
@@ -49,10 +49,10 @@ def create_stream(
     info, created = run(out, go, url)
     count = info.partitions
     kept = "" if info.retention is None else f", retention {policy_text(info.retention)}"
-    _done(json, {"stream": stream, "partitions": count, "created": created,
-                 "retention": policy_row(info.retention)},
-          f"stream {stream} {'created' if created else 'exists'} with {count} partition(s)"
-          f"{kept} on {redact_url(url)}")
+    done(json, {"stream": stream, "partitions": count, "created": created,
+                "retention": policy_row(info.retention)},
+         f"stream {stream} {'created' if created else 'exists'} with {count} partition(s)"
+         f"{kept} on {redact_url(url)}")
 
 
 def create_group(
@@ -96,10 +96,10 @@ def create_group(
             return info.max_attempts, group not in before
 
     attempts, created = run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "ordering": chosen,
-                 "max_attempts": attempts, "created": created},
-          f"group {group} of {stream} {'created' if created else 'exists'} "
-          f"(ordering {chosen}, max attempts {attempts})")
+    done(json, {"stream": stream, "group": group, "ordering": chosen,
+                "max_attempts": attempts, "created": created},
+         f"group {group} of {stream} {'created' if created else 'exists'} "
+         f"(ordering {chosen}, max attempts {attempts})")
 
 
 def register(app: typer.Typer) -> None:

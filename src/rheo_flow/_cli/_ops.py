@@ -46,9 +46,6 @@ PartitionOption = Annotated[list[int] | None, typer.Option(
     show_default=False)]
 
 
-_done = done
-
-
 def append(
     url: UrlOption,
     stream: StreamArg,
@@ -142,8 +139,8 @@ def redrive(
             return await rheo.redrive(stream, group, letters)
 
     count = run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "redriven": count},
-          f"{stream}/{group}: {count} dead letter(s) redriven")
+    done(json, {"stream": stream, "group": group, "redriven": count},
+         f"{stream}/{group}: {count} dead letter(s) redriven")
 
 
 def replay(
@@ -183,9 +180,9 @@ def replay(
     position: dict[str, object] = (
         {"from_time": format_time(at)} if at is not None
         else {"from_sequence": from_sequence or 1})
-    _done(json, {"stream": stream, "group": group, **position,
-                 "partitions": partition or "all"},
-          f"{stream}/{group}: replaying from {start} ({where})")
+    done(json, {"stream": stream, "group": group, **position,
+                "partitions": partition or "all"},
+         f"{stream}/{group}: replaying from {start} ({where})")
 
 
 def _start(text: str) -> StartPosition | datetime:
@@ -226,9 +223,9 @@ def reset(
             await rheo.reset(stream, group, to=position, partitions=partition or "all")
 
     run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "to": shown,
-                 "partitions": partition or "all"},
-          f"{stream}/{group}: reset to {shown} ({where})")
+    done(json, {"stream": stream, "group": group, "to": shown,
+                "partitions": partition or "all"},
+         f"{stream}/{group}: reset to {shown} ({where})")
 
 
 def trim(
@@ -294,7 +291,7 @@ def delete_stream(url: UrlOption, stream: StreamArg, yes: YesOption = False,
             await rheo.delete_stream(stream)
 
     run(out, go, url)
-    _done(json, {"stream": stream, "deleted": True}, f"stream {stream} deleted")
+    done(json, {"stream": stream, "deleted": True}, f"stream {stream} deleted")
 
 
 def delete_group(url: UrlOption, stream: StreamArg, group: GroupArg, yes: YesOption = False,
@@ -310,8 +307,8 @@ def delete_group(url: UrlOption, stream: StreamArg, group: GroupArg, yes: YesOpt
             await rheo.delete_group(stream, group)
 
     run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "deleted": True},
-          f"group {group} of stream {stream} deleted")
+    done(json, {"stream": stream, "group": group, "deleted": True},
+         f"group {group} of stream {stream} deleted")
 
 
 def migrate(
@@ -353,8 +350,8 @@ def migrate(
         return "schema is in place"
 
     message = run(out, go, url)
-    _done(json, {"url": redact_url(url), "result": message},
-          f"{redact_url(url)}: {message}")
+    done(json, {"url": redact_url(url), "result": message},
+         f"{redact_url(url)}: {message}")
 
 
 def _partitions_text(partitions: list[int] | None) -> str:
