@@ -31,6 +31,15 @@ SCHEMA_7_INDEXES = ("deliveries_due", "deliveries_group_due", "ranges_expiry",
 """The indexes schema 7 added."""
 
 
+def undo_schema_8(conn: sqlite3.Connection) -> None:
+    """Drop what schema 8 added: the streams' retention columns, delayed delivery
+    (:func:`undo_delayed_delivery`) and ``groups.paused_until_ms``."""
+    conn.execute("ALTER TABLE streams DROP COLUMN retention_max_age_ms")
+    conn.execute("ALTER TABLE streams DROP COLUMN retention_max_events")
+    undo_delayed_delivery(conn)
+    conn.execute("ALTER TABLE groups DROP COLUMN paused_until_ms")
+
+
 def undo_schema_7(conn: sqlite3.Connection) -> None:
     """Drop what schema 7 added: its indexes and ``group_partitions.high_water``."""
     for index in SCHEMA_7_INDEXES:

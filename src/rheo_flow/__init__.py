@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from ._model._query import Page, Query
     from ._model._routing import partition_for
     from ._model._settle_results import Decision, SettleError, SettleKind, SettleResult, classify
-    from ._model._stream import DeadLetter, GroupInfo, StreamInfo
+    from ._model._stream import DeadLetter, GroupInfo, Retention, StreamInfo
     from ._rheo import Rheo
     from ._runtime._backoff import Backoff
     from ._runtime._group import Consumer, Group, consumer
@@ -99,6 +99,7 @@ __all__ = [
     "ProducerStats",
     "Query",
     "Reject",
+    "Retention",
     "Retry",
     "RetryPolicy",
     "Rheo",
@@ -164,6 +165,7 @@ _HOMES: Final[dict[str, str]] = {
     "classify": "._model._settle_results",
     "DeadLetter": "._model._stream",
     "GroupInfo": "._model._stream",
+    "Retention": "._model._stream",
     "StreamInfo": "._model._stream",
     "Rheo": "._rheo",
     "Backoff": "._runtime._backoff",

@@ -26,7 +26,8 @@ from ._model._event import Event
 from ._model._lease import Lease
 from ._model._query import Query
 from ._model._settle_results import SettleKind, SettleResult
-from ._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ._model._stream import DeadLetter, GroupInfo, Retention, StartPosition, StreamInfo
+from ._support._clock import system_clock
 
 __all__ = ["AppendRecord", "Backend"]
 
@@ -327,6 +328,20 @@ class Backend(ABC):
         contiguous frontier counting them as settled, and their leases become
         stale (rule ``trim.removed``).
         """
+
+    async def set_retention(self, stream: str, retention: Retention | None) -> None:
+        """Store ``retention`` as the stream's policy (``None`` clears it): what
+        ``StreamInfo.retention`` reports from then on (rule ``retention.settled``).
+        :class:`~rheo_flow.UnknownStream` when missing. Declared by
+        ``capabilities.retention``; this default raises :class:`~rheo_flow.Unsupported`.
+        """
+        raise Unsupported(self.name, "set_retention")
+
+    async def now_ms(self) -> int:
+        """The backend's clock in epoch milliseconds: the clock its appends are stamped
+        with (what a retention's ``max_age`` is measured on). This default reads the
+        system clock; a backend on a server's clock or an injected one overrides it."""
+        return system_clock()
 
     # Deletion ----------------------------------------------------------------
 

@@ -16,17 +16,17 @@ from ._facade._delay import scheduled_counts, undelayed
 from ._facade._in_transaction import ack_in_transaction, open_in_transaction
 from ._facade._pause import pause_group, resume_group
 from ._facade._positions import replay_at, reset_at
-from ._facade._reads import check_query_fields
-from ._facade._retention import trim_bounds
+from ._facade._reads import check_query_fields, dead_letter_positions, page_of
+from ._facade._retention import apply_retention, check_retention, store_retention, trim_bounds
 from ._facade._transaction import Transaction
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
 from ._model._errors import InvalidArgument, UnknownGroup
 from ._model._event import Event, NewEvent
 from ._model._lease import Lease
-from ._model._query import Page, Query, decode_cursor, encode_cursor
+from ._model._query import Page, Query, decode_cursor
 from ._model._settle_results import SettleResult, classify
-from ._model._stream import DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ._model._stream import DeadLetter, GroupInfo, Retention, StartPosition, StreamInfo
 from ._model._validation import (
     MAX_APPEND,
     MAX_PARTITIONS,
@@ -86,9 +86,8 @@ class Rheo:
             requested = from_url if requested is None else requested
             backend = backend_from_url(url)
         if not isinstance(backend, Backend):
-            raise InvalidArgument(
-                f"backend must be a URL or a Backend, got {type(backend).__name__}"
-            )
+            raise InvalidArgument("backend must be a URL or a Backend, not "
+                                  + type(backend).__name__)
         ceiling = backend.max_event_bytes_ceiling
         self._max_event_bytes = check_max_event_bytes(
             min(DEFAULT_MAX_EVENT_BYTES, ceiling or DEFAULT_MAX_EVENT_BYTES)
@@ -154,13 +153,25 @@ class Rheo:
 
     # Streams -----------------------------------------------------------------
 
-    async def create_stream(self, name: str, *, partitions: int = 1) -> StreamInfo:
-        """Create a stream (idempotent); another partition count is a ConflictError."""
+    async def create_stream(self, name: str, *, partitions: int = 1,
+                            retention: Retention | None = None) -> StreamInfo:
+        """Create a stream (idempotent); another partition count is a ConflictError.
+        ``retention`` (when given) becomes its policy, an existing stream's too."""
         check_name("stream", name)
         check_positive_int("partitions", partitions, maximum=MAX_PARTITIONS)
+        policy = check_retention(self._backend, retention)
         info = await self._backend.create_stream(name, partitions)
+        if policy is not None and info.retention != policy:
+            info = await store_retention(self._backend, name, policy)
         self._partitions_cache[name] = info.partitions
         return info
+
+    async def set_retention(self, stream: str, retention: Retention | None) -> StreamInfo:
+        """Make ``retention`` the stream's policy (``None`` clears it); see
+        :meth:`apply_retention`. Returns the stream's info."""
+        check_name("stream", stream)
+        return await store_retention(self._backend, stream, check_retention(
+            self._backend, retention))
 
     async def stream_info(self, name: str) -> StreamInfo:
         """A stream's metadata (partitions, high and low water marks)."""
@@ -245,8 +256,7 @@ class Rheo:
 
     async def _create_group(self, stream: str, group: str, start: StartPosition,
                             max_attempts: int | None, ordering: str | None) -> GroupInfo:
-        """:meth:`create_group`; ``ordering=None`` takes an existing group's ordering
-        whatever it is (``"none"`` at creation)."""
+        """:meth:`create_group`; ``ordering=None``: an existing group's, whatever it is."""
         check_name("stream", stream)
         check_name("group", group)
         check_start("start", start)
@@ -255,9 +265,8 @@ class Rheo:
         key_ordering = self._backend.capabilities.key_ordering
         if ordering == "key":
             if not key_ordering:
-                raise InvalidArgument(
-                    f'ordering="key" needs a backend declaring the key_ordering capability; '
-                    f"backend {self._backend.name!r} does not (docs/ordering.md)")
+                raise InvalidArgument(f'ordering="key" needs a backend declaring key_ordering; '
+                                      f"backend {self._backend.name!r} does not (docs/ordering.md)")
             info = await self._backend.create_group(
                 stream, group, start, max_attempts, ordering="key")
         else:
@@ -352,9 +361,9 @@ class Rheo:
                 raise InvalidArgument(f"expected Lease objects, got {type(lease).__name__}")
         return items
 
-    async def _settle_call(
-        self, op: str, leases: list[Lease], call: Callable[[], Awaitable[list[SettleResult]]]
-    ) -> list[SettleResult]:
+    async def _settle_call(self, op: str, leases: list[Lease],
+                           call: Callable[[], Awaitable[list[SettleResult]]]
+                           ) -> list[SettleResult]:
         if not leases:
             return []
         with _telemetry.settling(op, leases, self._backend, self._max_attempts) as telemetry:
@@ -409,19 +418,16 @@ class Rheo:
 
     async def reject(self, leases: Lease | Iterable[Lease], reason: str, *,
                      error: str | None = None) -> list[SettleResult]:
-        """Dead-letter leases for their group; one result per lease.
-
-        ``error`` is recorded as the dead letters' last error (see :meth:`nack`).
-        """
+        """Dead-letter leases for their group; one result per lease. ``error`` is recorded
+        as the dead letters' last error (see :meth:`nack`)."""
         items = self._leases(leases)
         check_reason(reason)
         error = check_error(error)
         backend = self._backend
         if error is None or not backend.capabilities.last_error:
-            return await self._settle_call(
-                "reject", items, lambda: backend.reject(items, reason))
-        return await self._settle_call(
-            "reject", items, lambda: backend.reject(items, reason, error))
+            return await self._settle_call("reject", items, lambda: backend.reject(items, reason))
+        return await self._settle_call("reject", items,
+                                       lambda: backend.reject(items, reason, error))
 
     async def renew(self, leases: Lease | Iterable[Lease], *, lease_ms: int = DEFAULT_LEASE_MS
                     ) -> list[SettleResult]:
@@ -476,14 +482,7 @@ class Rheo:
         """Make dead letters deliverable again (all when none are given); returns the count."""
         check_name("stream", stream)
         check_name("group", group)
-        positions = None
-        if dead_letters is not None:
-            positions = []
-            for d in dead_letters:
-                if not isinstance(d, DeadLetter) or (d.stream, d.group) != (stream, group):
-                    raise InvalidArgument(f"not a dead letter of {stream}/{group}: {d!r}")
-                positions.append((check_sequence("partition", d.partition),
-                                  check_sequence("sequence", d.sequence)))
+        positions = dead_letter_positions(stream, group, dead_letters)
         return await self._backend.redrive(stream, group, positions)
 
     async def replay(self, stream: str, group: str, *, from_sequence: int = 1,
@@ -527,12 +526,7 @@ class Rheo:
             self._partitions(query.partitions, count)
         check_query_fields(query)
         after = None if cursor is None else decode_cursor(cursor)
-        events = await self._backend.query(query, limit + 1, after)
-        if len(events) > limit:
-            events = events[:limit]
-            last = events[-1]
-            return Page(events, encode_cursor(last.partition, last.sequence))
-        return Page(events, None)
+        return page_of(await self._backend.query(query, limit + 1, after), limit)
 
     async def stream_query(self, query: Query, *, page_size: int = 500) -> AsyncIterator[Event]:
         """Every event matching ``query``, fetched page by page."""
@@ -545,9 +539,8 @@ class Rheo:
                 return
             cursor = page.cursor
 
-    async def trim(
-        self, stream: str, *, up_to: int | Mapping[int, int] | None = None, force: bool = False
-    ) -> dict[int, int]:
+    async def trim(self, stream: str, *, up_to: int | Mapping[int, int] | None = None,
+                   force: bool = False) -> dict[int, int]:
         """Remove old events; returns how many were removed per partition.
 
         ``up_to`` is an inclusive sequence (for every partition, or per partition);
@@ -558,6 +551,14 @@ class Rheo:
         count = await self._partition_count(stream)
         bounds = await trim_bounds(self._backend, stream, count, up_to, force)
         return await self._backend.trim(stream, bounds)
+
+    async def apply_retention(self, stream: str, retention: Retention | None = None, *,
+                              force: bool = False) -> dict[int, int]:
+        """Trim as ``retention`` says (default: the stream's stored policy; none removes
+        nothing): only events every group has settled unless ``force``. Returns how many
+        events were removed per partition (docs/contract.md, ``retention.settled``)."""
+        check_name("stream", stream)
+        return await apply_retention(self._backend, stream, retention, force)
 
     async def delete_stream(self, stream: str) -> None:
         """Remove a stream and everything of it: events, groups, deliveries, dead letters.

@@ -30,7 +30,7 @@ from ._model._errors import InvalidArgument
 from ._model._event import Event, NewEvent
 from ._model._lease import Lease
 from ._model._settle_results import SettleResult
-from ._model._stream import StreamInfo
+from ._model._stream import Retention, StreamInfo
 from ._rheo import Rheo as AsyncRheo
 from ._support._blocking import CallerThread
 
@@ -138,10 +138,11 @@ class Rheo:
 
         return self._call("run", call)
 
-    def create_stream(self, name: str, *, partitions: int = 1) -> StreamInfo:
+    def create_stream(self, name: str, *, partitions: int = 1,
+                      retention: Retention | None = None) -> StreamInfo:
         """:meth:`rheo_flow.Rheo.create_stream`."""
-        return self._call("create_stream",
-                          lambda: self._rheo.create_stream(name, partitions=partitions))
+        return self._call("create_stream", lambda: self._rheo.create_stream(
+            name, partitions=partitions, retention=retention))
 
     def stream_info(self, name: str) -> StreamInfo:
         """:meth:`rheo_flow.Rheo.stream_info`."""

@@ -116,7 +116,7 @@ def test_streams_lists_the_demo_stream(demo_db: str) -> None:
     result = runner.invoke(app, ["streams", "--url", demo_db])
     output = _plain(result.output)
     assert result.exit_code == 0, output
-    assert re.search(r"orders\s+3\s+150\s+150\s+billing, shipping", output), output
+    assert re.search(r"orders\s+3\s+150\s+150\s+-\s+billing, shipping", output), output
 
 
 def test_lag_shows_every_partition_caught_up(demo_db: str) -> None:

@@ -47,7 +47,7 @@ def url(tmp_path: Path) -> str:
 
 def test_create_stream_and_group(url: str) -> None:
     assert _json(_cli(url, "create-stream", "orders", "-p", "3", "--json")) == {
-        "stream": "orders", "partitions": 3, "created": True}
+        "stream": "orders", "partitions": 3, "created": True, "retention": None}
     again = _cli(url, "create-stream", "orders", "-p", "3")
     assert again.exit_code == 0, again.output
     assert "stream orders exists with 3 partition(s)" in again.stdout

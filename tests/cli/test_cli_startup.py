@@ -154,9 +154,10 @@ def test_the_entry_point_runs_the_command_with_the_collector_on() -> None:
 
 def test_streams_prints_the_table_rich_would(store: str) -> None:
     out, _, _ = _run("streams", "--url", store)
-    rows = [[f"s{i}", str(i + 1), "0", "0", "g"] for i in range(3)]
+    rows = [[f"s{i}", str(i + 1), "0", "0", "-", "g"] for i in range(3)]
     console = Console(file=io.StringIO(), highlight=False, soft_wrap=True, width=100_000)
-    console.print(rich_table(store, ("stream", "partitions", "events", "retained", "groups"),
+    console.print(rich_table(store, ("stream", "partitions", "events", "retained", "retention",
+                                     "groups"),
                              NUMERIC, rows))
     assert out == console.file.getvalue()  # type: ignore[attr-defined]
 

@@ -13,13 +13,15 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from rheo_flow import ACK, NewEvent, Rheo, consumer
+from rheo_flow import ACK, BackendUnavailable, NewEvent, Retention, Rheo, consumer
+from rheo_flow._cli.worker._retention import apply_retention_once
+from rheo_flow.backends import MemoryBackend
 from rheo_flow.pipeline import Message, Pipeline, PipelineHandler, Processors
 
 WaitUntil = Callable[..., Awaitable[None]]
@@ -101,7 +103,8 @@ class App:
     async def worker(self, *args: str, block: bool = True,
                      url: str | None = None) -> asyncio.subprocess.Process:
         index = len(self.procs)
-        path = os.pathsep.join([str(self.dir), *filter(None, [os.environ.get("PYTHONPATH")])])
+        # The caller's PYTHONPATH stays after the app's: the worker runs the code under test.
+        path = os.pathsep.join(filter(None, [str(self.dir), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path, "WORKER_TEST_DIR": str(self.dir),
                "WORKER_TEST_BLOCK": "1" if block else "0"}
         env.pop("RHEO_URL", None)
@@ -483,3 +486,64 @@ async def test_pipeline_drain_hand_back_returns_queued_messages_at_once(
     assert handler.started == [1]
     stats = pipeline.stats()
     assert (stats.acked, stats.nacked) == (1, 4)
+
+
+async def test_the_worker_applies_the_retention_policy(sqlite_app: App,
+                                                       wait_until: WaitUntil) -> None:
+    """A worker applies the stored policy of the streams it consumes on its schedule: the
+    events its group settled go, all but the last three (max_events)."""
+    app = sqlite_app
+    async with Rheo(app.url) as rheo:
+        await rheo.set_retention("jobs", Retention(max_events=3))
+    proc = await app.worker("app:jobs", "--url", app.url, "--retention-interval", "100ms",
+                            "--log-level", "DEBUG", block=False)
+
+    async def low_water() -> int:
+        async with Rheo(app.url) as rheo:
+            return (await rheo.stream_info("jobs")).low_water[0]
+
+    await wait_until(lambda: app.count("done-") == EVENTS, timeout=20)
+    await wait_until(lambda: _equals(low_water(), EVENTS - 2), timeout=20,
+                     message="the worker trimmed all but the last 3 events")
+    proc.send_signal(signal.SIGTERM)
+    assert await app.exit_status(proc) == 0, app.log(proc)
+    assert "retention removed" in app.log(proc)
+
+
+async def test_no_retention_with_interval_zero(sqlite_app: App) -> None:
+    app = sqlite_app
+    async with Rheo(app.url) as rheo:
+        await rheo.set_retention("jobs", Retention(max_events=1))
+    proc = await app.worker("app:jobs", "--url", app.url, "--retention-interval", "0",
+                            "--until-empty", block=False)
+    assert await app.exit_status(proc) == 0, app.log(proc)
+    async with Rheo(app.url) as rheo:
+        assert (await rheo.stream_info("jobs")).low_water[0] == 1
+
+
+async def _equals(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
+
+
+async def test_a_failed_retention_round_is_logged_not_raised(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A failing trim is logged with the stream's name and the round goes on with the
+    next stream; nothing is raised (the worker's schedule tries again next time)."""
+
+    class Failing(MemoryBackend):
+        async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
+            if stream == "bad":
+                raise BackendUnavailable("the store is away")
+            return await super().trim(stream, up_to)
+
+    async with Rheo(Failing()) as rheo:
+        for name in ("bad", "good", "plain"):
+            await rheo.create_stream(name, retention=None if name == "plain" else
+                                     Retention(max_events=1))
+            await rheo.append(name, [NewEvent("t", {}) for _ in range(3)])
+        with caplog.at_level("INFO", logger="rheo_flow.worker"):
+            removed = await apply_retention_once(rheo, ["bad", "good", "plain"], "memory://")
+    assert removed == {"good": 2}
+    assert "retention of stream bad failed" in caplog.text
+    assert "the store is away" in caplog.text
+    assert "retention removed 2 event(s) from stream good" in caplog.text

@@ -365,5 +365,5 @@ def test_bad_urls_and_no_secrets_in_messages(url: str, message: str) -> None:
 
 
 def test_backend_must_be_url_or_backend() -> None:
-    with pytest.raises(InvalidArgument, match="backend must be a URL or a Backend, got int"):
+    with pytest.raises(InvalidArgument, match="backend must be a URL or a Backend, not int"):
         Rheo(42)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from _doc_blocks import expected_output, python_blocks
-from _sqlite_ranges import ranges_to_delivery_rows, undo_schema_7
+from _sqlite_ranges import ranges_to_delivery_rows, undo_schema_7, undo_schema_8
 from rheo_flow import ACK, Capabilities, Event, InvalidArgument, NewEvent, Rheo, consumer
 from rheo_flow._backends import sqlite as sqlite_module
 from rheo_flow.backends import MemoryBackend, SQLiteBackend
@@ -119,6 +119,7 @@ async def test_a_version_3_sqlite_file_upgrades_in_place(tmp_path: Path) -> None
         await rheo.ack(first)
     conn = sqlite3.connect(db)
     try:  # back to what version 3 left: no ranges, ordering, delivery key or index
+        undo_schema_8(conn)
         undo_schema_7(conn)
         ranges_to_delivery_rows(conn)
         conn.execute("DROP INDEX deliveries_keyed")

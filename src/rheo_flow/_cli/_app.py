@@ -23,7 +23,7 @@ from rich.console import Console
 
 from .. import __version__
 from .._faults._cli import torture as _torture
-from . import _create, _inspect, _ops, _pause
+from . import _create, _inspect, _ops, _pause, _retention
 from ._command import Command, Group
 from ._common import run
 from .demo._state import DemoConfig
@@ -135,6 +135,7 @@ _inspect.register(app)
 _ops.register(app)
 _create.register(app)
 _pause.register(app)
+_retention.register(app)
 # Kept in their own modules; registered here so that they are commands of this app.
 app.command("torture", cls=Command)(_torture)
 app.command("worker", cls=Command)(_worker)

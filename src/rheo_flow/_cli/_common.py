@@ -26,6 +26,7 @@ __all__ = [
     "YesOption",
     "confirm",
     "console",
+    "done",
     "emit",
     "errors",
     "existing",
@@ -124,6 +125,15 @@ def confirm(out: Console, question: str, yes: bool) -> None:
     if not typer.confirm(f"{question}?", default=False):
         out.print("aborted: nothing changed")
         raise typer.Exit(1)
+
+
+def done(json: bool, row: dict[str, Any], message: str) -> None:
+    """Report a change: a JSON line, or a check mark and ``message``."""
+    out = console()
+    if json:
+        out.out(orjson.dumps(row).decode(), highlight=False)
+    else:
+        out.print(f"[green]✓[/] {escape(message)}")
 
 
 def emit(out: Console, json: bool, title: str, columns: Iterable[str],

@@ -5,16 +5,20 @@ no-op that says so; other settings are an error naming the difference."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
 from .._backends._urls import redact_url
 from .._model._validation import MAX_PARTITIONS
 from ._command import Command
-from ._common import GroupArg, JsonOption, StreamArg, UrlOption, console, existing, run
-from ._ops import _done, _start
+from ._common import GroupArg, JsonOption, StreamArg, UrlOption, console, done, existing, run
+from ._ops import _start
+from ._retention import MaxAgeOption, MaxEventsOption, policy_of, policy_row, policy_text
 from ._times import TIME_HELP
+
+if TYPE_CHECKING:
+    from .._model._stream import StreamInfo
 
 __all__ = ["register"]
 
@@ -25,23 +29,30 @@ def create_stream(
     partitions: Annotated[int, typer.Option(
         "--partitions", "-p", min=1, max=MAX_PARTITIONS,
         help="Partitions (fixed once created).")] = 1,
+    max_age: MaxAgeOption = None,
+    max_events: MaxEventsOption = None,
     json: JsonOption = False,
 ) -> None:
-    """Create a stream (a no-op if it exists with as many partitions)."""
+    """Create a stream (a no-op if it exists with as many partitions); --max-age and
+    --max-events set its retention policy (an existing stream's too)."""
     out = console()
+    policy = policy_of(max_age, max_events)
 
-    async def go() -> tuple[int, bool]:
+    async def go() -> tuple[StreamInfo, bool]:
         from .._rheo import Rheo
 
         async with Rheo(existing(url)) as rheo:
             before = set(await rheo.streams())
-            info = await rheo.create_stream(stream, partitions=partitions)
-            return info.partitions, stream not in before
+            info = await rheo.create_stream(stream, partitions=partitions, retention=policy)
+            return info, stream not in before
 
-    count, created = run(out, go, url)
-    _done(json, {"stream": stream, "partitions": count, "created": created},
-          f"stream {stream} {'created' if created else 'exists'} with {count} partition(s) "
-          f"on {redact_url(url)}")
+    info, created = run(out, go, url)
+    count = info.partitions
+    kept = "" if info.retention is None else f", retention {policy_text(info.retention)}"
+    done(json, {"stream": stream, "partitions": count, "created": created,
+                "retention": policy_row(info.retention)},
+         f"stream {stream} {'created' if created else 'exists'} with {count} partition(s)"
+         f"{kept} on {redact_url(url)}")
 
 
 def create_group(
@@ -85,10 +96,10 @@ def create_group(
             return info.max_attempts, group not in before
 
     attempts, created = run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "ordering": chosen,
-                 "max_attempts": attempts, "created": created},
-          f"group {group} of {stream} {'created' if created else 'exists'} "
-          f"(ordering {chosen}, max attempts {attempts})")
+    done(json, {"stream": stream, "group": group, "ordering": chosen,
+                "max_attempts": attempts, "created": created},
+         f"group {group} of {stream} {'created' if created else 'exists'} "
+         f"(ordering {chosen}, max attempts {attempts})")
 
 
 def register(app: typer.Typer) -> None:

@@ -29,6 +29,7 @@ from ._common import (
     existing,
     run,
 )
+from ._retention import policy_row, policy_text
 from ._table import print_lines, print_table, rich_table
 
 if TYPE_CHECKING:  # the facade and rich's live display load when a command runs
@@ -61,12 +62,17 @@ def streams(url: UrlOption, json: JsonOption = False) -> None:
                                     for p in info.high_water),
                     "groups": [g.group for g in groups],
                     "created_at_ms": info.created_at_ms,
+                    "retention": policy_row(info.retention),
+                    "policy": policy_text(info.retention),
                 })
         return rows
 
-    emit(out, json, redact_url(url), ("stream", "partitions", "events", "retained", "groups"),
-         run(out, go, url), lambda r: [r["stream"], str(r["partitions"]), f"{r['events']:,}",
-                                      f"{r['retained']:,}", ", ".join(r["groups"]) or "-"])
+    rows = run(out, go, url)
+    emit(out, json, redact_url(url),
+         ("stream", "partitions", "events", "retained", "retention", "groups"),
+         rows if not json else [{k: v for k, v in r.items() if k != "policy"} for r in rows],
+         lambda r: [r["stream"], str(r["partitions"]), f"{r['events']:,}",
+                    f"{r['retained']:,}", r["policy"], ", ".join(r["groups"]) or "-"])
 
 
 def groups(url: UrlOption, stream: StreamArg, json: JsonOption = False) -> None:

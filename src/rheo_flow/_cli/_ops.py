@@ -28,6 +28,7 @@ from ._common import (
     YesOption,
     confirm,
     console,
+    done,
     emit,
     errors,
     existing,
@@ -43,15 +44,6 @@ __all__ = ["register"]
 PartitionOption = Annotated[list[int] | None, typer.Option(
     "--partition", "-p", min=0, help="Only this partition (repeat for several; default: all).",
     show_default=False)]
-
-
-def _done(json: bool, row: dict[str, Any], message: str) -> None:
-    """Report a change: a JSON line, or a check mark and ``message``."""
-    out = console()
-    if json:
-        out.out(orjson.dumps(row).decode(), highlight=False)
-    else:
-        out.print(f"[green]✓[/] {escape(message)}")
 
 
 def append(
@@ -147,8 +139,8 @@ def redrive(
             return await rheo.redrive(stream, group, letters)
 
     count = run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "redriven": count},
-          f"{stream}/{group}: {count} dead letter(s) redriven")
+    done(json, {"stream": stream, "group": group, "redriven": count},
+         f"{stream}/{group}: {count} dead letter(s) redriven")
 
 
 def replay(
@@ -188,9 +180,9 @@ def replay(
     position: dict[str, object] = (
         {"from_time": format_time(at)} if at is not None
         else {"from_sequence": from_sequence or 1})
-    _done(json, {"stream": stream, "group": group, **position,
-                 "partitions": partition or "all"},
-          f"{stream}/{group}: replaying from {start} ({where})")
+    done(json, {"stream": stream, "group": group, **position,
+                "partitions": partition or "all"},
+         f"{stream}/{group}: replaying from {start} ({where})")
 
 
 def _start(text: str) -> StartPosition | datetime:
@@ -231,9 +223,9 @@ def reset(
             await rheo.reset(stream, group, to=position, partitions=partition or "all")
 
     run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "to": shown,
-                 "partitions": partition or "all"},
-          f"{stream}/{group}: reset to {shown} ({where})")
+    done(json, {"stream": stream, "group": group, "to": shown,
+                "partitions": partition or "all"},
+         f"{stream}/{group}: reset to {shown} ({where})")
 
 
 def trim(
@@ -242,20 +234,42 @@ def trim(
     up_to: Annotated[int | None, typer.Option(
         "--up-to", min=1, help="Remove events up to this sequence, in every partition "
         "(default: as far as every group has settled).", show_default=False)] = None,
+    older_than: Annotated[str | None, typer.Option(
+        "--older-than", help="Remove the events appended longer ago than this duration "
+        "(90s, 12h, 7d).", show_default=False)] = None,
+    keep: Annotated[int | None, typer.Option(
+        "--keep", min=1, help="Remove all but the last N events of each partition.",
+        show_default=False)] = None,
+    retention: Annotated[bool, typer.Option(
+        "--retention", help="Remove what the stream's stored retention policy lets go "
+        "(rheo-flow retention).")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Also remove events a group has not settled yet.")] = False,
     yes: YesOption = False,
     json: JsonOption = False,
 ) -> None:
     """Remove old events; unless --force, only those every group has settled."""
+    from ._retention import policy_of, policy_text
+
     out = console()
-    bound = "what every group has settled" if up_to is None else f"sequence {up_to}"
-    confirm(out, f"trim {stream} up to {bound}{' (forced)' if force else ''}", yes)
+    policy = policy_of(older_than, keep, age_option="--older-than")
+    if sum((up_to is not None, policy is not None, retention)) > 1:
+        raise typer.BadParameter("give one of --up-to, --retention, or --older-than and/or "
+                                 "--keep", param_hint="--up-to")
+    bound = ("what every group has settled" if up_to is None else f"sequence {up_to}")
+    what = (f"up to {bound}" if policy is None and not retention else "by its retention policy"
+            if retention else f"by {policy_text(policy)}")
+    confirm(out, f"trim {stream} {what}{' (forced)' if force else ''}", yes)
 
     async def go() -> dict[int, int]:
         from .._rheo import Rheo
 
         async with Rheo(existing(url)) as rheo:
+            if retention and (await rheo.stream_info(stream)).retention is None:
+                raise InvalidArgument(f"stream {stream!r} has no retention policy: set one "
+                                      "with rheo-flow retention, or give --older-than/--keep")
+            if retention or policy is not None:
+                return await rheo.apply_retention(stream, policy, force=force)
             return await rheo.trim(stream, up_to=up_to, force=force)
 
     removed = run(out, go, url)
@@ -277,7 +291,7 @@ def delete_stream(url: UrlOption, stream: StreamArg, yes: YesOption = False,
             await rheo.delete_stream(stream)
 
     run(out, go, url)
-    _done(json, {"stream": stream, "deleted": True}, f"stream {stream} deleted")
+    done(json, {"stream": stream, "deleted": True}, f"stream {stream} deleted")
 
 
 def delete_group(url: UrlOption, stream: StreamArg, group: GroupArg, yes: YesOption = False,
@@ -293,8 +307,8 @@ def delete_group(url: UrlOption, stream: StreamArg, group: GroupArg, yes: YesOpt
             await rheo.delete_group(stream, group)
 
     run(out, go, url)
-    _done(json, {"stream": stream, "group": group, "deleted": True},
-          f"group {group} of stream {stream} deleted")
+    done(json, {"stream": stream, "group": group, "deleted": True},
+         f"group {group} of stream {stream} deleted")
 
 
 def migrate(
@@ -336,8 +350,8 @@ def migrate(
         return "schema is in place"
 
     message = run(out, go, url)
-    _done(json, {"url": redact_url(url), "result": message},
-          f"{redact_url(url)}: {message}")
+    done(json, {"url": redact_url(url), "result": message},
+         f"{redact_url(url)}: {message}")
 
 
 def _partitions_text(partitions: list[int] | None) -> str:

@@ -9,13 +9,39 @@ from typing import Final
 
 import typer
 
-__all__ = ["TIME_HELP", "format_time", "looks_like_time", "parse_time"]
+__all__ = ["DURATION_HELP", "TIME_HELP", "format_duration", "format_time", "looks_like_time",
+           "parse_duration", "parse_time"]
 
 TIME_HELP: Final = ("an ISO 8601 time with its timezone (2026-12-07T09:30:00Z, "
                     "2026-12-07T10:30+01:00) or a duration before now (-90s, -15m, -2h, -7d)")
 
+DURATION_HELP: Final = "a duration: a whole number and a unit, ms, s, m, h or d (90s, 12h, 7d)"
+
 _AGO: Final = re.compile(r"-(\d+)([smhd])")
 _UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+_DURATION: Final = re.compile(r"(\d+)(ms|[smhd])")
+_UNIT_MS: Final = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1))
+
+
+def parse_duration(text: str) -> timedelta:
+    """The positive duration ``text`` names (``90s``, ``12h``, ``7d``); a bad one is a
+    ``typer.BadParameter`` saying why."""
+    found = _DURATION.fullmatch(text.strip())
+    if found is None or int(found.group(1)) == 0:
+        raise typer.BadParameter(f"expected {DURATION_HELP}, above 0, got {text!r}")
+    unit_ms = dict(_UNIT_MS)[found.group(2)]
+    try:
+        return timedelta(milliseconds=int(found.group(1)) * unit_ms)
+    except OverflowError:
+        raise typer.BadParameter(f"{text!r} is too long a duration") from None
+
+
+def format_duration(ms: int) -> str:
+    """``ms`` in the largest unit that states it exactly (``7d``, ``90s``, ``1500ms``)."""
+    for unit, size in _UNIT_MS:
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"  # pragma: no cover - the last unit divides every ms
 
 
 def looks_like_time(text: str) -> bool:

@@ -49,6 +49,10 @@ class Capabilities:
     """Queries may filter on the append time."""
     trim: bool = True
     """``trim`` removes events."""
+    retention: bool = False
+    """Streams keep a retention policy (:class:`~rheo_flow.Retention`): the backend
+    implements :meth:`~rheo_flow.Backend.set_retention` and reports the policy in
+    ``StreamInfo.retention`` (rule ``retention.settled``)."""
     key_ordering: bool = False
     """Groups may be created with ``ordering="key"`` (docs/ordering.md): the backend's own
     fetch then leases a delivery of key K only once every earlier delivery of K in its

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal, TypeAlias
 
-__all__ = ["PAUSED_UNTIL_RESUMED", "DeadLetter", "GroupInfo", "StartPosition", "StreamInfo",
-           "paused_state"]
+from ._errors import InvalidArgument
+
+__all__ = ["PAUSED_UNTIL_RESUMED", "DeadLetter", "GroupInfo", "Retention", "StartPosition",
+           "StreamInfo", "paused_state"]
+
+_MS = timedelta(milliseconds=1)
+MAX_RETENTION_EVENTS = 2**62
 
 StartPosition: TypeAlias = Literal["earliest", "latest"] | int
 """Where a new group starts, or where ``reset`` moves it: the earliest event,
@@ -29,6 +35,55 @@ def paused_state(stored_until_ms: int, now_ms: int) -> tuple[bool, int | None]:
 
 
 @dataclass(frozen=True, slots=True)
+class Retention:
+    """A stream's retention policy (docs/contract.md, rule ``retention.settled``): what
+    :meth:`~rheo_flow.Rheo.apply_retention` may remove, per partition.
+
+    ``max_age``: events appended longer ago than this (by the backend's clock) go;
+    ``max_events``: all but the last ``max_events`` events of each partition go. At
+    least one is set; with both, an event goes when either says so. Either way only
+    events every group has settled are removed.
+    """
+
+    max_age: timedelta | None = None
+    """The age past which an event goes: a positive whole number of milliseconds."""
+    max_events: int | None = None
+    """How many of its latest events each partition keeps (at least 1)."""
+
+    def __post_init__(self) -> None:
+        if self.max_age is None and self.max_events is None:
+            raise InvalidArgument("a retention policy sets max_age, max_events or both")
+        if self.max_age is not None:
+            if not isinstance(self.max_age, timedelta):
+                raise InvalidArgument(
+                    f"max_age must be a timedelta, got {type(self.max_age).__name__}")
+            if self.max_age < _MS or self.max_age % _MS:
+                raise InvalidArgument(
+                    f"max_age must be a positive whole number of milliseconds, got "
+                    f"{self.max_age!r}")
+        if self.max_events is not None and (
+                isinstance(self.max_events, bool) or not isinstance(self.max_events, int)
+                or not 1 <= self.max_events <= MAX_RETENTION_EVENTS):
+            raise InvalidArgument(
+                f"max_events must be an int from 1 to {MAX_RETENTION_EVENTS}, got "
+                f"{self.max_events!r}")
+
+    @property
+    def max_age_ms(self) -> int | None:
+        """``max_age`` in milliseconds (``None`` when unset)."""
+        return None if self.max_age is None else self.max_age // _MS
+
+    @classmethod
+    def from_ms(cls, max_age_ms: int | None, max_events: int | None) -> Retention | None:
+        """The policy stored as ``max_age_ms`` and ``max_events`` (``None`` when neither
+        is set: the stream has no policy)."""
+        if max_age_ms is None and max_events is None:
+            return None
+        return cls(None if max_age_ms is None else timedelta(milliseconds=max_age_ms),
+                   max_events)
+
+
+@dataclass(frozen=True, slots=True)
 class StreamInfo:
     """A stream's metadata: partition count and per-partition sequence bounds."""
 
@@ -39,6 +94,8 @@ class StreamInfo:
     """Highest appended sequence per partition (0 when empty)."""
     low_water: Mapping[int, int]
     """Lowest retained sequence per partition (``high_water + 1`` when nothing is retained)."""
+    retention: Retention | None = None
+    """The stream's retention policy (``None``: none; events stay until trimmed)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,8 +74,8 @@ class Case:
 
 
 _AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "ordering_scans",
-          "ordering_redrive", "progress", "reads", "deletion", "pause", "time", "delay",
-          "isolation",
+          "ordering_redrive", "progress", "reads", "retention", "deletion", "pause", "time",
+          "delay", "isolation",
           "transaction"]
 
 

@@ -5,6 +5,8 @@ Hypothesis drives appends (with duplicate ids, also of trimmed events), fetches
 rejects (with and without an error), renews (short and long), expiries, clock
 advances, replays, redrives (chosen dead letters, and all of them), resets,
 trims (forced and capped at the frontier, when the backend declares ``trim``),
+retention policies applied (stored with the stream when the backend declares
+``retention``; by count, and by age on an exact clock),
 paged dead-letter listings, group and stream deletions (created again under
 the same name) and, on a harness with independent stores, appends, fetches and
 settles on a second store with the same names (:mod:`._stateful_other`)
@@ -50,7 +52,7 @@ from hypothesis.stateful import (
 )
 
 from .._model._lease import Lease
-from .._model._stream import DeadLetter, StartPosition
+from .._model._stream import DeadLetter, Retention, StartPosition
 from ._case import LONG_MS, ConformanceFailure, check, check_equal
 from ._harness import BackendHarness
 from ._stateful_base import (
@@ -273,6 +275,43 @@ class ConformanceMachine(RedriveAndDeletionRules, OtherStoreRules):
         bounds = {p: self.model.low_water[p] if (b := self.model.bound_below_settled(p))
                   is None else b for p in selected}
         self.run(self._trim(bounds, bounds, True))
+
+    @precondition(lambda self: self.can_trim)
+    @rule(keep=st.sampled_from([None, 0, 1, 2, 5]), pick=st.integers(0, 99),
+          shift=st.sampled_from([None, 0, 1]), force=st.booleans(), stored=st.booleans())
+    def apply_retention(self, keep: int | None, pick: int, shift: int | None, force: bool,
+                        stored: bool) -> None:
+        """Apply a retention policy (stored with the stream when the backend declares
+        ``retention``, else given to ``apply_retention``): ``max_events`` ``keep + 1``
+        and, on an exact clock, a ``max_age`` putting the cut at a retained event's stamp
+        (``shift`` 0) or a millisecond after it (1); on a real clock an age that removes
+        nothing (the cut's moment is not known to the millisecond)."""
+        self.run(self._apply_retention(keep, pick, shift, force, stored))
+
+    async def _apply_retention(self, keep: int | None, pick: int, shift: int | None,
+                               force: bool, stored: bool) -> None:
+        model = self.model
+        bounds = {p: 0 if keep is None else max(0, model.high_water[p] - keep - 1)
+                  for p in range(PARTITIONS)}
+        age: timedelta | None = None
+        stamps = sorted(d.event.appended_at_ms for (p, s), d in model.deliveries.items()
+                        if s >= model.low_water[p])
+        if shift is not None and self.harness.exact_time and stamps:
+            now = await self.now()
+            cut = stamps[pick % len(stamps)] + shift
+            age = timedelta(milliseconds=max(1, now - cut))
+            bounds = {p: max(b, model.position_at(p, now - age // timedelta(milliseconds=1))
+                             - 1) for p, b in bounds.items()}
+        elif shift is not None or keep is None:
+            age = timedelta(days=365)
+        policy = Retention(max_age=age, max_events=None if keep is None else keep + 1)
+        if stored and self.backend.capabilities.retention:
+            info = await self.rheo.set_retention(self.stream, policy)
+            check_equal(info.retention, policy, "set_retention returns the policy")
+            removed = await self.rheo.apply_retention(self.stream, force=force)
+        else:
+            removed = await self.rheo.apply_retention(self.stream, policy, force=force)
+        self.model.check_trim(bounds, removed, force=force, t1=await self.now())
 
     async def _trim(self, requested: dict[int, int], up_to: int | dict[int, int] | None,
                     force: bool) -> None:

@@ -11,6 +11,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from rheo_flow import (
     Lease,
     NewEvent,
     Query,
+    Retention,
     Rheo,
     SettleKind,
     consumer,
@@ -257,6 +259,10 @@ async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, versi
         assert all(r.ok for r in await rheo.reject(last, "bad", error="KeyError: 'sku'"))
         [dead] = await rheo.dead_letters("s", "g")
         assert (dead.reason, dead.last_error) == ("bad", "KeyError: 'sku'")
+        # Version 11: streams keep a retention policy.
+        assert (await rheo.stream_info("s")).retention is None
+        policy = Retention(max_age=timedelta(days=1), max_events=2)
+        assert (await rheo.set_retention("s", policy)).retention == policy
 
 
 

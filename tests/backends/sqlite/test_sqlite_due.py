@@ -17,10 +17,10 @@ import pytest
 from _sqlite_ranges import (
     SCHEMA_7_INDEXES,
     ranges_to_delivery_rows,
-    undo_delayed_delivery,
     undo_schema_7,
+    undo_schema_8,
 )
-from rheo_flow import Lease, ManualClock, NewEvent, Rheo, SettleKind
+from rheo_flow import Lease, ManualClock, NewEvent, Retention, Rheo, SettleKind
 from rheo_flow._backends import sqlite as sqlite_module
 from rheo_flow._backends.sqlite import _sql
 from rheo_flow.backends import SQLiteBackend
@@ -185,10 +185,11 @@ async def test_appends_keep_every_groups_high_water_mirrored(
 
 def _as_version(conn: sqlite3.Connection, version: int) -> None:
     """Turn a file the current schema wrote into the layout of ``version``."""
-    undo_delayed_delivery(conn)
-    conn.execute("ALTER TABLE groups DROP COLUMN paused_until_ms")  # schema 8 (pause)
-    if version <= 6:
-        undo_schema_7(conn)
+    undo_schema_8(conn)
+    if version == 7:
+        conn.execute(f"PRAGMA user_version = {version}")
+        return
+    undo_schema_7(conn)
     if version <= 5:
         ranges_to_delivery_rows(conn)
     if version <= 3:
@@ -249,6 +250,11 @@ async def test_every_older_file_upgrades_with_its_leases_in_flight(
         await rheo.pause_group("s", "g")
         await rheo.append("s", [NewEvent("t", "paused")], partition=0)
         assert await rheo.fetch("s", "g") == []
+        # Schema 8: the stream had no policy; it takes one now.
+        assert (await rheo.stream_info("s")).retention is None
+        policy = Retention(max_events=1)
+        assert (await rheo.set_retention("s", policy)).retention == policy
+        assert await rheo.apply_retention("s") == {0: 4, 1: 4}  # (0, 5) came while paused
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA user_version").fetchone() == (sqlite_module.SCHEMA_VERSION,)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from _sqlite_ranges import ranges_to_delivery_rows, undo_schema_7
+from _sqlite_ranges import ranges_to_delivery_rows, undo_schema_7, undo_schema_8
 from rheo_flow import ManualClock, NewEvent, Rheo, SettleKind
 from rheo_flow._backends import sqlite as sqlite_module
 from rheo_flow.backends import SQLiteBackend
@@ -178,6 +178,7 @@ async def test_leases_in_flight_across_the_upgrade_keep_working(
         assert (await rheo.ack(held[0]))[0].ok
     conn = sqlite3.connect(db)
     try:  # back to what version 5 left: delivery rows, no ranges
+        undo_schema_8(conn)
         undo_schema_7(conn)
         ranges_to_delivery_rows(conn)
         conn.execute("PRAGMA user_version = 5")

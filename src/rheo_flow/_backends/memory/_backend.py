@@ -17,7 +17,13 @@ from ..._model._capabilities import Capabilities
 from ..._model._errors import ConflictError, UnknownStream
 from ..._model._event import Event, make_event_json
 from ..._model._query import Query
-from ..._model._stream import PAUSED_UNTIL_RESUMED, GroupInfo, StartPosition, StreamInfo
+from ..._model._stream import (
+    PAUSED_UNTIL_RESUMED,
+    GroupInfo,
+    Retention,
+    StartPosition,
+    StreamInfo,
+)
 from ..._model._validation import check_record_text, ordering_mismatch
 from ..._support._clock import Clock, system_clock
 from .._shared import Waiters, query_matches, query_window
@@ -36,7 +42,7 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
     name = "memory"
     _CAPABILITIES = Capabilities(durable=False, distributed=False, push_wakeups=True,
                                  key_ordering=True, last_error=True, pause=True,
-                                 delayed_delivery=True)
+                                 delayed_delivery=True, retention=True)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._clock = clock or system_clock
@@ -62,7 +68,7 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
     def _info(self, s: Stream) -> StreamInfo:
         return StreamInfo(s.name, len(s.partitions), s.created_at_ms,
                           {i: p.high_water for i, p in enumerate(s.partitions)},
-                          {i: p.low_water for i, p in enumerate(s.partitions)})
+                          {i: p.low_water for i, p in enumerate(s.partitions)}, s.retention)
 
     async def create_stream(self, name: str, partitions: int) -> StreamInfo:
         existing = self._streams.get(name)
@@ -82,6 +88,12 @@ class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
 
     async def list_streams(self) -> list[str]:
         return sorted(self._streams)
+
+    async def set_retention(self, stream: str, retention: Retention | None) -> None:
+        self._stream(stream).retention = retention
+
+    async def now_ms(self) -> int:
+        return self._clock()
 
     async def append(self, stream: str, records: Sequence[AppendRecord]) -> list[Event]:
         s = self._stream(stream)

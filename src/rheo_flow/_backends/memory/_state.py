@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from heapq import heapify, heappop, heappush
 
 from ..._model._event import Event
-from ..._model._stream import GroupInfo, paused_state
+from ..._model._stream import GroupInfo, Retention, paused_state
 from .._shared import Rotation
 from .._transitions import DeliveryState, Op
 
@@ -71,6 +71,7 @@ class Stream:
     ids: dict[str, Event] = field(default_factory=dict)
     groups: dict[str, Group] = field(default_factory=dict)
     """The stream's groups by name: an append tells each where new events are."""
+    retention: Retention | None = None
 
 
 @dataclass(slots=True, eq=False)

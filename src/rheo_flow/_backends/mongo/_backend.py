@@ -114,7 +114,7 @@ class MongoBackend(
         """The state of a backend not yet opened."""
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=False, skip_locked=True,
-            key_ordering=True, last_error=True, pause=True,
+            key_ordering=True, last_error=True, pause=True, retention=True,
         )
         self._transactions = False
         self._opened = False

@@ -129,7 +129,7 @@ class MongoCore:
             push = await probe_change_streams(self._events, self._where())
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=push, skip_locked=True,
-            key_ordering=True, last_error=True, pause=True,
+            key_ordering=True, last_error=True, pause=True, retention=True,
         )
 
     async def close(self) -> None:

@@ -11,10 +11,10 @@ from pymongo import ASCENDING
 from pymongo import errors as mongo_errors
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
-from ..._model._errors import ConflictError
+from ..._model._errors import ConflictError, UnknownStream
 from ..._model._event import Event
 from ..._model._query import Query
-from ..._model._stream import GroupInfo, StartPosition, StreamInfo
+from ..._model._stream import GroupInfo, Retention, StartPosition, StreamInfo
 from ..._model._validation import ordering_mismatch
 from .._shared import query_window, start_position
 from ._core import MongoCore
@@ -22,6 +22,12 @@ from ._documents import Group, event_of, group_info_of, partition_id
 from ._summary import built
 
 __all__ = ["StreamOps"]
+
+
+def _retention(doc: Mapping[str, Any]) -> Retention | None:
+    """A stream document's retention policy: its fields ``ra`` (max age, ms) and ``re``
+    (max events), absent when unset (a document older than retention has neither)."""
+    return Retention.from_ms(doc.get("ra"), doc.get("re"))
 
 
 class StreamOps(MongoCore):
@@ -55,12 +61,26 @@ class StreamOps(MongoCore):
         return StreamInfo(
             doc["_id"], doc["np"], doc["at"],
             {p: high for p, (high, _) in waters.items()},
-            {p: low for p, (_, low) in waters.items()},
+            {p: low for p, (_, low) in waters.items()}, _retention(doc),
         )
 
     async def stream_info(self, name: str) -> StreamInfo:
         await self._ready()
         return await self._stream_info(await self._stream_doc(name))
+
+    async def set_retention(self, stream: str, retention: Retention | None) -> None:
+        await self._ready()
+        fields = {"ra": None if retention is None else retention.max_age_ms,
+                  "re": None if retention is None else retention.max_events}
+        change = {"$set": {k: v for k, v in fields.items() if v is not None}} | {
+            "$unset": {k: "" for k, v in fields.items() if v is None}}
+        found = await self._streams.update_one(
+            {"_id": stream}, {op: spec for op, spec in change.items() if spec})
+        if not found.matched_count:
+            raise UnknownStream(stream)
+
+    async def now_ms(self) -> int:
+        return self._clock()
 
     async def list_streams(self) -> list[str]:
         await self._ready()
@@ -87,7 +107,8 @@ class StreamOps(MongoCore):
             found = waters.get(name, {})
             marks = {p: found.get(p, (0, 1)) for p in range(count)}
             out.append((StreamInfo(name, count, doc["at"], {p: h for p, (h, _) in marks.items()},
-                                   {p: low for p, (_, low) in marks.items()}),
+                                   {p: low for p, (_, low) in marks.items()},
+                                   _retention(doc)),
                         groups.get(name, [])))
         return out
 

@@ -101,7 +101,7 @@ class PostgresCore(Backend):
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=self._listen, skip_locked=True,
             server_clock=True, key_ordering=True, last_error=True, in_transaction=True, pause=True,
-            delayed_delivery=True,
+            delayed_delivery=True, retention=True,
         )
         self._sql = Statements.for_schema(self._schema)
         self._channel = channel(self._schema)

@@ -19,6 +19,7 @@ from ..._model._stream import (
     PAUSED_UNTIL_RESUMED,
     DeadLetter,
     GroupInfo,
+    Retention,
     StartPosition,
     StreamInfo,
     paused_state,
@@ -119,7 +120,9 @@ class GroupOps(PostgresCore):
             waters = orjson.loads(row["waters"])  # [[part, high water, low water], ...]
             described.append((StreamInfo(row["name"], row["partitions"], row["created_at_ms"],
                                          {p: high for p, high, _ in waters},
-                                         {p: low for p, _, low in waters}),
+                                         {p: low for p, _, low in waters},
+                                         Retention.from_ms(row["retention_max_age_ms"],
+                                                           row["retention_max_events"])),
                               groups.get(row["name"], [])))
         return described
 

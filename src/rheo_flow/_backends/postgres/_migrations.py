@@ -127,8 +127,9 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
               ("v10_due_deliveries",)),
     Migration(11, "a group may be paused (groups.paused_until_ms, read by fetch); delayed "
                   "delivery (events.deliver_at_ms, the index of scheduled events, "
-                  "streams.scheduled)",
-              ("v11_group_pause", "v11_delayed_delivery")),
+                  "streams.scheduled); streams keep a retention policy "
+                  "(streams.retention_max_age_ms and retention_max_events)",
+              ("v11_group_pause", "v11_delayed_delivery", "v11_retention")),
 )
 """Versions 2 and 3 changed functions, which :data:`FUNCTIONS` now installs."""
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..._model._errors import UnknownGroup, UnknownStream
+from ..._model._stream import Retention
 from ._core import PostgresCore
 
 if TYPE_CHECKING:
@@ -21,6 +22,18 @@ __all__ = ["RetentionOps"]
 
 class RetentionOps(PostgresCore):
     """Retention operations: trim, delete a stream, delete a group."""
+
+    async def set_retention(self, stream: str, retention: Retention | None) -> None:
+        pool = await self._ready()
+        row = await pool.fetchrow(
+            self._sql.set_retention, stream, None if retention is None else retention.max_age_ms,
+            None if retention is None else retention.max_events)
+        if row is None:
+            raise UnknownStream(stream)
+
+    async def now_ms(self) -> int:
+        pool = await self._ready()
+        return int(await pool.fetchval(self._sql.server_now))
 
     async def trim(self, stream: str, up_to: Mapping[int, int]) -> dict[int, int]:
         meta = await self._stream(stream)

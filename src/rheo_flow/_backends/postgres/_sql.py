@@ -68,6 +68,8 @@ class Statements:
     insert_stream: str
     insert_partitions: str
     partitions: str
+    set_retention: str
+    server_now: str
     list_streams: str
     describe_streams: str
     describe_groups: str

@@ -18,7 +18,7 @@ from ..._backend import AppendRecord
 from ..._model._errors import BackendError, ConflictError, InvalidArgument
 from ..._model._event import Event, decode_json, make_event_json
 from ..._model._query import Query
-from ..._model._stream import StreamInfo
+from ..._model._stream import Retention, StreamInfo
 from ..._support._call_retry import retried
 from .._shared import query_window
 from ._core import PostgresCore, StreamMeta
@@ -119,6 +119,7 @@ class StreamOps(PostgresCore):
             created_at_ms=meta.created_at_ms,
             high_water={r[0]: r[1] for r in rows},
             low_water={r[0]: r[2] for r in rows},
+            retention=Retention.from_ms(rows[0][3], rows[0][4]) if rows else None,
         )
 
     async def stream_info(self, name: str) -> StreamInfo:

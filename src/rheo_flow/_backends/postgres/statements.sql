@@ -19,7 +19,16 @@ RETURNING id, partitions, created_at_ms
 INSERT INTO {s}.partitions (stream_id, part) SELECT $1, generate_series(0, $2 - 1)
 
 -- name: partitions
-SELECT part, high_water, low_water FROM {s}.partitions WHERE stream_id = $1 ORDER BY part
+SELECT p.part, p.high_water, p.low_water, s.retention_max_age_ms, s.retention_max_events
+FROM {s}.partitions p JOIN {s}.streams s ON s.id = p.stream_id
+WHERE p.stream_id = $1 ORDER BY p.part
+
+-- name: set_retention
+UPDATE {s}.streams SET retention_max_age_ms = $2, retention_max_events = $3
+WHERE name = $1 RETURNING id
+
+-- name: server_now
+SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
 
 -- name: list_streams
 SELECT name FROM {s}.streams ORDER BY name COLLATE "C"
@@ -31,7 +40,7 @@ SELECT name FROM {s}.streams ORDER BY name COLLATE "C"
 -- its own (~15 ms for integer[] and bigint[]) on each new connection, which was
 -- most of a one-off listing's time in the database.
 -- name: describe_streams
-SELECT s.name, s.partitions, s.created_at_ms,
+SELECT s.name, s.partitions, s.created_at_ms, s.retention_max_age_ms, s.retention_max_events,
        json_agg(json_build_array(p.part, p.high_water, p.low_water) ORDER BY p.part)
            AS waters
 FROM {s}.streams s JOIN {s}.partitions p ON p.stream_id = s.id

@@ -65,7 +65,7 @@ class RedisBackend(
     name = "redis"
     _CAPABILITIES = Capabilities(
         durable=True, distributed=True, push_wakeups=True, server_clock=True,
-        key_ordering=True, last_error=True, pause=True, delayed_delivery=True,
+        key_ordering=True, last_error=True, pause=True, delayed_delivery=True, retention=True,
     )
 
     def __init__(

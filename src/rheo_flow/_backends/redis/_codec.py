@@ -16,6 +16,7 @@ import orjson
 from ..._backend import AppendRecord
 from ..._model._event import Event, make_event_json
 from ..._model._lease import Lease, make_lease
+from ..._model._stream import Retention
 
 __all__ = [
     "FetchReply",
@@ -28,6 +29,7 @@ __all__ = [
     "group_record",
     "range_leases",
     "stream_record",
+    "stream_retention",
     "text",
 ]
 
@@ -38,9 +40,19 @@ def text(value: Any) -> str:
 
 
 def stream_record(record: Any) -> tuple[int, int]:
-    """(partitions, created_ms) of a stream record ``partitions|created_ms``."""
-    count, created = (int(v) for v in text(record).split("|"))
+    """(partitions, created_ms) of a stream record ``partitions|created_ms``, followed by
+    ``|max_age_ms|max_events`` when the stream has a retention policy."""
+    count, created = (int(v) for v in text(record).split("|")[:2])
     return count, created
+
+
+def stream_retention(record: Any) -> Retention | None:
+    """The retention policy of a stream record (``None`` when it has none)."""
+    fields = text(record).split("|")
+    if len(fields) < 4:
+        return None
+    return Retention.from_ms(int(fields[2]) if fields[2] else None,
+                             int(fields[3]) if fields[3] else None)
 
 
 def group_record(record: Any) -> tuple[str, str, str, str]:

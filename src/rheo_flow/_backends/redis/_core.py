@@ -14,9 +14,10 @@ from typing import Any, Final, TypeVar
 from ..._model._errors import BackendError, StoreLost, UnknownGroup, UnknownStream
 from ..._model._event import Event, pending_json
 from ..._model._settle_results import SettleKind
+from ..._model._stream import Retention
 from .._guard import masked_cause
 from .._shared import Rotation
-from ._codec import stream_record, text
+from ._codec import stream_record, stream_retention, text
 from ._driver import Client
 from ._errors import DRIVER_ERRORS, classify, store_lost, translate
 from ._keys import KeyLayout
@@ -152,6 +153,12 @@ class RedisCore:
 
     async def _stream_record(self, stream: str) -> tuple[int, int]:
         """(partitions, created_ms) of a stream, its partitions marked as present."""
+        count, created, _ = await self._stream_record_with_retention(stream)
+        return count, created
+
+    async def _stream_record_with_retention(self, stream: str
+                                            ) -> tuple[int, int, Retention | None]:
+        """:meth:`_stream_record` with the stream's retention policy."""
         record = await self._io(self._client.hget(self._keys.streams, stream))
         if record is None:
             if stream in self._partitions:
@@ -163,7 +170,7 @@ class RedisCore:
             # record shows they exist.
             await self._mark(stream, count, created)
             self._partitions[stream] = count
-        return count, created
+        return count, created, stream_retention(record)
 
     async def _mark(self, stream: str, count: int, created: int) -> None:
         """Write the presence marker of every partition (see ``append.lua``)."""

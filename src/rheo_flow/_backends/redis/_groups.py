@@ -11,7 +11,7 @@ from ..._model._errors import UnknownGroup
 from ..._model._stream import GroupInfo, StartPosition, StreamInfo, paused_state
 from ..._model._validation import ordering_mismatch
 from ..._support._clock import system_clock
-from ._codec import group_record, stream_record, text
+from ._codec import group_record, stream_record, stream_retention, text
 from ._scripts import ScriptCall, is_reply
 from ._work import WorkNotes
 
@@ -67,6 +67,7 @@ class GroupOperations(WorkNotes):
         records = await self._io(self._client.hgetall(self._keys.streams))
         streams = sorted((text(name), *stream_record(record))
                          for name, record in records.items())
+        policies = {text(name): stream_retention(record) for name, record in records.items()}
         metas = [self._keys.partition(name, p).meta
                  for name, count, _ in streams for p in range(count)]
         group_keys = [self._keys.groups(name) for name, _, _ in streams]
@@ -91,7 +92,8 @@ class GroupOperations(WorkNotes):
             at += count
             info = StreamInfo(name, count, created,
                               {p: int(hw or 0) for p, (hw, _) in enumerate(mine)},
-                              {p: int(lw or 1) for p, (_, lw) in enumerate(mine)})
+                              {p: int(lw or 1) for p, (_, lw) in enumerate(mine)},
+                              policies[name])
             out.append((info, _groups_of(name, fields, paused, now)))
         return out
 

@@ -59,7 +59,7 @@ _NAMES: Final = (
     "fetch_many",
     "settle",
     "renew", "replay", "reset", "trim", "dead_letters", "redrive", "forget_consumers",
-    "describe", "work", "pause",
+    "describe", "work", "pause", "set_retention",
 )
 _ON_NODE: Final = frozenset({"work"})
 """The scripts a cluster may send straight to a node (:meth:`ScriptRunner._run_on_node`):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..._model._errors import ConflictError
-from ..._model._stream import StreamInfo
-from ._codec import stream_record, text
+from ..._model._errors import ConflictError, UnknownStream
+from ..._model._stream import Retention, StreamInfo
+from ._codec import stream_record, stream_retention, text
 from ._work import WorkNotes
 
 __all__ = ["StreamOperations"]
@@ -23,20 +23,33 @@ class StreamOperations(WorkNotes):
             )
         await self._mark(name, count, created)
         self._partitions[name] = count
-        return await self._info(name, count, created)
+        return await self._info(name, count, created, stream_retention(record))
 
     async def stream_info(self, name: str) -> StreamInfo:
-        count, created = await self._stream_record(name)
-        return await self._info(name, count, created)
+        return await self._info(name, *await self._stream_record_with_retention(name))
 
-    async def _info(self, name: str, count: int, created: int) -> StreamInfo:
+    async def set_retention(self, stream: str, retention: Retention | None) -> None:
+        age = "" if retention is None or retention.max_age_ms is None else retention.max_age_ms
+        events = "" if retention is None or retention.max_events is None else (
+            retention.max_events)
+        [done] = await self._eval([("set_retention", [self._keys.streams],
+                                    [stream, age, events])])
+        if not int(done):
+            raise UnknownStream(stream)
+
+    async def now_ms(self) -> int:
+        seconds, micros = await self._io(self._client.time())
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def _info(self, name: str, count: int, created: int,
+                    retention: Retention | None) -> StreamInfo:
         pipe = self._client.pipeline(transaction=False)
         for p in range(count):
             pipe.hmget(self._keys.partition(name, p).meta, "hw", "lw")
         rows = await self._io(pipe.execute())
         high = {p: int(hw or 0) for p, (hw, _) in enumerate(rows)}
         low = {p: int(lw or 1) for p, (_, lw) in enumerate(rows)}
-        return StreamInfo(name, count, created, high, low)
+        return StreamInfo(name, count, created, high, low, retention)
 
     async def list_streams(self) -> list[str]:
         names = await self._io(self._client.hkeys(self._keys.streams))

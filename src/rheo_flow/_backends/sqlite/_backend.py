@@ -22,7 +22,14 @@ from ..._model._failure import describe
 from ..._model._lease import Lease
 from ..._model._query import Query
 from ..._model._settle_results import SettleKind, SettleResult
-from ..._model._stream import PAUSED_UNTIL_RESUMED, DeadLetter, GroupInfo, StartPosition, StreamInfo
+from ..._model._stream import (
+    PAUSED_UNTIL_RESUMED,
+    DeadLetter,
+    GroupInfo,
+    Retention,
+    StartPosition,
+    StreamInfo,
+)
 from ..._support._blocking import call_blocking
 from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
@@ -90,6 +97,7 @@ class SQLiteBackend(Backend):
     _CAPABILITIES = Capabilities(
         durable=True, distributed=False, push_wakeups=True, server_clock=False, pause=True,
         key_ordering=True, last_error=True, in_transaction=True, delayed_delivery=True,
+        retention=True,
     )
 
     def __init__(
@@ -218,6 +226,12 @@ class SQLiteBackend(Backend):
 
     async def list_streams(self) -> list[str]:
         return await self._read(_catalog.list_streams)
+
+    async def set_retention(self, stream: str, retention: Retention | None) -> None:
+        await self._write(_catalog.set_retention, stream, retention)
+
+    async def now_ms(self) -> int:
+        return self._clock()
 
     async def describe_streams(self) -> list[tuple[StreamInfo, list[GroupInfo]]]:
         return await self._read(_catalog.describe_streams, self._clock())

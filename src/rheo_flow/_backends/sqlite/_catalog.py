@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..._backend import DEFAULT_MAX_ATTEMPTS
 from ..._model._errors import ConflictError, UnknownGroup, UnknownStream
-from ..._model._stream import GroupInfo, StartPosition, StreamInfo, paused_state
+from ..._model._stream import GroupInfo, Retention, StartPosition, StreamInfo, paused_state
 from ..._model._validation import ordering_mismatch
 from ..._support._clock import Clock
 from .._shared import start_position
@@ -31,6 +31,7 @@ __all__ = [
     "list_groups",
     "list_streams",
     "pause_group",
+    "set_retention",
     "stream_info",
     "waters",
 ]
@@ -44,6 +45,8 @@ class Stream:
     name: str
     partitions: int
     created_at_ms: int
+    retention_max_age_ms: int | None = None
+    retention_max_events: int | None = None
 
 
 @dataclass(slots=True)
@@ -104,7 +107,16 @@ def stream_info(conn: sqlite3.Connection, s: Stream) -> StreamInfo:
     found = waters(conn, s.id)
     return StreamInfo(s.name, s.partitions, s.created_at_ms,
                       {part: high for part, (high, _) in found.items()},
-                      {part: low for part, (_, low) in found.items()})
+                      {part: low for part, (_, low) in found.items()},
+                      Retention.from_ms(s.retention_max_age_ms, s.retention_max_events))
+
+
+def set_retention(conn: sqlite3.Connection, stream: str, retention: Retention | None) -> None:
+    """Store the stream's retention policy (``None``: none)."""
+    s = get_stream(conn, stream)
+    conn.execute(sql.SET_RETENTION, (
+        None if retention is None else retention.max_age_ms,
+        None if retention is None else retention.max_events, s.id))
 
 
 def create_stream(conn: sqlite3.Connection, clock: Clock, name: str,

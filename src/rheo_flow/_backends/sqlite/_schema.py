@@ -201,9 +201,11 @@ def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
 
 
 def _migrate_7_to_8(conn: sqlite3.Connection) -> None:
-    """Schema 8: groups may be paused, events may be scheduled."""
+    """Schema 8: groups may be paused, events may be scheduled, streams keep a retention
+    policy."""
     _migrate_add_pause(conn)
     _migrate_to_delayed_delivery(conn)
+    _migrate_add_retention(conn)
 
 
 def _migrate_add_pause(conn: sqlite3.Connection) -> None:
@@ -222,6 +224,14 @@ def _migrate_to_delayed_delivery(conn: sqlite3.Connection) -> None:
     if "scheduled" not in _columns(conn, "streams"):
         conn.execute(add_flag)
     conn.execute(index)
+
+
+def _migrate_add_retention(conn: sqlite3.Connection) -> None:
+    """Add ``streams.retention_max_age_ms`` and ``retention_max_events`` (NULL: no
+    existing stream has a retention policy)."""
+    if "retention_max_events" not in _columns(conn, "streams"):
+        for statement in sql.ADD_RETENTION:
+            conn.execute(statement)
 
 
 _MIGRATIONS: Final = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4,

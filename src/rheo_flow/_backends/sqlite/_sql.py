@@ -86,6 +86,7 @@ ADD_LAST_ERROR: Final = _SCHEMA["add_last_error"]
 ADD_DELIVERY_KEY: Final = _SCHEMA["add_delivery_key"]
 ADD_GROUP_ORDERING: Final = _SCHEMA["add_group_ordering"]
 ADD_GROUP_PAUSE: Final = _SCHEMA["add_group_pause"]
+ADD_RETENTION: Final = (_SCHEMA["add_retention_max_age"], _SCHEMA["add_retention_max_events"])
 DROP_KEY_TRIGGERS: Final = (
     _SCHEMA["drop_key_settled_trigger"], _SCHEMA["drop_key_removed_trigger"])
 INDEX_DELIVERIES_KEYED: Final = _SCHEMA["index_deliveries_keyed"]
@@ -114,6 +115,7 @@ DATABASE_LIST: Final = _STATEMENTS["database_list"]
 # Streams, partitions and groups ----------------------------------------------------
 
 FIND_STREAM: Final = _STATEMENTS["find_stream"]
+SET_RETENTION: Final = _STATEMENTS["set_retention"]
 INSERT_STREAM: Final = _STATEMENTS["insert_stream"]
 INSERT_PARTITION: Final = _STATEMENTS["insert_partition"]
 LIST_STREAMS: Final = _STATEMENTS["list_streams"]

@@ -10,7 +10,9 @@ CREATE TABLE IF NOT EXISTS streams (
     id INTEGER PRIMARY KEY,
     name TEXT NOT NULL UNIQUE,
     partitions INTEGER NOT NULL,
-    created_at_ms INTEGER NOT NULL
+    created_at_ms INTEGER NOT NULL,
+    retention_max_age_ms INTEGER,
+    retention_max_events INTEGER
 )
 
 -- name: create_partitions
@@ -204,6 +206,13 @@ ALTER TABLE deliveries ADD COLUMN last_error TEXT
 -- name: add_delivery_key
 -- Schema 4: the key of a key-ordered group's delivery (NULL in other groups).
 ALTER TABLE deliveries ADD COLUMN key TEXT
+
+-- name: add_retention_max_age
+-- Schema 8: no stream of an older file has a retention policy.
+ALTER TABLE streams ADD COLUMN retention_max_age_ms INTEGER
+
+-- name: add_retention_max_events
+ALTER TABLE streams ADD COLUMN retention_max_events INTEGER
 
 -- name: add_group_ordering
 -- Schema 4: every group of an older file is unordered.

@@ -51,7 +51,11 @@ PRAGMA database_list
 -- Streams and partitions ----------------------------------------------------------
 
 -- name: find_stream
-SELECT id, name, partitions, created_at_ms FROM streams WHERE name = ?
+SELECT id, name, partitions, created_at_ms, retention_max_age_ms, retention_max_events
+FROM streams WHERE name = ?
+
+-- name: set_retention
+UPDATE streams SET retention_max_age_ms = ?, retention_max_events = ? WHERE id = ?
 
 -- name: insert_stream
 INSERT INTO streams (name, partitions, created_at_ms) VALUES (?, ?, ?)

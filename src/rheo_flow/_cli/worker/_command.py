@@ -66,6 +66,25 @@ def _fail(message: str, status: int) -> typer.Exit:
     return typer.Exit(status)
 
 
+LogFormatOption = Annotated[LogFormat, typer.Option(
+    case_sensitive=False, help="text or json (one object per line).")]
+RetentionIntervalOption = Annotated[str, typer.Option(
+    help="How often to apply the retention policy of each stream the worker consumes "
+         "(a duration: 30s, 5m, 1h; 0 turns it off).")]
+
+
+def _seconds(interval: str) -> float:
+    """``--retention-interval`` in seconds (0: off); a bad one is a usage error."""
+    from .._times import parse_duration
+
+    if interval.strip() == "0":
+        return 0.0
+    try:
+        return parse_duration(interval).total_seconds()
+    except typer.BadParameter as exc:
+        raise typer.BadParameter(exc.message, param_hint="--retention-interval") from None
+
+
 def worker(
     target: Annotated[str, typer.Argument(
         metavar="MODULE:ATTR",
@@ -99,12 +118,11 @@ def worker(
     health_interval: Annotated[float, typer.Option(
         min=0.05, help="Seconds between touches of the health file.",
     )] = 5.0,
+    retention_interval: RetentionIntervalOption = "60s",
     log_level: Annotated[str, typer.Option(
         help="DEBUG, INFO, WARNING or ERROR.",
     )] = "INFO",
-    log_format: Annotated[LogFormat, typer.Option(
-        case_sensitive=False, help="text or json (one object per line).",
-    )] = LogFormat.text,
+    log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Run consumer groups or pipelines until SIGTERM/SIGINT, then drain gracefully.
 
@@ -124,7 +142,8 @@ def worker(
 
     config = WorkerConfig(target=target, url=url, grace_seconds=grace_seconds,
                           until_empty=until_empty, health_file=health_file, health_port=health_port,
-                          health_host=health_host, health_interval=health_interval)
+                          health_host=health_host, health_interval=health_interval,
+                          retention_interval=_seconds(retention_interval))
     raise typer.Exit(_run(config, processes, level, log_format))
 
 
@@ -159,6 +178,8 @@ def _child_argv(config: WorkerConfig, level: str, log_format: LogFormat) -> list
     """The arguments of each child process of ``--processes`` (the URL goes in RHEO_URL)."""
     argv = [config.target, "--grace-seconds", str(config.grace_seconds),
             "--health-interval", str(config.health_interval),
+            "--retention-interval", f"{round(config.retention_interval * 1000)}ms"
+            if config.retention_interval > 0 else "0",
             "--log-level", level, "--log-format", log_format.value]
     if config.until_empty:
         argv.append("--until-empty")

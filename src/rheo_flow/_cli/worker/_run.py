@@ -33,6 +33,7 @@ from ..._support._waiting import first_of
 from ...pipeline import Pipeline
 from ._health import Health
 from ._paused import PausedGroups
+from ._retention import retention_schedule
 
 __all__ = ["SIGNALS", "SUPERVISOR_ENV", "WorkerConfig", "build_runtimes", "load_target",
            "run_worker"]
@@ -65,6 +66,8 @@ class WorkerConfig:
     health_port: int | None = None
     health_host: str = "0.0.0.0"
     health_interval: float = 5.0
+    retention_interval: float = 60.0
+    """Seconds between applications of the consumed streams' retention policies (0: none)."""
 
 
 def load_target(spec: str) -> object:
@@ -185,6 +188,7 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
     opened: list[Rheo] = []
     paused = PausedGroups(lambda: opened[0] if opened else None,
                           lambda: [_stream_group(r) for r in runtimes], _poll_s(runtimes))
+    retention: asyncio.Task[None] | None = None
     health = Health(
         ready=lambda: not state["draining"] and bool(runtimes) and all(map(_ready, runtimes)),
         live=lambda: True, file=config.health_file, port=config.health_port,
@@ -203,8 +207,11 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
                     await runtime.start()
                 log.info("worker running %s", ", ".join(map(_describe, runtimes)))
                 health.changed()
+                retention = _start_retention(config, rheo, runtimes, signals.stop)
                 ended_on_its_own = await _wait_for_end(config, runtimes, signals.stop)
             finally:
+                if retention is not None:
+                    retention.cancel()
                 state["draining"] = True
                 health.changed()
                 clean = await _drain(runtimes, config.grace_seconds)
@@ -215,6 +222,18 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
     if ended_on_its_own:
         return 1
     return 0 if clean else 1
+
+
+def _start_retention(config: WorkerConfig, rheo: Rheo, runtimes: list[Runtime],
+                     stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """The task applying the consumed streams' retention policies (``None``: turned off)."""
+    if config.retention_interval <= 0:
+        return None
+    streams = sorted({r.stream if isinstance(r, Group) else r.producer.stream
+                      for r in runtimes})
+    return asyncio.create_task(
+        retention_schedule(rheo, streams, config.retention_interval, config.url, stop),
+        name="rheo-worker-retention")
 
 
 def _watch_supervisor(stop: asyncio.Event) -> asyncio.Task[None] | None:
