@@ -74,7 +74,6 @@ class Statements:
     describe_streams: str
     describe_groups: str
     append: str
-    append_guarded: str
     mark_scheduled: str
     scheduled_counts: str
     database_identity: str

@@ -44,29 +44,10 @@ def event_of(stream: str, row: Any) -> Event:
 
 
 class _DuplicateId(Exception):
-    """append_guarded's answer that some id is stored already, as the error the plain
-    append raises (the same retry takes it)."""
+    """The append's answer that some id is stored already (functions/append_guarded.sql),
+    as the unique violation it was before (the same retry takes it)."""
 
     constraint_name = "events_event_id"
-
-
-class _Guarded:
-    """The application's connection as the append uses it: the append statement sent as
-    ``append_guarded`` (which answers a stored id instead of aborting the transaction),
-    anything else as it is."""
-
-    __slots__ = ("_append", "_conn", "_guarded")
-
-    def __init__(self, conn: Fetches, append: str, guarded: str) -> None:
-        self._conn, self._append, self._guarded = conn, append, guarded
-
-    async def fetch(self, sql: str, *args: Any) -> list[Any]:
-        if sql is not self._append:
-            return await self._conn.fetch(sql, *args)
-        [row] = await self._conn.fetch(self._guarded, *args)
-        if row[2]:
-            raise _DuplicateId("an event id of the append is stored already")
-        return [row]
 
 
 def _duplicate_id(exc: BaseException) -> bool:
@@ -153,9 +134,7 @@ class StreamOps(PostgresCore):
         if not records:
             return []
         _check_records(stream, meta, records)
-        return await self._append_records(_Guarded(caller.plain, self._sql.append,
-                                                   self._sql.append_guarded),
-                                          stream, meta, records)
+        return await self._append_records(caller.plain, stream, meta, records)
 
     async def _append_records(self, pool: Fetches, stream: str, meta: StreamMeta,
                               records: Sequence[AppendRecord]) -> list[Event]:
@@ -231,7 +210,9 @@ class StreamOps(PostgresCore):
             "[" + ",".join([r.data_json for r in records]) + "]", heads, self._channel, payload,
             deliver_at,
         )
-        at, seqs = row[0], row[1]
+        at, seqs, duplicate = row[0], row[1], row[2]
+        if duplicate:
+            raise _DuplicateId("an event id of the append is stored already")
         # data is decoded from its JSON text on first access: the stored events
         # share nothing with the caller's objects.
         return {

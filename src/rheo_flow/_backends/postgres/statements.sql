@@ -52,54 +52,19 @@ SELECT s.name AS stream, g.name, g.max_attempts, g.created_at_ms, g.ordering,
 FROM {s}.groups g JOIN {s}.streams s ON s.id = g.stream_id
 ORDER BY g.name COLLATE "C"
 
--- Numbers new events under the partition row locks (taken in partition order),
--- inserts them, moves the high water, and sends ONE notification. The batch
--- travels as a few texts, not as arrays asyncpg encodes element by element:
--- partitions as an array literal, ids, types and keys as JSON arrays of
--- strings, and the events' data as one JSON array of their JSON texts (each
--- element reaches the table exactly as encoded); headers, rarely set, as an
--- array of JSON texts (every parameter typed text: a json codec the application
--- set on its own connection, used by the outbox, never re-encodes them). A
--- duplicate event id makes the insert fail as a whole: the caller then separates
--- the ids already stored and appends the rest.
+-- The append (functions/append_guarded.sql): numbers new events under the
+-- partition row locks (taken in partition order), inserts them, moves the high
+-- water, and sends ONE notification. The batch travels as a few texts, not as
+-- arrays asyncpg encodes element by element: partitions as an array literal, ids,
+-- types and keys as JSON arrays of strings, and the events' data as one JSON array
+-- of their JSON texts (each element reaches the table exactly as encoded);
+-- headers, rarely set, as an array of JSON texts (every parameter typed text: a
+-- json codec the application set on its own connection, used by the outbox, never
+-- re-encodes them); the times of scheduled events as an array literal. A
+-- duplicate event id appends nothing and answers o_duplicate (in a subtransaction
+-- of the function's: the application's transaction goes on): the caller then
+-- separates the ids already stored and appends the rest.
 -- name: append
-WITH r AS (
-    SELECT * FROM ROWS FROM (unnest($2::text::integer[]),
-                             json_array_elements_text($3::text::json),
-                             json_array_elements_text($4::text::json),
-                             json_array_elements_text($5::text::json),
-                             json_array_elements($6::text::json), unnest($7::text[]),
-                             unnest($10::text::bigint[]))
-        WITH ORDINALITY AS r(part, event_id, type, key, data, headers, deliver_at_ms, idx)
-), t AS (
-    SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms
-), locked AS (
-    SELECT p.part, p.high_water FROM {s}.partitions p
-    WHERE p.stream_id = $1 AND p.part IN (SELECT DISTINCT r.part FROM r)
-    ORDER BY p.part
-    FOR UPDATE
-), numbered AS (
-    SELECT r.idx, r.part, r.event_id, r.type, r.key, r.data, r.headers, r.deliver_at_ms,
-           l.high_water + row_number() OVER (PARTITION BY r.part ORDER BY r.idx) AS seq
-    FROM r JOIN locked l ON l.part = r.part
-), inserted AS (
-    INSERT INTO {s}.events (stream_id, part, seq, appended_at_ms, event_id, type, key, data,
-                            headers, deliver_at_ms)
-    SELECT $1, n.part, n.seq, t.ms, n.event_id, n.type, n.key, n.data, n.headers::json,
-           n.deliver_at_ms
-    FROM numbered n CROSS JOIN t
-), moved AS (
-    UPDATE {s}.partitions p SET high_water = m.top
-    FROM (SELECT n.part, max(n.seq) AS top FROM numbered n GROUP BY n.part) m
-    WHERE p.stream_id = $1 AND p.part = m.part
-)
-SELECT (SELECT t.ms FROM t) AS appended_at_ms,
-       (SELECT array_agg(n.seq ORDER BY n.idx) FROM numbered n) AS seqs,
-       (SELECT pg_notify($8, $9)) AS notified
-
--- The append on an application's connection (functions/append_guarded.sql): the same
--- parameters, in one round trip with the ids already stored answered, not raised.
--- name: append_guarded
 SELECT o_appended_at_ms, o_seqs, o_duplicate
 FROM {s}.append_guarded($1, $2, $3, $4, $5, $6, $7::text[], $8, $9, $10)
 

@@ -1,9 +1,10 @@
--- append_guarded: the append statement (statements.sql, append) for the application's
--- transaction (the outbox, _outbox.py), in ONE round trip: the statement runs in a
--- block with an exception handler, which PostgreSQL runs as a subtransaction of its
--- own, so that an event id stored already (a racing append of the same id that
--- committed first) fails that block alone and the caller's transaction goes on.
--- The client sent SAVEPOINT, the statement and RELEASE before: three round trips.
+-- append_guarded: every append (statements.sql, append), on the backend's pool and in
+-- the application's transaction (the outbox, _outbox.py), in ONE round trip: the
+-- statement runs in a block with an exception handler, which PostgreSQL runs as a
+-- subtransaction of its own, so that an event id stored already (appended before,
+-- or by a racing append that committed first) fails that block alone: the
+-- application's transaction goes on. (The outbox sent SAVEPOINT, the statement and
+-- RELEASE before: three round trips.)
 --
 -- Reply: one row. o_duplicate false: the events were appended at o_appended_at_ms
 -- with sequences o_seqs, in the order given. o_duplicate true: nothing was appended
