@@ -171,7 +171,13 @@ class FetchOps(MongoCore):
         waters: dict[int, tuple[int, int]] = read[0]
         if len(read) > 1:
             g = read[1]
-        if g.scheduled and not g.ordered and flagged:
+        if not g.scheduled and not g.ordered:
+            # Claim no further than the summary's notes: a scheduled append marks the
+            # group before its note, so what a note read here covers is never scheduled
+            # unless the group read shows the mark (``_delay``).
+            for p in flagged:
+                waters[p] = (min(waters[p][0], work[p]), waters[p][1])
+        elif g.scheduled and not g.ordered and flagged:
             # waters holds the flagged partitions only (yet): the split ends them at
             # their windows, which are deliveries now, due or not: read them.
             split = await split_scheduled(self._events, self._deliveries, self._groups, g,
