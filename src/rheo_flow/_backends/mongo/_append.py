@@ -31,6 +31,7 @@ from ..._model._event import Event
 from ..._support._call_retry import retried
 from ._client import resolve
 from ._core import MongoCore
+from ._delay import mark
 from ._documents import event_document, event_of, partition_id
 from ._errors import is_duplicate, is_transient
 from ._summary import note
@@ -53,6 +54,8 @@ class AppendOps(MongoCore):
         # only fight over the same counters (write conflicts or sequence races).
         lock = self._append_locks.setdefault(stream, asyncio.Lock())
         async with lock:
+            if any(r.deliver_at_ms is not None for r in records):
+                await mark(self._streams, self._groups, stream)
             if self._transactions:
                 events = await self._in_transaction(
                     lambda session, again: self._store_in(session, again, stream, records))

@@ -115,6 +115,7 @@ class MongoBackend(
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=False, skip_locked=True,
             key_ordering=True, last_error=True, pause=True, retention=True,
+            delayed_delivery=True,
         )
         self._transactions = False
         self._opened = False

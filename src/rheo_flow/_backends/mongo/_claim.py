@@ -35,6 +35,7 @@ from ..._support._call_retry import retried
 from .._shared import round_robin
 from .._transitions import Settled, expire
 from ._core import MongoCore
+from ._delay import split_scheduled
 from ._documents import Group, delivery_id, settled_update
 from ._errors import DUPLICATE_KEY
 from ._frontier import advance
@@ -170,6 +171,20 @@ class FetchOps(MongoCore):
         waters: dict[int, tuple[int, int]] = read[0]
         if len(read) > 1:
             g = read[1]
+        if not g.scheduled and not g.ordered:
+            # Claim no further than the summary's notes: a scheduled append marks the
+            # group before its note, so what a note read here covers is never scheduled
+            # unless the group read shows the mark (``_delay``).
+            for p in flagged:
+                waters[p] = (min(waters[p][0], work[p]), waters[p][1])
+        elif g.scheduled and not g.ordered and flagged:
+            # waters holds the flagged partitions only (yet): the split ends them at
+            # their windows, which are deliveries now, due or not: read them.
+            split = await split_scheduled(self._events, self._deliveries, self._groups, g,
+                                          waters, now, limit)
+            if split:
+                due_parts |= split
+                first = None
         due = await self._due(g, due_parts, now, limit, first)
         for p in visited:
             waters.setdefault(p, (g.parts[p]["c"], 0))

@@ -38,6 +38,7 @@ from ..._model._lease import Lease
 from .._shared import round_robin
 from .._transitions import Settled
 from ._claim import Doc, FetchOps, Visit, _Claim, _fenced, _leased
+from ._delay import new_delivery
 from ._documents import Group, delivery_id, settled_update
 from ._errors import DUPLICATE_KEY
 from ._frontier import advance
@@ -73,6 +74,9 @@ class _Part:
     """Keys held (unsettled, or leased in this round)."""
     unused: set[str] = field(default_factory=set)
     """Keys found free that no scanned event has taken yet."""
+    now: int = 0
+    late: dict[int, int] = field(default_factory=dict)
+    """The scanned events scheduled later than ``now``: their times, by sequence."""
 
     def size(self) -> int:
         return len(self.ready) + len(self.free)
@@ -113,7 +117,7 @@ class KeyedFetchOps(FetchOps):
         # one more), so a small fetch reads past the cursor of only a few.
         shares = [limit // len(ids) + (i < limit % len(ids)) for i in range(len(ids))]
         parts = await asyncio.gather(*(
-            self._keyed_part(g, p, due.get(p, ([], [])), share, *waters[p])
+            self._keyed_part(g, p, due.get(p, ([], [])), share, *waters[p], now)
             for p, share in zip(ids, shares, strict=True)))
         short = limit - sum(part.size() for part in parts)
         if short > 0:  # some partitions have less than their share: the others make it up
@@ -145,7 +149,7 @@ class KeyedFetchOps(FetchOps):
 
     async def _keyed_part(
         self, g: Group, p: int, due: tuple[list[Doc], list[tuple[Doc, Settled]]], share: int,
-        high: int, low: int
+        high: int, low: int, now: int
     ) -> _Part:
         """The partition's eligible deliveries (``due``: those the fetch read, kept when
         heads of their keys), then the new sequences that may be leased, up to ``share``
@@ -164,7 +168,8 @@ class KeyedFetchOps(FetchOps):
         part = _Part(p, after, g.parts[p]["c"], [d for d in ready if head(d)],
                      [(d, s) for d, s in doomed if head(d)],
                      # trimmed sequences have nothing to deliver
-                     last=max(g.parts[p]["c"], low - 1), high=high, taken=set(firsts))
+                     last=max(g.parts[p]["c"], low - 1), high=high, taken=set(firsts),
+                     now=now)
         if share > len(part.ready):
             await self._scan_new(g, part, share - len(part.ready))
         return part
@@ -181,7 +186,7 @@ class KeyedFetchOps(FetchOps):
             top = min(part.high, part.last + size)
             docs = await self._events.find(
                 {"st": g.stream, "p": part.p, "n": {"$gt": part.last, "$lte": top}},
-                {"_id": 0, "n": 1, "k": 1},
+                {"_id": 0, "n": 1, "k": 1, "da": 1},
             ).sort("n", ASCENDING).to_list(None)
             unknown = list(dict.fromkeys(
                 k for d in docs
@@ -239,11 +244,18 @@ def _take(part: _Part, docs: list[Doc], want: int, top: int) -> int:
     last = part.last
     for d in docs:
         seq, key = d["n"], d.get("k")
-        if len(part.free) >= want or (key is not None and key not in part.taken
+        late = d.get("da", 0) > part.now
+        if len(part.free) >= want or (not late and key is not None and key not in part.taken
                                       and key not in part.unused):
             return last
         last = seq
         part.scanned.append((seq, key))
+        if late:  # stored at its time, holding its key (docs/contract.md)
+            part.late[seq] = d["da"]
+            if key is not None:
+                part.unused.discard(key)
+                part.taken.add(key)
+            continue
         if key is None or key in part.unused:
             part.free.append(seq)
         if key in part.unused:
@@ -305,6 +317,9 @@ def _plan_new(g: Group, part: _Part, taking: int, plan: _Round, consumer_id: str
     for seq, key in part.scanned:
         if seq > end:
             break
+        if seq in part.late:
+            docs.append(new_delivery(g, part.p, seq, part.late[seq], key))
+            continue
         doc: Doc = {"_id": delivery_id(g.id, part.p, seq), "g": g.id, "p": part.p, "s": seq}
         if key is not None:
             doc["k"] = key

@@ -130,6 +130,7 @@ class MongoCore:
         self._capabilities = Capabilities(
             durable=True, distributed=True, push_wakeups=push, skip_locked=True,
             key_ordering=True, last_error=True, pause=True, retention=True,
+            delayed_delivery=True,
         )
 
     async def close(self) -> None:

@@ -4,11 +4,13 @@ Field names are short (they are stored in every document):
 
 * event: ``st`` stream, ``p`` partition, ``n`` sequence, ``id``, ``t`` type,
   ``k`` key, ``d`` data (JSON text), ``h`` headers (JSON text, absent when
-  empty), ``at`` appended at;
+  empty), ``at`` appended at, ``da`` deliver at (absent: at once);
+* stream: ``sc`` (1: it has held a scheduled event; absent: never);
 * group: ``s`` stream, ``n`` name, ``ma`` max attempts, ``at`` created at,
   ``o`` ordering (``"key"``; absent: ``"none"``), ``parts`` per partition,
   ``np`` the partition count, ``w`` the work summary (partition, as text: the
-  sequence appended up to) and ``ws`` (1: the summary is kept; see ``_summary``);
+  sequence appended up to), ``ws`` (1: the summary is kept; see ``_summary``)
+  and ``sc`` (1: the stream has held a scheduled event; see ``_delay``);
 * delivery: ``g`` group id, ``p`` partition, ``s`` sequence, ``st`` state,
   ``a`` attempt, ``lid`` lease id, ``rc`` receipt, ``c`` consumer, ``dl``
   deadline, ``r`` ready at (only while available or leased), ``sb`` settled
@@ -72,6 +74,8 @@ def event_document(stream: str, record: AppendRecord, sequence: int, now: int) -
         "st": stream, "p": record.partition, "n": sequence, "id": record.id, "t": record.type,
         "k": record.key, "d": record.data_json, "at": now,
     }
+    if record.deliver_at_ms is not None:
+        doc["da"] = record.deliver_at_ms
     if record.headers:
         doc["h"] = json.dumps(dict(record.headers), separators=(",", ":"))
     return doc
@@ -119,6 +123,9 @@ class Group:
     paused_until: int = 0
     """The end of the group's pause, ms (``pz``; 0 or absent: not paused; 2^62: until
     resumed): a fetch of the group returns nothing before it."""
+    scheduled: bool = False
+    """The stream has held scheduled events (``sc``): a fetch looks for those not due
+    in its window (``_delay``); absent (every group before delayed delivery): never."""
 
     @classmethod
     def of(cls, doc: Mapping[str, Any], first: int = 0) -> Group:
@@ -132,7 +139,7 @@ class Group:
         return cls(doc["_id"], doc["s"], doc["n"], doc["ma"], doc["at"],
                    {first + i: part for i, part in enumerate(listed)}, count, ordering_of(doc),
                    {int(p): top for p, top in summary.items()} if doc.get("ws") else None,
-                   doc.get("pz", 0))
+                   doc.get("pz", 0), bool(doc.get("sc")))
 
     @property
     def ordered(self) -> bool:

@@ -9,7 +9,7 @@ in the group's work summary (``_summary``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pymongo import ASCENDING
@@ -17,6 +17,7 @@ from pymongo import ASCENDING
 from ..._model._stream import DeadLetter, StartPosition
 from .._shared import start_position
 from ._core import MongoCore
+from ._delay import count_scheduled
 from ._documents import Group
 from ._schema import ACTIVE_INDEX, REJECTED_INDEX
 from ._summary import initial
@@ -26,6 +27,16 @@ __all__ = ["ProgressOps"]
 
 class ProgressOps(MongoCore):
     """``frontier``, ``dead_letters``, ``redrive``, ``replay`` and ``reset``."""
+
+    async def scheduled(self, stream: str, after: Mapping[int, int]) -> dict[int, int]:
+        """Counted on the scheduled events' index; a stream that never held one
+        (``sc``, see ``_delay``) answers zeros from its document alone."""
+        await self._ready()
+        if not after:
+            return {}
+        if not (await self._stream_doc(stream)).get("sc"):
+            return dict.fromkeys(after, 0)
+        return await count_scheduled(self._events, stream, after, self._clock())
 
     async def frontier(self, stream: str, group: str) -> dict[int, int]:
         await self._ready()

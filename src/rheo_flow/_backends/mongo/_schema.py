@@ -22,6 +22,7 @@ __all__ = [
     "GROUP_DUE_INDEX",
     "KEYED_INDEX",
     "REJECTED_INDEX",
+    "SCHEDULED_INDEX",
     "SCHEMA_VERSION",
     "check_prefix",
     "check_schema",
@@ -48,6 +49,8 @@ GROUP_DUE_INDEX: Final = "group_due"
 soonest due first, in one index range."""
 REJECTED_INDEX: Final = "rejected"
 """Dead letters by group, partition, sequence."""
+SCHEDULED_INDEX: Final = "scheduled"
+"""The events carrying a time to deliver at (``da``), by position."""
 KEYED_INDEX: Final = "keyed"
 """The unsettled deliveries of key-ordered groups (only they store ``k``) by group, partition,
 key, sequence: whether a key has an unsettled delivery is one probe, whatever the history."""
@@ -92,6 +95,9 @@ def _index_specs(
          {"name": "stream_partition_sequence", "unique": True}),
         (events, [("st", ASCENDING), ("id", ASCENDING)],
          {"name": "stream_event_id", "unique": True}),
+        # Scheduled events by position (``_delay``): only those carry "da".
+        (events, [("st", ASCENDING), ("p", ASCENDING), ("n", ASCENDING), ("da", ASCENDING)],
+         {"name": SCHEDULED_INDEX, "partialFilterExpression": {"da": {"$exists": True}}}),
         (groups, [("s", ASCENDING), ("n", ASCENDING)],
          {"name": "stream_group", "unique": True}),
         (deliveries, [("g", ASCENDING), ("p", ASCENDING), ("s", ASCENDING)],

@@ -159,8 +159,12 @@ class StreamOps(MongoCore):
         }
         if keyed:
             doc["o"] = "key"  # absent: unordered, as every group written before orderings
+        if s.get("sc"):
+            doc["sc"] = 1
         try:
             await self._groups.insert_one(doc)
+            if not s.get("sc"):  # a first scheduled append meanwhile (``_delay.mark``)
+                await self._scheduled_since(s["_id"], doc)
             highs = await self._highs(s["_id"], range(s["np"]))
             await built(self._groups, Group.of(doc), highs)
             return doc, True
@@ -170,6 +174,13 @@ class StreamOps(MongoCore):
             if existing is None:  # pragma: no cover - groups are never deleted
                 raise
             return existing, False
+
+    async def _scheduled_since(self, stream: str, doc: dict[str, Any]) -> None:
+        """Mark the group ``doc`` just inserted when its stream was marked since it was
+        read: the mark's update of the groups may have run before the insert."""
+        if (await self._streams.find_one({"_id": stream}, {"sc": 1}) or {}).get("sc"):
+            await self._groups.update_one({"_id": doc["_id"]}, {"$set": {"sc": 1}})
+            doc["sc"] = 1
 
     async def group_info(self, stream: str, group: str) -> GroupInfo:
         await self._ready()
