@@ -9,7 +9,7 @@ from datetime import datetime
 from .._backend import Backend
 from .._model._errors import InvalidArgument
 from .._model._stream import GroupInfo
-from .._model._validation import check_name
+from .._model._validation import aware_ms, check_name
 
 __all__ = ["pause_group", "pause_until_ms", "resume_group"]
 
@@ -21,9 +21,7 @@ def pause_until_ms(until: object) -> int | None:
         return None
     if not isinstance(until, datetime):
         raise InvalidArgument(f"until must be a datetime or None, got {type(until).__name__}")
-    if until.tzinfo is None or until.utcoffset() is None:
-        raise InvalidArgument(f"until must be an aware datetime (with a time zone), got {until}")
-    ms = int(until.timestamp() * 1000)
+    ms = aware_ms("until", until)
     if ms <= int(time.time() * 1000):
         raise InvalidArgument(f"until must be in the future, got {until.isoformat()}")
     return ms

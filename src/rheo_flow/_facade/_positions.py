@@ -16,30 +16,24 @@ events), whatever the backend: a read of the stream, no lock, no change.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 from .._backend import Backend
 from .._model._errors import InvalidArgument
 from .._model._query import Query
+from .._model._validation import aware_ms
 
 __all__ = ["positions_at", "replay_at", "reset_at", "time_ms"]
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
 
 
 def time_ms(name: str, value: object) -> int:
     """An aware ``datetime`` as epoch milliseconds; anything else is an InvalidArgument."""
     if not isinstance(value, datetime):
         raise InvalidArgument(f"{name} must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidArgument(
-            f"{name} must be an aware datetime (with a timezone, e.g. "
-            f"datetime.now(UTC)), got the naive {value.isoformat()}")
-    # Exact, with no float: a time inside a millisecond stands for the next one (stamps
-    # are whole milliseconds: the events at or after it are those from the next on).
-    elapsed = value - _EPOCH
-    return elapsed // _MS + (1 if elapsed % _MS else 0)
+    # A time inside a millisecond stands for the next one (stamps are whole
+    # milliseconds: the events at or after it are those from the next on).
+    return aware_ms(name, value, round_up=True)
 
 
 async def replay_at(backend: Backend, stream: str, group: str, at: datetime,

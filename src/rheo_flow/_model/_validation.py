@@ -230,15 +230,24 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND: Final = timedelta(milliseconds=1)
 
 
+def aware_ms(name: str, value: datetime, *, round_up: bool = False) -> int:
+    """``value`` as milliseconds since the Unix epoch, exactly (no float): a time inside
+    a millisecond counts as that millisecond, or with ``round_up`` as the next one. A
+    naive datetime is an :class:`InvalidArgument` naming ``name``: its time zone would
+    be a guess."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(
+            f"{name} must be an aware datetime (with a time zone, e.g. datetime.now(UTC)), "
+            f"got {value!r}")
+    elapsed = value - _EPOCH
+    return elapsed // _MILLISECOND + (1 if round_up and elapsed % _MILLISECOND else 0)
+
+
 def check_deliver_at(value: object) -> int:
-    """``NewEvent.deliver_at`` as milliseconds since the Unix epoch: an aware datetime,
-    or an integer from 0 to :data:`MAX_SEQUENCE` (a naive datetime is refused: its
-    time zone would be a guess)."""
+    """``NewEvent.deliver_at`` as milliseconds since the Unix epoch: an aware datetime
+    (:func:`aware_ms`), or an integer from 0 to :data:`MAX_SEQUENCE`."""
     if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise InvalidArgument(
-                f"deliver_at must be an aware datetime (with a time zone), got {value!r}")
-        return (value - _EPOCH) // _MILLISECOND
+        return aware_ms("deliver_at", value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQUENCE:
         raise InvalidArgument(
             "deliver_at must be an aware datetime or milliseconds since the Unix epoch "
