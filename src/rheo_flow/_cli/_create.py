@@ -13,9 +13,8 @@ from .._backends._urls import redact_url
 from .._model._validation import MAX_PARTITIONS
 from ._command import Command
 from ._common import GroupArg, JsonOption, StreamArg, UrlOption, console, done, existing, run
-from ._ops import _start
 from ._retention import MaxAgeOption, MaxEventsOption, policy_of, policy_row, policy_text
-from ._times import TIME_HELP
+from ._times import TIME_HELP, parse_position
 
 if TYPE_CHECKING:
     from .._model._stream import StreamInfo
@@ -76,7 +75,7 @@ def create_group(
         raise typer.BadParameter(f"expected none or key, got {ordering!r}",
                                  param_hint="--ordering")
     chosen: Literal["none", "key"] = "key" if ordering == "key" else "none"
-    position = _start(start)
+    position = parse_position(start)
 
     async def go() -> tuple[int, bool]:
         from datetime import datetime

@@ -34,10 +34,10 @@ from ._common import (
     existing,
     run,
 )
-from ._times import TIME_HELP, format_time, looks_like_time, parse_time
+from ._times import TIME_HELP, format_time, parse_position, parse_time
 
 if TYPE_CHECKING:
-    from .._model._stream import DeadLetter, StartPosition
+    from .._model._stream import DeadLetter
 
 __all__ = ["register"]
 
@@ -185,17 +185,6 @@ def replay(
          f"{stream}/{group}: replaying from {start} ({where})")
 
 
-def _start(text: str) -> StartPosition | datetime:
-    if text in ("earliest", "latest"):
-        return text  # type: ignore[return-value]
-    if text.isdigit():
-        return int(text)
-    if looks_like_time(text):
-        return parse_time(text)
-    raise typer.BadParameter(
-        f"expected earliest, latest, a sequence or a time ({TIME_HELP}), got {text!r}")
-
-
 def reset(
     url: UrlOption,
     stream: StreamArg,
@@ -211,7 +200,7 @@ def reset(
 ) -> None:
     """Move a group to the earliest event, past the latest, past a sequence, or to a time."""
     out = console()
-    position = _start(to)
+    position = parse_position(to)
     shown = format_time(position) if isinstance(position, datetime) else position
     where = _partitions_text(partition)
     confirm(out, f"reset {stream}/{group} to {shown} ({where})", yes)

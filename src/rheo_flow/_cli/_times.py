@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import typer
 
+if TYPE_CHECKING:
+    from .._model._stream import StartPosition
+
 __all__ = ["DURATION_HELP", "TIME_HELP", "format_duration", "format_time", "looks_like_time",
-           "parse_duration", "parse_time"]
+           "parse_duration", "parse_position", "parse_time"]
 
 TIME_HELP: Final = ("an ISO 8601 time with its timezone (2026-12-07T09:30:00Z, "
                     "2026-12-07T10:30+01:00) or a duration before now (-90s, -15m, -2h, -7d)")
@@ -64,6 +67,19 @@ def parse_time(text: str, *, now: datetime | None = None) -> datetime:
             f"{text!r} has no timezone: add one (Z for UTC, or +01:00), so that it names "
             "one moment wherever it is run")
     return value
+
+
+def parse_position(text: str) -> StartPosition | datetime:
+    """Where ``reset --to`` and ``create-group --start`` put a group: ``earliest``,
+    ``latest``, after a sequence, or at a time (:func:`parse_time`)."""
+    if text in ("earliest", "latest"):
+        return text  # type: ignore[return-value]
+    if text.isdigit():
+        return int(text)
+    if looks_like_time(text):
+        return parse_time(text)
+    raise typer.BadParameter(
+        f"expected earliest, latest, a sequence or a time ({TIME_HELP}), got {text!r}")
 
 
 def format_time(value: datetime) -> str:
