@@ -31,8 +31,8 @@ from ._config import (
 )
 from ._listener import Listener
 from ._migrations import ensure_schema
-from ._outbox import Caller, CallerConnections
-from ._pool import PoolCalls, connect_listener, create_pool, driver
+from ._outbox import CallerConnections
+from ._pool import Fetches, PoolCalls, connect_listener, create_pool, driver
 from ._sql import Statements
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ class PostgresCore(Backend):
                     log.debug("closing the pool failed (%s); terminating it", exc)
                     pool.terminate()
 
-    async def _check_caller(self, conn: object, operation: str) -> Caller:
+    async def _check_caller(self, conn: object, operation: str) -> Fetches:
         """The statements' way onto an application's connection; refuse one the backend
         cannot write on (see :class:`~._outbox.CallerConnections`)."""
         return await self._callers.check(conn, operation, await self._ready())

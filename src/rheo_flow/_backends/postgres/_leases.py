@@ -156,7 +156,7 @@ class LeaseOps(PostgresCore):
         it short after this call. Results are as for :meth:`ack`.
         """
         caller = await self._check_caller(conn, "ack")
-        return await self._settle(leases, "ack", "", 0, None, caller.plain)
+        return await self._settle(leases, "ack", "", 0, None, caller)
 
     async def renew(self, leases: Sequence[Lease], lease_ms: int) -> list[SettleResult]:
         batch = await self._batch(leases)

@@ -17,7 +17,6 @@ failure is undone alone, in the same round trip, and the caller's transaction go
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._model._errors import InvalidArgument
@@ -27,15 +26,7 @@ from ._psycopg import AsyncPsycopg, SyncPsycopg, check_psycopg, psycopg_kind
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["Caller", "CallerConnections"]
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """An application's connection, checked, as the backend's statements run on it."""
-
-    plain: Fetches
-    """Statements in the caller's transaction."""
+__all__ = ["CallerConnections"]
 
 
 class CallerConnections:
@@ -51,14 +42,14 @@ class CallerConnections:
         # connection: a pool hands out a new proxy on every acquire).
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    async def check(self, conn: Any, operation: str, pool: PoolCalls) -> Caller:
-        """The statements' way onto ``conn``; :class:`~rheo_flow.InvalidArgument` unless it
-        is an asyncpg or psycopg connection inside a transaction on the backend's
-        database (``pool``'s)."""
+    async def check(self, conn: Any, operation: str, pool: PoolCalls) -> Fetches:
+        """The statements' way onto ``conn``, in its transaction;
+        :class:`~rheo_flow.InvalidArgument` unless it is an asyncpg or psycopg connection
+        inside a transaction on the backend's database (``pool``'s)."""
         caller, raw = _caller(conn, operation)
         if raw is not None and raw in self._checked:
             return caller
-        theirs = await self._identify(caller.plain)
+        theirs = await self._identify(caller)
         ours = self._identity
         if ours != theirs:
             # Once more from the pool: a restarted server has another start time.
@@ -74,14 +65,14 @@ class CallerConnections:
         return database, started, schema_oid
 
 
-def _caller(conn: Any, operation: str) -> tuple[Caller, Any]:
+def _caller(conn: Any, operation: str) -> tuple[Fetches, Any]:
     """The statements' way onto ``conn``, and the connection to remember it checked by."""
     kind = psycopg_kind(conn)
     if kind is not None:
         check_psycopg(conn, operation)
         if kind == "async":
-            return Caller(AsyncPsycopg(conn)), conn
-        return Caller(SyncPsycopg(conn)), conn
+            return AsyncPsycopg(conn), conn
+        return SyncPsycopg(conn), conn
     asyncpg = driver()
     if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
         raise InvalidArgument(
@@ -92,7 +83,7 @@ def _caller(conn: Any, operation: str) -> tuple[Caller, Any]:
         raise InvalidArgument(
             f"{operation}(connection=...) needs a connection inside a transaction "
             "(async with conn.transaction(): ...)")
-    return Caller(conn), _raw(conn)
+    return conn, _raw(conn)
 
 
 def _raw(conn: Any) -> asyncpg.Connection | None:

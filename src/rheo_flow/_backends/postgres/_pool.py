@@ -32,7 +32,7 @@ def driver() -> Any:
 
 class Fetches(Protocol):
     """What runs one statement and returns its rows: :class:`PoolCalls`, or the caller's
-    connection in the outbox (:class:`~._outbox.Caller`)."""
+    connection in the outbox (checked by :class:`~._outbox.CallerConnections`)."""
 
     async def fetch(self, sql: str, *args: Any) -> list[Any]: ...
 

@@ -134,7 +134,7 @@ class StreamOps(PostgresCore):
         if not records:
             return []
         _check_records(stream, meta, records)
-        return await self._append_records(caller.plain, stream, meta, records)
+        return await self._append_records(caller, stream, meta, records)
 
     async def _append_records(self, pool: Fetches, stream: str, meta: StreamMeta,
                               records: Sequence[AppendRecord]) -> list[Event]:
