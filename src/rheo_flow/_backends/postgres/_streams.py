@@ -44,18 +44,14 @@ def event_of(stream: str, row: Any) -> Event:
 
 
 class _DuplicateId(Exception):
-    """The append's answer that some id is stored already (functions/append_guarded.sql),
-    as the unique violation it was before (the same retry takes it)."""
-
-    constraint_name = "events_event_id"
+    """The append's answer that some id is stored already (functions/append_guarded.sql
+    answers it instead of raising the unique violation): the caller looks the stored ids
+    up and appends the others."""
 
 
 def _duplicate_id(exc: BaseException) -> bool:
-    """Whether ``exc`` is an append meeting an event id already stored (asyncpg names the
-    constraint on the error, psycopg in its ``diag``)."""
-    name = getattr(exc, "constraint_name", None) or getattr(
-        getattr(exc, "diag", None), "constraint_name", None)
-    return name == "events_event_id"
+    """Whether ``exc`` is an append meeting an event id already stored."""
+    return isinstance(exc, _DuplicateId)
 
 
 def _check_records(stream: str, meta: StreamMeta, records: Sequence[AppendRecord]) -> None:
