@@ -122,8 +122,8 @@ def _in_savepoint(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection],
 
 @functools.lru_cache(maxsize=64)
 def _same_file(found: str, path: str) -> bool:
-    """Whether the paths name one file (remembered: two path resolutions per append
-    were a fifth of its cost)."""
+    """Whether the paths name one file (remembered: otherwise every append in the
+    application's transaction resolves both paths again)."""
     if os.path.realpath(found) == os.path.realpath(path):
         return True
     try:
