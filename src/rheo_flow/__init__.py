@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         Unsupported,
     )
     from ._model._event import Event, NewEvent
+    from ._model._lag import GroupLag, LagReport, PartitionLag
     from ._model._lease import Lease
     from ._model._outcome import (
         ACK,
@@ -84,9 +85,11 @@ __all__ = [
     "Event",
     "Group",
     "GroupInfo",
+    "GroupLag",
     "GroupStats",
     "InvalidArgument",
     "InvalidCapabilities",
+    "LagReport",
     "Lease",
     "ManualClock",
     "MissingExtra",
@@ -95,6 +98,7 @@ __all__ = [
     "Outcome",
     "OutcomeUnknown",
     "Page",
+    "PartitionLag",
     "Producer",
     "ProducerStats",
     "Query",
@@ -164,6 +168,9 @@ _HOMES: Final[dict[str, str]] = {
     "SettleResult": "._model._settle_results",
     "classify": "._model._settle_results",
     "DeadLetter": "._model._stream",
+    "GroupLag": "._model._lag",
+    "LagReport": "._model._lag",
+    "PartitionLag": "._model._lag",
     "GroupInfo": "._model._stream",
     "Retention": "._model._stream",
     "StreamInfo": "._model._stream",

@@ -23,6 +23,7 @@ from ._model._append_records import AppendRecord
 from ._model._capabilities import Capabilities
 from ._model._errors import UnknownGroup, UnknownStream, Unsupported
 from ._model._event import Event
+from ._model._lag import LagReport
 from ._model._lease import Lease
 from ._model._query import Query
 from ._model._settle_results import SettleKind, SettleResult
@@ -270,6 +271,20 @@ class Backend(ABC):
             except UnknownGroup:
                 continue
         return out
+
+    async def lag_report(self, streams: Sequence[str] | None) -> LagReport:
+        """Every group of ``streams`` (``None``: every stream), per partition: high water,
+        frontier, scheduled events, the oldest unsettled event's append time, and per
+        group its dead letters and pause, at one reading of :meth:`now_ms` (rule
+        ``lag.report``).
+
+        This default composes the backend's other reads, a few round trips per group
+        and partition; a backend overrides it to answer in a bounded number of round
+        trips however many streams there are (what a metrics scrape needs).
+        """
+        from ._facade._lag import composed_lag_report
+
+        return await composed_lag_report(self, streams)
 
     @abstractmethod
     async def dead_letters(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 from ._backend import Backend
 from ._backends._urls import backend_from_url, split_url_option
 from ._facade._delay import scheduled_counts, undelayed
+from ._facade._groups import create_group_checked
 from ._facade._in_transaction import ack_in_transaction, open_in_transaction
 from ._facade._pause import pause_group, resume_group
 from ._facade._positions import replay_at, reset_at
@@ -21,8 +22,9 @@ from ._facade._retention import apply_retention, check_retention, store_retentio
 from ._facade._transaction import Transaction
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
-from ._model._errors import InvalidArgument, UnknownGroup
+from ._model._errors import InvalidArgument
 from ._model._event import Event, NewEvent
+from ._model._lag import LagReport
 from ._model._lease import Lease
 from ._model._query import Page, Query, decode_cursor
 from ._model._settle_results import SettleResult, classify
@@ -43,7 +45,6 @@ from ._model._validation import (
     check_start,
     check_timeout_s,
     invalid_text,
-    ordering_mismatch,
 )
 from ._support._lazy import LazyModule
 
@@ -257,36 +258,11 @@ class Rheo:
     async def _create_group(self, stream: str, group: str, start: StartPosition,
                             max_attempts: int | None, ordering: str | None) -> GroupInfo:
         """:meth:`create_group`; ``ordering=None``: an existing group's, whatever it is."""
-        check_name("stream", stream)
-        check_name("group", group)
-        check_start("start", start)
-        if max_attempts is not None:
-            check_positive_int("max_attempts", max_attempts, maximum=1_000_000)
-        key_ordering = self._backend.capabilities.key_ordering
-        if ordering == "key":
-            if not key_ordering:
-                raise InvalidArgument(f'ordering="key" needs a backend declaring key_ordering; '
-                                      f"backend {self._backend.name!r} does not (docs/ordering.md)")
-            info = await self._backend.create_group(
-                stream, group, start, max_attempts, ordering="key")
-        else:
-            if ordering == "none" and max_attempts is not None and key_ordering:
-                await self._check_unordered(stream, group)  # before max_attempts changes
-            info = await self._backend.create_group(stream, group, start, max_attempts)
-        if ordering is not None and info.ordering != ordering:
-            raise ordering_mismatch(stream, group, info.ordering, ordering)
+        info = await create_group_checked(self._backend, stream, group, start, max_attempts,
+                                          ordering)
         self._known_groups.add((stream, group))
         self._max_attempts[(stream, group)] = info.max_attempts
         return info
-
-    async def _check_unordered(self, stream: str, group: str) -> None:
-        """Raise the mismatch when the group exists with ``ordering="key"``."""
-        try:
-            existing = await self._backend.group_info(stream, group)
-        except UnknownGroup:
-            return
-        if existing.ordering != "none":
-            raise ordering_mismatch(stream, group, existing.ordering, "none")
 
     async def _ensure_group(self, stream: str, group: str, *, max_attempts: int | None = None,
                             ordering: str | None = None) -> GroupInfo:
@@ -460,6 +436,15 @@ class Rheo:
         frontier = await self.frontier(stream, group)
         high = await self.high_water(stream)
         return {p: max(0, high[p] - frontier.get(p, 0)) for p in high}
+
+    async def lag_report(self, streams: Sequence[str] | None = None) -> LagReport:
+        """Lag, scheduled events, oldest unsettled event, dead letters and pause of every
+        group of ``streams`` (default: every stream), read from the store in one go."""
+        if isinstance(streams, str):
+            raise InvalidArgument(f"streams must be a list of names, got the string {streams!r}")
+        if streams is not None:
+            streams = [check_name("stream", name) for name in streams]
+        return await self._backend.lag_report(streams)
 
     async def scheduled(self, stream: str, group: str) -> dict[int, int]:
         """Per partition, how many events of :meth:`lag` wait for their ``deliver_at``."""
