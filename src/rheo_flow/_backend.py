@@ -276,15 +276,14 @@ class Backend(ABC):
         """Every group of ``streams`` (``None``: every stream), per partition: high water,
         frontier, scheduled events, the oldest unsettled event's append time, and per
         group its dead letters and pause, at one reading of :meth:`now_ms` (rule
-        ``lag.report``).
+        ``lag.report``), in a bounded number of round trips however many streams
+        there are (what a metrics scrape needs).
 
-        This default composes the backend's other reads, a few round trips per group
-        and partition; a backend overrides it to answer in a bounded number of round
-        trips however many streams there are (what a metrics scrape needs).
+        This default raises :class:`~rheo_flow.Unsupported`: ``Rheo.lag_report`` then
+        composes the report from the backend's other reads, a few round trips per
+        group and partition.
         """
-        from ._facade._lag import composed_lag_report
-
-        return await composed_lag_report(self, streams)
+        raise Unsupported(self.name, "lag_report")
 
     @abstractmethod
     async def dead_letters(

@@ -15,6 +15,7 @@ from ._backends._urls import backend_from_url, split_url_option
 from ._facade._delay import scheduled_counts, undelayed
 from ._facade._groups import create_group_checked
 from ._facade._in_transaction import ack_in_transaction, open_in_transaction
+from ._facade._lag import composed_lag_report
 from ._facade._pause import pause_group, resume_group
 from ._facade._positions import replay_at, reset_at
 from ._facade._reads import check_query_fields, dead_letter_positions, page_of
@@ -22,7 +23,7 @@ from ._facade._retention import apply_retention, check_retention, store_retentio
 from ._facade._transaction import Transaction
 from ._model._append_records import DEFAULT_MAX_EVENT_BYTES, append_records, check_max_event_bytes
 from ._model._capabilities import Capabilities
-from ._model._errors import InvalidArgument
+from ._model._errors import InvalidArgument, Unsupported
 from ._model._event import Event, NewEvent
 from ._model._lag import LagReport
 from ._model._lease import Lease
@@ -444,7 +445,10 @@ class Rheo:
             raise InvalidArgument(f"streams must be a list of names, got the string {streams!r}")
         if streams is not None:
             streams = [check_name("stream", name) for name in streams]
-        return await self._backend.lag_report(streams)
+        try:
+            return await self._backend.lag_report(streams)
+        except Unsupported:
+            return await composed_lag_report(self._backend, streams)
 
     async def scheduled(self, stream: str, group: str) -> dict[int, int]:
         """Per partition, how many events of :meth:`lag` wait for their ``deliver_at``."""
