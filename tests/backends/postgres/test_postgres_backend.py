@@ -207,7 +207,7 @@ RELEASED_FUNCTIONS = {
 OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
 CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_frontiers",
-                     "append_guarded",
+                     "append_guarded", "append_one",
                      "claim_cursors", "expire_spent", "fetch", "fetch_by_key", "fetch_scan",
                      "fetch_work",
                      "holding_locks",

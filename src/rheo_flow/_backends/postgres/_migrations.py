@@ -148,9 +148,11 @@ FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 _LATE_FUNCTIONS: Final = ("{s}.held()", "{s}.append_guarded(integer, text, text, text, text, "
-                                       "text, text[], text, text, text)")
+                                       "text, text[], text, text, text)",
+                           "{s}.append_one(integer, integer, text, text, text, text, text, "
+                           "text, text, bigint)")
 """Functions added while the current version was unreleased (the named codes of
-functions/states.sql, then functions/append_guarded.sql): a schema at the current
+functions/states.sql, then functions/append_guarded.sql and its append_one): a schema at the current
 version without one gets the current functions installed (or, not migrating, is
 refused)."""
 

@@ -74,6 +74,7 @@ class Statements:
     describe_streams: str
     describe_groups: str
     append: str
+    append_one: str
     mark_scheduled: str
     scheduled_counts: str
     database_identity: str

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from ..._backend import AppendRecord
-from ..._model._errors import BackendError, ConflictError, InvalidArgument
+from ..._model._errors import BackendError, ConflictError, InvalidArgument, UnknownStream
 from ..._model._event import Event, decode_json, make_event_json
 from ..._model._query import Query
 from ..._model._stream import Retention, StreamInfo
@@ -195,6 +195,9 @@ class StreamOps(PostgresCore):
                 "event ids, types and keys must be valid Unicode text") from None
         deliver_at = None
         payload = stream
+        if len(records) == 1:
+            # (the texts above were encoded all the same: it proved them valid Unicode)
+            return await self._insert_one(pool, stream, meta, records[0])
         if any(r.deliver_at_ms is not None for r in records):
             await self._mark_scheduled(meta)
             deliver_at = "{" + ",".join(["NULL" if r.deliver_at_ms is None
@@ -216,6 +219,29 @@ class StreamOps(PostgresCore):
                                   dict(r.headers) if r.headers else {}, at)
             for r, seq in zip(records, seqs, strict=True)
         }
+
+    async def _insert_one(self, pool: Fetches, stream: str, meta: StreamMeta,
+                          record: AppendRecord) -> dict[str, Event]:
+        """:meth:`_insert_events` of one event: ``append_one``, no subtransaction."""
+        payload = stream
+        if record.deliver_at_ms is not None:
+            await self._mark_scheduled(meta)
+            payload = scheduled_payload(stream, [record])
+        headers = record.headers
+        [row] = await pool.fetch(
+            self._sql.append_one, meta.id, record.partition, record.id, record.type, record.key,
+            record.data_json,
+            json.dumps(headers, separators=(",", ":"), ensure_ascii=False) if headers else None,
+            self._channel, payload, record.deliver_at_ms,
+        )
+        at, seq, duplicate = row[0], row[1], row[2]
+        if duplicate:
+            raise _DuplicateId("the event id of the append is stored already")
+        if seq is None:
+            raise UnknownStream(stream)
+        return {record.id: make_event_json(stream, record.partition, seq, record.id,
+                                           record.type, record.data_json, record.key,
+                                           dict(headers) if headers else {}, at)}
 
     async def _mark_scheduled(self, meta: StreamMeta) -> None:
         """Flag the stream as holding scheduled events, committed before they are

@@ -68,6 +68,13 @@ ORDER BY g.name COLLATE "C"
 SELECT o_appended_at_ms, o_seqs, o_duplicate
 FROM {s}.append_guarded($1, $2, $3, $4, $5, $6, $7::text[], $8, $9, $10)
 
+-- The append of one event (functions/append_guarded.sql, append_one): the same
+-- answer for one event, without a subtransaction; every parameter of the event's
+-- text typed text, as above.
+-- name: append_one
+SELECT o_appended_at_ms, o_seq, o_duplicate
+FROM {s}.append_one($1, $2, $3::text, $4::text, $5::text, $6::text, $7::text, $8, $9, $10)
+
 -- Before a stream's first scheduled event is appended (its own transaction, committed
 -- first): from then on its fetches look for scheduled events (functions/fetch.sql).
 -- name: mark_scheduled

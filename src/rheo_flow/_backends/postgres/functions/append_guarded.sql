@@ -65,3 +65,52 @@ EXCEPTION WHEN unique_violation THEN
     o_duplicate := true;
 END
 $fn$;
+
+-- append_one: the append of ONE event (the common append, and the outbox's), without a
+-- subtransaction: the partition row is locked and its high water moved by one UPDATE,
+-- the event inserted with ON CONFLICT DO NOTHING on its id (a racing append of the
+-- same id is waited for; once committed, it wins). A stored id moves the high water
+-- back in the same transaction, under the same lock, and answers o_duplicate: nothing
+-- was appended, no sequence consumed, no notification sent, and the application's
+-- transaction goes on. A subtransaction per append would also count against the 64
+-- that PostgreSQL caches per transaction: an application transaction appending more
+-- events than that one by one would slow every session's snapshots.
+--
+-- Reply: one row. o_duplicate false: the event was appended at o_appended_at_ms with
+-- sequence o_seq (both NULL: the stream was deleted meanwhile). o_duplicate true:
+-- nothing was appended (its id is stored already).
+
+CREATE OR REPLACE FUNCTION {s}.append_one(p_stream integer, p_part integer, p_id text,
+                                          p_type text, p_key text, p_data text,
+                                          p_headers text, p_channel text, p_payload text,
+                                          p_deliver_at bigint,
+                                          OUT o_appended_at_ms bigint, OUT o_seq bigint,
+                                          OUT o_duplicate boolean)
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    o_appended_at_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    UPDATE {s}.partitions SET high_water = high_water + 1
+    WHERE stream_id = p_stream AND part = p_part
+    RETURNING high_water INTO o_seq;
+    o_duplicate := false;
+    IF o_seq IS NULL THEN  -- the stream was deleted meanwhile
+        o_appended_at_ms := NULL;
+        RETURN;
+    END IF;
+    INSERT INTO {s}.events (stream_id, part, seq, appended_at_ms, event_id, type, key, data,
+                            headers, deliver_at_ms)
+    VALUES (p_stream, p_part, o_seq, o_appended_at_ms, p_id, p_type, p_key, p_data::json,
+            p_headers::json, p_deliver_at)
+    ON CONFLICT (stream_id, event_id) DO NOTHING;
+    IF NOT FOUND THEN
+        UPDATE {s}.partitions SET high_water = high_water - 1
+        WHERE stream_id = p_stream AND part = p_part;
+        o_appended_at_ms := NULL;
+        o_seq := NULL;
+        o_duplicate := true;
+        RETURN;
+    END IF;
+    PERFORM pg_notify(p_channel, p_payload);
+END
+$fn$;
