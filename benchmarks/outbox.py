@@ -5,7 +5,9 @@ Measured in one run, contenders in alternating rounds, medians reported:
 * **transaction cost**: an application transaction inserting one row and appending one
   event (``Rheo.append(..., connection=conn)``) against the same transaction inserting
   the row alone, one transaction after another on one connection of the application's
-  (``ms/transaction``; ratio = the cost of the append, target <= 1.3x).
+  (``ms/transaction``; ratio = the cost of the append, target <= 1.3x); beside it, the
+  same transaction inserting a second plain row instead (a unique text id and the
+  event's JSON, in a table of its own): what any second write costs, the floor.
 * **concurrent appends**: 8 tasks, each on a connection of its own, running application
   transactions that append one event each to its own partition of one 8-partition
   stream, against 8 tasks appending one event each with a plain ``Rheo.append`` on the
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 
 from benchmarks._common import Result, alternating_rounds, payload
 from rheo_flow import NewEvent, Rheo
@@ -52,6 +55,7 @@ class App:
     def __init__(self, kind: str, target: str) -> None:
         self.kind, self.target = kind, target
         self.table = f"{SCHEMA}.rows" if kind == "postgres" else "rows"
+        self.floor = f"{SCHEMA}.floor" if kind == "postgres" else "floor"
 
     async def connect(self) -> Any:
         if self.kind == "postgres":
@@ -67,7 +71,7 @@ class App:
         if self.kind == "postgres":
             await conn.execute(sql, *args)
         else:
-            conn.execute(sql.replace("$1", "?"), args)
+            conn.execute(sql.replace("$1", "?").replace("$2", "?"), args)
 
     async def transaction(self, conn: Any, body: Callable[[], Awaitable[None]]) -> None:
         """``body`` in one transaction of ``conn`` (BEGIN IMMEDIATE on SQLite)."""
@@ -77,15 +81,20 @@ class App:
 
 
 async def transaction_cost(rheo: Rheo, app: App, conn: Any, transactions: int,
-                           append: bool) -> float:
-    """Milliseconds per application transaction: one row, and one event if ``append``."""
+                           second: str | None) -> float:
+    """Milliseconds per application transaction: one row, and, as ``second`` says, one
+    event appended (``"append"``) or one row of the :data:`FLOOR` table (``"insert"``)."""
     started = time.perf_counter()
+    round_id = time.perf_counter_ns()
     for i in range(transactions):
         async def body(i: int = i) -> None:
             await app.run(conn, f"INSERT INTO {app.table} VALUES ($1)", i)
-            if append:
+            if second == "append":
                 await rheo.append("orders", NewEvent("order.placed", payload(i)),
                                   connection=conn)
+            elif second == "insert":
+                await app.run(conn, f"INSERT INTO {app.floor} VALUES ($1, $2)",
+                              f"{round_id}-{i}", orjson.dumps(payload(i)).decode())
         await app.transaction(conn, body)
     return (time.perf_counter() - started) * 1000 / transactions
 
@@ -136,15 +145,25 @@ async def _suite(kind: str, rheo: Rheo, app: App, quick: bool) -> list[Result]:
     conns = [await app.connect() for _ in range(TASKS)]
     try:
         await app.run(conns[0], f"CREATE TABLE IF NOT EXISTS {app.table} (id int)")
+        await app.run(conns[0], f"CREATE TABLE IF NOT EXISTS {app.floor} "
+                                "(id text PRIMARY KEY, data text NOT NULL)")
         note = (f"{transactions} transactions in a row on one connection, median of {rounds} "
                 "alternating rounds")
         costs = await alternating_rounds(rounds, {
-            "row": lambda: transaction_cost(rheo, app, conns[0], transactions, False),
-            "row+event": lambda: transaction_cost(rheo, app, conns[0], transactions, True),
+            "row": lambda: transaction_cost(rheo, app, conns[0], transactions, None),
+            "row+event": lambda: transaction_cost(rheo, app, conns[0], transactions, "append"),
+            "row+row": lambda: transaction_cost(rheo, app, conns[0], transactions, "insert"),
         })
-        results = [Result.compared("transaction: row + append vs row alone", kind,
-                                   costs["row+event"], "ms/transaction", costs["row"], note,
-                                   baseline_name="row alone")]
+        results = [
+            Result.compared("transaction: row + append vs row alone", kind,
+                            costs["row+event"], "ms/transaction", costs["row"], note,
+                            baseline_name="row alone"),
+            # What any second write costs: a row with a unique text id and the event's
+            # JSON in a table of the application's (the floor of an append's cost).
+            Result.compared("transaction: row + a second plain insert vs row alone", kind,
+                            costs["row+row"], "ms/transaction", costs["row"], note,
+                            baseline_name="row alone"),
+        ]
         note = (f"{TASKS} tasks x {per_task} one-event appends, each to its own partition of "
                 f"{PARTITIONS}; median of {rounds} alternating rounds")
         rates = await alternating_rounds(rounds, {

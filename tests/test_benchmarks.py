@@ -55,11 +55,14 @@ async def test_outbox_suite_contenders_write_what_they_time(tmp_path: Path) -> N
         await rheo.create_stream("wide", partitions=outbox_suite.PARTITIONS)
         conns = [await app.connect() for _ in range(outbox_suite.TASKS)]
         await app.run(conns[0], f"CREATE TABLE {app.table} (id int)")
-        assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, True) > 0
-        assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, False) > 0
+        await app.run(conns[0], f"CREATE TABLE {app.floor} (id text PRIMARY KEY, data text)")
+        assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, "append") > 0
+        assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, None) > 0
+        assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, "insert") > 0
         assert await outbox_suite.concurrent_appends(rheo, app, conns, 3, True) > 0
         assert await outbox_suite.concurrent_appends(rheo, app, conns, 2, False) > 0
-        assert conns[0].execute(f"SELECT count(*) FROM {app.table}").fetchone() == (20,)
+        assert conns[0].execute(f"SELECT count(*) FROM {app.table}").fetchone() == (30,)
+        assert conns[0].execute(f"SELECT count(*) FROM {app.floor}").fetchone() == (10,)
         assert await rheo.high_water("orders") == {0: 10}
         assert await rheo.high_water("wide") == dict.fromkeys(range(8), 5)
         for conn in conns:
