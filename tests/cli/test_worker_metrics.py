@@ -10,10 +10,8 @@ Every wait is on a condition with a deadline.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -24,6 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from _tcp_proxy import Proxy, free_port
 from rheo_flow import NewEvent, Rheo
 
 WaitUntil = Callable[..., Awaitable[None]]
@@ -147,13 +146,6 @@ async def _stop_all(store: Store) -> None:
             await proc.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def _get(port: int, path: str) -> tuple[int, str, str]:
     """Status, content type and body of ``GET path``."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -209,7 +201,7 @@ async def _backlog_is_tracked(store: Store, port: int, wait_until: WaitUntil) ->
 
 async def test_worker_metrics_follow_the_lag_the_cli_prints(
         store: Store, wait_until: WaitUntil) -> None:
-    port = _free_port()
+    port = free_port()
     proc = await store.start("worker", "app:jobs", "--url", store.url, "--health-port",
                              str(port), "--health-host", "127.0.0.1",
                              "--metrics-interval", "100ms")
@@ -236,7 +228,7 @@ async def test_worker_metrics_follow_the_lag_the_cli_prints(
 
 async def test_the_inflight_gauge_counts_held_leases(
         store: Store, wait_until: WaitUntil) -> None:
-    port = _free_port()
+    port = free_port()
     await store.append(EVENTS)
     await store.start("worker", "app:jobs", "--url", store.url, "--health-port", str(port),
                       "--health-host", "127.0.0.1")
@@ -256,7 +248,7 @@ async def _equals(read: Callable[[], Awaitable[float]], expected: float) -> bool
 
 
 async def test_lag_json_for_keda(store: Store, wait_until: WaitUntil) -> None:
-    port = _free_port()
+    port = free_port()
     await store.start("worker", "app:jobs", "--url", store.url, "--health-port", str(port),
                       "--health-host", "127.0.0.1", "--metrics-interval", "100ms")
     await wait_until(lambda: _up(port), timeout=20)
@@ -281,7 +273,7 @@ async def test_lag_json_for_keda(store: Store, wait_until: WaitUntil) -> None:
 
 
 async def test_the_exporter_needs_no_worker(store: Store, wait_until: WaitUntil) -> None:
-    port = _free_port()
+    port = free_port()
     proc = await store.start("metrics", "--port", str(port), "--host", "127.0.0.1",
                              "--url", store.url, "--interval", "100ms", "--streams", "jobs")
     await wait_until(lambda: _up(port, "/readyz"), timeout=20, message="exporter ready")
@@ -299,58 +291,14 @@ async def test_the_exporter_needs_no_worker(store: Store, wait_until: WaitUntil)
     assert await asyncio.wait_for(proc.wait(), 20) == 0, store.log(proc)
 
 
-class Proxy:
-    """A TCP proxy to a server that the test can cut (every connection dropped, new ones
-    refused) and restore on the same port."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self._target = target
-        self.port = _free_port()
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def open(self) -> None:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
-
-    async def cut(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        for writer in list(self._writers):
-            writer.transport.abort()
-        self._writers.clear()
-        if server is not None:
-            await server.wait_closed()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self._target)
-        except OSError:
-            writer.transport.abort()
-            return
-        self._writers.update((writer, up_writer))
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError, OSError):
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    writer.transport.abort()
-
-
 async def test_readiness_follows_the_store(
         tmp_path: Path, postgres_schema_url: str, wait_until: WaitUntil) -> None:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(postgres_schema_url)
-    proxy = Proxy((parts.hostname or "127.0.0.1", parts.port or 5432))
+    proxy = Proxy.to(postgres_schema_url, 5432)
     await proxy.open()
-    proxied = postgres_schema_url.replace(parts.netloc, _with_port(parts.netloc, proxy.port), 1)
+    proxied = proxy.url(postgres_schema_url)
     store = await _store(tmp_path, proxied)
     try:
-        port = _free_port()
+        port = free_port()
         proc = await store.start("worker", "app:jobs", "--url", proxied, "--health-port",
                                  str(port), "--health-host", "127.0.0.1",
                                  "--probe-interval", "100ms", "--probe-timeout", "1s")
@@ -371,8 +319,3 @@ async def test_readiness_follows_the_store(
     finally:
         await _stop_all(store)
         await proxy.cut()
-
-
-def _with_port(netloc: str, port: int) -> str:
-    credentials, at, host = netloc.rpartition("@")
-    return f"{credentials}{at}{host.rsplit(':', 1)[0] if ':' in host else host}:{port}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..._model._errors import InvalidArgument
+from ..._model._errors import MissingExtra
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -20,8 +20,8 @@ __all__ = ["CONTENT_TYPE", "MISSING_EXTRA", "PrometheusExport", "available"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Prometheus text format's content type."""
-MISSING_EXTRA = ("metrics need the prometheus extra: pip install 'rheo-flow[prometheus]' "
-                 "(opentelemetry-exporter-prometheus)")
+MISSING_EXTRA = str(MissingExtra("/metrics endpoint", "prometheus",
+                                  "opentelemetry-exporter-prometheus"))
 
 
 def available() -> bool:
@@ -46,7 +46,8 @@ class PrometheusExport:
 
     def __init__(self, *, runtime: bool) -> None:
         if not available():
-            raise InvalidArgument(MISSING_EXTRA)
+            raise MissingExtra("/metrics endpoint", "prometheus",
+                               "opentelemetry-exporter-prometheus")
         from opentelemetry.sdk.metrics import MeterProvider
         from prometheus_client import CollectorRegistry, ProcessCollector
 
