@@ -319,3 +319,19 @@ async def test_readiness_follows_the_store(
     finally:
         await _stop_all(store)
         await proxy.cut()
+
+
+@pytest.mark.parametrize("url", ["sqlite"], indirect=True)
+async def test_the_supervisor_serves_the_store_gauges(
+        store: Store, wait_until: WaitUntil) -> None:
+    port = free_port()
+    proc = await store.start("worker", "app:jobs", "--url", store.url, "--processes", "2",
+                             "--health-port", str(port), "--health-host", "127.0.0.1",
+                             "--metrics-interval", "100ms")
+    await wait_until(lambda: _up(port, "/readyz"), timeout=30, message="both children ready")
+    await _backlog_is_tracked(store, port, wait_until)
+    _, _, page = await _get(port, "/metrics")
+    names = {family.name for family in text_string_to_metric_families(page)}
+    assert "rheo_consumer_leases_inflight" not in names  # the children's stay with them
+    proc.terminate()
+    assert await asyncio.wait_for(proc.wait(), 30) == 0, store.log(proc)
