@@ -263,7 +263,8 @@ async def test_health_file_and_endpoint(sqlite_app: App, wait_until: WaitUntil) 
     await wait_until(lambda: _status_when_up(port, "/readyz"), timeout=20)
     assert await _get(port, "/readyz") == 200
     assert await _get(port, "/healthz") == 200
-    assert await _get(port, "/metrics") == 404
+    assert await _get(port, "/metrics") == 200  # on by default with a health port
+    assert await _get(port, "/nowhere") == 404
     first_touch = health.stat().st_mtime_ns
     await wait_until(lambda: health.stat().st_mtime_ns > first_touch,
                      message="health file touched again")

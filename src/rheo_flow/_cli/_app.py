@@ -3,7 +3,8 @@
 The commands live in modules of their own: :mod:`._inspect` (read-only),
 :mod:`._ops` (changes), :mod:`._pause` (pause, resume),
 :mod:`rheo_flow._faults._cli` (torture),
-:mod:`.worker._command` (worker), :mod:`.top._command` (the live view). Each
+:mod:`.worker._command` (worker), :mod:`.metrics._command` (the exporter),
+:mod:`.top._command` (the live view). Each
 module imports what only its commands need (the facade, a backend's driver, the
 runtimes, the fault scenarios, the demo, Textual) when one of them runs, so that
 a command starts without loading what the others use.
@@ -27,6 +28,7 @@ from . import _create, _inspect, _ops, _pause, _retention
 from ._command import Command, Group
 from ._common import run
 from .demo._state import DemoConfig
+from .metrics._command import metrics as _metrics
 from .top._command import top as _top
 from .worker._command import worker as _worker
 
@@ -139,6 +141,7 @@ _retention.register(app)
 # Kept in their own modules; registered here so that they are commands of this app.
 app.command("torture", cls=Command)(_torture)
 app.command("worker", cls=Command)(_worker)
+app.command("metrics", cls=Command)(_metrics)
 app.command("top", cls=Command)(_top)
 
 

@@ -361,7 +361,8 @@ class Group(Runtime):
             self._acker_task = spawn(loop.acknowledge(), "ack")
             self._workers = [spawn(loop.work(i), f"worker-{i}")
                              for i in range(self._concurrency)]
-        self._lag = _telemetry.track_lag(self._rheo, self.stream, self.group, self._partitions)
+        self._lag = _telemetry.track_lag(self._rheo, self.stream, self.group, self._partitions,
+                                         self._producer.inflight)
         life.state = State.RUNNING
         log.info("group %s/%s started (consumer %s, max_demand %d, concurrency %d)",
                  self.stream, self.group, self.consumer_id, self._producer.max_demand,

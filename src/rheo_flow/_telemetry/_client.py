@@ -223,6 +223,7 @@ async def receive(
                 attributes[n.ERROR_TYPE] = error
             if leases:
                 bundle.consumed.add(len(leases), attributes)
+                bundle.fetch_size.record(len(leases), attributes)
             bundle.operation_duration.record(elapsed,
                                              {**attributes, n.OPERATION_TYPE: n.RECEIVE})
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from typing import Literal, Protocol
 
 from .._support._waiting import cancel_and_wait
@@ -37,23 +37,27 @@ class LagSource(Protocol):
 
 
 def track_lag(rheo: LagSource, stream: str, group: str,
-              partitions: Literal["all"] | Sequence[int] = "all") -> LagTracker | None:
-    """Report the lag of ``group`` on ``stream`` (the given partitions) until closed.
+              partitions: Literal["all"] | Sequence[int] = "all",
+              inflight: Sized | None = None) -> LagTracker | None:
+    """Report the lag of ``group`` on ``stream`` (the given partitions) until closed, and
+    how many leases the runtime holds (``len(inflight)``, read at collection time).
 
     Returns ``None`` when telemetry is disabled. Call from the event loop the
     runtime runs on.
     """
     if not STATE.enabled:
         return None
-    return LagTracker(rheo, stream, group, partitions)
+    return LagTracker(rheo, stream, group, partitions, inflight)
 
 
 class LagTracker:
-    """The cached lag of one runtime's (stream, group, partitions)."""
+    """The cached lag of one runtime's (stream, group, partitions), and its held leases."""
 
     def __init__(self, rheo: LagSource, stream: str, group: str,
-                 partitions: Literal["all"] | Sequence[int]) -> None:
+                 partitions: Literal["all"] | Sequence[int],
+                 inflight: Sized | None = None) -> None:
         self._rheo = rheo
+        self._inflight = inflight
         self._stream = stream
         self._group = group
         self._partitions = None if partitions == "all" else frozenset(partitions)
@@ -82,6 +86,12 @@ class LagTracker:
                 self._loop.call_soon_threadsafe(self._kick)
         base = self._attributes
         return [(lag, {**base, n.PARTITION: str(p)}) for p, lag in self._values.items()]
+
+    def inflight_observations(self) -> Iterable[tuple[int, dict[str, str]]]:
+        """The leases the runtime holds now, as one gauge point (none without a set)."""
+        if self._closed or self._inflight is None:
+            return []
+        return [(len(self._inflight), self._attributes)]
 
     def _kick(self) -> None:
         if self._closed or (self._task is not None and not self._task.done()):

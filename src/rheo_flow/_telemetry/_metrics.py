@@ -15,8 +15,8 @@ __all__ = ["Instruments", "instruments"]
 class Instruments:
     """Every instrument rheo_flow records with, built from one meter."""
 
-    __slots__ = ("consumed", "lag", "operation_duration", "process_duration", "sent",
-                 "settle_outcomes")
+    __slots__ = ("consumed", "fetch_size", "inflight", "lag", "operation_duration",
+                 "process_duration", "sent", "settle_outcomes")
 
     def __init__(self, meter: metrics.Meter) -> None:
         self.operation_duration = _histogram(
@@ -37,6 +37,10 @@ class Instruments:
             n.CONSUMER_LAG, callbacks=[_observe_lag], unit="{message}",
             description="Events appended but not yet settled by the group, per partition "
                         "(high water minus contiguous frontier), as last refreshed.")
+        self.inflight = meter.create_observable_gauge(
+            n.INFLIGHT_LEASES, callbacks=[_observe_inflight], unit="{lease}",
+            description="Leases a runtime of this process holds (fetched, not yet settled).")
+        self.fetch_size = _fetch_size(meter)
 
 
 def _histogram(meter: metrics.Meter, name: str, description: str) -> metrics.Histogram:
@@ -46,6 +50,16 @@ def _histogram(meter: metrics.Meter, name: str, description: str) -> metrics.His
             explicit_bucket_boundaries_advisory=list(n.DURATION_BUCKETS))
     except TypeError:  # an API older than the bucket advisory
         return meter.create_histogram(name, unit="s", description=description)
+
+
+def _fetch_size(meter: metrics.Meter) -> metrics.Histogram:
+    description = "Leases returned by a non-empty fetch (an empty poll records nothing)."
+    try:
+        return meter.create_histogram(
+            n.FETCH_SIZE, unit="{lease}", description=description,
+            explicit_bucket_boundaries_advisory=list(n.FETCH_SIZE_BUCKETS))
+    except TypeError:  # an API older than the bucket advisory
+        return meter.create_histogram(n.FETCH_SIZE, unit="{lease}", description=description)
 
 
 def instruments() -> Instruments | None:
@@ -68,3 +82,13 @@ def _observe_lag(options: metrics.CallbackOptions) -> Iterable[metrics.Observati
         for value, attributes in source.observations():
             latest[tuple(sorted(attributes.items()))] = value
     return [metrics.Observation(value, dict(key)) for key, value in latest.items()]
+
+
+def _observe_inflight(options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+    # Runs on the metric reader's thread: a len() per runtime, no backend call.
+    totals: dict[tuple[tuple[str, str], ...], int] = {}
+    for source in list(STATE.lag_sources):
+        for value, attributes in source.inflight_observations():
+            key = tuple(sorted(attributes.items()))
+            totals[key] = totals.get(key, 0) + value
+    return [metrics.Observation(value, dict(key)) for key, value in totals.items()]

@@ -90,7 +90,25 @@ CONSUMED_MESSAGES: Final = "messaging.client.consumed.messages"
 PROCESS_DURATION: Final = "messaging.process.duration"
 SETTLE_OUTCOMES: Final = "rheo.settle.outcomes"
 CONSUMER_LAG: Final = "rheo.consumer.lag"
+INFLIGHT_LEASES: Final = "rheo.consumer.leases.inflight"
+FETCH_SIZE: Final = "rheo.consumer.fetch.size"
+
+FETCH_SIZE_BUCKETS: Final = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+"""The bucket boundaries of the fetch size histogram (leases per non-empty fetch)."""
 
 DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                            7.5, 10.0)
 """The bucket boundaries the conventions advise for both duration histograms."""
+
+# Store gauges (``/metrics`` of ``rheo-flow worker`` and ``rheo-flow metrics``) ------
+
+STORE_LAG: Final = "rheo.store.lag"
+STORE_SCHEDULED: Final = "rheo.store.scheduled"
+STORE_FRONTIER: Final = "rheo.store.frontier"
+STORE_HIGH_WATER: Final = "rheo.store.high_water"
+STORE_OLDEST_UNSETTLED_AGE: Final = "rheo.store.oldest_unsettled.age"
+STORE_DEAD_LETTERS: Final = "rheo.store.dead_letters"
+STORE_PAUSED: Final = "rheo.store.paused"
+STORE_UP: Final = "rheo.store.up"
+STORE_READ_DURATION: Final = "rheo.store.read.duration"
+STORE_READ_TIMESTAMP: Final = "rheo.store.read.timestamp"

@@ -65,6 +65,10 @@ class LagSource(Protocol):
         """``(lag, attributes)`` pairs from the cache (never a backend call)."""
         ...
 
+    def inflight_observations(self) -> Iterable[tuple[int, dict[str, str]]]:
+        """``(leases held, attributes)`` of the runtime (never a backend call)."""
+        ...
+
 
 class State:
     """Process-wide telemetry settings (one instance: :data:`STATE`)."""

@@ -272,7 +272,7 @@ class Pipeline(Runtime):
             self._dispatcher = life.tasks.spawn(self._dispatch(), "fetch")
         producer = self._producer
         self._lag = _telemetry.track_lag(producer.rheo, producer.stream, producer.group,
-                                         producer.partitions)
+                                         producer.partitions, producer.inflight)
         life.state = State.RUNNING
         return self
 

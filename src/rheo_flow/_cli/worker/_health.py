@@ -10,16 +10,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 from ..._support._waiting import cancel_and_wait
 
-__all__ = ["Health"]
+__all__ = ["Health", "Route"]
 
 log = logging.getLogger("rheo_flow.worker")
 
+Route = Callable[[Mapping[str, str]], Awaitable[tuple[int, str, bytes]]]
+"""An extra endpoint: the query parameters in; status code, content type and body out."""
+
 _REQUEST_TIMEOUT = 5.0
+_TEXT = "text/plain; charset=utf-8"
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}
 _MAX_HEADER_LINES = 100
 
 
@@ -31,6 +38,8 @@ class Health:
     while ``live()`` holds, ``GET /readyz`` 200 while ``ready()`` holds; 503
     otherwise, 404 for any other path. ``notes`` (optional) gives lines the two
     answers add after theirs (which groups are paused, say: ``_paused.py``).
+    ``routes`` adds endpoints (``/metrics``): each takes the query parameters and
+    answers a status code, a content type and a body.
     """
 
     def __init__(
@@ -43,8 +52,10 @@ class Health:
         host: str = "0.0.0.0",
         interval: float = 5.0,
         notes: Callable[[], Awaitable[list[str]]] | None = None,
+        routes: Mapping[str, Route] | None = None,
     ) -> None:
         self._ready = ready
+        self._routes = dict(routes or {})
         self._notes = notes
         self._live = live
         self._file = file
@@ -70,7 +81,8 @@ class Health:
         if self._port is not None:
             self._server = await asyncio.start_server(self._serve, self._host, self._port)
             bound = self._server.sockets[0].getsockname()
-            log.info("health endpoint on http://%s:%d (/healthz, /readyz)", bound[0], bound[1])
+            paths = ", ".join(["/healthz", "/readyz", *self._routes])
+            log.info("health endpoint on http://%s:%d (%s)", bound[0], bound[1], paths)
 
     def changed(self) -> None:
         """Re-check readiness now (the file follows at once)."""
@@ -113,22 +125,15 @@ class Health:
                     if (await reader.readline()) in (b"\r\n", b"\n", b""):
                         break
             parts = request.decode("latin-1").split()
-            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
             if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
-                status, body = "405 Method Not Allowed", "method not allowed\n"
-            elif path == "/healthz":
-                status, body = ("200 OK", "ok\n") if self._live() else (
-                    "503 Service Unavailable", "not live\n")
-            elif path == "/readyz":
-                status, body = ("200 OK", "ready\n") if self._ready() else (
-                    "503 Service Unavailable", "not ready\n")
+                status, ctype, body = 405, _TEXT, b"method not allowed\n"
             else:
-                status, body = "404 Not Found", "not found\n"
-            if self._notes is not None and path in ("/healthz", "/readyz"):
-                body += "".join(f"{line}\n" for line in await self._notes())
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-            writer.write((head + (body if parts and parts[0] != "HEAD" else "")).encode())
+                path, _, query = parts[1].partition("?")
+                status, ctype, body = await self._answer(path, dict(parse_qsl(query)))
+            head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+                    f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n")
+            writer.write(head.encode() + (body if parts[0:1] != ["HEAD"] else b""))
             await writer.drain()
         except (TimeoutError, ConnectionError, UnicodeDecodeError):
             pass
@@ -136,3 +141,21 @@ class Health:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+
+    async def _answer(self, path: str, query: dict[str, str]) -> tuple[int, str, bytes]:
+        route = self._routes.get(path)
+        if route is not None:
+            try:
+                return await route(query)
+            except Exception:
+                log.exception("GET %s failed", path)
+                return 500, _TEXT, b"internal error (see the worker's log)\n"
+        if path == "/healthz":
+            status, body = (200, "ok\n") if self._live() else (503, "not live\n")
+        elif path == "/readyz":
+            status, body = (200, "ready\n") if self._ready() else (503, "not ready\n")
+        else:
+            return 404, _TEXT, b"not found\n"
+        if self._notes is not None:
+            body += "".join(f"{line}\n" for line in await self._notes())
+        return status, _TEXT, body.encode()

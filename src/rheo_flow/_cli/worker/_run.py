@@ -32,6 +32,7 @@ from ..._runtime._lifecycle import State
 from ..._support._waiting import first_of
 from ...pipeline import Pipeline
 from ._health import Health
+from ._observe import Observation
 from ._paused import PausedGroups
 from ._retention import retention_schedule
 
@@ -68,6 +69,25 @@ class WorkerConfig:
     health_interval: float = 5.0
     retention_interval: float = 60.0
     """Seconds between applications of the consumed streams' retention policies (0: none)."""
+    metrics: bool = False
+    """Serve ``/metrics`` and ``/metrics/lag`` on the health port."""
+    metrics_interval: float = 5.0
+    """Seconds a read of the lag report serves scrapes for."""
+    metrics_streams: tuple[str, ...] | None = None
+    """The streams of the store gauges (``None``: the consumed ones; under ``--processes``
+    every stream)."""
+    probe_interval: float = 5.0
+    """Seconds between readiness probes of the store (0: no probe)."""
+    probe_timeout: float = 2.0
+    """How long a probe may take before the store counts as unreachable."""
+
+    def observation(self, changed: Callable[[], None], *, runtime: bool) -> Observation:
+        """The metrics endpoints and store probe this configuration asks for."""
+        probing = self.health_port is not None or self.health_file is not None
+        return Observation(self.url, metrics=self.metrics, runtime=runtime,
+                           interval=self.metrics_interval, streams=self.metrics_streams,
+                           probe_interval=self.probe_interval if probing else 0.0,
+                           probe_timeout=self.probe_timeout, changed=changed)
 
 
 def load_target(spec: str) -> object:
@@ -189,10 +209,17 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
     paused = PausedGroups(lambda: opened[0] if opened else None,
                           lambda: [_stream_group(r) for r in runtimes], _poll_s(runtimes))
     retention: asyncio.Task[None] | None = None
+    observation = config.observation(lambda: health.changed(), runtime=True)
+
+    async def notes() -> list[str]:
+        return [*await observation.lines(), *await paused.lines()]
+
     health = Health(
-        ready=lambda: not state["draining"] and bool(runtimes) and all(map(_ready, runtimes)),
+        ready=lambda: (not state["draining"] and bool(runtimes) and all(map(_ready, runtimes))
+                       and observation.problem is None),
         live=lambda: True, file=config.health_file, port=config.health_port,
-        host=config.health_host, interval=config.health_interval, notes=paused.lines,
+        host=config.health_host, interval=config.health_interval, notes=notes,
+        routes=observation.routes(),
     )
     signals = _Signals(health)
     signals.install()
@@ -206,6 +233,7 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
                 for runtime in runtimes:
                     await runtime.start()
                 log.info("worker running %s", ", ".join(map(_describe, runtimes)))
+                observation.start(sorted({_stream_group(r)[0] for r in runtimes}), rheo)
                 health.changed()
                 retention = _start_retention(config, rheo, runtimes, signals.stop)
                 ended_on_its_own = await _wait_for_end(config, runtimes, signals.stop)
@@ -219,6 +247,7 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
         if orphaned is not None:
             orphaned.cancel()
         await health.close()
+        await observation.aclose()
     if ended_on_its_own:
         return 1
     return 0 if clean else 1

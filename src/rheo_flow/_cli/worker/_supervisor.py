@@ -4,7 +4,9 @@ Each child is ``rheo-flow worker`` with the same target (see
 :mod:`rheo_flow._cli.worker._run`), in a session of its own, with the supervisor's
 process id in its environment so that it drains should the supervisor vanish.
 The supervisor passes signals on, reports health for all of them, and stops
-the others when one exits on its own.
+the others when one exits on its own. Its health port also serves the store's
+``/metrics`` and ``/metrics/lag`` (the store gauges only, every stream unless
+``--metrics-streams`` says otherwise): the children's own instruments are not on it.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ async def supervise(config: WorkerConfig, processes: int, child_argv: list[str])
             loop.add_signal_handler(sig, children.forward, sig)
         await children.spawn(child_argv)
         await children.health.start()
+        children.observation.start(config.metrics_streams)
         try:
             codes = await children.wait()
         finally:
             await children.health.close()
+            await children.observation.aclose()
     return max(codes)
 
 
@@ -57,16 +61,20 @@ class _Children:
         """One health file per child, which the child touches while it is ready."""
         self._processes: list[asyncio.subprocess.Process] = []
         self._stop = asyncio.Event()
+        self.observation = config.observation(lambda: self.health.changed(), runtime=False)
+        """The store gauges and the store probe of the supervisor."""
         self.health = Health(ready=self._all_ready, live=self._all_alive,
                              file=config.health_file, port=config.health_port,
-                             host=config.health_host, interval=config.health_interval)
+                             host=config.health_host, interval=config.health_interval,
+                             notes=self.observation.lines, routes=self.observation.routes())
         """The supervisor's health: live while every child runs, ready while each is."""
 
     def _all_alive(self) -> bool:
         return bool(self._processes) and all(c.returncode is None for c in self._processes)
 
     def _all_ready(self) -> bool:
-        return self._all_alive() and not self._stop.is_set() and all(
+        return self._all_alive() and not self._stop.is_set() and (
+            self.observation.problem is None) and all(
             Health.fresh(f, self._config.health_interval) for f in self._files)
 
     async def spawn(self, child_argv: list[str]) -> None:

@@ -1,0 +1,193 @@
+"""Store-side gauges: the lag report read at scrape time, cached, on a connection of its own.
+
+A scrape asks :meth:`StoreGauges.current`: the report read last is reused while it is
+younger than the interval, concurrent scrapes wait for the one read under way (never
+two at once), and a failed read keeps the last report while ``rheo_store_up`` says 0.
+The reads go through a :class:`~rheo_flow.Rheo` of their own on the same URL (its own
+SQLite connection, a PostgreSQL pool of at most two connections without LISTEN, its
+own Redis client), so a scrape never waits for, nor holds, what the runtimes use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlsplit
+
+from ..._backends._urls import scrub_secrets
+from ..._model._lag import GroupLag, LagReport
+from ..._rheo import Rheo
+from ..._telemetry import _names as n
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+__all__ = ["READ_TIMEOUT_S", "StoreGauges", "observer_url"]
+
+log = logging.getLogger("rheo_flow.metrics")
+
+READ_TIMEOUT_S = 10.0
+"""How long one read of the lag report may take before it counts as failed."""
+_OBSERVER_OPTIONS = {"pool_min_size": "0", "pool_max_size": "2", "listen": "false"}
+
+
+def observer_url(url: str) -> str:
+    """``url`` for a second, small instance: on PostgreSQL a pool of at most two
+    connections and no LISTEN connection (options the URL sets itself are kept)."""
+    if url.split("://", 1)[0].lower() not in ("postgresql", "postgres"):
+        return url
+    given = {key for key, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
+    extra = "&".join(f"{k}={v}" for k, v in _OBSERVER_OPTIONS.items() if k not in given)
+    if not extra:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}{extra}"
+
+
+class StoreGauges:
+    """The cached lag report of ``streams`` (``None``: every stream) and its gauges."""
+
+    def __init__(self, url: str, *, streams: Sequence[str] | None = None,
+                 interval: float = 5.0, rheo: Rheo | None = None,
+                 timeout: float = READ_TIMEOUT_S) -> None:
+        self._url = url
+        self.streams = None if streams is None else list(streams)
+        """The streams read (``None``: every stream of the store)."""
+        self._interval = interval
+        self._timeout = timeout
+        self._owned = rheo is None
+        self._rheo = rheo if rheo is not None else Rheo(observer_url(url))
+        self._lock = asyncio.Lock()
+        self._fresh_until = float("-inf")
+        self.report: LagReport | None = None
+        """The last report read (kept through failed reads)."""
+        self.up = False
+        """Whether the last read succeeded."""
+        self.error: str | None = None
+        """Why the last read failed (secrets scrubbed); ``None`` after a success."""
+        self.read_seconds = 0.0
+        """How long the last read took (failed or not)."""
+        self.read_at: float | None = None
+        """When the last successful read finished (seconds since the epoch)."""
+
+    def use(self, rheo: Rheo) -> None:
+        """Read through ``rheo`` (not closed by :meth:`aclose`) from now on."""
+        if self._owned:
+            self._owned = False
+        self._rheo = rheo
+
+    async def current(self) -> LagReport | None:
+        """The report, read again first when older than the interval (one read at a time:
+        a scrape arriving during a read waits for it and uses its result)."""
+        if time.monotonic() < self._fresh_until:
+            return self.report
+        async with self._lock:
+            if time.monotonic() >= self._fresh_until:
+                await self._read()
+        return self.report
+
+    async def _read(self) -> None:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._rheo.open()
+                report = await self._rheo.lag_report(self.streams)
+        except Exception as exc:
+            error = (f"no answer within {self._timeout:g}s" if isinstance(exc, TimeoutError)
+                     else scrub_secrets(f"{type(exc).__name__}: {exc}", self._url))
+            if self.up or self.error is None:
+                log.warning("metrics: the store could not be read: %s", error)
+            self.up, self.error = False, error
+        else:
+            if not self.up and self.error is not None:
+                log.info("metrics: the store is readable again")
+            self.report, self.up, self.error = report, True, None
+            self.read_at = time.time()
+        finally:
+            self.read_seconds = time.perf_counter() - started
+            self._fresh_until = time.monotonic() + self._interval
+
+    async def aclose(self) -> None:
+        """Close the instance of the reads (when this object opened it)."""
+        if self._owned:
+            await self._rheo.close()
+
+    def register(self, meter: Meter) -> None:
+        """Create the store gauges on ``meter``; their callbacks read the cached report."""
+        gauge = meter.create_observable_gauge
+        for name, unit, what, pick in _PARTITION_GAUGES:
+            gauge(name, callbacks=[self._partitions(pick)], unit=unit, description=what)
+        gauge(n.STORE_DEAD_LETTERS, callbacks=[self._groups(lambda g: g.dead_letters)],
+              unit="{lease}", description="Dead-lettered deliveries of the group.")
+        gauge(n.STORE_PAUSED, callbacks=[self._groups(lambda g: int(g.paused))], unit="1",
+              description="1 while the group is paused, else 0.")
+        gauge(n.STORE_UP, callbacks=[self._single(lambda: int(self.up))], unit="1",
+              description="1 when the last read of the store succeeded, else 0.")
+        gauge(n.STORE_READ_DURATION, callbacks=[self._single(lambda: self.read_seconds)],
+              unit="s", description="How long the last read of the lag report took.")
+        gauge(n.STORE_READ_TIMESTAMP, callbacks=[self._single(lambda: self.read_at)],
+              unit="s", description="When the last successful read finished (Unix time).")
+
+    def _partitions(self, pick: _Pick) -> _Callback:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            from opentelemetry.metrics import Observation
+
+            report = self.report
+            if report is None:
+                return []
+            return [Observation(value, {**_labels(g), n.PARTITION: str(p.partition)})
+                    for g in report.groups for p in g.partitions
+                    if (value := pick(p, report.read_at_ms)) is not None]
+        return observe
+
+    def _groups(self, pick: _GroupPick) -> _Callback:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            from opentelemetry.metrics import Observation
+
+            report = self.report
+            return [] if report is None else [Observation(pick(g), _labels(g))
+                                              for g in report.groups]
+        return observe
+
+    def _single(self, value: _Value) -> _Callback:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            from opentelemetry.metrics import Observation
+
+            got = value()
+            return [] if got is None else [Observation(got, {n.MESSAGING_SYSTEM: n.SYSTEM})]
+        return observe
+
+
+def _labels(group: GroupLag) -> dict[str, str]:
+    return {n.MESSAGING_SYSTEM: n.SYSTEM, n.DESTINATION: group.stream,
+            n.CONSUMER_GROUP: group.group}
+
+
+def _age(oldest_ms: int | None, read_at_ms: int) -> float:
+    return 0.0 if oldest_ms is None else max(0, read_at_ms - oldest_ms) / 1000
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..._model._lag import PartitionLag
+
+    _Pick = Callable[[PartitionLag, int], float | None]
+    _GroupPick = Callable[[GroupLag], float]
+    _Value = Callable[[], float | None]
+    _Callback = Callable[[CallbackOptions], Iterable[Observation]]
+
+_PARTITION_GAUGES: tuple[tuple[str, str, str, _Pick], ...] = (
+    (n.STORE_LAG, "{message}", "Events appended but not settled by the group "
+     "(high water minus frontier), read from the store.", lambda p, _: p.lag),
+    (n.STORE_SCHEDULED, "{message}", "Of the lag, events whose delivery time is ahead.",
+     lambda p, _: p.scheduled),
+    (n.STORE_FRONTIER, "{message}", "The group's contiguous frontier (settled up to it).",
+     lambda p, _: p.frontier),
+    (n.STORE_HIGH_WATER, "{message}", "Highest appended sequence of the partition.",
+     lambda p, _: p.high_water),
+    (n.STORE_OLDEST_UNSETTLED_AGE, "s", "Age of the first event past the frontier at the "
+     "read (0 when none).", lambda p, at: _age(p.oldest_unsettled_ms, at)),
+)
