@@ -48,6 +48,16 @@ async def jobs(event, context):
     return ACK
 '''
 
+APP_WITH_ITS_OWN_METRICS = APP + '''
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+from rheo_flow.telemetry import set_meter_provider
+
+set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(
+    ConsoleMetricExporter(out=open(os.devnull, "w")), export_interval_millis=60_000)]))
+'''
+
 STREAM_LABEL = "messaging_destination_name"
 GROUP_LABEL = "messaging_consumer_group_name"
 PARTITION_LABEL = "messaging_destination_partition_id"
@@ -241,6 +251,30 @@ async def test_the_inflight_gauge_counts_held_leases(
 
     # max_demand 10: the group holds ten leases while its two handlers block.
     await wait_until(lambda: _equals(held, 10), timeout=20, message="ten leases held")
+
+
+@pytest.mark.parametrize("url", ["sqlite"], indirect=True)
+async def test_a_meter_provider_of_the_application_keeps_the_runtime_metrics(
+        store: Store, wait_until: WaitUntil) -> None:
+    # The application's module sets rheo_flow's meter provider (an OTLP exporter, say):
+    # the worker leaves it in place, and /metrics serves the store gauges alone.
+    (store.dir / "app.py").write_text(APP_WITH_ITS_OWN_METRICS)
+    port = free_port()
+    await store.append(EVENTS)
+    (store.dir / "release").touch()
+    proc = await store.start("worker", "app:jobs", "--url", store.url, "--health-port",
+                             str(port), "--health-host", "127.0.0.1",
+                             "--metrics-interval", "100ms")
+    await wait_until(lambda: _up(port), timeout=20, message="/metrics served")
+    await wait_until(lambda: _agree(store, port, 0), timeout=30, message="backlog settled")
+    _, _, page = await _get(port, "/metrics")
+    names = {family.name for family in text_string_to_metric_families(page)}
+    assert "rheo_store_lag" in names
+    assert not {"rheo_consumer_fetch_size", "messaging_client_consumed_messages"} & names
+    proc.terminate()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0, store.log(proc)
+    assert "runtime metrics go to the meter provider the application configured" in (
+        store.log(proc))
 
 
 async def _equals(read: Callable[[], Awaitable[float]], expected: float) -> bool:

@@ -30,6 +30,7 @@ from ..._runtime._backlog import wait_producer_caught_up
 from ..._runtime._group import Consumer, Group
 from ..._runtime._lifecycle import State
 from ..._support._waiting import first_of
+from ..._telemetry._state import STATE
 from ...pipeline import Pipeline
 from ._health import Health
 from ._observe import Observation
@@ -209,7 +210,13 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
     paused = PausedGroups(lambda: opened[0] if opened else None,
                           lambda: [_stream_group(r) for r in runtimes], _poll_s(runtimes))
     retention: asyncio.Task[None] | None = None
-    observation = config.observation(lambda: health.changed(), runtime=True)
+    # A meter provider the application configured (its module is loaded by now) keeps
+    # rheo_flow's runtime metrics: /metrics then serves the store gauges alone.
+    own_metrics = STATE.current_meter_provider() is None
+    if config.metrics and not own_metrics:
+        log.info("runtime metrics go to the meter provider the application configured; "
+                 "/metrics serves the store gauges and process metrics")
+    observation = config.observation(lambda: health.changed(), runtime=own_metrics)
 
     async def notes() -> list[str]:
         return [*await observation.lines(), *await paused.lines()]
