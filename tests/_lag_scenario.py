@@ -60,15 +60,24 @@ async def check_lag_report(backend: Backend) -> None:
     assert abs(report.read_at_ms - composed.read_at_ms) < 60_000
     billing = report.group("lag-orders", "billing")
     assert billing is not None
-    assert billing.dead_letters == 2 and billing.scheduled == 4 and billing.lag > 0
+    assert billing.dead_letters == 2
+    assert billing.scheduled == 4
+    assert billing.lag > 0
     assert billing.oldest_unsettled_ms is not None
     audit = report.group("lag-orders", "audit")
-    assert audit is not None and audit.paused and audit.paused_until_ms is None
+    assert audit is not None
+    assert audit.paused
+    assert audit.paused_until_ms is None
     sender = report.group("lag-mail", "sender")
-    assert sender is not None and sender.paused and sender.paused_until_ms is not None
-    assert sender.lag == 6 and sender.scheduled == 1
+    assert sender is not None
+    assert sender.paused
+    assert sender.paused_until_ms is not None
+    assert sender.lag == 6
+    assert sender.scheduled == 1
     idle = report.group("lag-empty", "idle")
-    assert idle is not None and idle.lag == 0 and idle.oldest_unsettled_ms is None
+    assert idle is not None
+    assert idle.lag == 0
+    assert idle.oldest_unsettled_ms is None
 
     some = await backend.lag_report(["lag-mail", "lag-unknown", "lag-quiet"])
     assert some.groups == (sender,)

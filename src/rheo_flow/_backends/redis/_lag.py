@@ -1,15 +1,16 @@
 """The lag report of the Redis backend: every group of many streams in four round trips.
 
 One reading of the server clock, one of the stream records, one pipeline of the
-streams' groups and pauses hashes, then one ``lag.lua`` call per partition (every
-group of the partition at once), all in one pipeline: on a Redis Cluster one round
-trip per primary, each call on its partition's slot.
+streams' groups and pauses hashes, then the partitions' reads: on standalone Redis one
+``lag_many.lua`` call per stream (naming the stream's keys itself), all in one
+pipeline; on a Redis Cluster one ``lag.lua`` call per partition (its keys declared, on
+its slot), in one cluster pipeline (one round trip per primary). Every call answers
+for every group of its partitions at once (``lag_partition.lua``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ..._model._lag import GroupLag, LagReport, PartitionLag
 from ..._model._stream import paused_state
@@ -20,7 +21,10 @@ from ._scripts import ScriptCall
 __all__ = ["LagOperations"]
 
 _GONE = -1
-"""What ``lag.lua`` answers for a deleted partition, a deleted group, or no oldest event."""
+"""What the scripts answer for a deleted partition, a deleted group, or no oldest event."""
+
+_Member = tuple[str, int, list[str], dict[str, int]]
+"""A stream the report reads: name, partition count, group names, group -> pause end."""
 
 
 class LagOperations(RedisCore):
@@ -43,17 +47,34 @@ class LagOperations(RedisCore):
             pipe.hkeys(self._keys.groups(name))
             pipe.hgetall(self._keys.pauses(name))
         hashes = await self._io(pipe.execute())
-        members: list[tuple[str, int, list[str], dict[str, int]]] = []
-        calls: list[ScriptCall] = []
+        members: list[_Member] = []
         for at, (name, count) in enumerate(chosen):
             groups = sorted(text(g) for g in hashes[2 * at])
-            if not groups:
-                continue
-            pauses = {text(g): int(until) for g, until in hashes[2 * at + 1].items()}
-            members.append((name, count, groups, pauses))
-            calls.extend(self._lag_call(name, p, groups, now) for p in range(count))
+            if groups:
+                members.append((name, count, groups, {
+                    text(g): int(until) for g, until in hashes[2 * at + 1].items()}))
+        rows = await self._lag_rows(members, now)
+        return LagReport(now, tuple(_groups_of(members, rows, now)))
+
+    async def _lag_rows(self, members: Sequence[_Member], now: int) -> list[list[int]]:
+        """Per partition of every member, in order: the high water, then 4 values per
+        group (``lag_partition.lua``)."""
+        calls: list[ScriptCall] = []
+        for name, count, groups, _ in members:
+            if self._cluster:
+                calls.extend(self._lag_call(name, p, groups, now) for p in range(count))
+            else:
+                calls.append(("lag_many", [], [now, self._keys.tag_head(name), count,
+                                               len(groups), *groups]))
         replies = await self._eval(calls)
-        return LagReport(now, tuple(_groups_of(members, replies, now)))
+        if self._cluster:
+            return [[int(v) for v in reply] for reply in replies]
+        rows: list[list[int]] = []
+        for (_, count, groups, _), reply in zip(members, replies, strict=True):
+            width = 1 + 4 * len(groups)
+            values = [int(v) for v in reply]
+            rows.extend(values[p * width:(p + 1) * width] for p in range(count))
+        return rows
 
     def _lag_call(self, stream: str, partition: int, groups: Sequence[str],
                   now: int) -> ScriptCall:
@@ -66,26 +87,25 @@ class LagOperations(RedisCore):
         return "lag", keys, [now]
 
 
-def _groups_of(members: Sequence[tuple[str, int, list[str], dict[str, int]]],
-               replies: Sequence[Any], now: int) -> list[GroupLag]:
-    """The report's entries from the ``lag.lua`` replies, partition by partition in the
-    order of ``members`` (stream, partition count, groups, pause ends)."""
+def _groups_of(members: Sequence[_Member], rows: Sequence[list[int]],
+               now: int) -> list[GroupLag]:
+    """The report's entries from the partitions' rows, in the order of ``members``."""
     out: list[GroupLag] = []
     at = 0
     for stream, count, groups, pauses in members:
-        rows = [[int(v) for v in reply] for reply in replies[at:at + count]]
+        mine = rows[at:at + count]
         at += count
-        if any(row[0] == _GONE for row in rows):
+        if any(row[0] == _GONE for row in mine):
             continue
         for k, group in enumerate(groups):
-            cells = [row[1 + 4 * k:5 + 4 * k] for row in rows]
-            if any(frontier == _GONE for frontier, *_ in cells):
+            cells = [row[1 + 4 * k:5 + 4 * k] for row in mine]
+            if any(cell[0] == _GONE for cell in cells):
                 continue
             partitions = tuple(
                 PartitionLag(p, row[0], frontier, scheduled,
                              None if oldest == _GONE else oldest)
                 for p, (row, (frontier, _, oldest, scheduled)) in enumerate(
-                    zip(rows, cells, strict=True)))
+                    zip(mine, cells, strict=True)))
             out.append(GroupLag(stream, group, partitions, sum(c[1] for c in cells),
                                 *paused_state(pauses.get(group, 0), now)))
     return out
