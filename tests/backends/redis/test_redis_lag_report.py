@@ -13,8 +13,9 @@ import pytest
 from redis.exceptions import ResponseError
 
 from _lag_scenario import build_lag_store, check_lag_report
-from rheo_flow import Rheo
+from rheo_flow import NewEvent, Rheo
 from rheo_flow._backends.redis._codec import text
+from rheo_flow._facade._lag import composed_lag_report
 from test_redis_backend import scratch_backend
 
 
@@ -26,6 +27,25 @@ async def test_the_lag_report_is_the_composed_one(
     async with scratch_backend(url) as backend, Rheo(backend) as rheo:
         await build_lag_store(rheo)
         await check_lag_report(backend)
+
+
+
+async def test_a_report_over_many_partitions_is_read_in_several_script_calls(
+        redis_url: str) -> None:
+    """On one server a script call reads at most 512 group partitions: a stream of 130
+    partitions and 4 groups is split over two calls, beside a small stream."""
+    async with scratch_backend(redis_url) as backend, Rheo(backend) as rheo:
+        await rheo.create_stream("wide", partitions=130)
+        await rheo.create_stream("narrow", partitions=2)
+        for group in ("a", "b", "c", "d"):
+            await rheo.create_group("wide", group)
+        await rheo.create_group("narrow", "a")
+        await rheo.append("wide", [NewEvent("e", partition=n % 130) for n in range(300)])
+        await rheo.append("narrow", [NewEvent("e", partition=n % 2) for n in range(5)])
+        await rheo.ack(await rheo.fetch("wide", "b", limit=40))
+        report = await backend.lag_report(None)
+        assert report.groups == (await composed_lag_report(backend, None)).groups
+        assert [g.lag for g in report.groups] == [5, 300, 260, 300, 300]
 
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "backends.md"

@@ -59,13 +59,12 @@ def test_states_marks_and_scores_are_named_in_common_only(path: Path) -> None:
 def test_the_scripts_are_their_files_after_the_preludes() -> None:
     """What the headers point at (group_keys, the named states, the reply codes) is in
     the text each script runs: common.lua first, lookup.lua for settle and renew,
-    fetch_partition.lua for fetch and fetch_many, lag_partition.lua for lag and lag_many."""
+    fetch_partition.lua for fetch and fetch_many."""
     def read(part: str) -> str:
         return (LUA / f"{part}.lua").read_text(encoding="utf-8")
 
     second = {"settle": "lookup", "renew": "lookup", "fetch": "fetch_partition",
-              "fetch_many": "fetch_partition", "lag": "lag_partition",
-              "lag_many": "lag_partition"}
+              "fetch_many": "fetch_partition"}
     for name, text in SCRIPTS.items():
         preludes = ("common", second[name]) if name in second else ("common",)
         assert text == "".join(map(read, (*preludes, name))), name

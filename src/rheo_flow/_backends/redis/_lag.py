@@ -1,16 +1,17 @@
 """The lag report of the Redis backend: every group of many streams in four round trips.
 
 One reading of the server clock, one of the stream records, one pipeline of the
-streams' groups and pauses hashes, then the partitions' reads: on standalone Redis one
-``lag_many.lua`` call per stream (naming the stream's keys itself), all in one
-pipeline; on a Redis Cluster one ``lag.lua`` call per partition (its keys declared, on
-its slot), in one cluster pipeline (one round trip per primary). Every call answers
-for every group of its partitions at once (``lag_partition.lua``).
+streams' groups and pauses hashes, then the partitions' reads by ``lag.lua``, which
+answers for every group of its partitions at once and names their keys itself: on
+standalone Redis one call per 512 group partitions (several streams a call), all in one
+pipeline; on a Redis Cluster one call per partition (routed by its stream key to its
+slot), in one cluster pipeline (one round trip per primary).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..._model._lag import GroupLag, LagReport, PartitionLag
 from ..._model._stream import paused_state
@@ -22,6 +23,9 @@ __all__ = ["LagOperations"]
 
 _GONE = -1
 """What the scripts answer for a deleted partition, a deleted group, or no oldest event."""
+
+_CALL_ROWS = 512
+"""How many group partitions one ``lag.lua`` call reads at most (standalone Redis)."""
 
 _Member = tuple[str, int, list[str], dict[str, int]]
 """A stream the report reads: name, partition count, group names, group -> pause end."""
@@ -58,33 +62,44 @@ class LagOperations(RedisCore):
 
     async def _lag_rows(self, members: Sequence[_Member], now: int) -> list[list[int]]:
         """Per partition of every member, in order: the high water, then 4 values per
-        group (``lag_partition.lua``)."""
-        calls: list[ScriptCall] = []
-        for name, count, groups, _ in members:
-            if self._cluster:
-                calls.extend(self._lag_call(name, p, groups, now) for p in range(count))
-            else:
-                calls.append(("lag_many", [], [now, self._keys.tag_head(name), count,
-                                               len(groups), *groups]))
-        replies = await self._eval(calls)
-        if self._cluster:
-            return [[int(v) for v in reply] for reply in replies]
+        group (``lag.lua``)."""
+        if self._cluster:  # one call per partition, routed by its stream key
+            calls: list[ScriptCall] = [
+                ("lag", [self._keys.partition(name, p).stream],
+                 [now, self._keys.tag_head(name), p, p + 1, len(groups), *groups])
+                for name, count, groups, _ in members for p in range(count)]
+        else:
+            calls = _batched_calls(self._keys.tag_head, members, now)
+        values = [int(v) for reply in await self._eval(calls) for v in reply]
         rows: list[list[int]] = []
-        for (_, count, groups, _), reply in zip(members, replies, strict=True):
+        at = 0
+        for _, count, groups, _ in members:
             width = 1 + 4 * len(groups)
-            values = [int(v) for v in reply]
-            rows.extend(values[p * width:(p + 1) * width] for p in range(count))
+            for _ in range(count):
+                rows.append(values[at:at + width])
+                at += width
         return rows
 
-    def _lag_call(self, stream: str, partition: int, groups: Sequence[str],
-                  now: int) -> ScriptCall:
-        """The ``lag.lua`` call of one partition for the stream's groups."""
-        head = self._keys.partition(stream, partition)
-        keys = [head.stream, head.meta, self._keys.times(stream, partition)]
-        for group in groups:
-            group_keys = self._keys.group(stream, group, partition)
-            keys += (group_keys.group, group_keys.dead)
-        return "lag", keys, [now]
+
+def _batched_calls(tag_head: Callable[[str], str], members: Sequence[_Member],
+                   now: int) -> list[ScriptCall]:
+    """The ``lag.lua`` calls (standalone Redis) reading every partition of the members,
+    in order, each call at most :data:`_CALL_ROWS` group partitions (one script holds
+    the server for the time it runs), a stream split over calls when it has more."""
+    calls: list[ScriptCall] = []
+    args: list[Any] = [now]
+    rows = 0
+    for name, count, groups, _ in members:
+        step = max(1, _CALL_ROWS // len(groups))
+        for first in range(0, count, step):
+            end = min(count, first + step)
+            if rows and rows + (end - first) * len(groups) > _CALL_ROWS:
+                calls.append(("lag", [], args))
+                args, rows = [now], 0
+            args += (tag_head(name), first, end, len(groups), *groups)
+            rows += (end - first) * len(groups)
+    calls.append(("lag", [], args))
+    return calls
 
 
 def _groups_of(members: Sequence[_Member], rows: Sequence[list[int]],

@@ -52,8 +52,6 @@ _PRELUDES: Final[dict[str, tuple[str, ...]]] = {
     "renew": ("common", "lookup"),
     "fetch": ("common", "fetch_partition"),
     "fetch_many": ("common", "fetch_partition"),
-    "lag": ("common", "lag_partition"),
-    "lag_many": ("common", "lag_partition"),
 }
 """The shared files a script starts with, when not just ``common``."""
 _NAMES: Final = (
@@ -61,7 +59,7 @@ _NAMES: Final = (
     "fetch_many",
     "settle",
     "renew", "replay", "reset", "trim", "dead_letters", "redrive", "forget_consumers",
-    "describe", "work", "pause", "set_retention", "lag", "lag_many",
+    "describe", "work", "pause", "set_retention", "lag",
 )
 _ON_NODE: Final = frozenset({"work"})
 """The scripts a cluster may send straight to a node (:meth:`ScriptRunner._run_on_node`):
