@@ -22,6 +22,7 @@ from ._append import AppendOps
 from ._claim_keyed import KeyedFetchOps
 from ._client import check_client, check_url, database_name, split_url_options
 from ._errors import classify
+from ._lag import LagOps
 from ._pauses import PauseOps
 from ._progress import ProgressOps
 from ._retention import RetentionOps
@@ -38,7 +39,8 @@ _DEADLINE_GRACE_MS: Final = 500
 
 @guard_operations(tracks_sending=False)
 class MongoBackend(
-    StreamOps, AppendOps, KeyedFetchOps, SettleOps, ProgressOps, RetentionOps, PauseOps, Backend
+    StreamOps, AppendOps, KeyedFetchOps, SettleOps, ProgressOps, RetentionOps, PauseOps, LagOps,
+    Backend,
 ):
     """Durable, distributed backend on MongoDB (``mongodb://host/database``).
 

@@ -18,6 +18,7 @@ from ._driver import Client, ExponentialWithJitterBackoff, RedisCluster, aioredi
 from ._errors import DRIVER_ERRORS, SentAwareRetry
 from ._events import EventOperations
 from ._keys import DEFAULT_PREFIX, KeyLayout, check_prefix
+from ._lag import LagOperations
 from ._pauses import PauseOperations
 from ._scripts import ScriptRunner
 from ._streams import StreamOperations
@@ -33,7 +34,7 @@ _DEADLINE_GRACE_MS: Final = 500
 @guard_operations(tracks_sending=False)
 class RedisBackend(
     StreamOperations, EventOperations, PauseOperations, AckFetchOperations,
-    DeadLetterOperations, WakeupOperations, Backend,
+    DeadLetterOperations, WakeupOperations, LagOperations, Backend,
 ):
     """Durable, distributed backend on Redis Streams (Redis 6.2 or later).
 

@@ -59,7 +59,7 @@ _NAMES: Final = (
     "fetch_many",
     "settle",
     "renew", "replay", "reset", "trim", "dead_letters", "redrive", "forget_consumers",
-    "describe", "work", "pause", "set_retention",
+    "describe", "work", "pause", "set_retention", "lag",
 )
 _ON_NODE: Final = frozenset({"work"})
 """The scripts a cluster may send straight to a node (:meth:`ScriptRunner._run_on_node`):
