@@ -58,6 +58,10 @@ set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(
     ConsoleMetricExporter(out=open(os.devnull, "w")), export_interval_millis=60_000)]))
 '''
 
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "docs" / "grafana" / "rheo-flow-dashboard.json"
+DEPLOYING = ROOT / "docs" / "deploying.md"
+
 STREAM_LABEL = "messaging_destination_name"
 GROUP_LABEL = "messaging_consumer_group_name"
 PARTITION_LABEL = "messaging_destination_partition_id"
@@ -369,3 +373,75 @@ async def test_the_supervisor_serves_the_store_gauges(
     assert "rheo_consumer_leases_inflight" not in names  # the children's stay with them
     proc.terminate()
     assert await asyncio.wait_for(proc.wait(), 30) == 0, store.log(proc)
+
+
+def _dashboard_metrics() -> set[str]:
+    """Every metric name the Grafana dashboard's queries (and variables) read."""
+    import re
+
+    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    queries = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
+    queries += [variable["definition"] for variable in board["templating"]["list"]
+                if variable["type"] == "query"]
+    names = set()
+    for query in queries:
+        # Label lists and selectors name labels, not metrics: leave them out.
+        bare = re.sub(r"\b(by|without)\s*\([^)]*\)|\{[^}]*\}", "", query)
+        bare = re.sub(r"label_values\(([a-z_]+),[^)]*\)", r"\1", bare)
+        names |= set(re.findall(r"\b(?:rheo|messaging|process)_[a-z_]+\b", bare))
+    assert names, "no metric found in the dashboard"
+    return names
+
+
+def _documented_metrics_api_trigger() -> dict[str, str]:
+    """The metadata of the metrics-api trigger in docs/deploying.md's KEDA example."""
+    import re
+
+    import yaml
+
+    for block in re.findall(r"```yaml\n(.*?)```", DEPLOYING.read_text(encoding="utf-8"),
+                            re.DOTALL):
+        doc = yaml.safe_load(block)
+        for trigger in (doc or {}).get("spec", {}).get("triggers", []):
+            if trigger["type"] == "metrics-api":
+                metadata: dict[str, str] = trigger["metadata"]
+                return metadata
+    raise AssertionError("no metrics-api trigger in docs/deploying.md")
+
+
+def _value_at(document: Any, location: str) -> Any:
+    """KEDA's valueLocation (a GJSON path; dotted keys are all the docs use)."""
+    for key in location.split("."):
+        document = document[int(key)] if isinstance(document, list) else document[key]
+    return document
+
+
+@pytest.mark.parametrize("url", ["sqlite"], indirect=True)
+async def test_the_dashboard_and_the_keda_trigger_read_what_a_worker_serves(
+        store: Store, wait_until: WaitUntil) -> None:
+    from urllib.parse import urlsplit
+
+    port = free_port()
+    await store.append(EVENTS)
+    proc = await store.start("worker", "app:jobs", "--url", store.url, "--health-port",
+                             str(port), "--health-host", "127.0.0.1",
+                             "--metrics-interval", "100ms")
+    await wait_until(lambda: _up(port), timeout=20, message="/metrics served")
+    await wait_until(lambda: _agree(store, port, EVENTS), timeout=20, message="backlog held")
+    # The docs' KEDA trigger, on this worker's port: its value is the group's lag.
+    trigger = _documented_metrics_api_trigger()
+    documented = urlsplit(trigger["url"])
+    query = documented.query.replace("stream=orders", "stream=jobs").replace(
+        "group=billing", "group=g")
+    status, _, body = await _get(port, f"{documented.path}?{query}")
+    assert status == 200, body
+    assert _value_at(json.loads(body), trigger["valueLocation"]) == sum(
+        (await store.cli_lag()).values()) == EVENTS
+    (store.dir / "release").touch()
+    await wait_until(lambda: _agree(store, port, 0), timeout=30, message="backlog settled")
+    _, _, page = await _get(port, "/metrics")
+    served = {sample.name for family in text_string_to_metric_families(page)
+              for sample in family.samples}
+    assert _dashboard_metrics() <= served
+    proc.terminate()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0, store.log(proc)
