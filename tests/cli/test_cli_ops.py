@@ -168,9 +168,9 @@ def test_append_from_stdin(tmp_path: Path) -> None:
     table = _cli(url, "append", "s", input='{"type": "t", "id": "e-9"}\n')
     assert table.exit_code == 0
     assert "e-9" in table.stdout
-    for bad, message in (('{"type": "t"}\nnot json\n', "line 2 is not JSON"),
-                         ("[1]\n", "line 1 is not a JSON object"),
-                         ('{"data": 1}\n', "needs a 'type'")):
+    for bad, message in (('{"type": "t"}\nnot json\n', "line 2: not JSON"),
+                         ("[1]\n", "line 1: not a JSON object"),
+                         ('{"data": 1}\n', "line 1: an event needs a 'type'")):
         result = _cli(url, "append", "s", input=bad)
         assert result.exit_code == 1, result.output
         assert message in result.output

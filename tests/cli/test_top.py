@@ -19,6 +19,7 @@ pytest.importorskip("textual")
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
+from rheo_flow._cli.top._letters import LetterTable
 from rheo_flow._cli.top._view import TopApp
 
 runner = CliRunner()
@@ -92,7 +93,7 @@ async def test_top_shows_lag_and_dead_letters_pauses_redrives_and_quits(tmp_path
         await _until(pilot, lambda: "p1  high water 4  frontier 0  lag 4" in _text(app),
                      "the refresh after resuming")
 
-        await pilot.press("r")
+        await pilot.press("down", "r")
         await _until(pilot, lambda: app.query_one("#dead", DataTable).row_count == 0,
                      "the dead letter to leave the table")
         async with Rheo(url) as rheo:
@@ -142,7 +143,7 @@ async def test_top_survives_a_redrive_that_fails(tmp_path: Path) -> None:
         await pilot.press("p")
         async with Rheo(url) as rheo:
             await rheo.delete_stream("orders")
-        await pilot.press("r")
+        await pilot.press("down", "r")
         await _until(pilot, lambda: any("UnknownStream" in n.message
                                         for n in app._notifications),
                      "the error notification")
@@ -160,3 +161,96 @@ async def test_top_shows_a_paused_group(tmp_path: Path) -> None:
             await rheo.resume_group("orders", "billing")
         await _until(pilot, lambda: "paused until" not in _text(app), "the resumed group")
         assert "billing   max attempts 5   dead letters 1" in _text(app)
+
+
+async def _two_dead_letters(url: str) -> None:
+    """Stream ``orders``, group ``billing`` with two dead letters (0:1 and 0:2)."""
+    async with Rheo(url) as rheo:
+        await rheo.create_stream("orders")
+        await rheo.create_group("orders", "billing")
+        for i in range(3):
+            await rheo.append("orders", {"type": "placed", "data": {"n": i}})
+        leases = await rheo.fetch("orders", "billing", limit=2)
+        for lease in leases:
+            await rheo.reject(lease, "boom", error=f"ValueError: {lease.sequence}")
+
+
+def _hints(app: TopApp) -> int:
+    """How many times ``r`` said to select a dead letter first."""
+    return sum("select a dead letter first" in n.message for n in app._notifications)
+
+
+def _selected(app: TopApp) -> tuple[str, int] | None:
+    """The selected row: its ``partition:sequence`` cell and its index; None if none."""
+    table = app.query_one("#dead", LetterTable)
+    if table.chosen is None:
+        return None
+    assert table.show_cursor
+    row = table.cursor_coordinate.row
+    return str(table.get_row_at(row)[1]), row
+
+
+async def test_top_keys_work_at_once_and_r_redrives_only_the_chosen_row(tmp_path: Path
+                                                                        ) -> None:
+    url = f"sqlite:///{tmp_path / 'top.db'}"
+    await _two_dead_letters(url)
+    app = TopApp(url, "orders", interval=0.2)
+    async with app.run_test(size=(140, 40)) as pilot:
+        table = app.query_one("#dead", LetterTable)
+        await _until(pilot, lambda: table.row_count == 2, "the two dead letters")
+        assert app.focused is table  # no Tab needed
+        assert _selected(app) is None
+        assert not table.show_cursor
+
+        await pilot.press("r")  # nothing selected: nothing redriven, the user is told
+        await _until(pilot, lambda: _hints(app) == 1, "the hint")
+        async with Rheo(url) as rheo:
+            assert len(await rheo.dead_letters("orders", "billing")) == 2
+
+        await pilot.press("down")  # the first key press selects
+        first = _selected(app)
+        assert first is not None
+        assert first[1] == 0
+        await pilot.press("down")  # the next one moves the selection
+        second = _selected(app)
+        assert second is not None
+        assert second[1] == 1
+        readings = app.readings  # refreshes meanwhile keep the selection on its row
+        await _until(pilot, lambda: app.readings >= readings + 2, "two refreshes")
+        assert _selected(app) == second
+
+        await pilot.press("r")
+        await _until(pilot, lambda: table.row_count == 1, "the redriven row to leave")
+        async with Rheo(url) as rheo:
+            left = await rheo.dead_letters("orders", "billing")
+        assert [f"{d.partition}:{d.sequence}" for d in left] == [first[0]]
+        # The chosen row is gone: nothing is selected, r does nothing again.
+        await _until(pilot, lambda: _selected(app) is None, "the selection to drop")
+        await pilot.press("r")
+        await _until(pilot, lambda: _hints(app) == 2, "the hint again")
+        async with Rheo(url) as rheo:
+            assert len(await rheo.dead_letters("orders", "billing")) == 1
+
+        await pilot.press("enter")  # Enter selects too; Escape unselects
+        assert _selected(app) == (first[0], 0)
+        await pilot.press("escape")
+        assert _selected(app) is None
+
+
+async def test_top_footer_says_what_the_keys_do(tmp_path: Path) -> None:
+    async with _top(tmp_path, (160, 40)) as (_, app, _pilot):
+        svg = app.export_screenshot()
+    for words in ("Select", "Redrive", "Pause", "Next", "Quit", "Unselect"):
+        assert words in svg, words
+
+
+async def test_top_counts_settle_outcomes_since_it_started(tmp_path: Path) -> None:
+    async with _top(tmp_path, (160, 40)) as (url, app, pilot):
+        assert "since start: settled +0, dead-lettered +0" in _text(app)
+        async with Rheo(url) as rheo:
+            leases = await rheo.fetch("orders", "billing", limit=3, partitions=[1])
+            await rheo.ack(leases[:2])
+            await rheo.reject(leases[2], "boom")
+        await _until(pilot, lambda: "since start: settled +3, dead-lettered +1" in _text(app),
+                     "the outcomes since start")
+        assert "dead letters 2" in _text(app)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._backends._urls import redact_url, scrub_secrets
-from .._model._errors import RheoError
+from .._model._errors import RheoError, UnknownGroup, UnknownStream
 from ._table import print_lines, print_table
 
 __all__ = [
@@ -85,17 +85,26 @@ def existing(url: str) -> str:
     return f"{base}?{'&'.join([*kept, 'migrate=false'])}"
 
 
-def run(out: Console, make: Callable[[], Awaitable[T]], url: str | None = None) -> T:
+def run(out: Console, make: Callable[[], Awaitable[T]], url: str | None = None, *,
+        stream_fix: str | None = None) -> T:
     """Run a coroutine; an error becomes a one-line message and exit status 1.
 
     A driver's own error (a refused connection, bad credentials) is shown too,
-    with the URL's password masked should the driver have quoted it.
+    with the URL's password masked should the driver have quoted it. An unknown
+    stream or group names the closest existing one and the command creating it
+    (``stream_fix`` for a stream, when the command has its own way).
     """
     err = errors()
     try:
         return asyncio.run(make())  # type: ignore[arg-type]
     except (typer.Exit, typer.Abort, typer.BadParameter):
         raise
+    except (UnknownStream, UnknownGroup) as exc:
+        from ._unknown import unknown_message
+
+        text = unknown_message(exc, existing(url) if url else None, stream_fix)
+        err.print(f"[bold red]error:[/] {escape(scrub_secrets(text, url))}")
+        raise typer.Exit(1) from None
     except RheoError as exc:
         err.print(f"[bold red]error:[/] {escape(scrub_secrets(str(exc), url))}")
         raise typer.Exit(1) from None

@@ -26,6 +26,7 @@ from ._common import (
     UrlOption,
     console,
     emit,
+    errors,
     existing,
     run,
 )
@@ -275,6 +276,8 @@ def tail(
                 events = sorted(await _read(rheo, stream, starts, limit), key=_order)[-limit:]
             for event in events:
                 show(event)
+            if not events and not json:
+                errors().print(_nothing_text(stream, group, follow))
             if not follow:
                 return
             after = dict(info.high_water)
@@ -290,6 +293,13 @@ def tail(
                     show(event)
 
     run(out, go, url)
+
+
+def _nothing_text(stream: str, group: str | None, follow: bool) -> str:
+    """What ``tail`` says on stderr when it has no event to print."""
+    text = (f"nothing pending: {group} has settled every event of {stream}"
+            if group is not None else f"{stream} has no events")
+    return escape(text + ("; waiting for new ones (Ctrl-C stops)" if follow else ""))
 
 
 async def _read(rheo: Rheo, stream: str, starts: dict[int, int], limit: int | None

@@ -8,17 +8,14 @@ they refuse unless given ``--yes``). All but ``migrate`` open the store with
 
 from __future__ import annotations
 
-import sys
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
-import orjson
 import typer
-from rich.markup import escape
 
 from .._backends._urls import redact_url
 from .._model._errors import InvalidArgument
-from .._model._validation import MAX_APPEND, MAX_PARTITIONS
+from ._append import append
 from ._command import Command
 from ._common import (
     GroupArg,
@@ -30,7 +27,6 @@ from ._common import (
     console,
     done,
     emit,
-    errors,
     existing,
     run,
 )
@@ -44,56 +40,6 @@ __all__ = ["register"]
 PartitionOption = Annotated[list[int] | None, typer.Option(
     "--partition", "-p", min=0, help="Only this partition (repeat for several; default: all).",
     show_default=False)]
-
-
-def append(
-    url: UrlOption,
-    stream: StreamArg,
-    batch: Annotated[int, typer.Option(
-        min=1, max=MAX_APPEND, help="Events per append call.")] = 500,
-    create: Annotated[bool, typer.Option(
-        "--create", help="Create the stream first when it does not exist.")] = False,
-    partitions: Annotated[int, typer.Option(
-        min=1, max=MAX_PARTITIONS, help="Partitions of a stream made by --create.")] = 1,
-    json: JsonOption = False,
-) -> None:
-    """Append events read from stdin, one JSON object per line, and print where they went.
-
-    Each line is an event mapping: {"type": ..., "data": ..., "id": ..., "key": ...}
-    ("type" required; "partition" and "headers" are accepted too). Every line is
-    checked before anything is appended; blank lines are skipped. Appends are
-    idempotent on "id": a line whose id is already stored prints the stored event.
-    """
-    out = console()
-    items: list[dict[str, Any]] = []
-    for number, line in enumerate(sys.stdin, 1):
-        if not line.strip():
-            continue
-        try:
-            item = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            errors().print(f"[bold red]error:[/] line {number} is not JSON: {escape(str(exc))}")
-            raise typer.Exit(1) from None
-        if not isinstance(item, dict):
-            errors().print(f"[bold red]error:[/] line {number} is not a JSON object")
-            raise typer.Exit(1)
-        items.append(item)
-
-    async def go() -> list[dict[str, Any]]:
-        rows = []
-        from .._rheo import Rheo
-
-        async with Rheo(existing(url)) as rheo:
-            if create:
-                await rheo.create_stream(stream, partitions=partitions)
-            for start in range(0, len(items), batch):
-                for event in await rheo.append(stream, items[start:start + batch]):
-                    rows.append({"stream": stream, "id": event.id, "partition": event.partition,
-                                 "sequence": event.sequence})
-        return rows
-
-    emit(out, json, f"appended to {stream}", ("id", "partition", "sequence"),
-         run(out, go, url), lambda r: [r["id"], str(r["partition"]), str(r["sequence"])])
 
 
 def _position(text: str) -> tuple[int, int]:

@@ -21,10 +21,11 @@ def top(
 ) -> None:
     """Watch a stream live, full screen: lag, throughput and dead letters of every group.
 
-    Per group: events settled per second and, per partition, high water,
-    frontier and lag with a sparkline of its history; below, the latest dead
-    letters with their last errors. Keys: p pauses, s shows the next stream,
-    r redrives the selected dead letter, q quits. Needs the tui extra
+    Per group: events settled per second, settled and dead-lettered since top
+    started and, per partition, high water, frontier and lag with a sparkline of
+    its history; below, the latest dead letters with their last errors. Keys:
+    down/up select a dead letter, r redrives the one selected, Esc unselects,
+    p pauses the refresh, s shows the next stream, q quits. Needs the tui extra
     (pip install 'rheo-flow[tui]').
     """
     try:

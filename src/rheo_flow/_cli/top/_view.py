@@ -1,9 +1,10 @@
 """``rheo-flow top``: a live full-screen view of a stream's groups (Textual).
 
 Per group it shows the settled throughput (from frontier deltas between two
-readings), and per partition high water, frontier and lag with a lag history
-sparkline; below, the group's dead letters with their last errors. It only reads,
-except for the ``r`` key, which redrives the selected dead letter.
+readings), the settle outcomes seen since ``top`` started (see :class:`_GroupState`),
+and per partition high water, frontier and lag with a lag history sparkline;
+below, the group's dead letters with their last errors. It only reads, except for
+the ``r`` key, which redrives the dead letter the user selected (:mod:`._letters`).
 
 Textual is an optional dependency (``pip install 'rheo-flow[tui]'``): this module
 is imported only by the ``top`` command.
@@ -23,7 +24,9 @@ try:
     from textual.containers import Horizontal, VerticalScroll
     from textual.css.query import NoMatches
     from textual.widget import Widget
-    from textual.widgets import DataTable, Footer, Sparkline, Static
+    from textual.widgets import Footer, Sparkline, Static
+
+    from ._letters import LetterTable
 except ImportError:
     raise MissingExtra("top command", "tui", "textual") from None
 
@@ -52,6 +55,13 @@ class _GroupState:
 
     settled: int | None = None
     at: float = 0.0
+    advanced: int = 0
+    """Events settled since ``top`` started: the frontier's advances (acked and
+    dead-lettered alike; a reset or replay moving it back counts nothing)."""
+    dead: int | None = None
+    dead_added: int = 0
+    """Dead letters added since ``top`` started: the count's increases between
+    two readings (a redrive between them hides as many new ones)."""
     rate: float = 0.0
     rates: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
     lags: dict[int, deque[float]] = field(default_factory=dict)
@@ -77,6 +87,8 @@ class _Reading:
     partitions: dict[str, list[_Partition]]
     max_attempts: dict[str, int]
     dead_letters: list[DeadLetter]
+    dead_counts: dict[str, int]
+    """Per group, its dead letters in all (not only the ones read)."""
     paused: dict[str, str]
     """Per paused group: ``paused until resumed`` or ``paused until <time>``."""
 
@@ -90,6 +102,7 @@ class TopApp(App[None]):
 
     TITLE = "rheo-flow top"
     ENABLE_COMMAND_PALETTE = False
+    AUTO_FOCUS = "#dead"
     CSS = """
     #status { height: 1; background: $boost; padding: 0 1; }
     #groups { height: 1fr; }
@@ -101,9 +114,9 @@ class TopApp(App[None]):
     #dead { height: 12; }
     """
     BINDINGS = [
-        ("p", "pause", "Pause/resume"),
-        ("s", "switch", "Next stream"),
         ("r", "redrive", "Redrive selected"),
+        ("p", "pause", "Pause refresh"),
+        ("s", "switch", "Next stream"),
         ("q", "quit", "Quit"),
     ]
 
@@ -128,8 +141,9 @@ class TopApp(App[None]):
         """The status line, the groups, the dead letters and the key legend."""
         yield Static("", id="status", markup=False)
         yield VerticalScroll(id="groups")
-        yield Static("dead letters (newest first)", id="dead-title", markup=False)
-        table: DataTable[str] = DataTable(id="dead", cursor_type="row", zebra_stripes=True)
+        yield Static("dead letters (newest first): ↓/↑ select one, r redrives it, "
+                     "Esc unselects", id="dead-title", markup=False)
+        table = LetterTable(id="dead")
         table.add_columns("group", "partition:sequence", "attempts", "reason", "last error",
                           "rejected (UTC)")
         yield table
@@ -137,6 +151,7 @@ class TopApp(App[None]):
 
     async def on_mount(self) -> None:
         """Open the store, take the first reading and refresh every ``interval``."""
+        self.query_one("#dead", LetterTable).focus()  # the arrows work from the first key
         self._rheo = await Rheo(existing(self.url)).open()
         await self.refresh_view()
         self.set_interval(self.interval, self._tick)
@@ -182,6 +197,9 @@ class TopApp(App[None]):
         attempts: dict[str, int] = {}
         letters: list[DeadLetter] = []
         paused: dict[str, str] = {}
+        report = await rheo.lag_report([self.stream])
+        dead = {entry.group: entry.dead_letters for entry in report.groups
+                if entry.stream == self.stream}
         for info in await rheo.groups(self.stream):
             if info.paused:
                 paused[info.group] = pause_text(info)
@@ -193,7 +211,7 @@ class TopApp(App[None]):
             letters.extend(await rheo.dead_letters(self.stream, info.group,
                                                    limit=DEAD_LETTER_LIMIT))
         letters.sort(key=lambda d: (-d.rejected_at_ms, d.group, d.partition, d.sequence))
-        return _Reading(partitions, attempts, letters, paused)
+        return _Reading(partitions, attempts, letters, dead, paused)
 
     async def _show(self, reading: _Reading) -> None:
         now = time.monotonic()
@@ -205,17 +223,22 @@ class TopApp(App[None]):
             state = self._states.setdefault(group, _GroupState())
             settled = sum(p.frontier for p in parts)
             if state.settled is not None and now > state.at:
+                state.advanced += max(0, settled - state.settled)
                 state.rate = max(0, settled - state.settled) / (now - state.at)
                 state.rates.append(state.rate)
             state.settled, state.at = settled, now
+            dead = reading.dead_counts.get(group, sum(d.group == group
+                                                      for d in reading.dead_letters))
+            if state.dead is not None:
+                state.dead_added += max(0, dead - state.dead)
+            state.dead = dead
             lag = sum(p.lag for p in parts)
             waiting = sum(p.scheduled for p in parts)
-            dead = sum(d.group == group for d in reading.dead_letters)
             pause = reading.paused.get(group)
             self.query_one(f"#g-{n}", Static).update(
                 f"{group}   max attempts {reading.max_attempts[group]}   dead letters "
-                f"{dead:,}{'+' if dead == DEAD_LETTER_LIMIT else ''}"
-                f"{f'   {pause}' if pause else ''}")
+                f"{dead:,}{f'   {pause}' if pause else ''}   since start: settled "
+                f"+{state.advanced:,}, dead-lettered +{state.dead_added:,}")
             self.query_one(f"#t-{n}", Static).update(
                 f"  all  settled {settled:,}  lag {lag:,}{_scheduled(waiting)}"
                 f"  {state.rate:,.1f} events/s")
@@ -251,17 +274,11 @@ class TopApp(App[None]):
         self._layout = layout
 
     def _show_letters(self, letters: list[DeadLetter]) -> None:
-        table: DataTable[str] = self.query_one("#dead", DataTable)
-        selected = _key(table)
-        table.clear()
-        self._letters = {}
-        for d in letters:
-            key = f"{d.group}\0{d.partition}\0{d.sequence}"
-            self._letters[key] = d
-            table.add_row(d.group, f"{d.partition}:{d.sequence}", str(d.attempts), d.reason,
-                          d.last_error or "-", _clock(d.rejected_at_ms), key=key)
-        if selected in self._letters:
-            table.move_cursor(row=table.get_row_index(selected))
+        self._letters = {f"{d.group}\0{d.partition}\0{d.sequence}": d for d in letters}
+        self.query_one("#dead", LetterTable).show_rows([
+            (key, (d.group, f"{d.partition}:{d.sequence}", str(d.attempts), d.reason,
+                   d.last_error or "-", _clock(d.rejected_at_ms)))
+            for key, d in self._letters.items()])
 
     def _message(self, exc: Exception) -> str:
         return scrub_secrets(f"{type(exc).__name__}: {exc}", self.url)
@@ -297,11 +314,12 @@ class TopApp(App[None]):
         await self.refresh_view()
 
     async def action_redrive(self) -> None:
-        """Make the selected dead letter deliverable again."""
-        table: DataTable[str] = self.query_one("#dead", DataTable)
-        letter = self._letters.get(_key(table) or "")
+        """Make the dead letter the user selected deliverable again (none: say so)."""
+        chosen = self.query_one("#dead", LetterTable).chosen
+        letter = self._letters.get(chosen or "")
         if self._rheo is None or letter is None:
-            self.notify("no dead letter selected", severity="warning")
+            self.notify("select a dead letter first: ↓/↑ move the selection, then r",
+                        severity="warning")
             return
         try:
             count = await self._rheo.redrive(letter.stream, letter.group, [letter])
@@ -311,12 +329,6 @@ class TopApp(App[None]):
         self.notify(f"redrove {count} dead letter of {letter.group} "
                     f"({letter.partition}:{letter.sequence})")
         await self.refresh_view()
-
-
-def _key(table: DataTable[str]) -> str | None:
-    if table.row_count == 0:
-        return None
-    return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
 
 
 def _clock(ms: int) -> str:
