@@ -5,8 +5,8 @@ tables and indexes; the versions applied are recorded in ``rheo_schema_version``
 The server-side functions (``functions/``: fetch and the steps it calls for a
 key-ordered group, settle, renew and the steps they share, advance_frontiers,
 append_guarded, and lag_report, whose name and columns are an interface for
-tools outside rheo-flow and never change) are not versioned: after the pending migrations, in the same
-transaction, every function is installed at its current definition with
+tools outside rheo-flow and never change) are not versioned: after the pending
+migrations, in the same transaction, every function is installed at its current definition with
 ``CREATE OR REPLACE``, so a schema at any version ends with the same functions
 as a fresh one. The function definitions of earlier releases are kept as test
 fixtures, to build the databases those releases left behind.
