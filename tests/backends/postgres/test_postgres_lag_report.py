@@ -79,4 +79,4 @@ async def test_the_function_keeps_its_interface(
         " WHERE n.nspname = $1 AND p.proname = 'lag_report'", postgres_schema)
     assert row["args"] == "p_streams text[] DEFAULT NULL::text[]"
     assert re.sub(r"\s+", " ", row["res"]) == SIGNATURE
-    assert row["provolatile"] == "s"  # STABLE
+    assert row["provolatile"] == b"s"  # STABLE
