@@ -34,8 +34,10 @@ def _only(report: LagReport, streams: set[str]) -> list[GroupLag]:
 
 @case(rules=["lag.report"])
 async def case_lag_report_matches_the_other_reads(env: CaseEnv) -> None:
-    """lag_report answers, per group and partition, what lag, scheduled, dead_letters,
-    group_info and stream_info answer, and when the first unsettled event was appended."""
+    """lag_report answers what lag, scheduled, dead_letters and group_info answer.
+
+    Per group and partition, with stream_info's high water, and when the first
+    unsettled event was appended."""
     rheo, caps = env.rheo, env.backend.capabilities
     first = await env.stream_with(4, 3, 0)
     second = await env.stream_with(2, 2)
@@ -80,8 +82,9 @@ async def case_lag_report_matches_the_other_reads(env: CaseEnv) -> None:
 
 @case(rules=["lag.report"])
 async def case_lag_report_filters_streams(env: CaseEnv) -> None:
-    """lag_report(streams) reports those streams only; a name no stream has is absent,
-    and no streams at all is an empty report."""
+    """lag_report(streams) reports those streams only; a missing one is absent.
+
+    No streams at all is an empty report; a deleted group is absent."""
     rheo = env.rheo
     first = await env.stream_with(3)
     second = await env.stream_with(1)
