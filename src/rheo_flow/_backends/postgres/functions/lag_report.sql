@@ -22,8 +22,9 @@
 --                        resumed)
 --   read_at_ms           the database clock (ms since the epoch) the report was read at
 --
--- The clock is read once (the MATERIALIZED CTE); every other value comes from the
--- statement's one snapshot. Per row it costs index descents, not scans: the first
+-- The clock is read once (the MATERIALIZED CTE clock), and each group's dead letters
+-- counted once (the MATERIALIZED CTE g, not once per partition); every value comes
+-- from the statement's one snapshot. Per row it costs index descents, not scans: the first
 -- event past the frontier (the events primary key), the scheduled events past it
 -- (events_scheduled, only in a stream that ever had one) and, once per group, its
 -- dead letters (deliveries_rejected, an index-only count).
@@ -37,7 +38,7 @@ LANGUAGE sql STABLE
 AS $fn$
     WITH clock AS MATERIALIZED (
         SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms
-    ), g AS (
+    ), g AS MATERIALIZED (
         SELECT s.id AS sid, s.name AS sname, s.scheduled AS sched, g.id AS gid,
                g.name AS gname, g.paused_until_ms AS until_ms,
                (SELECT count(*) FROM {s}.deliveries d
