@@ -43,7 +43,7 @@ PARTITIONS = 8
 SCRAPE_INTERVAL_S = 0.1
 TARGET = "target: one report <= 100 ms on PostgreSQL and Redis (3,200 rows)"
 COMPOSED = "composed default"
-CONSUMED = {"postgres": 12_000, "sqlite": 40_000}
+CONSUMED = {"postgres": 30_000, "sqlite": 60_000}
 """The backlog a consumption run consumes (--quick; four times as much otherwise):
 a few seconds, enough for a few dozen scrapes."""
 PG_URL = os.environ.get("RHEO_POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
