@@ -25,12 +25,15 @@ class LagOps(PostgresCore):
             rows = await conn.fetch(self._sql.lag_report, names)
             now = rows[0]["read_at_ms"] if rows else int(await conn.fetchval(self._sql.server_now))
         groups = []
-        for (stream, group), found in groupby(rows, key=lambda r: (r["stream"], r["grp"])):
+        # Columns by position (functions/lag_report.sql): stream, grp, partition,
+        # high_water, frontier, lag, scheduled, oldest_unsettled_ms, dead_letters,
+        # paused, paused_until_ms, read_at_ms. By position, not name: a scrape of
+        # thousands of rows shares the event loop with the consumers.
+        for (stream, group), found in groupby(rows, key=lambda r: (r[0], r[1])):
             parts = list(found)
             first = parts[0]
             groups.append(GroupLag(
                 stream, group,
-                tuple(PartitionLag(r["partition"], r["high_water"], r["frontier"],
-                                   r["scheduled"], r["oldest_unsettled_ms"]) for r in parts),
-                first["dead_letters"], first["paused"], first["paused_until_ms"]))
+                tuple([PartitionLag(r[2], r[3], r[4], r[6], r[7]) for r in parts]),
+                first[8], first[9], first[10]))
         return LagReport(now, tuple(groups))
