@@ -11,6 +11,7 @@ import pytest
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # the benchmarks package's root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import metrics as metrics_suite
 from benchmarks import outbox as outbox_suite
 from benchmarks import run as runner
 from benchmarks import scaling as scaling_suite
@@ -42,6 +43,23 @@ async def test_sqlite_suite_contenders_finish_their_work() -> None:
                       sqlite_suite.raw_consume, sqlite_suite.rheo_group,
                       sqlite_suite.rheo_fetch_ack):
         assert await contender(1_500) > 0
+
+
+async def test_metrics_suite_reports_and_consumes_while_scraping(tmp_path: Path) -> None:
+    # report_times raises unless Rheo.lag_report and the composed default agree on a
+    # store of every group kind; consume_rate raises unless the group settled everything.
+    from rheo_flow import Rheo
+
+    async with Rheo(f"sqlite:///{tmp_path}/metrics.db") as rheo:
+        await metrics_suite.build(rheo, 3, 2)
+        report, composed = await metrics_suite.report_times(rheo, 1, 1)
+        assert report > 0
+        assert composed > 0
+        assert len((await rheo.lag_report()).groups) == 3 * len(metrics_suite.GROUPS)
+        rate, scrapes = await metrics_suite.consume_rate(rheo, 300, True)
+        assert rate > 0
+        assert scrapes >= 1
+        assert len(await rheo.backend.list_streams()) == 3  # the consumed stream is gone
 
 
 async def test_outbox_suite_contenders_write_what_they_time(tmp_path: Path) -> None:

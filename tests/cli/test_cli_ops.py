@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from rheo_flow import Group, NewEvent, Rheo, consumer
+from rheo_flow import Group, NewEvent, Query, Rheo, consumer
 from rheo_flow._cli._app import app
 
 runner = CliRunner()
@@ -91,6 +91,33 @@ def test_lag_json_and_watch(store: str) -> None:
     result = _cli(store, "lag", "orders", "--watch", "--count", "2", "--interval", "0.1")
     assert result.exit_code == 0, result.output
     assert result.stdout.count("high water") == 2
+
+
+LAG_KEYS = ["stream", "group", "partition", "high_water", "frontier", "lag", "scheduled",
+            "paused", "paused_until_ms", "oldest_unsettled_ms", "dead_letters", "read_at_ms"]
+"""The documented, stable keys of ``rheo-flow lag --json`` (docs/cli.md), in order."""
+
+
+def test_lag_json_rows_follow_the_documented_schema(store: str) -> None:
+    async def appended() -> dict[tuple[int, int], int]:
+        async with Rheo(store) as rheo:
+            return {(e.partition, e.sequence): e.appended_at_ms
+                    for e in (await rheo.query_page(Query(stream="orders"))).events}
+
+    times = asyncio.run(appended())
+    result = _cli(store, "lag", "orders", "--json")
+    assert result.exit_code == 0, result.output
+    rows = _lines(result.stdout)
+    assert all(list(r) == LAG_KEYS for r in rows)
+    assert len({r["read_at_ms"] for r in rows}) == 1
+    assert [(r["group"], r["partition"], r["lag"], r["oldest_unsettled_ms"], r["dead_letters"])
+            for r in rows] == [("audit", 0, 3, times[(0, 1)], 0), ("audit", 1, 3, times[(1, 1)], 0),
+                               ("billing", 0, 0, None, 1), ("billing", 1, 1, times[(1, 3)], 1)]
+    assert rows[0]["read_at_ms"] >= max(times.values())
+    table = _cli(store, "lag", "orders").stdout
+    assert "oldest" in table
+    assert _cli(store, "lag", "nope").exit_code == 1
+    assert _cli(store, "lag", "orders", "nope").exit_code == 1
 
 
 def test_dead_letters_json(store: str) -> None:

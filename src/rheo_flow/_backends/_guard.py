@@ -56,7 +56,7 @@ DEFAULT_TIMEOUT_MS: Final = 10_000
 
 _READS: Final = frozenset({
     "open", "stream_info", "list_streams", "describe_streams", "group_info", "list_groups",
-    "frontier",
+    "frontier", "lag_report",
     "dead_letters", "query",
 })
 """Operations that change nothing: any failure of theirs is ``backend_unavailable``."""

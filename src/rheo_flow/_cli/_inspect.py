@@ -118,35 +118,41 @@ def _paused_cell(row: Mapping[str, Any]) -> str:
 
 
 async def _lag_rows(rheo: Rheo, stream: str, group: str | None) -> list[Row]:
-    from .._facade._delay import scheduled_counts
-
-    high = await rheo.high_water(stream)
-    if group is not None:
-        frontiers = {group: await rheo.frontier(stream, group)}
-        infos = [await rheo.group_info(stream, group)]
-    else:
-        frontiers = await rheo.frontiers(stream)
-        infos = await rheo.groups(stream)
-    paused = {g.group: g for g in infos if g.paused}
-    rows = []
-    for name, frontier in frontiers.items():
-        info = paused.get(name)
-        scheduled = await scheduled_counts(rheo.backend, stream, frontier, high)
-        for p, h in sorted(high.items()):
-            done = frontier.get(p, 0)
-            rows.append({"stream": stream, "group": name, "partition": p, "high_water": h,
-                         "frontier": done, "lag": max(0, h - done),
-                         "scheduled": scheduled.get(p, 0), "paused": info is not None,
-                         "paused_until_ms": None if info is None else info.paused_until_ms})
-    return rows
+    """The rows of ``rheo-flow lag`` (docs/cli.md, "lag --json"): one
+    :meth:`~rheo_flow.Rheo.lag_report` of the stream; an unknown stream or group is an
+    error, as the reads it replaced raised."""
+    report = await rheo.lag_report([stream])
+    entries = [g for g in report.groups if group is None or g.group == group]
+    if not entries:  # empty: a stream without groups, or a name the store lacks
+        await (rheo.group_info(stream, group) if group is not None
+               else rheo.stream_info(stream))
+    return [{"stream": g.stream, "group": g.group, "partition": p.partition,
+             "high_water": p.high_water, "frontier": p.frontier, "lag": p.lag,
+             "scheduled": p.scheduled, "paused": g.paused, "paused_until_ms": g.paused_until_ms,
+             "oldest_unsettled_ms": p.oldest_unsettled_ms, "dead_letters": g.dead_letters,
+             "read_at_ms": report.read_at_ms}
+            for g in entries for p in g.partitions]
 
 
-_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag", "scheduled", "paused")
+_LAG_COLUMNS = ("group", "partition", "high water", "frontier", "lag", "scheduled", "oldest",
+                "paused")
 
 
 def _lag_cells(rows: list[Row]) -> list[list[str]]:
     return [[r["group"], str(r["partition"]), f"{r['high_water']:,}", f"{r['frontier']:,}",
-             f"{r['lag']:,}", f"{r['scheduled']:,}", _paused_cell(r)] for r in rows]
+             f"{r['lag']:,}", f"{r['scheduled']:,}",
+             _age(r["oldest_unsettled_ms"], r["read_at_ms"]), _paused_cell(r)] for r in rows]
+
+
+def _age(since_ms: int | None, now_ms: int) -> str:
+    """How long ago ``since_ms`` was, in the largest unit that keeps it short (``-``: never)."""
+    if since_ms is None:
+        return "-"
+    seconds = max(0, now_ms - since_ms) / 1000
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
 
 
 def lag(
@@ -164,7 +170,8 @@ def lag(
     )] = None,
 ) -> None:
     """Show high water, frontier and lag per partition for one group or all of them; of
-    the lag, "scheduled" counts the events whose delivery time is still ahead.
+    the lag, "scheduled" counts the events whose delivery time is still ahead, and
+    "oldest" is how long ago the first unsettled event was appended.
 
     With --watch the table refreshes in place on a terminal; elsewhere (and with
     --json, whose lines then carry the time of the reading in "at_ms") each

@@ -15,6 +15,7 @@ from . import (
     _cases_delay,
     _cases_deletion,
     _cases_isolation,
+    _cases_lag,
     _cases_leases,
     _cases_ordering,
     _cases_ordering_redrive,
@@ -39,7 +40,8 @@ _CASE_MODULES = (_cases_streams, _cases_leases, _cases_redelivery, _cases_batche
                  _cases_ordering, _cases_ordering_scans, _cases_ordering_redrive,
                  _cases_progress, _cases_reads,
                  _cases_deletion, _cases_pause, _cases_time, _cases_delay,
-                 _cases_isolation, _cases_transaction, _cases_positions, _cases_retention)
+                 _cases_isolation, _cases_transaction, _cases_positions, _cases_retention,
+                 _cases_lag)
 
 CASE_TIMEOUT_S = float(os.environ.get("RHEO_CASE_TIMEOUT", "60"))
 """Upper bound of one case: a hung backend fails the case instead of the whole run."""

@@ -209,7 +209,7 @@ OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_frontiers",
                      "append_guarded", "append_one",
                      "claim_cursors", "expire_spent", "fetch", "fetch_by_key", "fetch_scan",
-                     "fetch_work",
+                     "fetch_work", "lag_report",
                      "holding_locks",
                      "lease_of", "range_bits", "range_mask", "release_keys", "renew", "settle",
                      "settle_leased", "settle_misses", "settle_ranged", "split_scheduled",
@@ -263,6 +263,14 @@ async def test_an_older_schema_is_upgraded_in_place(url: str, schema: str, versi
         assert (await rheo.stream_info("s")).retention is None
         policy = Retention(max_age=timedelta(days=1), max_events=2)
         assert (await rheo.set_retention("s", policy)).retention == policy
+        # The lag report function (functions/lag_report.sql) exists and answers, to
+        # the backend and to the documented query of an external tool.
+        await rheo.append("s", [NewEvent("t", {"i": i}, partition=0) for i in (7, 8)])
+        assert await admin.fetchval(
+            f"SELECT COALESCE(sum(lag), 0) FROM \"{schema}\".lag_report(ARRAY['s']) "
+            "WHERE grp = 'g'") == 2
+        [group] = (await rheo.lag_report(["s"])).groups
+        assert (group.lag, group.dead_letters) == (2, 1)
 
 
 
@@ -519,6 +527,22 @@ async def test_a_current_schema_without_the_named_codes_gets_them(
         [lease] = await rheo.fetch("s", "g", consumer_id="c", limit=5)
         assert (await rheo.ack([lease]))[0].ok
     assert await admin.fetchval(f"SELECT \"{schema}\".held()") == 2**63 - 1
+
+
+async def test_a_current_schema_without_the_lag_report_function_gets_it(
+        url: str, schema: str, admin: asyncpg.Connection) -> None:
+    """A schema at the current version made before functions/lag_report.sql (while the
+    version was unreleased) is refused without migrate and completed with it."""
+    await pg.migrate(url)
+    await admin.execute(f'DROP FUNCTION "{schema}".lag_report(text[])')
+    with pytest.raises(BackendError, match="lacks this rheo-flow's functions"):
+        await PostgresBackend.from_url(url + "&migrate=false").open()
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        await rheo.create_stream("s", partitions=1)
+        await rheo.create_group("s", "g")
+        await rheo.append("s", [NewEvent("t", {})])
+        assert [g.lag for g in (await rheo.lag_report()).groups] == [1]
+    assert await admin.fetchval(f'SELECT sum(lag) FROM "{schema}".lag_report()') == 1
 
 
 async def test_migrate_rejects_bad_targets() -> None:

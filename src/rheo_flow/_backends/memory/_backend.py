@@ -1,7 +1,7 @@
 """The :class:`MemoryBackend` class: construction, streams, groups, reads and retention.
 
 The operations on deliveries live in mixins by concern (``_fetch``, ``_settle``,
-``_progress``), all on :class:`~._core.MemoryCore`; this module builds the
+``_progress``, ``_lag``), all on :class:`~._core.MemoryCore`; this module builds the
 backend and holds what is left: streams and appends, groups, queries, trim,
 deletion and the wait for appends.
 """
@@ -29,6 +29,7 @@ from ..._support._clock import Clock, system_clock
 from .._shared import Waiters, query_matches, query_window
 from .._transitions import advance_frontier
 from ._fetch import FetchOps
+from ._lag import LagOps
 from ._progress import ProgressOps
 from ._settle import SettleOps
 from ._state import Group, Partition, Stream, forget
@@ -36,7 +37,7 @@ from ._state import Group, Partition, Stream, forget
 __all__ = ["MemoryBackend"]
 
 
-class MemoryBackend(FetchOps, SettleOps, ProgressOps, Backend):
+class MemoryBackend(FetchOps, SettleOps, ProgressOps, LagOps, Backend):
     """Ephemeral in-process backend; ``clock`` returns epoch milliseconds."""
 
     name = "memory"

@@ -9,6 +9,7 @@ from ..._model._errors import InvalidArgument
 from .._guard import guard_operations
 from ._config import DEFAULT_SCHEMA, check_schema
 from ._groups import GroupOps
+from ._lag import LagOps
 from ._leases import LeaseOps
 from ._migrations import ensure_schema
 from ._pool import connect, driver
@@ -22,7 +23,7 @@ __all__ = ["PostgresBackend", "migrate"]
 
 
 @guard_operations(tracks_sending=True)
-class PostgresBackend(StreamOps, GroupOps, LeaseOps, RetentionOps):
+class PostgresBackend(StreamOps, GroupOps, LeaseOps, RetentionOps, LagOps):
     """Durable, distributed backend on PostgreSQL through an asyncpg pool.
 
     Build it from a URL (``PostgresBackend.from_url("postgresql://user@host/db?schema=app")``,

@@ -3,9 +3,10 @@
 Each version is a :class:`Migration` whose SQL files (in ``migrations/``) change
 tables and indexes; the versions applied are recorded in ``rheo_schema_version``.
 The server-side functions (``functions/``: fetch and the steps it calls for a
-key-ordered group, settle, renew and the steps they share, advance_frontiers)
-are not versioned: after the pending migrations, in the same
-transaction, every function is installed at its current definition with
+key-ordered group, settle, renew and the steps they share, advance_frontiers,
+append_guarded, and lag_report, whose name and columns are an interface for
+tools outside rheo-flow and never change) are not versioned: after the pending
+migrations, in the same transaction, every function is installed at its current definition with
 ``CREATE OR REPLACE``, so a schema at any version ends with the same functions
 as a fresh one. The function definitions of earlier releases are kept as test
 fixtures, to build the databases those releases left behind.
@@ -144,17 +145,19 @@ BOOTSTRAP: Final = Migration(0, "the schema and the table of applied versions", 
 FUNCTIONS: Final = Migration(SCHEMA_VERSION, "the server-side functions, current definitions",
                              ("states", "advance_frontiers", "fetch_work", "fetch_keyed",
                               "fetch_by_key", "fetch_scheduled", "fetch", "settle_ranged",
-                              "settle", "renew", "ack_fetch", "ack_ranges", "append_guarded"))
+                              "settle", "renew", "ack_fetch", "ack_ranges", "append_guarded",
+                              "lag_report"))
 """Installed after the migrations whenever any was applied (``CREATE OR REPLACE``)."""
 
 _LATE_FUNCTIONS: Final = ("{s}.held()", "{s}.append_guarded(integer, text, text, text, text, "
                                        "text, text[], text, text, text)",
                            "{s}.append_one(integer, integer, text, text, text, text, text, "
-                           "text, text, bigint)")
+                           "text, text, bigint)",
+                           "{s}.lag_report(text[])")
 """Functions added while the current version was unreleased (the named codes of
-functions/states.sql, then functions/append_guarded.sql and its append_one): a schema at the current
-version without one gets the current functions installed (or, not migrating, is
-refused)."""
+functions/states.sql, then functions/append_guarded.sql and its append_one, then
+functions/lag_report.sql): a schema at the current version without one gets the
+current functions installed (or, not migrating, is refused)."""
 
 
 def _newer(schema: str, version: int) -> BackendError:
@@ -178,7 +181,7 @@ async def ensure_schema(conn: asyncpg.Connection, schema: str, *, apply: bool) -
         if not all([await conn.fetchval(sql.has_named_codes, render(function, schema))
                     for function in _LATE_FUNCTIONS]):
             # Made at this version before its newest function (the named codes of
-            # functions/states.sql, then functions/append_guarded.sql) was added while
+            # functions/states.sql, then append_guarded.sql, then lag_report.sql) was added while
             # the version was unreleased: install them.
             if not apply:
                 raise BackendError(

@@ -96,6 +96,7 @@ class Statements:
     renew: str
     frontier: str
     stream_frontiers: str
+    lag_report: str
     dead_letters: str
     redrive: str
     lock_cursors: str

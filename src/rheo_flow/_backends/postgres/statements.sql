@@ -209,6 +209,14 @@ SELECT g.name, f.part, f.frontier FROM {s}.groups AS g
 JOIN {s}.frontiers AS f ON f.group_id = g.id
 WHERE g.stream_id = $1 ORDER BY g.name COLLATE "C", f.part
 
+-- Every group's lag of the streams named in $1 (a JSON array of names; NULL: every
+-- stream), one row per partition (functions/lag_report.sql). The names travel as JSON
+-- text, not text[]: see describe_streams on asyncpg's array type lookups.
+-- name: lag_report
+SELECT * FROM {s}.lag_report(CASE WHEN $1::text IS NULL THEN NULL
+                                  ELSE ARRAY(SELECT json_array_elements_text($1::text::json))
+                             END)
+
 -- name: dead_letters
 SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms, d.last_error
 FROM {s}.deliveries d JOIN {s}.events e

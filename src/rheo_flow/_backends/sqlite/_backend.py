@@ -19,6 +19,7 @@ from ..._model._capabilities import Capabilities
 from ..._model._errors import BackendError, InvalidArgument
 from ..._model._event import Event
 from ..._model._failure import describe
+from ..._model._lag import LagReport
 from ..._model._lease import Lease
 from ..._model._query import Query
 from ..._model._settle_results import SettleKind, SettleResult
@@ -36,7 +37,7 @@ from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
 from .._shared import Waiters
 from .._transitions import Op
 from .._urls import redact_url, url_flag
-from . import _catalog, _events, _progress, _settle
+from . import _catalog, _events, _lag, _progress, _settle
 from ._errors import classify_error, is_locked
 from ._fetch import Fetcher, FreshRange, leases_of
 from ._issued import Issued
@@ -407,6 +408,9 @@ class SQLiteBackend(Backend):
 
     async def frontiers(self, stream: str) -> dict[str, dict[int, int]]:
         return await self._read(_progress.frontiers, stream)
+
+    async def lag_report(self, streams: Sequence[str] | None) -> LagReport:
+        return await self._read(_lag.lag_report, streams, self._clock())
 
     async def dead_letters(
         self, stream: str, group: str, limit: int, after: tuple[int, int] | None

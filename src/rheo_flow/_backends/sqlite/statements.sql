@@ -426,6 +426,36 @@ WHERE group_id = ?1 AND part = ?2
 -- name: frontiers
 SELECT part, frontier FROM group_partitions WHERE group_id = ? ORDER BY part
 
+-- name: lag_report
+-- Every group's lag, one row per partition (_lag.py), of the streams in the JSON
+-- array ?2 (NULL: every stream), at the time ?1: per row, one descent of the events'
+-- key for the first event past the frontier and, in a stream that ever had a
+-- scheduled event, a count of events_scheduled past it; per group, a count of
+-- deliveries_rejected (covering: the rejected rows alone).
+WITH g AS MATERIALIZED (
+    SELECT s.id AS sid, s.name AS sname, s.scheduled AS sched, g.id AS gid,
+           g.name AS gname, g.paused_until_ms AS until_ms,
+           (SELECT count(*) FROM deliveries AS d INDEXED BY deliveries_rejected
+            WHERE d.group_id = g.id AND d.state = 'rejected') AS letters
+    FROM streams AS s JOIN groups AS g ON g.stream_id = s.id
+    WHERE ?2 IS NULL OR s.name IN (SELECT value FROM json_each(?2))
+)
+SELECT g.sname, g.gname, gp.part, p.high_water, gp.frontier,
+       CASE WHEN g.sched AND p.high_water > gp.frontier THEN
+           (SELECT count(*) FROM events AS e INDEXED BY events_scheduled
+            WHERE e.stream_id = g.sid AND e.part = gp.part AND e.seq > gp.frontier
+              AND e.deliver_at_ms IS NOT NULL AND e.deliver_at_ms > ?1)
+       ELSE 0 END,
+       CASE WHEN p.high_water > gp.frontier THEN
+           (SELECT e.appended_at_ms FROM events AS e
+            WHERE e.stream_id = g.sid AND e.part = gp.part AND e.seq > gp.frontier
+            ORDER BY e.seq LIMIT 1)
+       END,
+       g.letters, g.until_ms
+FROM g JOIN group_partitions AS gp ON gp.group_id = g.gid
+JOIN partitions AS p ON p.stream_id = g.sid AND p.part = gp.part
+ORDER BY g.sname, g.gname, gp.part
+
 -- name: dead_letters
 SELECT d.part, d.seq, e.event_id, d.attempt, d.reason, d.rejected_at_ms, d.last_error
 FROM deliveries AS d INDEXED BY deliveries_rejected
