@@ -9,11 +9,15 @@
   composed from the backend's other reads (``composed_lag_report``, what
   ``Rheo.lag_report`` falls back to on a backend that answers ``Unsupported``),
   measured in the same run. The target: at most 100 ms on PostgreSQL and Redis.
+* **exporter scrape, 100 x 4 x 8** — one scrape of ``/metrics`` as the worker and
+  ``rheo-flow metrics`` serve it (the lag report read, every store gauge rendered
+  into the page), against the lag report alone; the same target.
 * **consume with a scrape every 100 ms** (SQLite and PostgreSQL) — a backlog
-  consumed and acked through a :class:`rheo_flow.Group` (no-op handler) of the
-  same instance while a task calls ``Rheo.lag_report()`` over the whole store
-  every 100 ms, against the same consumption without scrapes: a scrape must not
-  hold consumption up.
+  consumed and acked through a :class:`rheo_flow.Group` (no-op handler) while the
+  exporter, on an instance of its own as in the worker, is scraped every 100 ms
+  and reads the whole store each time (its cache interval set to 0: the worst
+  case; the default interval of 5 s reads it at most once per 5 s), against the
+  same consumption without scrapes: a scrape must not hold consumption up.
 
 Everything the suite creates (a PostgreSQL schema, an SQLite file in a temporary
 directory, a Redis key prefix) is removed at the end.
@@ -28,7 +32,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -51,16 +55,17 @@ REDIS_URL = os.environ.get("RHEO_REDIS_URL") or "redis://127.0.0.1:6379/0"
 
 
 @asynccontextmanager
-async def _store(backend: str) -> AsyncIterator[Rheo]:
-    """An empty store of ``backend`` of this run only, removed on exit."""
+async def _store(backend: str) -> AsyncIterator[tuple[Rheo, str]]:
+    """An empty store of ``backend`` of this run only, and its URL; removed on exit."""
     if backend == "postgres":
         import asyncpg
 
         schema = f"rheo_bench_metrics_{uuid.uuid4().hex[:8]}"
         separator = "&" if "?" in PG_URL else "?"
         try:
-            async with Rheo(f"{PG_URL}{separator}schema={schema}") as rheo:
-                yield rheo
+            url = f"{PG_URL}{separator}schema={schema}"
+            async with Rheo(url) as rheo:
+                yield rheo, url
         finally:
             conn = await asyncpg.connect(PG_URL)
             try:
@@ -69,15 +74,17 @@ async def _store(backend: str) -> AsyncIterator[Rheo]:
                 await conn.close()
     elif backend == "sqlite":
         with tempfile.TemporaryDirectory() as directory:
-            async with Rheo(f"sqlite:///{directory}/metrics.db") as rheo:
-                yield rheo
+            url = f"sqlite:///{directory}/metrics.db"
+            async with Rheo(url) as rheo:
+                yield rheo, url
     else:
         from rheo_flow.backends import RedisBackend
 
-        redis = RedisBackend.from_url(REDIS_URL, prefix=f"rheo-bench-{uuid.uuid4().hex[:10]}")
+        prefix = f"rheo-bench-{uuid.uuid4().hex[:10]}"
+        redis = RedisBackend.from_url(REDIS_URL, prefix=prefix)
         try:
             async with Rheo(redis) as rheo:
-                yield rheo
+                yield rheo, f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix={prefix}"
         finally:
             await redis.drop_all()
             await redis.close()
@@ -124,9 +131,37 @@ async def report_times(rheo: Rheo, rounds: int, composed_rounds: int) -> tuple[f
             await _median_ms(lambda: composed_lag_report(rheo.backend, None), composed_rounds))
 
 
-async def consume_rate(rheo: Rheo, events: int, scrape: bool) -> tuple[float, int]:
-    """Events per second through a Group on a fresh backlog of ``events``, with a
-    ``lag_report()`` of the whole store every :data:`SCRAPE_INTERVAL_S` meanwhile when
+@asynccontextmanager
+async def _exporter(url: str, rheo: Rheo | None = None
+                    ) -> AsyncIterator[Callable[[], Awaitable[Any]]]:
+    """A scrape of ``/metrics`` as the worker and ``rheo-flow metrics`` serve it: the store
+    gauges of every stream, read again on every scrape (an interval of 0), through an
+    instance of their own on ``url`` (or through ``rheo``), the page rendered on a thread."""
+    from rheo_flow._cli.metrics._endpoints import routes
+    from rheo_flow._cli.metrics._exporter import PrometheusExport
+    from rheo_flow._cli.metrics._store import StoreGauges
+
+    export = PrometheusExport(runtime=False)
+    store = StoreGauges(url, interval=0.0, rheo=rheo)
+    store.register(export.meter("rheo_flow.store"))
+    route = routes(export, store)["/metrics"]
+
+    async def scrape() -> Any:
+        status, _, page = await route({})
+        if status != 200 or not store.up:
+            raise RuntimeError(f"the scrape failed: {store.error}")
+        return page
+
+    try:
+        yield scrape
+    finally:
+        await store.aclose()
+        export.close()
+
+
+async def consume_rate(rheo: Rheo, url: str, events: int, scrape: bool) -> tuple[float, int]:
+    """Events per second through a Group on a fresh backlog of ``events``, with a scrape of
+    the exporter (:func:`_exporter`) every :data:`SCRAPE_INTERVAL_S` meanwhile when
     ``scrape``; and how many scrapes ran."""
     stream = f"consume-{uuid.uuid4().hex[:8]}"
     await rheo.create_stream(stream, partitions=4)
@@ -137,10 +172,11 @@ async def consume_rate(rheo: Rheo, events: int, scrape: bool) -> tuple[float, in
 
     async def scraper() -> None:
         nonlocal scrapes
-        while True:
-            await rheo.lag_report()
-            scrapes += 1
-            await asyncio.sleep(SCRAPE_INTERVAL_S)
+        async with _exporter(url) as scrape_once:
+            while True:
+                await scrape_once()
+                scrapes += 1
+                await asyncio.sleep(SCRAPE_INTERVAL_S)
 
     @consumer(stream=stream, group="g", max_demand=400, fetch_size=100, concurrency=100,
               poll_ms=50)
@@ -166,12 +202,22 @@ async def consume_rate(rheo: Rheo, events: int, scrape: bool) -> tuple[float, in
 
 async def _backend(backend: str, quick: bool) -> list[Result]:
     results = []
-    async with _store(backend) as rheo:
+    async with _store(backend) as (rheo, url):
         await build(rheo, STREAMS, 4 if quick else 25)
-        report, composed = await report_times(rheo, 5 if quick else 15, 2 if quick else 5)
+        rounds = 5 if quick else 15
+        report, composed = await report_times(rheo, rounds, 2 if quick else 5)
         results.append(Result.compared(
             f"lag report {STREAMS}x{len(GROUPS)}x{PARTITIONS}", backend, report, "ms", composed,
             TARGET, baseline_name=COMPOSED))
+        async with _exporter(url, rheo) as scrape:
+            page = await scrape()
+            if page.count(b"\nrheo_store_lag{") != STREAMS * len(GROUPS) * PARTITIONS:
+                raise RuntimeError("the exporter's page lacks some group's lag")
+            scraped = await _median_ms(scrape, rounds)
+        results.append(Result.compared(
+            f"exporter scrape {STREAMS}x{len(GROUPS)}x{PARTITIONS} (read + page)", backend,
+            scraped, "ms", report, TARGET + "; the page of every store gauge rendered too",
+            baseline_name="lag report alone"))
         if backend == "redis":
             return results
         events = CONSUMED[backend] * (1 if quick else 4)
@@ -179,14 +225,15 @@ async def _backend(backend: str, quick: bool) -> list[Result]:
         scrapes = 0
         for _ in range(2 if quick else 3):
             for scrape in (False, True):
-                rate, count = await consume_rate(rheo, events, scrape)
+                rate, count = await consume_rate(rheo, url, events, scrape)
                 rates[scrape].append(rate)
                 scrapes += count
         results.append(Result.compared(
             "consume with a scrape every 100 ms", backend, statistics.median(rates[True]),
             "events/s", statistics.median(rates[False]),
-            f"{scrapes} scrapes of the whole store ({STREAMS + 1} streams) during the runs "
-            "with scrapes",
+            f"{scrapes} scrapes of the exporter over the whole store ({STREAMS + 1} streams), "
+            "each reading the store (interval 0) through an instance of its own, during "
+            "the runs with scrapes",
             baseline_name="no scrapes"))
     return results
 

@@ -50,13 +50,17 @@ async def test_metrics_suite_reports_and_consumes_while_scraping(tmp_path: Path)
     # store of every group kind; consume_rate raises unless the group settled everything.
     from rheo_flow import Rheo
 
-    async with Rheo(f"sqlite:///{tmp_path}/metrics.db") as rheo:
+    url = f"sqlite:///{tmp_path}/metrics.db"
+    async with Rheo(url) as rheo:
         await metrics_suite.build(rheo, 3, 2)
         report, composed = await metrics_suite.report_times(rheo, 1, 1)
         assert report > 0
         assert composed > 0
         assert len((await rheo.lag_report()).groups) == 3 * len(metrics_suite.GROUPS)
-        rate, scrapes = await metrics_suite.consume_rate(rheo, 300, True)
+        async with metrics_suite._exporter(url) as scrape:  # raises unless the store answers
+            page = await scrape()
+        assert page.count(b"\nrheo_store_lag{") == 3 * len(metrics_suite.GROUPS) * 8
+        rate, scrapes = await metrics_suite.consume_rate(rheo, url, 300, True)
         assert rate > 0
         assert scrapes >= 1
         assert len(await rheo.backend.list_streams()) == 3  # the consumed stream is gone
