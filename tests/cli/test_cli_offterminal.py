@@ -141,5 +141,7 @@ def test_columns_narrows_panels_but_never_cuts_a_table(tmp_path: Path, columns: 
     _check("demo", text, DEMO_HEADERS)
     panel = [line for line in text.splitlines() if line.startswith(("╭", "│", "╰"))]
     assert panel
-    # As wide as the panel's content (its longest line fits on one line), never stretched.
-    assert len(panel[0]) <= max(int(columns), 80)
+    # Its lines wrapped at words to fit $COLUMNS, or as wide as its longest word (the URL).
+    url_line = f"│ backend   sqlite:///{(tmp_path / 'd.db').resolve()} │"
+    assert len(panel[0]) <= max(int(columns), len(url_line))
+    assert all(len(line) == len(panel[0]) for line in panel)

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.measure import Measurement
+from rich.panel import Panel
 from rich.table import Table
 
 __all__ = ["UNLIMITED", "PlainConsole"]
@@ -42,6 +43,8 @@ class PlainConsole(Console):
         renderables = [o for o in objects if not isinstance(o, str)]
         if kwargs.get("width") is None and renderables and len(renderables) == len(objects):
             kwargs["width"] = self.fitted(renderables)
+            # Wrapped at words within that width (soft wrap would cut a panel's lines).
+            kwargs.setdefault("soft_wrap", False)
         super().print(*objects, **kwargs)
 
     def fitted(self, renderables: list[Any]) -> int:
@@ -52,11 +55,20 @@ class PlainConsole(Console):
         natural = max(m.maximum for m in measures)
         # Rich squeezes a table below its natural width by cutting cells (``events…``)
         # rather than wrapping them at words: a table keeps its natural width.
-        least = max(m.maximum if isinstance(r, Table) else m.minimum
-                    for r, m in zip(renderables, measures, strict=True))
+        least = max(self._least(r, m) for r, m in zip(renderables, measures, strict=True))
         columns = _columns()
         width = natural if columns is None else max(min(natural, columns), least)
         return max(1, min(width, UNLIMITED))
+
+    def _least(self, renderable: Any, measure: Measurement) -> int:
+        """The narrowest ``renderable`` may be drawn without cutting a word."""
+        if isinstance(renderable, Table):
+            return measure.maximum
+        if isinstance(renderable, Panel):
+            # A panel measures as wide as its content unwrapped: its content may wrap.
+            inner = Measurement.get(self, self.options, renderable.renderable)
+            return self._least(renderable.renderable, inner) + measure.maximum - inner.maximum
+        return measure.minimum
 
 
 def _columns() -> int | None:
