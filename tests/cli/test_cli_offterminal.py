@@ -2,8 +2,9 @@
 
 Each command runs in a subprocess (``python -m rheo_flow``) with stdout a file, the
 real no-terminal path: no line longer than 200 characters unless it is one JSON
-object (or an event line of ``tail`` ending in its data as JSON), no cell or header cut short (no ``…``), every table header word in full.
-The commands come from the typer app: a new command without a case here fails.
+object (or an event line of ``tail`` ending in its data as JSON), no cell or
+header cut short (no ``…``), every table header word in full. The commands come
+from the typer app: a new command without a case here fails.
 """
 
 from __future__ import annotations
