@@ -126,7 +126,6 @@ async def test_ordering_suite_compares_key_order_with_none(tmp_path: Path) -> No
 def test_plot_keeps_values_orders_of_magnitude_apart_readable(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     import matplotlib.image
-
     from benchmarks import _plot
 
     cpu = [Result("CPU per event, 1 worker: the worker", backend, value, "us")
@@ -146,7 +145,6 @@ def test_doc_charts_come_from_stored_results(tmp_path: Path) -> None:
     in benchmarks/results/ (no benchmark run), at a width the docs show legibly."""
     pytest.importorskip("matplotlib")
     import matplotlib.image
-
     from benchmarks import _plot
 
     root = Path(__file__).resolve().parents[1]

@@ -12,12 +12,12 @@ Text lines are never wrapped (``soft_wrap``): a log line stays one line.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
-from rich.measure import Measurement
-from rich.panel import Panel
-from rich.table import Table
+
+if TYPE_CHECKING:  # loaded when a renderable is printed, not when a command starts
+    from rich.measure import Measurement
 
 __all__ = ["UNLIMITED", "PlainConsole"]
 
@@ -51,6 +51,8 @@ class PlainConsole(Console):
         """The width ``renderables`` take: their widest content, capped at
         ``$COLUMNS`` when set but never below the longest word any of them holds,
         nor a table below its natural width."""
+        from rich.measure import Measurement
+
         measures = [Measurement.get(self, self.options, r) for r in renderables]
         natural = max(m.maximum for m in measures)
         # Rich squeezes a table below its natural width by cutting cells (``events…``)
@@ -62,6 +64,10 @@ class PlainConsole(Console):
 
     def _least(self, renderable: Any, measure: Measurement) -> int:
         """The narrowest ``renderable`` may be drawn without cutting a word."""
+        from rich.measure import Measurement
+        from rich.panel import Panel
+        from rich.table import Table
+
         if isinstance(renderable, Table):
             return measure.maximum
         if isinstance(renderable, Panel):
