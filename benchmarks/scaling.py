@@ -214,8 +214,8 @@ async def _backend_results(name: str, url: str, events: int, rounds: int) -> lis
         for n in PROCESSES
     ]
     results += [
-        Result("CPU per event, 1 worker: the worker", name, one.worker_cpu_us, "us"),
-        Result("CPU per event, 1 worker: server and the rest", name, one.other_cpu_us, "us"),
+        Result("CPU per event, 1 worker: the worker", name, one.worker_cpu_us, "µs"),
+        Result("CPU per event, 1 worker: server and the rest", name, one.other_cpu_us, "µs"),
     ]
     results += [
         Result.compared(f"modeled: {cores} cores, {cores} workers", name,

@@ -143,3 +143,37 @@ async def test_ordering_suite_compares_key_order_with_none(tmp_path: Path) -> No
     assert [r.name for r in results] == [
         f"consume+ack, 4 workers, {k} keys, ordering=key" for k in ordering_suite.KEYS]
     assert all(r.baseline_name == "ordering=none" and r.ratio is not None for r in results)
+
+
+def test_plot_keeps_values_orders_of_magnitude_apart_readable(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+    from benchmarks import _plot
+
+    cpu = [Result("CPU per event, 1 worker: the worker", backend, value, "us")
+           for backend, value in (("sqlite", 18.0), ("redis", 10.1), ("mongo", 7901.1))]
+    chart = _plot._Chart(cpu)
+    assert chart.unit == "µs"
+    assert chart.spread > _plot.SPREAD  # drawn on a logarithmic axis
+    written = _plot.write_charts("scaling", cpu, tmp_path, command="x")
+    assert [p.name for p in written] == ["scaling-us.png"]
+    height, width, _ = matplotlib.image.imread(written[0]).shape
+    assert width <= 100 * _plot.WIDTH_IN
+    assert height < width
+
+
+def test_doc_charts_come_from_stored_results(tmp_path: Path) -> None:
+    """The scaling charts of docs/img/benchmarks are regenerated from the JSON lines kept
+    in benchmarks/results/ (no benchmark run), at a width the docs show legibly."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+    from benchmarks import _plot
+
+    root = Path(__file__).resolve().parents[1]
+    results = _plot.from_json_lines(root / "benchmarks/results/scaling-2026-12-02.jsonl")
+    written = _plot.write_charts("scaling", results, tmp_path, command="x")
+    docs = root / "docs/img/benchmarks"
+    assert {p.name for p in written} <= {p.name for p in docs.iterdir()}
+    for path in written:
+        width = matplotlib.image.imread(docs / path.name).shape[1]
+        assert width <= 100 * _plot.WIDTH_IN, path.name

@@ -96,3 +96,20 @@ def test_nothing_points_outside_the_repository() -> None:
         if outside.search(line)
     ]
     assert not offenders, f"references outside the repository: {offenders}"
+
+
+def test_the_notebook_is_linked_with_its_extra_and_command() -> None:
+    """README and docs/index.md point at examples/tour.ipynb, name the ``examples``
+    extra and the command that runs it; the extra holds what that command needs."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    needed = {re.split(r"[<>=\[]", d)[0] for d in extras["examples"]}
+    assert {"nbclient", "ipykernel", "matplotlib"} <= needed
+    assert "rheo-flow[examples]" in extras["test"]
+    for doc in ("README.md", "docs/index.md"):
+        text = (ROOT / doc).read_text()
+        assert "examples/tour.ipynb" in text, doc
+        assert "'.[examples]'" in text, doc
+        assert "jupyter execute examples/tour.ipynb" in text, doc

@@ -20,12 +20,12 @@ from urllib.parse import quote
 
 import typer
 import typer.main
-from rich.console import Console
 
 from .. import __version__
 from .._faults._cli import torture as _torture
 from . import _create, _inspect, _ops, _pause, _retention
 from ._command import Command, Group
+from ._common import console as cli_console
 from ._common import run
 from .demo._state import DemoConfig
 from .metrics._command import metrics as _metrics
@@ -109,14 +109,12 @@ def demo(
     poison event at max_attempts=3 and shows throughput, lag per partition and
     settle outcomes. Uses an embedded SQLite file: no server needed.
     """
-    # The demo draws panels and tables, which fill the console's width: off a terminal
-    # it keeps rich's default width (80, or $COLUMNS) rather than the never-wrapping
-    # console of the other commands, whose panels would be 100,000 columns wide.
     import tempfile
 
     from .demo._run import run_demo
 
-    console = Console(highlight=False)
+    # Off a terminal its panels and tables are as wide as their content (see _plain).
+    console = cli_console()
     if db is not None and url is not None:
         console.print("[bold red]error:[/] give --db or --url, not both")
         raise typer.Exit(2)

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from .._backends._urls import redact_url, scrub_secrets
 from .._model._errors import RheoError, UnknownGroup, UnknownStream
+from ._plain import PlainConsole
 from ._table import print_lines, print_table
 
 __all__ = [
@@ -61,12 +62,10 @@ def errors() -> Console:
 
 
 def console() -> Console:
-    """A console that never wraps output meant for a pipe or a file."""
+    """The console of a command's output: off a terminal, plain text that is never
+    wrapped, each table or panel as wide as its content (see :mod:`._plain`)."""
     out = Console(highlight=False)
-    if not out.is_terminal:
-        out.soft_wrap = True
-        out.width = 100_000
-    return out
+    return out if out.is_terminal else PlainConsole()
 
 
 def existing(url: str) -> str:
