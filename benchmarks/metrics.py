@@ -169,6 +169,7 @@ async def consume_rate(rheo: Rheo, url: str, events: int, scrape: bool) -> tuple
         await rheo.append(stream, [NewEvent("bench", {"n": i})
                                    for i in range(start, min(events, start + 2_000))])
     scrapes = 0
+    scraping = asyncio.Event()
 
     async def scraper() -> None:
         nonlocal scrapes
@@ -176,6 +177,7 @@ async def consume_rate(rheo: Rheo, url: str, events: int, scrape: bool) -> tuple
             while True:
                 await scrape_once()
                 scrapes += 1
+                scraping.set()
                 await asyncio.sleep(SCRAPE_INTERVAL_S)
 
     @consumer(stream=stream, group="g", max_demand=400, fetch_size=100, concurrency=100,
@@ -185,6 +187,8 @@ async def consume_rate(rheo: Rheo, url: str, events: int, scrape: bool) -> tuple
 
     task = asyncio.create_task(scraper()) if scrape else None
     try:
+        if task is not None:  # the exporter's instance open and its first scrape done
+            await asyncio.wait_for(scraping.wait(), 60)
         started = time.perf_counter()
         async with noop.start(rheo) as group:
             await wait_until(lambda: group.stats.acked >= events, 300)
