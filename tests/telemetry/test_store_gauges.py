@@ -120,3 +120,28 @@ def test_the_observer_instance_uses_a_small_pool_without_listen() -> None:
     assert observer_url("postgresql://h/db?pool_max_size=5").endswith(
         "?pool_max_size=5&pool_min_size=0&listen=false")
     assert observer_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+async def test_every_series_of_a_big_store_is_on_the_page(
+        tmp_path: Path, export: PrometheusExport) -> None:
+    # 70 streams x 4 groups x 8 partitions: 2,240 series of rheo_store_lag, past the
+    # OpenTelemetry SDK's default limit of 2,000 (which folds the rest into one
+    # otel_metric_overflow series).
+    url = f"sqlite:///{tmp_path / 'big.db'}"
+    async with Rheo(url) as rheo:
+        for s in range(70):
+            await rheo.create_stream(f"s{s:02d}", partitions=8)
+            for g in range(4):
+                await rheo.create_group(f"s{s:02d}", f"g{g}")
+            await rheo.append(f"s{s:02d}", [NewEvent("t", partition=s % 8)])
+    store = StoreGauges(url, interval=60)
+    store.register(export.meter("rheo_flow.store"))
+    try:
+        _, _, body = await routes(export, store)["/metrics"]({})
+        page = body.decode()
+        lag = _values(page, "rheo_store_lag")
+        assert len(lag) == 70 * 4 * 8
+        assert sum(lag.values()) == 70 * 4
+        assert "otel_metric_overflow" not in page
+    finally:
+        await store.aclose()

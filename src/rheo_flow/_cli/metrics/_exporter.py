@@ -53,7 +53,8 @@ class PrometheusExport:
 
         self._registry = CollectorRegistry()
         ProcessCollector(registry=self._registry)
-        self._provider = MeterProvider(metric_readers=[_reader(self._registry)])
+        self._provider = MeterProvider(metric_readers=[_reader(self._registry)],
+                                       views=_views())
         self._runtime = runtime
         if runtime:
             from ...telemetry import set_meter_provider
@@ -78,6 +79,24 @@ class PrometheusExport:
 
             set_meter_provider(None)
         self._provider.shutdown()
+
+
+SERIES_LIMIT = 1_000_000
+"""Series one metric may have on the page. The SDK's default (2,000) folds the rest into
+one ``otel_metric_overflow`` series: 100 streams of 4 groups and 8 partitions are 3,200
+series of ``rheo_store_lag`` already. The series come from the store's own shape (and the
+runtimes' streams and groups), not from event data."""
+
+
+def _views() -> list[Any]:
+    """A view raising every instrument's series limit to :data:`SERIES_LIMIT` (none on an
+    SDK older than the limit's option: its default then applies)."""
+    from opentelemetry.sdk.metrics.view import View
+
+    try:
+        return [View(instrument_name="*", aggregation_cardinality_limit=SERIES_LIMIT)]
+    except TypeError:  # an SDK before aggregation_cardinality_limit
+        return []
 
 
 def _reader(registry: Any) -> Any:
