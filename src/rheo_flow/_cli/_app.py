@@ -26,7 +26,7 @@ from .._faults._cli import torture as _torture
 from . import _create, _inspect, _ops, _pause, _retention
 from ._command import Command, Group
 from ._common import console as cli_console
-from ._common import run
+from ._common import run, set_verbose
 from .demo._state import DemoConfig
 from .metrics._command import metrics as _metrics
 from .top._command import top as _top
@@ -66,12 +66,17 @@ def _root(
     version: Annotated[bool, typer.Option(
         "--version", callback=_version, is_eager=True, help="Print the version and exit.",
     )] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="On an error, print the driver's full detail too (also accepted "
+                          "after the command's name).",
+    )] = False,
 ) -> None:
     """Durable event streams with competing consumer groups: demo, inspection, operations.
 
     Every command but demo and torture takes the backend URL as --url/-u, by
     default the environment variable RHEO_URL; --json prints one JSON object per line.
     """
+    set_verbose(verbose)
 
 
 @app.command(cls=Command)
@@ -153,7 +158,17 @@ def main() -> None:
     ``rheo-flow streams`` that loads a client library such as redis-py.
     """
     gc.freeze()
-    app_for(sys.argv[1:2])(prog_name="rheo-flow")
+    args = _verbose_first(sys.argv[1:])
+    app_for(args[:1])(args, prog_name="rheo-flow")
+
+
+def _verbose_first(args: list[str]) -> list[str]:
+    """``args`` with a ``--verbose`` given after the command's name (before any ``--``)
+    moved in front of it, where the app's option is."""
+    end = args.index("--") if "--" in args else len(args)
+    if "--verbose" not in args[1:end]:
+        return args
+    return ["--verbose", *(a for i, a in enumerate(args) if a != "--verbose" or i >= end)]
 
 
 def app_for(first: list[str]) -> typer.Typer:

@@ -18,6 +18,7 @@ from ._plain import PlainConsole
 from ._table import print_lines, print_table
 
 __all__ = [
+    "BRIEF_CHARS",
     "NUMERIC",
     "URL_ENV",
     "GroupArg",
@@ -25,14 +26,20 @@ __all__ = [
     "StreamArg",
     "UrlOption",
     "YesOption",
+    "brief",
     "confirm",
     "console",
+    "detail",
     "done",
     "emit",
     "errors",
     "existing",
     "interactive",
+    "print_error",
     "run",
+    "set_verbose",
+    "shown",
+    "verbose",
 ]
 
 T = TypeVar("T")
@@ -51,6 +58,10 @@ StreamArg = Annotated[str, typer.Argument(
 GroupArg = Annotated[str, typer.Argument(help="Group name.", show_default=False, metavar="GROUP")]
 YesOption = Annotated[bool, typer.Option(
     "--yes", "-y", help="Do it without asking (required when stdin is not a terminal).")]
+
+BRIEF_CHARS = 200
+"""The longest error line a command prints without ``--verbose``."""
+_VERBOSE = {"on": False}
 
 _CREATING_SCHEMES = ("sqlite", "postgresql", "postgres")
 """Backends that create their schema on open unless the URL says ``migrate=false``."""
@@ -84,6 +95,58 @@ def existing(url: str) -> str:
     return f"{base}?{'&'.join([*kept, 'migrate=false'])}"
 
 
+def set_verbose(on: bool) -> None:
+    """Set by ``--verbose``: an error prints the driver's full detail too."""
+    _VERBOSE["on"] = on
+
+
+def verbose() -> bool:
+    """Whether ``--verbose`` was given."""
+    return _VERBOSE["on"]
+
+
+def shown(text: str, url: str | None) -> str:
+    """``text`` as its reader should see it: the URL as typed (without the
+    ``migrate=false`` :func:`existing` added) and its secrets masked."""
+    if url:
+        opened = existing(url)
+        if opened != url:
+            text = text.replace(opened, url).replace(redact_url(opened), redact_url(url))
+    return scrub_secrets(text, url)
+
+
+def brief(exc: BaseException, url: str | None) -> str:
+    """The one line an error is reported in: its message's first line, cut at
+    :data:`BRIEF_CHARS` unless ``--verbose`` (which prints :func:`detail` too)."""
+    text = shown(str(exc), url)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if verbose() or (len(first) <= BRIEF_CHARS and first == text.strip()):
+        return first
+    return first[:BRIEF_CHARS - 30].rstrip() + " … (--verbose for the detail)"
+
+
+def detail(exc: BaseException, url: str | None) -> list[str]:
+    """The error and its causes, one entry each (the driver's own words), masked."""
+    lines: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(lines) < 10:
+        lines.append(shown(f"{type(seen).__name__}: {seen}", url))
+        seen = seen.__cause__ or seen.__context__
+    return lines
+
+
+def print_error(exc: BaseException, url: str | None, text: str | None = None,
+                where: str = "") -> None:
+    """Print ``error: ...`` for ``exc`` (``text`` instead of its message) on stderr, and
+    with ``--verbose`` the error's chain of causes."""
+    err = errors()
+    line = shown(text, url) if text is not None else brief(exc, url)
+    err.print(f"[bold red]error{escape(where)}:[/] {escape(line)}")
+    if verbose():
+        for entry in detail(exc, url):
+            err.print(f"  {escape(entry)}")
+
+
 def run(out: Console, make: Callable[[], Awaitable[T]], url: str | None = None, *,
         stream_fix: str | None = None) -> T:
     """Run a coroutine; an error becomes a one-line message and exit status 1.
@@ -93,7 +156,6 @@ def run(out: Console, make: Callable[[], Awaitable[T]], url: str | None = None, 
     stream or group names the closest existing one and the command creating it
     (``stream_fix`` for a stream, when the command has its own way).
     """
-    err = errors()
     try:
         return asyncio.run(make())  # type: ignore[arg-type]
     except (typer.Exit, typer.Abort, typer.BadParameter):
@@ -101,19 +163,17 @@ def run(out: Console, make: Callable[[], Awaitable[T]], url: str | None = None, 
     except (UnknownStream, UnknownGroup) as exc:
         from ._unknown import unknown_message
 
-        text = unknown_message(exc, existing(url) if url else None, stream_fix)
-        err.print(f"[bold red]error:[/] {escape(scrub_secrets(text, url))}")
+        print_error(exc, url, unknown_message(exc, existing(url) if url else None, stream_fix))
         raise typer.Exit(1) from None
     except RheoError as exc:
-        err.print(f"[bold red]error:[/] {escape(scrub_secrets(str(exc), url))}")
+        print_error(exc, url)
         raise typer.Exit(1) from None
     except Exception as exc:
         where = f" ({redact_url(url)})" if url else ""
-        message = scrub_secrets(f"{type(exc).__name__}: {exc}", url)
-        err.print(f"[bold red]error{escape(where)}:[/] {escape(message)}")
+        print_error(exc, url, f"{type(exc).__name__}: {brief(exc, url)}", where)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
-        err.print("interrupted")
+        errors().print("interrupted")
         raise typer.Exit(130) from None
 
 

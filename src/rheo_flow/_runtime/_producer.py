@@ -524,7 +524,9 @@ class Producer(Runtime):
         order, so that another consumer gets them without waiting for their
         expiry. Consumer groups and pipelines both use it when they shut down.
         """
-        return await self._settle("nack", sorted(leases, key=_position), reason)
+        results = await self._settle("nack", sorted(leases, key=_position), reason)
+        self._stats.handed_back += sum(result.ok for result in results)
+        return results
 
     async def hand_back_inflight(self, reason: str = "shutdown") -> list[SettleResult]:
         """:meth:`hand_back` every lease still inflight (once nothing will handle them)."""

@@ -25,6 +25,9 @@ class ProducerStats:
     """Nacks that took effect."""
     rejected: int = 0
     """Rejects that took effect."""
+    handed_back: int = 0
+    """Nacks of :meth:`Producer.hand_back` that took effect (among ``nacked``): leases
+    given back for immediate redelivery on a stop or a drain."""
     confirmed: int = 0
     """Leases released unsettled by :meth:`Producer.confirm` (settled elsewhere)."""
     renewals: int = 0
@@ -52,7 +55,7 @@ class ProducerStats:
         """A detached copy."""
         return ProducerStats(
             fetched=self.fetched, acked=self.acked, nacked=self.nacked, rejected=self.rejected,
-            confirmed=self.confirmed, renewals=self.renewals,
+            handed_back=self.handed_back, confirmed=self.confirmed, renewals=self.renewals,
             settle_failures=Counter(self.settle_failures), peak_inflight=self.peak_inflight,
             skipped=self.skipped, fetch_failures_by_kind=Counter(self.fetch_failures_by_kind),
             renew_failures=Counter(self.renew_failures), dead_lettered=self.dead_lettered,

@@ -136,7 +136,8 @@ async def greet(db: Any, where: str, scrub: Callable[[str], str]) -> dict[str, A
         hello: dict[str, Any] = await db.command("hello")
     except (mongo_errors.ConnectionFailure, mongo_errors.ConfigurationError) as exc:
         raise BackendUnavailable(
-            f"cannot reach MongoDB at {where}: {scrub(str(exc))}") from masked_cause(exc, scrub)
+            f"cannot reach MongoDB at {where}: {scrub(_first_error(exc))}"
+        ) from masked_cause(exc, scrub)
     except mongo_errors.OperationFailure as exc:
         if exc.code in AUTH_CODES:
             raise BackendUnavailable(
@@ -144,6 +145,16 @@ async def greet(db: Any, where: str, scrub: Callable[[str], str]) -> dict[str, A
             ) from masked_cause(exc, scrub)
         raise
     return hello
+
+
+_TIMEOUTS_NOTE: Final = re.compile(r" \(configured timeouts: [^)]*\)")
+
+
+def _first_error(exc: BaseException) -> str:
+    """PyMongo's message without its topology description and timeout settings (the
+    cause keeps them): what the first server said, in one short line."""
+    text = str(exc).split(", Timeout: ", 1)[0]
+    return _TIMEOUTS_NOTE.sub("", text).strip() or type(exc).__name__
 
 
 def supports_transactions(hello: dict[str, Any]) -> bool:

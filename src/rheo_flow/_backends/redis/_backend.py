@@ -24,10 +24,21 @@ from ._scripts import ScriptRunner
 from ._streams import StreamOperations
 from ._wakeups import WakeupOperations, block_cap_ms
 
-__all__ = ["RedisBackend"]
+__all__ = ["TLS_CONNECT_TIMEOUT_MS", "RedisBackend", "connect_timeout_ms"]
 
 _MIN_VERSION: Final = (6, 2)
 _DEADLINE_GRACE_MS: Final = 500
+TLS_CONNECT_TIMEOUT_MS: Final = 3_000
+"""The longest connect (TLS handshake included) over ``rediss://``, unless the URL sets
+``socket_connect_timeout``: a server without TLS never answers a handshake."""
+
+
+def connect_timeout_ms(url: str, timeout_ms: int) -> int:
+    """The connect timeout of a client built from ``url``: ``timeout_ms``, capped at
+    :data:`TLS_CONNECT_TIMEOUT_MS` over TLS."""
+    if url.lower().startswith("rediss:"):
+        return min(timeout_ms, TLS_CONNECT_TIMEOUT_MS)
+    return timeout_ms
 """The socket timeouts of an owned client fire first; the operation deadline backs them up."""
 
 
@@ -61,6 +72,9 @@ class RedisBackend(
     ``timeout_ms`` (default 10,000; URL option ``timeout_ms``) is the socket
     and connect timeout of a client built from a URL (unless the URL sets
     ``socket_timeout`` / ``socket_connect_timeout``) and bounds every operation.
+    Over TLS (``rediss://``) the connect timeout, TLS handshake included, is at most
+    :data:`TLS_CONNECT_TIMEOUT_MS`: a server that does not serve TLS never answers the
+    handshake, and a connect that timed out is not tried again.
     """
 
     name = "redis"
@@ -105,7 +119,7 @@ class RedisBackend(
                 return cluster_client(url, self._timeout_ms)
             client = aioredis.Redis.from_url(
                 url, socket_timeout=self._timeout_ms / 1000,
-                socket_connect_timeout=self._timeout_ms / 1000,
+                socket_connect_timeout=connect_timeout_ms(url, self._timeout_ms) / 1000,
                 # Reconnecting may not outlast the operation timeout.
                 retry=SentAwareRetry(ExponentialWithJitterBackoff(
                     base=0.01, cap=min(1.0, self._timeout_ms / 20_000)), 10))

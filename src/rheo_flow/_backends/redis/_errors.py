@@ -58,6 +58,8 @@ def translate(exc: BaseException, prefix: str, scrub: Callable[[str], str]) -> B
     removes the URL's secrets from the message."""
     kind = classify(exc) or SettleKind.FAILED
     message = scrub(f"{prefix}: {type(exc).__name__}: {exc}")
+    if "rediss" in prefix and "Timeout connecting" in str(exc):
+        message += " (no TLS handshake: does the server serve TLS? redis:// if not)"
     if kind is SettleKind.BACKEND_UNAVAILABLE:
         return BackendUnavailable(message)
     if kind is SettleKind.AMBIGUOUS:
@@ -98,8 +100,15 @@ class SentAwareRetry(Retry):
                 sent = True
             return await fail(error, *count)
 
+        def retryable(error: Exception) -> bool:
+            # A connect that timed out spent its whole connect timeout: another try
+            # would only make the caller wait longer for the same answer.
+            if isinstance(error, rex.TimeoutError) and "Timeout connecting" in str(error):
+                return False
+            return is_retryable is None or is_retryable(error)
+
         try:
-            return await super().call_with_retry(do, failed, is_retryable, with_failure_count)
+            return await super().call_with_retry(do, failed, retryable, with_failure_count)
         except (rex.ConnectionError, rex.TimeoutError) as exc:
             if sent and classify(exc) is SettleKind.BACKEND_UNAVAILABLE:
                 raise rex.ConnectionError(

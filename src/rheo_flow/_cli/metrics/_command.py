@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from .._common import UrlOption, existing
+from .._common import UrlOption, console, existing, run
 
 __all__ = ["metrics"]
 
@@ -53,19 +53,22 @@ def metrics(
         raise _fail(MISSING_EXTRA, 2)
     seconds = _positive(interval, "--interval")
     names = _streams(streams, "--streams")
-    asyncio.run(_serve(existing(url), host, port, seconds, names))
+    run(console(), lambda: _serve(url, host, port, seconds, names), url)
 
 
 async def _serve(url: str, host: str, port: int, interval: float,
                  streams: tuple[str, ...] | None) -> None:
     from ..._backends._urls import redact_url
+    from ..._rheo import Rheo
     from ..worker._health import Health
     from ._endpoints import Response, routes
     from ._exporter import PrometheusExport
     from ._store import StoreGauges
 
+    async with Rheo(existing(url)):
+        pass  # a missing store (or one never migrated) is an error, not a 503 forever
     export = PrometheusExport(runtime=False)
-    store = StoreGauges(url, streams=streams, interval=interval)
+    store = StoreGauges(existing(url), streams=streams, interval=interval)
     store.register(export.meter("rheo_flow.store"))
 
     async def ready(query: Mapping[str, str]) -> Response:

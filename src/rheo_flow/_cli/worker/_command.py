@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..._backends._urls import redact_url, scrub_secrets
-from ..._model._errors import InvalidArgument, RheoError
+from ..._backends._urls import redact_url
+from ..._model._errors import InvalidArgument, RheoError, UnknownGroup, UnknownStream
 
 if TYPE_CHECKING:  # the runtimes load when the command runs
     from ._run import WorkerConfig
@@ -86,7 +86,7 @@ ProbeIntervalOption = Annotated[str, typer.Option(
 ProbeTimeoutOption = Annotated[str, typer.Option(
     help="How long a readiness probe may take before the store counts as unreachable.")]
 UrlOption = Annotated[str | None, typer.Option(
-    envvar="RHEO_URL", show_envvar=True,
+    "--url", "-u", envvar="RHEO_URL", show_envvar=True,
     help="Backend URL: sqlite:///path.db, postgresql://..., redis://..., mongodb://...")]
 ProcessesOption = Annotated[int, typer.Option(
     min=1, max=256, help="Worker processes, each running the same runtimes.")]
@@ -205,6 +205,7 @@ def _streams(names: str | None, option: str = "--metrics-streams") -> tuple[str,
 def _run(config: WorkerConfig, processes: int, level: str, log_format: LogFormat) -> int:
     """Load the target and run it (in ``processes`` child processes when more than one);
     the exit status, or :class:`typer.Exit` with 2 for bad usage, 1 for a failure."""
+    from .._common import existing, print_error, shown
     from ._run import load_target, run_worker
     from ._supervisor import supervise
 
@@ -218,13 +219,19 @@ def _run(config: WorkerConfig, processes: int, level: str, log_format: LogFormat
             return asyncio.run(supervise(config, processes,
                                          _child_argv(config, level, log_format)))
         return asyncio.run(run_worker(config, loaded))
+    except (UnknownStream, UnknownGroup) as exc:
+        from .._unknown import unknown_message
+
+        print_error(exc, url, unknown_message(exc, existing(url)))
+        raise typer.Exit(1) from None
     except InvalidArgument as exc:
-        raise _fail(scrub_secrets(str(exc), url), 2) from None
+        raise _fail(shown(str(exc), url), 2) from None
     except RheoError as exc:
-        raise _fail(scrub_secrets(str(exc), url), 1) from None
+        print_error(exc, url)
+        raise typer.Exit(1) from None
     except Exception as exc:
         log.error("worker failed (%s): %s", redact_url(url),
-                  scrub_secrets(f"{type(exc).__name__}: {exc}", url))
+                  shown(f"{type(exc).__name__}: {exc}", url))
         log.debug("worker failure traceback", exc_info=exc)
         raise typer.Exit(1) from None
 

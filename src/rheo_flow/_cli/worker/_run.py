@@ -32,6 +32,8 @@ from ..._runtime._lifecycle import State
 from ..._support._waiting import first_of
 from ..._telemetry._state import STATE
 from ...pipeline import Pipeline
+from .._common import existing
+from ._drain import describe, drain_runtimes
 from ._health import Health
 from ._observe import Observation
 from ._paused import PausedGroups
@@ -62,6 +64,8 @@ class WorkerConfig:
     target: str
     """``MODULE:ATTR``."""
     url: str
+    """The backend URL as given (the worker opens it with :func:`~.._common.existing`:
+    it creates no store, file or schema)."""
     grace_seconds: float = 30.0
     until_empty: bool = False
     health_file: Path | None = None
@@ -85,7 +89,7 @@ class WorkerConfig:
     def observation(self, changed: Callable[[], None], *, runtime: bool) -> Observation:
         """The metrics endpoints and store probe this configuration asks for."""
         probing = self.health_port is not None or self.health_file is not None
-        return Observation(self.url, metrics=self.metrics, runtime=runtime,
+        return Observation(existing(self.url), metrics=self.metrics, runtime=runtime,
                            interval=self.metrics_interval, streams=self.metrics_streams,
                            probe_interval=self.probe_interval if probing else 0.0,
                            probe_timeout=self.probe_timeout, changed=changed)
@@ -233,13 +237,13 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
     orphaned = _watch_supervisor(signals.stop)
     await health.start()
     try:
-        async with Rheo(config.url) as rheo:
+        async with Rheo(existing(config.url)) as rheo:
             opened.append(rheo)
             runtimes.extend(await build_runtimes(target, rheo, config.target))
             try:
                 for runtime in runtimes:
                     await runtime.start()
-                log.info("worker running %s", ", ".join(map(_describe, runtimes)))
+                log.info("worker running %s", ", ".join(map(describe, runtimes)))
                 observation.start(sorted({_stream_group(r)[0] for r in runtimes}), rheo)
                 health.changed()
                 retention = _start_retention(config, rheo, runtimes, signals.stop)
@@ -249,7 +253,7 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
                     retention.cancel()
                 state["draining"] = True
                 health.changed()
-                clean = await _drain(runtimes, config.grace_seconds)
+                clean = await drain_runtimes(runtimes, config.grace_seconds)
     finally:
         if orphaned is not None:
             orphaned.cancel()
@@ -320,31 +324,6 @@ async def _caught_up(runtime: Runtime) -> None:
     await wait_producer_caught_up(producer, stopped=lambda: False)
 
 
-async def _drain(runtimes: list[Runtime], grace: float) -> bool:
-    """Drain every started runtime, handing back what no handler started, within
-    ``grace`` seconds; then stop them (what is left is handed back). True when
-    every drain was clean."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace
-
-    async def drain(runtime: Runtime) -> bool:
-        if not _ready(runtime):  # it never started, or it stopped on its own
-            return False
-        return await runtime.drain(max(0.0, deadline - loop.time()), hand_back=True)
-
-    results = await asyncio.gather(*(drain(r) for r in runtimes), return_exceptions=True)
-    for runtime, result in zip(runtimes, results, strict=True):
-        if isinstance(result, BaseException):
-            log.error("draining %s failed: %s", _describe(runtime), result)
-    await asyncio.gather(*(r.stop() for r in runtimes), return_exceptions=True)
-    clean = all(result is True for result in results)
-    if clean:
-        log.info("drained: every lease settled or handed back")
-    else:
-        log.warning("not drained within %.1fs: unfinished leases were handed back", grace)
-    return clean
-
-
 def _stream_group(runtime: Runtime) -> tuple[str, str]:
     if isinstance(runtime, Group):
         return runtime.stream, runtime.group
@@ -357,9 +336,3 @@ def _poll_s(runtimes: list[Runtime]) -> Callable[[], float]:
         producers = [r._producer if isinstance(r, Group) else r.producer for r in runtimes]
         return min((p.poll_ms for p in producers), default=200) / 1000
     return poll
-
-
-def _describe(runtime: Runtime) -> str:
-    if isinstance(runtime, Group):
-        return f"group {runtime.stream}/{runtime.group}"
-    return f"pipeline {runtime.producer.stream}/{runtime.producer.group}"

@@ -36,6 +36,11 @@ async def supervise(config: WorkerConfig, processes: int, child_argv: list[str])
     ready while every child reports ready; a child that exits on its own stops
     the others. Returns the worst child status.
     """
+    from ..._rheo import Rheo
+    from .._common import existing
+
+    async with Rheo(existing(config.url)):
+        pass  # a missing store or an unreachable server: said once, before any child runs
     with tempfile.TemporaryDirectory(prefix="rheo-worker-") as tmp:
         children = _Children(config, [Path(tmp) / f"child-{i}" for i in range(processes)])
         loop = asyncio.get_running_loop()
