@@ -143,7 +143,6 @@ async def _exporter(url: str, rheo: Rheo | None = None
 
     export = PrometheusExport(runtime=False)
     store = StoreGauges(url, interval=0.0, rheo=rheo)
-    store.register(export.meter("rheo_flow.store"))
     route = routes(export, store)["/metrics"]
 
     async def scrape() -> Any:

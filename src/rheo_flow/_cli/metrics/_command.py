@@ -69,7 +69,6 @@ async def _serve(url: str, host: str, port: int, interval: float,
         pass  # a missing store (or one never migrated) is an error, not a 503 forever
     export = PrometheusExport(runtime=False)
     store = StoreGauges(existing(url), streams=streams, interval=interval)
-    store.register(export.meter("rheo_flow.store"))
 
     async def ready(query: Mapping[str, str]) -> Response:
         await store.current()

@@ -22,12 +22,12 @@ _JSON = "application/json"
 
 
 def routes(export: PrometheusExport, store: StoreGauges) -> dict[str, Route]:
-    """The two endpoints over ``export`` (whose meter has ``store``'s gauges) and ``store``."""
+    """The two endpoints: ``/metrics`` is ``export``'s page (the runtime's instruments, the
+    process) followed by ``store``'s gauges; ``/metrics/lag`` is one group of ``store``."""
     async def metrics(query: Mapping[str, str]) -> Response:
         await store.current()
-        # The callbacks read cached values only; rendering still takes a while on a big
-        # page, so it runs on a thread and the event loop keeps consuming.
-        page = await asyncio.to_thread(export.render)
+        # Rendering runs on a thread, so the event loop keeps consuming meanwhile.
+        page = await asyncio.to_thread(lambda: export.render() + store.text())
         return 200, CONTENT_TYPE, page
 
     async def lag(query: Mapping[str, str]) -> Response:

@@ -13,17 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlsplit
 
 from ..._backends._urls import scrub_secrets
-from ..._model._lag import GroupLag, LagReport
+from ..._model._lag import LagReport
 from ..._rheo import Rheo
-from ..._telemetry import _names as n
-
-if TYPE_CHECKING:
-    from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from ._text import store_text
 
 __all__ = ["READ_TIMEOUT_S", "StoreGauges", "observer_url"]
 
@@ -71,6 +67,8 @@ class StoreGauges:
         """How long the last read took (failed or not)."""
         self.read_at: float | None = None
         """When the last successful read finished (seconds since the epoch)."""
+        self._reads = 0
+        self._page: tuple[int, bytes] | None = None
 
     def use(self, rheo: Rheo) -> None:
         """Read through ``rheo`` (not closed by :meth:`aclose`) from now on."""
@@ -106,6 +104,7 @@ class StoreGauges:
             self.report, self.up, self.error = report, True, None
             self.read_at = time.time()
         finally:
+            self._reads += 1
             self.read_seconds = time.perf_counter() - started
             self._fresh_until = time.monotonic() + self._interval
 
@@ -114,80 +113,12 @@ class StoreGauges:
         if self._owned:
             await self._rheo.close()
 
-    def register(self, meter: Meter) -> None:
-        """Create the store gauges on ``meter``; their callbacks read the cached report."""
-        gauge = meter.create_observable_gauge
-        for name, unit, what, pick in _PARTITION_GAUGES:
-            gauge(name, callbacks=[self._partitions(pick)], unit=unit, description=what)
-        gauge(n.STORE_DEAD_LETTERS, callbacks=[self._groups(lambda g: g.dead_letters)],
-              unit="{lease}", description="Dead-lettered deliveries of the group.")
-        gauge(n.STORE_PAUSED, callbacks=[self._groups(lambda g: int(g.paused))], unit="1",
-              description="1 while the group is paused, else 0.")
-        gauge(n.STORE_UP, callbacks=[self._single(lambda: int(self.up))], unit="1",
-              description="1 when the last read of the store succeeded, else 0.")
-        gauge(n.STORE_READ_DURATION, callbacks=[self._single(lambda: self.read_seconds)],
-              unit="s", description="How long the last read of the lag report took.")
-        gauge(n.STORE_READ_TIMESTAMP, callbacks=[self._single(lambda: self.read_at)],
-              unit="s", description="When the last successful read finished (Unix time).")
-
-    def _partitions(self, pick: _Pick) -> _Callback:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            from opentelemetry.metrics import Observation
-
-            report = self.report
-            if report is None:
-                return []
-            return [Observation(value, {**_labels(g), n.PARTITION: str(p.partition)})
-                    for g in report.groups for p in g.partitions
-                    if (value := pick(p, report.read_at_ms)) is not None]
-        return observe
-
-    def _groups(self, pick: _GroupPick) -> _Callback:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            from opentelemetry.metrics import Observation
-
-            report = self.report
-            return [] if report is None else [Observation(pick(g), _labels(g))
-                                              for g in report.groups]
-        return observe
-
-    def _single(self, value: _Value) -> _Callback:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            from opentelemetry.metrics import Observation
-
-            got = value()
-            return [] if got is None else [Observation(got, {n.MESSAGING_SYSTEM: n.SYSTEM})]
-        return observe
-
-
-def _labels(group: GroupLag) -> dict[str, str]:
-    return {n.MESSAGING_SYSTEM: n.SYSTEM, n.DESTINATION: group.stream,
-            n.CONSUMER_GROUP: group.group}
-
-
-def _age(oldest_ms: int | None, read_at_ms: int) -> float:
-    return 0.0 if oldest_ms is None else max(0, read_at_ms - oldest_ms) / 1000
-
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ..._model._lag import PartitionLag
-
-    _Pick = Callable[[PartitionLag, int], float | None]
-    _GroupPick = Callable[[GroupLag], float]
-    _Value = Callable[[], float | None]
-    _Callback = Callable[[CallbackOptions], Iterable[Observation]]
-
-_PARTITION_GAUGES: tuple[tuple[str, str, str, _Pick], ...] = (
-    (n.STORE_LAG, "{message}", "Events appended but not settled by the group "
-     "(high water minus frontier), read from the store.", lambda p, _: p.lag),
-    (n.STORE_SCHEDULED, "{message}", "Of the lag, events whose delivery time is ahead.",
-     lambda p, _: p.scheduled),
-    (n.STORE_FRONTIER, "{message}", "The group's contiguous frontier (settled up to it).",
-     lambda p, _: p.frontier),
-    (n.STORE_HIGH_WATER, "{message}", "Highest appended sequence of the partition.",
-     lambda p, _: p.high_water),
-    (n.STORE_OLDEST_UNSETTLED_AGE, "s", "Age of the first event past the frontier at the "
-     "read (0 when none).", lambda p, at: _age(p.oldest_unsettled_ms, at)),
-)
+    def text(self) -> bytes:
+        """The store gauges in the Prometheus text format (:mod:`._text`), rendered once
+        per read and reused by every scrape until the next one."""
+        key = self._reads
+        if self._page is None or self._page[0] != key:
+            self._page = (key, store_text(self.report, up=self.up,
+                                          read_seconds=self.read_seconds,
+                                          read_at=self.read_at).encode())
+        return self._page[1]

@@ -93,7 +93,6 @@ class Observation:
         if self._export is not None:
             self._store = StoreGauges(url, streams=self._streams, interval=interval,
                                       rheo=self._rheo)
-            self._store.register(self._export.meter("rheo_flow.store"))
         self._probe = None if probe_interval <= 0 else StoreProbe(
             self._check, url, interval=probe_interval, timeout=probe_timeout, changed=changed)
         self._watched: list[str] = []
