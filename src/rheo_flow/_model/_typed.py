@@ -222,21 +222,29 @@ class Models:
         """``event`` with its data validated into its type's model (``event`` itself for a
         type without a model); :class:`~rheo_flow.InvalidPayload` when it does not
         validate (or an upcaster fails)."""
-        event_type = event.type
-        decoder = self._decoders.get(event_type)
+        decoder = self._decoders.get(event.type)
         if decoder is None:
             return event
+        return make_event(event.stream, event.partition, event.sequence, event.id, event.type,
+                          self._validate(event, decoder), event.key, event.headers,
+                          event.appended_at_ms)
+
+    def validated(self, event: Event) -> Any:
+        """The data of ``event`` validated into its type's model (its JSON data for a type
+        without a model); :class:`~rheo_flow.InvalidPayload` when it does not validate."""
+        decoder = self._decoders.get(event.type)
+        return event.data if decoder is None else self._validate(event, decoder)
+
+    def _validate(self, event: Event, decoder: _Decoder) -> Any:
         try:
-            if event_type in self._upcasters:
-                value = self._upcast(event, decoder)
-            else:
-                pending = pending_json(event)
-                value = (decoder.from_data(event.data) if pending is None
-                         else decoder.from_text(pending.text))
+            if event.type in self._upcasters:
+                return self._upcast(event, decoder)
+            pending = pending_json(event)
+            if pending is None:
+                return decoder.from_data(event.data)
+            return decoder.from_text(pending.text)
         except decoder.errors as exc:
-            raise InvalidPayload(event_type, decoder.model, decoder.message(exc)) from None
-        return make_event(event.stream, event.partition, event.sequence, event.id, event_type,
-                          value, event.key, event.headers, event.appended_at_ms)
+            raise InvalidPayload(event.type, decoder.model, decoder.message(exc)) from None
 
     def _upcast(self, event: Event, decoder: _Decoder) -> Any:
         version = event.headers.get(SCHEMA_VERSION_HEADER, "1")
