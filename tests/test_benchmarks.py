@@ -15,6 +15,7 @@ from benchmarks import outbox as outbox_suite
 from benchmarks import run as runner
 from benchmarks import scaling as scaling_suite
 from benchmarks import sqlite as sqlite_suite
+from benchmarks import typed as typed_suite
 from benchmarks._common import Result
 
 
@@ -42,6 +43,14 @@ async def test_sqlite_suite_contenders_finish_their_work() -> None:
                       sqlite_suite.raw_consume, sqlite_suite.rheo_group,
                       sqlite_suite.rheo_fetch_ack):
         assert await contender(1_500) > 0
+
+
+async def test_typed_suite_contenders_handle_every_event() -> None:
+    # group_rate raises unless the handler saw every event and none was invalid.
+    assert runner.load("typed") is typed_suite.run
+    for model in (None, typed_suite.PlacedStruct, typed_suite.PlacedModel,
+                  typed_suite.PlacedData):
+        assert await typed_suite.group_rate(1_500, model) > 0
 
 
 async def test_outbox_suite_contenders_write_what_they_time(tmp_path: Path) -> None:
