@@ -60,7 +60,7 @@ def positional_builder(cls: type[Any], doc: str) -> Callable[..., Any]:
     # The twin has the class's bases (Generic for Event), so that the layouts match.
     body = {"__slots__": tuple(names), "__init__": namespace["__init__"]}
     namespace["Twin"] = types.new_class(f"_{cls.__name__}Slots",
-                                        getattr(cls, "__orig_bases__", ()), {},
+                                        vars(cls).get("__orig_bases__", ()), {},
                                         lambda ns: ns.update(body))
     build: Callable[..., Any] = namespace["build"]
     build.__name__ = build.__qualname__ = f"build_{cls.__name__}"
