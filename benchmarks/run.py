@@ -36,6 +36,7 @@ Suite = Callable[[bool], Coroutine[Any, Any, list[Result]]]
 SUITES: dict[str, str] = {
     "pipeline": "pipeline",
     "memory": "memory_bound",
+    "typed": "typed",
 }
 """Suite name -> module in ``benchmarks/`` (any other ``benchmarks/<name>.py`` also works)."""
 

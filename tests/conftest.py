@@ -23,6 +23,7 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -227,3 +228,58 @@ async def _wait_until(
 def wait_until() -> WaitUntil:
     """``await wait_until(predicate, timeout=5.0)``: poll until true or fail at the deadline."""
     return _wait_until
+
+
+# Every backend ---------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres", "redis", "mongo"])
+async def any_backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rheo]:
+    """An instance over each backend, in a namespace of its own (dropped afterwards)."""
+    kind = request.param
+    tag = f"rheo_any_{uuid.uuid4().hex[:10]}"
+    cleanup: Callable[[], Awaitable[None]] | None = None
+    if kind == "memory":
+        url = "memory://"
+    elif kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'any.db'}"
+    elif kind == "postgres":
+        url = request.getfixturevalue("postgres_schema_url")  # a schema dropped afterwards
+    else:
+        base = request.getfixturevalue(f"{kind}_url")
+        option = {"redis": "prefix", "mongo": "collection_prefix"}[kind]
+        url = f"{base}{'&' if '?' in base else '?'}{option}={tag}"
+        cleanup = _cleanup(kind, base, tag)
+    try:
+        async with Rheo(url) as rheo:
+            yield rheo
+    finally:
+        if cleanup is not None:
+            await cleanup()
+
+
+def _cleanup(kind: str, base: str, tag: str) -> Callable[[], Awaitable[None]]:
+    async def drop() -> None:
+        if kind == "redis":
+            from redis.asyncio import Redis
+
+            client = Redis.from_url(base)
+            try:
+                keys = [k async for k in client.scan_iter(match=f"*{tag}*")]
+                if keys:
+                    await client.delete(*keys)
+            finally:
+                await client.aclose()
+        else:
+            from pymongo import AsyncMongoClient
+
+            mongo: Any = AsyncMongoClient(base)
+            try:
+                database = mongo.get_default_database()
+                for name in await database.list_collection_names():
+                    if name.startswith(tag):
+                        await database.drop_collection(name)
+            finally:
+                await mongo.close()
+
+    return drop

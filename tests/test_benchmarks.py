@@ -16,6 +16,7 @@ from benchmarks import outbox as outbox_suite
 from benchmarks import run as runner
 from benchmarks import scaling as scaling_suite
 from benchmarks import sqlite as sqlite_suite
+from benchmarks import typed as typed_suite
 from benchmarks._common import Result
 
 
@@ -64,6 +65,14 @@ async def test_metrics_suite_reports_and_consumes_while_scraping(tmp_path: Path)
         assert rate > 0
         assert scrapes >= 1
         assert len(await rheo.backend.list_streams()) == 3  # the consumed stream is gone
+
+
+async def test_typed_suite_contenders_handle_every_event() -> None:
+    # group_rate raises unless the handler saw every event and none was invalid.
+    assert runner.load("typed") is typed_suite.run
+    for model in (None, typed_suite.PlacedStruct, typed_suite.PlacedModel,
+                  typed_suite.PlacedData):
+        assert await typed_suite.group_rate(1_500, model) > 0
 
 
 async def test_outbox_suite_contenders_write_what_they_time(tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ TASK_OWNERS = {
     "_backends/mongo/_watcher.py": "the change stream's task: the backend's close",
     "_telemetry/_lag.py": "the lag refresher: aclose(), in every runtime shutdown",
     "_cli/worker/_health.py": "the health file toucher: close(), in the worker's finally",
-    "_cli/worker/_observe.py": "the store probe: aclose(), in the worker's and the supervisor's finally",
+    "_cli/worker/_observe.py": "the store probe: aclose(), in the worker's and its supervisor's"
+                               " finally",
     "_cli/worker/_supervisor.py": "waits for its child processes, cancelled in its finally",
     "_cli/worker/_run.py": "the supervisor watch, cancelled in the worker's finally",
     "_cli/demo/_run.py": "the demo's producer and workers, awaited in its finally",

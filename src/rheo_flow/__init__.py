@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         ConflictError,
         InvalidArgument,
         InvalidCapabilities,
+        InvalidPayload,
         MissingExtra,
         NotStarted,
         OutcomeUnknown,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from ._model._routing import partition_for
     from ._model._settle_results import Decision, SettleError, SettleKind, SettleResult, classify
     from ._model._stream import DeadLetter, GroupInfo, Retention, StreamInfo
+    from ._model._typed import SCHEMA_VERSION_HEADER
     from ._rheo import Rheo
     from ._runtime._backoff import Backoff
     from ._runtime._group import Consumer, Group, consumer
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACK",
+    "SCHEMA_VERSION_HEADER",
     "SETTLED",
     "Ack",
     "AlreadyStarted",
@@ -89,6 +92,7 @@ __all__ = [
     "GroupStats",
     "InvalidArgument",
     "InvalidCapabilities",
+    "InvalidPayload",
     "LagReport",
     "Lease",
     "ManualClock",
@@ -137,6 +141,7 @@ _HOMES: Final[dict[str, str]] = {
     "ConflictError": "._model._errors",
     "InvalidArgument": "._model._errors",
     "InvalidCapabilities": "._model._errors",
+    "InvalidPayload": "._model._errors",
     "MissingExtra": "._model._errors",
     "NotStarted": "._model._errors",
     "OutcomeUnknown": "._model._errors",
@@ -155,6 +160,7 @@ _HOMES: Final[dict[str, str]] = {
     "Outcome": "._model._outcome",
     "Reject": "._model._outcome",
     "Retry": "._model._outcome",
+    "SCHEMA_VERSION_HEADER": "._model._typed",
     "SETTLED": "._model._outcome",
     "Settled": "._model._outcome",
     "Transaction": "._facade._transaction",

@@ -193,7 +193,7 @@ def test_shared_options_are_the_expected_ones() -> None:
     assert set(SHARED) == {
         "stream", "group", "max_demand", "concurrency", "fetch_size", "lease_ms", "poll_ms",
         "consumer_id", "partitions", "max_attempts", "ordering", "retry_policy",
-        "shutdown_timeout", "partition_by"}
+        "shutdown_timeout", "partition_by", "models", "upcasters"}
 
 
 @pytest.mark.parametrize(("name", "value", "accepted"), _cases())

@@ -611,6 +611,31 @@ async def test_dead_letter_at_max_attempts(otel: Otel, rheo: Rheo, wait_until: W
     assert {a.get("error.type") for a in failed} == {"handler_error"}
 
 
+async def test_invalid_payload_is_its_own_error_type(
+        otel: Otel, rheo: Rheo, wait_until: WaitUntil) -> None:
+    @dataclasses.dataclass
+    class Placed:
+        order_id: int
+
+    await rheo.create_stream("orders")
+    await rheo.append("orders", [NewEvent("t", {"order_id": "x"}, id="bad"),
+                                 NewEvent("t", Placed(1), id="good")])
+
+    @consumer(stream="orders", group="billing", models={"t": Placed})
+    async def handle(event: Event, context: Any) -> Any:
+        return ACK
+
+    async with handle.start(rheo) as group:
+        await wait_until(lambda: group.stats.acked + group.stats.rejected == 2)
+    by_id = {dict(s.attributes or {})["messaging.message.id"]: dict(s.attributes or {})
+             for s in otel.spans("process orders")}
+    assert by_id["bad"]["rheo.process.outcome"] == "invalid_payload"
+    assert by_id["bad"]["error.type"] == "invalid_payload"
+    assert "error.type" not in by_id["good"]
+    failed = [a.get("error.type") for a, _ in otel.points("messaging.process.duration")]
+    assert set(failed) == {"invalid_payload", None}
+
+
 async def test_lag_gauge_per_partition(otel: Otel, rheo: Rheo, wait_until: WaitUntil) -> None:
     telemetry.configure(lag_refresh=0)
     await rheo.create_stream("orders", partitions=2)

@@ -20,6 +20,7 @@ from typing import Any, Final
 from ._builders import positional_builder
 from ._errors import InvalidArgument, Unsupported
 from ._event import JSON, NewEvent
+from ._typed import encode_model
 from ._validation import (
     MAX_ID,
     MAX_TYPE,
@@ -52,6 +53,8 @@ _EVENT_FIELDS: Final = frozenset({"type", "data", "id", "key", "partition", "hea
 _UUID_VARIANT: Final = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 """Hex digit -> an RFC 4122 variant digit (10xx) keeping the digit's low two random bits."""
 _NO_HEADERS: Final[Mapping[str, str]] = {}
+_JSON_TYPES: Final = frozenset({dict, list, str, int, float, bool, type(None)})
+"""Classes of data that go straight to the JSON encoder (others may be models)."""
 
 _Fields = tuple[Any, Any, Any, Any, Any, Any, Any]
 """An event's type, data, id, key, partition, headers and deliver_at, as given."""
@@ -61,8 +64,8 @@ _Fields = tuple[Any, Any, Any, Any, Any, Any, Any]
 class AppendRecord:
     """One validated, routed event for :meth:`Backend.append`.
 
-    ``data_json`` is the compact JSON text of ``data``; backends that store text
-    store it, backends that store documents may use ``data``.
+    ``data_json`` is the compact JSON text of ``data``, what backends store; ``data``
+    is what the event was given: JSON, or a model instance (docs/typed-events.md).
     """
 
     partition: int
@@ -150,7 +153,10 @@ def append_records(
         if type_.__class__ is not str or not 0 < len(type_) <= MAX_TYPE:
             check_type(type_)
         headers = {} if headers.__class__ is dict and not headers else check_headers(headers)
-        text = encode_json(data)
+        if data.__class__ in _JSON_TYPES:
+            text = encode_json(data)
+        else:
+            text, headers = _encode(data, headers)
         if len(text) > surely_small:
             size = len(text.encode("utf-8", "surrogatepass"))
             if size > max_event_bytes:
@@ -158,12 +164,22 @@ def append_records(
         if deliver_at is None:
             append(make_append_record(target, event_id, type_, event_key, data, text, headers))
         else:
-            at = check_deliver_at(deliver_at)
-            if undelayed is not None:
-                raise Unsupported(undelayed, "append with deliver_at")
             append(make_append_record(target, event_id, type_, event_key, data, text, headers,
-                                      at))
+                                      _delivery_ms(deliver_at, undelayed)))
     return records
+
+
+def _encode(data: object, headers: Mapping[str, str]) -> tuple[str, Mapping[str, str]]:
+    """The JSON text of data that is not plain JSON (a model, or what encode_json refuses)."""
+    typed = encode_model(data, headers)
+    return (encode_json(data), headers) if typed is None else typed
+
+
+def _delivery_ms(deliver_at: object, undelayed: str | None) -> int:
+    at = check_deliver_at(deliver_at)
+    if undelayed is not None:
+        raise Unsupported(undelayed, "append with deliver_at")
+    return at
 
 
 def _mapping_fields(item: object) -> _Fields:

@@ -12,6 +12,7 @@ goes through :func:`positional_builder`.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -56,8 +57,11 @@ def positional_builder(cls: type[Any], doc: str) -> Callable[..., Any]:
     )
     namespace: dict[str, Any] = {"cls": cls, **defaults}
     exec(compile(source, f"<builder of {cls.__name__}>", "exec"), namespace)
-    namespace["Twin"] = type(f"_{cls.__name__}Slots", (), {
-        "__slots__": tuple(names), "__init__": namespace["__init__"]})
+    # The twin has the class's bases (Generic for Event), so that the layouts match.
+    body = {"__slots__": tuple(names), "__init__": namespace["__init__"]}
+    namespace["Twin"] = types.new_class(f"_{cls.__name__}Slots",
+                                        vars(cls).get("__orig_bases__", ()), {},
+                                        lambda ns: ns.update(body))
     build: Callable[..., Any] = namespace["build"]
     build.__name__ = build.__qualname__ = f"build_{cls.__name__}"
     build.__doc__ = doc

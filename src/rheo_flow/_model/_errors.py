@@ -16,6 +16,7 @@ __all__ = [
     "ConflictError",
     "InvalidArgument",
     "InvalidCapabilities",
+    "InvalidPayload",
     "MissingExtra",
     "NotStarted",
     "OutcomeUnknown",
@@ -38,6 +39,21 @@ class InvalidArgument(RheoError, ValueError):
 
     Raised before anything is written: an operation that raises it changed nothing.
     """
+
+
+class InvalidPayload(RheoError, ValueError):
+    """An event's data does not validate against the model its consumer declared for its
+    type (docs/typed-events.md). The runtimes reject such an event at once (a dead letter
+    on its first attempt, ``last_error`` naming the failing fields) instead of retrying."""
+
+    def __init__(self, event_type: str, model: type, errors: str) -> None:
+        super().__init__(f"{event_type!r} data does not match {model.__name__}: {errors}")
+        self.event_type = event_type
+        """The event's type."""
+        self.model = model
+        """The model its data did not validate against."""
+        self.errors = errors
+        """The validation errors, with the field paths."""
 
 
 class UnknownStream(InvalidArgument, LookupError):

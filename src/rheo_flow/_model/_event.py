@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypeVar
 
 import orjson
 
@@ -25,6 +25,15 @@ __all__ = ["JSON", "Event", "NewEvent", "decode_json", "make_event", "make_event
 
 JSON: TypeAlias = Any
 """A JSON-serialisable value: ``None``, bool, int, float, str, list or dict with str keys."""
+
+if TYPE_CHECKING:
+    import typing_extensions
+
+    DataT = typing_extensions.TypeVar("DataT", default=Any)
+else:  # a default needs Python 3.13 at run time; only type checkers read it
+    DataT = TypeVar("DataT")
+"""The type of an event's data: JSON, or the model its consumer declared for its type
+(``Event[OrderPlaced]``: docs/typed-events.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +63,11 @@ class NewEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
-    """An immutable event stored in a partition of a stream."""
+class Event(Generic[DataT]):
+    """An immutable event stored in a partition of a stream.
+
+    ``Event[Model]`` annotates a handler's event whose ``data`` its consumer validates
+    into ``Model`` (``models``: docs/typed-events.md); a bare ``Event`` has JSON data."""
 
     stream: str
     partition: int
@@ -63,7 +75,7 @@ class Event:
     """Gapless per-partition sequence, starting at 1."""
     id: str
     type: str
-    data: JSON
+    data: DataT
     key: str | None
     headers: Mapping[str, str]
     appended_at_ms: int

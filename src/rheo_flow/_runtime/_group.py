@@ -34,6 +34,7 @@ from .._model._errors import (
 from .._model._event import Event
 from .._model._failure import describe
 from .._model._outcome import Context, Outcome
+from .._model._typed import Upcaster, check_models
 from .._rheo import Partitions, Rheo
 from ._backlog import run_until_empty
 from ._backoff import Backoff
@@ -112,6 +113,12 @@ class Consumer(ABC):
     backoff from 1 s to 5 min with full jitter."""
     shutdown_timeout: float = 30.0
     """Seconds leaving ``async with`` waits for the group to drain before it stops."""
+    models: Mapping[str, type] | None = None
+    """The model (pydantic v2, msgspec Struct or dataclass class) of each event type: the
+    handler receives events of these types with ``data`` validated into the model, and an
+    event that does not validate is dead-lettered at once (docs/typed-events.md)."""
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None
+    """Per (event type, old schema version), what turns old data into the model's shape."""
 
     def __init__(self, **options: Any) -> None:
         CONSUMER.check_keys(options)
@@ -272,7 +279,8 @@ class Group(Runtime):
         """Counters of this group."""
         self._loop = GroupLoop(self._producer, _handler_of(consumer),
                                concurrency=self._concurrency, retry_policy=o["retry_policy"],
-                               stats=self.stats, observer=observer)
+                               stats=self.stats, observer=observer,
+                               models=check_models(o["models"], o["upcasters"]))
         self._producer._observer = self._loop.observe  # one call per settle call, not per lease
         self._life = Lifecycle(f"group {o['stream']}/{o['group']}", self._shutdown)
         self._shutdown_timeout: float = o["shutdown_timeout"]

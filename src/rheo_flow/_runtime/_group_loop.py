@@ -28,12 +28,13 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 from .. import _telemetry
-from .._model._errors import StaleLease
+from .._model._errors import InvalidPayload, StaleLease
 from .._model._event import Event
 from .._model._failure import bounded, describe, error_text, failure_fields, truncated
 from .._model._lease import Lease
 from .._model._outcome import _CURRENT_LEASE, Ack, Context, Reject, Retry, Settled
 from .._model._settle_results import SettleResult, classify
+from .._model._typed import Models
 from .._model._validation import MAX_REASON
 from .._telemetry import EventProcessing
 from .._telemetry._state import OFF, Off
@@ -48,7 +49,7 @@ __all__ = ["EventHandler", "GroupLoop", "GroupStats", "short_repr"]
 log = logging.getLogger("rheo_flow.group")
 
 _Category = Literal["ack", "retry", "reject", "handler_error", "invalid_outcome", "shutdown",
-                    "settled"]
+                    "settled", "invalid_payload"]
 
 EventHandler: TypeAlias = Callable[[Event, Context], Awaitable[Any]]
 """What handles one event (a consumer's ``handle_event``, or the function it wraps)."""
@@ -82,6 +83,9 @@ class GroupStats:
     """Handlers that raised."""
     invalid_outcomes: int = 0
     """Handlers that returned something other than ACK, Retry, Reject or SETTLED."""
+    invalid_payloads: int = 0
+    """Events whose data did not validate against their type's model (rejected at once,
+    before the handler)."""
     skipped: int = 0
     """Leases lost (found stale on renew) before their handler started."""
     settle_failures: Counter[str] = field(default_factory=Counter)
@@ -133,8 +137,10 @@ class GroupLoop:
         retry_policy: RetryPolicy,
         stats: GroupStats,
         observer: SettleObserver | None,
+        models: Models | None = None,
     ) -> None:
         self._producer = producer
+        self._typed = None if models is None else models.typed
         self._handle_event = handle_event
         self._concurrency = concurrency
         self._retry_policy = retry_policy
@@ -246,7 +252,7 @@ class GroupLoop:
         current, acks, nacks_and_rejects = self._current, self._acks, self._nacks_and_rejects
         producer = self._producer
         consumer_id = producer.consumer_id
-        handle_event = self._handle_event
+        handle_event, typed = self._handle_event, self._typed
         lost_ids = producer.inflight.lost_ids
         below_full = self._ready_bound - 1
         while True:
@@ -271,7 +277,10 @@ class GroupLoop:
                 with process(lease, consumer_id) as processing:
                     token = _CURRENT_LEASE.set(lease)
                     try:
-                        outcome = await handle_event(lease.event, context)
+                        outcome = await handle_event(
+                            lease.event if typed is None else typed(lease.event), context)
+                    except InvalidPayload as exc:
+                        finished = self._invalid_payload(lease, exc)
                     except asyncio.CancelledError as exc:
                         task = asyncio.current_task()
                         if task is None or task.cancelling():
@@ -321,6 +330,17 @@ class GroupLoop:
                   lease.attempt, text, delay, extra=failure_fields(lease, producer.consumer_id))
         reason = _reason(f"invalid_outcome: {text}")
         return _Finished(lease, "invalid_outcome", reason, delay, last_error=bounded(reason))
+
+    def _invalid_payload(self, lease: Lease, exc: InvalidPayload) -> _Finished:
+        """An event whose data does not validate: rejected at once (retrying cannot fix it)."""
+        self._stats.invalid_payloads += 1
+        producer = self._producer
+        log.error("event of %s/%s p%d s%d (attempt %d) has invalid data, rejecting it: %s",
+                  producer.stream, producer.group, lease.partition, lease.sequence,
+                  lease.attempt, truncated(str(exc), 500),
+                  extra=failure_fields(lease, producer.consumer_id))
+        return _Finished(lease, "invalid_payload", "invalid_payload", error=exc,
+                         last_error=error_text(exc))
 
     def _handler_failed(self, lease: Lease, exc: BaseException) -> _Finished:
         if isinstance(exc, StaleLease) and any(
@@ -379,7 +399,7 @@ class GroupLoop:
         try:
             if category == "ack":
                 await producer.ack(leases)
-            elif category == "reject":
+            elif category == "reject" or category == "invalid_payload":
                 await producer.reject(leases, reason, last_error)
             elif category == "shutdown":
                 await producer.hand_back(leases, reason)

@@ -280,6 +280,10 @@ _CATALOGUE: tuple[Option, ...] = (
     Option("batchers", "object", "batcher name to Batcher", accepts="a mapping of names "
            "to `Batcher`", nullable=True),
     Option("context", "object", "passed to every callback", accepts="anything"),
+    Option("models", "object", "the model each event type's data is validated into",
+           accepts="a mapping of event types to model classes", nullable=True),
+    Option("upcasters", "object", "what turns old versions' data into the model's shape",
+           accepts="a mapping of (event type, version) to functions", nullable=True),
     Option("rate_limit", "object", "messages let into the processors per window",
            accepts="a `RateLimit` (or a `RateLimiter`)", nullable=True),
     Option("partition_by", "object", "what orders messages: equal values in sequence",
@@ -406,7 +410,7 @@ def _defaults(*names: str, **overrides: Any) -> dict[str, Any]:
 
 _GROUP_OPTIONS = ("stream", "group", "max_demand", "concurrency", "fetch_size", "lease_ms",
                   "poll_ms", "consumer_id", "partitions", "max_attempts", "ordering",
-                  "retry_policy", "shutdown_timeout")
+                  "retry_policy", "shutdown_timeout", "models", "upcasters")
 
 CONSUMER: Final = Runtime(
     "Consumer",
@@ -436,7 +440,7 @@ PIPELINE: Final = Runtime(
     _defaults("stream", "group", "handler", "processors", "batchers", "context", "rate_limit",
               "max_inflight", "fetch_size", "lease_ms", "poll_ms", "consumer_id", "partitions",
               "max_attempts", "ordering", "on_failure", "retry_delay_ms", "retry_policy",
-              "shutdown_timeout"),
+              "shutdown_timeout", "models", "upcasters"),
     rules=(FETCH_WITHIN_INFLIGHT,),
 )
 

@@ -75,12 +75,13 @@ NOT_SETTLED: Final = "failed"
 
 HANDLER_ERROR: Final = "handler_error"
 INVALID_OUTCOME: Final = "invalid_outcome"
+INVALID_PAYLOAD: Final = "invalid_payload"
 BATCH_ERROR: Final = "batch_error"
 MESSAGE_FAILED: Final = "message_failed"
 CANCELLED: Final = "cancelled"
 
-PROCESS_ERROR_TYPES: Final = (HANDLER_ERROR, INVALID_OUTCOME, BATCH_ERROR, MESSAGE_FAILED,
-                              CANCELLED)
+PROCESS_ERROR_TYPES: Final = (HANDLER_ERROR, INVALID_OUTCOME, INVALID_PAYLOAD, BATCH_ERROR,
+                              MESSAGE_FAILED, CANCELLED)
 
 # Instruments -------------------------------------------------------------------
 

@@ -36,7 +36,8 @@ __all__ = ["EventProcessing", "MessagesProcessing", "StepBatch", "StepMessage", 
 
 log = logging.getLogger("rheo_flow.telemetry")
 
-_PROCESS_NAME_CATEGORIES = frozenset({n.HANDLER_ERROR, n.BATCH_ERROR, n.INVALID_OUTCOME})
+_PROCESS_NAME_CATEGORIES = frozenset({n.HANDLER_ERROR, n.BATCH_ERROR, n.INVALID_OUTCOME,
+                                      n.INVALID_PAYLOAD})
 
 
 @contextmanager
@@ -138,8 +139,8 @@ class EventProcessing(_Step):
 
     def outcome(self, category: str, error: BaseException | None = None) -> None:
         """What the runtime made of the handler's result: ``ack``, ``retry``, ``reject``,
-        ``handler_error``, ``invalid_outcome`` or ``settled`` (and the exception it
-        raised)."""
+        ``handler_error``, ``invalid_outcome``, ``invalid_payload`` or ``settled`` (and the
+        exception it raised)."""
         self._outcome = category
         self._error = error
 
@@ -150,7 +151,8 @@ class EventProcessing(_Step):
         if exc is not None:
             outcome = n.CANCELLED if not isinstance(exc, Exception) else n.HANDLER_ERROR
             error_exc = exc
-        error = outcome if outcome in (n.HANDLER_ERROR, n.INVALID_OUTCOME, n.CANCELLED) else None
+        error = outcome if outcome in (n.HANDLER_ERROR, n.INVALID_OUTCOME, n.INVALID_PAYLOAD,
+                                       n.CANCELLED) else None
         if self._span is not None and outcome is not None:
             self._span.set_attribute(n.PROCESS_OUTCOME, outcome)
         self._finish(error, error_exc)

@@ -11,6 +11,7 @@ from typing import Any, Literal, Self
 from .. import _telemetry
 from .._model._errors import AlreadyStarted, InvalidArgument
 from .._model._lease import Lease
+from .._model._typed import Upcaster, check_models
 from .._rheo import DEFAULT_LEASE_MS, Partitions, Rheo
 from .._runtime._backlog import run_until_empty
 from .._runtime._fetch_pair import Backlog, lead_and_follow
@@ -22,11 +23,12 @@ from .._support._waiting import first_of
 from ._acknowledger import ProducerAcknowledger
 from ._batcher import Batcher
 from ._handler import HandlerLike, callbacks_of
-from ._message import Message, OnFailure
+from ._message import OnFailure
 from ._processor import Processors
 from ._rate_limiter import RateLimit, RateLimiter
 from ._stages import Stages
 from ._topology import ProducerTopology, Topology, batcher_topology, processor_topology
+from ._typed_messages import messages_of
 
 __all__ = ["Pipeline", "PipelineStats"]
 
@@ -60,6 +62,9 @@ class PipelineStats:
     dead_lettered: int = 0
     """Deliveries the pipeline's settles dead-lettered: its rejects, and its nacks of a
     last attempt (reason ``"max_attempts"``)."""
+    invalid_payloads: int = 0
+    """Events whose data did not validate against their type's model (rejected at once,
+    before the processors)."""
 
 
 class Pipeline(Runtime):
@@ -114,8 +119,12 @@ class Pipeline(Runtime):
         retry_delay_ms: int | None = None,
         retry_policy: RetryPolicy | None = None,
         shutdown_timeout: float = 30.0,
+        models: Mapping[str, type] | None = None,
+        upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
     ) -> None:
         self._callbacks = callbacks_of(handler)
+        self._models = check_models(models, upcasters)
+        self._invalid_payloads = 0
         self._handler = handler
         processors = Processors() if processors is None else processors
         if not isinstance(processors, Processors):
@@ -246,6 +255,7 @@ class Pipeline(Runtime):
             batches=0 if stages is None else sum(s.emitted for s in stages.batchers.values()),
             settle_failures=counts.settle_failures,
             dead_lettered=counts.dead_lettered,
+            invalid_payloads=self._invalid_payloads,
         )
 
     # Lifecycle -------------------------------------------------------------------
@@ -304,7 +314,7 @@ class Pipeline(Runtime):
                 limiter.consume(len(leases))
             if backlog is not None:
                 backlog.saw(len(leases), producer.fetch_size)
-            self._submit(leases)
+            await self._submit(leases)
 
     async def _follow(self, backlog: Backlog) -> None:
         """A second fetch beside the loop's while fetches come back full (a backlog)."""
@@ -314,12 +324,17 @@ class Pipeline(Runtime):
             leases = await producer._demand_more(producer.max_demand)
             backlog.saw(len(leases), producer.fetch_size)
             if leases:
-                self._submit(leases)
+                await self._submit(leases)
 
-    def _submit(self, leases: list[Lease]) -> None:
-        """Hand fetched leases to the processors, as messages."""
-        acknowledger = self._acknowledger
-        self._started_stages().submit([Message(lease, acknowledger) for lease in leases])
+    async def _submit(self, leases: list[Lease]) -> None:
+        """Hand fetched leases to the processors, as messages; reject those whose data does
+        not validate against its type's model."""
+        messages, invalid = messages_of(leases, self._acknowledger, self._models)
+        if invalid:
+            self._invalid_payloads += len(invalid)
+            await self._acknowledger.settle((), invalid)
+        if messages:
+            self._started_stages().submit(messages)
 
     def _started_stages(self) -> Stages:
         stages = self._stages

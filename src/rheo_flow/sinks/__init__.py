@@ -29,6 +29,7 @@ from ._duckdb import DuckDBSink
 from ._frontier import Span
 from ._handler import SinkHandler, data_bytes, sink_batcher
 from ._mapping import Column, MappingError, RowMapping, event_columns
+from ._model_columns import model_columns
 from ._postgres import PostgresSink
 from ._sink import (
     CommitInfo,
@@ -59,5 +60,6 @@ __all__ = [
     "WriteReport",
     "data_bytes",
     "event_columns",
+    "model_columns",
     "sink_batcher",
 ]
