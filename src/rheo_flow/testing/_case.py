@@ -75,7 +75,7 @@ class Case:
 
 _AREAS = ["streams", "leases", "redelivery", "batches", "ordering", "ordering_scans",
           "ordering_redrive", "progress", "reads", "retention", "deletion", "pause", "time",
-          "delay", "lag", "isolation",
+          "delay", "lag", "typed", "isolation",
           "transaction"]
 
 

@@ -29,6 +29,7 @@ from . import (
     _cases_streams,
     _cases_time,
     _cases_transaction,
+    _cases_typed,
 )
 from ._case import CASES, Case, CaseEnv
 from ._harness import BackendHarness
@@ -41,7 +42,7 @@ _CASE_MODULES = (_cases_streams, _cases_leases, _cases_redelivery, _cases_batche
                  _cases_progress, _cases_reads,
                  _cases_deletion, _cases_pause, _cases_time, _cases_delay,
                  _cases_isolation, _cases_transaction, _cases_positions, _cases_retention,
-                 _cases_lag)
+                 _cases_lag, _cases_typed)
 
 CASE_TIMEOUT_S = float(os.environ.get("RHEO_CASE_TIMEOUT", "60"))
 """Upper bound of one case: a hung backend fails the case instead of the whole run."""
