@@ -28,6 +28,7 @@ __all__ = ["TLS_CONNECT_TIMEOUT_MS", "RedisBackend", "connect_timeout_ms"]
 
 _MIN_VERSION: Final = (6, 2)
 _DEADLINE_GRACE_MS: Final = 500
+"""The socket timeouts of an owned client fire first; the operation deadline backs them up."""
 TLS_CONNECT_TIMEOUT_MS: Final = 3_000
 """The longest connect (TLS handshake included) over ``rediss://``, unless the URL sets
 ``socket_connect_timeout``: a server without TLS never answers a handshake."""
@@ -39,7 +40,6 @@ def connect_timeout_ms(url: str, timeout_ms: int) -> int:
     if url.lower().startswith("rediss:"):
         return min(timeout_ms, TLS_CONNECT_TIMEOUT_MS)
     return timeout_ms
-"""The socket timeouts of an owned client fire first; the operation deadline backs them up."""
 
 
 @guard_operations(tracks_sending=False)

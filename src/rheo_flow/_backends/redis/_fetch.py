@@ -110,15 +110,14 @@ class _Harvest:
             got = self.leases[partition] = []
         return got
 
-    def in_sequence_order(self, quotas: Sequence[tuple[int, int]]) -> None:
-        """Sort the leases of the partitions a later round fetched from: a later round
-        may hold redeliveries below an earlier one's (each round takes the earliest due)."""
-        for p, _ in quotas:
-            self.leases.get(p, []).sort(key=_sequence_of)
-
     def batch(self) -> list[Lease]:
         """The fetch's result: round-robin across partitions, each in sequence order."""
         lists = [self.leases[p] for p in self.order if self.leases.get(p)]
+        for got in lists:
+            # One call may return a partition's redeliveries before events replayed
+            # below them (a replay or reset moved its cursor back): sorted here, once.
+            # Already in order, the sort is one pass.
+            got.sort(key=_sequence_of)
         if len(lists) <= 1:
             return lists[0] if lists else []
         sizes = [len(x) for x in lists]
@@ -306,7 +305,6 @@ class FetchOperations(WorkNotes):
                        [len(harvest.leases.get(p, ())) for p in more])
         second = [(p, q) for p, q in zip(more, shares, strict=True) if q > 0]
         await self._fetch_round(harvest, second)
-        harvest.in_sequence_order(second)
         return True
 
     async def _scan_on(self, harvest: _Harvest) -> None:
@@ -322,7 +320,6 @@ class FetchOperations(WorkNotes):
             quotas = [(p, q) for p, q in zip(parts, _shares(wanted, len(parts)), strict=True)
                       if q > 0]
             await self._fetch_round(harvest, quotas)
-            harvest.in_sequence_order(quotas)
 
     async def _fetch_round(
         self, harvest: _Harvest, quotas: Sequence[tuple[int, int]],
