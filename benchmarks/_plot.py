@@ -152,15 +152,22 @@ def _bars(ax: Any, chart: _Chart, members: list[Result], backend: str | None) ->
     if as_line:
         ax.axhline(members[0].baseline, color="0.35", linestyle="--", linewidth=1)
     elif backend is None:
-        ax.legend(fontsize=9)
+        # A strip of its own above the tallest bar: the legend never hides a bar's value.
+        if ax.get_yscale() == "linear":
+            tallest = max(height for row in bars.values() for _, _, height in row)
+            ax.set_ylim(0, tallest * 1.35)
+        ax.legend(fontsize=9, loc="upper center", ncol=min(3, len(legends)), frameon=False)
     ax.set_xticks(range(len(chart.labels)))
-    ax.set_xticklabels(chart.labels if chart.numbered else [_wrap(x) for x in chart.labels],
-                       fontsize=10)
+    # Narrower lines the more labels share the width, so neighbours never overlap.
+    width_chars = max(12, min(22, 80 // max(1, len(chart.labels))))
+    ax.set_xticklabels(chart.labels if chart.numbered
+                       else [_wrap(x, width_chars) for x in chart.labels], fontsize=9)
     ax.set_xlabel(_template(chart.members[0].name)[0] if chart.numbered else "", fontsize=10)
     ax.set_ylabel(chart.unit, fontsize=10)
     ax.tick_params(axis="y", labelsize=9)
     ax.yaxis.set_major_formatter(lambda v, _: f"{v:,g}")  # 400,000 rather than 400000
-    ax.margins(y=0.15)
+    if backend is not None or ax.get_yscale() != "linear":
+        ax.margins(y=0.15)
     if backend is not None:
         ax.set_title(backend, fontsize=11)
 

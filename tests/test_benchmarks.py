@@ -172,17 +172,21 @@ def test_plot_keeps_values_orders_of_magnitude_apart_readable(tmp_path: Path) ->
 
 
 def test_doc_charts_come_from_stored_results(tmp_path: Path) -> None:
-    """The scaling charts of docs/img/benchmarks are regenerated from the JSON lines kept
-    in benchmarks/results/ (no benchmark run), at a width the docs show legibly."""
+    """The charts of docs/img/benchmarks are regenerated from the JSON lines kept in
+    benchmarks/results/ (no benchmark run), at a width the docs show legibly."""
     pytest.importorskip("matplotlib")
     import matplotlib.image
     from benchmarks import _plot
 
     root = Path(__file__).resolve().parents[1]
-    results = _plot.from_json_lines(root / "benchmarks/results/scaling-2026-12-02.jsonl")
-    written = _plot.write_charts("scaling", results, tmp_path, command="x")
     docs = root / "docs/img/benchmarks"
-    assert {p.name for p in written} <= {p.name for p in docs.iterdir()}
-    for path in written:
-        width = matplotlib.image.imread(docs / path.name).shape[1]
-        assert width <= 100 * _plot.WIDTH_IN, path.name
+    for suite, stored in (("scaling", "scaling-2026-12-02.jsonl"),
+                          ("sqlite", "sqlite-quick-2026-12-07.jsonl"),
+                          ("pipeline", "pipeline-quick-2026-12-07.jsonl")):
+        results = _plot.from_json_lines(root / "benchmarks/results" / stored)
+        written = _plot.write_charts(suite, results, tmp_path / suite, command="x")
+        assert written
+        assert {p.name for p in written} <= {p.name for p in docs.iterdir()}
+        for path in written:
+            width = matplotlib.image.imread(docs / path.name).shape[1]
+            assert width <= 100 * _plot.WIDTH_IN, path.name
