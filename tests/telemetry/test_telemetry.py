@@ -754,6 +754,41 @@ async def test_pipeline_failures_are_reported_on_the_processor_span(
     assert reject.parent.span_id == span.context.span_id
 
 
+async def test_a_pipeline_reports_invalid_payloads_as_their_own_error_type(
+        otel: Otel, rheo: Rheo, wait_until: WaitUntil) -> None:
+    @dataclasses.dataclass
+    class Placed:
+        order_id: int
+
+    await rheo.create_stream("orders")
+    await rheo.append("orders", [NewEvent("t", {"order_id": "x"}, id="bad"),
+                                 NewEvent("t", Placed(1), id="good")])
+    class Through(PipelineHandler):
+        async def handle_message(self, processor: str, message: Message,
+                                 context: Any) -> Message:
+            assert isinstance(message.data, Placed)
+            return message
+
+    pipeline = Pipeline(rheo, stream="orders", group="billing", handler=Through(),
+                        processors=Processors(concurrency=1, max_demand=10),
+                        models={"t": Placed})
+    async with pipeline:
+        await wait_until(lambda: pipeline.stats().acked == 1
+                         and pipeline.stats().invalid_payloads == 1)
+    [span] = [s for s in otel.spans("process orders")
+              if dict(s.attributes or {})["rheo.pipeline.stage"] == "validation"]
+    attributes = dict(span.attributes or {})
+    assert attributes["error.type"] == "invalid_payload"
+    assert attributes["messaging.batch.message_count"] == 1
+    [failed] = event_attributes(span, "rheo.message.failed")
+    assert failed["messaging.message.id"] == "bad"
+    reject = otel.span("reject orders")
+    assert reject.parent is not None
+    assert reject.parent.span_id == span.context.span_id
+    errors = {a.get("error.type") for a, _ in otel.points("messaging.process.duration")}
+    assert "invalid_payload" in errors
+
+
 # Metrics never carry ids -------------------------------------------------------------------
 
 

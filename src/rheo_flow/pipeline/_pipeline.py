@@ -332,7 +332,10 @@ class Pipeline(Runtime):
         messages, invalid = messages_of(leases, self._acknowledger, self._models)
         if invalid:
             self._invalid_payloads += len(invalid)
-            await self._acknowledger.settle((), invalid)
+            # A process step of their own (stage "validation"): its span and duration carry
+            # error.type=invalid_payload, the reject settling them is its child.
+            with _telemetry.process_messages(invalid, "validation", "models"):
+                await self._acknowledger.settle((), invalid)
         if messages:
             self._started_stages().submit(messages)
 
