@@ -90,13 +90,21 @@ class SettleOperations(WorkNotes):
             lambda group, payload: [group, lease_ms, payload],
             _RENEW_ROW,
         )
+        renewed: dict[tuple[str, str], tuple[int, set[int]]] = {}
         for indexes, reply in replies:
             deadline_text, codes = reply.split(":", 1)
             deadline = int(deadline_text)
             for index, code in zip(indexes, codes, strict=True):
-                lease_id = leases[index].lease_id
-                results[index] = (SettleResult.success(lease_id, deadline_ms=deadline)
-                                  if code == "o" else _result(lease_id, code))
+                lease = leases[index]
+                results[index] = (SettleResult.success(lease.lease_id, deadline_ms=deadline)
+                                  if code == "o" else _result(lease.lease_id, code))
+                if code == "o" and self._cluster:
+                    soonest, partitions = renewed.get((lease.stream, lease.group),
+                                                      (deadline, set()))
+                    partitions.add(lease.partition)
+                    renewed[(lease.stream, lease.group)] = (min(soonest, deadline), partitions)
+        for (stream, group), (soonest, partitions) in renewed.items():
+            await self._note_due(stream, group, partitions, soonest)
         return [r for r in results if r is not None]
 
     async def _settle_op(

@@ -137,6 +137,16 @@ class WorkNotes(RedisCore):
             ("work", self._keys.work_keys(stream, group), ["n", "1" if fresh else "0", *ps])
             for group in sorted(set(groups))])
 
+    async def _note_due(self, stream: str, group: str, partitions: Iterable[int],
+                        at_ms: int) -> None:
+        """A renew moved the group's leases in the partitions to expire at ``at_ms``: the
+        summary's entry may name a later time (the lease ms was longer), so it is lowered."""
+        ps = sorted(set(partitions))
+        if not ps or not self._planned_streams(stream):
+            return
+        await self._note_calls(stream, [
+            ("work", self._keys.work_keys(stream, group), ["d", at_ms, *ps])])
+
     async def _note_calls(self, stream: str, calls: list[ScriptCall]) -> None:
         """Run the calls; when they fail, this backend's next fetches of the stream
         resync (the summary may miss what they would have noted)."""

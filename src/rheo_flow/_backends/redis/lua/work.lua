@@ -14,10 +14,12 @@
 -- ARGV: op, then
 --   'a' (appended), partitions...: events were appended to them;
 --   'n' (noted), '1' (fresh) or '0' (due now), partitions...: work of the group there;
+--   'd' (due by), ms, partitions...: a renew moved leases there to expire at ms (it may be
+--     earlier than the deadline the summary holds: a shorter lease_ms);
 --   'p' (plan): fold `a` into fresh, then read the partitions with work;
 --   'x' (exact), plan version, '1' when every partition is in it, then triples
 --     partition, earliest due (0: none), fresh ('1' / '0'): what a fetch found.
--- Reply: 'a' / 'n': the new version; 'x': 'OK'; 'p': {version, 1 when written from
+-- Reply: 'a' / 'n' / 'd': the new version; 'x': 'OK'; 'p': {version, 1 when written from
 --   every partition else 0, now (ms), fresh partitions 'p:score,...' (score '' when
 --   none), due partitions 'p:score,...' (score at or before now)}.
 local version_key, appended_key = KEYS[1], KEYS[2]
@@ -36,6 +38,14 @@ if op == 'n' then
     else
       redis.call('ZADD', due_key, 'LT', 0, ARGV[at])
     end
+    redis.call('HSET', noted_key, ARGV[at], version)
+  end
+  return version
+end
+if op == 'd' then
+  local version = redis.call('INCR', version_key)
+  for at = 3, #ARGV do
+    redis.call('ZADD', due_key, 'LT', ARGV[2], ARGV[at])
     redis.call('HSET', noted_key, ARGV[at], version)
   end
   return version
