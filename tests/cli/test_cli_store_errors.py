@@ -119,6 +119,15 @@ def test_a_worker_of_a_missing_stream_names_the_command_creating_it(
                     "(to create it: rheo-flow create-stream jobs)")
 
 
+def test_a_worker_under_processes_exits_with_the_status_of_the_child_that_failed(
+        tmp_path: Path, migrated: str) -> None:
+    # The first child to fail stops the others with SIGTERM; a sibling still starting
+    # dies of it (143), which says nothing of why the run ended.
+    result = _cli(tmp_path, "worker", "app:jobs", "--processes", "2", "-u", migrated)
+    assert result.returncode == 1, result.stderr
+    assert "unknown stream 'jobs'" in result.stderr
+
+
 def test_a_worker_under_processes_reports_a_missing_store_once(tmp_path: Path) -> None:
     db = tmp_path / "typo.db"
     line = _one_line(_cli(tmp_path, "worker", "app:jobs", "--processes", "2",

@@ -34,7 +34,8 @@ async def supervise(config: WorkerConfig, processes: int, child_argv: list[str])
     The first signal is forwarded (each child drains); a second one too (each
     exits at once) and the supervisor exits with 128 + the signal. Health is
     ready while every child reports ready; a child that exits on its own stops
-    the others. Returns the worst child status.
+    the others. Returns the status of the child that exited on its own, if one did;
+    else the worst child status.
     """
     from ..._rheo import Rheo
     from .._common import existing
@@ -54,7 +55,9 @@ async def supervise(config: WorkerConfig, processes: int, child_argv: list[str])
         finally:
             await children.health.close()
             await children.observation.aclose()
-    return max(codes)
+    # A child that exited on its own is why the others were stopped: its status is the
+    # run's (the others' may say only that the forwarded SIGTERM found them starting).
+    return children.cause if children.cause is not None else max(codes)
 
 
 class _Children:
@@ -66,6 +69,8 @@ class _Children:
         """One health file per child, which the child touches while it is ready."""
         self._processes: list[asyncio.subprocess.Process] = []
         self._stop = asyncio.Event()
+        self.cause: int | None = None
+        """The status of the first child that exited on its own (it stopped the others)."""
         self.observation = config.observation(lambda: self.health.changed(), runtime=False)
         """The store gauges and the store probe of the supervisor."""
         self.health = Health(ready=self._all_ready, live=self._all_alive,
@@ -116,6 +121,13 @@ class _Children:
             finished = self._config.until_empty and all(t.result() == 0 for t in done)
             if not self._stop.is_set() and not finished:
                 log.error("a worker process exited on its own: stopping the others")
+                self.cause = max(_status(t.result()) for t in done)
                 self.forward(signal.SIGTERM)
-        return [128 - c.returncode if c.returncode and c.returncode < 0
-                else c.returncode or 0 for c in self._processes]
+        return [_status(c.returncode) for c in self._processes]
+
+
+def _status(returncode: int | None) -> int:
+    """A child's exit status as a shell gives it: killed by signal N is 128 + N."""
+    if returncode is not None and returncode < 0:
+        return 128 - returncode
+    return returncode or 0
