@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from .._backends._urls import redact_url
+from .._model._lag import age_seconds
 from ._command import Command
 from ._common import (
     NUMERIC,
@@ -146,9 +147,9 @@ def _lag_cells(rows: list[Row]) -> list[list[str]]:
 
 def _age(since_ms: int | None, now_ms: int) -> str:
     """How long ago ``since_ms`` was, in the largest unit that keeps it short (``-``: never)."""
-    if since_ms is None:
+    seconds = age_seconds(since_ms, now_ms)
+    if seconds is None:
         return "-"
-    seconds = max(0, now_ms - since_ms) / 1000
     for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GroupLag", "LagReport", "PartitionLag"]
+__all__ = ["GroupLag", "LagReport", "PartitionLag", "age_seconds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +79,9 @@ class LagReport:
             if entry.stream == stream and entry.group == group:
                 return entry
         return None
+
+
+def age_seconds(since_ms: int | None, now_ms: int) -> float | None:
+    """Seconds from ``since_ms`` to ``now_ms`` (a report's ``read_at_ms``), never below 0;
+    ``None`` when there is no such time (nothing unsettled)."""
+    return None if since_ms is None else max(0, now_ms - since_ms) / 1000

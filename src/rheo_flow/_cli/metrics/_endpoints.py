@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import orjson
 
+from ..._model._lag import age_seconds
 from ._exporter import CONTENT_TYPE, PrometheusExport
 from ._store import StoreGauges
 
@@ -50,10 +51,9 @@ async def lag_json(store: StoreGauges, query: Mapping[str, str]) -> Response:
     entry = report.group(stream, group)
     if entry is None:
         return _error(404, f"no group {group!r} on stream {stream!r} in the lag report")
-    oldest = entry.oldest_unsettled_ms
     body = {"stream": stream, "group": group, "lag": entry.lag, "scheduled": entry.scheduled,
             "oldest_unsettled_age_seconds":
-                0.0 if oldest is None else max(0, report.read_at_ms - oldest) / 1000,
+                age_seconds(entry.oldest_unsettled_ms, report.read_at_ms) or 0.0,
             "dead_letters": entry.dead_letters, "paused": entry.paused,
             "partitions": len(entry.partitions), "store_up": store.up,
             "read_at_ms": report.read_at_ms}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..._model._lag import GroupLag, LagReport, PartitionLag
+from ..._model._lag import GroupLag, LagReport, PartitionLag, age_seconds
 from ..._telemetry import _names as n
 
 __all__ = ["store_text"]
@@ -35,8 +35,7 @@ _PARTITION_GAUGES: tuple[tuple[str, str, _PartitionPick], ...] = (
      lambda p, _: p.high_water),
     (_prom(n.STORE_OLDEST_UNSETTLED_AGE) + "_seconds", "Age of the first event past the "
      "frontier at the read (0 when none).",
-     lambda p, at: 0.0 if p.oldest_unsettled_ms is None
-     else max(0, at - p.oldest_unsettled_ms) / 1000),
+     lambda p, at: age_seconds(p.oldest_unsettled_ms, at) or 0.0),
 )
 _GROUP_GAUGES: tuple[tuple[str, str, Callable[[GroupLag], float]], ...] = (
     (_prom(n.STORE_DEAD_LETTERS), "Dead-lettered deliveries of the group.",
