@@ -112,8 +112,7 @@ def _pydantic_encode(model: Any) -> str:
     try:
         text: str = model.model_dump_json()
     except Exception as exc:  # pydantic_core.PydanticSerializationError
-        raise InvalidArgument(f"event data ({type(model).__name__}) is not "
-                              f"JSON-serialisable: {exc}") from None
+        raise _not_json(model, exc) from None
     return text
 
 
@@ -125,8 +124,7 @@ def _msgspec_encoder() -> _Encoder:
         try:
             return encode(struct).decode()  # type: ignore[no-any-return]
         except (TypeError, msgspec.EncodeError) as exc:
-            raise InvalidArgument(f"event data ({type(struct).__name__}) is not "
-                                  f"JSON-serialisable: {exc}") from None
+            raise _not_json(struct, exc) from None
 
     return encode_struct
 
@@ -135,8 +133,13 @@ def _dataclass_encode(instance: Any) -> str:
     try:
         return orjson.dumps(instance).decode()
     except TypeError as exc:
-        raise InvalidArgument(f"event data ({type(instance).__name__}) is not "
-                              f"JSON-serialisable: {exc}") from None
+        raise _not_json(instance, exc) from None
+
+
+def _not_json(data: object, exc: Exception) -> InvalidArgument:
+    """What an encoder's failure on a model instance is reported as."""
+    return InvalidArgument(f"event data ({type(data).__name__}) is not "
+                           f"JSON-serialisable: {exc}")
 
 
 # Consumption -------------------------------------------------------------------------
