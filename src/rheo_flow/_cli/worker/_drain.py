@@ -14,14 +14,21 @@ from dataclasses import dataclass
 
 from ..._runtime._group import Group
 from ..._runtime._lifecycle import State
+from ..._runtime._producer import Producer
 from ..._runtime._producer_stats import ProducerStats
 from ...pipeline import Pipeline
 
-__all__ = ["DrainCounts", "describe", "drain_runtimes"]
+__all__ = ["DrainCounts", "Runtime", "describe", "drain_runtimes", "producer_of"]
 
 log = logging.getLogger("rheo_flow.worker")
 
 Runtime = Group | Pipeline
+"""What a worker runs."""
+
+
+def producer_of(runtime: Runtime) -> Producer:
+    """The producer that fetches and settles for ``runtime``."""
+    return runtime._producer if isinstance(runtime, Group) else runtime.producer
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +51,13 @@ class DrainCounts:
 
 def describe(runtime: Runtime) -> str:
     """``group STREAM/GROUP`` or ``pipeline STREAM/GROUP``."""
-    if isinstance(runtime, Group):
-        return f"group {runtime.stream}/{runtime.group}"
-    return f"pipeline {runtime.producer.stream}/{runtime.producer.group}"
+    producer = producer_of(runtime)
+    kind = "group" if isinstance(runtime, Group) else "pipeline"
+    return f"{kind} {producer.stream}/{producer.group}"
 
 
 def _stats(runtimes: list[Runtime]) -> list[ProducerStats]:
-    return [(r._producer if isinstance(r, Group) else r.producer).stats() for r in runtimes]
+    return [producer_of(r).stats() for r in runtimes]
 
 
 def _counts(start: list[ProducerStats], deadline: list[ProducerStats] | None,

@@ -33,7 +33,7 @@ from ..._support._waiting import first_of
 from ..._telemetry._state import STATE
 from ...pipeline import Pipeline
 from .._common import existing
-from ._drain import describe, drain_runtimes
+from ._drain import Runtime, describe, drain_runtimes, producer_of
 from ._health import Health
 from ._observe import Observation
 from ._paused import PausedGroups
@@ -44,7 +44,6 @@ __all__ = ["SIGNALS", "SUPERVISOR_ENV", "WorkerConfig", "build_runtimes", "load_
 
 log = logging.getLogger("rheo_flow.worker")
 
-Runtime = Group | Pipeline
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """The signals that start a drain (a second one exits at once)."""
@@ -269,8 +268,7 @@ def _start_retention(config: WorkerConfig, rheo: Rheo, runtimes: list[Runtime],
     """The task applying the consumed streams' retention policies (``None``: turned off)."""
     if config.retention_interval <= 0:
         return None
-    streams = sorted({r.stream if isinstance(r, Group) else r.producer.stream
-                      for r in runtimes})
+    streams = sorted({producer_of(r).stream for r in runtimes})
     return asyncio.create_task(
         retention_schedule(rheo, streams, config.retention_interval, config.url, stop),
         name="rheo-worker-retention")
@@ -320,19 +318,16 @@ def _ended_well(future: asyncio.Future[Any]) -> bool:
 
 
 async def _caught_up(runtime: Runtime) -> None:
-    producer = runtime._producer if isinstance(runtime, Group) else runtime.producer
-    await wait_producer_caught_up(producer, stopped=lambda: False)
+    await wait_producer_caught_up(producer_of(runtime), stopped=lambda: False)
 
 
 def _stream_group(runtime: Runtime) -> tuple[str, str]:
-    if isinstance(runtime, Group):
-        return runtime.stream, runtime.group
-    return runtime.producer.stream, runtime.producer.group
+    producer = producer_of(runtime)
+    return producer.stream, producer.group
 
 
 def _poll_s(runtimes: list[Runtime]) -> Callable[[], float]:
     """How often the paused groups may be read: the runtimes' shortest poll interval."""
     def poll() -> float:
-        producers = [r._producer if isinstance(r, Group) else r.producer for r in runtimes]
-        return min((p.poll_ms for p in producers), default=200) / 1000
+        return min((producer_of(r).poll_ms for r in runtimes), default=200) / 1000
     return poll
