@@ -21,7 +21,7 @@ from ..._model._lag import LagReport
 from ..._rheo import Rheo
 from ._text import store_text
 
-__all__ = ["READ_TIMEOUT_S", "StoreGauges", "observer_url"]
+__all__ = ["READ_TIMEOUT_S", "StoreGauges", "observer_url", "read_failure"]
 
 log = logging.getLogger("rheo_flow.metrics")
 
@@ -40,6 +40,13 @@ def observer_url(url: str) -> str:
     if not extra:
         return url
     return f"{url}{'&' if '?' in url else '?'}{extra}"
+
+
+def read_failure(exc: BaseException, timeout: float, url: str) -> str:
+    """Why a read of the store within ``timeout`` seconds failed, secrets masked."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:g}s"
+    return scrub_secrets(f"{type(exc).__name__}: {exc}", url)
 
 
 class StoreGauges:
@@ -93,8 +100,7 @@ class StoreGauges:
                 await self._rheo.open()
                 report = await self._rheo.lag_report(self.streams)
         except Exception as exc:
-            error = (f"no answer within {self._timeout:g}s" if isinstance(exc, TimeoutError)
-                     else scrub_secrets(f"{type(exc).__name__}: {exc}", self._url))
+            error = read_failure(exc, self._timeout, self._url)
             if self.up or self.error is None:
                 log.warning("metrics: the store could not be read: %s", error)
             self.up, self.error = False, error

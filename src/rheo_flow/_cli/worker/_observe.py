@@ -13,12 +13,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from ..._backends._urls import scrub_secrets
 from ..._rheo import Rheo
 from ..._support._waiting import cancel_and_wait
 from ..metrics._endpoints import Route, routes
 from ..metrics._exporter import PrometheusExport
-from ..metrics._store import StoreGauges, observer_url
+from ..metrics._store import StoreGauges, observer_url, read_failure
 
 __all__ = ["Observation", "StoreProbe"]
 
@@ -54,9 +53,7 @@ class StoreProbe:
             async with asyncio.timeout(self._timeout):
                 await self._check()
         except Exception as exc:
-            detail = (f"no answer within {self._timeout:g}s" if isinstance(exc, TimeoutError)
-                      else scrub_secrets(f"{type(exc).__name__}: {exc}", self._url))
-            problem = f"store unreachable: {detail}"
+            problem = f"store unreachable: {read_failure(exc, self._timeout, self._url)}"
             if self.problem is None:
                 log.warning("readiness: %s", problem)
                 self.problem = problem
