@@ -111,6 +111,11 @@ class RedisCore:
     def _lost(self, stream: str) -> StoreLost:
         return store_lost(self._error_prefix(), stream)
 
+    async def now_ms(self) -> int:
+        """The server's clock (``TIME``), the clock its scripts stamp and lease with."""
+        seconds, micros = await self._io(self._client.time())
+        return int(seconds) * 1000 + int(micros) // 1000
+
     async def _io(self, call: Awaitable[T]) -> T:
         try:
             return await call

@@ -37,8 +37,7 @@ class LagOperations(RedisCore):
     async def lag_report(self, streams: Sequence[str] | None) -> LagReport:
         """Every group of ``streams`` (``None``: every stream), read in four round trips
         (see the module docstring); a stream or group deleted meanwhile is left out."""
-        seconds, micros = await self._io(self._client.time())  # a Cluster pipelines no TIME
-        now = int(seconds) * 1000 + int(micros) // 1000
+        now = await self.now_ms()  # its own round trip: a Cluster pipelines no TIME
         records = await self._io(self._client.hgetall(self._keys.streams))
         wanted = None if streams is None else set(streams)
         chosen = sorted((name, stream_record(record)[0])

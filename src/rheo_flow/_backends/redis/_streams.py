@@ -37,10 +37,6 @@ class StreamOperations(WorkNotes):
         if not int(done):
             raise UnknownStream(stream)
 
-    async def now_ms(self) -> int:
-        seconds, micros = await self._io(self._client.time())
-        return int(seconds) * 1000 + int(micros) // 1000
-
     async def _info(self, name: str, count: int, created: int,
                     retention: Retention | None) -> StreamInfo:
         pipe = self._client.pipeline(transaction=False)
