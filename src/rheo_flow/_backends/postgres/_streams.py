@@ -177,13 +177,12 @@ class StreamOps(PostgresCore):
 
     async def _insert_events(self, pool: Fetches, stream: str, meta: StreamMeta,
                              records: list[AppendRecord]) -> dict[str, Event]:
+        if len(records) == 1:
+            return await self._insert_one(pool, stream, meta, records[0])
         # Columns that are NULL for every event travel as one NULL (ROWS FROM
         # pads the shorter columns with NULLs).
-        heads = (
-            [json.dumps(r.headers, separators=(",", ":"), ensure_ascii=False) if r.headers
-             else None for r in records]
-            if any(r.headers for r in records) else None
-        )
+        heads = ([_headers_text(r.headers) for r in records]
+                 if any(r.headers for r in records) else None)
         keys = [r.key for r in records]
         try:
             ids = orjson.dumps([r.id for r in records]).decode()
@@ -191,13 +190,9 @@ class StreamOps(PostgresCore):
             key_list = (orjson.dumps(keys).decode() if any(k is not None for k in keys)
                         else None)
         except TypeError:  # orjson refuses text that is not valid Unicode
-            raise InvalidArgument(
-                "event ids, types and keys must be valid Unicode text") from None
+            raise InvalidArgument(_NOT_UNICODE) from None
         deliver_at = None
         payload = stream
-        if len(records) == 1:
-            # (the texts above were encoded all the same: it proved them valid Unicode)
-            return await self._insert_one(pool, stream, meta, records[0])
         if any(r.deliver_at_ms is not None for r in records):
             await self._mark_scheduled(meta)
             deliver_at = "{" + ",".join(["NULL" if r.deliver_at_ms is None
@@ -223,6 +218,10 @@ class StreamOps(PostgresCore):
     async def _insert_one(self, pool: Fetches, stream: str, meta: StreamMeta,
                           record: AppendRecord) -> dict[str, Event]:
         """:meth:`_insert_events` of one event: ``append_one``, no subtransaction."""
+        try:
+            orjson.dumps((record.id, record.type, record.key))  # the batch's Unicode check
+        except TypeError:
+            raise InvalidArgument(_NOT_UNICODE) from None
         payload = stream
         if record.deliver_at_ms is not None:
             await self._mark_scheduled(meta)
@@ -230,8 +229,7 @@ class StreamOps(PostgresCore):
         headers = record.headers
         [row] = await pool.fetch(
             self._sql.append_one, meta.id, record.partition, record.id, record.type, record.key,
-            record.data_json,
-            json.dumps(headers, separators=(",", ":"), ensure_ascii=False) if headers else None,
+            record.data_json, _headers_text(headers),
             self._channel, payload, record.deliver_at_ms,
         )
         at, seq, duplicate = row[0], row[1], row[2]
@@ -289,3 +287,11 @@ class StreamOps(PostgresCore):
 def _clamp(ms: int | None) -> int | None:
     """A time bound of a query as a ``bigint`` parameter."""
     return min(ms, BIGINT_MAX) if isinstance(ms, int) else ms
+
+
+_NOT_UNICODE: Final = "event ids, types and keys must be valid Unicode text"
+
+
+def _headers_text(headers: Mapping[str, str] | None) -> str | None:
+    """An event's headers as the JSON text the append stores (``None``: none)."""
+    return json.dumps(headers, separators=(",", ":"), ensure_ascii=False) if headers else None
