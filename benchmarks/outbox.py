@@ -7,7 +7,14 @@ Measured in one run, contenders in alternating rounds, medians reported:
   the row alone, one transaction after another on one connection of the application's
   (``ms/transaction``; ratio = the cost of the append, target <= 1.3x); beside it, the
   same transaction inserting a second plain row instead (a unique text id and the
-  event's JSON, in a table of its own): what any second write costs, the floor.
+  event's JSON, in a table of its own): what any second write costs, the floor; and on
+  PostgreSQL that insert with a ``NOTIFY`` in the same statement (what any append
+  that wakes consumers at the commit costs at the least: one more round trip, one
+  more row, the notification queued at the commit); and the writes an append cannot do
+  without, written by hand in tables of the same shape (``"writes"``): the partition's
+  high water moved by one (what keeps sequences gapless), the event's row under its
+  two keys (position, and the event id that makes the append idempotent), and on
+  PostgreSQL the ``NOTIFY``, in one statement.
 * **concurrent appends**: 8 tasks, each on a connection of its own, running application
   transactions that append one event each to its own partition of one 8-partition
   stream, against 8 tasks appending one event each with a plain ``Rheo.append`` on the
@@ -47,6 +54,9 @@ TASKS = 8
 ELSEWHERE = 100
 """Plain appends made beside an open transaction (half to another partition, half to
 another stream)."""
+NOTIFY_CHANNEL = f"rheo_flow.{SCHEMA}"
+"""The channel of the floor's NOTIFY (the name of the backend's own; nobody listens in the
+suite, as nobody listens to the appends either while the costs are measured)."""
 
 
 class App:
@@ -73,6 +83,38 @@ class App:
         else:
             conn.execute(sql.replace("$1", "?").replace("$2", "?"), args)
 
+    async def create_tables(self, conn: Any) -> None:
+        """The ``rows`` table, the floor's, and the two an append's writes by hand use."""
+        await self.run(conn, f"CREATE TABLE IF NOT EXISTS {self.table} (id int)")
+        await self.run(conn, f"CREATE TABLE IF NOT EXISTS {self.floor} "
+                             "(id text PRIMARY KEY, data text NOT NULL)")
+        await self.run(conn, f"CREATE TABLE IF NOT EXISTS {self.floor}_partitions "
+                             "(part int PRIMARY KEY, high_water bigint NOT NULL)")
+        await self.run(conn, f"INSERT INTO {self.floor}_partitions VALUES (0, 0) "
+                             "ON CONFLICT DO NOTHING")
+        data = "json" if self.kind == "postgres" else "text"
+        await self.run(conn, f"CREATE TABLE IF NOT EXISTS {self.floor}_events "
+                             "(part int NOT NULL, seq bigint NOT NULL, event_id text NOT NULL, "
+                             f"type text NOT NULL, data {data} NOT NULL, "
+                             "appended_at_ms bigint NOT NULL, PRIMARY KEY (part, seq), "
+                             "UNIQUE (event_id))")
+
+    async def append_writes(self, conn: Any, event_id: str, data: str) -> None:
+        """What an append of one event must write, by hand: the partition's high water
+        moved, the event's row, and (PostgreSQL) the ``NOTIFY``."""
+        if self.kind == "postgres":
+            await conn.fetch(
+                f"WITH hw AS (UPDATE {self.floor}_partitions SET high_water = high_water + 1 "
+                "WHERE part = 0 RETURNING high_water), "
+                f"ev AS (INSERT INTO {self.floor}_events SELECT 0, hw.high_water, $1, "
+                "'order.placed', $2::json, 0 FROM hw RETURNING seq) "
+                "SELECT pg_notify($3, 'orders') FROM ev", event_id, data, NOTIFY_CHANNEL)
+        else:
+            [(seq,)] = conn.execute(f"UPDATE {self.floor}_partitions SET high_water = "
+                                    "high_water + 1 WHERE part = 0 RETURNING high_water")
+            conn.execute(f"INSERT INTO {self.floor}_events VALUES (0, ?, ?, 'order.placed', "
+                         "?, 0)", (seq, event_id, data))
+
     async def transaction(self, conn: Any, body: Callable[[], Awaitable[None]]) -> None:
         """``body`` in one transaction of ``conn`` (BEGIN IMMEDIATE on SQLite)."""
         await self.run(conn, "BEGIN" if self.kind == "postgres" else "BEGIN IMMEDIATE")
@@ -83,7 +125,9 @@ class App:
 async def transaction_cost(rheo: Rheo, app: App, conn: Any, transactions: int,
                            second: str | None) -> float:
     """Milliseconds per application transaction: one row, and, as ``second`` says, one
-    event appended (``"append"``) or one row of the :data:`FLOOR` table (``"insert"``)."""
+    event appended (``"append"``), one row of the floor table (``"insert"``), or that
+    row and a ``NOTIFY`` on the backend's channel in one statement (``"notify"``,
+    PostgreSQL only), or an append's own writes by hand (``"writes"``)."""
     started = time.perf_counter()
     round_id = time.perf_counter_ns()
     for i in range(transactions):
@@ -95,6 +139,13 @@ async def transaction_cost(rheo: Rheo, app: App, conn: Any, transactions: int,
             elif second == "insert":
                 await app.run(conn, f"INSERT INTO {app.floor} VALUES ($1, $2)",
                               f"{round_id}-{i}", orjson.dumps(payload(i)).decode())
+            elif second == "notify":
+                await conn.fetch(f"WITH i AS (INSERT INTO {app.floor} VALUES ($1, $2) "
+                                 "RETURNING id) SELECT pg_notify($3, 'orders') FROM i",
+                                 f"{round_id}-{i}", orjson.dumps(payload(i)).decode(),
+                                 NOTIFY_CHANNEL)
+            elif second == "writes":
+                await app.append_writes(conn, f"{round_id}-{i}", orjson.dumps(payload(i)).decode())
         await app.transaction(conn, body)
     return (time.perf_counter() - started) * 1000 / transactions
 
@@ -144,16 +195,19 @@ async def _suite(kind: str, rheo: Rheo, app: App, quick: bool) -> list[Result]:
     await rheo.create_stream("other")
     conns = [await app.connect() for _ in range(TASKS)]
     try:
-        await app.run(conns[0], f"CREATE TABLE IF NOT EXISTS {app.table} (id int)")
-        await app.run(conns[0], f"CREATE TABLE IF NOT EXISTS {app.floor} "
-                                "(id text PRIMARY KEY, data text NOT NULL)")
+        await app.create_tables(conns[0])
         note = (f"{transactions} transactions in a row on one connection, median of {rounds} "
                 "alternating rounds")
-        costs = await alternating_rounds(rounds, {
+        contenders = {
             "row": lambda: transaction_cost(rheo, app, conns[0], transactions, None),
             "row+event": lambda: transaction_cost(rheo, app, conns[0], transactions, "append"),
             "row+row": lambda: transaction_cost(rheo, app, conns[0], transactions, "insert"),
-        })
+            "row+writes": lambda: transaction_cost(rheo, app, conns[0], transactions, "writes"),
+        }
+        if kind == "postgres":
+            contenders["row+row+notify"] = lambda: transaction_cost(
+                rheo, app, conns[0], transactions, "notify")
+        costs = await alternating_rounds(rounds, contenders)
         results = [
             Result.compared("transaction: row + append vs row alone", kind,
                             costs["row+event"], "ms/transaction", costs["row"], note,
@@ -164,6 +218,15 @@ async def _suite(kind: str, rheo: Rheo, app: App, quick: bool) -> list[Result]:
                             costs["row+row"], "ms/transaction", costs["row"], note,
                             baseline_name="row alone"),
         ]
+        results.append(Result.compared(
+            "transaction: row + an append's own writes by hand vs row alone", kind,
+            costs["row+writes"], "ms/transaction", costs["row"], note,
+            baseline_name="row alone"))
+        if kind == "postgres":
+            results.append(Result.compared(
+                "transaction: row + a second insert and a NOTIFY in one statement vs row alone",
+                kind, costs["row+row+notify"], "ms/transaction", costs["row"], note,
+                baseline_name="row alone"))
         note = (f"{TASKS} tasks x {per_task} one-event appends, each to its own partition of "
                 f"{PARTITIONS}; median of {rounds} alternating rounds")
         rates = await alternating_rounds(rounds, {
