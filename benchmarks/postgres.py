@@ -49,7 +49,7 @@ import asyncpg
 from rheo_flow import ACK, NewEvent, Rheo, consumer
 from rheo_flow.backends import PostgresBackend
 
-from ._common import Result, alternating_rounds, pipeline_rate, wait_until
+from ._common import Result, alternating_rounds, backend_loop_rate, pipeline_rate, wait_until
 
 URL = os.environ.get("RHEO_POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 PARTITIONS = 4
@@ -179,6 +179,16 @@ async def consume_fetch_ack(events: int, batch: int) -> float:
             results = await rheo.ack(leases)
             done += sum(r.ok for r in results)
         return events / (time.perf_counter() - started)
+    finally:
+        await rheo.close()
+
+
+async def consume_backend_loop(events: int, batch: int) -> float:
+    """Events per second of the backend alone: ``ack_and_fetch`` in a loop, handler inline."""
+    rheo = await _rheo()
+    try:
+        stream = await _backlog(rheo, events)
+        return await backend_loop_rate(rheo, stream, "g", events, limit=batch)
     finally:
         await rheo.close()
 
@@ -505,6 +515,7 @@ async def _run(quick: bool, rounds: int, pgmq: bool) -> list[Result]:
         runners = {
             "raw": lambda e=events, b=batch: consume_raw(e, b),
             "fetch/ack": lambda e=events, b=batch: consume_fetch_ack(e, b),
+            "backend loop": lambda e=events, b=batch: consume_backend_loop(e, b),
             "group": lambda e=events, b=batch: consume_group(e, b),
             "pipeline": lambda e=events, b=batch: consume_pipeline(e, b),
         }
@@ -527,7 +538,11 @@ async def _run(quick: bool, rounds: int, pgmq: bool) -> list[Result]:
         results.append(Result.compared(f"consume+ack batch {batch}: group vs pipeline",
                                        "postgres", medians["group"], "events/s",
                                        medians["pipeline"], note, baseline_name="pipeline"))
-        for label in ("fetch/ack", "group", "pipeline"):
+        results.append(Result.compared(f"consume+ack batch {batch}: group vs backend loop",
+                                       "postgres", medians["group"], "events/s",
+                                       medians["backend loop"], note,
+                                       baseline_name="backend loop"))
+        for label in ("fetch/ack", "backend loop", "group", "pipeline"):
             results.append(Result.compared(f"consume+ack batch {batch}: {label}", "postgres",
                                            medians[label], "events/s", raw, note,
                                            baseline_name=RAW))

@@ -43,7 +43,7 @@ import redis.utils
 from rheo_flow import ACK, Consumer, Event, NewEvent, Rheo
 from rheo_flow.backends import RedisBackend
 
-from ._common import Result, append_rate, payload, pipeline_rate
+from ._common import Result, append_rate, backend_loop_rate, payload, pipeline_rate
 
 URL = os.environ.get("RHEO_REDIS_URL") or "redis://127.0.0.1:6379/0"
 MAX_DEMAND = 500
@@ -121,6 +121,13 @@ async def rheo_pipeline(events: int) -> float:
     async with _consumed(events) as rheo:
         return await pipeline_rate(rheo, "bench", "bench", events, demand=MAX_DEMAND // 4,
                                    batch=MAX_DEMAND // 2, max_inflight=MAX_DEMAND)
+
+
+async def rheo_backend_loop(events: int) -> float:
+    """Events per second of the backend alone: ``ack_and_fetch`` of ``RAW_COUNT`` in a
+    loop, handler inline (no runtime)."""
+    async with _consumed(events) as rheo:
+        return await backend_loop_rate(rheo, "bench", "bench", events, limit=RAW_COUNT)
 
 
 # raw redis-py ------------------------------------------------------------------
@@ -352,16 +359,17 @@ async def run(quick: bool) -> list[Result]:
     samples = 200 if quick else 1_000
 
     rates: dict[str, list[float]] = {"raw": [], "rheo": [], "pipeline": [], "raw append": [],
-                                     "rheo append": []}
+                                     "rheo append": [], "backend loop": []}
     for _ in range(rounds):
         rates["raw"].append(await raw_consume(events))
         rates["rheo"].append(await rheo_consume(events))
+        rates["backend loop"].append(await rheo_backend_loop(events))
         rates["pipeline"].append(await rheo_pipeline(events))
         rates["raw append"].append(await raw_append(events))
         rates["rheo append"].append(await rheo_append(events))
-    raw, ours, piped, raw_append_rate, append_rate = (
+    raw, ours, piped, raw_append_rate, append_rate, alone = (
         statistics.median(rates[k])
-        for k in ("raw", "rheo", "pipeline", "raw append", "rheo append"))
+        for k in ("raw", "rheo", "pipeline", "raw append", "rheo append", "backend loop"))
     peer, saq_version = await saq_consume(jobs)
     raw_p50, raw_p99 = await raw_latency(samples)
     p50, p99 = await rheo_latency(samples)
@@ -377,6 +385,11 @@ async def run(quick: bool) -> list[Result]:
                         "events/s", raw, note=shape, baseline_name=RAW),
         Result.compared("consume+ack: Group vs Pipeline", "rheo_flow", ours, "events/s", piped,
                         note=shape, baseline_name="pipeline"),
+        Result.compared(f"consume+ack: backend ack_and_fetch loop (COUNT {RAW_COUNT}) vs raw "
+                        "redis-py", "rheo_flow", alone, "events/s", raw, note=shape,
+                        baseline_name=RAW),
+        Result.compared("consume+ack: Group vs backend loop", "rheo_flow", ours, "events/s",
+                        alone, note=shape, baseline_name="backend loop"),
         Result(f"consume+ack: no-op jobs ({SAQ_CONCURRENCY} workers)", saq_name, peer,
                "jobs/s", note=f"{jobs} jobs"),
         Result.compared("consume+ack: Group vs saq", "rheo_flow", ours, "events/s", peer,

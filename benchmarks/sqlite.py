@@ -46,6 +46,7 @@ from ._common import (
     Result,
     alternating_rounds,
     append_rate,
+    backend_loop_rate,
     payload,
     pipeline_rate,
     wait_until,
@@ -136,6 +137,13 @@ async def rheo_pipeline(events: int) -> float:
         return await pipeline_rate(rheo, "bench", "g", events, demand=CONSUME_BATCH,
                                    batch=CONSUME_BATCH,
                                    fetch_size=CONSUME_BATCH)
+
+
+async def rheo_backend_loop(events: int) -> float:
+    """Events per second of the backend alone: ``ack_and_fetch`` of ``CONSUME_BATCH`` in
+    a loop, handler inline (no runtime)."""
+    async with _consumed(events) as rheo:
+        return await backend_loop_rate(rheo, "bench", "g", events, limit=CONSUME_BATCH)
 
 
 async def rheo_fetch_ack(events: int) -> float:
@@ -251,6 +259,7 @@ async def run(quick: bool) -> list[Result]:
         "group": lambda: rheo_group(events),
         "pipeline": lambda: rheo_pipeline(events),
         "fetch/ack": lambda: rheo_fetch_ack(events),
+        "backend loop": lambda: rheo_backend_loop(events),
     })
     shape = (f"{events} events per contender, median of {rounds} alternating rounds, "
              f"1 process; journal_mode=WAL, synchronous={SYNCHRONOUS} on both sides")
@@ -275,4 +284,10 @@ async def run(quick: bool) -> list[Result]:
         Result.compared(f"consume+ack batch {CONSUME_BATCH}: fetch/ack vs raw claim+delete",
                         "sqlite", medians["fetch/ack"], "events/s", raw_consume_rate,
                         note=shape, baseline_name=RAW),
+        Result.compared(f"consume+ack batch {CONSUME_BATCH}: backend ack_and_fetch loop vs "
+                        "raw claim+delete", "sqlite", medians["backend loop"], "events/s",
+                        raw_consume_rate, note=shape, baseline_name=RAW),
+        Result.compared(f"consume+ack batch {CONSUME_BATCH}: Group vs backend loop", "sqlite",
+                        medians["group"], "events/s", medians["backend loop"], note=shape,
+                        baseline_name="backend loop"),
     ]
