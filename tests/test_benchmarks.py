@@ -42,8 +42,26 @@ async def test_sqlite_suite_contenders_finish_their_work() -> None:
     # file) and raises otherwise; a rate comes back only when the work was done.
     for contender in (sqlite_suite.raw_append, sqlite_suite.rheo_append,
                       sqlite_suite.raw_consume, sqlite_suite.rheo_group,
-                      sqlite_suite.rheo_fetch_ack):
+                      sqlite_suite.rheo_fetch_ack, sqlite_suite.rheo_backend_loop):
         assert await contender(1_500) > 0
+
+
+async def test_backend_loop_acks_every_event_once(tmp_path: Path) -> None:
+    from benchmarks._common import backend_loop_rate
+
+    from rheo_flow import NewEvent, Rheo
+
+    async with Rheo(f"sqlite:///{tmp_path}/loop.db") as rheo:
+        await rheo.create_stream("s", partitions=3)
+        await rheo.append("s", [NewEvent("t", {"n": i}) for i in range(250)])
+        assert await backend_loop_rate(rheo, "s", "g", 250, limit=40) > 0
+        assert await rheo.lag("s", "g") == {0: 0, 1: 0, 2: 0}
+        assert sum((await rheo.frontier("s", "g")).values()) == 250
+        # Asked for more than the stream holds (a new group reads all 255), the loop
+        # stops instead of spinning.
+        await rheo.append("s", [NewEvent("t", {"n": i}) for i in range(5)])
+        with pytest.raises(RuntimeError, match="found nothing more after 255 acks"):
+            await backend_loop_rate(rheo, "s", "g2", 260, limit=40)
 
 
 async def test_metrics_suite_reports_and_consumes_while_scraping(tmp_path: Path) -> None:
@@ -85,15 +103,20 @@ async def test_outbox_suite_contenders_write_what_they_time(tmp_path: Path) -> N
         await rheo.create_stream("orders")
         await rheo.create_stream("wide", partitions=outbox_suite.PARTITIONS)
         conns = [await app.connect() for _ in range(outbox_suite.TASKS)]
-        await app.run(conns[0], f"CREATE TABLE {app.table} (id int)")
-        await app.run(conns[0], f"CREATE TABLE {app.floor} (id text PRIMARY KEY, data text)")
+        await app.create_tables(conns[0])
         assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, "append") > 0
         assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, None) > 0
         assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, "insert") > 0
+        assert await outbox_suite.transaction_cost(rheo, app, conns[0], 10, "writes") > 0
         assert await outbox_suite.concurrent_appends(rheo, app, conns, 3, True) > 0
         assert await outbox_suite.concurrent_appends(rheo, app, conns, 2, False) > 0
-        assert conns[0].execute(f"SELECT count(*) FROM {app.table}").fetchone() == (30,)
+        assert conns[0].execute(f"SELECT count(*) FROM {app.table}").fetchone() == (40,)
         assert conns[0].execute(f"SELECT count(*) FROM {app.floor}").fetchone() == (10,)
+        # The writes by hand: ten events under gapless sequences, the high water moved.
+        assert conns[0].execute(f"SELECT min(seq), max(seq), count(*) FROM {app.floor}_events"
+                                ).fetchone() == (1, 10, 10)
+        assert conns[0].execute(f"SELECT high_water FROM {app.floor}_partitions"
+                                ).fetchone() == (10,)
         assert await rheo.high_water("orders") == {0: 10}
         assert await rheo.high_water("wide") == dict.fromkeys(range(8), 5)
         for conn in conns:
