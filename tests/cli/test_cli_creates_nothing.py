@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from _pg_admin import fetch_value, schema_exists
 from rheo_flow._cli._app import app
 
 runner = CliRunner()
@@ -53,31 +53,13 @@ def test_unknown_stream_and_group_are_errors(tmp_path: Path) -> None:
         assert message in result.output
 
 
-def _pg(postgres_url: str, query: str, *args: object) -> object:
-    import asyncpg
-
-    async def go() -> object:
-        conn = await asyncpg.connect(postgres_url)
-        try:
-            return await conn.fetchval(query, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(go())
-
-
-def _schema_exists(postgres_url: str, schema: str) -> bool:
-    return bool(_pg(postgres_url, "SELECT count(*) FROM pg_namespace WHERE nspname = $1",
-                    schema))
-
-
 @pytest.fixture
 def schemas(postgres_url: str) -> Iterator[list[str]]:
     """Unique schema names; any the test made are dropped afterwards."""
     names = [f"opcli_{uuid.uuid4().hex[:8]}_{i}" for i in range(2)]
     yield names
     for name in names:
-        _pg(postgres_url, f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        fetch_value(postgres_url, f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
 def _with_schema(postgres_url: str, schema: str) -> str:
@@ -90,7 +72,7 @@ def test_postgres_schema_is_never_created(postgres_url: str, schemas: list[str],
     result = runner.invoke(app, [*args, "--url", _with_schema(postgres_url, schemas[0])])
     assert result.exit_code == 1, result.output
     assert "holds no rheo_flow tables" in result.output
-    assert not _schema_exists(postgres_url, schemas[0])
+    assert not schema_exists(postgres_url, schemas[0])
 
 
 def test_postgres_read_after_migrate_works(postgres_url: str, schemas: list[str]) -> None:
@@ -106,15 +88,15 @@ def test_migrate_refuses_two_different_schemas(postgres_url: str, schemas: list[
     result = runner.invoke(app, ["migrate", "--url", url, "--schema", schemas[1]])
     assert result.exit_code == 1, result.output
     assert "give one" in result.output
-    assert not _schema_exists(postgres_url, schemas[0])
-    assert not _schema_exists(postgres_url, schemas[1])
+    assert not schema_exists(postgres_url, schemas[0])
+    assert not schema_exists(postgres_url, schemas[1])
     # The same schema twice is no conflict; --schema alone picks the schema.
     result = runner.invoke(app, ["migrate", "--url", url, "--schema", schemas[0]])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["migrate", "--url", postgres_url, "--schema", schemas[1]])
     assert result.exit_code == 0, result.output
     assert schemas[1] in result.stdout
-    assert _schema_exists(postgres_url, schemas[1])
+    assert schema_exists(postgres_url, schemas[1])
 
 
 def test_existing_url_spelling() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from _pg_admin import schema_exists
 from rheo_flow import NewEvent, Rheo
 
 BRIEF = 200
@@ -60,19 +61,6 @@ def _one_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def _pg(postgres_url: str, query: str, *args: object) -> object:
-    import asyncpg
-
-    async def go() -> object:
-        conn = await asyncpg.connect(postgres_url)
-        try:
-            return await conn.fetchval(query, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(go())
-
-
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -97,8 +85,7 @@ def test_a_mistyped_postgres_schema_is_never_created(
     line = _one_line(_cli(tmp_path, *args, "-u", postgres_schema_url))
     assert f"schema {postgres_schema!r} holds no rheo_flow tables" in line
     assert "rheo-flow migrate" in line
-    assert _pg(postgres_url, "SELECT count(*) FROM pg_namespace WHERE nspname = $1",
-               postgres_schema) == 0
+    assert not schema_exists(postgres_url, postgres_schema)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
