@@ -611,15 +611,24 @@ async def test_dead_letter_at_max_attempts(otel: Otel, rheo: Rheo, wait_until: W
     assert {a.get("error.type") for a in failed} == {"handler_error"}
 
 
-async def test_invalid_payload_is_its_own_error_type(
-        otel: Otel, rheo: Rheo, wait_until: WaitUntil) -> None:
-    @dataclasses.dataclass
-    class Placed:
-        order_id: int
+@dataclasses.dataclass
+class Placed:
+    """The model of events of type ``t`` in the invalid-payload tests."""
 
+    order_id: int
+
+
+async def _append_bad_and_good(rheo: Rheo) -> None:
+    """Stream ``orders`` with one event whose data does not validate as :class:`Placed`
+    (id ``bad``) and one that does (id ``good``)."""
     await rheo.create_stream("orders")
     await rheo.append("orders", [NewEvent("t", {"order_id": "x"}, id="bad"),
                                  NewEvent("t", Placed(1), id="good")])
+
+
+async def test_invalid_payload_is_its_own_error_type(
+        otel: Otel, rheo: Rheo, wait_until: WaitUntil) -> None:
+    await _append_bad_and_good(rheo)
 
     @consumer(stream="orders", group="billing", models={"t": Placed})
     async def handle(event: Event, context: Any) -> Any:
@@ -756,13 +765,7 @@ async def test_pipeline_failures_are_reported_on_the_processor_span(
 
 async def test_a_pipeline_reports_invalid_payloads_as_their_own_error_type(
         otel: Otel, rheo: Rheo, wait_until: WaitUntil) -> None:
-    @dataclasses.dataclass
-    class Placed:
-        order_id: int
-
-    await rheo.create_stream("orders")
-    await rheo.append("orders", [NewEvent("t", {"order_id": "x"}, id="bad"),
-                                 NewEvent("t", Placed(1), id="good")])
+    await _append_bad_and_good(rheo)
     class Through(PipelineHandler):
         async def handle_message(self, processor: str, message: Message,
                                  context: Any) -> Message:
