@@ -513,14 +513,20 @@ async def test_a_newer_schema_is_refused(url: str, schema: str,
         await pg.migrate(url)
 
 
+async def _refused_without(url: str, admin: asyncpg.Connection, drop: str) -> None:
+    """Migrate, run ``drop`` (a function of the current version), and check that opening
+    without migrate refuses the schema."""
+    await pg.migrate(url)
+    await admin.execute(drop)
+    with pytest.raises(BackendError, match="lacks this rheo-flow's functions"):
+        await PostgresBackend.from_url(url + "&migrate=false").open()
+
+
 async def test_a_current_schema_without_the_named_codes_gets_them(
         url: str, schema: str, admin: asyncpg.Connection) -> None:
     """A schema at the current version made before functions/states.sql (while the
     version was unreleased) is refused without migrate and completed with it."""
-    await pg.migrate(url)
-    await admin.execute(f'DROP FUNCTION "{schema}".held() CASCADE')
-    with pytest.raises(BackendError, match="lacks this rheo-flow's functions"):
-        await PostgresBackend.from_url(url + "&migrate=false").open()
+    await _refused_without(url, admin, f'DROP FUNCTION "{schema}".held() CASCADE')
     async with Rheo(PostgresBackend.from_url(url)) as rheo:
         await rheo.create_stream("s", partitions=1)
         await rheo.append("s", [NewEvent("t", {})])
@@ -533,10 +539,7 @@ async def test_a_current_schema_without_the_lag_report_function_gets_it(
         url: str, schema: str, admin: asyncpg.Connection) -> None:
     """A schema at the current version made before functions/lag_report.sql (while the
     version was unreleased) is refused without migrate and completed with it."""
-    await pg.migrate(url)
-    await admin.execute(f'DROP FUNCTION "{schema}".lag_report(text[])')
-    with pytest.raises(BackendError, match="lacks this rheo-flow's functions"):
-        await PostgresBackend.from_url(url + "&migrate=false").open()
+    await _refused_without(url, admin, f'DROP FUNCTION "{schema}".lag_report(text[])')
     async with Rheo(PostgresBackend.from_url(url)) as rheo:
         await rheo.create_stream("s", partitions=1)
         await rheo.create_group("s", "g")
