@@ -129,7 +129,8 @@ async def backend_loop_rate(rheo: Rheo, stream: str, group: str, events: int, *,
     ``Backend.ack_and_fetch`` (the last batch's acks and the next fetch, one call, as a
     ``Group`` makes them), a no-op handler awaited inline per lease. What a ``Group``
     on that backend cannot beat by much: the backend's own cost per event, plus the
-    objects every consumer gets."""
+    objects every consumer gets. Creates ``group`` (at the stream's start) first; raises
+    if a fetch finds nothing while fewer than ``events`` were acked."""
     from rheo_flow import ACK
 
     async def handler(event: Any, context: Any) -> Any:
