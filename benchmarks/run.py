@@ -66,9 +66,12 @@ def load(suite: str) -> Suite:
 
 
 def print_table(suite: str, results: list[Result]) -> None:
-    """Print results as a rich table."""
+    """Print results as a rich table (off a terminal, at its natural width, as the CLI's
+    commands do: nothing cut to 80 columns)."""
     from rich.console import Console
     from rich.table import Table
+
+    from rheo_flow._cli._plain import PlainConsole
 
     table = Table(title=f"benchmark suite: {suite}")
     for column in ("name", "backend", "value", "unit", "baseline", "vs", "ratio", "note"):
@@ -86,7 +89,7 @@ def print_table(suite: str, results: list[Result]) -> None:
             f"[{notes.index(r.note) + 1}]" if r.note else "",
         )
     table.caption = "  ".join(f"[{i}] {note}" for i, note in enumerate(notes, start=1))
-    Console().print(table)
+    (Console() if sys.stdout.isatty() else PlainConsole()).print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
