@@ -1,6 +1,8 @@
 """The client side of acks per range (SettleBatch.range_args): every lease of a batch
 travels in exactly one element, and the element order the results follow is the one
-the server numbers them in (functions/ack_ranges.sql expands each element's bits)."""
+the server numbers them in (functions/ack_ranges.sql expands each element's bits). A
+batch of leases the backend issued (IssuedLeases: no checks, grouped by token) travels
+exactly as the same batch checked lease by lease."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rheo_flow._backends.postgres._batch import SettleBatch
+from rheo_flow._backends.postgres._issued import IssuedLeases
 from rheo_flow._model._event import make_event_json
 from rheo_flow._model._lease import Lease, make_lease
 
@@ -42,6 +45,12 @@ def test_each_lease_travels_once_in_the_order_results_follow(
               for offset in sorted(offsets)]
     rnd.shuffle(leases)
     batch = SettleBatch(leases, GROUPS)
+    issued = IssuedLeases()
+    issued.add(leases)
+    unchecked = SettleBatch(leases, GROUPS, issued)
+    assert len(issued) == 0, "the batch took its leases' records"
+    assert unchecked.range_args() == batch.range_args()
+    assert unchecked.order == batch.order
     parts, tokens, atts, bases, los, bits, counts = map(_split, batch.range_args())
     # Expand every element as the server does: a lease per bit set, numbered in turn.
     expanded = []

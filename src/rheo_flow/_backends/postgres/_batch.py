@@ -15,6 +15,7 @@ from typing import Final, Literal
 
 from ..._model._lease import Lease
 from ..._model._settle_results import SettleKind, SettleResult, settle_ok
+from ._issued import IssuedLeases
 from ._sql import BIGINT_MAX
 
 __all__ = ["OP_CODES", "Op", "SettleBatch"]
@@ -39,22 +40,87 @@ class SettleBatch:
     (so concurrent batches lock rows in one order).
 
     ``groups`` maps (stream, group) to (group id, partitions) for every group the
-    batch names that exists.
+    batch names that exists. ``issued``, given for acks, holds the leases this
+    backend's fetches built: a batch of those, as those very objects, is taken from it
+    and skips every check (see :mod:`._issued`).
     """
 
     def __init__(self, leases: Sequence[Lease],
-                 groups: Mapping[tuple[str, str], tuple[int, int]]) -> None:
+                 groups: Mapping[tuple[str, str], tuple[int, int]],
+                 issued: IssuedLeases | None = None) -> None:
         self.leases = leases
         self.results: list[SettleResult | None] = [None] * len(leases)
         self.duplicates: list[tuple[int, int]] = []
         self.order: list[int] = []
         self._args: tuple[str, ...] | None = ()
+        self._ranges: tuple[str, ...] = ()
+        self._ranges_order: list[int] = []
         self.gid = 0
         self.entries: list[tuple[int, int, int, int]] = []
         """(partition, sequence, attempt, position) of a one-group batch, by delivery;
-        empty when the batch needed :meth:`_general`."""
-        if leases and not self._common(leases, groups):
+        empty when the batch needed :meth:`_general`, and until asked for after
+        :meth:`_issued`."""
+        if not leases:
+            return
+        if issued is not None and self._issued(leases, groups, issued):
+            return
+        if not self._common(leases, groups):
             self._general(leases, groups)
+
+    def _issued(self, leases: Sequence[Lease],
+                groups: Mapping[tuple[str, str], tuple[int, int]],
+                issued: IssuedLeases) -> bool:
+        """A batch of one group whose every lease ``issued`` holds as that very object,
+        none twice: no field needs a check, and the leases are grouped by range at once
+        (:meth:`range_args`), in the order they come. False (nothing recorded, ``issued``
+        unchanged) for anything else."""
+        first = leases[0]
+        group = first.group
+        stream = first.event.stream
+        found = groups.get((stream, group))
+        if found is None:
+            return False
+        known = issued.get
+        # A range's leases share its token (the first 12 bytes of their ids), and with
+        # it their partition, attempt and base (sequence - offset). Runs are keyed by
+        # token; a lease whose token names a run of another partition, attempt or base
+        # (a key-ordered group's leases share one token per fetch) sends the batch to
+        # the checked path, which makes it an element of its own.
+        runs: dict[str, tuple[tuple[int, str, int, int], list[int], list[int]]] = {}
+        for i, lease in enumerate(leases):
+            lease_id = lease.lease_id
+            event = lease.event
+            if known(lease_id) is not lease or lease.group != group or event.stream != stream:
+                return False
+            token = lease_id[:24]
+            seq = event.sequence
+            base = seq - int(lease_id[24:], 16)
+            run = runs.get(token)
+            if run is None:
+                run = runs[token] = ((event.partition, token, lease.attempt, base), [], [])
+            elif (base != run[0][3] or event.partition != run[0][0]
+                  or lease.attempt != run[0][2]):
+                return False
+            run[1].append(seq)
+            run[2].append(i)
+        if not issued.take(leases):
+            return False
+        elements: list[tuple[int, int, int, int, tuple[int, str, int, int], list[int],
+                             list[int]]] = []
+        for key, seqs, positions in runs.values():
+            if seqs != sorted(seqs):  # handled out of order: by delivery within the range
+                pairs = sorted(zip(seqs, positions, strict=True))
+                seqs = [pair[0] for pair in pairs]
+                positions = [pair[1] for pair in pairs]
+            elements.append((key[0], seqs[0], key[2], positions[0], key, seqs, positions))
+        # By delivery (partition, lowest sequence): the lock order; then as range_args
+        # orders the same batch checked lease by lease.
+        elements.sort()
+        self.gid = found[0]
+        self._args = None  # built if asked for (see args)
+        self.order = self._ranges_order = [i for element in elements for i in element[6]]
+        self._ranges = _range_arrays([(element[4], element[5]) for element in elements])
+        return True
 
     def _common(self, leases: Sequence[Lease],
                 groups: Mapping[tuple[str, str], tuple[int, int]]) -> bool:
@@ -97,9 +163,15 @@ class SettleBatch:
     @property
     def args(self) -> tuple[str, ...]:
         """The five array parameters of the settle and renew statements (empty when
-        nothing is left to send)."""
+        nothing is left to send); the results then follow the leases in that order."""
         if self._args is None:
-            entries, leases = self.entries, self.leases
+            leases = self.leases
+            if not self.entries:  # a batch of issued leases (_issued), grouped by range
+                self.entries = sorted(
+                    (lease.event.partition, lease.event.sequence, lease.attempt, i)
+                    for i, lease in enumerate(leases))
+            entries = self.entries
+            self.order = [e[3] for e in entries]
             self._args = (
                 _array([str(self.gid)] * len(entries)),
                 _array([str(e[0]) for e in entries]),
@@ -112,7 +184,7 @@ class SettleBatch:
     @property
     def sends(self) -> bool:
         """Whether any lease is left to send to the server."""
-        return bool(self.entries) or bool(self._args)
+        return bool(self.entries) or bool(self._args) or bool(self._ranges)
 
     def range_args(self) -> tuple[str, ...]:
         """The batch as ``ack_ranges`` takes it (functions/ack_ranges.sql), or ``()`` when
@@ -122,6 +194,9 @@ class SettleBatch:
         and the leases of one (partition, token, attempt, base = sequence - offset) travel
         as one element: their lowest sequence, a bit per sequence from it, their count.
         """
+        if self._ranges:
+            self.order = self._ranges_order
+            return self._ranges
         if not self.entries:
             return ()
         leases = self.leases
@@ -137,32 +212,8 @@ class SettleBatch:
                 run = runs.setdefault(key, [])
             run.append(seq)
             run.append(i)
-        order: list[int] = []
-        bits: list[str] = []
-        counts: list[str] = []
-        for run in runs.values():
-            seqs = run[0::2]
-            order += run[1::2]
-            lo, width = seqs[0], seqs[-1] - seqs[0] + 1
-            if width == len(seqs):
-                bits.append("1" * width)
-            else:
-                mask = bytearray(b"0" * width)
-                for seq in seqs:
-                    mask[seq - lo] = 49  # "1"
-                bits.append(mask.decode())
-            counts.append(str(len(seqs)))
-        self.order = order
-        keys = list(runs)
-        return (
-            _array([str(k[0]) for k in keys]),
-            _array([k[1] for k in keys]),
-            _array([str(k[2]) for k in keys]),
-            _array([str(k[3]) for k in keys]),
-            _array([str(run[0]) for run in runs.values()]),
-            _array(bits),
-            _array(counts),
-        )
+        self.order = [i for run in runs.values() for i in run[1::2]]
+        return _range_arrays([(key, run[0::2]) for key, run in runs.items()])
 
     def _general(self, leases: Sequence[Lease],
                  groups: Mapping[tuple[str, str], tuple[int, int]]) -> None:
@@ -242,6 +293,32 @@ class SettleBatch:
         if len(out) != len(self.results):
             raise RuntimeError("a settle reply left leases of the batch without a result")
         return out
+
+
+def _range_arrays(runs: Sequence[tuple[tuple[int, str, int, int], list[int]]]
+                  ) -> tuple[str, ...]:
+    """``ack_ranges``'s seven array parameters (functions/ack_ranges.sql) for runs of
+    leases, each its (partition, token, attempt, base) and its sequences, ascending
+    and distinct: their lowest sequence, a bit per sequence from it, their count."""
+    bits: list[str] = []
+    for _, seqs in runs:
+        lo, width = seqs[0], seqs[-1] - seqs[0] + 1
+        if width == len(seqs):
+            bits.append("1" * width)
+        else:
+            mask = bytearray(b"0" * width)
+            for seq in seqs:
+                mask[seq - lo] = 49  # "1"
+            bits.append(mask.decode())
+    return (
+        _array([str(key[0]) for key, _ in runs]),
+        _array([key[1] for key, _ in runs]),
+        _array([str(key[2]) for key, _ in runs]),
+        _array([str(key[3]) for key, _ in runs]),
+        _array([str(seqs[0]) for _, seqs in runs]),
+        _array(bits),
+        _array([str(len(seqs)) for _, seqs in runs]),
+    )
 
 
 def _array(items: Iterable[str]) -> str:

@@ -29,6 +29,7 @@ from ._config import (
     check_size,
     split_url,
 )
+from ._issued import IssuedLeases
 from ._listener import Listener
 from ._migrations import ensure_schema
 from ._outbox import CallerConnections
@@ -112,6 +113,8 @@ class PostgresCore(Backend):
         self._scheduled_streams: set[int] = set()
         """The ids of the streams known to be flagged as holding scheduled events."""
         self._groups: dict[tuple[str, str], int] = {}
+        self._issued = IssuedLeases()
+        """The leases fetches built and no ack took back yet (acks of those skip checks)."""
         self._rotation: Rotation[int] = Rotation()
         self._listener = Listener(self._channel, self._listen_connection,
                                   self._release_listen_connection)

@@ -58,7 +58,7 @@ class LeaseOps(PostgresCore):
         except Exception as exc:
             self._check_group(exc, stream, group)
             raise
-        return _leases(rows, stream, group, consumer_id)
+        return self._issue(rows, stream, group, consumer_id)
 
     async def ack_and_fetch(
         self,
@@ -75,7 +75,7 @@ class LeaseOps(PostgresCore):
         gid, ids = await self._fetch_args(stream, group, partitions)
         if not ids:
             return await self.ack(acks) if acks else [], []
-        batch = await self._batch(acks)
+        batch = await self._batch(acks, acking=True)
         pool = await self._ready()
         ranges = batch.range_args() if batch.gid == gid else ()
         try:
@@ -95,7 +95,14 @@ class LeaseOps(PostgresCore):
             raise
         if batch.sends:
             batch.apply(head["bad_idx"], head["bad_code"], head["bad_by"], None)
-        return batch.finish(renew=False), _leases(rows, stream, group, consumer_id)
+        return batch.finish(renew=False), self._issue(rows, stream, group, consumer_id)
+
+    def _issue(self, rows: Sequence[Sequence[Any]], stream: str, group: str,
+               consumer_id: str) -> list[Lease]:
+        """The leases of a fetch's rows, recorded as issued (see :mod:`._issued`)."""
+        leases = _leases(rows, stream, group, consumer_id)
+        self._issued.add(leases)
+        return leases
 
     async def _fetch_args(self, stream: str, group: str, partitions: Sequence[int] | None
                           ) -> tuple[int, list[int]]:
@@ -129,7 +136,7 @@ class LeaseOps(PostgresCore):
                       error: str | None = None, conn: Fetches | None = None
                       ) -> list[SettleResult]:
         """Settle on ``conn`` (the caller's transaction), else on a pooled connection."""
-        batch = await self._batch(leases)
+        batch = await self._batch(leases, acking=op == "ack")
         if batch.sends:
             on: Fetches = conn if conn is not None else await self._ready()
             ranges = batch.range_args() if op == "ack" else ()
@@ -166,8 +173,9 @@ class LeaseOps(PostgresCore):
             batch.apply(row["bad_idx"], row["bad_code"], row["bad_by"], row["deadline_ms"])
         return batch.finish(renew=True)
 
-    async def _batch(self, leases: Sequence[Lease]) -> SettleBatch:
-        """Resolve the groups a batch names (one query for those not cached yet)."""
+    async def _batch(self, leases: Sequence[Lease], *, acking: bool = False) -> SettleBatch:
+        """Resolve the groups a batch names (one query for those not cached yet); a batch
+        of acks may be of leases this backend issued (see :mod:`._issued`)."""
         groups: dict[tuple[str, str], tuple[int, int]] = {}
         missing: set[tuple[str, str]] = set()
         for lease in leases:
@@ -191,7 +199,7 @@ class LeaseOps(PostgresCore):
                 self._groups[key] = row["group_id"]
                 self._streams.setdefault(row["stream"], StreamMeta(
                     row["stream_id"], row["partitions"], row["created_at_ms"]))
-        return SettleBatch(leases, groups)
+        return SettleBatch(leases, groups, self._issued if acking else None)
 
 
 def _leases(rows: Sequence[Sequence[Any]], stream: str, group: str, consumer_id: str
