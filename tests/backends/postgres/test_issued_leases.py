@@ -1,14 +1,14 @@
-"""IssuedLeases: a settle batch skips its checks only for leases a fetch built, as those
-very objects, each once; anything else takes the checked path with the records left as
-they were, and the records stay bounded."""
+"""Acks of leases the PostgreSQL backend issued (``_backends/_issued.py``): a settle
+batch skips its checks only for leases a fetch built, with those very fields, each
+once; anything else takes the checked path, answered as before."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from rheo_flow import NewEvent, Rheo, SettleKind
+from rheo_flow._backends._issued import Issued
 from rheo_flow._backends.postgres._batch import SettleBatch
-from rheo_flow._backends.postgres._issued import IssuedLeases
 from rheo_flow._model._event import make_event_json
 from rheo_flow._model._lease import Lease, make_lease
 
@@ -21,15 +21,15 @@ def _lease(seq: int, group: str = "g", receipt: str | None = None) -> Lease:
     return make_lease(f"{TOKEN}{seq - 1:08x}", receipt or f"0-{seq}-1", group, "c", event, 1, 0)
 
 
-def _issued(leases: list[Lease]) -> IssuedLeases:
-    issued = IssuedLeases()
-    issued.add(leases)
+def _vouched(leases: list[Lease]) -> Issued:
+    issued = Issued()
+    issued.register(leases)
     return issued
 
 
-def test_a_batch_of_issued_leases_takes_their_records() -> None:
+def test_a_batch_of_issued_leases_is_grouped_by_range_and_forgotten() -> None:
     leases = [_lease(seq) for seq in (3, 1, 2)]
-    issued = _issued(leases)
+    issued = _vouched(leases)
     batch = SettleBatch(leases, GROUPS, issued)
     assert len(issued) == 0
     assert batch.sends
@@ -40,46 +40,38 @@ def test_a_batch_of_issued_leases_takes_their_records() -> None:
     assert batch.order == [1, 2, 0]
 
 
-def test_a_lease_twice_in_a_batch_is_checked_and_the_records_stay() -> None:
+def test_a_lease_twice_in_a_batch_is_checked() -> None:
     leases = [_lease(1), _lease(2)]
-    issued = _issued(leases)
+    issued = _vouched(leases)
     batch = SettleBatch([leases[0], leases[1], leases[0]], GROUPS, issued)
-    assert len(issued) == 2
+    assert len(issued) == 0  # forgotten all the same: settled, a repeat is checked
     assert batch.duplicates == [(2, 0)]
     assert batch.args[2] == "{1,2}"  # the duplicate folded onto its first occurrence
 
 
 def test_a_lease_rebuilt_from_an_issued_one_is_checked() -> None:
     leases = [_lease(1), _lease(2)]
-    issued = _issued(leases)
+    issued = _vouched(leases)
     forged = dataclasses.replace(leases[1], receipt="0-2-9")
     batch = SettleBatch([leases[0], forged], GROUPS, issued)
     assert len(issued) == 2
     # Checked lease by lease: the receipt decides the attempt sent for the forged lease.
     assert batch.range_args() == ()
     assert batch.args[4] == "{1,9}"
+    # So it does when the attempt was changed and the receipt kept.
+    forged = dataclasses.replace(leases[1], attempt=5)
+    batch = SettleBatch([leases[0], forged], GROUPS, issued)
+    assert len(issued) == 2
+    assert batch.args[4] == "{1,1}"
 
 
 def test_a_batch_of_two_groups_is_checked() -> None:
     leases = [_lease(1), _lease(2, group="h")]
-    issued = _issued(leases)
+    issued = _vouched(leases)
     batch = SettleBatch(leases, GROUPS, issued)
     assert len(issued) == 2
     assert batch.range_args() == ()
     assert batch.args[0] == "{7,8}"
-
-
-def test_records_past_the_capacity_drop_the_oldest_first() -> None:
-    leases = [_lease(seq) for seq in range(1, 8)]
-    issued = IssuedLeases(capacity=4)
-    issued.add(leases[:3])
-    issued.add(leases[3:])
-    assert len(issued) == 4
-    assert [issued.get(lease.lease_id) for lease in leases] == [None] * 3 + leases[3:]
-    # An evicted lease's ack is checked; the batch is answered all the same.
-    batch = SettleBatch(leases[:2], GROUPS, issued)
-    assert len(issued) == 4
-    assert batch.range_args()[4:] == ("{1}", "{11}", "{2}")
 
 
 async def test_acks_of_fetched_leases_skip_the_checks_and_repeat_as_before(
@@ -88,11 +80,11 @@ async def test_acks_of_fetched_leases_skip_the_checks_and_repeat_as_before(
     await rheo.create_stream("s", partitions=2)
     await rheo.append("s", [NewEvent("t", {"i": i}, partition=i % 2) for i in range(6)])
     leases = await rheo.fetch("s", "g", limit=6)
-    issued: IssuedLeases = rheo.backend._issued  # type: ignore[attr-defined]
-    assert [issued.get(lease.lease_id) for lease in leases] == leases
+    issued: Issued = rheo.backend._issued  # type: ignore[attr-defined]
+    assert issued.vouch(leases) == set(range(6))
     first = await rheo.ack(leases[:4])
     assert all(r.ok and not r.repeated for r in first)
-    assert [issued.get(lease.lease_id) for lease in leases] == [None] * 4 + leases[4:]
+    assert issued.vouch(leases) == {4, 5}
     # Acked again (no record left): checked, answered as repeats by the server.
     again = await rheo.ack(leases)
     assert [(r.ok, r.repeated) for r in again] == [(True, True)] * 4 + [(True, False)] * 2
@@ -113,7 +105,7 @@ def test_leases_sharing_a_token_across_bases_are_checked() -> None:
               for part, seq in ((0, 5), (1, 2), (0, 9))]
     leases = [make_lease(f"{TOKEN}{ord_:08x}", f"{e.partition}-{e.sequence}-1", "g", "c", e,
                          1, 0) for ord_, e in enumerate(events, start=1)]
-    issued = _issued(leases)
+    issued = _vouched(leases)
     batch = SettleBatch(leases, GROUPS, issued)
     assert len(issued) == 3
     parts, _, _, bases, los, bits, counts = batch.range_args()

@@ -1,7 +1,7 @@
 """The client side of acks per range (SettleBatch.range_args): every lease of a batch
 travels in exactly one element, and the element order the results follow is the one
 the server numbers them in (functions/ack_ranges.sql expands each element's bits). A
-batch of leases the backend issued (IssuedLeases: no checks, grouped by token) travels
+batch of leases the backend issued (vouched for: no checks, grouped by token) travels
 exactly as the same batch checked lease by lease."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rheo_flow._backends._issued import Issued
 from rheo_flow._backends.postgres._batch import SettleBatch
-from rheo_flow._backends.postgres._issued import IssuedLeases
 from rheo_flow._model._event import make_event_json
 from rheo_flow._model._lease import Lease, make_lease
 
@@ -45,10 +45,10 @@ def test_each_lease_travels_once_in_the_order_results_follow(
               for offset in sorted(offsets)]
     rnd.shuffle(leases)
     batch = SettleBatch(leases, GROUPS)
-    issued = IssuedLeases()
-    issued.add(leases)
+    issued = Issued()
+    issued.register(leases)
     unchecked = SettleBatch(leases, GROUPS, issued)
-    assert len(issued) == 0, "the batch took its leases' records"
+    assert len(issued) == 0, "the batch's leases are forgotten"
     assert unchecked.range_args() == batch.range_args()
     assert unchecked.order == batch.order
     parts, tokens, atts, bases, los, bits, counts = map(_split, batch.range_args())

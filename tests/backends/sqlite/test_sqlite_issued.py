@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rheo_flow import Lease, ManualClock, NewEvent, Rheo, SettleKind
-from rheo_flow._backends.sqlite import _issued
-from rheo_flow._backends.sqlite._issued import Issued
+from rheo_flow._backends import _issued
+from rheo_flow._backends._issued import Issued
 from rheo_flow._model._event import make_event
 from rheo_flow._model._lease import make_lease
 from rheo_flow.backends import SQLiteBackend

@@ -15,7 +15,7 @@ from typing import Final, Literal
 
 from ..._model._lease import Lease
 from ..._model._settle_results import SettleKind, SettleResult, settle_ok
-from ._issued import IssuedLeases
+from .._issued import Issued
 from ._sql import BIGINT_MAX
 
 __all__ = ["OP_CODES", "Op", "SettleBatch"]
@@ -40,14 +40,14 @@ class SettleBatch:
     (so concurrent batches lock rows in one order).
 
     ``groups`` maps (stream, group) to (group id, partitions) for every group the
-    batch names that exists. ``issued``, given for acks, holds the leases this
-    backend's fetches built: a batch of those, as those very objects, is taken from it
-    and skips every check (see :mod:`._issued`).
+    batch names that exists. ``issued``, given for acks, vouches for the leases this
+    backend's fetches built: a batch of those, each once, is forgotten there and skips
+    every check (see :mod:`.._issued`).
     """
 
     def __init__(self, leases: Sequence[Lease],
                  groups: Mapping[tuple[str, str], tuple[int, int]],
-                 issued: IssuedLeases | None = None) -> None:
+                 issued: Issued | None = None) -> None:
         self.leases = leases
         self.results: list[SettleResult | None] = [None] * len(leases)
         self.duplicates: list[tuple[int, int]] = []
@@ -69,18 +69,17 @@ class SettleBatch:
 
     def _issued(self, leases: Sequence[Lease],
                 groups: Mapping[tuple[str, str], tuple[int, int]],
-                issued: IssuedLeases) -> bool:
-        """A batch of one group whose every lease ``issued`` holds as that very object,
-        none twice: no field needs a check, and the leases are grouped by range at once
-        (:meth:`range_args`), in the order they come. False (nothing recorded, ``issued``
-        unchanged) for anything else."""
+                issued: Issued) -> bool:
+        """A batch of one group whose every lease ``issued`` vouches for, none twice:
+        no field needs a check, and the leases are grouped by range at once
+        (:meth:`range_args`), in the order they come. False (nothing recorded) for
+        anything else; ``issued`` then forgets the leases only if one came twice."""
         first = leases[0]
         group = first.group
         stream = first.event.stream
         found = groups.get((stream, group))
-        if found is None:
+        if found is None or not issued.vouches_for_all(leases):
             return False
-        known = issued.get
         # A range's leases share its token (the first 12 bytes of their ids), and with
         # it their partition, attempt and base (sequence - offset). Runs are keyed by
         # token; a lease whose token names a run of another partition, attempt or base
@@ -90,7 +89,7 @@ class SettleBatch:
         for i, lease in enumerate(leases):
             lease_id = lease.lease_id
             event = lease.event
-            if known(lease_id) is not lease or lease.group != group or event.stream != stream:
+            if lease.group != group or event.stream != stream:
                 return False
             token = lease_id[:24]
             seq = event.sequence
@@ -103,7 +102,7 @@ class SettleBatch:
                 return False
             run[1].append(seq)
             run[2].append(i)
-        if not issued.take(leases):
+        if issued.forget(leases) != len(leases):  # a lease twice: settled lease by lease
             return False
         elements: list[tuple[int, int, int, int, tuple[int, str, int, int], list[int],
                              list[int]]] = []

@@ -17,6 +17,7 @@ from ..._model._capabilities import Capabilities
 from ..._model._errors import InvalidArgument, UnknownGroup, UnknownStream
 from ..._model._settle_results import SettleKind
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms
+from .._issued import Issued
 from .._shared import Rotation
 from .._urls import check_hosts, redact_url
 from . import _errors
@@ -29,7 +30,6 @@ from ._config import (
     check_size,
     split_url,
 )
-from ._issued import IssuedLeases
 from ._listener import Listener
 from ._migrations import ensure_schema
 from ._outbox import CallerConnections
@@ -113,7 +113,7 @@ class PostgresCore(Backend):
         self._scheduled_streams: set[int] = set()
         """The ids of the streams known to be flagged as holding scheduled events."""
         self._groups: dict[tuple[str, str], int] = {}
-        self._issued = IssuedLeases()
+        self._issued = Issued()
         """The leases fetches built and no ack took back yet (acks of those skip checks)."""
         self._rotation: Rotation[int] = Rotation()
         self._listener = Listener(self._channel, self._listen_connection,

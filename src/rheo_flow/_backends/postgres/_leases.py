@@ -99,9 +99,9 @@ class LeaseOps(PostgresCore):
 
     def _issue(self, rows: Sequence[Sequence[Any]], stream: str, group: str,
                consumer_id: str) -> list[Lease]:
-        """The leases of a fetch's rows, recorded as issued (see :mod:`._issued`)."""
+        """The leases of a fetch's rows, vouched for from now on (see :mod:`.._issued`)."""
         leases = _leases(rows, stream, group, consumer_id)
-        self._issued.add(leases)
+        self._issued.register(leases)
         return leases
 
     async def _fetch_args(self, stream: str, group: str, partitions: Sequence[int] | None
@@ -175,7 +175,7 @@ class LeaseOps(PostgresCore):
 
     async def _batch(self, leases: Sequence[Lease], *, acking: bool = False) -> SettleBatch:
         """Resolve the groups a batch names (one query for those not cached yet); a batch
-        of acks may be of leases this backend issued (see :mod:`._issued`)."""
+        of acks may be of leases this backend issued (see :mod:`.._issued`)."""
         groups: dict[tuple[str, str], tuple[int, int]] = {}
         missing: set[tuple[str, str]] = set()
         for lease in leases:

@@ -34,13 +34,13 @@ from ..._model._stream import (
 from ..._support._blocking import call_blocking
 from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
+from .._issued import Issued
 from .._shared import Waiters
 from .._transitions import Op
 from .._urls import redact_url, url_flag
 from . import _catalog, _events, _lag, _progress, _settle
 from ._errors import classify_error, is_locked
 from ._fetch import Fetcher, FreshRange, leases_of
-from ._issued import Issued
 from ._outbox import in_transaction
 from ._schema import connect
 from ._writer import Writer

@@ -27,13 +27,13 @@ from ..._backend import MAX_ATTEMPTS_REASON
 from ..._model._errors import BackendError
 from ..._model._lease import Lease, make_lease
 from ..._support._clock import Clock
+from .._issued import Issued
 from .._shared import Rotation, round_robin
 from .._transitions import Settled, expire
 from . import _sql as sql
 from ._catalog import get_group
 from ._events import decode, load_events
 from ._fetch_keyed import KeyedFetch
-from ._issued import Issued
 from ._progress import advance_frontier
 from ._ranges import RangeRow, new_token, split_scheduled
 
