@@ -113,8 +113,7 @@ class PostgresCore(Backend):
         self._scheduled_streams: set[int] = set()
         """The ids of the streams known to be flagged as holding scheduled events."""
         self._groups: dict[tuple[str, str], int] = {}
-        self._issued = Issued()
-        """The leases fetches built and no ack took back yet (acks of those skip checks)."""
+        self._issued = Issued()  # the leases fetches built: acks of those skip checks
         self._rotation: Rotation[int] = Rotation()
         self._listener = Listener(self._channel, self._listen_connection,
                                   self._release_listen_connection)
