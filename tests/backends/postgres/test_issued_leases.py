@@ -65,6 +65,18 @@ def test_a_lease_rebuilt_from_an_issued_one_is_checked() -> None:
     assert batch.args[4] == "{1,1}"
 
 
+def test_a_lease_of_a_partition_the_stream_no_longer_has_is_answered_as_before() -> None:
+    lease = _lease(1)
+    issued = _vouched([lease])
+    batch = SettleBatch([lease], {("s", "g"): (7, 0)}, issued)  # recreated, fewer partitions
+    assert len(issued) == 1
+    assert not batch.sends
+    [result] = batch.finish(renew=False)
+    assert result.error is not None
+    assert (result.error.kind, result.error.reason) == (
+        SettleKind.INVALID, "lease names no group of this backend")
+
+
 def test_a_batch_of_two_groups_is_checked() -> None:
     leases = [_lease(1), _lease(2, group="h")]
     issued = _vouched(leases)

@@ -80,6 +80,7 @@ class SettleBatch:
         found = groups.get((stream, group))
         if found is None or not issued.vouches_for_all(leases):
             return False
+        partitions = found[1]
         # A range's leases share its token (the first 12 bytes of their ids), and with
         # it their partition, attempt and base (sequence - offset). Runs are keyed by
         # token; a lease whose token names a run of another partition, attempt or base
@@ -96,6 +97,8 @@ class SettleBatch:
             base = seq - int(lease_id[24:], 16)
             run = runs.get(token)
             if run is None:
+                if not 0 <= event.partition < partitions:  # the stream was recreated smaller
+                    return False
                 run = runs[token] = ((event.partition, token, lease.attempt, base), [], [])
             elif (base != run[0][3] or event.partition != run[0][0]
                   or lease.attempt != run[0][2]):
