@@ -209,8 +209,10 @@ def _leases(rows: Sequence[Sequence[Any]], stream: str, group: str, consumer_id:
     leases: list[Lease] = []
     append = leases.append
     # This loop runs once per leased event: data stays JSON text until read, and the
-    # columns are unpacked in their order (one step) rather than looked up by name.
-    for part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at, *_ in rows:
+    # columns are unpacked in their order (one step) rather than looked up by name; a
+    # slice of the record costs half of a starred unpacking of it.
+    for row in rows:
+        part, seq, attempt, lease_uuid, deadline, event_id, type_, key, data, heads, at = row[:11]
         event = make_event_json(stream, part, seq, event_id, type_, data, key,
                                 decode_json(heads) if heads is not None else {}, at)
         append(make_lease(lease_uuid.bytes.hex(), f"{part}-{seq}-{attempt}", group, consumer_id,
