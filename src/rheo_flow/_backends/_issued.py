@@ -18,7 +18,7 @@ leases: the oldest go first, and leases settled are removed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from .._model._lease import Lease
@@ -55,7 +55,7 @@ class Issued:
             for key in list(held)[:len(held) - LIMIT * 3 // 4]:
                 del held[key]
 
-    def vouch(self, leases: list[Lease]) -> set[int]:
+    def vouch(self, leases: Sequence[Lease]) -> set[int]:
         """The positions in ``leases`` of leases carrying exactly the fields this object
         issued them with."""
         held = self._fields
@@ -78,24 +78,9 @@ class Issued:
                 out.add(i)
         return out
 
-    def vouches_for_all(self, leases: Iterable[Lease]) -> bool:
-        """Whether every lease of ``leases`` carries exactly the fields this object issued
-        it with (as :meth:`vouch`, stopping at the first that does not)."""
-        get = self._fields.get
-        for lease in leases:
-            lease_id = lease.lease_id
-            if lease_id.__class__ is not str:
-                return False
-            fields = get(lease_id)
-            if fields is None:
-                return False
-            receipt, group, stream, part, seq, attempt = fields
-            event = lease.event
-            if (lease.receipt is not receipt or lease.group is not group
-                    or event.stream is not stream or event.partition is not part
-                    or event.sequence is not seq or lease.attempt is not attempt):
-                return False
-        return True
+    def vouches_for_all(self, leases: Sequence[Lease]) -> bool:
+        """Whether :meth:`vouch` vouches for every lease of ``leases``."""
+        return len(self.vouch(leases)) == len(leases)
 
     def forget(self, leases: Iterable[Lease]) -> int:
         """Stop vouching for ``leases`` (settled: a repeat takes the full checks); how

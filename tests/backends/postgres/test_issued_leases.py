@@ -16,9 +16,9 @@ GROUPS = {("s", "g"): (7, 2), ("s", "h"): (8, 2)}
 TOKEN = "ab" * 12
 
 
-def _lease(seq: int, group: str = "g", receipt: str | None = None) -> Lease:
+def _lease(seq: int, group: str = "g") -> Lease:
     event = make_event_json("s", 0, seq, f"e{seq}", "t", "{}", None, {}, 0)
-    return make_lease(f"{TOKEN}{seq - 1:08x}", receipt or f"0-{seq}-1", group, "c", event, 1, 0)
+    return make_lease(f"{TOKEN}{seq - 1:08x}", f"0-{seq}-1", group, "c", event, 1, 0)
 
 
 def _vouched(leases: list[Lease]) -> Issued:
