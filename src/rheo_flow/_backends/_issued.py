@@ -13,7 +13,9 @@ A lease not vouched for (built elsewhere, forged, or evicted) takes the full che
 nothing else differs, and the server or the stored rows fence every settle as before.
 
 The registry keeps no event, only the fields compared, and at most :data:`LIMIT`
-leases: the oldest go first, and leases settled are removed.
+leases: the oldest go first, and leases settled are removed (on PostgreSQL, leases
+acked: one nacked or rejected stays until pushed out, which is harmless, since a
+later ack of it is answered by the server).
 """
 
 from __future__ import annotations
