@@ -208,8 +208,8 @@ OLD_VERSIONS = sorted(RELEASED_FUNCTIONS)
 """Every schema version before the current one: a database may be left at any of them."""
 CURRENT_FUNCTIONS = {"ack_fetch", "ack_ranges", "ack_ranges_fetch", "advance_frontiers",
                      "append_guarded", "append_one",
-                     "claim_cursors", "expire_spent", "fetch", "fetch_by_key", "fetch_scan",
-                     "fetch_work", "lag_report",
+                     "claim_cursors", "claim_fresh", "expire_spent", "fetch", "fetch_by_key",
+                     "fetch_scan", "fetch_work", "lag_report",
                      "holding_locks",
                      "lease_of", "range_bits", "range_mask", "release_keys", "renew", "settle",
                      "settle_leased", "settle_misses", "settle_ranged", "split_scheduled",

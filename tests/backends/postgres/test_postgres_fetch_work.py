@@ -168,5 +168,11 @@ async def test_a_fetch_is_not_compiled_by_jit(
     admin.add_log_listener(lambda _conn, message: plans.append(message.message))
     leases, _ = await _probe_fetch(admin, postgres_schema, "s", "g", [0, 1, 2, 3])
     assert len(leases) == 10
+    # The common case (claim_fresh), then with a retry due the steps (fetch_work).
+    assert any("claim_fresh" in plan for plan in plans)
+    retry = await rheo.fetch("s", "g", consumer_id="a", limit=1, lease_ms=HOUR)
+    assert (await rheo.nack(retry, "again"))[0].ok
+    leases, _ = await _probe_fetch(admin, postgres_schema, "s", "g", [0, 1, 2, 3])
+    assert len(leases) == 10
     assert any("fetch_work" in plan for plan in plans)
     assert not [plan for plan in plans if "JIT:" in plan]

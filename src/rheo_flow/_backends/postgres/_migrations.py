@@ -153,11 +153,13 @@ _LATE_FUNCTIONS: Final = ("{s}.held()", "{s}.append_guarded(integer, text, text,
                                        "text, text[], text, text, text)",
                            "{s}.append_one(integer, integer, text, text, text, text, text, "
                            "text, text, bigint)",
-                           "{s}.lag_report(text[])")
+                           "{s}.lag_report(text[])",
+                           "{s}.claim_fresh(integer, integer, integer[], bigint)")
 """Functions added while the current version was unreleased (the named codes of
 functions/states.sql, then functions/append_guarded.sql and its append_one, then
-functions/lag_report.sql): a schema at the current version without one gets the
-current functions installed (or, not migrating, is refused)."""
+functions/lag_report.sql, then fetch's common case, claim_fresh): a schema at the
+current version without one gets the current functions installed (or, not
+migrating, is refused)."""
 
 
 def _newer(schema: str, version: int) -> BackendError:

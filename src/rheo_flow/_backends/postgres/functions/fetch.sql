@@ -23,7 +23,12 @@
 -- subqueries the planner cannot flatten, sequential and bitmap scans off), and
 -- locked delivery rows are updated by address (`ctid = ANY(...)`).
 --
--- Steps: find the partitions with work (fetch_work, functions/fetch_work.sql:
+-- The common case first (claim_fresh, functions/fetch_work.sql): with no delivery
+-- row available or leased in the group and no range past its deadline, the
+-- cursors with new events are claimed at once (SKIP LOCKED), and leased as
+-- below; nothing to lease returns at once. Else, or when every such cursor is
+-- held by another fetch, the steps:
+-- find the partitions with work (fetch_work, functions/fetch_work.sql:
 -- new events, delivery rows due, expired ranges; a partition without any is
 -- not visited again); in those, lock the delivery rows to lease again
 -- (available and due, or leased past their deadline: deliveries_due and
@@ -108,6 +113,7 @@ DECLARE
     v_step bigint;
     v_scheduled boolean;      -- the stream holds scheduled events (functions/fetch_scheduled.sql)
     v_split_parts integer[];  -- the partitions whose window split_scheduled made rows of
+    v_idle boolean;           -- nothing to lease (claim_fresh)
 BEGIN
     SELECT g.stream_id, g.max_attempts, g.ordering = {s}.ordering_by_key(), g.paused_until_ms,
            (SELECT st.scheduled FROM {s}.streams st WHERE st.id = g.stream_id)
@@ -125,105 +131,120 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT * INTO v_fresh_parts, v_due_work_parts, v_expired_work_parts
-    FROM {s}.fetch_work(p_group, v_stream, p_parts, v_now);
-
-    -- A stream with scheduled events: the cursors first (nothing is locked yet, so
-    -- claim_cursors may wait), and the windows with scheduled events in them become
-    -- delivery rows (split_scheduled), leased below as rows due.
-    IF v_scheduled AND v_fresh_parts IS NOT NULL THEN
-        SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
-        FROM {s}.claim_cursors(p_group, v_stream, v_fresh_parts, true);
-        v_fresh_parts := NULL;  -- claimed
-        IF v_cursor_parts IS NOT NULL THEN
-            SELECT * INTO v_split_parts, v_cursors
-            FROM {s}.split_scheduled(p_group, v_stream, p_limit, v_now, v_cursor_parts,
-                                     v_cursors, v_high_waters);
-        END IF;
-        IF v_split_parts IS NOT NULL THEN
-            SELECT array_agg(p.part ORDER BY p.pos) INTO v_due_work_parts
-            FROM unnest(p_parts) WITH ORDINALITY AS p(part, pos)
-            WHERE p.part = ANY (v_due_work_parts) OR p.part = ANY (v_split_parts);
+    -- The common case: only new events to lease, and a cursor free (claim_fresh,
+    -- functions/fetch_work.sql), claimed at once; else the work is found and
+    -- claimed step by step.
+    IF NOT v_scheduled THEN
+        SELECT * INTO v_cursor_parts, v_cursors, v_high_waters, v_idle
+        FROM {s}.claim_fresh(p_group, v_stream, p_parts, v_now);
+        IF v_idle THEN
+            RETURN;
         END IF;
     END IF;
+    IF v_cursor_parts IS NULL THEN
+        SELECT * INTO v_fresh_parts, v_due_work_parts, v_expired_work_parts
+        FROM {s}.fetch_work(p_group, v_stream, p_parts, v_now);
 
-    -- Per partition with rows due: the earliest due first (ties by sequence).
-    IF v_due_work_parts IS NOT NULL THEN
-        SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
-        INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
-        FROM unnest(v_due_work_parts) AS p(part)
-        CROSS JOIN LATERAL (SELECT f.frontier FROM {s}.frontiers f
-                            WHERE f.group_id = p_group AND f.part = p.part OFFSET 0) f
-        CROSS JOIN LATERAL (
-            SELECT a.* FROM (
-                SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
-                WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-                  AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
-                ORDER BY d.available_at_ms, d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
-            UNION ALL
-            SELECT b.* FROM (
-                SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
-                WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
-                  AND d.state = {s}.delivery_leased() AND d.deadline_ms <= v_now
-                ORDER BY d.deadline_ms, d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
-        ) x;
+        -- A stream with scheduled events: the cursors first (nothing is locked yet, so
+        -- claim_cursors may wait), and the windows with scheduled events in them become
+        -- delivery rows (split_scheduled), leased below as rows due.
+        IF v_scheduled AND v_fresh_parts IS NOT NULL THEN
+            SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
+            FROM {s}.claim_cursors(p_group, v_stream, v_fresh_parts, true);
+            v_fresh_parts := NULL;  -- claimed
+            IF v_cursor_parts IS NOT NULL THEN
+                SELECT * INTO v_split_parts, v_cursors
+                FROM {s}.split_scheduled(p_group, v_stream, p_limit, v_now, v_cursor_parts,
+                                         v_cursors, v_high_waters);
+            END IF;
+            IF v_split_parts IS NOT NULL THEN
+                SELECT array_agg(p.part ORDER BY p.pos) INTO v_due_work_parts
+                FROM unnest(p_parts) WITH ORDINALITY AS p(part, pos)
+                WHERE p.part = ANY (v_due_work_parts) OR p.part = ANY (v_split_parts);
+            END IF;
+        END IF;
+
+        -- Per partition with rows due: the earliest due first (ties by sequence).
+        IF v_due_work_parts IS NOT NULL THEN
+            SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
+            INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
+            FROM unnest(v_due_work_parts) AS p(part)
+            CROSS JOIN LATERAL (SELECT f.frontier FROM {s}.frontiers f
+                                WHERE f.group_id = p_group AND f.part = p.part OFFSET 0) f
+            CROSS JOIN LATERAL (
+                SELECT a.* FROM (
+                    SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
+                    WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+                      AND d.state = {s}.delivery_available() AND d.available_at_ms <= v_now
+                    ORDER BY d.available_at_ms, d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) a
+                UNION ALL
+                SELECT b.* FROM (
+                    SELECT d.part, d.seq, d.attempt, d.ctid AS tid FROM {s}.deliveries d
+                    WHERE d.group_id = p_group AND d.part = p.part AND d.seq > f.frontier
+                      AND d.state = {s}.delivery_leased() AND d.deadline_ms <= v_now
+                    ORDER BY d.deadline_ms, d.seq LIMIT p_limit FOR UPDATE SKIP LOCKED) b
+            ) x;
+        END IF;
+
+        -- Expired ranges, earliest deadline first (ranges_expiry), then by sequence.
+        IF v_expired_work_parts IS NOT NULL THEN
+            SELECT array_agg(x.part ORDER BY x.part, x.first_seq),
+                   array_agg(x.first_seq ORDER BY x.part, x.first_seq),
+                   array_agg(x.last_seq ORDER BY x.part, x.first_seq),
+                   array_agg(x.attempt ORDER BY x.part, x.first_seq),
+                   array_agg(x.done ORDER BY x.part, x.first_seq),
+                   array_agg(x.pending ORDER BY x.part, x.first_seq)
+            INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
+                 v_expired_done, v_expired_pending
+            FROM unnest(v_expired_work_parts) AS p(part)
+            CROSS JOIN LATERAL (
+                SELECT r.part, r.first_seq, r.last_seq, r.attempt, r.done, r.pending
+                FROM {s}.ranges r
+                WHERE r.group_id = p_group AND r.part = p.part AND r.pending > 0
+                  AND r.deadline_ms <= v_now
+                ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
+        END IF;
+
+        -- The cursors with work; with nothing else locked, claim_cursors may wait.
+        IF v_fresh_parts IS NOT NULL THEN
+            SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
+            FROM {s}.claim_cursors(p_group, v_stream, v_fresh_parts,
+                                   v_due_parts IS NULL AND v_expired_parts IS NULL);
+        END IF;
+        IF v_due_parts IS NULL AND v_expired_parts IS NULL AND v_cursor_parts IS NULL THEN
+            RETURN;
+        END IF;
+
+        IF v_max_attempts <= ANY (v_due_attempts)
+           OR v_max_attempts <= ANY (v_expired_attempts) THEN
+            PERFORM {s}.expire_spent(p_group, v_max_attempts, v_now, v_due_tids, v_due_attempts,
+                                     v_expired_parts, v_expired_firsts, v_expired_attempts);
+            SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
+            INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
+            FROM unnest(v_due_parts, v_due_seqs, v_due_attempts, v_due_tids)
+                 AS x(part, seq, attempt, tid)
+            WHERE x.attempt < v_max_attempts;
+            SELECT array_agg(x.part), array_agg(x.first), array_agg(x.last), array_agg(x.att),
+                   array_agg(x.done), array_agg(x.pend)
+            INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
+                 v_expired_done, v_expired_pending
+            FROM unnest(v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
+                        v_expired_done, v_expired_pending)
+                 AS x(part, first, last, att, done, pend)
+            WHERE x.att < v_max_attempts;
+        END IF;
     END IF;
 
-    -- Expired ranges, earliest deadline first (ranges_expiry), then by sequence.
-    IF v_expired_work_parts IS NOT NULL THEN
-        SELECT array_agg(x.part ORDER BY x.part, x.first_seq),
-               array_agg(x.first_seq ORDER BY x.part, x.first_seq),
-               array_agg(x.last_seq ORDER BY x.part, x.first_seq),
-               array_agg(x.attempt ORDER BY x.part, x.first_seq),
-               array_agg(x.done ORDER BY x.part, x.first_seq),
-               array_agg(x.pending ORDER BY x.part, x.first_seq)
-        INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
-             v_expired_done, v_expired_pending
-        FROM unnest(v_expired_work_parts) AS p(part)
-        CROSS JOIN LATERAL (
-            SELECT r.part, r.first_seq, r.last_seq, r.attempt, r.done, r.pending
-            FROM {s}.ranges r
-            WHERE r.group_id = p_group AND r.part = p.part AND r.pending > 0
-              AND r.deadline_ms <= v_now
-            ORDER BY r.deadline_ms LIMIT p_limit FOR UPDATE SKIP LOCKED) x;
-    END IF;
-
-    -- The cursors with work; with nothing else locked, claim_cursors may wait.
-    IF v_fresh_parts IS NOT NULL THEN
-        SELECT * INTO v_cursor_parts, v_cursors, v_high_waters
-        FROM {s}.claim_cursors(p_group, v_stream, v_fresh_parts,
-                               v_due_parts IS NULL AND v_expired_parts IS NULL);
-    END IF;
-    IF v_due_parts IS NULL AND v_expired_parts IS NULL AND v_cursor_parts IS NULL THEN
-        RETURN;
-    END IF;
-
-    IF v_max_attempts <= ANY (v_due_attempts) OR v_max_attempts <= ANY (v_expired_attempts) THEN
-        PERFORM {s}.expire_spent(p_group, v_max_attempts, v_now, v_due_tids, v_due_attempts,
-                                 v_expired_parts, v_expired_firsts, v_expired_attempts);
-        SELECT array_agg(x.part), array_agg(x.seq), array_agg(x.attempt), array_agg(x.tid)
-        INTO v_due_parts, v_due_seqs, v_due_attempts, v_due_tids
-        FROM unnest(v_due_parts, v_due_seqs, v_due_attempts, v_due_tids)
-             AS x(part, seq, attempt, tid)
-        WHERE x.attempt < v_max_attempts;
-        SELECT array_agg(x.part), array_agg(x.first), array_agg(x.last), array_agg(x.att),
-               array_agg(x.done), array_agg(x.pend)
-        INTO v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
-             v_expired_done, v_expired_pending
-        FROM unnest(v_expired_parts, v_expired_firsts, v_expired_lasts, v_expired_attempts,
-                    v_expired_done, v_expired_pending)
-             AS x(part, first, last, att, done, pend)
-        WHERE x.att < v_max_attempts;
-    END IF;
-    v_token_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
     IF v_due_parts IS NULL AND v_expired_parts IS NULL THEN
-        -- Only new events (the common case): of its backlog (high water - cursor)
-        -- each partition takes min(backlog, v_share), and one more for the first
-        -- v_leases_left of those with more than v_share, in rotation order;
-        -- v_share and v_leases_left are counted here.
+        -- Only new events: of its backlog (high water - cursor) each partition takes
+        -- min(backlog, v_share), and one more for the first v_leases_left of those
+        -- with more than v_share, in rotation order; v_share and v_leases_left are
+        -- counted here. ONE statement then stores each partition's range, moves its
+        -- cursor and returns its events.
         IF v_cursor_parts IS NULL THEN
             RETURN;
         END IF;
+        v_token_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
         -- Plain PL/pgSQL arithmetic here: no statement per step.
         v_backlogs := v_high_waters;
         FOR i IN 1 .. cardinality(v_high_waters) LOOP
@@ -284,6 +305,7 @@ BEGIN
         ORDER BY e.seq - m.cur, m.pos;
         RETURN;
     END IF;
+    v_token_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
     v_expired_count := COALESCE(cardinality(v_expired_parts), 0);
 
     -- The winners in delivery order. A candidate's depth is its place in its

@@ -88,3 +88,59 @@ BEGIN
     FROM per;
 END
 $fn$;
+
+-- claim_fresh: the common case of a fetch found and claimed at once, in place
+-- of fetch_work and claim_cursors (functions/fetch.sql; the caller has checked
+-- that the group is unordered and not paused and that its stream holds no
+-- scheduled event): when the group has no delivery row available or leased (one
+-- descent of deliveries_due and of deliveries_expiry) and no partition a range
+-- past its deadline (fetch_work's skip scan of ranges_expiry, stopping at the
+-- first entry due), the cursors of p_parts below their high water are locked
+-- FOR UPDATE SKIP LOCKED, read as fetch_work reads them (the group's cursors and
+-- the stream's high waters, two ordered scans merged: an idle partition costs no
+-- probe). It never waits. Reply: claim_cursors's k_part, k_cur and k_top, NULL
+-- when the case is not the common one or no cursor was free (the caller then
+-- finds the work step by step, and may wait for a cursor); o_idle, true when
+-- the case is the common one and no cursor of p_parts is below its high water
+-- (nothing to lease: the caller returns at once).
+
+CREATE OR REPLACE FUNCTION {s}.claim_fresh(p_group integer, p_stream integer, p_parts integer[],
+                                           p_now bigint, OUT k_part integer[],
+                                           OUT k_cur bigint[], OUT k_top bigint[],
+                                           OUT o_idle boolean)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off
+SET enable_nestloop = off SET jit = off
+AS $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {s}.deliveries d
+               WHERE d.group_id = p_group AND d.state = {s}.delivery_available())
+       OR EXISTS (SELECT 1 FROM {s}.deliveries d
+                  WHERE d.group_id = p_group AND d.state = {s}.delivery_leased())
+       OR EXISTS (WITH RECURSIVE ranged(part, at) AS (
+                      SELECT -1, NULL::bigint
+                      UNION ALL
+                      SELECT x.part, x.at FROM ranged a CROSS JOIN LATERAL (
+                          SELECT r.part, r.deadline_ms AS at FROM {s}.ranges r
+                          WHERE r.group_id = p_group AND r.pending > 0 AND r.part > a.part
+                          ORDER BY r.part, r.deadline_ms LIMIT 1) x)
+                  SELECT 1 FROM ranged a WHERE a.at <= p_now) THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(k.part), array_agg(k.cursor), array_agg(k.high)
+    INTO k_part, k_cur, k_top
+    FROM (SELECT c.part, c.cursor, pt.high_water AS high
+          FROM {s}.cursors c
+          JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
+          JOIN unnest(p_parts) AS p(part) ON p.part = c.part
+          WHERE c.group_id = p_group AND c.cursor < pt.high_water
+          FOR UPDATE OF c SKIP LOCKED) k;
+    IF k_part IS NULL THEN
+        o_idle := NOT EXISTS (
+            SELECT 1 FROM {s}.cursors c
+            JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
+            JOIN unnest(p_parts) AS p(part) ON p.part = c.part
+            WHERE c.group_id = p_group AND c.cursor < pt.high_water);
+    END IF;
+END
+$fn$;
