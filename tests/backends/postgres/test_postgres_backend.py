@@ -548,6 +548,26 @@ async def test_a_current_schema_without_the_lag_report_function_gets_it(
     assert await admin.fetchval(f'SELECT sum(lag) FROM "{schema}".lag_report()') == 1
 
 
+async def test_a_current_schema_without_claim_fresh_gets_it(
+        url: str, schema: str, admin: asyncpg.Connection) -> None:
+    """A schema at the current version made before fetch's common case
+    (functions/fetch_work.sql, claim_fresh) was added while the version was unreleased
+    is refused without migrate, and completed with it: its fetch, which calls
+    claim_fresh, works again."""
+    await _refused_without(
+        url, admin, f'DROP FUNCTION "{schema}".claim_fresh(integer, integer, integer[], bigint)')
+    async with Rheo(PostgresBackend.from_url(url)) as rheo:
+        await rheo.create_stream("s", partitions=2)
+        await rheo.append("s", [NewEvent("t", {"i": i}, partition=i % 2) for i in range(4)])
+        leases = await rheo.fetch("s", "g", consumer_id="c", limit=10)
+        assert sorted((x.partition, x.sequence) for x in leases) == [
+            (p, q) for p in (0, 1) for q in (1, 2)]
+        assert all(r.ok for r in await rheo.ack(leases))
+    assert await admin.fetchval(
+        "SELECT to_regprocedure($1) IS NOT NULL",
+        f'"{schema}".claim_fresh(integer, integer, integer[], bigint)')
+
+
 async def test_migrate_rejects_bad_targets() -> None:
     with pytest.raises(InvalidArgument, match="needs a postgresql:// URL"):
         await pg.migrate(42)  # type: ignore[arg-type]
