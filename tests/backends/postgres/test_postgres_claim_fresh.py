@@ -25,7 +25,7 @@ Leased = list[tuple[int, int, int]]
 _CALLS = """
 SELECT p.proname, pg_stat_get_xact_function_calls(p.oid) AS calls
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-WHERE n.nspname = $1 AND p.proname IN ('claim_fresh', 'fetch_work')
+WHERE n.nspname = $1 AND p.proname IN ('claim_fresh', 'fetch_work', 'fetch')
 """
 
 
@@ -37,10 +37,12 @@ async def _gid(admin: asyncpg.Connection, schema: str, stream: str, group: str) 
 
 
 async def _probe(admin: asyncpg.Connection, schema: str, gid: int, parts: list[int],
-                 limit: int, *, stepwise: bool) -> tuple[Leased, dict[str, int]]:
+                 limit: int, *, stepwise: bool = False, acking: bool = False
+                 ) -> tuple[Leased, dict[str, int]]:
     """A fetch's leases (partition, sequence, attempt) in its order, and the calls of
-    claim_fresh and fetch_work it made; rolled back. ``stepwise``: with claim_fresh
-    finding nothing. A cursor another transaction holds is waited for 200 ms at most."""
+    fetch, claim_fresh and fetch_work it made; rolled back. ``stepwise``: with
+    claim_fresh finding nothing; ``acking``: through ack_ranges_fetch (no acks) rather
+    than fetch. A cursor another transaction holds is waited for 200 ms at most."""
     q = f'"{schema}"'
     tx = admin.transaction()
     await tx.start()
@@ -56,23 +58,29 @@ async def _probe(admin: asyncpg.Connection, schema: str, gid: int, parts: list[i
         # The session's counts not yet reported may hold earlier transactions'
         # calls; they do not change within this one: the fetch's are the difference.
         before = {r["proname"]: r["calls"] or 0 for r in await admin.fetch(_CALLS, schema)}
-        rows = await admin.fetch(
-            f"SELECT o_part, o_seq, o_attempt FROM {q}.fetch($1, $2, $3, $4, 'p')",
-            gid, parts, limit, HOUR)
+        call = (f"{q}.ack_ranges_fetch('{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', "
+                "$1, $2, $3, $4, 'p')" if acking else f"{q}.fetch($1, $2, $3, $4, 'p')")
+        rows = await admin.fetch(f"SELECT o_part, o_seq, o_attempt FROM {call}",
+                                 gid, parts, limit, HOUR)
         calls = {r["proname"]: (r["calls"] or 0) - before.get(r["proname"], 0)
                  for r in await admin.fetch(_CALLS, schema)}
     finally:
         await tx.rollback()
-    return [(r["o_part"], r["o_seq"], r["o_attempt"]) for r in rows], calls
+    # ack_ranges_fetch's first row is the acks' answer.
+    return [(r["o_part"], r["o_seq"], r["o_attempt"]) for r in rows
+            if r["o_part"] is not None], calls
 
 
 async def _both(admin: asyncpg.Connection, schema: str, stream: str, group: str,
                 parts: list[int], limit: int = 100) -> tuple[Leased, Leased, dict[str, int]]:
     """The leases of the fetch found step by step, those of the fetch as it runs, and
-    the calls the latter made."""
+    the calls the latter made; ``ack_ranges_fetch`` (a consumer's call) must lease what
+    the steps lease too."""
     gid = await _gid(admin, schema, stream, group)
     stepwise, _ = await _probe(admin, schema, gid, parts, limit, stepwise=True)
-    common, calls = await _probe(admin, schema, gid, parts, limit, stepwise=False)
+    common, calls = await _probe(admin, schema, gid, parts, limit)
+    acking, _ = await _probe(admin, schema, gid, parts, limit, acking=True)
+    assert acking == stepwise, (parts, limit)
     return stepwise, common, calls
 
 
@@ -221,3 +229,27 @@ async def test_idle_partitions_cost_the_common_case_no_probe(
     for index in ("deliveries_due", "deliveries_expiry", "ranges_expiry"):
         assert scans[index] <= 1, (index, scans)
     assert scans["frontiers_pkey"] == 0, scans
+
+
+async def test_random_backlogs_limits_and_rotations_lease_as_the_steps(
+        postgres_rheo: Rheo, postgres_schema: str, postgres_admin: asyncpg.Connection) -> None:
+    # 25 drawn cases (seeded), each on a stream of its own: backlogs, cursors already
+    # moved, partitions asked for and limits.
+    import random
+    rnd = random.Random(29)
+    for case in range(25):
+        partitions = rnd.randint(1, 6)
+        stream = f"s{case}"
+        await postgres_rheo.create_stream(stream, partitions=partitions)
+        await postgres_rheo.create_group(stream, "g")
+        await _append(postgres_rheo, stream, {p: rnd.choice([0, 1, 2, 5, 17, 40, 120])
+                                              for p in range(partitions)})
+        if rnd.random() < 0.5:  # some of it leased already: cursors moved, ranges held
+            await postgres_rheo.fetch(stream, "g", consumer_id="a", limit=rnd.randint(1, 30),
+                                      lease_ms=HOUR)
+        parts = rnd.sample(range(partitions), rnd.randint(1, partitions))
+        limit = rnd.choice([1, 3, 10, 64, 100, 1000])
+        stepwise, common, _ = await _both(postgres_admin, postgres_schema, stream, "g", parts,
+                                          limit)
+        assert common == stepwise, (case, parts, limit)
+        assert len(common) <= limit
