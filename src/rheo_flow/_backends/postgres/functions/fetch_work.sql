@@ -127,24 +127,25 @@ BEGIN
                   SELECT 1 FROM ranged a WHERE a.at <= p_now) THEN
         RETURN;
     END IF;
-    -- The candidates first, then each locked by address (a cursor moved since this
-    -- statement's snapshot is skipped: the steps claim it), so that one read of the
-    -- cursors and high waters also tells that there is nothing to lease.
+    -- The candidates first, then their cursors locked (a cursor moved meanwhile is
+    -- locked at its latest version and checked again), so that the one read of the
+    -- high waters also tells that there is nothing to lease (no candidate: the
+    -- cursors are not read again).
     WITH cand AS MATERIALIZED (
-        SELECT c.ctid AS tid, c.part, pt.high_water AS high
+        SELECT c.part, pt.high_water AS high
         FROM {s}.cursors c
         JOIN {s}.partitions pt ON pt.stream_id = p_stream AND pt.part = c.part
         JOIN unnest(p_parts) AS p(part) ON p.part = c.part
         WHERE c.group_id = p_group AND c.cursor < pt.high_water
     ), locked AS (
-        SELECT c.part, c.cursor FROM {s}.cursors c
-        WHERE c.ctid = ANY (ARRAY(SELECT x.tid FROM cand x))
-        FOR UPDATE SKIP LOCKED
+        SELECT c.part, c.cursor, x.high FROM {s}.cursors c JOIN cand x ON x.part = c.part
+        WHERE c.group_id = p_group
+        FOR UPDATE OF c SKIP LOCKED
     )
-    SELECT array_agg(l.part), array_agg(l.cursor), array_agg(x.high),
+    SELECT array_agg(l.part), array_agg(l.cursor), array_agg(l.high),
            NOT EXISTS (SELECT 1 FROM cand)
     INTO k_part, k_cur, k_top, o_idle
-    FROM locked l JOIN cand x ON x.part = l.part
-    WHERE l.cursor < x.high;
+    FROM locked l
+    WHERE l.cursor < l.high;
 END
 $fn$;
