@@ -25,7 +25,7 @@ Leased = list[tuple[int, int, int]]
 _CALLS = """
 SELECT p.proname, pg_stat_get_xact_function_calls(p.oid) AS calls
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-WHERE n.nspname = $1 AND p.proname IN ('claim_fresh', 'fetch_work', 'fetch')
+WHERE n.nspname = $1 AND p.proname IN ('claim_fresh', 'fetch_work')
 """
 
 
@@ -40,7 +40,7 @@ async def _probe(admin: asyncpg.Connection, schema: str, gid: int, parts: list[i
                  limit: int, *, stepwise: bool = False, acking: bool = False
                  ) -> tuple[Leased, dict[str, int]]:
     """A fetch's leases (partition, sequence, attempt) in its order, and the calls of
-    fetch, claim_fresh and fetch_work it made; rolled back. ``stepwise``: with
+    claim_fresh and fetch_work it made; rolled back. ``stepwise``: with
     claim_fresh finding nothing; ``acking``: through ack_ranges_fetch (no acks) rather
     than fetch. A cursor another transaction holds is waited for 200 ms at most."""
     q = f'"{schema}"'

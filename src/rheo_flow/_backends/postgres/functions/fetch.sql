@@ -235,6 +235,7 @@ BEGIN
         END IF;
     END IF;
 
+    v_token_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
     IF v_due_parts IS NULL AND v_expired_parts IS NULL THEN
         -- Only new events: of its backlog (high water - cursor) each partition takes
         -- min(backlog, v_share), and one more for the first v_leases_left of those
@@ -244,7 +245,6 @@ BEGIN
         IF v_cursor_parts IS NULL THEN
             RETURN;
         END IF;
-        v_token_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
         -- Plain PL/pgSQL arithmetic here: no statement per step.
         v_backlogs := v_high_waters;
         FOR i IN 1 .. cardinality(v_high_waters) LOOP
@@ -305,7 +305,6 @@ BEGIN
         ORDER BY e.seq - m.cur, m.pos;
         RETURN;
     END IF;
-    v_token_prefix := left(replace(gen_random_uuid()::text, '-', ''), 16);
     v_expired_count := COALESCE(cardinality(v_expired_parts), 0);
 
     -- The winners in delivery order. A candidate's depth is its place in its
