@@ -46,22 +46,22 @@ def positional_builder(cls: type[Any], doc: str) -> Callable[..., Any]:
         else:
             params.append(field.name)
     # Generated, as dataclasses generates __init__: a loop over the fields would cost
-    # what the builder is there to save.
-    assign = "".join(f"\n    self.{name} = {name}" for name in names)
+    # what the builder is there to save. The twin is filled in the builder's own frame
+    # (no __init__ call: one Python frame per value built, not two).
+    assign = "".join(f"\n    value.{name} = {name}" for name in names)
     source = (
-        f"def __init__(self, {', '.join(names)}):{assign}\n"
         f"def build({', '.join(params)}):\n"
-        f"    value = Twin({', '.join(names)})\n"
+        f"    value = new(Twin){assign}\n"
         f"    value.__class__ = cls\n"
         f"    return value\n"
     )
-    namespace: dict[str, Any] = {"cls": cls, **defaults}
-    exec(compile(source, f"<builder of {cls.__name__}>", "exec"), namespace)
     # The twin has the class's bases (Generic for Event), so that the layouts match.
-    body = {"__slots__": tuple(names), "__init__": namespace["__init__"]}
-    namespace["Twin"] = types.new_class(f"_{cls.__name__}Slots",
-                                        vars(cls).get("__orig_bases__", ()), {},
-                                        lambda ns: ns.update(body))
+    namespace: dict[str, Any] = {"cls": cls, "new": object.__new__, **defaults,
+                                 "Twin": types.new_class(
+                                     f"_{cls.__name__}Slots",
+                                     vars(cls).get("__orig_bases__", ()), {},
+                                     lambda ns: ns.update({"__slots__": tuple(names)}))}
+    exec(compile(source, f"<builder of {cls.__name__}>", "exec"), namespace)
     build: Callable[..., Any] = namespace["build"]
     build.__name__ = build.__qualname__ = f"build_{cls.__name__}"
     build.__doc__ = doc

@@ -152,11 +152,16 @@ make_event: Callable[
     Event, _EVENT_DOC)
 
 
+_new: Final = object.__new__
+
+
 def make_event_json(
     stream: str, partition: int, sequence: int, id: str, type: str, data_json: str | bytes,
     key: str | None, headers: Mapping[str, str], appended_at_ms: int,
 ) -> Event:
     """Like :func:`make_event`, from the JSON text of ``data``: decoded on first access."""
-    return make_event(stream, partition, sequence, id, type, _Pending(data_json), key, headers,
+    pending = _new(_Pending)  # without __init__'s frame: one per event fetched
+    pending.text = data_json
+    return make_event(stream, partition, sequence, id, type, pending, key, headers,
                       appended_at_ms)
 
