@@ -34,6 +34,7 @@ HANDOVER_DEADLINE = LEASE_MS / 2000
 
 APP = '''
 import asyncio
+import gc
 import os
 import pathlib
 
@@ -41,6 +42,7 @@ from rheo_flow import ACK, current_lease, consumer
 from rheo_flow.pipeline import Pipeline, PipelineHandler, Processors
 
 DIR = pathlib.Path(os.environ["WORKER_TEST_DIR"])
+FROZEN_AT_IMPORT = gc.get_freeze_count()
 
 
 async def work(role, sequence, attempt):
@@ -52,7 +54,8 @@ async def work(role, sequence, attempt):
 
 
 async def ready(options):
-    (DIR / f"ready-{os.getpid()}").touch()
+    # What the worker had frozen when this module was loaded, and once it started.
+    (DIR / f"ready-{os.getpid()}").write_text(f"{FROZEN_AT_IMPORT} {gc.get_freeze_count()}")
     return {}
 
 
@@ -373,6 +376,22 @@ async def test_a_bad_target_is_a_usage_error(
 
 
 # The API behind --until-empty ----------------------------------------------------
+
+
+async def test_the_worker_freezes_what_its_start_up_built(sqlite_app: App,
+                                                          wait_until: WaitUntil) -> None:
+    # Loading the application and opening the store come after the command line froze its
+    # own start-up: the worker freezes them too before its runtimes start (the setup hook
+    # runs at start), so full collections while consuming do not walk them again.
+    app = sqlite_app
+    proc = await app.worker("app:jobs", "--url", app.url, block=False)
+    await wait_until(lambda: app.count("ready-") == 1, timeout=20, message="group started")
+    (ready,) = app.markers("ready-")
+    at_import, at_start = map(int, (app.dir / ready).read_text().split())
+    assert at_import > 0  # the command line's own freeze
+    assert at_start > at_import, (at_import, at_start)
+    proc.send_signal(signal.SIGTERM)
+    assert await app.exit_status(proc) == 0, app.log(proc)
 
 
 async def test_group_run_until_empty(sqlite_app: App) -> None:

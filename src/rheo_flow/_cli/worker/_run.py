@@ -13,6 +13,7 @@ supervisor (:mod:`rheo_flow._cli.worker._supervisor`) runs several such processe
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import inspect
 import logging
@@ -239,6 +240,7 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
         async with Rheo(existing(config.url)) as rheo:
             opened.append(rheo)
             runtimes.extend(await build_runtimes(target, rheo, config.target))
+            _freeze_startup()
             try:
                 for runtime in runtimes:
                     await runtime.start()
@@ -261,6 +263,18 @@ async def run_worker(config: WorkerConfig, target: object) -> int:
     if ended_on_its_own:
         return 1
     return 0 if clean else 1
+
+
+def _freeze_startup() -> None:
+    """Move what loading the application and opening the store built (its modules, the
+    driver's, the runtimes: they live until the process ends) out of the cyclic
+    collector's way, as the command line does for its own start-up
+    (:func:`rheo_flow._cli._app.main`). Otherwise every full collection while consuming
+    walks all of it again: a redis-py client alone is some 35,000 objects, and those
+    walks were about a sixth of a ``Group``'s time on Redis (docs/benchmarks.md). What
+    is garbage already is collected first, so that nothing unreachable stays frozen."""
+    gc.collect()
+    gc.freeze()
 
 
 def _start_retention(config: WorkerConfig, rheo: Rheo, runtimes: list[Runtime],
