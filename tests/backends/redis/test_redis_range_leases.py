@@ -13,6 +13,7 @@ that release's fetch and settle scripts and the helpers they started with.
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,41 @@ def test_a_fetch_returns_each_partition_in_sequence_order() -> None:
     harvest.of(0).extend([lease(0, 3), lease(0, 4)])
     assert [(x.partition, x.event.sequence) for x in harvest.batch()] == [
         (1, 1), (0, 3), (1, 2), (0, 4), (1, 5)]
+
+
+async def test_a_range_s_leases_and_its_ack_results_are_built_with_the_collector_paused(
+        prepared: Rheo, backend: RedisBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fetch's leases and an ack's results come in bursts of hundreds of objects, none
+    # in a cycle: the cyclic collector waits for the burst (docs/benchmarks.md), and is
+    # on again after it; a collector the application switched off stays off.
+    rheo = prepared
+    from rheo_flow._backends.redis import _codec, _settle
+
+    seen: list[bool] = []
+    build, ok = _codec._block_leases, _settle.settle_ok
+
+    def spy_build(*args: Any) -> list[Lease]:
+        seen.append(gc.isenabled())
+        return build(*args)
+
+    def spy_ok(lease_id: str) -> Any:
+        seen.append(gc.isenabled())
+        return ok(lease_id)
+
+    monkeypatch.setattr(_codec, "_block_leases", spy_build)
+    monkeypatch.setattr(_settle, "settle_ok", spy_ok)
+    first = await rheo.fetch("s", "g", consumer_id="c", limit=3)
+    assert [lease.sequence for lease in first] == [1, 2, 3]
+    assert all(r.ok for r in await rheo.ack(first))
+    assert seen == [False] * 4  # one build, three results
+    assert gc.isenabled()
+    seen.clear()
+    gc.disable()
+    try:
+        rest = await rheo.fetch("s", "g", consumer_id="c", limit=3)
+        assert all(r.ok for r in await rheo.ack(rest))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert [lease.sequence for lease in rest] == [4, 5, 6]
+    assert seen == [False] * 4

@@ -31,6 +31,7 @@ from typing import Any, Final, NamedTuple
 
 from ..._model._errors import BackendError, UnknownGroup
 from ..._model._lease import Lease
+from ..._support._collector import collector_paused
 from .._shared import round_robin
 from ._codec import FetchReply, fetch_reply, fetched_leases, range_leases, text
 from ._scripts import LOST, Read, ScriptCall, is_reply
@@ -381,14 +382,15 @@ class FetchOperations(WorkNotes):
             harvest.unscanned.add(p)
         self._cursor_at(stream, harvest.group, p, reply.cursor)
         got = harvest.of(p)
-        if reply.items:
-            got.extend(fetched_leases(stream, p, harvest.group, harvest.consumer_id, block,
-                                      reply, raw[1:]))
-        first, last = reply.first, reply.last
-        if first:
-            leases = None if entries is None else range_leases(
+        with collector_paused():
+            if reply.items:
+                got.extend(fetched_leases(stream, p, harvest.group, harvest.consumer_id,
+                                          block, reply, raw[1:]))
+            first, last = reply.first, reply.last
+            leases = None if entries is None or not first else range_leases(
                 stream, p, harvest.group, harvest.consumer_id, block, reply.deadline,
                 entries, first, last)
+        if first:
             if leases is None:
                 harvest.missed.append(_Missed(p, block, reply.deadline, first, last))
             else:
@@ -404,10 +406,12 @@ class FetchOperations(WorkNotes):
         reads: list[Read] = [
             ("XRANGE", self._keys.partition(stream, m.partition).stream, f"{m.first}-0",
              f"{m.last}-0") for m in missed]
-        for m, entries in zip(missed, await self._scripts.read(reads), strict=True):
-            harvest.of(m.partition).extend(range_leases(
-                stream, m.partition, harvest.group, harvest.consumer_id, m.block, m.deadline,
-                entries, m.first, m.last, whole=False) or ())
+        read = await self._scripts.read(reads)
+        with collector_paused():
+            for m, entries in zip(missed, read, strict=True):
+                harvest.of(m.partition).extend(range_leases(
+                    stream, m.partition, harvest.group, harvest.consumer_id, m.block,
+                    m.deadline, entries, m.first, m.last, whole=False) or ())
 
     def _cursor_at(self, stream: str, group: str, partition: int, cursor: int) -> None:
         """Remember where a fetch left the group's cursor (-1: a key-ordered group, whose

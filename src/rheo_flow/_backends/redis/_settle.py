@@ -16,6 +16,7 @@ import orjson
 from ..._model._lease import Lease
 from ..._model._settle_results import SettleKind, SettleResult, settle_ok
 from ..._model._validation import NAME_PATTERN
+from ..._support._collector import collector_paused
 from ._codec import text
 from ._scripts import ScriptCall
 from ._work import WorkNotes
@@ -144,7 +145,8 @@ class SettleOperations(WorkNotes):
         if len(replies) == 1 and len(replies[0][0]) == len(leases):
             indexes, codes = replies[0]
             if codes.count("o") == len(codes):
-                return [settle_ok(lease.lease_id) for lease in leases]
+                with collector_paused():
+                    return [settle_ok(lease.lease_id) for lease in leases]
         for indexes, codes in replies:
             for index, code in zip(indexes, codes, strict=True):
                 results[index] = _result(leases[index].lease_id, code)
