@@ -1,21 +1,21 @@
-"""The leases a backend object built, known by their fields (SQLite, PostgreSQL).
+"""The leases a backend object built, known by their fields (PostgreSQL).
 
 A settle checks every lease it is handed (a lease may be built by anyone): that its
 fields are well formed and agree with one another (its sequence, its lease id's
 offset from its range's base, its receipt's attempt, its partition, stream and group).
 For a lease this backend object built, those fields were computed then; the registry
 keeps them by lease id, and a lease whose fields are those very values (the same
-objects: an identity test each, no formatting) is vouched for. SQLite vouches in the
-caller's thread before the settle is queued, which leaves the backend thread, every
-caller's bottleneck, only the checks the stored row can answer; PostgreSQL sends a
+objects: an identity test each, no formatting) is vouched for. PostgreSQL sends a
 batch of acks vouched for whole without its per-lease checks (``_batch.SettleBatch``).
+(SQLite keeps the new ranges it leased instead, and acks runs of their leases per
+range: ``sqlite/_issued_ranges.py``.)
 A lease not vouched for (built elsewhere, forged, or evicted) takes the full checks;
 nothing else differs, and the server or the stored rows fence every settle as before.
 
 The registry keeps no event, only the fields compared, and at most :data:`LIMIT`
-leases: the oldest go first, and leases settled are removed (on PostgreSQL, leases
-acked: one nacked or rejected stays until pushed out, which is harmless, since a
-later ack of it is answered by the server).
+leases: the oldest go first, and leases acked are removed (one nacked or rejected
+stays until pushed out, which is harmless, since a later ack of it is answered by
+the server).
 """
 
 from __future__ import annotations

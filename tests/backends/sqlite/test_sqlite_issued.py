@@ -1,6 +1,7 @@
-"""The leases an SQLite backend object vouches for (``_issued``): those carrying exactly the
-fields it built them with (the same objects), a bounded number of them, and none once
-settled; a forged lease takes the full checks and gets the answers it always got."""
+"""The new ranges an SQLite backend object leased (``_issued_ranges``): acks of runs of
+their leases (those very objects, in order) go per range; anything else, copies and
+forgeries included, goes lease by lease with the full checks and gets the answers it
+always got."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from rheo_flow import Lease, ManualClock, NewEvent, Rheo, SettleKind
-from rheo_flow._backends import _issued
-from rheo_flow._backends._issued import Issued
+from rheo_flow._backends.sqlite import _issued_ranges, _settle
+from rheo_flow._backends.sqlite._issued_ranges import IssuedRanges, Run
 from rheo_flow._model._event import make_event
 from rheo_flow._model._lease import make_lease
 from rheo_flow.backends import SQLiteBackend
@@ -23,8 +24,23 @@ async def backend(tmp_path: Path, clock: ManualClock) -> AsyncIterator[SQLiteBac
     backend = SQLiteBackend(tmp_path / "events.db", clock=clock, synchronous="NORMAL")
     async with Rheo(backend) as rheo:
         await rheo.create_stream("s")
-        await rheo.append("s", [NewEvent("t", i) for i in range(6)])
+        await rheo.append("s", [NewEvent("t", i) for i in range(12)])
         yield backend
+
+
+@pytest.fixture
+def as_runs(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Per ack in the backend thread: whether it went as runs."""
+    went: list[bool] = []
+    ack_runs = _settle.ack_runs
+
+    def spy(*args: object) -> object:
+        result = ack_runs(*args)  # type: ignore[arg-type]
+        went.append(result is not None)
+        return result
+
+    monkeypatch.setattr(_settle, "ack_runs", spy)
+    return went
 
 
 async def test_only_the_leases_a_fetch_built_are_vouched_for(backend: SQLiteBackend) -> None:
@@ -32,31 +48,77 @@ async def test_only_the_leases_a_fetch_built_are_vouched_for(backend: SQLiteBack
     leases = await rheo.fetch("s", "g", limit=4)
     issued = backend._issued
     assert issued.vouch(leases) == {0, 1, 2, 3}
-    # A copy carries the very same field objects: what was issued, vouched for.
-    assert issued.vouch([dataclasses.replace(lease) for lease in leases]) == {0, 1, 2, 3}
-    # Equal is not enough: a field rebuilt (an equal string, another object), or
-    # changed, is checked in full.
-    rebuilt = dataclasses.replace(leases[0], receipt="".join(leases[0].receipt))
-    assert rebuilt == leases[0]
-    assert rebuilt.receipt is not leases[0].receipt
-    forged = dataclasses.replace(leases[1], group="other")
-    other_event = dataclasses.replace(leases[2], event=dataclasses.replace(
-        leases[2].event, sequence=leases[3].event.sequence))
-    assert issued.vouch([rebuilt, forged, other_event, leases[3]]) == {3}
+    # A copy is another lease object: equal, not issued here, checked in full.
+    copies = [dataclasses.replace(lease) for lease in leases]
+    assert copies == leases
+    assert issued.vouch(copies) == set()
+    assert issued.runs(copies) is None
+    assert issued.runs(leases) == [Run("s", "g", 0, leases[0].lease_id[:24], 1, 4)]
 
 
-async def test_a_settle_forgets_its_leases_and_a_renewal_keeps_them(
+async def test_acks_of_runs_go_per_range_and_the_rest_lease_by_lease(
+        backend: SQLiteBackend, as_runs: list[bool]) -> None:
+    rheo = Rheo(backend)
+    first = await rheo.fetch("s", "g", limit=4)
+    second = await rheo.fetch("s", "g", limit=4)
+    issued = backend._issued
+    # Out of order: runs of two ranges, and one lease alone between them.
+    batch = [first[2], first[3], second[0], second[1], first[0]]
+    assert [(r.lo, r.hi) for r in issued.runs(batch) or []] == [(3, 4), (5, 6), (1, 1)]
+    assert all(r.ok and not r.repeated for r in await rheo.ack(batch))
+    assert as_runs == [True]
+    assert await rheo.frontier("s", "g") == {0: 1}
+    # A repeat finds its events acked: the whole batch goes lease by lease, as repeats.
+    results = await rheo.ack([first[1], first[0]])
+    assert [(r.ok, r.repeated) for r in results] == [(True, False), (True, True)]
+    assert as_runs == [True, False]
+    assert await rheo.frontier("s", "g") == {0: 6}
+    # Every lease of the first range was settled: it left the registry, the second stays.
+    assert len(issued) == 1
+    assert issued.leases_held == 4
+    assert all(r.ok for r in await rheo.ack(second[2:]))
+    assert as_runs == [True, False, True]
+    assert len(issued) == 0
+    assert await rheo.frontier("s", "g") == {0: 8}
+
+
+async def test_settled_leases_leave_the_registry_and_renewed_ones_stay(
         backend: SQLiteBackend) -> None:
     rheo = Rheo(backend)
     leases = await rheo.fetch("s", "g", limit=4)
-    assert all(r.ok for r in await rheo.renew(leases[:2], lease_ms=60_000))
-    assert backend._issued.vouch(leases) == {0, 1, 2, 3}
-    assert all(r.ok for r in await rheo.ack(leases[:2]))
-    assert backend._issued.vouch(leases) == {2, 3}
-    # Repeats take the full checks and still answer as repeats.
-    assert all(r.ok and r.repeated for r in await rheo.ack(leases[:2]))
+    issued = backend._issued
+    assert all(r.ok for r in await rheo.renew(leases, lease_ms=60_000))
+    assert issued.vouch(leases) == {0, 1, 2, 3}
     assert [r.kind for r in await rheo.nack(leases[2:3], "retry")] == [None]
-    assert backend._issued.vouch(leases) == {3}
+    assert [r.kind for r in await rheo.reject(leases[3:], "bad")] == [None]
+    assert issued.vouch(leases) == {0, 1, 2, 3}  # the range holds two leases to settle
+    assert all(r.ok for r in await rheo.ack(leases[1::-1]))  # out of order: lease by lease
+    assert len(issued) == 0
+    assert issued.vouch(leases) == set()
+
+
+async def test_a_lease_named_twice_goes_lease_by_lease(
+        backend: SQLiteBackend, as_runs: list[bool]) -> None:
+    rheo = Rheo(backend)
+    leases = await rheo.fetch("s", "g", limit=3)
+    results = await rheo.ack([leases[0], leases[1], leases[0]])
+    assert as_runs == [False]
+    assert [(r.ok, r.repeated) for r in results] == [(True, False), (True, False), (True, True)]
+
+
+async def test_nacks_and_renewals_of_vouched_leases_then_their_acks(
+        backend: SQLiteBackend, as_runs: list[bool]) -> None:
+    rheo = Rheo(backend)
+    leases = await rheo.fetch("s", "g", limit=4)
+    assert all(r.ok for r in await rheo.renew(leases[:2], lease_ms=60_000))
+    assert [r.kind for r in await rheo.nack(leases[2:3], "retry")] == [None]
+    # The third was nacked: the run of all four is not in flight, each lease is answered.
+    results = await rheo.ack(leases)
+    assert as_runs == [False]
+    assert [r.ok for r in results] == [True, True, False, True]
+    assert results[2].kind is SettleKind.STALE_LEASE
+    assert results[2].error is not None
+    assert results[2].error.reason == "already settled by nack"
 
 
 async def test_copies_and_forgeries_get_the_answers_the_originals_would(
@@ -70,37 +132,37 @@ async def test_copies_and_forgeries_get_the_answers_the_originals_would(
     # A copy acks as its original would; the original then repeats.
     assert all(r.ok and not r.repeated for r in await rheo.ack([dataclasses.replace(leases[3])]))
     assert (await rheo.ack(leases[3:]))[0].repeated
-    # Once the range expired and was leased again, a vouched original is stale.
+    # Once the range expired and was leased again, the originals are stale.
     clock.advance(2_000)
     again = await rheo.fetch("s", "g", limit=2)
     assert [lease.sequence for lease in again] == [1, 2]
-    # Settling the forgeries forgot their lease ids (the first and third leases'): only
-    # the second is still vouched for, and it is stale all the same.
-    assert backend._issued.vouch(leases[:3]) == {1}
     # The first two were leased again (stale); the third, expired but not leased again
     # (the tail the limit cut off keeps its old token), still acks.
     assert [r.kind for r in await rheo.ack(leases[:3])] == [SettleKind.STALE_LEASE] * 2 + [None]
     assert all(r.ok for r in await rheo.ack(again))
 
 
-def _leases(start: int, count: int) -> list[Lease]:
-    return [make_lease(f"{'0' * 24}{seq:08x}", f"0-{seq}-1", "g", "c",
+def _leases(token: str, start: int, count: int) -> list[Lease]:
+    return [make_lease(f"{token}{seq - start:08x}", f"0-{seq}-1", "g", "c",
                        make_event("s", 0, seq, f"e{seq}", "t", {}, None, {}, 0), 1, 0)
             for seq in range(start, start + count)]
 
 
-def test_the_registry_holds_a_bounded_number_of_leases(
+def test_the_registry_holds_a_bounded_number_of_ranges(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_issued, "LIMIT", 8)
-    issued = Issued()
-    batches = [_leases(1 + 4 * i, 4) for i in range(3)]
-    for batch in batches:
-        issued.register(batch)
-    # Past the limit the oldest go first, down to three quarters of it.
+    monkeypatch.setattr(_issued_ranges, "LIMIT", 32)
+    issued = IssuedRanges()
+    batches = [_leases(f"{i:024x}", 1 + 4 * i, 4) for i in range(9)]
+    for i, batch in enumerate(batches):
+        issued.register("s", "g", 0, f"{i:024x}", 1 + 4 * i, batch)
+    # Past the limit of leases the oldest ranges go first, down to three quarters of it.
     assert len(issued) == 6
+    assert issued.leases_held == 24
     assert issued.vouch(batches[0]) == set()
-    assert issued.vouch(batches[2]) == {0, 1, 2, 3}
-    issued.forget(batches[2])
-    assert len(issued) == 2
+    assert issued.runs(batches[0]) is None
+    assert issued.vouch(batches[8]) == {0, 1, 2, 3}
+    issued.acked(issued.runs(batches[8]) or [])
+    assert len(issued) == 5
     # A lease id that is not a string is never vouched for, nor an error.
-    assert issued.vouch([dataclasses.replace(batches[1][0], lease_id=["x"])]) == set()
+    assert issued.vouch([dataclasses.replace(batches[7][0], lease_id=["x"])]) == set()
+    assert issued.runs([dataclasses.replace(batches[7][0], lease_id=["x"])]) is None

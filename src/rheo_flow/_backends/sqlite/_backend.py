@@ -34,13 +34,13 @@ from ..._model._stream import (
 from ..._support._blocking import call_blocking
 from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
-from .._issued import Issued
 from .._shared import Waiters
 from .._transitions import Op
 from .._urls import redact_url, url_flag
 from . import _catalog, _events, _lag, _progress, _settle
 from ._errors import classify_error, is_locked
 from ._fetch import Fetcher, FreshRange, leases_of
+from ._issued_ranges import IssuedRanges, Run
 from ._outbox import in_transaction
 from ._schema import connect
 from ._writer import Writer
@@ -59,6 +59,8 @@ _URL_OPTIONS: Final = ("busy_timeout_ms", "migrate", "synchronous", "timeout_ms"
 # other processes are not seen here; callers wait with a timeout (``poll_ms``),
 # which is the cross-process fallback.
 _APPEND_WAITERS: Final = Waiters()
+_NO_POSITIONS: Final[set[int]] = set()
+"""No lease vouched for (never mutated)."""
 
 
 @guard_operations(tracks_sending=False)
@@ -132,7 +134,7 @@ class SQLiteBackend(Backend):
         self._writer = Writer(
             functools.partial(connect, self._path, busy_timeout_ms, mode, bool(migrate)),
             self._path)
-        self._issued = Issued()
+        self._issued = IssuedRanges()
         self._lent = False  # wrote in an application's transaction (the lock hint)
         self._fetcher = Fetcher(self._clock, self._path, self._issued)
 
@@ -265,7 +267,7 @@ class SQLiteBackend(Backend):
         :meth:`append_in_transaction`: one result per lease; a stale lease's ack
         fails and does not abort the application's transaction."""
         clock, items = self._clock, list(leases)
-        # Full checks (no lease vouched for): the identity registry of _issued is
+        # Full checks (no lease vouched for): the identity registry of _issued_ranges is
         # the backend thread's shortcut, not needed here.
         return await self._in_transaction(
             connection, lambda conn: _settle.settle(conn, clock, items, "ack", "", 0))
@@ -358,29 +360,62 @@ class SQLiteBackend(Backend):
         """Ack ``acks`` and fetch the next batch in ONE transaction and commit (the
         fetch sees the acks)."""
         ids = None if partitions is None else list(partitions)
-        clock, fetch, acked = self._clock, self._fetcher.fetch, list(acks)
-        vouched = self._issued.vouch(acked)
+        fetch, acked = self._fetcher.fetch, list(acks)
+        ack, runs, vouched = self._acker(acked)
 
         def both(conn: sqlite3.Connection) -> tuple[list[SettleResult], list[Lease] | FreshRange]:
-            results = (_settle.settle(conn, clock, acked, "ack", "", 0, None, vouched)
-                       if acked else [])
-            return results, fetch(conn, stream, group, consumer_id, limit, lease_ms, ids)
+            return ack(conn), fetch(conn, stream, group, consumer_id, limit, lease_ms, ids)
 
         try:
             results, fetched = await self._run(True, both)
         finally:
-            self._issued.forget(acked)
+            self._settled(acked, runs, vouched)
         return results, leases_of(fetched)
+
+    def _acker(self, leases: list[Lease]) -> tuple[
+            Callable[[sqlite3.Connection], list[SettleResult]], list[Run] | None, set[int]]:
+        """The ack of ``leases`` in the backend thread: as runs of the new ranges this
+        backend leased when they are (:mod:`._issued_ranges`), else lease by lease (the
+        leases of those ranges vouched for); the runs and the positions vouched for come
+        beside it."""
+        if not leases:
+            return (lambda conn: []), None, _NO_POSITIONS
+        clock = self._clock
+        runs = self._issued.runs(leases)
+        vouched = self._issued.vouch(leases) if runs is None else _NO_POSITIONS
+
+        def ack(conn: sqlite3.Connection) -> list[SettleResult]:
+            if runs is not None:
+                results = _settle.ack_runs(conn, leases, runs)
+                if results is not None:
+                    return results
+            return _settle.settle(conn, clock, leases, "ack", "", 0, None, vouched)
+
+        return ack, runs, vouched
+
+    def _settled(self, leases: list[Lease], runs: list[Run] | None, vouched: set[int]) -> None:
+        """Leases settled (or their settle failed: a repeat is answered all the same) leave
+        the registry of ranges, which keeps only what is still to settle."""
+        if runs is not None:
+            self._issued.acked(runs)
+        elif vouched:
+            self._issued.settled(leases, vouched)
 
     async def _settle(self, leases: Sequence[Lease], op: Op, reason: str,
                       delay_ms: int, error: str | None) -> list[SettleResult]:
         items = list(leases)
+        if op == "ack":
+            ack, runs, vouched = self._acker(items)
+            try:
+                return await self._run(True, ack)
+            finally:
+                self._settled(items, runs, vouched)
         vouched = self._issued.vouch(items)
         try:
             return await self._write(_settle.settle, self._clock, items, op, reason, delay_ms,
                                      error, vouched)
         finally:
-            self._issued.forget(items)  # settled or not, a repeat takes the full checks
+            self._settled(items, None, vouched)
 
     async def ack(self, leases: Sequence[Lease]) -> list[SettleResult]:
         return await self._settle(leases, "ack", "", 0, None)

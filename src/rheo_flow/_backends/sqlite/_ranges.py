@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -25,8 +26,9 @@ from ..._model._lease import Lease
 from ..._model._settle_results import SettleKind, SettleResult
 from .._transitions import Op, not_leased
 from . import _sql as sql
+from ._issued_ranges import Run
 
-__all__ = ["RangeRow", "Split", "explain", "new_token", "split_scheduled", "take"]
+__all__ = ["RangeRow", "Split", "explain", "new_token", "split_scheduled", "take", "take_runs"]
 
 RangeRow = tuple[int, int, int, str, int, int, str | None, str, int]
 """A ``ranges`` row as ``range_columns`` of statements.sql reads it: first_seq,
@@ -77,7 +79,7 @@ def take(conn: sqlite3.Connection, leases: list[Lease], split: Split,
     """Apply ``split`` to the leases whose range still holds their event in flight.
 
     ``vouched``: the positions of leases built from their range by this backend
-    object (:mod:`._issued`), whose fields need no check against the range's.
+    object (:mod:`._issued_ranges`), whose fields need no check against the range's.
     Returns the positions in ``leases`` that took effect, and the (group id,
     partition) pairs whose frontier may move. A lease named twice takes effect
     once; the other goes the delivery rows' way like every lease not taken.
@@ -117,6 +119,47 @@ def take(conn: sqlite3.Connection, leases: list[Lease], split: Split,
     if splits:
         conn.executemany(sql.SPLIT_DELIVERY, splits)
     return taken, finished
+
+
+def take_runs(conn: sqlite3.Connection, runs: Sequence[Run]) -> set[tuple[int, int]] | None:
+    """Ack ``runs`` (:mod:`._issued_ranges`): each run's events marked with one slice of
+    its range's marks. Returns the (group id, partition) pairs whose frontier may move;
+    ``None``, with nothing written, when a run is not wholly in flight in the range
+    its token names (leased again since, an event acked already, the group gone):
+    the batch then takes the per-lease way, which answers every lease."""
+    groups: dict[tuple[str, str], tuple[int, int] | None] = {}
+    # Per range (group id, partition, first sequence): its row and its marks so far.
+    marked: dict[tuple[int, int, int], tuple[RangeRow, bytearray, int]] = {}
+    rows_of: dict[tuple[int, int, str], list[RangeRow]] = {}
+    for run in runs:
+        name = (run.stream, run.group)
+        if name not in groups:
+            groups[name] = _unordered_group(conn, *name)
+        g = groups[name]
+        if g is None:
+            return None
+        where = (g[0], run.part, run.token)
+        rows = rows_of.get(where)
+        if rows is None:
+            rows = rows_of[where] = conn.execute(sql.RANGES_BY_TOKEN, where).fetchall()
+        for row in rows:
+            first, last = row[0], row[1]
+            if first <= run.lo and run.hi <= last:
+                break
+        else:
+            return None
+        key = (g[0], run.part, first)
+        _, marks, taken = marked.get(key) or (row, bytearray(row[7], "ascii"), 0)
+        a, b = run.lo - first, run.hi - first + 1
+        if marks.find(_DONE, a, b) >= 0:  # acked already (twice in the batch, or before)
+            return None
+        marks[a:b] = b"1" * (b - a)
+        marked[key] = (row, marks, taken + b - a)
+    for (group_id, part, first), (row, marks, taken) in marked.items():
+        left = row[8] - taken
+        conn.execute(sql.MARK_RANGE, (marks.decode("ascii") if left else "1" * len(marks),
+                                      left, row[5], group_id, part, first))
+    return {(group_id, part) for group_id, part, _ in marked}
 
 
 def _unordered_group(conn: sqlite3.Connection, stream: str,

@@ -14,6 +14,7 @@ goes row by row on Python copies of the rows, written back at once.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 from ..._model._lease import Lease
 from ..._model._settle_results import SettleResult, settle_ok
@@ -21,20 +22,34 @@ from ..._support._clock import Clock
 from .._transitions import Op, renew_delivery, settle_delivery
 from . import _sql as sql
 from ._deliveries import Deliveries, fenced_update
+from ._issued_ranges import Run
 from ._progress import advance_frontier, release_keys
-from ._ranges import Split, take
+from ._ranges import Split, take, take_runs
 
-__all__ = ["renew", "settle"]
+__all__ = ["ack_runs", "renew", "settle"]
 
 _NONE: set[int] = set()
 """No lease vouched for (never mutated)."""
+
+
+def ack_runs(conn: sqlite3.Connection, leases: list[Lease],
+             runs: Sequence[Run]) -> list[SettleResult] | None:
+    """Ack ``leases``, which are ``runs`` of new ranges this backend leased
+    (:mod:`._issued_ranges`), a slice of marks per run; ``None``, with nothing written,
+    when a run is no longer wholly in flight (:func:`settle` then answers each lease)."""
+    finished = take_runs(conn, runs)
+    if finished is None:
+        return None
+    for group_id, part in sorted(finished):
+        advance_frontier(conn, group_id, part)
+    return [settle_ok(lease.lease_id) for lease in leases]
 
 
 def settle(conn: sqlite3.Connection, clock: Clock, leases: list[Lease], op: Op, reason: str,
            delay_ms: int, error: str | None = None,
            vouched: set[int] = _NONE) -> list[SettleResult]:
     """Ack, nack or reject ``leases``; one result per lease, in order. ``vouched``: the
-    positions of leases built by this backend object (:mod:`._issued`)."""
+    positions of leases of new ranges this backend leased (:mod:`._issued_ranges`)."""
     now = clock()
     taken, finished = take(conn, leases, Split(op, now, reason, delay_ms, error), vouched)
     for group_id, part in sorted(finished):
