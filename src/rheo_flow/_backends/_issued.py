@@ -8,7 +8,7 @@ keeps them by lease id, and a lease whose fields are those very values (the same
 objects: an identity test each, no formatting) is vouched for. PostgreSQL sends a
 batch of acks vouched for whole without its per-lease checks (``_batch.SettleBatch``).
 (SQLite keeps the new ranges it leased instead, and acks runs of their leases per
-range: ``sqlite/_issued_ranges.py``.)
+range: ``_issued_runs.py``.)
 A lease not vouched for (built elsewhere, forged, or evicted) takes the full checks;
 nothing else differs, and the server or the stored rows fence every settle as before.
 

@@ -13,6 +13,7 @@ that release's fetch and settle scripts and the helpers they started with.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from pathlib import Path
@@ -259,3 +260,42 @@ async def test_a_range_s_leases_and_its_ack_results_are_built_with_the_collector
         gc.enable()
     assert [lease.sequence for lease in rest] == [4, 5, 6]
     assert seen == [False] * 4
+
+
+async def test_an_ack_of_a_run_of_a_block_goes_as_its_run_form_unchecked(
+        prepared: Rheo, backend: RedisBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The leases of a block this backend leased, acked as a run of them in order (those
+    # very objects: .._issued_runs), are sent as the run form at once, no lease's fields
+    # checked; copies go the checked way. Settled leases leave the registry.
+    rheo = prepared
+    runner = type(backend)
+    as_run: list[bool] = []
+    plan_of = runner._settle_op_plan
+
+    def spy(self: Any, *args: Any) -> Any:
+        plan = plan_of(self, *args)
+        as_run.append(plan.run is not None)
+        return plan
+
+    monkeypatch.setattr(runner, "_settle_op_plan", spy)
+    issued = backend._issued
+    leases = await rheo.fetch("s", "g", consumer_id="c", limit=4)
+    assert len(issued) == 1
+    assert all(r.ok and not r.repeated for r in await rheo.ack(leases[:2]))
+    assert as_run == [True]
+    copies = [dataclasses.replace(lease) for lease in leases[2:]]
+    assert all(r.ok and not r.repeated for r in await rheo.ack(copies))
+    assert as_run == [True, False]
+    assert len(issued) == 1  # two of its leases are still to settle (as far as it knows)
+    # The originals repeat: their run is not the frontier's next one, the script answers
+    # each lease from the rows.
+    assert all(r.ok and r.repeated for r in await rheo.ack(leases[2:]))
+    assert as_run == [True, False, True]
+    assert len(issued) == 0
+    assert await rheo.frontier("s", "g") == {0: 4}
+    # A forged lease of a registered block is not that block's lease: checked, refused.
+    more = await rheo.fetch("s", "g", consumer_id="c", limit=2)
+    forged = dataclasses.replace(more[0], receipt="5-1")
+    assert [r.kind for r in await rheo.ack([forged])] == [SettleKind.RECEIPT_MISMATCH]
+    assert as_run == [True, False, True, False]
+    assert all(r.ok and not r.repeated for r in await rheo.ack(more))

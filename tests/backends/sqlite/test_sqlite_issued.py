@@ -1,4 +1,4 @@
-"""The new ranges an SQLite backend object leased (``_issued_ranges``): acks of runs of
+"""The new ranges an SQLite backend object leased (``_issued_runs``): acks of runs of
 their leases (those very objects, in order) go per range; anything else, copies and
 forgeries included, goes lease by lease with the full checks and gets the answers it
 always got."""
@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from rheo_flow import Lease, ManualClock, NewEvent, Rheo, SettleKind
-from rheo_flow._backends.sqlite import _issued_ranges, _settle
-from rheo_flow._backends.sqlite._issued_ranges import IssuedRanges, Run
+from rheo_flow._backends import _issued_runs
+from rheo_flow._backends._issued_runs import IssuedRuns, Run
+from rheo_flow._backends.sqlite import _settle
+from rheo_flow._backends.sqlite._ranges import range_token
 from rheo_flow._model._event import make_event
 from rheo_flow._model._lease import make_lease
 from rheo_flow.backends import SQLiteBackend
@@ -150,8 +152,8 @@ def _leases(token: str, start: int, count: int) -> list[Lease]:
 
 def test_the_registry_holds_a_bounded_number_of_ranges(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_issued_ranges, "LIMIT", 32)
-    issued = IssuedRanges()
+    monkeypatch.setattr(_issued_runs, "LIMIT", 32)
+    issued = IssuedRuns(range_token)
     batches = [_leases(f"{i:024x}", 1 + 4 * i, 4) for i in range(9)]
     for i, batch in enumerate(batches):
         issued.register("s", "g", 0, f"{i:024x}", 1 + 4 * i, batch)

@@ -31,7 +31,10 @@ class AckFetchOperations(FetchOperations, SettleOperations):
         if not acks:
             return [], await self.fetch(stream, group, consumer_id, limit, lease_ms, partitions)
         plan = self._settle_op_plan(acks, "a", "", 0)
-        leases, replies = await self._fetch_with(stream, group, consumer_id, limit, lease_ms,
-                                                 partitions, plan.calls)
+        try:
+            leases, replies = await self._fetch_with(stream, group, consumer_id, limit,
+                                                     lease_ms, partitions, plan.calls)
+        finally:
+            self._settled(acks, plan)
         await self._note_settled(plan, replies, "a")
         return self._settle_op_results(acks, plan, replies), leases

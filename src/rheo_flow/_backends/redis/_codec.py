@@ -22,6 +22,7 @@ __all__ = [
     "FetchReply",
     "appended_across",
     "appended_events",
+    "block_token",
     "encode_metas",
     "entry_event",
     "fetch_reply",
@@ -172,6 +173,12 @@ def fetched_leases(
         for n, ((seq, attempt, at, (event_id, type_, key, headers)), data)
         in enumerate(zip(head.items, datas, strict=True), 1)
     ]
+
+
+def block_token(lease_id: str) -> str | None:
+    """The block token of a block lease id ``<token>:<seq>`` (``None``: not one)."""
+    token, colon, _ = lease_id.rpartition(":")
+    return token if colon else None
 
 
 def range_leases(

@@ -16,8 +16,9 @@ from ..._model._event import Event, pending_json
 from ..._model._settle_results import SettleKind
 from ..._model._stream import Retention
 from .._guard import masked_cause
+from .._issued_runs import IssuedRuns
 from .._shared import Rotation
-from ._codec import stream_record, stream_retention, text
+from ._codec import block_token, stream_record, stream_retention, text
 from ._driver import Client
 from ._errors import DRIVER_ERRORS, classify, store_lost, translate
 from ._keys import KeyLayout
@@ -56,6 +57,9 @@ class RedisCore:
     _cursors: dict[tuple[str, str, int], int]
     """(stream, group, partition) -> where this backend's last fetch left the group's
     cursor: the next fetch reads the entries past it in the same round trip."""
+    _issued: IssuedRuns
+    """The blocks this backend's fetches leased: an ack of a run of one of them sends
+    its run form at once (see ``_settle``)."""
     _swept: dict[tuple[str, str], float]
     """(stream, group) -> when (``time.monotonic``) this backend's fetch last visited every
     partition of the stream, keeping the summaries exact (see ``_fetch``)."""
@@ -77,6 +81,7 @@ class RedisCore:
         self._stale = {}
         self._valid_keys = {}
         self._cursors = {}
+        self._issued = IssuedRuns(block_token)
         self._swept = {}
         self._busy = {}
         self._consumers = {}

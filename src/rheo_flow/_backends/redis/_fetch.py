@@ -394,6 +394,7 @@ class FetchOperations(WorkNotes):
             if leases is None:
                 harvest.missed.append(_Missed(p, block, reply.deadline, first, last))
             else:
+                self._issued.register(stream, harvest.group, p, block, first, leases)
                 got.extend(leases)
         return reply
 
@@ -409,9 +410,13 @@ class FetchOperations(WorkNotes):
         read = await self._scripts.read(reads)
         with collector_paused():
             for m, entries in zip(missed, read, strict=True):
-                harvest.of(m.partition).extend(range_leases(
-                    stream, m.partition, harvest.group, harvest.consumer_id, m.block,
-                    m.deadline, entries, m.first, m.last, whole=False) or ())
+                leases = range_leases(stream, m.partition, harvest.group, harvest.consumer_id,
+                                      m.block, m.deadline, entries, m.first, m.last,
+                                      whole=False) or []
+                if len(leases) == m.last - m.first + 1:  # the whole block (none trimmed)
+                    self._issued.register(stream, harvest.group, m.partition, m.block, m.first,
+                                          leases)
+                harvest.of(m.partition).extend(leases)
 
     def _cursor_at(self, stream: str, group: str, partition: int, cursor: int) -> None:
         """Remember where a fetch left the group's cursor (-1: a key-ordered group, whose

@@ -17,6 +17,7 @@ from ..._model._lease import Lease
 from ..._model._settle_results import SettleKind, SettleResult, settle_ok
 from ..._model._validation import NAME_PATTERN
 from ..._support._collector import collector_paused
+from .._issued_runs import Run
 from ._codec import text
 from ._scripts import ScriptCall
 from ._work import WorkNotes
@@ -60,6 +61,8 @@ class _Plan(NamedTuple):
     buckets: _Buckets
     """The lease indexes of each call, by the partition it is for."""
     calls: list[ScriptCall]
+    run: Run | None = None
+    """The run of a block this backend leased that the leases are, sent as one."""
 
 
 def _settle_row(lease: Lease) -> tuple[Any, ...]:
@@ -114,9 +117,20 @@ class SettleOperations(WorkNotes):
         if not leases:
             return []
         plan = self._settle_op_plan(leases, op, reason, delay_ms)
-        replies = await self._eval(plan.calls)
+        try:
+            replies = await self._eval(plan.calls)
+        finally:
+            self._settled(leases, plan)
         await self._note_settled(plan, replies, op)
         return self._settle_op_results(leases, plan, replies)
+
+    def _settled(self, leases: Sequence[Lease], plan: _Plan) -> None:
+        """Leases settled (or their settle failed: a repeat is answered all the same) leave
+        the registry of blocks (.._issued_runs), which keeps only what is still to settle."""
+        if plan.run is not None:
+            self._issued.acked([plan.run])
+        elif len(self._issued):
+            self._issued.settled(leases, range(len(leases)))
 
     async def _note_settled(self, plan: _Plan, replies: list[Any], op: str) -> None:
         """On a Cluster, note the partitions where a nack made deliveries due (at once
@@ -163,7 +177,8 @@ class SettleOperations(WorkNotes):
     ) -> tuple[list[SettleResult | None], list[tuple[list[int], str]]]:
         """Run ``script`` for the leases, one call per group partition; the results of
         the leases that name no delivery, and per call the lease indexes and codes."""
-        results, buckets, calls = self._settle_calls(leases, script, args, row, fast_row, run)
+        results, buckets, calls, _ = self._settle_calls(leases, script, args, row, fast_row,
+                                                        run)
         return results, self._settle_replies(buckets, await self._eval(calls))
 
     def _settle_calls(
@@ -179,6 +194,16 @@ class SettleOperations(WorkNotes):
         the leases that name no delivery and the partitions the calls are for."""
         results: list[SettleResult | None] = [None] * len(leases)
         dumps = orjson.dumps
+        runs = self._issued.runs(leases) if run else None
+        if runs is not None and len(runs) == 1:
+            # One run of a block this backend leased (.._issued_runs): its run form at
+            # once, no lease's fields checked first; the rows serve the script's fallback.
+            at = runs[0]
+            request = args(at.group, dumps(list(map(fast_row or row, leases))))
+            request.extend((at.token, at.lo, at.hi))
+            return _Plan(results, {(at.stream, at.group, at.part): list(range(len(leases)))},
+                         [(script, self._keys.script_keys(at.stream, at.group, at.part),
+                           request)], at)
         one = self._one_bucket(leases, fast_row or row)
         calls: list[ScriptCall]
         if one is not None:

@@ -34,14 +34,15 @@ from ..._model._stream import (
 from ..._support._blocking import call_blocking
 from ..._support._clock import Clock, system_clock
 from .._guard import DEFAULT_TIMEOUT_MS, check_timeout_ms, guard_operations
+from .._issued_runs import IssuedRuns, Run
 from .._shared import Waiters
 from .._transitions import Op
 from .._urls import redact_url, url_flag
 from . import _catalog, _events, _lag, _progress, _settle
 from ._errors import classify_error, is_locked
 from ._fetch import Fetcher, FreshRange, leases_of
-from ._issued_ranges import IssuedRanges, Run
 from ._outbox import in_transaction
+from ._ranges import range_token
 from ._schema import connect
 from ._writer import Writer
 
@@ -134,7 +135,7 @@ class SQLiteBackend(Backend):
         self._writer = Writer(
             functools.partial(connect, self._path, busy_timeout_ms, mode, bool(migrate)),
             self._path)
-        self._issued = IssuedRanges()
+        self._issued = IssuedRuns(range_token)
         self._lent = False  # wrote in an application's transaction (the lock hint)
         self._fetcher = Fetcher(self._clock, self._path, self._issued)
 
@@ -267,7 +268,7 @@ class SQLiteBackend(Backend):
         :meth:`append_in_transaction`: one result per lease; a stale lease's ack
         fails and does not abort the application's transaction."""
         clock, items = self._clock, list(leases)
-        # Full checks (no lease vouched for): the identity registry of _issued_ranges is
+        # Full checks (no lease vouched for): the identity registry of _issued_runs is
         # the backend thread's shortcut, not needed here.
         return await self._in_transaction(
             connection, lambda conn: _settle.settle(conn, clock, items, "ack", "", 0))
@@ -375,7 +376,7 @@ class SQLiteBackend(Backend):
     def _acker(self, leases: list[Lease]) -> tuple[
             Callable[[sqlite3.Connection], list[SettleResult]], list[Run] | None, set[int]]:
         """The ack of ``leases`` in the backend thread: as runs of the new ranges this
-        backend leased when they are (:mod:`._issued_ranges`), else lease by lease (the
+        backend leased when they are (:mod:`.._issued_runs`), else lease by lease (the
         leases of those ranges vouched for); the runs and the positions vouched for come
         beside it."""
         if not leases:

@@ -27,13 +27,13 @@ from ..._backend import MAX_ATTEMPTS_REASON
 from ..._model._errors import BackendError
 from ..._model._lease import Lease, make_lease
 from ..._support._clock import Clock
+from .._issued_runs import IssuedRuns
 from .._shared import Rotation, round_robin
 from .._transitions import Settled, expire
 from . import _sql as sql
 from ._catalog import get_group
 from ._events import decode, load_events
 from ._fetch_keyed import KeyedFetch
-from ._issued_ranges import IssuedRanges
 from ._progress import advance_frontier
 from ._ranges import RangeRow, new_token, split_scheduled
 
@@ -72,7 +72,7 @@ class _Progress:
 
 class FreshRange:
     """The stored rows of one new range, its leases not built yet (then registered
-    with ``issued``: acks of runs of them go per range, :mod:`._issued_ranges`).
+    with ``issued``: acks of runs of them go per range, :mod:`.._issued_runs`).
 
     The common fetch leases one new range. Building its events and leases is half
     the Python of a fetch: done in the caller's thread, after the commit, it keeps
@@ -85,7 +85,7 @@ class FreshRange:
                  "token")
 
     def __init__(self, rows: list[tuple[Any, ...]], stream: str, group: str, consumer_id: str,
-                 part: int, first: int, token: str, deadline: int, issued: IssuedRanges) -> None:
+                 part: int, first: int, token: str, deadline: int, issued: IssuedRuns) -> None:
         self.rows = rows
         self.stream = stream
         self.group = group
@@ -121,7 +121,7 @@ class Fetcher:
     that finds nothing then writes nothing.
     """
 
-    def __init__(self, clock: Clock, path: str, issued: IssuedRanges) -> None:
+    def __init__(self, clock: Clock, path: str, issued: IssuedRuns) -> None:
         self._clock = clock
         self._path = path
         self._issued = issued
@@ -364,7 +364,7 @@ class _Batch:
                              [(last, group_id, part) for part, _, last, _ in self.fresh])
 
     def leases(self, conn: sqlite3.Connection, stream: str, group: str, consumer_id: str,
-               path: str, issued: IssuedRanges) -> list[Lease] | FreshRange:
+               path: str, issued: IssuedRuns) -> list[Lease] | FreshRange:
         """The stored leases with their events, in the order picked."""
         if not self.again and not self.relet and len(self.fresh) == 1:
             return self._fresh_leases(conn, stream, group, consumer_id, path, issued)
@@ -402,7 +402,7 @@ class _Batch:
         return [made[self._position(i, depth)] for i, depth in self.order]
 
     def _fresh_leases(self, conn: sqlite3.Connection, stream: str, group: str,
-                      consumer_id: str, path: str, issued: IssuedRanges) -> FreshRange:
+                      consumer_id: str, path: str, issued: IssuedRuns) -> FreshRange:
         """The rows of one new range (the common fetch), its leases still to build."""
         part, first, last, token = self.fresh[0]
         rows = conn.execute(

@@ -24,11 +24,12 @@ from typing import Any, Final, Literal
 from ..._backend import MAX_ATTEMPTS_REASON
 from ..._model._lease import Lease
 from ..._model._settle_results import SettleKind, SettleResult
+from .._issued_runs import Run
 from .._transitions import Op, not_leased
 from . import _sql as sql
-from ._issued_ranges import Run
 
-__all__ = ["RangeRow", "Split", "explain", "new_token", "split_scheduled", "take", "take_runs"]
+__all__ = ["RangeRow", "Split", "explain", "new_token", "range_token", "split_scheduled", "take",
+           "take_runs"]
 
 RangeRow = tuple[int, int, int, str, int, int, str | None, str, int]
 """A ``ranges`` row as ``range_columns`` of statements.sql reads it: first_seq,
@@ -38,6 +39,11 @@ _TOKEN_LENGTH: Final = 24
 _LEASE_ID_LENGTH: Final = _TOKEN_LENGTH + 8
 _IN_FLIGHT: Final = ord("0")
 _DONE: Final = ord("1")
+
+
+def range_token(lease_id: str) -> str | None:
+    """The token of the range a lease id names (``None``: not a range's lease id)."""
+    return lease_id[:_TOKEN_LENGTH] if len(lease_id) == _LEASE_ID_LENGTH else None
 
 
 def new_token() -> str:
@@ -79,7 +85,7 @@ def take(conn: sqlite3.Connection, leases: list[Lease], split: Split,
     """Apply ``split`` to the leases whose range still holds their event in flight.
 
     ``vouched``: the positions of leases built from their range by this backend
-    object (:mod:`._issued_ranges`), whose fields need no check against the range's.
+    object (:mod:`.._issued_runs`), whose fields need no check against the range's.
     Returns the positions in ``leases`` that took effect, and the (group id,
     partition) pairs whose frontier may move. A lease named twice takes effect
     once; the other goes the delivery rows' way like every lease not taken.
@@ -122,7 +128,7 @@ def take(conn: sqlite3.Connection, leases: list[Lease], split: Split,
 
 
 def take_runs(conn: sqlite3.Connection, runs: Sequence[Run]) -> set[tuple[int, int]] | None:
-    """Ack ``runs`` (:mod:`._issued_ranges`): each run's events marked with one slice of
+    """Ack ``runs`` (:mod:`.._issued_runs`): each run's events marked with one slice of
     its range's marks. Returns the (group id, partition) pairs whose frontier may move;
     ``None``, with nothing written, when a run is not wholly in flight in the range
     its token names (leased again since, an event acked already, the group gone):

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from ..._model._lease import Lease
 from ..._model._settle_results import SettleResult, settle_ok
 from ..._support._clock import Clock
+from .._issued_runs import Run
 from .._transitions import Op, renew_delivery, settle_delivery
 from . import _sql as sql
 from ._deliveries import Deliveries, fenced_update
-from ._issued_ranges import Run
 from ._progress import advance_frontier, release_keys
 from ._ranges import Split, take, take_runs
 
@@ -35,7 +35,7 @@ _NONE: set[int] = set()
 def ack_runs(conn: sqlite3.Connection, leases: list[Lease],
              runs: Sequence[Run]) -> list[SettleResult] | None:
     """Ack ``leases``, which are ``runs`` of new ranges this backend leased
-    (:mod:`._issued_ranges`), a slice of marks per run; ``None``, with nothing written,
+    (:mod:`.._issued_runs`), a slice of marks per run; ``None``, with nothing written,
     when a run is no longer wholly in flight (:func:`settle` then answers each lease)."""
     finished = take_runs(conn, runs)
     if finished is None:
@@ -49,7 +49,7 @@ def settle(conn: sqlite3.Connection, clock: Clock, leases: list[Lease], op: Op, 
            delay_ms: int, error: str | None = None,
            vouched: set[int] = _NONE) -> list[SettleResult]:
     """Ack, nack or reject ``leases``; one result per lease, in order. ``vouched``: the
-    positions of leases of new ranges this backend leased (:mod:`._issued_ranges`)."""
+    positions of leases of new ranges this backend leased (:mod:`.._issued_runs`)."""
     now = clock()
     taken, finished = take(conn, leases, Split(op, now, reason, delay_ms, error), vouched)
     for group_id, part in sorted(finished):
