@@ -97,9 +97,12 @@ class IssuedRuns:
 
     def register(self, stream: str, group: str, part: int, token: str, first: int,
                  leases: list[Lease]) -> None:
-        """Keep a new block: ``leases`` are its leases from sequence ``first`` on, in order."""
+        """Keep a new block: ``leases`` are its leases from sequence ``first`` on, in order.
+
+        The registry keeps a copy of the list: the caller's may change (a lease taken
+        out of it would shift every later one onto another sequence)."""
         blocks = self._blocks
-        blocks[token] = _Block(stream, group, part, token, first, leases)
+        blocks[token] = _Block(stream, group, part, token, first, list(leases))
         self._held += len(leases)
         if self._held > LIMIT:  # leases never settled here: drop the oldest blocks at once
             for key in list(blocks):

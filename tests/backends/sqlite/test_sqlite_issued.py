@@ -99,6 +99,22 @@ async def test_settled_leases_leave_the_registry_and_renewed_ones_stay(
     assert issued.vouch(leases) == set()
 
 
+async def test_the_list_a_fetch_returned_may_change_and_acks_settle_what_they_name(
+        backend: SQLiteBackend) -> None:
+    # The registry keeps its own copy: with a lease taken out of the fetch's list, an ack
+    # of that list settles the leases it names, not the first three sequences.
+    rheo = Rheo(backend)
+    leases = await rheo.fetch("s", "g", limit=4)
+    second = leases[1]
+    del leases[1]
+    assert [lease.sequence for lease in leases] == [1, 3, 4]
+    assert all(r.ok and not r.repeated for r in await rheo.ack(leases))
+    assert await rheo.frontier("s", "g") == {0: 1}  # sequence 2 is still in flight
+    again = await rheo.ack([second])
+    assert [(r.ok, r.repeated) for r in again] == [(True, False)]
+    assert await rheo.frontier("s", "g") == {0: 4}
+
+
 async def test_a_lease_named_twice_goes_lease_by_lease(
         backend: SQLiteBackend, as_runs: list[bool]) -> None:
     rheo = Rheo(backend)
