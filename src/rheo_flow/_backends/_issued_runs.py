@@ -44,7 +44,6 @@ consumer keeps in flight, not more: the leases of a block dropped still settle, 
 per-lease way."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class Run:
     """Consecutive leases of one registered block, as an ack sends them: the block's
@@ -153,13 +152,8 @@ class IssuedRuns:
         blocks = self._blocks
         for run in runs:
             found = blocks.get(run.token)
-            if found is None:
-                continue
-            a, b = run.lo - found.first, run.hi - found.first + 1
-            found.left -= b - a - found.settled.count(1, a, b)
-            found.settled[a:b] = b"\x01" * (b - a)
-            if found.left <= 0:
-                self._drop(run.token)
+            if found is not None:
+                self._mark(found, run.lo - found.first, run.hi - found.first + 1)
 
     def settled(self, leases: Sequence[Lease], positions: Iterable[int]) -> None:
         """The leases of ``leases`` at ``positions`` (vouched for) were settled (acked,
@@ -167,14 +161,17 @@ class IssuedRuns:
         were leaves the registry."""
         for i in positions:
             at = self._at(leases[i])
-            if at is None:
-                continue
-            found, index = at
-            if not found.settled[index]:
-                found.settled[index] = 1
-                found.left -= 1
-                if found.left <= 0:
-                    self._drop(found.token)
+            if at is not None:
+                found, index = at
+                self._mark(found, index, index + 1)
+
+    def _mark(self, found: _Block, a: int, b: int) -> None:
+        """The leases ``a`` to ``b`` (excluded) of ``found`` were settled; the block leaves
+        the registry once all of its were."""
+        found.left -= b - a - found.settled.count(1, a, b)
+        found.settled[a:b] = b"\x01" * (b - a)
+        if found.left <= 0:
+            self._drop(found.token)
 
     def vouch(self, leases: Sequence[Lease]) -> set[int]:
         """The positions in ``leases`` of leases of registered blocks (those very objects):

@@ -61,8 +61,13 @@ class _Plan(NamedTuple):
     buckets: _Buckets
     """The lease indexes of each call, by the partition it is for."""
     calls: list[ScriptCall]
-    run: Run | None = None
-    """The run of a block this backend leased that the leases are, sent as one."""
+    runs: list[Run] | None = None
+    """The runs of blocks this backend leased that the leases are (an ack's), if they are."""
+
+    @property
+    def run(self) -> Run | None:
+        """The one run the leases are, sent as ``settle.lua``'s run form."""
+        return self.runs[0] if self.runs is not None and len(self.runs) == 1 else None
 
 
 def _settle_row(lease: Lease) -> tuple[Any, ...]:
@@ -127,8 +132,8 @@ class SettleOperations(WorkNotes):
     def _settled(self, leases: Sequence[Lease], plan: _Plan) -> None:
         """Leases settled (or their settle failed: a repeat is answered all the same) leave
         the registry of blocks (.._issued_runs), which keeps only what is still to settle."""
-        if plan.run is not None:
-            self._issued.acked([plan.run])
+        if plan.runs is not None:
+            self._issued.acked(plan.runs)
         elif len(self._issued):
             self._issued.settled(leases, range(len(leases)))
 
@@ -203,7 +208,7 @@ class SettleOperations(WorkNotes):
             request.extend((at.token, at.lo, at.hi))
             return _Plan(results, {(at.stream, at.group, at.part): list(range(len(leases)))},
                          [(script, self._keys.script_keys(at.stream, at.group, at.part),
-                           request)], at)
+                           request)], runs)
         one = self._one_bucket(leases, fast_row or row)
         calls: list[ScriptCall]
         if one is not None:
@@ -220,7 +225,7 @@ class SettleOperations(WorkNotes):
                  args(group, dumps([row(leases[i]) for i in indexes])))
                 for (stream, group, partition), indexes in buckets.items()
             ]
-        return _Plan(results, buckets, calls)
+        return _Plan(results, buckets, calls, runs)
 
     def _settle_replies(self, buckets: _Buckets, replies: list[Any]
                         ) -> list[tuple[list[int], str]]:

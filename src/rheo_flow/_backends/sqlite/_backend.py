@@ -60,8 +60,6 @@ _URL_OPTIONS: Final = ("busy_timeout_ms", "migrate", "synchronous", "timeout_ms"
 # other processes are not seen here; callers wait with a timeout (``poll_ms``),
 # which is the cross-process fallback.
 _APPEND_WAITERS: Final = Waiters()
-_NO_POSITIONS: Final[set[int]] = set()
-"""No lease vouched for (never mutated)."""
 
 
 @guard_operations(tracks_sending=False)
@@ -380,10 +378,10 @@ class SQLiteBackend(Backend):
         leases of those ranges vouched for); the runs and the positions vouched for come
         beside it."""
         if not leases:
-            return (lambda conn: []), None, _NO_POSITIONS
+            return (lambda conn: []), None, _settle.NOT_VOUCHED
         clock = self._clock
         runs = self._issued.runs(leases)
-        vouched = self._issued.vouch(leases) if runs is None else _NO_POSITIONS
+        vouched = self._issued.vouch(leases) if runs is None else _settle.NOT_VOUCHED
 
         def ack(conn: sqlite3.Connection) -> list[SettleResult]:
             if runs is not None:

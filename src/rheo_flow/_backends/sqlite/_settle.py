@@ -26,9 +26,9 @@ from ._deliveries import Deliveries, fenced_update
 from ._progress import advance_frontier, release_keys
 from ._ranges import Split, take, take_runs
 
-__all__ = ["ack_runs", "renew", "settle"]
+__all__ = ["NOT_VOUCHED", "ack_runs", "renew", "settle"]
 
-_NONE: set[int] = set()
+NOT_VOUCHED: set[int] = set()
 """No lease vouched for (never mutated)."""
 
 
@@ -47,7 +47,7 @@ def ack_runs(conn: sqlite3.Connection, leases: list[Lease],
 
 def settle(conn: sqlite3.Connection, clock: Clock, leases: list[Lease], op: Op, reason: str,
            delay_ms: int, error: str | None = None,
-           vouched: set[int] = _NONE) -> list[SettleResult]:
+           vouched: set[int] = NOT_VOUCHED) -> list[SettleResult]:
     """Ack, nack or reject ``leases``; one result per lease, in order. ``vouched``: the
     positions of leases of new ranges this backend leased (:mod:`.._issued_runs`)."""
     now = clock()
@@ -120,7 +120,7 @@ def _settle_rows(
 
 
 def renew(conn: sqlite3.Connection, clock: Clock, leases: list[Lease],
-          lease_ms: int, vouched: set[int] = _NONE) -> list[SettleResult]:
+          lease_ms: int, vouched: set[int] = NOT_VOUCHED) -> list[SettleResult]:
     """Extend ``leases`` to ``lease_ms`` from now; one result per lease, in order."""
     now = clock()
     deadline = now + lease_ms

@@ -270,8 +270,8 @@ def _freeze_startup() -> None:
     driver's, the runtimes: they live until the process ends) out of the cyclic
     collector's way, as the command line does for its own start-up
     (:func:`rheo_flow._cli._app.main`). Otherwise every full collection while consuming
-    walks all of it again: a redis-py client alone is some 35,000 objects, and those
-    walks were about a sixth of a ``Group``'s time on Redis (docs/benchmarks.md). What
+    walks all of it again: a redis-py client alone is some 35,000 objects, and a ``Group``
+    on Redis ran 1.27x as fast once frozen (docs/benchmarks.md). What
     is garbage already is collected first, so that nothing unreachable stays frozen."""
     gc.collect()
     gc.freeze()
